@@ -1,0 +1,188 @@
+//! The one error type of tickler.
+
+use crate::job::{JobId, JobState};
+use std::path::PathBuf;
+
+/// Result with tickler's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in tickler. Each variant's message says what
+/// happened and what to do about it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lease behind a heartbeat or an outcome is no longer held: the
+    /// reaper took the job back, it was cancelled, or another outcome was
+    /// already recorded. Nothing was changed; the caller must not act as if
+    /// it still held the job.
+    #[error("lease lost on job {job_id}: the job was reaped, cancelled or finished by someone else; drop this result")]
+    LeaseLost {
+        /// The job whose lease was lost.
+        job_id: JobId,
+    },
+
+    /// Another process held SQLite's write lock for longer than the busy
+    /// timeout plus the retry window.
+    #[error("database stayed locked by another connection for {waited_ms} ms; a process may hold a long write transaction (or the file is on a network filesystem)")]
+    Busy {
+        /// How long tickler waited, in milliseconds.
+        waited_ms: u64,
+    },
+
+    /// No job has this id (it may have been pruned).
+    #[error("no job with id {0}")]
+    NotFound(JobId),
+
+    /// The job is in a state that does not allow the requested action.
+    #[error("job {job_id} is {state}; cannot {action} it")]
+    InvalidState {
+        /// The job.
+        job_id: JobId,
+        /// Its current state.
+        state: JobState,
+        /// What was asked ("cancel", "retry").
+        action: &'static str,
+    },
+
+    /// A job's kind was empty.
+    #[error("job kind is empty: give every job the name of the handler that runs it")]
+    EmptyKind,
+
+    /// A queue name was empty.
+    #[error("queue name is empty: leave it unset to use \"default\"")]
+    EmptyQueue,
+
+    /// `max_attempts` was 0.
+    #[error("max_attempts must be at least 1 (got 0)")]
+    InvalidMaxAttempts,
+
+    /// The payload, as JSON, is larger than the configured limit.
+    #[error("payload is {size} bytes, over the limit of {limit} bytes: store large data elsewhere and pass a reference, or raise QueueBuilder::max_payload_bytes")]
+    PayloadTooLarge {
+        /// Size of the serialized payload, in bytes.
+        size: usize,
+        /// The configured limit, in bytes.
+        limit: usize,
+    },
+
+    /// A time (run_at, delay, snooze) falls outside what tickler stores:
+    /// 1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z.
+    #[error("{what} is outside the supported time range (1970-01-01 to 9999-12-31 UTC)")]
+    TimeOutOfRange {
+        /// Which input was out of range.
+        what: &'static str,
+    },
+
+    /// A setting or argument was invalid.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// Retrying the job would give a unique_key to two unfinished jobs.
+    #[error("job {job_id} cannot be retried: its unique_key {unique_key:?} is held by unfinished job {held_by}")]
+    UniqueKeyHeld {
+        /// The job asked to retry.
+        job_id: JobId,
+        /// The key.
+        unique_key: String,
+        /// The unfinished job that holds the key.
+        held_by: JobId,
+    },
+
+    /// The file was written by a newer tickler.
+    #[error("database schema version {found} is newer than this build supports ({supported}); upgrade tickler, the file was left unchanged")]
+    SchemaTooNew {
+        /// `PRAGMA user_version` of the file.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+
+    /// The file could not be put in WAL mode.
+    #[error("database is in journal mode {mode:?}, not WAL; tickler needs WAL (a network filesystem or a read-only folder can prevent it)")]
+    NotWal {
+        /// The journal mode SQLite reported.
+        mode: String,
+    },
+
+    /// A pragma did not read back as set.
+    #[error("PRAGMA {pragma} reads back {found:?}, expected {expected:?}")]
+    PragmaMismatch {
+        /// The pragma.
+        pragma: &'static str,
+        /// What was expected.
+        expected: String,
+        /// What SQLite reported.
+        found: String,
+    },
+
+    /// The file is not a SQLite database, or is damaged.
+    #[error("{path} is not a tickler database (not SQLite, or damaged); it was left unchanged: check the path, or restore from a backup")]
+    NotADatabase {
+        /// The file.
+        path: PathBuf,
+    },
+
+    /// The file or its folder cannot be written.
+    #[error("{path} is read-only: tickler needs write access to the file and its folder (for the -wal and -shm files)")]
+    ReadOnly {
+        /// The file.
+        path: PathBuf,
+    },
+
+    /// The disk (or SQLite's max_page_count) is full. Nothing of the failed
+    /// transaction was written; earlier commits are intact.
+    #[error("disk full: the write was not committed and nothing stored before was lost; free space (or prune finished jobs) and try again")]
+    DiskFull,
+
+    /// An I/O error outside SQLite (creating the file, for example).
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+
+    /// A payload could not be (de)serialized.
+    #[error("payload JSON error: {0}")]
+    Json(#[from] serde_json::Error),
+
+    /// The read connection pool failed.
+    #[error("connection pool error: {0}")]
+    Pool(#[from] r2d2::Error),
+
+    /// Any other SQLite error.
+    #[error("SQLite error: {0}")]
+    Sqlite(rusqlite::Error),
+}
+
+impl Error {
+    /// True for [`Error::LeaseLost`].
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(self, Error::LeaseLost { .. })
+    }
+
+    /// True when the error is SQLite's "database is locked" (`SQLITE_BUSY` or
+    /// `SQLITE_LOCKED`), before or after tickler's retries.
+    pub fn is_busy(&self) -> bool {
+        match self {
+            Error::Busy { .. } => true,
+            Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
+                e.code,
+                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+            ),
+            _ => false,
+        }
+    }
+}
+
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Self {
+        if let rusqlite::Error::SqliteFailure(f, _) = &e {
+            if f.code == rusqlite::ErrorCode::DiskFull {
+                return Error::DiskFull;
+            }
+        }
+        Error::Sqlite(e)
+    }
+}

@@ -1,0 +1,246 @@
+//! Jobs: what is stored ([`Job`]), what is enqueued ([`NewJob`]) and their states.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// The id of a job: assigned at enqueue, never reused in the same file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct JobId(pub i64);
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// The fencing token of one claim of one job. A fresh random UUID (v4) per
+/// claim; every heartbeat and outcome must present it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RunToken(pub String);
+
+impl fmt::Display for RunToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where a job is in its life. See the state diagram in the crate docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Waiting for its `run_at`; becomes [`JobState::Pending`] when due. (The
+    /// design's "pending with a future run_at", kept apart so claims never
+    /// scan jobs that are not due.)
+    Scheduled,
+    /// Due and waiting for a worker.
+    Pending,
+    /// Claimed by a worker that holds its lease.
+    Running,
+    /// Finished successfully (terminal).
+    Succeeded,
+    /// Failed permanently or used up its attempts (terminal; `retry` revives it).
+    Dead,
+    /// Cancelled (terminal; `retry` revives it).
+    Cancelled,
+}
+
+impl JobState {
+    /// Every state, in life order.
+    pub const ALL: [JobState; 6] = [
+        JobState::Scheduled,
+        JobState::Pending,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Dead,
+        JobState::Cancelled,
+    ];
+
+    /// The name stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Scheduled => "scheduled",
+            JobState::Pending => "pending",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// True for `succeeded`, `dead` and `cancelled`.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Dead | JobState::Cancelled
+        )
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for JobState {
+    type Err = crate::Error;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        JobState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| {
+                crate::Error::InvalidArgument(format!(
+                    "unknown job state {s:?}; expected one of scheduled, pending, running, succeeded, dead, cancelled"
+                ))
+            })
+    }
+}
+
+/// The queue a job goes to when none is named.
+pub const DEFAULT_QUEUE: &str = "default";
+
+/// Attempts a job gets when none is set.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;
+
+/// A job to enqueue. Built with [`NewJob::new`] and the setters below.
+///
+/// ```
+/// use std::time::Duration;
+/// let job = tickler::NewJob::new("send_email")
+///     .payload(serde_json::json!({"to": "ada@example.com"}))
+///     .queue("mail")
+///     .priority(10)
+///     .delay(Duration::from_secs(60))
+///     .max_attempts(5)
+///     .unique_key("welcome-mail-42");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewJob {
+    pub(crate) kind: String,
+    pub(crate) payload: serde_json::Value,
+    pub(crate) queue: String,
+    pub(crate) priority: i32,
+    pub(crate) run_at: Option<DateTime<Utc>>,
+    pub(crate) delay: Option<Duration>,
+    pub(crate) max_attempts: u32,
+    pub(crate) unique_key: Option<String>,
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl NewJob {
+    /// A job of `kind` (the name of the handler that runs it) with a `null`
+    /// payload, on queue `"default"`, priority 0, due now, 25 attempts.
+    pub fn new(kind: impl Into<String>) -> Self {
+        NewJob {
+            kind: kind.into(),
+            payload: serde_json::Value::Null,
+            queue: DEFAULT_QUEUE.to_owned(),
+            priority: 0,
+            run_at: None,
+            delay: None,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            unique_key: None,
+            timeout: None,
+        }
+    }
+
+    /// The job's data, any JSON value. Limited in size by
+    /// `QueueBuilder::max_payload_bytes` (default 1 MiB, as serialized JSON).
+    pub fn payload(mut self, payload: serde_json::Value) -> Self {
+        self.payload = payload;
+        self
+    }
+
+    /// The queue (default `"default"`).
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// Priority: among due jobs of a queue, **higher runs first** (default 0,
+    /// any `i32`).
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Due time (UTC). Replaces any delay. A time in the past means "due now".
+    pub fn run_at(mut self, at: DateTime<Utc>) -> Self {
+        self.run_at = Some(at);
+        self.delay = None;
+        self
+    }
+
+    /// Due `delay` after enqueue (read from the queue's clock). Replaces any run_at.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self.run_at = None;
+        self
+    }
+
+    /// How many claims the job may get before it is `dead` (default 25, at least 1).
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// Deduplication key: while a job with this key is scheduled, pending or
+    /// running, enqueueing another job with the same key inserts nothing and
+    /// returns the existing job's id. Keys are global across queues and kinds.
+    pub fn unique_key(mut self, key: impl Into<String>) -> Self {
+        self.unique_key = Some(key.into());
+        self
+    }
+
+    /// How long one run may take (milliseconds precision); the worker pool
+    /// sets the job's cancellation flag when it passes.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+/// A stored job, as read by `Queue::get` and `Queue::list`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Job {
+    /// Its id.
+    pub id: JobId,
+    /// Its queue.
+    pub queue: String,
+    /// The name of the handler that runs it.
+    pub kind: String,
+    /// Its data.
+    pub payload: serde_json::Value,
+    /// Its state.
+    pub state: JobState,
+    /// Higher runs first.
+    pub priority: i32,
+    /// When it is (or was) due, UTC.
+    pub run_at: DateTime<Utc>,
+    /// Claims so far (snoozes and releases give theirs back).
+    pub attempts: u32,
+    /// Claims allowed before it is dead.
+    pub max_attempts: u32,
+    /// Its deduplication key.
+    pub unique_key: Option<String>,
+    /// Per-run time limit.
+    pub timeout: Option<Duration>,
+    /// The run_token of the latest claim.
+    pub run_token: Option<RunToken>,
+    /// The worker id of the latest claim.
+    pub claimed_by: Option<String>,
+    /// When the latest claim happened, UTC.
+    pub claimed_at: Option<DateTime<Utc>>,
+    /// When the current lease runs out (meaningful while running), UTC.
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// The latest error message (failures, panics, expired leases).
+    pub last_error: Option<String>,
+    /// When it was enqueued, UTC.
+    pub created_at: DateTime<Utc>,
+    /// When it reached a terminal state, UTC.
+    pub finished_at: Option<DateTime<Utc>>,
+}

@@ -1,0 +1,80 @@
+//! # tickler
+//!
+//! An embedded, durable job queue and scheduler on one SQLite file (WAL
+//! mode), for programs without a database server: desktop apps, Raspberry
+//! Pi and other edge boxes, single-binary services. Any number of threads
+//! and processes on one machine may share the file.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tickler::{NewJob, Queue};
+//!
+//! # fn main() -> tickler::Result<()> {
+//! let queue = Queue::open("jobs.db")?;
+//! queue.enqueue(NewJob::new("send_email").payload(serde_json::json!({"to": "ada@example.com"})))?;
+//! for lease in queue.claim("default", "worker-1", 10, Duration::from_secs(30))? {
+//!     // ... do the work, outside any transaction ...
+//!     queue.complete(&lease)?;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Guarantees
+//!
+//! 1. **Enqueue is durable.** When [`Queue::enqueue`] returns `Ok`, the job is
+//!    committed. With [`Durability::Full`] (the default, fsync on commit) it
+//!    survives power loss; with [`Durability::Normal`] a process crash.
+//! 2. **One holder at a time.** A claim is one `BEGIN IMMEDIATE` transaction
+//!    holding one conditional `UPDATE … RETURNING`; two claimers never get
+//!    the same job.
+//! 3. **Leases, fenced.** Each claim writes a fresh [`RunToken`] and a lease
+//!    expiry. Heartbeats and outcomes only apply while the job is `running`
+//!    with that token; otherwise they return [`Error::LeaseLost`] and change
+//!    nothing.
+//! 4. **The reaper only takes what is really stale** ([`Queue::reap`]): its
+//!    update repeats the expiry condition, so a heartbeat that lands first
+//!    wins. Reaped jobs wait for a backoff, or are `dead` once their attempts
+//!    are used up.
+//! 5. **At-least-once execution, exactly-once ownership.** A job whose holder
+//!    crashed after doing the work runs again. Handlers get the job id,
+//!    attempt number and run_token: use them to make side effects idempotent.
+//! 6. **Short write transactions.** No transaction is open while a handler runs.
+//! 7. **Bad input gets a typed [`Error`]** and nothing stored is lost.
+//!
+//! ## Job states
+//!
+//! ```text
+//!   enqueue ─► scheduled ──(due)──► pending ──claim──► running ──► succeeded
+//!                  ▲                   ▲                │ │ │
+//!                  ├── fail, backoff ──┼────────────────┘ │ ├──► dead
+//!                  ├── snooze ─────────┘ (no attempt)     │ └──► cancelled
+//!                  └── lease expired (reaper) ────────────┘
+//! ```
+//!
+//! `scheduled` is the design's "pending with a future run_at": kept as its
+//! own state so that a claim never scans jobs that are not due.
+//!
+//! ## Time
+//!
+//! Stored as INTEGER milliseconds since the Unix epoch, UTC; the API takes
+//! and returns `chrono::DateTime<Utc>`. "Now" is always read through a
+//! [`Clock`].
+
+#![warn(missing_docs)]
+
+mod clock;
+mod error;
+mod job;
+mod lease;
+mod queue;
+mod retry;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{Error, Result};
+pub use job::{Job, JobId, JobState, NewJob, RunToken, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
+pub use lease::Lease;
+pub use queue::{
+    ChangeWatcher, Durability, JobFilter, Outcome, Queue, QueueBuilder, Stats, MAX_TIMESTAMP_MS,
+};
+pub use retry::RetryPolicy;

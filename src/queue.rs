@@ -1,0 +1,1387 @@
+//! [`Queue`]: opening a tickler file, and every SQL statement on jobs.
+//!
+//! Where things happen, for a newcomer:
+//! - claiming: [`Queue::claim_kinds`] (`PROMOTE_SQL`, then one `UPDATE … RETURNING`);
+//! - fencing by run_token: [`Queue::heartbeat_many`] and
+//!   [`Queue::record_outcomes`], every statement guarded by
+//!   `id AND run_token AND status = 'running'`;
+//! - the reaper's conditional update: [`Queue::reap`];
+//! - reading "now": `self.now_ms()`, through the queue's [`Clock`];
+//! - the write path: [`Queue::write`], one mutex-guarded connection per
+//!   process, `BEGIN IMMEDIATE`, bounded jittered retry on `SQLITE_BUSY`.
+
+use crate::clock::{ms_to_datetime, Clock, SystemClock};
+use crate::error::{Error, Result};
+use crate::job::{Job, JobId, JobState, NewJob, RunToken};
+use crate::lease::Lease;
+use crate::retry::RetryPolicy;
+use chrono::{DateTime, Utc};
+use crossbeam_channel::{Receiver, Sender};
+use r2d2_sqlite::SqliteConnectionManager;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The whole schema, split into migrations by `-- migration: N` lines.
+const SCHEMA_SQL: &str = include_str!("../schema.sql");
+
+/// Latest timestamp tickler stores: 9999-12-31T23:59:59.999Z, in ms.
+pub const MAX_TIMESTAMP_MS: i64 = 253_402_300_799_999;
+
+/// Most scheduled jobs one claim transaction promotes to pending, so a
+/// million jobs falling due at once cannot make one claim transaction long.
+const PROMOTE_BATCH: i64 = 5_000;
+
+/// Most expired leases one reaper transaction takes back.
+const REAP_BATCH: i64 = 1_000;
+
+/// Most finished jobs one prune transaction deletes.
+const PRUNE_BATCH: i64 = 5_000;
+
+/// How a commit reaches the disk. Chosen per [`Queue`] (per connection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `synchronous=FULL`: every commit is fsynced before it returns, so an
+    /// enqueue that returned `Ok` survives power loss. The default, because
+    /// edge boxes lose power.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: commits survive a crash of the process but the
+    /// last ones may be lost on power loss or an OS crash. Much faster on
+    /// slow storage.
+    Normal,
+}
+
+/// Settings for opening a [`Queue`]; get one from [`Queue::builder`].
+#[derive(Debug, Clone)]
+pub struct QueueBuilder {
+    path: PathBuf,
+    durability: Durability,
+    busy_timeout: Duration,
+    busy_retry: Duration,
+    max_payload_bytes: usize,
+    retry_policy: RetryPolicy,
+    clock: Arc<dyn Clock>,
+    read_connections: u32,
+}
+
+impl QueueBuilder {
+    /// [`Durability::Full`] (default) or [`Durability::Normal`].
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// How long one attempt to get SQLite's write lock waits for another
+    /// process, in short jittered sleeps (default 5 s).
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// After the busy timeout, how long the whole transaction is retried
+    /// with jittered backoff before [`Error::Busy`] (default 25 s).
+    pub fn busy_retry(mut self, window: Duration) -> Self {
+        self.busy_retry = window;
+        self
+    }
+
+    /// Largest payload, as serialized JSON, in bytes (default 1 MiB).
+    pub fn max_payload_bytes(mut self, limit: usize) -> Self {
+        self.max_payload_bytes = limit;
+        self
+    }
+
+    /// Backoff after failed attempts and expired leases (default:
+    /// [`RetryPolicy::default`]).
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry_policy = policy;
+        self
+    }
+
+    /// Where "now" comes from (default [`SystemClock`]).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Size of the pool of read connections (default 4, at least 1).
+    pub fn read_connections(mut self, n: u32) -> Self {
+        self.read_connections = n.max(1);
+        self
+    }
+
+    /// Opens (creating if needed) the file and migrates its schema.
+    ///
+    /// A new file is created readable and writable by its owner only (0600).
+    /// Sets `journal_mode=WAL`, `synchronous` per [`Durability`],
+    /// `foreign_keys=ON`, and reads each back.
+    ///
+    /// # Errors
+    /// [`Error::NotADatabase`] (the file is not SQLite or is damaged; it is
+    /// not modified), [`Error::ReadOnly`], [`Error::SchemaTooNew`],
+    /// [`Error::NotWal`], [`Error::PragmaMismatch`], [`Error::Io`],
+    /// [`Error::Busy`].
+    pub fn open(self) -> Result<Queue> {
+        let path = self.path.clone();
+        create_owner_only(&path)?;
+        let writer = Connection::open(&path).map_err(|e| open_error(&path, e))?;
+        set_busy_limit(self.busy_timeout);
+        configure_connection(&writer, self.durability, false).map_err(|e| open_error(&path, e))?;
+        if writer.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
+            return Err(Error::ReadOnly { path });
+        }
+        let queue_path = path.clone();
+        let durability = self.durability;
+        let manager = SqliteConnectionManager::file(&path)
+            .with_flags(OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+            .with_init(move |c| configure_connection(c, durability, true).map_err(to_rusqlite));
+        let readers = r2d2::Pool::builder()
+            .max_size(self.read_connections)
+            .min_idle(Some(0))
+            .build(manager)?;
+        let queue = Queue {
+            inner: Arc::new(Inner {
+                path: queue_path,
+                config: self,
+                writer: Mutex::new(writer),
+                readers,
+                watchers: Mutex::new(Vec::new()),
+            }),
+        };
+        queue.migrate().map_err(|e| match e {
+            Error::Sqlite(inner) => open_error(&path, inner),
+            other => other,
+        })?;
+        Ok(queue)
+    }
+}
+
+/// A handle on one tickler file. Cheap to clone; clones share one write
+/// connection and one pool of read connections. Any number of `Queue`s in
+/// any number of processes may open the same file.
+#[derive(Clone, Debug)]
+pub struct Queue {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    config: QueueBuilder,
+    /// The process's single write path: in-process writers queue on this
+    /// mutex instead of racing through SQLite's busy handler (whose sleeps
+    /// grow to 100 ms and are unfair).
+    writer: Mutex<Connection>,
+    readers: r2d2::Pool<SqliteConnectionManager>,
+    /// In-process wake-ups for [`ChangeWatcher`]s, sent after each commit
+    /// that may make a job claimable.
+    watchers: Mutex<Vec<Sender<()>>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("path", &self.path)
+            .field("durability", &self.config.durability)
+            .finish()
+    }
+}
+
+/// What to record for a claimed job; see [`Queue::record_outcomes`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The job succeeded.
+    Complete,
+    /// The attempt failed: retry after backoff if attempts are left,
+    /// otherwise dead. The message is kept as `last_error`.
+    Fail(String),
+    /// The job failed for good: dead now, whatever attempts are left.
+    FailPermanently(String),
+    /// Not now: back to waiting until the given time, the attempt given back.
+    Snooze(DateTime<Utc>),
+    /// Hand the job back unstarted: pending at once, the attempt given back
+    /// (used by the worker pool on shutdown).
+    Release,
+}
+
+/// Filter for [`Queue::list`]. `None` fields match everything.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobFilter {
+    /// Only jobs in this state.
+    pub state: Option<JobState>,
+    /// Only jobs of this queue.
+    pub queue: Option<String>,
+    /// Only jobs of this kind.
+    pub kind: Option<String>,
+    /// At most this many jobs, oldest id first (default 100).
+    pub limit: usize,
+}
+
+impl Default for JobFilter {
+    fn default() -> Self {
+        JobFilter {
+            state: None,
+            queue: None,
+            kind: None,
+            limit: 100,
+        }
+    }
+}
+
+/// Counts from [`Queue::stats`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Stats {
+    /// Number of jobs per (queue, state); states with no jobs are absent.
+    pub counts: BTreeMap<(String, JobState), u64>,
+    /// Due time of the longest-waiting due job (pending, or scheduled and
+    /// already due), UTC.
+    pub oldest_due: Option<DateTime<Utc>>,
+}
+
+impl Stats {
+    /// Number of jobs in `state`, across queues.
+    pub fn total(&self, state: JobState) -> u64 {
+        self.counts
+            .iter()
+            .filter(|((_, s), _)| *s == state)
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+impl Queue {
+    /// Opens the file at `path` with default settings; see [`QueueBuilder::open`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Queue> {
+        Queue::builder(path).open()
+    }
+
+    /// Settings for opening the file at `path`.
+    pub fn builder(path: impl AsRef<Path>) -> QueueBuilder {
+        QueueBuilder {
+            path: path.as_ref().to_path_buf(),
+            durability: Durability::default(),
+            busy_timeout: Duration::from_secs(5),
+            busy_retry: Duration::from_secs(25),
+            max_payload_bytes: 1024 * 1024,
+            retry_policy: RetryPolicy::default(),
+            clock: Arc::new(SystemClock),
+            read_connections: 4,
+        }
+    }
+
+    /// The file this queue works on.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The clock this queue reads "now" from.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.config.clock
+    }
+
+    /// The backoff used after failures and expired leases.
+    pub fn retry_policy(&self) -> RetryPolicy {
+        self.inner.config.retry_policy
+    }
+
+    /// The schema version this build writes (`PRAGMA user_version`).
+    pub fn schema_version() -> i64 {
+        migrations().last().map(|(v, _)| *v).unwrap_or(0)
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.inner.config.clock.now_ms()
+    }
+
+    // ---------------------------------------------------------------- enqueue
+
+    /// Stores one job and returns its id. When this returns `Ok` the job is
+    /// committed (fsynced under [`Durability::Full`]).
+    ///
+    /// If the job has a unique_key already held by a scheduled, pending or
+    /// running job, nothing is inserted and that job's id is returned.
+    ///
+    /// # Errors
+    /// [`Error::EmptyKind`], [`Error::EmptyQueue`], [`Error::InvalidMaxAttempts`],
+    /// [`Error::PayloadTooLarge`], [`Error::TimeOutOfRange`],
+    /// [`Error::InvalidArgument`] (empty unique_key, zero timeout): nothing
+    /// is stored. [`Error::DiskFull`], [`Error::Busy`], [`Error::Sqlite`].
+    pub fn enqueue(&self, job: NewJob) -> Result<JobId> {
+        let mut ids = self.enqueue_batch(vec![job])?;
+        Ok(ids.remove(0))
+    }
+
+    /// Stores several jobs in one transaction: all or none. Returns their
+    /// ids in input order (an existing job's id for a held unique_key).
+    ///
+    /// # Errors
+    /// As [`Queue::enqueue`]; any invalid job refuses the whole batch.
+    pub fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
+        let now = self.now_ms();
+        let rows = jobs
+            .iter()
+            .map(|job| self.validate(job, now))
+            .collect::<Result<Vec<_>>>()?;
+        let ids = self.write(|tx| {
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at,
+                     max_attempts, unique_key, timeout_ms, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                 ON CONFLICT DO NOTHING",
+            )?;
+            let mut held = tx.prepare_cached(
+                "SELECT id FROM tickler_jobs WHERE unique_key = ?1
+                   AND status IN ('scheduled', 'pending', 'running')",
+            )?;
+            let mut ids = Vec::with_capacity(rows.len());
+            for (job, row) in jobs.iter().zip(&rows) {
+                let state = if row.run_at <= now {
+                    JobState::Pending
+                } else {
+                    JobState::Scheduled
+                };
+                let inserted = insert.execute(params![
+                    job.queue,
+                    job.kind,
+                    row.payload,
+                    state.as_str(),
+                    job.priority,
+                    row.run_at,
+                    job.max_attempts,
+                    job.unique_key,
+                    row.timeout_ms,
+                    now
+                ])?;
+                if inserted == 1 {
+                    ids.push(JobId(tx.last_insert_rowid()));
+                } else {
+                    ids.push(JobId(held.query_row([&job.unique_key], |r| r.get(0))?));
+                }
+            }
+            Ok(ids)
+        })?;
+        self.notify_watchers();
+        Ok(ids)
+    }
+
+    fn validate(&self, job: &NewJob, now: i64) -> Result<ValidJob> {
+        if job.kind.is_empty() {
+            return Err(Error::EmptyKind);
+        }
+        if job.queue.is_empty() {
+            return Err(Error::EmptyQueue);
+        }
+        if job.max_attempts == 0 {
+            return Err(Error::InvalidMaxAttempts);
+        }
+        if job.unique_key.as_deref() == Some("") {
+            return Err(Error::InvalidArgument(
+                "unique_key is empty: leave it unset for no deduplication".into(),
+            ));
+        }
+        let payload = serde_json::to_string(&job.payload)?;
+        let limit = self.inner.config.max_payload_bytes;
+        if payload.len() > limit {
+            return Err(Error::PayloadTooLarge {
+                size: payload.len(),
+                limit,
+            });
+        }
+        let run_at = match (job.run_at, job.delay) {
+            (Some(at), _) => at.timestamp_millis(),
+            (None, Some(delay)) => add_ms(now, delay).ok_or(Error::TimeOutOfRange {
+                what: "enqueue time plus delay",
+            })?,
+            (None, None) => now,
+        };
+        check_timestamp(run_at, "run_at")?;
+        let timeout_ms = match job.timeout {
+            None => None,
+            Some(t) => match i64::try_from(t.as_millis()) {
+                Ok(ms) if ms > 0 => Some(ms),
+                Ok(_) => {
+                    return Err(Error::InvalidArgument(
+                        "timeout is under 1 ms: leave it unset for no timeout".into(),
+                    ))
+                }
+                Err(_) => return Err(Error::TimeOutOfRange { what: "timeout" }),
+            },
+        };
+        Ok(ValidJob {
+            payload,
+            run_at,
+            timeout_ms,
+        })
+    }
+
+    // ------------------------------------------------------------------ claim
+
+    /// Claims up to `max` due jobs of `queue`, of any kind; see [`Queue::claim_kinds`].
+    pub fn claim(
+        &self,
+        queue: &str,
+        worker_id: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Lease>> {
+        self.claim_kinds(queue, worker_id, max, lease, None)
+    }
+
+    /// Claims up to `max` due jobs of `queue` (only of `kinds`, if given) for
+    /// `worker_id`, each with a fresh run_token and a lease of `lease` from now.
+    ///
+    /// One `BEGIN IMMEDIATE` transaction: scheduled jobs that fell due are
+    /// promoted to pending, then one `UPDATE … WHERE id IN (SELECT … ORDER BY
+    /// priority DESC, run_at, id LIMIT max) RETURNING …` takes them. Holding
+    /// the write lock from the start, no other claimer can read the same
+    /// pending rows. Each claim consumes an attempt (`attempts + 1`).
+    /// Returns leases in claim order (priority, then due time, then id).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a lease under 1 ms, [`Error::Busy`],
+    /// [`Error::DiskFull`], [`Error::Sqlite`].
+    pub fn claim_kinds(
+        &self,
+        queue: &str,
+        worker_id: &str,
+        max: usize,
+        lease: Duration,
+        kinds: Option<&[&str]>,
+    ) -> Result<Vec<Lease>> {
+        if max == 0 || kinds.is_some_and(|k| k.is_empty()) {
+            return Ok(Vec::new());
+        }
+        let lease_ms = duration_ms(lease, "lease")?;
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        let kind_filter = match kinds {
+            None => String::new(),
+            Some(kinds) => {
+                let marks: Vec<String> = (0..kinds.len()).map(|i| format!("?{}", i + 6)).collect();
+                format!("AND kind IN ({})", marks.join(", "))
+            }
+        };
+        let sql = format!(
+            "UPDATE tickler_jobs
+             SET status = 'running', run_token = {RUN_TOKEN_SQL}, attempts = attempts + 1,
+                 claimed_by = ?1, claimed_at = ?2, lease_expires_at = ?3
+             WHERE id IN (SELECT id FROM tickler_jobs
+                          WHERE status = 'pending' AND queue = ?4 AND run_at <= ?2 {kind_filter}
+                          ORDER BY priority DESC, run_at, id LIMIT ?5)
+             RETURNING {LEASE_COLUMNS}"
+        );
+        let mut leases = self.write(|tx| {
+            let now = self.now_ms();
+            let expires = now.saturating_add(lease_ms);
+            tx.prepare_cached(PROMOTE_SQL)?
+                .execute(params![queue, now, PROMOTE_BATCH])?;
+            let mut stmt = tx.prepare_cached(&sql)?;
+            let mut values: Vec<&dyn rusqlite::ToSql> =
+                vec![&worker_id, &now, &expires, &queue, &max];
+            if let Some(kinds) = kinds {
+                values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
+            }
+            let rows = stmt.query_map(values.as_slice(), lease_from_row)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })?;
+        leases.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(a.run_at.cmp(&b.run_at))
+                .then(a.job_id.cmp(&b.job_id))
+        });
+        Ok(leases)
+    }
+
+    /// When the next job of these queues (only of `kinds`, if given) is
+    /// due: now if one is already due, `None` if nothing is waiting. For
+    /// fetchers that sleep until work is due.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn next_due(
+        &self,
+        queues: &[String],
+        kinds: Option<&[&str]>,
+    ) -> Result<Option<DateTime<Utc>>> {
+        let kind_filter = match kinds {
+            None => String::new(),
+            Some(kinds) => {
+                let marks: Vec<String> = (0..kinds.len()).map(|i| format!("?{}", i + 2)).collect();
+                format!("AND kind IN ({})", marks.join(", "))
+            }
+        };
+        let earliest = self.read(|conn| {
+            let mut earliest: Option<i64> = None;
+            for queue in queues {
+                let mut values: Vec<&dyn rusqlite::ToSql> = vec![queue];
+                if let Some(kinds) = kinds {
+                    values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
+                }
+                for status in ["pending", "scheduled"] {
+                    let sql = format!(
+                        "SELECT run_at FROM tickler_jobs WHERE status = '{status}' AND queue = ?1
+                         {kind_filter} ORDER BY run_at LIMIT 1"
+                    );
+                    let found: Option<i64> = conn
+                        .prepare_cached(&sql)?
+                        .query_row(values.as_slice(), |r| r.get(0))
+                        .optional()?;
+                    if let Some(at) = found {
+                        earliest = Some(earliest.map_or(at, |e| e.min(at)));
+                    }
+                }
+            }
+            Ok(earliest)
+        })?;
+        Ok(earliest.map(ms_to_datetime))
+    }
+
+    // ------------------------------------------------------- leases, fenced
+
+    /// Extends the lease to `extend_by` from now.
+    /// Returns the new expiry (UTC).
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed).
+    pub fn heartbeat(&self, lease: &Lease, extend_by: Duration) -> Result<DateTime<Utc>> {
+        self.heartbeat_many(&[lease], extend_by)?.remove(0)
+    }
+
+    /// Extends many leases in one transaction, each to `extend_by` from now
+    /// and each fenced by its run_token. The outer `Result` is the
+    /// transaction; the inner ones say per lease whether it was still held
+    /// (new expiry) or lost ([`Error::LeaseLost`]).
+    ///
+    /// # Errors
+    /// Outer: [`Error::InvalidArgument`] (extension under 1 ms), [`Error::Busy`],
+    /// [`Error::DiskFull`], [`Error::Sqlite`].
+    pub fn heartbeat_many(
+        &self,
+        leases: &[&Lease],
+        extend_by: Duration,
+    ) -> Result<Vec<Result<DateTime<Utc>>>> {
+        let extend_ms = duration_ms(extend_by, "lease extension")?;
+        self.write(|tx| {
+            let expires = self.now_ms().saturating_add(extend_ms);
+            let mut stmt = tx.prepare_cached(
+                "UPDATE tickler_jobs SET lease_expires_at = ?1
+                 WHERE id = ?2 AND run_token = ?3 AND status = 'running'",
+            )?;
+            leases
+                .iter()
+                .map(|lease| {
+                    let changed =
+                        stmt.execute(params![expires, lease.job_id.0, lease.run_token.0])?;
+                    Ok(fenced(changed, lease).map(|()| ms_to_datetime(expires)))
+                })
+                .collect()
+        })
+    }
+
+    /// Marks the job succeeded.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed).
+    pub fn complete(&self, lease: &Lease) -> Result<()> {
+        self.record_one(lease, Outcome::Complete)
+    }
+
+    /// Records a failed attempt: back to waiting for `now + backoff(attempt)`
+    /// if attempts are left, otherwise `dead`. `error` is kept as `last_error`.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed).
+    pub fn fail(&self, lease: &Lease, error: &str) -> Result<()> {
+        self.record_one(lease, Outcome::Fail(error.to_owned()))
+    }
+
+    /// Marks the job dead at once, keeping `error` as `last_error`.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed).
+    pub fn fail_permanently(&self, lease: &Lease, error: &str) -> Result<()> {
+        self.record_one(lease, Outcome::FailPermanently(error.to_owned()))
+    }
+
+    /// Puts the job back to wait until `until` without consuming the attempt.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed);
+    /// [`Error::TimeOutOfRange`].
+    pub fn snooze(&self, lease: &Lease, until: DateTime<Utc>) -> Result<()> {
+        self.record_one(lease, Outcome::Snooze(until))
+    }
+
+    /// Hands an unstarted job back: pending at once, attempt not consumed.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed).
+    pub fn release(&self, lease: &Lease) -> Result<()> {
+        self.record_one(lease, Outcome::Release)
+    }
+
+    fn record_one(&self, lease: &Lease, outcome: Outcome) -> Result<()> {
+        self.record_outcomes(&[(lease, outcome)])?.remove(0)
+    }
+
+    /// Records many outcomes in one `BEGIN IMMEDIATE` transaction (group
+    /// commit: one fsync for the batch). Each is one statement fenced by
+    /// `id AND run_token AND status = 'running'`; a lost lease makes that
+    /// outcome `Err(LeaseLost)` and changes nothing for it, without rolling
+    /// back the others.
+    ///
+    /// # Errors
+    /// Outer: the transaction failed and nothing was recorded
+    /// ([`Error::TimeOutOfRange`] for a snooze time, [`Error::Busy`],
+    /// [`Error::DiskFull`], [`Error::Sqlite`]).
+    pub fn record_outcomes(&self, outcomes: &[(&Lease, Outcome)]) -> Result<Vec<Result<()>>> {
+        for (_, outcome) in outcomes {
+            if let Outcome::Snooze(until) = outcome {
+                check_timestamp(until.timestamp_millis(), "snooze time")?;
+            }
+        }
+        let policy = self.inner.config.retry_policy;
+        let results = self.write(|tx| {
+            let now = self.now_ms();
+            let mut results = Vec::with_capacity(outcomes.len());
+            for (lease, outcome) in outcomes {
+                let id = lease.job_id.0;
+                let token = &lease.run_token.0;
+                let changed =
+                    match outcome {
+                        Outcome::Complete => tx
+                            .prepare_cached(COMPLETE_SQL)?
+                            .execute(params![now, id, token])?,
+                        Outcome::Fail(error) => {
+                            let retry_at = add_ms(now, policy.backoff(lease.attempt))
+                                .map_or(MAX_TIMESTAMP_MS, |t| t.min(MAX_TIMESTAMP_MS));
+                            tx.prepare_cached(FAIL_SQL)?
+                                .execute(params![now, retry_at, error, id, token])?
+                        }
+                        Outcome::FailPermanently(error) => tx
+                            .prepare_cached(DEAD_SQL)?
+                            .execute(params![now, error, id, token])?,
+                        Outcome::Snooze(until) => tx
+                            .prepare_cached(SNOOZE_SQL)?
+                            .execute(params![now, until.timestamp_millis(), id, token])?,
+                        Outcome::Release => tx
+                            .prepare_cached(RELEASE_SQL)?
+                            .execute(params![id, token])?,
+                    };
+                results.push(fenced(changed, lease));
+            }
+            Ok(results)
+        })?;
+        if outcomes
+            .iter()
+            .any(|(_, o)| !matches!(o, Outcome::Complete | Outcome::FailPermanently(_)))
+        {
+            self.notify_watchers();
+        }
+        Ok(results)
+    }
+
+    // ----------------------------------------------------------------- reaper
+
+    /// Takes back jobs whose lease ran out (`lease_expires_at < now`): to
+    /// waiting with backoff if attempts are left, else `dead`, with
+    /// `last_error` saying the lease expired. Each update repeats the
+    /// condition (`status = 'running' AND run_token = ? AND lease_expires_at
+    /// < now`), so a heartbeat that landed first wins. Safe to run from any
+    /// number of processes. Returns how many jobs were taken back.
+    ///
+    /// A job whose worker dies on every attempt therefore ends `dead` after
+    /// `max_attempts` claims.
+    ///
+    /// # Errors
+    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`].
+    pub fn reap(&self) -> Result<u64> {
+        let policy = self.inner.config.retry_policy;
+        let mut total = 0u64;
+        loop {
+            let (taken, seen) = self.write(|tx| {
+                let now = self.now_ms();
+                let expired: Vec<(i64, String, u32, String)> = tx
+                    .prepare_cached(
+                        "SELECT id, run_token, attempts, coalesce(claimed_by, '?') FROM tickler_jobs
+                         WHERE status = 'running' AND lease_expires_at < ?1
+                         ORDER BY lease_expires_at LIMIT ?2",
+                    )?
+                    .query_map(params![now, REAP_BATCH], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                    })?
+                    .collect::<rusqlite::Result<_>>()?;
+                let mut taken = 0u64;
+                let mut reap = tx.prepare_cached(REAP_SQL)?;
+                for (id, token, attempts, worker) in &expired {
+                    let retry_at = add_ms(now, policy.backoff(*attempts))
+                        .map_or(MAX_TIMESTAMP_MS, |t| t.min(MAX_TIMESTAMP_MS));
+                    let error = format!("lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time");
+                    taken += reap.execute(params![now, retry_at, error, id, token])? as u64;
+                }
+                Ok((taken, expired.len()))
+            })?;
+            total += taken;
+            if (seen as i64) < REAP_BATCH {
+                break;
+            }
+        }
+        if total > 0 {
+            self.notify_watchers();
+        }
+        Ok(total)
+    }
+
+    // ------------------------------------------------------ operator actions
+
+    /// Cancels a job that is not finished. A running job's holder then gets
+    /// [`Error::LeaseLost`] on its next heartbeat or outcome.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`]; [`Error::InvalidState`] if it already finished.
+    pub fn cancel(&self, id: JobId) -> Result<()> {
+        self.write(|tx| {
+            let state = state_of(tx, id)?;
+            if state.is_terminal() {
+                return Err(Error::InvalidState {
+                    job_id: id,
+                    state,
+                    action: "cancel",
+                });
+            }
+            tx.prepare_cached(
+                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = ?1, lease_expires_at = NULL
+                 WHERE id = ?2",
+            )?
+            .execute(params![self.now_ms(), id.0])?;
+            Ok(())
+        })
+    }
+
+    /// Makes a dead or cancelled job pending again, due now, with fresh
+    /// attempts (`attempts = 0`); `last_error` is kept.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`]; [`Error::InvalidState`] unless dead or cancelled;
+    /// [`Error::UniqueKeyHeld`] if its unique_key now belongs to another
+    /// unfinished job.
+    pub fn retry(&self, id: JobId) -> Result<()> {
+        self.write(|tx| {
+            let state = state_of(tx, id)?;
+            if !matches!(state, JobState::Dead | JobState::Cancelled) {
+                return Err(Error::InvalidState {
+                    job_id: id,
+                    state,
+                    action: "retry",
+                });
+            }
+            let holder: Option<(String, i64)> = tx
+                .prepare_cached(
+                    "SELECT held.unique_key, held.id FROM tickler_jobs AS job
+                     JOIN tickler_jobs AS held ON held.unique_key = job.unique_key
+                     WHERE job.id = ?1 AND held.status IN ('scheduled', 'pending', 'running')",
+                )?
+                .query_row([id.0], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            if let Some((unique_key, held_by)) = holder {
+                return Err(Error::UniqueKeyHeld {
+                    job_id: id,
+                    unique_key,
+                    held_by: JobId(held_by),
+                });
+            }
+            tx.prepare_cached(
+                "UPDATE tickler_jobs SET status = 'pending', attempts = 0, run_at = ?1,
+                     finished_at = NULL, lease_expires_at = NULL
+                 WHERE id = ?2",
+            )?
+            .execute(params![self.now_ms(), id.0])?;
+            Ok(())
+        })?;
+        self.notify_watchers();
+        Ok(())
+    }
+
+    /// Deletes finished jobs (succeeded, dead, cancelled) that finished
+    /// before `finished_before`, in short transactions. Returns how many.
+    ///
+    /// # Errors
+    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`].
+    pub fn prune(&self, finished_before: DateTime<Utc>) -> Result<u64> {
+        let before = finished_before.timestamp_millis();
+        let mut total = 0u64;
+        loop {
+            let deleted = self.write(|tx| {
+                Ok(tx
+                    .prepare_cached(
+                        "DELETE FROM tickler_jobs WHERE id IN (
+                             SELECT id FROM tickler_jobs WHERE finished_at IS NOT NULL AND finished_at < ?1
+                             LIMIT ?2)",
+                    )?
+                    .execute(params![before, PRUNE_BATCH])?)
+            })?;
+            total += deleted as u64;
+            if (deleted as i64) < PRUNE_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ reads
+
+    /// The job with this id.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`], [`Error::Sqlite`], [`Error::Pool`].
+    pub fn get(&self, id: JobId) -> Result<Job> {
+        self.read(|conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE id = ?1"
+            ))?
+            .query_row([id.0], job_from_row)
+            .optional()?
+            .ok_or(Error::NotFound(id))
+        })
+    }
+
+    /// Jobs matching `filter`, oldest id first.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn list(&self, filter: &JobFilter) -> Result<Vec<Job>> {
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        self.read(|conn| {
+            let rows = conn
+                .prepare_cached(&format!(
+                    "SELECT {JOB_COLUMNS} FROM tickler_jobs
+                     WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR queue = ?2)
+                       AND (?3 IS NULL OR kind = ?3)
+                     ORDER BY id LIMIT ?4"
+                ))?
+                .query_map(
+                    params![
+                        filter.state.map(JobState::as_str),
+                        filter.queue,
+                        filter.kind,
+                        limit
+                    ],
+                    job_from_row,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+
+    /// Job counts per queue and state, and the oldest due job.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn stats(&self) -> Result<Stats> {
+        let now = self.now_ms();
+        self.read(|conn| {
+            let mut stats = Stats::default();
+            let mut stmt = conn.prepare_cached(
+                "SELECT queue, status, count(*) FROM tickler_jobs GROUP BY queue, status",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })?;
+            for row in rows {
+                let (queue, status, count) = row?;
+                stats
+                    .counts
+                    .insert((queue, status.parse()?), u64::try_from(count).unwrap_or(0));
+            }
+            let oldest: Option<i64> = conn.query_row(
+                "SELECT min(run_at) FROM tickler_jobs
+                 WHERE status = 'pending' OR (status = 'scheduled' AND run_at <= ?1)",
+                [now],
+                |r| r.get(0),
+            )?;
+            stats.oldest_due = oldest.map(ms_to_datetime);
+            Ok(stats)
+        })
+    }
+
+    // ------------------------------------------------------- change watching
+
+    /// A watcher that wakes when this file may hold new claimable work: at
+    /// once for commits through any clone of this `Queue`, and for commits
+    /// by other processes when [`ChangeWatcher::wait`] polls
+    /// `PRAGMA data_version` on its own connection (a read of shared memory,
+    /// no query of the jobs table).
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`] if its connection cannot be opened.
+    pub fn watcher(&self) -> Result<ChangeWatcher> {
+        let conn = Connection::open_with_flags(
+            &self.inner.path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_handler(Some(busy_handler))?;
+        let version = data_version(&conn)?;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.inner
+            .watchers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(tx);
+        Ok(ChangeWatcher {
+            conn,
+            version,
+            wake: rx,
+        })
+    }
+
+    fn notify_watchers(&self) {
+        let mut watchers = self
+            .inner
+            .watchers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        watchers.retain(|w| match w.try_send(()) {
+            Ok(()) | Err(crossbeam_channel::TrySendError::Full(())) => true,
+            Err(crossbeam_channel::TrySendError::Disconnected(())) => false,
+        });
+    }
+
+    // ------------------------------------------------------------ plumbing
+
+    /// Runs `f` in a `BEGIN IMMEDIATE` transaction on the process's write
+    /// connection and commits. On `SQLITE_BUSY` (another process held the
+    /// write lock past the busy timeout) the whole transaction is retried
+    /// with jittered backoff until the retry window ends, then
+    /// [`Error::Busy`]. `f` may run more than once: it must not have effects
+    /// outside the transaction.
+    fn write<T>(&self, mut f: impl FnMut(&rusqlite::Transaction<'_>) -> Result<T>) -> Result<T> {
+        let config = &self.inner.config;
+        let mut conn = self
+            .inner
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        set_busy_limit(config.busy_timeout);
+        let started = Instant::now();
+        let mut retries = 0u32;
+        loop {
+            let result: Result<T> = (|| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let value = f(&tx)?;
+                tx.commit()?;
+                Ok(value)
+            })();
+            match result {
+                Err(e) if e.is_busy() => {
+                    let waited = started.elapsed();
+                    if waited >= config.busy_timeout + config.busy_retry {
+                        return Err(Error::Busy {
+                            waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                        });
+                    }
+                    let ceiling_ms = 2u64.saturating_pow(retries.min(6)) * 5;
+                    std::thread::sleep(Duration::from_millis(fastrand::u64(1..=ceiling_ms)));
+                    retries += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        set_busy_limit(self.inner.config.busy_timeout);
+        let conn = self.inner.readers.get()?;
+        f(&conn)
+    }
+
+    fn migrate(&self) -> Result<()> {
+        let latest = Queue::schema_version();
+        self.write(|tx| {
+            let found: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            if found > latest {
+                return Err(Error::SchemaTooNew {
+                    found,
+                    supported: latest,
+                });
+            }
+            for (version, sql) in migrations().into_iter().filter(|(v, _)| *v > found) {
+                tx.execute_batch(sql)?;
+                tx.execute_batch(&format!("PRAGMA user_version = {version}"))?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Wakes a fetcher when the file may hold new work; see [`Queue::watcher`].
+pub struct ChangeWatcher {
+    conn: Connection,
+    version: i64,
+    wake: Receiver<()>,
+}
+
+impl std::fmt::Debug for ChangeWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChangeWatcher")
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+impl ChangeWatcher {
+    /// Waits up to `timeout` for a change, checking other processes' commits
+    /// every `poll`. Returns true on a change, false on timeout.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`] if `PRAGMA data_version` fails.
+    pub fn wait(&mut self, timeout: Duration, poll: Duration) -> Result<bool> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.changed()? {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            let slice = poll.min(deadline - now).max(Duration::from_micros(100));
+            if self.wake.recv_timeout(slice).is_ok() {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// True if any connection committed since the last call (or since the
+    /// watcher was made). Drains pending in-process wake-ups.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`] if `PRAGMA data_version` fails.
+    pub fn changed(&mut self) -> Result<bool> {
+        let woken = self.wake.try_recv().is_ok();
+        let version = data_version(&self.conn)?;
+        let moved = version != self.version;
+        self.version = version;
+        Ok(woken || moved)
+    }
+}
+
+struct ValidJob {
+    payload: String,
+    run_at: i64,
+    timeout_ms: Option<i64>,
+}
+
+/// A fresh random UUID (v4) per row, from SQLite's own CSPRNG, so one
+/// claiming UPDATE can give each job its own run_token.
+const RUN_TOKEN_SQL: &str =
+    "lower(hex(randomblob(4))) || '-' || lower(hex(randomblob(2))) || '-4' \
+    || substr(lower(hex(randomblob(2))), 2) || '-' || substr('89ab', 1 + (random() & 3), 1) \
+    || substr(lower(hex(randomblob(2))), 2) || '-' || lower(hex(randomblob(6)))";
+
+const PROMOTE_SQL: &str = "UPDATE tickler_jobs SET status = 'pending'
+    WHERE id IN (SELECT id FROM tickler_jobs
+                 WHERE status = 'scheduled' AND queue = ?1 AND run_at <= ?2
+                 ORDER BY run_at LIMIT ?3)";
+
+const COMPLETE_SQL: &str = "UPDATE tickler_jobs
+    SET status = 'succeeded', finished_at = ?1, lease_expires_at = NULL
+    WHERE id = ?2 AND run_token = ?3 AND status = 'running'";
+
+/// ?1 now, ?2 retry time, ?3 error, ?4 id, ?5 run_token. Dead when the
+/// attempts are used up, else waiting for the retry time.
+const FAIL_SQL: &str = "UPDATE tickler_jobs
+    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
+                      WHEN ?2 <= ?1 THEN 'pending' ELSE 'scheduled' END,
+        run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE ?2 END,
+        finished_at = CASE WHEN attempts >= max_attempts THEN ?1 END,
+        last_error = ?3, lease_expires_at = NULL
+    WHERE id = ?4 AND run_token = ?5 AND status = 'running'";
+
+/// The reaper's version of FAIL_SQL, also conditional on the lease having
+/// run out, so that a heartbeat that landed first wins.
+const REAP_SQL: &str = "UPDATE tickler_jobs
+    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
+                      WHEN ?2 <= ?1 THEN 'pending' ELSE 'scheduled' END,
+        run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE ?2 END,
+        finished_at = CASE WHEN attempts >= max_attempts THEN ?1 END,
+        last_error = ?3, lease_expires_at = NULL
+    WHERE id = ?4 AND run_token = ?5 AND status = 'running' AND lease_expires_at < ?1";
+
+const DEAD_SQL: &str = "UPDATE tickler_jobs
+    SET status = 'dead', finished_at = ?1, last_error = ?2, lease_expires_at = NULL
+    WHERE id = ?3 AND run_token = ?4 AND status = 'running'";
+
+const SNOOZE_SQL: &str = "UPDATE tickler_jobs
+    SET status = CASE WHEN ?2 <= ?1 THEN 'pending' ELSE 'scheduled' END,
+        run_at = ?2, attempts = attempts - 1, lease_expires_at = NULL
+    WHERE id = ?3 AND run_token = ?4 AND status = 'running'";
+
+const RELEASE_SQL: &str = "UPDATE tickler_jobs
+    SET status = 'pending', attempts = attempts - 1, lease_expires_at = NULL
+    WHERE id = ?1 AND run_token = ?2 AND status = 'running'";
+
+const LEASE_COLUMNS: &str =
+    "id, queue, kind, payload, priority, run_at, attempts, max_attempts, run_token, lease_expires_at, timeout_ms";
+
+const JOB_COLUMNS: &str =
+    "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
+    unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
+    created_at, finished_at";
+
+fn lease_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Lease> {
+    Ok(Lease {
+        job_id: JobId(r.get(0)?),
+        queue: r.get(1)?,
+        kind: r.get(2)?,
+        payload: json_column(r, 3)?,
+        priority: r.get(4)?,
+        run_at: ms_to_datetime(r.get(5)?),
+        attempt: r.get(6)?,
+        max_attempts: r.get(7)?,
+        run_token: RunToken(r.get(8)?),
+        lease_expires_at: ms_to_datetime(r.get(9)?),
+        timeout: r
+            .get::<_, Option<i64>>(10)?
+            .map(|ms| Duration::from_millis(ms.unsigned_abs())),
+    })
+}
+
+fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
+    let status: String = r.get(4)?;
+    let state = status.parse::<JobState>().map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(4, rusqlite::types::Type::Text, Box::new(e))
+    })?;
+    let opt_time = |i: usize| -> rusqlite::Result<Option<DateTime<Utc>>> {
+        Ok(r.get::<_, Option<i64>>(i)?.map(ms_to_datetime))
+    };
+    Ok(Job {
+        id: JobId(r.get(0)?),
+        queue: r.get(1)?,
+        kind: r.get(2)?,
+        payload: json_column(r, 3)?,
+        state,
+        priority: r.get(5)?,
+        run_at: ms_to_datetime(r.get(6)?),
+        attempts: r.get(7)?,
+        max_attempts: r.get(8)?,
+        unique_key: r.get(9)?,
+        timeout: r
+            .get::<_, Option<i64>>(10)?
+            .map(|ms| Duration::from_millis(ms.unsigned_abs())),
+        run_token: r.get::<_, Option<String>>(11)?.map(RunToken),
+        claimed_by: r.get(12)?,
+        claimed_at: opt_time(13)?,
+        lease_expires_at: opt_time(14)?,
+        last_error: r.get(15)?,
+        created_at: ms_to_datetime(r.get(16)?),
+        finished_at: opt_time(17)?,
+    })
+}
+
+fn json_column(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<serde_json::Value> {
+    let text: String = r.get(i)?;
+    serde_json::from_str(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn state_of(tx: &rusqlite::Transaction<'_>, id: JobId) -> Result<JobState> {
+    let status: Option<String> = tx
+        .prepare_cached("SELECT status FROM tickler_jobs WHERE id = ?1")?
+        .query_row([id.0], |r| r.get(0))
+        .optional()?;
+    status.ok_or(Error::NotFound(id))?.parse()
+}
+
+fn fenced(changed: usize, lease: &Lease) -> Result<()> {
+    if changed == 1 {
+        Ok(())
+    } else {
+        Err(Error::LeaseLost {
+            job_id: lease.job_id,
+        })
+    }
+}
+
+fn add_ms(now_ms: i64, delay: Duration) -> Option<i64> {
+    now_ms.checked_add(i64::try_from(delay.as_millis()).ok()?)
+}
+
+fn duration_ms(d: Duration, what: &str) -> Result<i64> {
+    match i64::try_from(d.as_millis()) {
+        Ok(ms) if ms >= 1 => Ok(ms.min(MAX_TIMESTAMP_MS)),
+        Ok(_) => Err(Error::InvalidArgument(format!(
+            "{what} must be at least 1 ms"
+        ))),
+        Err(_) => Err(Error::InvalidArgument(format!("{what} is too long"))),
+    }
+}
+
+fn check_timestamp(ms: i64, what: &'static str) -> Result<()> {
+    if (0..=MAX_TIMESTAMP_MS).contains(&ms) {
+        Ok(())
+    } else {
+        Err(Error::TimeOutOfRange { what })
+    }
+}
+
+/// `(version, sql)` for each `-- migration: N` section of schema.sql.
+fn migrations() -> Vec<(i64, &'static str)> {
+    let mut out = Vec::new();
+    let mut rest = SCHEMA_SQL;
+    const MARK: &str = "\n-- migration: ";
+    while let Some(at) = rest.find(MARK) {
+        let after = &rest[at + MARK.len()..];
+        let line_end = after.find('\n').unwrap_or(after.len());
+        let version: i64 = after[..line_end]
+            .trim()
+            .parse()
+            .expect("schema.sql: `-- migration: N` needs a number");
+        let body = &after[line_end..];
+        let end = body.find(MARK).unwrap_or(body.len());
+        out.push((version, &body[..end]));
+        rest = &body[end..];
+    }
+    out
+}
+
+fn data_version(conn: &Connection) -> Result<i64> {
+    Ok(conn.query_row("PRAGMA data_version", [], |r| r.get(0))?)
+}
+
+/// Creates the file (0600 on Unix) if it does not exist; never truncates.
+fn create_owner_only(path: &Path) -> Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    match options.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(Error::ReadOnly {
+            path: path.to_path_buf(),
+        }),
+        Err(source) => Err(Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+fn configure_connection(conn: &Connection, durability: Durability, reader: bool) -> Result<()> {
+    conn.busy_handler(Some(busy_handler))?;
+    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::NotWal { mode });
+    }
+    let (sync_name, sync_value) = match durability {
+        Durability::Full => ("FULL", 2),
+        Durability::Normal => ("NORMAL", 1),
+    };
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous = {sync_name}; PRAGMA foreign_keys = ON; PRAGMA journal_size_limit = 67108864;"
+    ))?;
+    expect_pragma(conn, "synchronous", sync_value)?;
+    expect_pragma(conn, "foreign_keys", 1)?;
+    if reader {
+        conn.execute_batch("PRAGMA query_only = ON")?;
+        expect_pragma(conn, "query_only", 1)?;
+    }
+    Ok(())
+}
+
+fn expect_pragma(conn: &Connection, pragma: &'static str, expected: i64) -> Result<()> {
+    let found: i64 = conn.query_row(&format!("PRAGMA {pragma}"), [], |r| r.get(0))?;
+    if found == expected {
+        Ok(())
+    } else {
+        Err(Error::PragmaMismatch {
+            pragma,
+            expected: expected.to_string(),
+            found: found.to_string(),
+        })
+    }
+}
+
+fn open_error(path: &Path, e: impl Into<Error>) -> Error {
+    let e = e.into();
+    let code = match &e {
+        Error::Sqlite(rusqlite::Error::SqliteFailure(f, _)) => Some(f.code),
+        _ => None,
+    };
+    match code {
+        Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt) => {
+            Error::NotADatabase {
+                path: path.to_path_buf(),
+            }
+        }
+        Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen) => Error::ReadOnly {
+            path: path.to_path_buf(),
+        },
+        _ => e,
+    }
+}
+
+fn to_rusqlite(e: Error) -> rusqlite::Error {
+    match e {
+        Error::Sqlite(inner) => inner,
+        other => rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+            Some(other.to_string()),
+        ),
+    }
+}
+
+thread_local! {
+    static BUSY_LIMIT: Cell<Duration> = const { Cell::new(Duration::from_secs(5)) };
+    static BUSY_SINCE: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+fn set_busy_limit(limit: Duration) {
+    BUSY_LIMIT.with(|l| l.set(limit));
+}
+
+/// SQLite's busy handler for contention between processes: short random
+/// sleeps (0.1 to 2 ms, then up to 10 ms) instead of SQLite's default
+/// schedule that grows to 100 ms per sleep, until the thread's busy limit.
+/// A plain `fn` (SQLite's handler takes no closure), so the limit is
+/// per thread, set before each transaction.
+fn busy_handler(count: i32) -> bool {
+    let now = Instant::now();
+    let since = BUSY_SINCE.with(|s| {
+        if count == 0 || s.get().is_none() {
+            s.set(Some(now));
+        }
+        s.get().unwrap_or(now)
+    });
+    if now.duration_since(since) >= BUSY_LIMIT.with(Cell::get) {
+        BUSY_SINCE.with(|s| s.set(None));
+        return false;
+    }
+    let max_us = if count < 50 { 2_000 } else { 10_000 };
+    std::thread::sleep(Duration::from_micros(fastrand::u64(100..=max_us)));
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_numbered_from_one_without_gaps() {
+        let versions: Vec<i64> = migrations().iter().map(|(v, _)| *v).collect();
+        assert!(!versions.is_empty());
+        for (i, v) in versions.iter().enumerate() {
+            assert_eq!(*v, i as i64 + 1);
+        }
+    }
+}
