@@ -68,13 +68,20 @@ mod error;
 mod job;
 mod lease;
 mod queue;
+mod reaper;
 mod retry;
+mod worker;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Result};
 pub use job::{Job, JobId, JobState, NewJob, RunToken, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
 pub use lease::Lease;
 pub use queue::{
-    ChangeWatcher, Durability, JobFilter, Outcome, Queue, QueueBuilder, Stats, MAX_TIMESTAMP_MS,
+    ChangeWatcher, Durability, JobFilter, Outcome, Queue, QueueBuilder, Stats, Waker,
+    MAX_TIMESTAMP_MS,
 };
+pub use reaper::{Reaper, ReaperConfig};
 pub use retry::RetryPolicy;
+pub use worker::{
+    CancelReason, Handler, JobContext, JobError, ShutdownReport, WorkerPool, WorkerPoolBuilder,
+};

@@ -932,11 +932,12 @@ impl Queue {
             .watchers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push(tx);
+            .push(tx.clone());
         Ok(ChangeWatcher {
             conn,
             version,
             wake: rx,
+            wake_tx: tx,
         })
     }
 
@@ -1024,6 +1025,18 @@ pub struct ChangeWatcher {
     conn: Connection,
     version: i64,
     wake: Receiver<()>,
+    wake_tx: Sender<()>,
+}
+
+/// Wakes one [`ChangeWatcher`]; see [`ChangeWatcher::waker`].
+#[derive(Debug, Clone)]
+pub struct Waker(Sender<()>);
+
+impl Waker {
+    /// Makes the watcher's current or next `wait` return at once.
+    pub fn wake(&self) {
+        let _ = self.0.try_send(());
+    }
 }
 
 impl std::fmt::Debug for ChangeWatcher {
@@ -1055,6 +1068,13 @@ impl ChangeWatcher {
                 return Ok(true);
             }
         }
+    }
+
+    /// A handle that wakes this watcher's [`ChangeWatcher::wait`] from any
+    /// thread (for example to tell a sleeping fetcher to stop or that a
+    /// worker slot came free).
+    pub fn waker(&self) -> Waker {
+        Waker(self.wake_tx.clone())
     }
 
     /// True if any connection committed since the last call (or since the

@@ -1,0 +1,885 @@
+//! [`WorkerPool`]: runs handlers on claimed jobs, with heartbeats, group
+//! commit of outcomes, and graceful shutdown. It uses only the public
+//! [`Queue`] API.
+//!
+//! Threads of one pool:
+//!
+//! ```text
+//!              claim (≤ free slots)            lease               outcome
+//!  fetcher ─────────────────────────► [jobs] ─────────► workers ──────────► [outcomes] ─► completer
+//!     ▲  sleeps until next run_at,                         │                  one transaction
+//!     │  woken by commits (data_version)                   │ slot freed       per batch
+//!     └────────────────────────────────────────────────────┘
+//!  heartbeat: renews every in-flight lease in one transaction per tick;
+//!             a lost lease sets the job's cancellation flag, its outcome is dropped.
+//!  reaper:    Queue::reap() every interval.
+//! ```
+
+use crate::clock::Clock;
+use crate::error::Error;
+use crate::job::{JobId, RunToken};
+use crate::lease::Lease;
+use crate::queue::{ChangeWatcher, Outcome, Queue, Waker};
+use crate::reaper::{Reaper, ReaperConfig};
+use chrono::{DateTime, Utc};
+use crossbeam_channel::{Receiver, Sender};
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Most outcomes written in one completer transaction.
+const MAX_OUTCOME_BATCH: usize = 512;
+
+/// How a handler ends a job other than by succeeding.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobError {
+    /// The attempt failed: retry after backoff while attempts are left,
+    /// then dead.
+    Retry(String),
+    /// Failed for good: dead now.
+    Permanent(String),
+    /// Not now: run again at this time (UTC); the attempt is given back.
+    Snooze(DateTime<Utc>),
+}
+
+impl JobError {
+    /// [`JobError::Retry`] with this message.
+    pub fn retry(message: impl std::fmt::Display) -> Self {
+        JobError::Retry(message.to_string())
+    }
+
+    /// [`JobError::Permanent`] with this message.
+    pub fn permanent(message: impl std::fmt::Display) -> Self {
+        JobError::Permanent(message.to_string())
+    }
+}
+
+/// Any error turns into a retryable failure, so handlers can use `?`.
+impl<E: std::error::Error> From<E> for JobError {
+    fn from(e: E) -> Self {
+        JobError::Retry(e.to_string())
+    }
+}
+
+/// Why a job's cancellation flag was set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelReason {
+    /// The lease could not be renewed: the reaper took the job, or it was
+    /// cancelled. Whatever the handler returns will be dropped.
+    LeaseLost,
+    /// The job's timeout passed. The handler should stop; its result still
+    /// counts if its lease is held.
+    Timeout,
+    /// The pool is shutting down and its grace period is over.
+    Shutdown,
+}
+
+impl CancelReason {
+    fn code(self) -> u8 {
+        match self {
+            CancelReason::LeaseLost => 1,
+            CancelReason::Timeout => 2,
+            CancelReason::Shutdown => 3,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(CancelReason::LeaseLost),
+            2 => Some(CancelReason::Timeout),
+            3 => Some(CancelReason::Shutdown),
+            _ => None,
+        }
+    }
+}
+
+/// A job's cancellation flag; the first reason set wins.
+#[derive(Debug, Default)]
+struct CancelFlag(AtomicU8);
+
+impl CancelFlag {
+    /// A lost lease overrides any other reason (its outcome must be
+    /// dropped); otherwise the first reason stays.
+    fn set(&self, reason: CancelReason) {
+        if reason == CancelReason::LeaseLost {
+            self.0.store(reason.code(), Ordering::SeqCst);
+        } else {
+            let _ = self
+                .0
+                .compare_exchange(0, reason.code(), Ordering::SeqCst, Ordering::SeqCst);
+        }
+    }
+
+    fn get(&self) -> Option<CancelReason> {
+        CancelReason::from_code(self.0.load(Ordering::SeqCst))
+    }
+}
+
+/// What a handler gets: the claimed job and its cancellation flag.
+///
+/// Execution is at-least-once: a job whose worker died after doing the work
+/// runs again. Use [`JobContext::job_id`] or [`JobContext::run_token`] as an
+/// idempotency key for side effects.
+#[derive(Debug)]
+pub struct JobContext {
+    lease: Lease,
+    cancel: Arc<CancelFlag>,
+    clock: Arc<dyn Clock>,
+}
+
+impl JobContext {
+    /// The job's id.
+    pub fn job_id(&self) -> JobId {
+        self.lease.job_id
+    }
+
+    /// The job's kind.
+    pub fn kind(&self) -> &str {
+        &self.lease.kind
+    }
+
+    /// The job's payload.
+    pub fn payload(&self) -> &serde_json::Value {
+        &self.lease.payload
+    }
+
+    /// The payload deserialized into `T`.
+    ///
+    /// # Errors
+    /// A [`JobError::Permanent`] when it does not fit: retrying would not help.
+    pub fn payload_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, JobError> {
+        self.lease
+            .payload_as()
+            .map_err(|e| JobError::permanent(format!("payload does not fit: {e}")))
+    }
+
+    /// This run's attempt number, from 1.
+    pub fn attempt(&self) -> u32 {
+        self.lease.attempt
+    }
+
+    /// Attempts allowed.
+    pub fn max_attempts(&self) -> u32 {
+        self.lease.max_attempts
+    }
+
+    /// The fencing token of this run.
+    pub fn run_token(&self) -> &RunToken {
+        &self.lease.run_token
+    }
+
+    /// The whole lease.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// True once the handler should stop; see [`JobContext::cancel_reason`].
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.get().is_some()
+    }
+
+    /// Why the handler should stop, if it should.
+    pub fn cancel_reason(&self) -> Option<CancelReason> {
+        self.cancel.get()
+    }
+
+    /// Now, from the queue's clock (UTC).
+    pub fn now(&self) -> DateTime<Utc> {
+        self.clock.now()
+    }
+
+    /// A [`JobError::Snooze`] until `delay` from now.
+    pub fn snooze_for(&self, delay: Duration) -> JobError {
+        JobError::Snooze(self.now() + chrono::Duration::from_std(delay).unwrap_or_default())
+    }
+}
+
+/// Runs jobs of one kind. Implemented for every
+/// `Fn(&JobContext) -> Result<(), JobError> + Send + Sync`.
+pub trait Handler: Send + Sync + 'static {
+    /// Runs one job. `Ok` completes it; see [`JobError`] for the rest. A
+    /// panic counts as [`JobError::Retry`] with the panic message.
+    fn run(&self, ctx: &JobContext) -> Result<(), JobError>;
+}
+
+impl<F> Handler for F
+where
+    F: Fn(&JobContext) -> Result<(), JobError> + Send + Sync + 'static,
+{
+    fn run(&self, ctx: &JobContext) -> Result<(), JobError> {
+        self(ctx)
+    }
+}
+
+/// Settings for a [`WorkerPool`]; get one from [`WorkerPool::builder`].
+pub struct WorkerPoolBuilder {
+    queue: Queue,
+    queues: Vec<String>,
+    threads: usize,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    lease: Duration,
+    heartbeat_interval: Option<Duration>,
+    claim_batch: usize,
+    prefetch: usize,
+    reaper: Option<ReaperConfig>,
+    max_idle: Duration,
+    poll: Duration,
+    shutdown_grace: Duration,
+    worker_id: Option<String>,
+}
+
+impl std::fmt::Debug for WorkerPoolBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerPoolBuilder")
+            .field("queues", &self.queues)
+            .field("threads", &self.threads)
+            .field("kinds", &self.handlers.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerPoolBuilder {
+    /// Serve this queue too (default: only `"default"`; the first call
+    /// replaces the default).
+    pub fn queue(mut self, name: impl Into<String>) -> Self {
+        if self.queues == [crate::job::DEFAULT_QUEUE] {
+            self.queues.clear();
+        }
+        let name = name.into();
+        if !self.queues.contains(&name) {
+            self.queues.push(name);
+        }
+        self
+    }
+
+    /// Number of worker threads, each running one job at a time (default 4).
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = n.max(1);
+        self
+    }
+
+    /// Runs jobs of `kind` with `handler`. The pool claims only kinds it
+    /// has handlers for; registering a kind twice keeps the last handler.
+    pub fn handler(mut self, kind: impl Into<String>, handler: impl Handler) -> Self {
+        self.handlers.insert(kind.into(), Arc::new(handler));
+        self
+    }
+
+    /// Lease per claim, renewed by heartbeats (default 30 s).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Time between heartbeats (default a third of the lease).
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.heartbeat_interval = Some(interval);
+        self
+    }
+
+    /// Most jobs one claim transaction takes (default: as many as there are
+    /// free slots).
+    pub fn claim_batch(mut self, n: usize) -> Self {
+        self.claim_batch = n.max(1);
+        self
+    }
+
+    /// Jobs claimed beyond free worker slots, waiting for a thread (default 0:
+    /// a busy process does not sit on due jobs another process could run).
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.prefetch = n;
+        self
+    }
+
+    /// Reaper settings; default [`ReaperConfig::default`] (every second).
+    pub fn reaper(mut self, config: ReaperConfig) -> Self {
+        self.reaper = Some(config);
+        self
+    }
+
+    /// Run no reaper in this pool (another process runs one).
+    pub fn without_reaper(mut self) -> Self {
+        self.reaper = None;
+        self
+    }
+
+    /// Longest the fetcher sleeps without looking at the file (default 1 s).
+    pub fn max_idle(mut self, d: Duration) -> Self {
+        self.max_idle = d;
+        self
+    }
+
+    /// How often a sleeping fetcher checks `PRAGMA data_version` for commits
+    /// by other processes (default 2 ms).
+    pub fn poll_interval(mut self, d: Duration) -> Self {
+        self.poll = d.max(Duration::from_micros(100));
+        self
+    }
+
+    /// Grace period used when the pool is dropped without `shutdown` (default 10 s).
+    pub fn shutdown_grace(mut self, d: Duration) -> Self {
+        self.shutdown_grace = d;
+        self
+    }
+
+    /// The worker id written into `claimed_by` (default `pid<pid>-<random>`).
+    pub fn worker_id(mut self, id: impl Into<String>) -> Self {
+        self.worker_id = Some(id.into());
+        self
+    }
+
+    /// Starts the threads.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] with no handlers, a lease under 1 ms or a
+    /// heartbeat interval not shorter than the lease; [`Error::Sqlite`] if the
+    /// fetcher's watcher connection cannot be opened.
+    pub fn start(self) -> crate::Result<WorkerPool> {
+        if self.handlers.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a worker pool needs at least one handler".into(),
+            ));
+        }
+        if self.lease < Duration::from_millis(1) {
+            return Err(Error::InvalidArgument("lease must be at least 1 ms".into()));
+        }
+        let heartbeat_interval = self.heartbeat_interval.unwrap_or(self.lease / 3);
+        if heartbeat_interval >= self.lease || heartbeat_interval.is_zero() {
+            return Err(Error::InvalidArgument(format!(
+                "heartbeat interval ({heartbeat_interval:?}) must be above zero and shorter than the lease ({:?})",
+                self.lease
+            )));
+        }
+        let worker_id = self
+            .worker_id
+            .clone()
+            .unwrap_or_else(|| format!("pid{}-{:08x}", std::process::id(), fastrand::u32(..)));
+        let capacity = self.threads + self.prefetch;
+        let (job_tx, job_rx) = crossbeam_channel::bounded::<Lease>(capacity);
+        let (outcome_tx, outcome_rx) = crossbeam_channel::unbounded::<(Lease, Outcome)>();
+        let watcher = self.queue.watcher()?;
+        let shared = Arc::new(Shared {
+            queue: self.queue.clone(),
+            handlers: self.handlers,
+            in_flight: Mutex::new(HashMap::new()),
+            busy_slots: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
+            stop_background: AtomicBool::new(false),
+            fetcher_waker: watcher.waker(),
+            lease: self.lease,
+        });
+
+        let mut kinds: Vec<String> = shared.handlers.keys().cloned().collect();
+        kinds.sort();
+        let fetcher = {
+            let shared = Arc::clone(&shared);
+            let config = FetchConfig {
+                queues: self.queues.clone(),
+                kinds,
+                worker_id: worker_id.clone(),
+                capacity,
+                claim_batch: self.claim_batch,
+                max_idle: self.max_idle,
+                poll: self.poll,
+            };
+            spawn("tickler-fetcher", move || {
+                fetch_loop(&shared, &config, watcher, job_tx)
+            })
+        };
+        let workers = (0..self.threads)
+            .map(|i| {
+                let shared = Arc::clone(&shared);
+                let jobs = job_rx.clone();
+                let outcomes = outcome_tx.clone();
+                spawn(&format!("tickler-worker-{i}"), move || {
+                    work_loop(&shared, &jobs, &outcomes)
+                })
+            })
+            .collect();
+        drop(outcome_tx);
+        let completer = {
+            let shared = Arc::clone(&shared);
+            spawn("tickler-completer", move || {
+                complete_loop(&shared, &outcome_rx)
+            })
+        };
+        let heartbeat = {
+            let shared = Arc::clone(&shared);
+            spawn("tickler-heartbeat", move || {
+                heartbeat_loop(&shared, heartbeat_interval)
+            })
+        };
+        let reaper = self
+            .reaper
+            .map(|config| Reaper::spawn(self.queue.clone(), config));
+        Ok(WorkerPool {
+            shared,
+            worker_id,
+            job_rx,
+            fetcher: Some(fetcher),
+            workers,
+            completer: Some(completer),
+            heartbeat: Some(heartbeat),
+            reaper,
+            shutdown_grace: self.shutdown_grace,
+            shut_down: false,
+        })
+    }
+}
+
+/// A pool of worker threads serving one or more queues of one file.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tickler::{JobContext, JobError, NewJob, Queue, WorkerPool};
+///
+/// # fn main() -> tickler::Result<()> {
+/// let queue = Queue::open("jobs.db")?;
+/// let mut pool = WorkerPool::builder(&queue)
+///     .threads(4)
+///     .handler("greet", |ctx: &JobContext| {
+///         println!("hello {}", ctx.payload());
+///         Ok::<(), JobError>(())
+///     })
+///     .start()?;
+/// queue.enqueue(NewJob::new("greet").payload(serde_json::json!("world")))?;
+/// std::thread::sleep(Duration::from_secs(1));
+/// pool.shutdown(Duration::from_secs(5));
+/// # Ok(())
+/// # }
+/// ```
+pub struct WorkerPool {
+    shared: Arc<Shared>,
+    worker_id: String,
+    job_rx: Receiver<Lease>,
+    fetcher: Option<JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
+    completer: Option<JoinHandle<()>>,
+    heartbeat: Option<JoinHandle<()>>,
+    reaper: Option<Reaper>,
+    shutdown_grace: Duration,
+    shut_down: bool,
+}
+
+impl std::fmt::Debug for WorkerPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerPool")
+            .field("worker_id", &self.worker_id)
+            .field("threads", &self.workers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`WorkerPool::shutdown`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ShutdownReport {
+    /// Claimed jobs that had not started, handed back to pending with their
+    /// attempt given back.
+    pub released: usize,
+    /// Handlers still running when the grace period ended; their
+    /// cancellation flags were set and they keep their leases until they end
+    /// or the reaper takes them.
+    pub still_running: usize,
+}
+
+impl WorkerPool {
+    /// Settings for a pool on `queue`.
+    pub fn builder(queue: &Queue) -> WorkerPoolBuilder {
+        WorkerPoolBuilder {
+            queue: queue.clone(),
+            queues: vec![crate::job::DEFAULT_QUEUE.to_owned()],
+            threads: 4,
+            handlers: HashMap::new(),
+            lease: Duration::from_secs(30),
+            heartbeat_interval: None,
+            claim_batch: usize::MAX,
+            prefetch: 0,
+            reaper: Some(ReaperConfig::default()),
+            max_idle: Duration::from_secs(1),
+            poll: Duration::from_millis(2),
+            shutdown_grace: Duration::from_secs(10),
+            worker_id: None,
+        }
+    }
+
+    /// The id this pool writes into `claimed_by`.
+    pub fn worker_id(&self) -> &str {
+        &self.worker_id
+    }
+
+    /// Jobs claimed by this pool and not yet finished (running or waiting
+    /// for a thread).
+    pub fn in_flight(&self) -> usize {
+        self.shared.lock_in_flight().len()
+    }
+
+    /// Stops the pool: stops claiming, hands claimed jobs that have not
+    /// started back to pending at once (attempt given back), waits up to
+    /// `grace` for running handlers and records their outcomes, then sets
+    /// the cancellation flags of handlers still running and returns. Those
+    /// keep their leases until they end (their outcome is still recorded if
+    /// the lease holds) or the reaper takes them. Calling it again does nothing.
+    pub fn shutdown(&mut self, grace: Duration) -> ShutdownReport {
+        if self.shut_down {
+            return ShutdownReport::default();
+        }
+        self.shut_down = true;
+        let shared = &self.shared;
+        shared.stopping.store(true, Ordering::SeqCst);
+        shared.fetcher_waker.wake();
+        if let Some(fetcher) = self.fetcher.take() {
+            let _ = fetcher.join();
+        }
+        let unstarted: Vec<Lease> = self.job_rx.try_iter().collect();
+        let released = unstarted.len();
+        if !unstarted.is_empty() {
+            let outcomes: Vec<(&Lease, Outcome)> =
+                unstarted.iter().map(|l| (l, Outcome::Release)).collect();
+            if let Err(e) = shared.queue.record_outcomes(&outcomes) {
+                log::error!(
+                    "could not hand back {released} unstarted job(s): {e}; the reaper will"
+                );
+            }
+            let mut in_flight = shared.lock_in_flight();
+            for lease in &unstarted {
+                in_flight.remove(&lease.job_id);
+            }
+        }
+        let deadline = Instant::now() + grace;
+        while self.workers.iter().any(|w| !w.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let mut still_running = 0;
+        if self.workers.iter().all(|w| w.is_finished()) {
+            for worker in self.workers.drain(..) {
+                let _ = worker.join();
+            }
+            if let Some(completer) = self.completer.take() {
+                let _ = completer.join();
+            }
+        } else {
+            for job in shared.lock_in_flight().values() {
+                job.cancel.set(CancelReason::Shutdown);
+                still_running += 1;
+            }
+            log::warn!("shutdown grace over with {still_running} handler(s) still running; their cancellation flags are set");
+        }
+        shared.stop_background.store(true, Ordering::SeqCst);
+        if let Some(heartbeat) = self.heartbeat.take() {
+            heartbeat.thread().unpark();
+            let _ = heartbeat.join();
+        }
+        if let Some(mut reaper) = self.reaper.take() {
+            reaper.stop();
+        }
+        ShutdownReport {
+            released,
+            still_running,
+        }
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        self.shutdown(self.shutdown_grace);
+    }
+}
+
+struct Shared {
+    queue: Queue,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    /// Jobs claimed and not yet finished; the heartbeat renews these.
+    in_flight: Mutex<HashMap<JobId, InFlight>>,
+    /// Worker slots taken: jobs claimed whose handler has not returned.
+    busy_slots: AtomicUsize,
+    stopping: AtomicBool,
+    stop_background: AtomicBool,
+    fetcher_waker: Waker,
+    lease: Duration,
+}
+
+impl Shared {
+    fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, InFlight>> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+struct InFlight {
+    lease: Lease,
+    cancel: Arc<CancelFlag>,
+    /// Set by the worker when the handler starts and the job has a timeout.
+    deadline: Option<Instant>,
+    /// The handler returned; the completer is writing the outcome, so the
+    /// heartbeat leaves this job alone.
+    finishing: bool,
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(f)
+        .expect("spawning a worker pool thread")
+}
+
+struct FetchConfig {
+    queues: Vec<String>,
+    kinds: Vec<String>,
+    worker_id: String,
+    capacity: usize,
+    claim_batch: usize,
+    max_idle: Duration,
+    poll: Duration,
+}
+
+fn fetch_loop(
+    shared: &Shared,
+    config: &FetchConfig,
+    mut watcher: ChangeWatcher,
+    jobs: Sender<Lease>,
+) {
+    let kinds: Vec<&str> = config.kinds.iter().map(String::as_str).collect();
+    let mut error_pause = Duration::from_millis(50);
+    while !shared.stopping.load(Ordering::SeqCst) {
+        let free = config
+            .capacity
+            .saturating_sub(shared.busy_slots.load(Ordering::SeqCst));
+        if free == 0 {
+            // A worker finishing wakes us through the waker.
+            let _ = watcher.wait(config.max_idle, config.max_idle);
+            continue;
+        }
+        let mut claimed = 0;
+        let mut failed = false;
+        for queue in &config.queues {
+            let want = (free - claimed).min(config.claim_batch);
+            if want == 0 {
+                break;
+            }
+            match shared.queue.claim_kinds(
+                queue,
+                &config.worker_id,
+                want,
+                shared.lease,
+                Some(&kinds),
+            ) {
+                Ok(leases) => {
+                    claimed += leases.len();
+                    for lease in leases {
+                        shared.busy_slots.fetch_add(1, Ordering::SeqCst);
+                        shared.lock_in_flight().insert(
+                            lease.job_id,
+                            InFlight {
+                                lease: lease.clone(),
+                                cancel: Arc::new(CancelFlag::default()),
+                                deadline: None,
+                                finishing: false,
+                            },
+                        );
+                        if jobs.send(lease).is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    log::error!(
+                        "claim on queue {queue:?} failed: {e}; retrying in {error_pause:?}"
+                    );
+                    failed = true;
+                }
+            }
+        }
+        if failed {
+            std::thread::sleep(error_pause);
+            error_pause = (error_pause * 2).min(Duration::from_secs(2));
+            continue;
+        }
+        error_pause = Duration::from_millis(50);
+        if claimed > 0 {
+            continue;
+        }
+        let sleep = match shared.queue.next_due(&config.queues, Some(&kinds)) {
+            Ok(Some(due)) => (due - shared.queue.clock().now())
+                .to_std()
+                .unwrap_or(Duration::ZERO)
+                .clamp(Duration::from_millis(1), config.max_idle),
+            Ok(None) => config.max_idle,
+            Err(e) => {
+                log::error!("reading the next due time failed: {e}");
+                config.max_idle
+            }
+        };
+        if let Err(e) = watcher.wait(sleep, config.poll) {
+            log::error!("watching for new jobs failed: {e}");
+            std::thread::sleep(config.poll);
+        }
+    }
+}
+
+fn work_loop(shared: &Shared, jobs: &Receiver<Lease>, outcomes: &Sender<(Lease, Outcome)>) {
+    while let Ok(lease) = jobs.recv() {
+        let handler = shared.handlers.get(&lease.kind);
+        let outcome = match handler {
+            // Unstarted at shutdown (or, impossibly, a kind without handler):
+            // hand back without using the attempt.
+            Some(handler) if !shared.stopping.load(Ordering::SeqCst) => {
+                let cancel = {
+                    let mut in_flight = shared.lock_in_flight();
+                    match in_flight.get_mut(&lease.job_id) {
+                        Some(job) => {
+                            job.deadline = lease.timeout.map(|t| Instant::now() + t);
+                            Arc::clone(&job.cancel)
+                        }
+                        None => Arc::new(CancelFlag::default()),
+                    }
+                };
+                let ctx = JobContext {
+                    lease,
+                    cancel,
+                    clock: Arc::clone(shared.queue.clock()),
+                };
+                let outcome = match catch_unwind(AssertUnwindSafe(|| handler.run(&ctx))) {
+                    Ok(Ok(())) => Outcome::Complete,
+                    Ok(Err(JobError::Retry(message))) => Outcome::Fail(message),
+                    Ok(Err(JobError::Permanent(message))) => Outcome::FailPermanently(message),
+                    Ok(Err(JobError::Snooze(until))) => Outcome::Snooze(until),
+                    Err(panic) => {
+                        Outcome::Fail(format!("handler panicked: {}", panic_message(&*panic)))
+                    }
+                };
+                (ctx.lease, outcome)
+            }
+            _ => (lease, Outcome::Release),
+        };
+        let _ = outcomes.send(outcome);
+        shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
+        shared.fetcher_waker.wake();
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_owned()
+    }
+}
+
+fn complete_loop(shared: &Shared, outcomes: &Receiver<(Lease, Outcome)>) {
+    while let Ok(first) = outcomes.recv() {
+        let mut batch = vec![first];
+        batch.extend(outcomes.try_iter().take(MAX_OUTCOME_BATCH - 1));
+        let mut to_write = Vec::with_capacity(batch.len());
+        {
+            let mut in_flight = shared.lock_in_flight();
+            for (lease, outcome) in batch {
+                let lost = in_flight.get_mut(&lease.job_id).is_some_and(|job| {
+                    job.finishing = true;
+                    job.cancel.get() == Some(CancelReason::LeaseLost)
+                });
+                if lost {
+                    log::warn!(
+                        "job {} lost its lease while running; dropping its outcome {outcome:?}",
+                        lease.job_id
+                    );
+                    in_flight.remove(&lease.job_id);
+                } else {
+                    to_write.push((lease, outcome));
+                }
+            }
+        }
+        if to_write.is_empty() {
+            continue;
+        }
+        let refs: Vec<(&Lease, Outcome)> = to_write.iter().map(|(l, o)| (l, o.clone())).collect();
+        let results = record_with_retry(shared, &refs);
+        let mut in_flight = shared.lock_in_flight();
+        for (i, (lease, outcome)) in to_write.iter().enumerate() {
+            in_flight.remove(&lease.job_id);
+            match results.as_ref().map(|r| &r[i]) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => log::warn!("outcome {outcome:?} of job {} refused: {e}", lease.job_id),
+                Err(e) => log::error!(
+                    "outcome {outcome:?} of job {} not recorded: {e}; the reaper will take the job back and it will run again",
+                    lease.job_id
+                ),
+            }
+        }
+    }
+}
+
+/// Transient failures (busy, disk full) get a few more tries: losing an
+/// outcome means running the job again.
+fn record_with_retry(
+    shared: &Shared,
+    outcomes: &[(&Lease, Outcome)],
+) -> crate::Result<Vec<crate::Result<()>>> {
+    let mut pause = Duration::from_millis(50);
+    let mut tries = 0;
+    loop {
+        match shared.queue.record_outcomes(outcomes) {
+            Err(e) if tries < 5 && (e.is_busy() || matches!(e, Error::DiskFull)) => {
+                log::warn!(
+                    "recording {} outcome(s) failed: {e}; retrying",
+                    outcomes.len()
+                );
+                std::thread::sleep(pause);
+                pause *= 2;
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+fn heartbeat_loop(shared: &Shared, interval: Duration) {
+    let tick = interval.min(Duration::from_millis(100));
+    let mut next_beat = Instant::now() + interval;
+    while !shared.stop_background.load(Ordering::SeqCst) {
+        std::thread::park_timeout(tick);
+        let now = Instant::now();
+        let leases: Vec<Lease> = {
+            let in_flight = shared.lock_in_flight();
+            for job in in_flight.values() {
+                if job.deadline.is_some_and(|d| now >= d) {
+                    job.cancel.set(CancelReason::Timeout);
+                }
+            }
+            if now < next_beat {
+                continue;
+            }
+            in_flight
+                .values()
+                .filter(|job| !job.finishing && job.cancel.get() != Some(CancelReason::LeaseLost))
+                .map(|job| job.lease.clone())
+                .collect()
+        };
+        next_beat = now + interval;
+        if leases.is_empty() {
+            continue;
+        }
+        let refs: Vec<&Lease> = leases.iter().collect();
+        match shared.queue.heartbeat_many(&refs, shared.lease) {
+            Ok(results) => {
+                let in_flight = shared.lock_in_flight();
+                for (lease, result) in leases.iter().zip(results) {
+                    if let Err(e) = result {
+                        if let Some(job) = in_flight.get(&lease.job_id) {
+                            if !job.finishing {
+                                log::warn!("job {}: {e}; cancelling its handler", lease.job_id);
+                                job.cancel.set(CancelReason::LeaseLost);
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => log::error!("heartbeat of {} lease(s) failed: {e}", leases.len()),
+        }
+    }
+}
