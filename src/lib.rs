@@ -77,7 +77,7 @@ pub use error::{Error, Result};
 pub use job::{Job, JobId, JobState, NewJob, RunToken, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
 pub use lease::Lease;
 pub use queue::{
-    ChangeWatcher, Durability, JobFilter, Outcome, Queue, QueueBuilder, Stats, Waker,
+    ChangeWatcher, ClaimRequest, Durability, JobFilter, Outcome, Queue, QueueBuilder, Stats, Waker,
     MAX_TIMESTAMP_MS,
 };
 pub use reaper::{Reaper, ReaperConfig};

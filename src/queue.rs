@@ -55,6 +55,16 @@ pub enum Durability {
     Normal,
 }
 
+impl Durability {
+    /// The value of `PRAGMA synchronous` for this level.
+    fn pragma_value(self) -> i64 {
+        match self {
+            Durability::Full => 2,
+            Durability::Normal => 1,
+        }
+    }
+}
+
 /// Settings for opening a [`Queue`]; get one from [`Queue::builder`].
 #[derive(Debug, Clone)]
 pub struct QueueBuilder {
@@ -147,7 +157,10 @@ impl QueueBuilder {
             inner: Arc::new(Inner {
                 path: queue_path,
                 config: self,
-                writer: Mutex::new(writer),
+                writer: Mutex::new(Writer {
+                    conn: writer,
+                    synchronous: durability,
+                }),
                 readers,
                 watchers: Mutex::new(Vec::new()),
             }),
@@ -174,7 +187,7 @@ struct Inner {
     /// The process's single write path: in-process writers queue on this
     /// mutex instead of racing through SQLite's busy handler (whose sleeps
     /// grow to 100 ms and are unfair).
-    writer: Mutex<Connection>,
+    writer: Mutex<Writer>,
     readers: r2d2::Pool<SqliteConnectionManager>,
     /// In-process wake-ups for [`ChangeWatcher`]s, sent after each commit
     /// that may make a job claimable.
@@ -205,6 +218,21 @@ pub enum Outcome {
     /// Hand the job back unstarted: pending at once, the attempt given back
     /// (used by the worker pool on shutdown).
     Release,
+}
+
+/// What to claim; see [`Queue::record_and_claim`].
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// Queues to claim from, in order, until `max` jobs are claimed.
+    pub queues: &'a [&'a str],
+    /// Written into `claimed_by`.
+    pub worker_id: &'a str,
+    /// Most jobs to claim.
+    pub max: usize,
+    /// Lease length from now (at least 1 ms).
+    pub lease: Duration,
+    /// Only these kinds, if given.
+    pub kinds: Option<&'a [&'a str]>,
 }
 
 /// Filter for [`Queue::list`]. `None` fields match everything.
@@ -451,48 +479,15 @@ impl Queue {
         lease: Duration,
         kinds: Option<&[&str]>,
     ) -> Result<Vec<Lease>> {
-        if max == 0 || kinds.is_some_and(|k| k.is_empty()) {
-            return Ok(Vec::new());
-        }
-        let lease_ms = duration_ms(lease, "lease")?;
-        let max = i64::try_from(max).unwrap_or(i64::MAX);
-        let kind_filter = match kinds {
-            None => String::new(),
-            Some(kinds) => {
-                let marks: Vec<String> = (0..kinds.len()).map(|i| format!("?{}", i + 6)).collect();
-                format!("AND kind IN ({})", marks.join(", "))
-            }
+        let queues = [queue];
+        let request = ClaimRequest {
+            queues: &queues,
+            worker_id,
+            max,
+            lease,
+            kinds,
         };
-        let sql = format!(
-            "UPDATE tickler_jobs
-             SET status = 'running', run_token = {RUN_TOKEN_SQL}, attempts = attempts + 1,
-                 claimed_by = ?1, claimed_at = ?2, lease_expires_at = ?3
-             WHERE id IN (SELECT id FROM tickler_jobs
-                          WHERE status = 'pending' AND queue = ?4 AND run_at <= ?2 {kind_filter}
-                          ORDER BY priority DESC, run_at, id LIMIT ?5)
-             RETURNING {LEASE_COLUMNS}"
-        );
-        let mut leases = self.write(|tx| {
-            let now = self.now_ms();
-            let expires = now.saturating_add(lease_ms);
-            tx.prepare_cached(PROMOTE_SQL)?
-                .execute(params![queue, now, PROMOTE_BATCH])?;
-            let mut stmt = tx.prepare_cached(&sql)?;
-            let mut values: Vec<&dyn rusqlite::ToSql> =
-                vec![&worker_id, &now, &expires, &queue, &max];
-            if let Some(kinds) = kinds {
-                values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
-            }
-            let rows = stmt.query_map(values.as_slice(), lease_from_row)?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })?;
-        leases.sort_by(|a, b| {
-            b.priority
-                .cmp(&a.priority)
-                .then(a.run_at.cmp(&b.run_at))
-                .then(a.job_id.cmp(&b.job_id))
-        });
-        Ok(leases)
+        Ok(self.record_and_claim(&[], Some(&request))?.1)
     }
 
     /// When the next job of these queues (only of `kinds`, if given) is
@@ -503,7 +498,7 @@ impl Queue {
     /// [`Error::Sqlite`], [`Error::Pool`].
     pub fn next_due(
         &self,
-        queues: &[String],
+        queues: &[&str],
         kinds: Option<&[&str]>,
     ) -> Result<Option<DateTime<Utc>>> {
         let kind_filter = match kinds {
@@ -520,10 +515,15 @@ impl Queue {
                 if let Some(kinds) = kinds {
                     values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
                 }
-                for status in ["pending", "scheduled"] {
+                // Each follows its index: the next pending job in claim
+                // order, the earliest scheduled one.
+                for (status, order) in [
+                    ("pending", "priority DESC, run_at, id"),
+                    ("scheduled", "run_at"),
+                ] {
                     let sql = format!(
                         "SELECT run_at FROM tickler_jobs WHERE status = '{status}' AND queue = ?1
-                         {kind_filter} ORDER BY run_at LIMIT 1"
+                         {kind_filter} ORDER BY {order} LIMIT 1"
                     );
                     let found: Option<i64> = conn
                         .prepare_cached(&sql)?
@@ -564,7 +564,7 @@ impl Queue {
         extend_by: Duration,
     ) -> Result<Vec<Result<DateTime<Utc>>>> {
         let extend_ms = duration_ms(extend_by, "lease extension")?;
-        self.write(|tx| {
+        self.write_with(Commit::Lazy, |tx| {
             let expires = self.now_ms().saturating_add(extend_ms);
             let mut stmt = tx.prepare_cached(
                 "UPDATE tickler_jobs SET lease_expires_at = ?1
@@ -638,50 +638,90 @@ impl Queue {
     /// ([`Error::TimeOutOfRange`] for a snooze time, [`Error::Busy`],
     /// [`Error::DiskFull`], [`Error::Sqlite`]).
     pub fn record_outcomes(&self, outcomes: &[(&Lease, Outcome)]) -> Result<Vec<Result<()>>> {
+        Ok(self.record_and_claim(outcomes, None)?.0)
+    }
+
+    /// Records `outcomes` (as [`Queue::record_outcomes`]) and then claims
+    /// (as [`Queue::claim_kinds`], over `claim.queues` in order until
+    /// `claim.max` jobs) in one `BEGIN IMMEDIATE` transaction: a worker pool
+    /// finishes one batch and takes the next with one commit, one fsync.
+    ///
+    /// The commit is durable per the queue's [`Durability`] when there are
+    /// outcomes. A claim alone commits without waiting for an fsync of its
+    /// own (`synchronous=NORMAL`): if power fails before a later synced
+    /// commit, the claim is undone and the job is simply pending again.
+    ///
+    /// # Errors
+    /// As both; on error nothing was recorded and nothing claimed.
+    pub fn record_and_claim(
+        &self,
+        outcomes: &[(&Lease, Outcome)],
+        claim: Option<&ClaimRequest<'_>>,
+    ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
         for (_, outcome) in outcomes {
             if let Outcome::Snooze(until) = outcome {
                 check_timestamp(until.timestamp_millis(), "snooze time")?;
             }
         }
+        let claim = match claim {
+            Some(c) if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) => {
+                Some((c, duration_ms(c.lease, "lease")?, claim_sql(c.kinds)))
+            }
+            _ => None,
+        };
+        if outcomes.is_empty() && claim.is_none() {
+            return Ok((Vec::new(), Vec::new()));
+        }
         let policy = self.inner.config.retry_policy;
-        let results = self.write(|tx| {
+        let commit = if outcomes.is_empty() {
+            Commit::Lazy
+        } else {
+            Commit::Durable
+        };
+        let (results, mut leases) = self.write_with(commit, |tx| {
             let now = self.now_ms();
             let mut results = Vec::with_capacity(outcomes.len());
             for (lease, outcome) in outcomes {
-                let id = lease.job_id.0;
-                let token = &lease.run_token.0;
-                let changed =
-                    match outcome {
-                        Outcome::Complete => tx
-                            .prepare_cached(COMPLETE_SQL)?
-                            .execute(params![now, id, token])?,
-                        Outcome::Fail(error) => {
-                            let retry_at = add_ms(now, policy.backoff(lease.attempt))
-                                .map_or(MAX_TIMESTAMP_MS, |t| t.min(MAX_TIMESTAMP_MS));
-                            tx.prepare_cached(FAIL_SQL)?
-                                .execute(params![now, retry_at, error, id, token])?
-                        }
-                        Outcome::FailPermanently(error) => tx
-                            .prepare_cached(DEAD_SQL)?
-                            .execute(params![now, error, id, token])?,
-                        Outcome::Snooze(until) => tx
-                            .prepare_cached(SNOOZE_SQL)?
-                            .execute(params![now, until.timestamp_millis(), id, token])?,
-                        Outcome::Release => tx
-                            .prepare_cached(RELEASE_SQL)?
-                            .execute(params![id, token])?,
-                    };
-                results.push(fenced(changed, lease));
+                results.push(record_in(tx, lease, outcome, now, &policy)?);
             }
-            Ok(results)
+            let mut leases = Vec::new();
+            if let Some((request, lease_ms, sql)) = &claim {
+                let expires = now.saturating_add(*lease_ms);
+                for queue in request.queues {
+                    let want = request.max.saturating_sub(leases.len());
+                    if want == 0 {
+                        break;
+                    }
+                    let want = i64::try_from(want).unwrap_or(i64::MAX);
+                    tx.prepare_cached(PROMOTE_SQL)?
+                        .execute(params![queue, now, PROMOTE_BATCH])?;
+                    let mut stmt = tx.prepare_cached(sql)?;
+                    let mut values: Vec<&dyn rusqlite::ToSql> =
+                        vec![&request.worker_id, &now, &expires, queue, &want];
+                    if let Some(kinds) = request.kinds {
+                        values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
+                    }
+                    for lease in stmt.query_map(values.as_slice(), lease_from_row)? {
+                        leases.push(lease?);
+                    }
+                }
+            }
+            Ok((results, leases))
         })?;
+        // RETURNING gives rows in no promised order; hand them out in claim order.
+        leases.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(a.run_at.cmp(&b.run_at))
+                .then(a.job_id.cmp(&b.job_id))
+        });
         if outcomes
             .iter()
             .any(|(_, o)| !matches!(o, Outcome::Complete | Outcome::FailPermanently(_)))
         {
             self.notify_watchers();
         }
-        Ok(results)
+        Ok((results, leases))
     }
 
     // ----------------------------------------------------------------- reaper
@@ -702,7 +742,7 @@ impl Queue {
         let policy = self.inner.config.retry_policy;
         let mut total = 0u64;
         loop {
-            let (taken, seen) = self.write(|tx| {
+            let (taken, seen) = self.write_with(Commit::Lazy, |tx| {
                 let now = self.now_ms();
                 let expired: Vec<(i64, String, u32, String)> = tx
                     .prepare_cached(
@@ -717,8 +757,7 @@ impl Queue {
                 let mut taken = 0u64;
                 let mut reap = tx.prepare_cached(REAP_SQL)?;
                 for (id, token, attempts, worker) in &expired {
-                    let retry_at = add_ms(now, policy.backoff(*attempts))
-                        .map_or(MAX_TIMESTAMP_MS, |t| t.min(MAX_TIMESTAMP_MS));
+                    let retry_at = retry_time(now, &policy, *attempts);
                     let error = format!("lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time");
                     taken += reap.execute(params![now, retry_at, error, id, token])? as u64;
                 }
@@ -875,6 +914,24 @@ impl Queue {
         })
     }
 
+    /// Number of jobs in `state`, across queues. Uses an index (cost grows
+    /// with the count, not the table) for scheduled, pending and running;
+    /// scans the table for finished states.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn count(&self, state: JobState) -> Result<u64> {
+        self.read(|conn| {
+            let n: i64 = conn
+                .prepare_cached(&format!(
+                    "SELECT count(*) FROM tickler_jobs WHERE status = '{}'",
+                    state.as_str()
+                ))?
+                .query_row([], |r| r.get(0))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+
     /// Job counts per queue and state, and the oldest due job.
     ///
     /// # Errors
@@ -961,19 +1018,40 @@ impl Queue {
     /// with jittered backoff until the retry window ends, then
     /// [`Error::Busy`]. `f` may run more than once: it must not have effects
     /// outside the transaction.
-    fn write<T>(&self, mut f: impl FnMut(&rusqlite::Transaction<'_>) -> Result<T>) -> Result<T> {
+    fn write<T>(&self, f: impl FnMut(&rusqlite::Transaction<'_>) -> Result<T>) -> Result<T> {
+        self.write_with(Commit::Durable, f)
+    }
+
+    fn write_with<T>(
+        &self,
+        commit: Commit,
+        mut f: impl FnMut(&rusqlite::Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
         let config = &self.inner.config;
-        let mut conn = self
+        let mut writer = self
             .inner
             .writer
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let synchronous = match commit {
+            Commit::Durable => config.durability,
+            Commit::Lazy => Durability::Normal,
+        };
+        if writer.synchronous != synchronous {
+            writer.conn.execute_batch(&format!(
+                "PRAGMA synchronous = {}",
+                synchronous.pragma_value()
+            ))?;
+            writer.synchronous = synchronous;
+        }
         set_busy_limit(config.busy_timeout);
         let started = Instant::now();
         let mut retries = 0u32;
         loop {
             let result: Result<T> = (|| {
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let tx = writer
+                    .conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)?;
                 let value = f(&tx)?;
                 tx.commit()?;
                 Ok(value)
@@ -1091,6 +1169,26 @@ impl ChangeWatcher {
     }
 }
 
+/// The process's write connection and the `synchronous` level it is set to.
+struct Writer {
+    conn: Connection,
+    synchronous: Durability,
+}
+
+/// How a write transaction's commit reaches the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Commit {
+    /// With the queue's [`Durability`]: an `Ok` means the promise is kept
+    /// (enqueue, outcomes, operator actions).
+    Durable,
+    /// `synchronous=NORMAL` even under [`Durability::Full`]: no fsync of its
+    /// own. For writes whose loss on power failure is harmless: a lost
+    /// claim leaves the job pending, a lost heartbeat or reap leaves a lease
+    /// that the reaper takes after restart. In WAL mode the next synced
+    /// commit makes these durable too, since the log is written in order.
+    Lazy,
+}
+
 struct ValidJob {
     payload: String,
     run_at: i64,
@@ -1153,6 +1251,69 @@ const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
     created_at, finished_at";
+
+/// The claiming UPDATE; ?1 worker_id, ?2 now, ?3 lease expiry, ?4 queue,
+/// ?5 limit, ?6… kinds.
+fn claim_sql(kinds: Option<&[&str]>) -> String {
+    let kind_filter = match kinds {
+        None => String::new(),
+        Some(kinds) => {
+            let marks: Vec<String> = (0..kinds.len()).map(|i| format!("?{}", i + 6)).collect();
+            format!("AND kind IN ({})", marks.join(", "))
+        }
+    };
+    format!(
+        "UPDATE tickler_jobs
+         SET status = 'running', run_token = {RUN_TOKEN_SQL}, attempts = attempts + 1,
+             claimed_by = ?1, claimed_at = ?2, lease_expires_at = ?3
+         WHERE id IN (SELECT id FROM tickler_jobs
+                      WHERE status = 'pending' AND queue = ?4 AND run_at <= ?2 {kind_filter}
+                      ORDER BY priority DESC, run_at, id LIMIT ?5)
+         RETURNING {LEASE_COLUMNS}"
+    )
+}
+
+/// One outcome, fenced by run_token. `Ok(Err(LeaseLost))` when the lease
+/// is no longer held.
+fn record_in(
+    tx: &rusqlite::Transaction<'_>,
+    lease: &Lease,
+    outcome: &Outcome,
+    now: i64,
+    policy: &RetryPolicy,
+) -> Result<Result<()>> {
+    let id = lease.job_id.0;
+    let token = &lease.run_token.0;
+    let changed = match outcome {
+        Outcome::Complete => tx
+            .prepare_cached(COMPLETE_SQL)?
+            .execute(params![now, id, token])?,
+        Outcome::Fail(error) => {
+            let retry_at = retry_time(now, policy, lease.attempt);
+            tx.prepare_cached(FAIL_SQL)?
+                .execute(params![now, retry_at, error, id, token])?
+        }
+        Outcome::FailPermanently(error) => tx
+            .prepare_cached(DEAD_SQL)?
+            .execute(params![now, error, id, token])?,
+        Outcome::Snooze(until) => tx.prepare_cached(SNOOZE_SQL)?.execute(params![
+            now,
+            until.timestamp_millis(),
+            id,
+            token
+        ])?,
+        Outcome::Release => tx
+            .prepare_cached(RELEASE_SQL)?
+            .execute(params![id, token])?,
+    };
+    Ok(fenced(changed, lease))
+}
+
+/// When a job that failed `attempt` may run again, in ms (clamped to the
+/// storable range).
+fn retry_time(now: i64, policy: &RetryPolicy, attempt: u32) -> i64 {
+    add_ms(now, policy.backoff(attempt)).map_or(MAX_TIMESTAMP_MS, |t| t.min(MAX_TIMESTAMP_MS))
+}
 
 fn lease_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Lease> {
     Ok(Lease {
@@ -1272,7 +1433,9 @@ fn migrations() -> Vec<(i64, &'static str)> {
 }
 
 fn data_version(conn: &Connection) -> Result<i64> {
-    Ok(conn.query_row("PRAGMA data_version", [], |r| r.get(0))?)
+    Ok(conn
+        .prepare_cached("PRAGMA data_version")?
+        .query_row([], |r| r.get(0))?)
 }
 
 /// Creates the file (0600 on Unix) if it does not exist; never truncates.
@@ -1299,18 +1462,16 @@ fn create_owner_only(path: &Path) -> Result<()> {
 
 fn configure_connection(conn: &Connection, durability: Durability, reader: bool) -> Result<()> {
     conn.busy_handler(Some(busy_handler))?;
+    conn.set_prepared_statement_cache_capacity(64);
     let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(Error::NotWal { mode });
     }
-    let (sync_name, sync_value) = match durability {
-        Durability::Full => ("FULL", 2),
-        Durability::Normal => ("NORMAL", 1),
-    };
     conn.execute_batch(&format!(
-        "PRAGMA synchronous = {sync_name}; PRAGMA foreign_keys = ON; PRAGMA journal_size_limit = 67108864;"
+        "PRAGMA synchronous = {}; PRAGMA foreign_keys = ON; PRAGMA journal_size_limit = 67108864;",
+        durability.pragma_value()
     ))?;
-    expect_pragma(conn, "synchronous", sync_value)?;
+    expect_pragma(conn, "synchronous", durability.pragma_value())?;
     expect_pragma(conn, "foreign_keys", 1)?;
     if reader {
         conn.execute_batch("PRAGMA query_only = ON")?;
@@ -1387,8 +1548,12 @@ fn busy_handler(count: i32) -> bool {
         BUSY_SINCE.with(|s| s.set(None));
         return false;
     }
-    let max_us = if count < 50 { 2_000 } else { 10_000 };
-    std::thread::sleep(Duration::from_micros(fastrand::u64(100..=max_us)));
+    let (min_us, max_us) = match count {
+        0..=99 => (20, 300),
+        100..=999 => (100, 2_000),
+        _ => (1_000, 10_000),
+    };
+    std::thread::sleep(Duration::from_micros(fastrand::u64(min_us..=max_us)));
     true
 }
 

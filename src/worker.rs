@@ -5,21 +5,25 @@
 //! Threads of one pool:
 //!
 //! ```text
-//!              claim (≤ free slots)            lease               outcome
-//!  fetcher ─────────────────────────► [jobs] ─────────► workers ──────────► [outcomes] ─► completer
-//!     ▲  sleeps until next run_at,                         │                  one transaction
-//!     │  woken by commits (data_version)                   │ slot freed       per batch
-//!     └────────────────────────────────────────────────────┘
+//!                 leases (≤ free slots)                 outcomes
+//!  dispatcher ─────────────────────────► workers ──────────────────► dispatcher
+//!     one transaction records the finished batch and claims the next;
+//!     sleeps until the next run_at, woken by commits (PRAGMA data_version,
+//!     in-process wake-ups) and by workers finishing.
 //!  heartbeat: renews every in-flight lease in one transaction per tick;
 //!             a lost lease sets the job's cancellation flag, its outcome is dropped.
 //!  reaper:    Queue::reap() every interval.
 //! ```
+//!
+//! Group commit: outcomes from all workers are written in batches, one
+//! `BEGIN IMMEDIATE` transaction (one fsync under `Durability::Full`) per
+//! batch, each outcome still fenced by its run_token.
 
 use crate::clock::Clock;
 use crate::error::Error;
 use crate::job::{JobId, RunToken};
 use crate::lease::Lease;
-use crate::queue::{ChangeWatcher, Outcome, Queue, Waker};
+use crate::queue::{ChangeWatcher, ClaimRequest, Outcome, Queue, Waker};
 use crate::reaper::{Reaper, ReaperConfig};
 use chrono::{DateTime, Utc};
 use crossbeam_channel::{Receiver, Sender};
@@ -30,7 +34,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Most outcomes written in one completer transaction.
+/// Most outcomes written in one dispatcher transaction.
 const MAX_OUTCOME_BATCH: usize = 512;
 
 /// How a handler ends a job other than by succeeding.
@@ -374,21 +378,6 @@ impl WorkerPoolBuilder {
 
         let mut kinds: Vec<String> = shared.handlers.keys().cloned().collect();
         kinds.sort();
-        let fetcher = {
-            let shared = Arc::clone(&shared);
-            let config = FetchConfig {
-                queues: self.queues.clone(),
-                kinds,
-                worker_id: worker_id.clone(),
-                capacity,
-                claim_batch: self.claim_batch,
-                max_idle: self.max_idle,
-                poll: self.poll,
-            };
-            spawn("tickler-fetcher", move || {
-                fetch_loop(&shared, &config, watcher, job_tx)
-            })
-        };
         let workers = (0..self.threads)
             .map(|i| {
                 let shared = Arc::clone(&shared);
@@ -400,10 +389,19 @@ impl WorkerPoolBuilder {
             })
             .collect();
         drop(outcome_tx);
-        let completer = {
+        let dispatcher = {
             let shared = Arc::clone(&shared);
-            spawn("tickler-completer", move || {
-                complete_loop(&shared, &outcome_rx)
+            let config = DispatchConfig {
+                queues: self.queues.clone(),
+                kinds,
+                worker_id: worker_id.clone(),
+                capacity,
+                claim_batch: self.claim_batch,
+                max_idle: self.max_idle,
+                poll: self.poll,
+            };
+            spawn("tickler-dispatcher", move || {
+                dispatch_loop(&shared, &config, watcher, job_tx, &outcome_rx)
             })
         };
         let heartbeat = {
@@ -419,9 +417,8 @@ impl WorkerPoolBuilder {
             shared,
             worker_id,
             job_rx,
-            fetcher: Some(fetcher),
             workers,
-            completer: Some(completer),
+            dispatcher: Some(dispatcher),
             heartbeat: Some(heartbeat),
             reaper,
             shutdown_grace: self.shutdown_grace,
@@ -455,9 +452,8 @@ pub struct WorkerPool {
     shared: Arc<Shared>,
     worker_id: String,
     job_rx: Receiver<Lease>,
-    fetcher: Option<JoinHandle<()>>,
     workers: Vec<JoinHandle<()>>,
-    completer: Option<JoinHandle<()>>,
+    dispatcher: Option<JoinHandle<()>>,
     heartbeat: Option<JoinHandle<()>>,
     reaper: Option<Reaper>,
     shutdown_grace: Duration,
@@ -530,9 +526,8 @@ impl WorkerPool {
         let shared = &self.shared;
         shared.stopping.store(true, Ordering::SeqCst);
         shared.fetcher_waker.wake();
-        if let Some(fetcher) = self.fetcher.take() {
-            let _ = fetcher.join();
-        }
+        // Unstarted jobs go back at once; a worker that picks one up during
+        // this race hands it back the same way.
         let unstarted: Vec<Lease> = self.job_rx.try_iter().collect();
         let released = unstarted.len();
         if !unstarted.is_empty() {
@@ -547,6 +542,7 @@ impl WorkerPool {
             for lease in &unstarted {
                 in_flight.remove(&lease.job_id);
             }
+            shared.busy_slots.fetch_sub(released, Ordering::SeqCst);
         }
         let deadline = Instant::now() + grace;
         while self.workers.iter().any(|w| !w.is_finished()) && Instant::now() < deadline {
@@ -557,13 +553,16 @@ impl WorkerPool {
             for worker in self.workers.drain(..) {
                 let _ = worker.join();
             }
-            if let Some(completer) = self.completer.take() {
-                let _ = completer.join();
+            // Records the last outcomes, then ends: every worker is gone.
+            if let Some(dispatcher) = self.dispatcher.take() {
+                let _ = dispatcher.join();
             }
         } else {
             for job in shared.lock_in_flight().values() {
-                job.cancel.set(CancelReason::Shutdown);
-                still_running += 1;
+                if !job.finishing {
+                    job.cancel.set(CancelReason::Shutdown);
+                    still_running += 1;
+                }
             }
             log::warn!("shutdown grace over with {still_running} handler(s) still running; their cancellation flags are set");
         }
@@ -614,7 +613,7 @@ struct InFlight {
     cancel: Arc<CancelFlag>,
     /// Set by the worker when the handler starts and the job has a timeout.
     deadline: Option<Instant>,
-    /// The handler returned; the completer is writing the outcome, so the
+    /// The handler returned; the dispatcher is writing the outcome, so the
     /// heartbeat leaves this job alone.
     finishing: bool,
 }
@@ -626,7 +625,7 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
         .expect("spawning a worker pool thread")
 }
 
-struct FetchConfig {
+struct DispatchConfig {
     queues: Vec<String>,
     kinds: Vec<String>,
     worker_id: String,
@@ -636,86 +635,200 @@ struct FetchConfig {
     poll: Duration,
 }
 
-fn fetch_loop(
+/// The dispatcher: records finished jobs' outcomes and claims new jobs for
+/// free slots, both in one transaction when there is work for both, so a
+/// busy pool pays one commit per batch rather than two per job. When there
+/// is nothing to record and nothing due it sleeps until the next due time,
+/// woken early by commits (its watcher) and by workers finishing.
+fn dispatch_loop(
     shared: &Shared,
-    config: &FetchConfig,
+    config: &DispatchConfig,
     mut watcher: ChangeWatcher,
     jobs: Sender<Lease>,
+    outcomes: &Receiver<(Lease, Outcome)>,
 ) {
+    let queues: Vec<&str> = config.queues.iter().map(String::as_str).collect();
     let kinds: Vec<&str> = config.kinds.iter().map(String::as_str).collect();
+    let mut jobs = Some(jobs);
+    // After a claim that got all it asked for, more may be due; otherwise
+    // ask the (cheap, lock-free) read path before taking the write lock.
+    let mut more_may_be_due = true;
     let mut error_pause = Duration::from_millis(50);
-    while !shared.stopping.load(Ordering::SeqCst) {
+    loop {
+        let stopping = shared.stopping.load(Ordering::SeqCst);
+        if stopping {
+            // Workers end once the job channel is closed and empty.
+            jobs = None;
+        }
+        let finished = take_outcomes(shared, outcomes);
         let free = config
             .capacity
             .saturating_sub(shared.busy_slots.load(Ordering::SeqCst));
-        if free == 0 {
-            // A worker finishing wakes us through the waker.
-            let _ = watcher.wait(config.max_idle, config.max_idle);
-            continue;
-        }
-        let mut claimed = 0;
-        let mut failed = false;
-        for queue in &config.queues {
-            let want = (free - claimed).min(config.claim_batch);
-            if want == 0 {
-                break;
-            }
-            match shared.queue.claim_kinds(
-                queue,
-                &config.worker_id,
-                want,
-                shared.lease,
-                Some(&kinds),
-            ) {
-                Ok(leases) => {
-                    claimed += leases.len();
-                    for lease in leases {
-                        shared.busy_slots.fetch_add(1, Ordering::SeqCst);
-                        shared.lock_in_flight().insert(
-                            lease.job_id,
-                            InFlight {
-                                lease: lease.clone(),
-                                cancel: Arc::new(CancelFlag::default()),
-                                deadline: None,
-                                finishing: false,
-                            },
-                        );
-                        if jobs.send(lease).is_err() {
-                            return;
+        let mut want = if jobs.is_some() && free > 0 {
+            free.min(config.claim_batch)
+        } else {
+            0
+        };
+        if want > 0 && !more_may_be_due {
+            match shared.queue.next_due(&queues, Some(&kinds)) {
+                Ok(Some(due)) if due <= shared.queue.clock().now() => more_may_be_due = true,
+                Ok(next) => {
+                    want = 0;
+                    if finished.is_empty() {
+                        let sleep = next.map_or(config.max_idle, |due| {
+                            (due - shared.queue.clock().now())
+                                .to_std()
+                                .unwrap_or(Duration::ZERO)
+                                .clamp(Duration::from_millis(1), config.max_idle)
+                        });
+                        if let Err(e) = watcher.wait(sleep, config.poll) {
+                            log::error!("watching for new jobs failed: {e}");
+                            std::thread::sleep(config.poll);
                         }
+                        continue;
                     }
                 }
                 Err(e) => {
-                    log::error!(
-                        "claim on queue {queue:?} failed: {e}; retrying in {error_pause:?}"
-                    );
-                    failed = true;
+                    log::error!("reading the next due time failed: {e}");
+                    want = 0;
                 }
             }
         }
-        if failed {
-            std::thread::sleep(error_pause);
-            error_pause = (error_pause * 2).min(Duration::from_secs(2));
-            continue;
-        }
-        error_pause = Duration::from_millis(50);
-        if claimed > 0 {
-            continue;
-        }
-        let sleep = match shared.queue.next_due(&config.queues, Some(&kinds)) {
-            Ok(Some(due)) => (due - shared.queue.clock().now())
-                .to_std()
-                .unwrap_or(Duration::ZERO)
-                .clamp(Duration::from_millis(1), config.max_idle),
-            Ok(None) => config.max_idle,
-            Err(e) => {
-                log::error!("reading the next due time failed: {e}");
-                config.max_idle
+        if finished.is_empty() && want == 0 {
+            if stopping || jobs.is_none() {
+                match outcomes.recv_timeout(config.max_idle) {
+                    Ok(first) => {
+                        let batch = take_outcomes_from(shared, Some(first), outcomes);
+                        record(shared, &batch, None, &config.worker_id);
+                    }
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+                }
+            } else {
+                // All slots busy: a worker finishing wakes the watcher.
+                let _ = watcher.wait(config.max_idle, config.max_idle);
             }
+            continue;
+        }
+        let request = ClaimRequest {
+            queues: &queues,
+            worker_id: &config.worker_id,
+            max: want,
+            lease: shared.lease,
+            kinds: Some(&kinds),
         };
-        if let Err(e) = watcher.wait(sleep, config.poll) {
-            log::error!("watching for new jobs failed: {e}");
-            std::thread::sleep(config.poll);
+        let claim = (want > 0).then_some(&request);
+        match record(shared, &finished, claim, &config.worker_id) {
+            Some(leases) => {
+                error_pause = Duration::from_millis(50);
+                more_may_be_due = want > 0 && leases.len() == want;
+                for lease in leases {
+                    shared.busy_slots.fetch_add(1, Ordering::SeqCst);
+                    shared.lock_in_flight().insert(
+                        lease.job_id,
+                        InFlight {
+                            lease: lease.clone(),
+                            cancel: Arc::new(CancelFlag::default()),
+                            deadline: None,
+                            finishing: false,
+                        },
+                    );
+                    if let Some(jobs) = &jobs {
+                        let _ = jobs.send(lease);
+                    }
+                }
+            }
+            None => {
+                std::thread::sleep(error_pause);
+                error_pause = (error_pause * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// Finished jobs waiting to be recorded, without blocking.
+fn take_outcomes(shared: &Shared, outcomes: &Receiver<(Lease, Outcome)>) -> Vec<(Lease, Outcome)> {
+    take_outcomes_from(shared, None, outcomes)
+}
+
+/// Marks each finished job as finishing (the heartbeat leaves it alone) and
+/// drops, with a warning, the outcome of any job whose lease was lost.
+fn take_outcomes_from(
+    shared: &Shared,
+    first: Option<(Lease, Outcome)>,
+    outcomes: &Receiver<(Lease, Outcome)>,
+) -> Vec<(Lease, Outcome)> {
+    let batch: Vec<(Lease, Outcome)> = first
+        .into_iter()
+        .chain(outcomes.try_iter())
+        .take(MAX_OUTCOME_BATCH)
+        .collect();
+    if batch.is_empty() {
+        return batch;
+    }
+    let mut in_flight = shared.lock_in_flight();
+    batch
+        .into_iter()
+        .filter(|(lease, outcome)| {
+            let lost = in_flight.get_mut(&lease.job_id).is_some_and(|job| {
+                job.finishing = true;
+                job.cancel.get() == Some(CancelReason::LeaseLost)
+            });
+            if lost {
+                log::warn!(
+                    "job {} lost its lease while running; dropping its outcome {outcome:?}",
+                    lease.job_id
+                );
+                in_flight.remove(&lease.job_id);
+            }
+            !lost
+        })
+        .collect()
+}
+
+/// Writes outcomes (and claims, if asked) in one transaction, retrying
+/// transient failures a few times: a lost outcome means the job runs again.
+/// Returns the claimed leases, or `None` if the transaction failed.
+fn record(
+    shared: &Shared,
+    finished: &[(Lease, Outcome)],
+    claim: Option<&ClaimRequest<'_>>,
+    worker_id: &str,
+) -> Option<Vec<Lease>> {
+    let outcomes: Vec<(&Lease, Outcome)> = finished.iter().map(|(l, o)| (l, o.clone())).collect();
+    let mut pause = Duration::from_millis(50);
+    let mut tries = 0;
+    let result = loop {
+        match shared.queue.record_and_claim(&outcomes, claim) {
+            Err(e) if tries < 5 && (e.is_busy() || matches!(e, Error::DiskFull)) => {
+                log::warn!("worker {worker_id}: write failed: {e}; retrying");
+                std::thread::sleep(pause);
+                pause *= 2;
+                tries += 1;
+            }
+            other => break other,
+        }
+    };
+    let mut in_flight = shared.lock_in_flight();
+    for (lease, _) in finished {
+        in_flight.remove(&lease.job_id);
+    }
+    drop(in_flight);
+    match result {
+        Ok((results, leases)) => {
+            for ((lease, outcome), result) in finished.iter().zip(results) {
+                if let Err(e) = result {
+                    log::warn!("outcome {outcome:?} of job {} refused: {e}", lease.job_id);
+                }
+            }
+            Some(leases)
+        }
+        Err(e) => {
+            log::error!(
+                "worker {worker_id}: {} outcome(s) not recorded: {e}; the reaper will take those jobs back and they will run again",
+                finished.len()
+            );
+            None
         }
     }
 }
@@ -768,73 +881,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "(non-string panic payload)".to_owned()
-    }
-}
-
-fn complete_loop(shared: &Shared, outcomes: &Receiver<(Lease, Outcome)>) {
-    while let Ok(first) = outcomes.recv() {
-        let mut batch = vec![first];
-        batch.extend(outcomes.try_iter().take(MAX_OUTCOME_BATCH - 1));
-        let mut to_write = Vec::with_capacity(batch.len());
-        {
-            let mut in_flight = shared.lock_in_flight();
-            for (lease, outcome) in batch {
-                let lost = in_flight.get_mut(&lease.job_id).is_some_and(|job| {
-                    job.finishing = true;
-                    job.cancel.get() == Some(CancelReason::LeaseLost)
-                });
-                if lost {
-                    log::warn!(
-                        "job {} lost its lease while running; dropping its outcome {outcome:?}",
-                        lease.job_id
-                    );
-                    in_flight.remove(&lease.job_id);
-                } else {
-                    to_write.push((lease, outcome));
-                }
-            }
-        }
-        if to_write.is_empty() {
-            continue;
-        }
-        let refs: Vec<(&Lease, Outcome)> = to_write.iter().map(|(l, o)| (l, o.clone())).collect();
-        let results = record_with_retry(shared, &refs);
-        let mut in_flight = shared.lock_in_flight();
-        for (i, (lease, outcome)) in to_write.iter().enumerate() {
-            in_flight.remove(&lease.job_id);
-            match results.as_ref().map(|r| &r[i]) {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => log::warn!("outcome {outcome:?} of job {} refused: {e}", lease.job_id),
-                Err(e) => log::error!(
-                    "outcome {outcome:?} of job {} not recorded: {e}; the reaper will take the job back and it will run again",
-                    lease.job_id
-                ),
-            }
-        }
-    }
-}
-
-/// Transient failures (busy, disk full) get a few more tries: losing an
-/// outcome means running the job again.
-fn record_with_retry(
-    shared: &Shared,
-    outcomes: &[(&Lease, Outcome)],
-) -> crate::Result<Vec<crate::Result<()>>> {
-    let mut pause = Duration::from_millis(50);
-    let mut tries = 0;
-    loop {
-        match shared.queue.record_outcomes(outcomes) {
-            Err(e) if tries < 5 && (e.is_busy() || matches!(e, Error::DiskFull)) => {
-                log::warn!(
-                    "recording {} outcome(s) failed: {e}; retrying",
-                    outcomes.len()
-                );
-                std::thread::sleep(pause);
-                pause *= 2;
-                tries += 1;
-            }
-            other => return other,
-        }
     }
 }
 

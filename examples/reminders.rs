@@ -1,0 +1,324 @@
+//! The README's main job: a reminder service on a realistic load.
+//!
+//! ```text
+//! cargo run --release --example reminders [-- DB_PATH [--count N] [--threads T]]
+//! ```
+//!
+//! Creates a fresh database (default `reminders.db` in the working directory),
+//! enqueues reminders due over the next few seconds (20,000 by default: spread
+//! with jitter, a few hundred due at the same millisecond, a few poison ones
+//! that always panic, a few slow ones that outlive the lease and survive only
+//! through heartbeats), then delivers them with worker pools in two OS
+//! processes (this program starts a second copy of itself). Every delivery is
+//! appended to a ledger file before the handler returns. At the end it prints
+//! what the ledger and the queue say, and exits non-zero if a reminder was
+//! delivered twice or lost.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+use tickler::{
+    JobContext, JobError, JobState, NewJob, Queue, ReaperConfig, RetryPolicy, WorkerPool,
+};
+
+const LEASE: Duration = Duration::from_millis(1500);
+const POISON: usize = 5;
+const SLOW: usize = 3;
+const SAME_MILLISECOND: usize = 300;
+const PREFETCH: usize = 32;
+
+#[derive(Serialize, Deserialize)]
+struct Reminder {
+    /// Due time, ms since the epoch (also the job's run_at).
+    due_ms: i64,
+    /// "deliver", "panic" or "slow".
+    behaviour: String,
+}
+
+struct Settings {
+    db: PathBuf,
+    count: usize,
+    threads: usize,
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--worker") {
+        let (Some(db), Some(process), Some(threads)) = (args.get(1), args.get(2), args.get(3))
+        else {
+            eprintln!("usage: reminders --worker DB PROCESS THREADS");
+            return ExitCode::from(2);
+        };
+        let threads = threads.parse().unwrap_or(4);
+        return match run_worker(Path::new(db), process, threads) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("worker {process}: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let settings = match parse_args(&args) {
+        Ok(s) => s,
+        Err(message) => {
+            eprintln!("{message}\nusage: reminders [DB_PATH] [--count N] [--threads T]");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&settings) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("reminders: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_args(args: &[String]) -> Result<Settings, String> {
+    let mut settings = Settings {
+        db: PathBuf::from("reminders.db"),
+        count: 20_000,
+        threads: 4,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut number = |name: &str| -> Result<usize, String> {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("{name} needs a number"))
+        };
+        match arg.as_str() {
+            "--count" => settings.count = number("--count")?.max(POISON + SLOW + 1),
+            "--threads" => settings.threads = number("--threads")?.max(1),
+            flag if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
+            path => settings.db = PathBuf::from(path),
+        }
+    }
+    Ok(settings)
+}
+
+fn ledger_path(db: &Path, process: &str) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push(format!(".ledger-{process}"));
+    PathBuf::from(name)
+}
+
+fn open_queue(db: &Path) -> tickler::Result<Queue> {
+    Queue::builder(db)
+        .retry_policy(RetryPolicy {
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(1),
+            jitter: true,
+        })
+        .open()
+}
+
+fn run(settings: &Settings) -> Result<bool, Box<dyn std::error::Error>> {
+    for suffix in ["", "-wal", "-shm", ".ledger-a", ".ledger-b"] {
+        let mut name = settings.db.as_os_str().to_owned();
+        name.push(suffix);
+        let _ = std::fs::remove_file(PathBuf::from(name));
+    }
+    let queue = open_queue(&settings.db)?;
+    let enqueued = enqueue_reminders(&queue, settings.count)?;
+    println!(
+        "enqueued {} reminders into {} (due over the next ~5 s; {POISON} poison, {SLOW} slow, {SAME_MILLISECOND} due in the same millisecond)",
+        enqueued,
+        settings.db.display()
+    );
+
+    let started = Instant::now();
+    let exe = std::env::current_exe()?;
+    let mut child = if std::env::var_os("REMINDERS_ONE_PROCESS").is_some() {
+        None
+    } else {
+        Some(
+            Command::new(exe)
+                .arg("--worker")
+                .arg(&settings.db)
+                .arg("b")
+                .arg(settings.threads.to_string())
+                .spawn()?,
+        )
+    };
+    let own = run_worker(&settings.db, "a", settings.threads);
+    if let Some(child) = child.as_mut() {
+        let status = child.wait()?;
+        if !status.success() {
+            return Err(format!("second process failed: {status}").into());
+        }
+    }
+    own?;
+    let elapsed = started.elapsed();
+    report(&queue, settings, enqueued, elapsed)
+}
+
+fn enqueue_reminders(queue: &Queue, count: usize) -> tickler::Result<usize> {
+    let start_ms = Utc::now().timestamp_millis() + 500;
+    let burst_ms = start_ms + 2_000;
+    let mut jobs = Vec::with_capacity(count);
+    for i in 0..count {
+        let (behaviour, due_ms) = if i < POISON {
+            ("panic", start_ms + fastrand::i64(0..5_000))
+        } else if i < POISON + SLOW {
+            ("slow", start_ms + fastrand::i64(0..1_000))
+        } else if i < POISON + SLOW + SAME_MILLISECOND {
+            ("deliver", burst_ms)
+        } else {
+            ("deliver", start_ms + fastrand::i64(0..5_000))
+        };
+        let reminder = Reminder {
+            due_ms,
+            behaviour: behaviour.to_owned(),
+        };
+        let due = chrono::DateTime::from_timestamp_millis(due_ms).expect("due time in range");
+        jobs.push(
+            NewJob::new("reminder")
+                .payload(serde_json::to_value(&reminder)?)
+                .run_at(due)
+                .max_attempts(3),
+        );
+    }
+    for chunk in jobs.chunks(1_000) {
+        queue.enqueue_batch(chunk.to_vec())?;
+    }
+    Ok(count)
+}
+
+/// Runs a pool until no reminder is left to deliver.
+fn run_worker(db: &Path, process: &str, threads: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let queue = open_queue(db)?;
+    let ledger = Arc::new(Mutex::new(
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(ledger_path(db, process))?,
+    ));
+    let process_name = process.to_owned();
+    let mut pool = WorkerPool::builder(&queue)
+        .threads(threads)
+        // Claim ahead of free threads: each commit then records and claims
+        // dozens of jobs, which is what keeps a due burst on time.
+        .prefetch(PREFETCH)
+        .lease(LEASE)
+        .reaper(ReaperConfig {
+            interval: Duration::from_millis(200),
+            prune_finished_after: None,
+        })
+        .handler("reminder", move |ctx: &JobContext| {
+            deliver(ctx, &ledger, &process_name)
+        })
+        .start()?;
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let mut open = 0;
+        for state in [JobState::Scheduled, JobState::Pending, JobState::Running] {
+            open += queue.count(state)?;
+        }
+        if open == 0 {
+            break;
+        }
+    }
+    pool.shutdown(Duration::from_secs(10));
+    Ok(())
+}
+
+fn deliver(ctx: &JobContext, ledger: &Mutex<File>, process: &str) -> Result<(), JobError> {
+    let reminder: Reminder = ctx.payload_as()?;
+    match reminder.behaviour.as_str() {
+        "panic" => panic!("poison reminder {}", ctx.job_id()),
+        "slow" => {
+            // Three leases long: only the pool's heartbeats keep the job.
+            let until = Instant::now() + LEASE * 3;
+            while Instant::now() < until && !ctx.is_cancelled() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if ctx.is_cancelled() {
+                return Err(JobError::retry("cancelled before delivery"));
+            }
+        }
+        _ => {}
+    }
+    let line = format!(
+        "{},{},{},{},{}\n",
+        ctx.job_id(),
+        ctx.run_token(),
+        process,
+        Utc::now().timestamp_millis(),
+        reminder.due_ms
+    );
+    let mut file = ledger
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    file.write_all(line.as_bytes())?;
+    Ok(())
+}
+
+fn report(
+    queue: &Queue,
+    settings: &Settings,
+    enqueued: usize,
+    elapsed: Duration,
+) -> Result<bool, Box<dyn std::error::Error>> {
+    let mut deliveries: HashMap<i64, u32> = HashMap::new();
+    let mut lateness: Vec<i64> = Vec::new();
+    let mut per_process: HashMap<String, u64> = HashMap::new();
+    for process in ["a", "b"] {
+        let Ok(file) = File::open(ledger_path(&settings.db, process)) else {
+            continue;
+        };
+        for line in BufReader::new(file).lines() {
+            let line = line?;
+            let fields: Vec<&str> = line.split(',').collect();
+            let [id, _token, process, delivered, due] = fields[..] else {
+                return Err(format!("bad ledger line {line:?}").into());
+            };
+            *deliveries.entry(id.parse()?).or_default() += 1;
+            *per_process.entry(process.to_owned()).or_default() += 1;
+            lateness.push(delivered.parse::<i64>()? - due.parse::<i64>()?);
+        }
+    }
+    let stats = queue.stats()?;
+    let dead = stats.total(JobState::Dead);
+    let delivered = deliveries.len() as u64;
+    let duplicates: u64 = deliveries.values().map(|n| u64::from(n - 1)).sum();
+    let lost = (enqueued as u64).saturating_sub(delivered + dead);
+    lateness.sort_unstable();
+    let pct = |p: f64| -> i64 {
+        if lateness.is_empty() {
+            return 0;
+        }
+        let i = ((lateness.len() as f64 - 1.0) * p).round() as usize;
+        lateness[i]
+    };
+    let mut processes: Vec<_> = per_process.into_iter().collect();
+    processes.sort();
+    println!("enqueued:            {enqueued}");
+    println!("delivered:           {delivered} (per process: {processes:?})");
+    println!("duplicate deliveries: {duplicates}");
+    println!("lost:                {lost}");
+    println!("dead:                {dead} (expected {POISON} poison reminders)");
+    println!(
+        "lateness (ms):       p50 {} / p99 {} / max {}",
+        pct(0.5),
+        pct(0.99),
+        lateness.last().copied().unwrap_or(0)
+    );
+    println!(
+        "throughput:          {:.0} jobs/s over {:.2} s wall time (jobs are due over ~5 s)",
+        delivered as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64()
+    );
+    let ok = duplicates == 0 && lost == 0 && dead == POISON as u64;
+    println!("{}", if ok { "OK" } else { "FAILED" });
+    Ok(ok)
+}
