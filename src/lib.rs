@@ -67,6 +67,7 @@ mod clock;
 mod error;
 mod job;
 mod lease;
+mod metrics;
 mod queue;
 mod reaper;
 mod retry;
@@ -76,9 +77,10 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Result};
 pub use job::{Job, JobId, JobState, NewJob, RunToken, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
 pub use lease::Lease;
+pub use metrics::WriteLockWaits;
 pub use queue::{
-    ChangeWatcher, ClaimRequest, Durability, JobFilter, Outcome, Queue, QueueBuilder, Stats, Waker,
-    MAX_TIMESTAMP_MS,
+    ChangeWatcher, Checkpoint, ClaimRequest, Durability, JobFilter, Outcome, Queue, QueueBuilder,
+    Stats, Waker, MAX_TIMESTAMP_MS,
 };
 pub use reaper::{Reaper, ReaperConfig};
 pub use retry::RetryPolicy;

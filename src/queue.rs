@@ -14,6 +14,7 @@ use crate::clock::{ms_to_datetime, Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState, NewJob, RunToken};
 use crate::lease::Lease;
+use crate::metrics::{WaitHistogram, WriteLockWaits};
 use crate::retry::RetryPolicy;
 use chrono::{DateTime, Utc};
 use crossbeam_channel::{Receiver, Sender};
@@ -163,6 +164,7 @@ impl QueueBuilder {
                 }),
                 readers,
                 watchers: Mutex::new(Vec::new()),
+                lock_waits: WaitHistogram::default(),
             }),
         };
         queue.migrate().map_err(|e| match e {
@@ -192,6 +194,7 @@ struct Inner {
     /// In-process wake-ups for [`ChangeWatcher`]s, sent after each commit
     /// that may make a job claimable.
     watchers: Mutex<Vec<Sender<()>>>,
+    lock_waits: WaitHistogram,
 }
 
 impl std::fmt::Debug for Inner {
@@ -257,6 +260,17 @@ impl Default for JobFilter {
             limit: 100,
         }
     }
+}
+
+/// What [`Queue::checkpoint`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Size of the `-wal` file before, in bytes.
+    pub wal_bytes_before: u64,
+    /// Size of the `-wal` file after, in bytes.
+    pub wal_bytes_after: u64,
+    /// False if a reader or writer kept the checkpoint from finishing.
+    pub complete: bool,
 }
 
 /// Counts from [`Queue::stats`].
@@ -678,23 +692,43 @@ impl Queue {
         } else {
             Commit::Durable
         };
-        let (results, mut leases) = self.write_with(commit, |tx| {
-            let now = self.now_ms();
-            let mut results = Vec::with_capacity(outcomes.len());
-            for (lease, outcome) in outcomes {
-                results.push(record_in(tx, lease, outcome, now, &policy)?);
-            }
-            let mut leases = Vec::new();
-            if let Some((request, lease_ms, sql)) = &claim {
-                let expires = now.saturating_add(*lease_ms);
+        let mut pending_outcomes = outcomes;
+        let mut commit = commit;
+        let mut results = Vec::with_capacity(outcomes.len());
+        let mut leases = loop {
+            let (recorded, claimed) = self.write_with(commit, |tx| {
+                let now = self.now_ms();
+                let mut recorded = Vec::with_capacity(pending_outcomes.len());
+                for (lease, outcome) in pending_outcomes {
+                    recorded.push(record_in(tx, lease, outcome, now, &policy)?);
+                }
+                let Some((request, lease_ms, sql)) = &claim else {
+                    return Ok((recorded, Some(Vec::new())));
+                };
+                // Claim order (priority first) only holds if every due job
+                // is pending. A backlog larger than one promotion batch
+                // (a box that was off) is promoted over several short
+                // transactions before anything is claimed.
+                let mut backlog = false;
+                for queue in request.queues {
+                    let promoted = tx.prepare_cached(PROMOTE_SQL)?.execute(params![
+                        queue,
+                        now,
+                        PROMOTE_BATCH
+                    ])?;
+                    backlog |= promoted as i64 >= PROMOTE_BATCH;
+                }
+                if backlog {
+                    return Ok((recorded, None));
+                }
+                let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
+                let mut leases = Vec::new();
                 for queue in request.queues {
                     let want = request.max.saturating_sub(leases.len());
                     if want == 0 {
                         break;
                     }
                     let want = i64::try_from(want).unwrap_or(i64::MAX);
-                    tx.prepare_cached(PROMOTE_SQL)?
-                        .execute(params![queue, now, PROMOTE_BATCH])?;
                     let mut stmt = tx.prepare_cached(sql)?;
                     let mut values: Vec<&dyn rusqlite::ToSql> =
                         vec![&request.worker_id, &now, &expires, queue, &want];
@@ -705,9 +739,15 @@ impl Queue {
                         leases.push(lease?);
                     }
                 }
+                Ok((recorded, Some(leases)))
+            })?;
+            results.extend(recorded);
+            pending_outcomes = &[];
+            commit = Commit::Lazy;
+            if let Some(claimed) = claimed {
+                break claimed;
             }
-            Ok((results, leases))
-        })?;
+        };
         // RETURNING gives rows in no promised order; hand them out in claim order.
         leases.sort_by(|a, b| {
             b.priority
@@ -967,6 +1007,44 @@ impl Queue {
         })
     }
 
+    /// Copies the WAL into the database file and truncates the WAL
+    /// (`PRAGMA wal_checkpoint(TRUNCATE)`). SQLite also checkpoints on its
+    /// own every ~1000 pages; this is for operators and tests. A reader
+    /// holding an old snapshot can keep part of the WAL from being copied:
+    /// then `complete` is false and the call can be repeated later.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] if another process holds the write lock past the busy
+    /// timeout; [`Error::Sqlite`].
+    pub fn checkpoint(&self) -> Result<Checkpoint> {
+        let wal = wal_path(&self.inner.path);
+        let wal_bytes_before = std::fs::metadata(&wal).map_or(0, |m| m.len());
+        let writer = self
+            .inner
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        set_busy_limit(self.inner.config.busy_timeout);
+        let (blocked, _log_frames, _copied): (i64, i64, i64) =
+            writer
+                .conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?;
+        drop(writer);
+        Ok(Checkpoint {
+            wal_bytes_before,
+            wal_bytes_after: std::fs::metadata(&wal).map_or(0, |m| m.len()),
+            complete: blocked == 0,
+        })
+    }
+
+    /// How long this process's write transactions (through any clone of
+    /// this `Queue`) waited for the write lock so far.
+    pub fn write_lock_waits(&self) -> WriteLockWaits {
+        self.inner.lock_waits.snapshot()
+    }
+
     // ------------------------------------------------------- change watching
 
     /// A watcher that wakes when this file may hold new claimable work: at
@@ -1028,6 +1106,7 @@ impl Queue {
         mut f: impl FnMut(&rusqlite::Transaction<'_>) -> Result<T>,
     ) -> Result<T> {
         let config = &self.inner.config;
+        let asked = Instant::now();
         let mut writer = self
             .inner
             .writer
@@ -1052,6 +1131,7 @@ impl Queue {
                 let tx = writer
                     .conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)?;
+                self.inner.lock_waits.record(asked.elapsed());
                 let value = f(&tx)?;
                 tx.commit()?;
                 Ok(value)
@@ -1430,6 +1510,13 @@ fn migrations() -> Vec<(i64, &'static str)> {
         rest = &body[end..];
     }
     out
+}
+
+/// The `-wal` file next to a database file.
+pub(crate) fn wal_path(db: &Path) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push("-wal");
+    PathBuf::from(name)
 }
 
 fn data_version(conn: &Connection) -> Result<i64> {

@@ -1,0 +1,696 @@
+//! tickler's benchmarks: one JSON line per figure, each with its settings.
+//!
+//! ```text
+//! cargo bench --bench tickler_bench               # everything (< 10 min on 2 cores)
+//! cargo bench --bench tickler_bench -- --quick    # smaller sizes (< 1 min)
+//! cargo bench --bench tickler_bench -- --only burn,depth
+//! ```
+//!
+//! Every scenario runs on a fresh file in a temporary directory, under
+//! `Durability::Normal` and `Durability::Full`. Throughput figures are also
+//! printed as a ratio to a raw-SQLite baseline measured in the same run with
+//! the same pragmas, so they read the same on any machine.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rusqlite::{params, Connection, TransactionBehavior};
+use serde_json::{json, Value};
+use tickler::{Durability, JobContext, JobError, JobState, NewJob, Queue, WorkerPool};
+
+struct Sizes {
+    raw_jobs: usize,
+    enqueue_single: usize,
+    enqueue_batches: usize,
+    burn_jobs: usize,
+    /// Jobs for the burn-down with default pool settings (prefetch 0).
+    default_burn_jobs: usize,
+    steady_secs: u64,
+    wakeup_jobs: usize,
+    wakeup_secs: u64,
+    depths: Vec<usize>,
+    depth_measured: usize,
+    fairness_jobs: usize,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--child") {
+        child(&args[1..]);
+        return;
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|list| list.split(',').map(str::to_owned).collect());
+    let sizes = if quick {
+        Sizes {
+            raw_jobs: 500,
+            enqueue_single: 300,
+            enqueue_batches: 5,
+            burn_jobs: 5_000,
+            default_burn_jobs: 2_000,
+            steady_secs: 1,
+            wakeup_jobs: 1_000,
+            wakeup_secs: 1,
+            depths: vec![1_000, 50_000],
+            depth_measured: 1_000,
+            fairness_jobs: 4_000,
+        }
+    } else {
+        Sizes {
+            raw_jobs: 5_000,
+            enqueue_single: 3_000,
+            enqueue_batches: 50,
+            burn_jobs: 200_000,
+            default_burn_jobs: 50_000,
+            steady_secs: 20,
+            wakeup_jobs: 10_000,
+            wakeup_secs: 10,
+            depths: vec![1_000, 100_000, 1_000_000, 5_000_000],
+            depth_measured: 10_000,
+            fairness_jobs: 100_000,
+        }
+    };
+    let wants = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == name));
+    let mode = if quick { "--quick" } else { "" };
+    eprintln!(
+        "# reproduce: cargo bench --bench tickler_bench -- {mode} (one JSON line per figure on stdout)"
+    );
+    let mut baselines: HashMap<(&str, &str), f64> = HashMap::new();
+    for durability in [Durability::Normal, Durability::Full] {
+        let d = durability_name(durability);
+        let insert = raw_insert(durability, sizes.raw_jobs);
+        let cycle = raw_cycle(durability, sizes.raw_jobs);
+        baselines.insert(("insert", d), insert);
+        baselines.insert(("cycle", d), cycle);
+        emit(
+            json!({"scenario": "raw_insert", "durability": d, "jobs": sizes.raw_jobs,
+            "jobs_per_s": round(insert), "note": "one INSERT per transaction, single thread"}),
+        );
+        emit(
+            json!({"scenario": "raw_claim_complete", "durability": d, "jobs": sizes.raw_jobs,
+            "jobs_per_s": round(cycle),
+            "note": "BEGIN IMMEDIATE; claiming UPDATE..RETURNING; COMMIT; then completing UPDATE in its own transaction; single thread"}),
+        );
+    }
+    for durability in [Durability::Normal, Durability::Full] {
+        let d = durability_name(durability);
+        let insert = baselines[&("insert", d)];
+        let cycle = baselines[&("cycle", d)];
+        if wants("enqueue") {
+            enqueue(durability, &sizes, insert);
+        }
+        if wants("burn") {
+            burn_down(durability, &sizes, cycle);
+        }
+        if wants("steady") {
+            for rate in [1_000, 10_000] {
+                steady(durability, rate, sizes.steady_secs);
+            }
+        }
+        if wants("wakeup") {
+            wakeup(durability, sizes.wakeup_jobs, sizes.wakeup_secs);
+        }
+    }
+    if wants("depth") {
+        for shape in ["same_priority", "future_higher_priority"] {
+            for &n in &sizes.depths {
+                depth(n, shape, sizes.depth_measured);
+            }
+        }
+    }
+    if wants("fairness") {
+        fairness(sizes.fairness_jobs);
+    }
+    if wants("footprint") {
+        footprint(sizes.burn_jobs.min(100_000));
+    }
+}
+
+// ------------------------------------------------------------------ output
+
+fn emit(v: Value) {
+    println!("{v}");
+}
+
+fn round(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+fn durability_name(d: Durability) -> &'static str {
+    match d {
+        Durability::Full => "full",
+        Durability::Normal => "normal",
+    }
+}
+
+fn parse_durability(s: &str) -> Durability {
+    if s == "full" {
+        Durability::Full
+    } else {
+        Durability::Normal
+    }
+}
+
+fn percentiles_ms(mut v: Vec<f64>) -> Value {
+    if v.is_empty() {
+        return json!(null);
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[(((v.len() - 1) as f64) * q).round() as usize];
+    json!({"p50": round(at(0.5)), "p99": round(at(0.99)), "max": round(v[v.len() - 1])})
+}
+
+fn cpu_time() -> Duration {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the struct we own.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1_000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+fn peak_rss_kib() -> i64 {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the struct we own.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    usage.ru_maxrss
+}
+
+// ------------------------------------------------------------------ set-up
+
+fn fresh(dir: &tempfile::TempDir, durability: Durability) -> (PathBuf, Queue) {
+    let path = dir.path().join("bench.db");
+    let queue = Queue::builder(&path)
+        .durability(durability)
+        .open()
+        .expect("open bench queue");
+    (path, queue)
+}
+
+fn fill(queue: &Queue, n: usize) {
+    let mut left = n;
+    while left > 0 {
+        let chunk = left.min(5_000);
+        let jobs = (0..chunk).map(|_| NewJob::new("noop")).collect();
+        queue.enqueue_batch(jobs).expect("fill");
+        left -= chunk;
+    }
+}
+
+fn noop_pool(queue: &Queue, threads: usize, prefetch: usize, done: Arc<AtomicUsize>) -> WorkerPool {
+    WorkerPool::builder(queue)
+        .threads(threads)
+        .prefetch(prefetch)
+        .handler("noop", move |_: &JobContext| {
+            done.fetch_add(1, Ordering::Relaxed);
+            Ok::<(), JobError>(())
+        })
+        .start()
+        .expect("start pool")
+}
+
+fn wait_for(counter: &AtomicUsize, n: usize, limit: Duration) -> bool {
+    let until = Instant::now() + limit;
+    while counter.load(Ordering::Relaxed) < n {
+        if Instant::now() > until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+fn open_jobs(queue: &Queue) -> u64 {
+    [JobState::Scheduled, JobState::Pending, JobState::Running]
+        .into_iter()
+        .map(|s| queue.count(s).expect("count"))
+        .sum()
+}
+
+fn file_size(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+fn wal_path(db: &Path) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push("-wal");
+    PathBuf::from(name)
+}
+
+// -------------------------------------------------------- raw baselines
+
+fn raw_connection(dir: &tempfile::TempDir, durability: Durability) -> Connection {
+    // The same schema and pragmas as tickler, written to directly.
+    let (path, queue) = fresh(dir, durability);
+    drop(queue);
+    let conn = Connection::open(path).expect("raw open");
+    let sync = if durability == Durability::Full {
+        "FULL"
+    } else {
+        "NORMAL"
+    };
+    conn.execute_batch(&format!(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous={sync};"
+    ))
+    .expect("raw pragmas");
+    conn
+}
+
+const RAW_INSERT: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at, max_attempts, created_at)
+     VALUES ('default', 'noop', 'null', 'pending', 0, ?1, 25, ?1)";
+
+fn raw_insert(durability: Durability, n: usize) -> f64 {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut conn = raw_connection(&dir, durability);
+    let started = Instant::now();
+    for i in 0..n {
+        let tx = conn.transaction().expect("tx");
+        tx.execute(RAW_INSERT, params![i as i64]).expect("insert");
+        tx.commit().expect("commit");
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+fn raw_cycle(durability: Durability, n: usize) -> f64 {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut conn = raw_connection(&dir, durability);
+    {
+        let tx = conn.transaction().expect("tx");
+        for i in 0..n {
+            tx.execute(RAW_INSERT, params![i as i64]).expect("insert");
+        }
+        tx.commit().expect("commit");
+    }
+    let started = Instant::now();
+    for _ in 0..n {
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .expect("begin");
+        let id: i64 = tx
+            .query_row(
+                "UPDATE tickler_jobs SET status='running', run_token=lower(hex(randomblob(16))),
+                     attempts=attempts+1, claimed_by='raw', claimed_at=1, lease_expires_at=2
+                 WHERE id IN (SELECT id FROM tickler_jobs WHERE status='pending' AND queue='default'
+                              AND run_at <= 9999999 ORDER BY priority DESC, run_at, id LIMIT 1)
+                 RETURNING id",
+                [],
+                |r| r.get(0),
+            )
+            .expect("claim");
+        tx.commit().expect("commit");
+        conn.execute(
+            "UPDATE tickler_jobs SET status='succeeded', finished_at=3 WHERE id=?1 AND status='running'",
+            [id],
+        )
+        .expect("complete");
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+// ---------------------------------------------------------------- enqueue
+
+fn enqueue(durability: Durability, sizes: &Sizes, baseline: f64) {
+    let d = durability_name(durability);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, queue) = fresh(&dir, durability);
+    let started = Instant::now();
+    for _ in 0..sizes.enqueue_single {
+        queue.enqueue(NewJob::new("noop")).expect("enqueue");
+    }
+    let single = sizes.enqueue_single as f64 / started.elapsed().as_secs_f64();
+    emit(
+        json!({"scenario": "enqueue_single", "durability": d, "jobs": sizes.enqueue_single,
+        "jobs_per_s": round(single), "ratio_to_raw_insert": round(single / baseline)}),
+    );
+    let started = Instant::now();
+    for _ in 0..sizes.enqueue_batches {
+        let jobs = (0..1_000).map(|_| NewJob::new("noop")).collect();
+        queue.enqueue_batch(jobs).expect("enqueue_batch");
+    }
+    let n = sizes.enqueue_batches * 1_000;
+    let batch = n as f64 / started.elapsed().as_secs_f64();
+    emit(
+        json!({"scenario": "enqueue_batch_1000", "durability": d, "jobs": n,
+        "jobs_per_s": round(batch), "ratio_to_raw_insert": round(batch / baseline)}),
+    );
+}
+
+// -------------------------------------------------------------- burn-down
+
+fn burn_down(durability: Durability, sizes: &Sizes, baseline: f64) {
+    let d = durability_name(durability);
+    // The series uses prefetch 64 (claims run ahead of free threads, so one
+    // commit carries dozens of jobs); the last run shows the default (0).
+    let runs: &[(usize, usize, usize)] = &[
+        (1, 64, sizes.burn_jobs),
+        (2, 64, sizes.burn_jobs),
+        (4, 64, sizes.burn_jobs),
+        (8, 64, sizes.burn_jobs),
+        (4, 0, sizes.default_burn_jobs),
+    ];
+    for &(threads, prefetch, jobs) in runs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_, queue) = fresh(&dir, durability);
+        fill(&queue, jobs);
+        let done = Arc::new(AtomicUsize::new(0));
+        let cpu = cpu_time();
+        let started = Instant::now();
+        let mut pool = noop_pool(&queue, threads, prefetch, Arc::clone(&done));
+        let finished = wait_for(&done, sizes.burn_jobs, Duration::from_secs(600));
+        let elapsed = started.elapsed();
+        pool.shutdown(Duration::from_secs(5));
+        let cpu = cpu_time() - cpu;
+        let rate = sizes.burn_jobs as f64 / elapsed.as_secs_f64();
+        emit(
+            json!({"scenario": "burn_down", "durability": d, "processes": 1, "threads": threads,
+            "prefetch": prefetch, "jobs": sizes.burn_jobs, "finished": finished,
+            "jobs_per_s": round(rate), "ratio_to_raw_cycle": round(rate / baseline),
+            "cpu_ms_per_1000_jobs": round(cpu.as_secs_f64() * 1e6 / sizes.burn_jobs as f64)}),
+        );
+    }
+    for prefetch in [0, 64] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, queue) = fresh(&dir, durability);
+        fill(&queue, sizes.burn_jobs);
+        let started = Instant::now();
+        let children: Vec<_> = (0..2)
+            .map(|_| {
+                spawn_child(&[
+                    "drain",
+                    path.to_str().expect("utf-8 path"),
+                    "4",
+                    &prefetch.to_string(),
+                    d,
+                ])
+            })
+            .collect();
+        let reports: Vec<Value> = children.into_iter().map(child_report).collect();
+        let elapsed = started.elapsed();
+        let rate = sizes.burn_jobs as f64 / elapsed.as_secs_f64();
+        let shares: Vec<&Value> = reports.iter().map(|r| &r["jobs"]).collect();
+        emit(
+            json!({"scenario": "burn_down", "durability": d, "processes": 2, "threads": 4,
+            "prefetch": prefetch, "jobs": sizes.burn_jobs, "per_process": shares,
+            "jobs_per_s": round(rate), "ratio_to_raw_cycle": round(rate / baseline),
+            "note": "includes starting the two processes"}),
+        );
+    }
+}
+
+fn spawn_child(args: &[&str]) -> std::process::Child {
+    Command::new(std::env::current_exe().expect("current exe"))
+        .arg("--child")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn child")
+}
+
+fn child_report(child: std::process::Child) -> Value {
+    let out = child.wait_with_output().expect("child output");
+    assert!(
+        out.status.success(),
+        "benchmark child failed: {}",
+        out.status
+    );
+    serde_json::from_slice(&out.stdout).expect("child prints one JSON object")
+}
+
+/// `--child drain DB THREADS PREFETCH DURABILITY`: runs a no-op pool until
+/// no open job is left, prints what it did.
+fn child(args: &[String]) {
+    let [what, db, threads, prefetch, durability] = args else {
+        panic!("child: bad arguments {args:?}");
+    };
+    assert_eq!(what, "drain");
+    let queue = Queue::builder(db)
+        .durability(parse_durability(durability))
+        .open()
+        .expect("child open");
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut pool = noop_pool(
+        &queue,
+        threads.parse().expect("threads"),
+        prefetch.parse().expect("prefetch"),
+        Arc::clone(&done),
+    );
+    while open_jobs(&queue) > 0 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    pool.shutdown(Duration::from_secs(5));
+    let waits = queue.write_lock_waits();
+    println!(
+        "{}",
+        json!({"jobs": done.load(Ordering::Relaxed),
+            "write_waits": waits.count(),
+            "lock_wait_ms": {"p50": ms(waits.percentile(0.5)), "p99.9": ms(waits.percentile(0.999)),
+                             "max": ms(waits.max())},
+            "peak_rss_kib": peak_rss_kib()})
+    );
+}
+
+fn ms(d: Duration) -> f64 {
+    round(d.as_secs_f64() * 1e3 * 10.0) / 10.0
+}
+
+// ----------------------------------------------------------- steady state
+
+#[derive(Default)]
+struct Lateness {
+    from_enqueue_ms: Vec<f64>,
+    from_due_ms: Vec<f64>,
+}
+
+fn timing_pool(queue: &Queue, threads: usize, late: Arc<Mutex<Lateness>>) -> WorkerPool {
+    WorkerPool::builder(queue)
+        .threads(threads)
+        .handler("timed", move |ctx: &JobContext| {
+            let now = chrono::Utc::now().timestamp_millis() as f64;
+            let enqueued = ctx.payload()["enqueued_ms"].as_f64().unwrap_or(now);
+            let due = ctx.lease().run_at.timestamp_millis() as f64;
+            let mut late = late.lock().expect("lateness lock");
+            if ctx.payload()["delayed"].as_bool() == Some(true) {
+                late.from_due_ms.push(now - due);
+            } else {
+                late.from_enqueue_ms.push(now - enqueued);
+            }
+            Ok::<(), JobError>(())
+        })
+        .start()
+        .expect("start pool")
+}
+
+fn steady(durability: Durability, rate: usize, secs: u64) {
+    let d = durability_name(durability);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, queue) = fresh(&dir, durability);
+    let late = Arc::new(Mutex::new(Lateness::default()));
+    let cpu = cpu_time();
+    let mut pool = timing_pool(&queue, 4, Arc::clone(&late));
+    // Producers enqueue every 10 ms; half the jobs due at once, half 100 ms later.
+    let per_tick = (rate / 100).max(1);
+    let started = Instant::now();
+    let mut tick = 0u64;
+    let mut enqueued = 0usize;
+    while started.elapsed() < Duration::from_secs(secs) {
+        let now = chrono::Utc::now();
+        let jobs: Vec<NewJob> = (0..per_tick)
+            .map(|i| {
+                let delayed = i % 2 == 1;
+                let job = NewJob::new("timed")
+                    .payload(json!({"enqueued_ms": now.timestamp_millis(), "delayed": delayed}));
+                if delayed {
+                    job.run_at(now + chrono::Duration::milliseconds(100))
+                } else {
+                    job
+                }
+            })
+            .collect();
+        enqueued += jobs.len();
+        queue.enqueue_batch(jobs).expect("enqueue");
+        tick += 1;
+        let next = started + Duration::from_millis(10 * tick);
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+    let until = Instant::now() + Duration::from_secs(60);
+    while open_jobs(&queue) > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    pool.shutdown(Duration::from_secs(5));
+    let cpu = cpu_time() - cpu;
+    let late = std::mem::take(&mut *late.lock().expect("lateness lock"));
+    emit(
+        json!({"scenario": "steady_state", "durability": d, "rate_per_s": rate, "seconds": secs,
+        "threads": 4, "jobs": enqueued,
+        "enqueue_to_start_ms": percentiles_ms(late.from_enqueue_ms),
+        "due_to_start_ms": percentiles_ms(late.from_due_ms),
+        "cpu_ms_per_1000_jobs": round(cpu.as_secs_f64() * 1e6 / enqueued as f64),
+        "note": "producer batches every 10 ms in the same process; half the jobs due 100 ms after enqueue"}),
+    );
+}
+
+// ---------------------------------------------------------- reminder wake-up
+
+fn wakeup(durability: Durability, n: usize, secs: u64) {
+    let d = durability_name(durability);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, queue) = fresh(&dir, durability);
+    let start = chrono::Utc::now() + chrono::Duration::milliseconds(500);
+    let span_ms = (secs * 1_000) as i64;
+    let jobs: Vec<NewJob> = (0..n)
+        .map(|i| {
+            let at = start + chrono::Duration::milliseconds(i as i64 * span_ms / n as i64);
+            NewJob::new("timed")
+                .payload(json!({"delayed": true}))
+                .run_at(at)
+        })
+        .collect();
+    for chunk in jobs.chunks(1_000) {
+        queue.enqueue_batch(chunk.to_vec()).expect("enqueue");
+    }
+    let late = Arc::new(Mutex::new(Lateness::default()));
+    let mut pool = timing_pool(&queue, 4, Arc::clone(&late));
+    let until = Instant::now() + Duration::from_secs(secs + 30);
+    while open_jobs(&queue) > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    pool.shutdown(Duration::from_secs(5));
+    let late = std::mem::take(&mut *late.lock().expect("lateness lock"));
+    emit(
+        json!({"scenario": "reminder_wakeup", "durability": d, "jobs": n, "spread_s": secs,
+        "threads": 4, "due_to_start_ms": percentiles_ms(late.from_due_ms)}),
+    );
+}
+
+// ------------------------------------------------------------------ depth
+
+/// `n` waiting jobs, 99 % of them due in the future, plus due jobs that
+/// are claimed and completed one at a time: `measured` under `Normal`, then
+/// `measured` more under `Full`, on the same file.
+fn depth(n: usize, shape: &str, measured: usize) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bench.db");
+    drop(Queue::open(&path).expect("create"));
+    let future = n * 99 / 100;
+    let future_priority = if shape == "future_higher_priority" {
+        10
+    } else {
+        0
+    };
+    {
+        // Bulk load with SQL (the benchmark measures claims, not loading).
+        let conn = Connection::open(&path).expect("open for load");
+        conn.execute_batch("PRAGMA synchronous=OFF")
+            .expect("pragma");
+        let now = chrono::Utc::now().timestamp_millis();
+        conn.execute(
+            "WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < ?1)
+             INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at, max_attempts, created_at)
+             SELECT 'default', 'noop', 'null', 'scheduled', ?2, ?3 + 3600000 + i, 25, ?3 FROM seq",
+            params![future as i64, future_priority, now],
+        )
+        .expect("load future jobs");
+        conn.execute(
+            "WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < ?1)
+             INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at, max_attempts, created_at)
+             SELECT 'default', 'noop', 'null', 'pending', 0, ?2 - i, 25, ?2 FROM seq",
+            params![(2 * measured) as i64, now],
+        )
+        .expect("load due jobs");
+        conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+            .expect("checkpoint");
+    }
+    for durability in [Durability::Normal, Durability::Full] {
+        let queue = Queue::builder(&path)
+            .durability(durability)
+            .open()
+            .expect("open");
+        let started = Instant::now();
+        let mut done = 0;
+        while done < measured {
+            let leases = queue
+                .claim("default", "bench", 1, Duration::from_secs(60))
+                .expect("claim");
+            let Some(lease) = leases.first() else {
+                break;
+            };
+            queue.complete(lease).expect("complete");
+            done += 1;
+        }
+        let us = started.elapsed().as_secs_f64() * 1e6 / done.max(1) as f64;
+        emit(
+            json!({"scenario": "depth", "durability": durability_name(durability), "shape": shape,
+            "waiting_jobs": n, "future_jobs": future, "claimed": done,
+            "us_per_claim_complete": round(us),
+            "note": "one claim (max 1) and one complete per job, single thread"}),
+        );
+    }
+}
+
+// --------------------------------------------------------------- fairness
+
+fn fairness(n: usize) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (path, queue) = fresh(&dir, Durability::Normal);
+    fill(&queue, n);
+    let started = Instant::now();
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            spawn_child(&[
+                "drain",
+                path.to_str().expect("utf-8 path"),
+                "2",
+                "0",
+                "normal",
+            ])
+        })
+        .collect();
+    let reports: Vec<Value> = children.into_iter().map(child_report).collect();
+    let elapsed = started.elapsed();
+    let shares: Vec<&Value> = reports.iter().map(|r| &r["jobs"]).collect();
+    let waits: Vec<&Value> = reports.iter().map(|r| &r["lock_wait_ms"]).collect();
+    emit(
+        json!({"scenario": "fairness", "durability": "normal", "processes": 4, "threads": 2,
+        "jobs": n, "per_process": shares, "even_share": n / 4,
+        "write_lock_wait_ms_per_process": waits,
+        "jobs_per_s": round(n as f64 / elapsed.as_secs_f64())}),
+    );
+}
+
+// -------------------------------------------------------------- footprint
+
+fn footprint(n: usize) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (path, queue) = fresh(&dir, Durability::Normal);
+    let empty = file_size(&path) + file_size(&wal_path(&path));
+    fill(&queue, n);
+    queue.checkpoint().expect("checkpoint");
+    let pending_bytes = file_size(&path).saturating_sub(empty) as f64 / n as f64;
+    let child = spawn_child(&[
+        "drain",
+        path.to_str().expect("utf-8 path"),
+        "4",
+        "0",
+        "normal",
+    ]);
+    let report = child_report(child);
+    let wal_after = file_size(&wal_path(&path));
+    queue.checkpoint().expect("checkpoint");
+    let finished_bytes = file_size(&path).saturating_sub(empty) as f64 / n as f64;
+    emit(
+        json!({"scenario": "footprint", "durability": "normal", "jobs": n,
+        "bytes_per_pending_job": round(pending_bytes),
+        "bytes_per_finished_job": round(finished_bytes),
+        "peak_rss_mib_4_thread_pool": round(report["peak_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0),
+        "wal_bytes_after_burn_down": wal_after}),
+    );
+}

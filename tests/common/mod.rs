@@ -1,0 +1,94 @@
+//! Helpers shared by the integration tests. Each test file uses a subset.
+#![allow(dead_code)]
+
+use chrono::{DateTime, TimeZone, Utc};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tickler::{Durability, ManualClock, Queue, RetryPolicy};
+
+/// A fixed start time for manual clocks: 2024-05-01T12:00:00Z.
+pub fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap()
+}
+
+/// `secs` seconds as a Duration.
+pub fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// `ms` milliseconds as a Duration.
+pub fn ms(m: u64) -> Duration {
+    Duration::from_millis(m)
+}
+
+/// A temporary directory and the path of a queue file inside it.
+pub fn temp_db() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("jobs.db");
+    (dir, path)
+}
+
+/// A queue on `path` whose clock stands at [`t0`] and only moves by hand.
+pub fn manual_queue(path: &Path) -> (Queue, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(t0()));
+    let queue = Queue::builder(path)
+        .clock(clock.clone())
+        .durability(Durability::Normal)
+        .open()
+        .expect("open queue");
+    (queue, clock)
+}
+
+/// As [`manual_queue`], with a retry policy.
+pub fn manual_queue_with_policy(path: &Path, policy: RetryPolicy) -> (Queue, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(t0()));
+    let queue = Queue::builder(path)
+        .clock(clock.clone())
+        .durability(Durability::Normal)
+        .retry_policy(policy)
+        .open()
+        .expect("open queue");
+    (queue, clock)
+}
+
+/// Backoff without jitter: base 1 s, cap 60 s, so delays are predictable.
+pub fn fixed_policy() -> RetryPolicy {
+    RetryPolicy {
+        base: secs(1),
+        cap: secs(60),
+        jitter: false,
+    }
+}
+
+/// A plain SQLite connection on the file, beside tickler's own.
+pub fn raw(path: &Path) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(path).expect("raw open");
+    conn.busy_timeout(secs(10)).expect("busy timeout");
+    conn
+}
+
+/// Number of rows in the jobs table, read with a raw connection.
+pub fn row_count(path: &Path) -> i64 {
+    raw(path)
+        .query_row("SELECT count(*) FROM tickler_jobs", [], |r| r.get(0))
+        .expect("count rows")
+}
+
+/// True if `s` is a lowercase-or-uppercase hex UUID of version 4, RFC 4122 variant.
+pub fn is_uuid_v4(s: &str) -> bool {
+    let b = s.as_bytes();
+    if b.len() != 36 {
+        return false;
+    }
+    for (i, c) in b.iter().enumerate() {
+        let dash = matches!(i, 8 | 13 | 18 | 23);
+        if dash != (*c == b'-') {
+            return false;
+        }
+        if !dash && !c.is_ascii_hexdigit() {
+            return false;
+        }
+    }
+    b[14] == b'4' && matches!(b[19], b'8' | b'9' | b'a' | b'b' | b'A' | b'B')
+}
