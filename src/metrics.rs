@@ -1,9 +1,9 @@
 //! How long write transactions waited for the write lock.
 //!
-//! Every write goes through one path (`Queue::write_with`); it records the
-//! time from asking for the write to holding SQLite's write lock: the wait
-//! for the process's write mutex plus any `SQLITE_BUSY` waits for other
-//! processes. Kept as a log-scale histogram (four buckets per doubling, so a
+//! Every write goes through one path (`Queue::write_locked`); it records
+//! the time from asking SQLite for the write lock (`BEGIN IMMEDIATE`, after
+//! the process's own write mutex) to holding it: the wait for other
+//! processes, including busy-handler sleeps. Kept as a log-scale histogram (four buckets per doubling, so a
 //! percentile is exact to within 19 %), cheap enough to stay always on.
 
 use std::sync::atomic::{AtomicU64, Ordering};

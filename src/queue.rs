@@ -21,7 +21,7 @@ use crossbeam_channel::{Receiver, Sender};
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -165,6 +165,7 @@ impl QueueBuilder {
                 readers,
                 watchers: Mutex::new(Vec::new()),
                 lock_waits: WaitHistogram::default(),
+                enqueues: EnqueueGroup::default(),
             }),
         };
         queue.migrate().map_err(|e| match e {
@@ -195,6 +196,7 @@ struct Inner {
     /// that may make a job claimable.
     watchers: Mutex<Vec<Sender<()>>>,
     lock_waits: WaitHistogram,
+    enqueues: EnqueueGroup,
 }
 
 impl std::fmt::Debug for Inner {
@@ -334,7 +336,7 @@ impl Queue {
         migrations().last().map(|(v, _)| *v).unwrap_or(0)
     }
 
-    fn now_ms(&self) -> i64 {
+    pub(crate) fn now_ms(&self) -> i64 {
         self.inner.config.clock.now_ms()
     }
 
@@ -364,52 +366,38 @@ impl Queue {
     pub fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
         let now = self.now_ms();
         let rows = jobs
-            .iter()
+            .into_iter()
             .map(|job| self.validate(job, now))
             .collect::<Result<Vec<_>>>()?;
-        let ids = self.write(|tx| {
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at,
-                     max_attempts, unique_key, timeout_ms, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
-                 ON CONFLICT DO NOTHING",
-            )?;
-            let mut held = tx.prepare_cached(
-                "SELECT id FROM tickler_jobs WHERE unique_key = ?1
-                   AND status IN ('scheduled', 'pending', 'running')",
-            )?;
-            let mut ids = Vec::with_capacity(rows.len());
-            for (job, row) in jobs.iter().zip(&rows) {
-                let state = if row.run_at <= now {
-                    JobState::Pending
-                } else {
-                    JobState::Scheduled
-                };
-                let inserted = insert.execute(params![
-                    job.queue,
-                    job.kind,
-                    row.payload,
-                    state.as_str(),
-                    job.priority,
-                    row.run_at,
-                    job.max_attempts,
-                    job.unique_key,
-                    row.timeout_ms,
-                    now
-                ])?;
-                if inserted == 1 {
-                    ids.push(JobId(tx.last_insert_rowid()));
-                } else {
-                    ids.push(JobId(held.query_row([&job.unique_key], |r| r.get(0))?));
-                }
+        let ticket = self.inner.enqueues.submit(rows);
+        let mut writer = self.lock_writer();
+        // Group commit: whoever holds the write lock commits every enqueue
+        // waiting for it in one transaction (one fsync); the others find
+        // their ids ready when they get the lock.
+        let ids = match self.inner.enqueues.take(ticket) {
+            Some(Ok(ids)) => Ok(ids),
+            Some(Err(mine)) => self.write_locked(&mut writer, Commit::Durable, |tx| {
+                insert_valid(tx, &mine, self.now_ms())
+            }),
+            None => {
+                let group = self.inner.enqueues.drain();
+                let result = self.write_locked(&mut writer, Commit::Durable, |tx| {
+                    let now = self.now_ms();
+                    group
+                        .iter()
+                        .map(|(_, rows)| insert_valid(tx, rows, now))
+                        .collect::<Result<Vec<_>>>()
+                });
+                self.inner.enqueues.finish(ticket, group, result)
             }
-            Ok(ids)
-        })?;
+        };
+        drop(writer);
+        let ids = ids?;
         self.notify_watchers();
         Ok(ids)
     }
 
-    fn validate(&self, job: &NewJob, now: i64) -> Result<ValidJob> {
+    pub(crate) fn validate(&self, job: NewJob, now: i64) -> Result<ValidJob> {
         if job.kind.is_empty() {
             return Err(Error::EmptyKind);
         }
@@ -453,6 +441,7 @@ impl Queue {
             },
         };
         Ok(ValidJob {
+            job,
             payload,
             run_at,
             timeout_ms,
@@ -1076,7 +1065,7 @@ impl Queue {
         })
     }
 
-    fn notify_watchers(&self) {
+    pub(crate) fn notify_watchers(&self) {
         let mut watchers = self
             .inner
             .watchers
@@ -1096,22 +1085,37 @@ impl Queue {
     /// with jittered backoff until the retry window ends, then
     /// [`Error::Busy`]. `f` may run more than once: it must not have effects
     /// outside the transaction.
-    fn write<T>(&self, f: impl FnMut(&rusqlite::Transaction<'_>) -> Result<T>) -> Result<T> {
+    pub(crate) fn write<T>(
+        &self,
+        f: impl FnMut(&rusqlite::Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
         self.write_with(Commit::Durable, f)
     }
 
     fn write_with<T>(
         &self,
         commit: Commit,
+        f: impl FnMut(&rusqlite::Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let mut writer = self.lock_writer();
+        self.write_locked(&mut writer, commit, f)
+    }
+
+    fn lock_writer(&self) -> std::sync::MutexGuard<'_, Writer> {
+        self.inner
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write_locked<T>(
+        &self,
+        writer: &mut Writer,
+        commit: Commit,
         mut f: impl FnMut(&rusqlite::Transaction<'_>) -> Result<T>,
     ) -> Result<T> {
         let config = &self.inner.config;
         let asked = Instant::now();
-        let mut writer = self
-            .inner
-            .writer
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
         let synchronous = match commit {
             Commit::Durable => config.durability,
             Commit::Lazy => Durability::Normal,
@@ -1153,7 +1157,7 @@ impl Queue {
         }
     }
 
-    fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         set_busy_limit(self.inner.config.busy_timeout);
         let conn = self.inner.readers.get()?;
         f(&conn)
@@ -1175,6 +1179,199 @@ impl Queue {
             }
             Ok(())
         })
+    }
+}
+
+/// Operator helpers used by the `tickler` binary (and open to any caller):
+/// bulk retry, pruning by state, and the few extra readings `stats` shows.
+impl Queue {
+    /// The schema version (`PRAGMA user_version`) of the file at `path`,
+    /// read without creating, migrating or otherwise changing it; `None` if
+    /// there is no file. A new, empty file reads 0.
+    ///
+    /// # Errors
+    /// [`Error::NotADatabase`] (not SQLite, or damaged), [`Error::ReadOnly`]
+    /// (cannot be opened), [`Error::Sqlite`].
+    pub fn file_schema_version(path: impl AsRef<Path>) -> Result<Option<i64>> {
+        let path = path.as_ref();
+        if !path.exists() {
+            return Ok(None);
+        }
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| open_error(path, e))?;
+        conn.query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map(Some)
+            .map_err(|e| open_error(path, e))
+    }
+
+    /// Checks `job` as [`Queue::enqueue`] would, without storing anything:
+    /// lets a caller importing many jobs say which one is bad before a
+    /// batch is written.
+    ///
+    /// # Errors
+    /// The input errors of [`Queue::enqueue`].
+    pub fn validate_job(&self, job: &NewJob) -> Result<()> {
+        self.validate(job.clone(), self.now_ms()).map(|_| ())
+    }
+
+    /// Makes every dead job (of `queue`, if given) pending again, due now,
+    /// with fresh attempts, as [`Queue::retry`] does one by one, in short
+    /// transactions. A dead job whose unique_key is now held by an
+    /// unfinished job stays dead. Returns `(retried, left_dead)`.
+    ///
+    /// # Errors
+    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]; jobs retried
+    /// by earlier transactions stay retried.
+    pub fn retry_dead(&self, queue: Option<&str>) -> Result<(u64, u64)> {
+        let (mut retried, mut left_dead) = (0u64, 0u64);
+        let mut after_id = 0i64;
+        loop {
+            let (done, kept, last, seen) = self.write(|tx| {
+                let dead: Vec<(i64, Option<String>)> = tx
+                    .prepare_cached(
+                        "SELECT id, unique_key FROM tickler_jobs
+                         WHERE status = 'dead' AND (?1 IS NULL OR queue = ?1) AND id > ?2
+                         ORDER BY id LIMIT ?3",
+                    )?
+                    .query_map(params![queue, after_id, PRUNE_BATCH], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })?
+                    .collect::<rusqlite::Result<_>>()?;
+                let mut held = tx.prepare_cached(
+                    "SELECT 1 FROM tickler_jobs WHERE unique_key = ?1
+                       AND status IN ('scheduled', 'pending', 'running')",
+                )?;
+                let mut revive = tx.prepare_cached(
+                    "UPDATE tickler_jobs SET status = 'pending', attempts = 0, run_at = ?1,
+                         finished_at = NULL, lease_expires_at = NULL
+                     WHERE id = ?2 AND status = 'dead'",
+                )?;
+                let now = self.now_ms();
+                let (mut done, mut kept) = (0u64, 0u64);
+                for (id, key) in &dead {
+                    if let Some(key) = key {
+                        if held.exists([key])? {
+                            kept += 1;
+                            continue;
+                        }
+                    }
+                    done += revive.execute(params![now, id])? as u64;
+                }
+                Ok((done, kept, dead.last().map(|(id, _)| *id), dead.len()))
+            })?;
+            retried += done;
+            left_dead += kept;
+            match last {
+                Some(id) if (seen as i64) >= PRUNE_BATCH => after_id = id,
+                _ => break,
+            }
+        }
+        if retried > 0 {
+            self.notify_watchers();
+        }
+        Ok((retried, left_dead))
+    }
+
+    /// As [`Queue::prune`], but only jobs in `state` (succeeded, dead or
+    /// cancelled) are deleted. Returns how many.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a state that is not finished;
+    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`].
+    pub fn prune_state(&self, finished_before: DateTime<Utc>, state: JobState) -> Result<u64> {
+        if !state.is_terminal() {
+            return Err(Error::InvalidArgument(format!(
+                "only finished jobs can be pruned (succeeded, dead, cancelled), not {state}"
+            )));
+        }
+        let before = finished_before.timestamp_millis();
+        let mut total = 0u64;
+        loop {
+            let deleted = self.write(|tx| {
+                Ok(tx
+                    .prepare_cached(
+                        "DELETE FROM tickler_jobs WHERE id IN (
+                             SELECT id FROM tickler_jobs
+                             WHERE finished_at IS NOT NULL AND finished_at < ?1 AND status = ?2
+                             LIMIT ?3)",
+                    )?
+                    .execute(params![before, state.as_str(), PRUNE_BATCH])?)
+            })?;
+            total += deleted as u64;
+            if (deleted as i64) < PRUNE_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Number of jobs that reached a finished state (succeeded, dead,
+    /// cancelled) at or after `since`; uses the index on the finish time.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn finished_since(&self, since: DateTime<Utc>) -> Result<u64> {
+        self.read(|conn| {
+            let n: i64 = conn
+                .prepare_cached("SELECT count(*) FROM tickler_jobs WHERE finished_at >= ?1")?
+                .query_row([since.timestamp_millis()], |r| r.get(0))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+
+    /// Number of unfinished (scheduled, pending or running) jobs of these
+    /// queues, only of `kinds` if given, counted in one statement (one
+    /// snapshot), so a caller waiting for a batch to drain never sees a job
+    /// between two states.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn unfinished(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<u64> {
+        if queues.is_empty() || kinds.is_some_and(|k| k.is_empty()) {
+            return Ok(0);
+        }
+        let queue_marks: Vec<String> = (1..=queues.len()).map(|i| format!("?{i}")).collect();
+        let kind_filter = match kinds {
+            None => String::new(),
+            Some(kinds) => {
+                let marks: Vec<String> = (0..kinds.len())
+                    .map(|i| format!("?{}", queues.len() + i + 1))
+                    .collect();
+                format!("AND kind IN ({})", marks.join(", "))
+            }
+        };
+        // One subquery per state, so each can use that state's partial index.
+        let count = |status: &str| {
+            format!(
+                "(SELECT count(*) FROM tickler_jobs WHERE status = '{status}'
+                  AND queue IN ({}) {kind_filter})",
+                queue_marks.join(", ")
+            )
+        };
+        let sql = format!(
+            "SELECT {} + {} + {}",
+            count("scheduled"),
+            count("pending"),
+            count("running")
+        );
+        self.read(|conn| {
+            let mut values: Vec<&dyn rusqlite::ToSql> =
+                queues.iter().map(|q| q as &dyn rusqlite::ToSql).collect();
+            if let Some(kinds) = kinds {
+                values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
+            }
+            let n: i64 = conn
+                .prepare_cached(&sql)?
+                .query_row(values.as_slice(), |r| r.get(0))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+
+    /// Size of the file's `-wal` file in bytes (0 if there is none).
+    pub fn wal_bytes(&self) -> u64 {
+        std::fs::metadata(wal_path(&self.inner.path)).map_or(0, |m| m.len())
     }
 }
 
@@ -1269,7 +1466,9 @@ enum Commit {
     Lazy,
 }
 
-struct ValidJob {
+/// A job that passed validation, ready to insert.
+pub(crate) struct ValidJob {
+    job: NewJob,
     payload: String,
     run_at: i64,
     timeout_ms: Option<i64>,
@@ -1331,6 +1530,123 @@ const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
     created_at, finished_at";
+
+/// Inserts validated jobs in `tx`; a job whose unique_key is held by an
+/// unfinished job inserts nothing and yields that job's id.
+pub(crate) fn insert_valid(
+    tx: &rusqlite::Transaction<'_>,
+    rows: &[ValidJob],
+    now: i64,
+) -> Result<Vec<JobId>> {
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at,
+             max_attempts, unique_key, timeout_ms, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+         ON CONFLICT DO NOTHING",
+    )?;
+    let mut held = tx.prepare_cached(
+        "SELECT id FROM tickler_jobs WHERE unique_key = ?1
+           AND status IN ('scheduled', 'pending', 'running')",
+    )?;
+    let mut ids = Vec::with_capacity(rows.len());
+    for row in rows {
+        let job = &row.job;
+        let state = if row.run_at <= now {
+            JobState::Pending
+        } else {
+            JobState::Scheduled
+        };
+        let inserted = insert.execute(params![
+            job.queue,
+            job.kind,
+            row.payload,
+            state.as_str(),
+            job.priority,
+            row.run_at,
+            job.max_attempts,
+            job.unique_key,
+            row.timeout_ms,
+            now
+        ])?;
+        if inserted == 1 {
+            ids.push(JobId(tx.last_insert_rowid()));
+        } else {
+            ids.push(JobId(held.query_row([&job.unique_key], |r| r.get(0))?));
+        }
+    }
+    Ok(ids)
+}
+
+/// Enqueues waiting for the write lock, committed together by whichever
+/// caller gets it first (group commit).
+#[derive(Default)]
+struct EnqueueGroup {
+    state: Mutex<GroupState>,
+}
+
+/// What a finished group left for a caller: its ids, or its rows back to
+/// insert alone (the group's transaction failed).
+type GroupResult = std::result::Result<Vec<JobId>, Vec<ValidJob>>;
+
+#[derive(Default)]
+struct GroupState {
+    next_ticket: u64,
+    waiting: Vec<(u64, Vec<ValidJob>)>,
+    done: HashMap<u64, GroupResult>,
+}
+
+impl EnqueueGroup {
+    fn lock(&self) -> std::sync::MutexGuard<'_, GroupState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn submit(&self, rows: Vec<ValidJob>) -> u64 {
+        let mut state = self.lock();
+        let ticket = state.next_ticket;
+        state.next_ticket += 1;
+        state.waiting.push((ticket, rows));
+        ticket
+    }
+
+    fn take(&self, ticket: u64) -> Option<GroupResult> {
+        self.lock().done.remove(&ticket)
+    }
+
+    fn drain(&self) -> Vec<(u64, Vec<ValidJob>)> {
+        std::mem::take(&mut self.lock().waiting)
+    }
+
+    /// Posts each member's outcome and returns the caller's own.
+    fn finish(
+        &self,
+        mine: u64,
+        group: Vec<(u64, Vec<ValidJob>)>,
+        result: Result<Vec<Vec<JobId>>>,
+    ) -> Result<Vec<JobId>> {
+        let mut state = self.lock();
+        match result {
+            Ok(ids) => {
+                let mut own = Vec::new();
+                for ((ticket, _), ids) in group.into_iter().zip(ids) {
+                    if ticket == mine {
+                        own = ids;
+                    } else {
+                        state.done.insert(ticket, Ok(ids));
+                    }
+                }
+                Ok(own)
+            }
+            Err(e) => {
+                for (ticket, rows) in group {
+                    if ticket != mine {
+                        state.done.insert(ticket, Err(rows));
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+}
 
 /// The claiming UPDATE; ?1 worker_id, ?2 now, ?3 lease expiry, ?4 queue,
 /// ?5 limit, ?6… kinds.
