@@ -65,3 +65,43 @@ CREATE INDEX tickler_jobs_finished
 CREATE UNIQUE INDEX tickler_jobs_unique_key
     ON tickler_jobs (unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'pending', 'running');
+
+-- migration: 2
+-- Recurring schedules (src/schedule.rs). A schedule fires ticks: each tick
+-- enqueues one job from the template columns, with run_at = the tick's
+-- instant and unique_key 'tickler:schedule:<name>:<instant ms>'. The
+-- transaction that enqueues a tick also moves next_tick_at past it, with
+-- an UPDATE conditional on the next_tick_at it read, so a tick is enqueued
+-- once however many schedulers share the file. next_tick_at only moves
+-- forward (NULL: the expression fires no more).
+CREATE TABLE tickler_schedules (
+    name             TEXT    PRIMARY KEY CHECK (length(name) > 0),
+    -- Cron expression (5 fields, or 6 with seconds first), parsed by croner.
+    cron             TEXT    NOT NULL CHECK (length(cron) > 0),
+    -- IANA time zone name the expression is read in, e.g. 'Europe/Berlin'.
+    time_zone        TEXT    NOT NULL CHECK (length(time_zone) > 0),
+    -- Job template.
+    queue            TEXT    NOT NULL CHECK (length(queue) > 0),
+    kind             TEXT    NOT NULL CHECK (length(kind) > 0),
+    payload          TEXT    NOT NULL CHECK (json_valid(payload)),
+    priority         INTEGER NOT NULL DEFAULT 0,
+    max_attempts     INTEGER NOT NULL CHECK (max_attempts >= 1),
+    timeout_ms       INTEGER CHECK (timeout_ms IS NULL OR timeout_ms > 0),
+    -- What to do with ticks that were due while no scheduler ran.
+    misfire          TEXT    NOT NULL CHECK (misfire IN ('skip', 'fire_once', 'fire_all')),
+    -- fire_all only: most catch-up ticks per misfire.
+    misfire_max      INTEGER CHECK (misfire_max IS NULL OR misfire_max >= 1),
+    -- A tick at most this late (ms) is on time, not a misfire.
+    misfire_grace_ms INTEGER NOT NULL CHECK (misfire_grace_ms >= 0),
+    paused           INTEGER NOT NULL DEFAULT 0 CHECK (paused IN (0, 1)),
+    next_tick_at     INTEGER,
+    last_tick_at     INTEGER,
+    created_at       INTEGER NOT NULL,
+    updated_at       INTEGER NOT NULL,
+    CHECK ((misfire = 'fire_all') = (misfire_max IS NOT NULL)),
+    CHECK (next_tick_at IS NULL OR last_tick_at IS NULL OR next_tick_at > last_tick_at)
+) STRICT;
+
+-- The scheduler's "when is the next tick due" and "which ticks are due".
+CREATE INDEX tickler_schedules_due
+    ON tickler_schedules (next_tick_at) WHERE paused = 0 AND next_tick_at IS NOT NULL;

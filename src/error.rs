@@ -73,6 +73,31 @@ pub enum Error {
         what: &'static str,
     },
 
+    /// A cron expression could not be parsed, or can never fire (30
+    /// February). Nothing was stored.
+    #[error("invalid cron expression {expression:?}: {reason}; write 5 fields (minute hour day-of-month month day-of-week) or 6 with seconds first, e.g. \"*/15 * * * *\" or \"0 30 2 * * MON-FRI\"")]
+    InvalidSchedule {
+        /// The expression as given.
+        expression: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A time zone name is not in the IANA time zone database (as compiled
+    /// into chrono-tz). Nothing was stored.
+    #[error("unknown time zone {name:?}: use an IANA name such as \"Europe/Berlin\", \"America/New_York\" or \"UTC\" (case-sensitive)")]
+    UnknownTimeZone {
+        /// The name as given.
+        name: String,
+    },
+
+    /// No schedule has this name.
+    #[error("no schedule named {name:?}; list_schedules shows the stored ones")]
+    UnknownSchedule {
+        /// The name asked for.
+        name: String,
+    },
+
     /// A setting or argument was invalid.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -71,6 +71,8 @@ mod metrics;
 mod queue;
 mod reaper;
 mod retry;
+mod schedule;
+mod scheduler;
 mod worker;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -84,6 +86,11 @@ pub use queue::{
 };
 pub use reaper::{Reaper, ReaperConfig};
 pub use retry::RetryPolicy;
+pub use schedule::{
+    MisfirePolicy, NewSchedule, Schedule, ScheduleRef, Tick, TickRun, DEFAULT_MISFIRE_GRACE,
+    MAX_CATCH_UP, MAX_MISFIRE_GRACE,
+};
+pub use scheduler::{Scheduler, SchedulerConfig};
 pub use worker::{
     CancelReason, Handler, JobContext, JobError, ShutdownReport, WorkerPool, WorkerPoolBuilder,
 };

@@ -1,0 +1,1146 @@
+//! Delayed and recurring jobs: [`NewSchedule`], [`Schedule`], the tick
+//! arithmetic (cron expression + IANA time zone → UTC instants), and every
+//! SQL statement on `tickler_schedules`. Jobs themselves are inserted
+//! through the queue's own validation and insert path.
+//!
+//! # How a schedule fires
+//!
+//! A schedule is a cron expression read in a time zone, a job template and
+//! a [`MisfirePolicy`]. Each occurrence of the expression is a **tick**.
+//! [`Queue::run_due_ticks`] (run by a [`Scheduler`](crate::Scheduler)
+//! thread, which a [`WorkerPool`](crate::WorkerPool) starts by default)
+//! turns every due tick into one job, due (`run_at`) at exactly the tick's
+//! instant, so a job's lateness is measured against its tick.
+//!
+//! **One tick per occurrence.** The transaction (`BEGIN IMMEDIATE`) that
+//! enqueues a schedule's due ticks also moves its `next_tick_at` past them,
+//! with an `UPDATE … WHERE name = ? AND next_tick_at = <the value read>`.
+//! Any number of schedulers in any number of processes may run on one
+//! file: whoever commits first enqueues the tick, the others find it
+//! already past. This holds after the tick's job has finished and been
+//! pruned. As a second guard each tick's job carries the unique_key
+//! `tickler:schedule:<name>:<tick instant in ms>`, so while it is
+//! unfinished no other job for that tick can be inserted.
+//!
+//! # Time zones and daylight saving time
+//!
+//! The expression is matched against the wall clock of the schedule's time
+//! zone (chrono-tz's compiled IANA database). Two rules decide the nights
+//! when the clocks change; which one applies depends on whether the
+//! expression's **hour field matches every hour** (`*`, `*/1`, `0-23`):
+//!
+//! | expression | local time that does not exist (spring forward) | local time that happens twice (fall back) |
+//! |---|---|---|
+//! | names particular hours (`30 2 * * *`, `0 */2 * * *`, `*/10 1 * * *`) | fires **once, at the first instant after the gap** (however many of its times fell in the gap) | fires **once, at its first occurrence** |
+//! | matches every hour (`*/15 * * * *`, `0 * * * *`, `* * * * * *`) | does not fire: the schedule runs on real time and the hour that does not exist is not owed | fires at **both** occurrences: the repeated hour is a real hour |
+//!
+//! So `30 2 * * *` in America/New_York fires at 03:00 EDT (07:00 UTC) on
+//! 2026-03-08 and at 01:30 EDT (05:30 UTC), not 01:30 EST, on 2026-11-01 for
+//! `30 1 * * *`; and `*/15 * * * *` fires every 15 real minutes through both
+//! nights. The rules are the ones Vixie cron applies, with the split
+//! between the two kinds made on the hour field alone.
+//!
+//! # Misfires
+//!
+//! A tick is **on time** if it is at most the schedule's misfire grace
+//! (default 60 s, at most 1 h) older than now when a scheduler gets to it;
+//! older ticks are **missed** (no scheduler ran: the device was off, or the
+//! clock was stepped forward). On-time ticks always fire. Missed ticks:
+//!
+//! - [`MisfirePolicy::Skip`]: none of them fires; the schedule continues
+//!   with its next tick.
+//! - [`MisfirePolicy::FireOnce`] (default): every due tick, missed and on
+//!   time, collapses into one job for the **latest** due tick (its run_at is
+//!   that tick's instant, in the past, so it runs at once).
+//! - [`MisfirePolicy::FireAll`]: the oldest `max` missed ticks fire (oldest
+//!   first), the rest are dropped, then the on-time ones fire.
+//!
+//! Whatever the gap, the work is bounded: Skip and FireOnce find the latest
+//! due tick and the next future tick by search (about 40 steps for years of
+//! missed ticks), never by walking the missed ticks; FireAll walks at most
+//! `max` (at most 10 000) of them; and at most one hour's worth of on-time
+//! ticks exists.
+//!
+//! # Clock steps
+//!
+//! Ticks are computed from the queue's [`Clock`](crate::Clock) (the wall
+//! clock in production). `next_tick_at` never moves backwards, and a tick
+//! at or before the schedule's `last_tick_at` is never enqueued:
+//!
+//! - **Backward step** (NTP sets the clock back an hour): nothing is due
+//!   until the clock passes `next_tick_at` again. No tick that was already
+//!   handled fires again; the schedule resumes with the first tick after
+//!   both the new now and its last tick. (A clock that was years ahead when
+//!   ticks fired and is then set right makes the schedule wait for that
+//!   time: `delete_schedule` and `upsert_schedule` start it afresh.)
+//! - **Forward step**: the ticks stepped over are due at once and are
+//!   missed ticks: the misfire policy applies.
+//!
+//! Jobs, leases and backoff store wall-clock instants too (ms, UTC), so the
+//! same steps move them: after a forward step of X, scheduled jobs and
+//! backoffs fall due X early and leases look X shorter (the worker pool's
+//! heartbeat renews each lease every third of its length, measured on the
+//! monotonic clock, so a live worker renews from the new time before a
+//! step smaller than two thirds of the lease can expire it; a larger step
+//! can let the reaper take a live job, whose holder then gets
+//! [`Error::LeaseLost`] for its outcome: the job runs again, which the
+//! at-least-once contract allows, and never has two recorded outcomes).
+//! After a backward step of X, they all wait X longer: a crashed worker's
+//! job is taken back X later; nothing runs twice. Waits inside a process
+//! (heartbeat intervals, job timeouts, the scheduler's and fetcher's
+//! sleeps) are measured on the monotonic clock and are not moved by steps.
+
+use crate::clock::ms_to_datetime;
+use crate::error::{Error, Result};
+use crate::job::{JobId, NewJob, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
+use crate::queue::{insert_valid, Queue, MAX_TIMESTAMP_MS};
+use chrono::{DateTime, FixedOffset, LocalResult, Offset, TimeZone, Utc};
+use chrono_tz::Tz;
+use croner::parser::{CronParser, Seconds, Year};
+use croner::Cron;
+use rusqlite::{params, OptionalExtension};
+use serde::Serialize;
+use std::time::Duration;
+
+/// Default misfire grace: a tick up to this late is on time.
+pub const DEFAULT_MISFIRE_GRACE: Duration = Duration::from_secs(60);
+
+/// Longest misfire grace a schedule may have (1 hour).
+pub const MAX_MISFIRE_GRACE: Duration = Duration::from_secs(3600);
+
+/// Largest `max` of [`MisfirePolicy::FireAll`].
+pub const MAX_CATCH_UP: u32 = 10_000;
+
+/// Most schedules one `run_due_ticks` transaction handles; more are done
+/// in further short transactions.
+const SCHEDULE_BATCH: i64 = 100;
+
+/// Offsets are probed this far apart when looking for a time zone
+/// transition between two instants (transitions are months apart).
+const PROBE_STEP_MS: i64 = 3_600_000;
+
+/// What to do with ticks that were due while no scheduler ran (the device
+/// was off, or the clock was stepped forward). See the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MisfirePolicy {
+    /// Fire none of the missed ticks; continue with the next one.
+    Skip,
+    /// Collapse every due tick into one job, for the latest due tick.
+    #[default]
+    FireOnce,
+    /// Fire the oldest `max` missed ticks (1 to [`MAX_CATCH_UP`]), oldest
+    /// first, and drop the rest.
+    FireAll {
+        /// Most catch-up ticks per misfire.
+        max: u32,
+    },
+}
+
+impl MisfirePolicy {
+    fn as_str(self) -> &'static str {
+        match self {
+            MisfirePolicy::Skip => "skip",
+            MisfirePolicy::FireOnce => "fire_once",
+            MisfirePolicy::FireAll { .. } => "fire_all",
+        }
+    }
+
+    fn max(self) -> Option<u32> {
+        match self {
+            MisfirePolicy::FireAll { max } => Some(max),
+            _ => None,
+        }
+    }
+
+    fn from_columns(name: &str, max: Option<u32>) -> rusqlite::Result<Self> {
+        match (name, max) {
+            ("skip", _) => Ok(MisfirePolicy::Skip),
+            ("fire_once", _) => Ok(MisfirePolicy::FireOnce),
+            ("fire_all", Some(max)) => Ok(MisfirePolicy::FireAll { max }),
+            _ => Err(rusqlite::Error::FromSqlConversionFailure(
+                0,
+                rusqlite::types::Type::Text,
+                format!("unknown misfire policy {name:?}").into(),
+            )),
+        }
+    }
+}
+
+/// A schedule to store with [`Queue::upsert_schedule`]: a name, a cron
+/// expression read in a time zone, and the template of the job each tick
+/// enqueues.
+///
+/// ```
+/// use std::time::Duration;
+/// use tickler::{MisfirePolicy, NewSchedule};
+///
+/// let nightly = NewSchedule::new("backup", "30 2 * * *", "run_backup")
+///     .time_zone("Europe/Berlin")
+///     .payload(serde_json::json!({"target": "/mnt/usb"}))
+///     .queue("maintenance")
+///     .max_attempts(3)
+///     .timeout(Duration::from_secs(600))
+///     .misfire(MisfirePolicy::FireOnce);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewSchedule {
+    name: String,
+    cron: String,
+    time_zone: String,
+    kind: String,
+    payload: serde_json::Value,
+    queue: String,
+    priority: i32,
+    max_attempts: u32,
+    timeout: Option<Duration>,
+    misfire: MisfirePolicy,
+    misfire_grace: Duration,
+}
+
+impl NewSchedule {
+    /// A schedule `name` firing on `cron`, each tick enqueueing a job of
+    /// `kind` with a `null` payload on queue `"default"`, priority 0, 25
+    /// attempts; read in UTC, [`MisfirePolicy::FireOnce`], 60 s grace.
+    ///
+    /// `cron` has 5 fields (minute hour day-of-month month day-of-week) or 6
+    /// with seconds first; names (`MON`, `JAN`), ranges, lists, steps, `L`
+    /// (last day / last weekday of the month), `#` (nth weekday: `5#2`),
+    /// `W` (nearest weekday) and `@daily`-style nicknames are accepted (the
+    /// croner crate parses it). Day-of-month and day-of-week combine with
+    /// OR, as in Vixie cron, unless the day-of-week starts with `+`.
+    pub fn new(name: impl Into<String>, cron: impl Into<String>, kind: impl Into<String>) -> Self {
+        NewSchedule {
+            name: name.into(),
+            cron: cron.into(),
+            time_zone: "UTC".to_owned(),
+            kind: kind.into(),
+            payload: serde_json::Value::Null,
+            queue: DEFAULT_QUEUE.to_owned(),
+            priority: 0,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            timeout: None,
+            misfire: MisfirePolicy::default(),
+            misfire_grace: DEFAULT_MISFIRE_GRACE,
+        }
+    }
+
+    /// IANA time zone the expression is read in, e.g. `"America/New_York"`
+    /// (default `"UTC"`; case-sensitive).
+    pub fn time_zone(mut self, zone: impl Into<String>) -> Self {
+        self.time_zone = zone.into();
+        self
+    }
+
+    /// Payload of every tick's job (default `null`).
+    pub fn payload(mut self, payload: serde_json::Value) -> Self {
+        self.payload = payload;
+        self
+    }
+
+    /// Queue of every tick's job (default `"default"`).
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// Priority of every tick's job (default 0; higher runs first).
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// max_attempts of every tick's job (default 25, at least 1).
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// Per-run timeout of every tick's job (default none; ms precision).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// What to do with missed ticks (default [`MisfirePolicy::FireOnce`]).
+    pub fn misfire(mut self, policy: MisfirePolicy) -> Self {
+        self.misfire = policy;
+        self
+    }
+
+    /// How late (ms precision) a tick may be found and still count as on
+    /// time rather than missed (default 60 s, at most 1 h).
+    pub fn misfire_grace(mut self, grace: Duration) -> Self {
+        self.misfire_grace = grace;
+        self
+    }
+
+    /// The schedule's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn template(&self) -> NewJob {
+        let mut job = NewJob::new(self.kind.clone())
+            .payload(self.payload.clone())
+            .queue(self.queue.clone())
+            .priority(self.priority)
+            .max_attempts(self.max_attempts);
+        if let Some(timeout) = self.timeout {
+            job = job.timeout(timeout);
+        }
+        job
+    }
+}
+
+/// A stored schedule, as read by [`Queue::list_schedules`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Schedule {
+    /// Its name (unique in the file).
+    pub name: String,
+    /// The cron expression.
+    pub cron: String,
+    /// The IANA time zone it is read in.
+    pub time_zone: String,
+    /// Kind of every tick's job.
+    pub kind: String,
+    /// Payload of every tick's job.
+    pub payload: serde_json::Value,
+    /// Queue of every tick's job.
+    pub queue: String,
+    /// Priority of every tick's job.
+    pub priority: i32,
+    /// max_attempts of every tick's job.
+    pub max_attempts: u32,
+    /// Per-run timeout of every tick's job.
+    pub timeout: Option<Duration>,
+    /// What happens to missed ticks.
+    pub misfire: MisfirePolicy,
+    /// How late a tick may be and still be on time.
+    pub misfire_grace: Duration,
+    /// Paused schedules fire nothing; ticks that fall while paused are
+    /// never fired.
+    pub paused: bool,
+    /// The next tick to fire, UTC; `None` if the expression fires no more
+    /// (before year 5000). While paused it is not kept current.
+    pub next_tick_at: Option<DateTime<Utc>>,
+    /// The latest tick that was fired or deliberately skipped, UTC.
+    pub last_tick_at: Option<DateTime<Utc>>,
+    /// When it was first stored, UTC.
+    pub created_at: DateTime<Utc>,
+    /// When it was last changed or fired, UTC.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One occurrence of a schedule, as previewed by [`Queue::next_ticks`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tick {
+    /// The instant, UTC (the job's run_at).
+    pub at: DateTime<Utc>,
+    /// The same instant on the schedule's wall clock, with the UTC offset
+    /// in force then.
+    pub local: DateTime<FixedOffset>,
+}
+
+/// Which schedule [`Queue::next_ticks`] previews: a stored one by name, or
+/// a spec that is not stored.
+#[derive(Debug, Clone, Copy)]
+pub enum ScheduleRef<'a> {
+    /// A stored schedule.
+    Name(&'a str),
+    /// A schedule that need not be stored.
+    Spec(&'a NewSchedule),
+}
+
+impl<'a> From<&'a str> for ScheduleRef<'a> {
+    fn from(name: &'a str) -> Self {
+        ScheduleRef::Name(name)
+    }
+}
+
+impl<'a> From<&'a String> for ScheduleRef<'a> {
+    fn from(name: &'a String) -> Self {
+        ScheduleRef::Name(name)
+    }
+}
+
+impl<'a> From<&'a NewSchedule> for ScheduleRef<'a> {
+    fn from(spec: &'a NewSchedule) -> Self {
+        ScheduleRef::Spec(spec)
+    }
+}
+
+/// What [`Queue::run_due_ticks`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TickRun {
+    /// Ids of the jobs the due ticks enqueued, per schedule in due order
+    /// and oldest tick first.
+    pub jobs: Vec<JobId>,
+    /// When the next tick of an active schedule is due, UTC.
+    pub next_tick_at: Option<DateTime<Utc>>,
+}
+
+// ------------------------------------------------------------- tick arithmetic
+
+/// A parsed expression in its time zone: the tick set, as UTC milliseconds.
+#[derive(Debug, Clone)]
+pub(crate) struct Ticks {
+    cron: Cron,
+    tz: Tz,
+    /// The hour field matches every hour: real-time DST rules.
+    every_hour: bool,
+}
+
+impl Ticks {
+    /// Parses `expression` in `zone`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSchedule`], [`Error::UnknownTimeZone`].
+    pub(crate) fn new(expression: &str, zone: &str) -> Result<Ticks> {
+        let invalid = |reason: String| Error::InvalidSchedule {
+            expression: expression.to_owned(),
+            reason,
+        };
+        let cron = CronParser::builder()
+            .seconds(Seconds::Optional)
+            .year(Year::Disallowed)
+            .build()
+            .parse(expression)
+            .map_err(|e| invalid(e.to_string()))?;
+        let tz: Tz = zone.parse().map_err(|_| Error::UnknownTimeZone {
+            name: zone.to_owned(),
+        })?;
+        let every_hour = (0..24).all(|h| cron.pattern.hour_match(h).unwrap_or(false));
+        Ok(Ticks {
+            cron,
+            tz,
+            every_hour,
+        })
+    }
+
+    /// As [`Ticks::new`], and refuses an expression with no tick at or
+    /// after `now_ms` (30 February).
+    fn new_firing(expression: &str, zone: &str, now_ms: i64) -> Result<Ticks> {
+        let ticks = Ticks::new(expression, zone)?;
+        if ticks.at_or_after(now_ms).is_none() {
+            return Err(Error::InvalidSchedule {
+                expression: expression.to_owned(),
+                reason: "it never fires: no date matches all of its fields (like 30 February)"
+                    .into(),
+            });
+        }
+        Ok(ticks)
+    }
+
+    /// UTC offset in force at instant `at_ms`, in ms.
+    fn offset_ms(&self, at_ms: i64) -> i64 {
+        let utc = ms_to_datetime(at_ms).naive_utc();
+        i64::from(
+            self.tz
+                .offset_from_utc_datetime(&utc)
+                .fix()
+                .local_minus_utc(),
+        ) * 1000
+    }
+
+    /// The first tick at or after `from_ms`.
+    pub(crate) fn at_or_after(&self, from_ms: i64) -> Option<i64> {
+        self.next_after(from_ms.saturating_sub(1))
+    }
+
+    /// The first tick strictly after `after_ms`.
+    pub(crate) fn next_after(&self, after_ms: i64) -> Option<i64> {
+        self.next_after_until(after_ms, MAX_TIMESTAMP_MS)
+    }
+
+    /// The first tick strictly after `after_ms`, if it is at most `limit_ms`.
+    ///
+    /// Walks the time line in spans of constant UTC offset: within one, the
+    /// parser's next wall-clock match gives the tick; where a span ends
+    /// before that match, the transition decides (a gap tick for a
+    /// wall-clock time the gap swallowed, otherwise go on in the next span).
+    fn next_after_until(&self, after_ms: i64, limit_ms: i64) -> Option<i64> {
+        let limit_ms = limit_ms.min(MAX_TIMESTAMP_MS);
+        let mut lo = after_ms.max(-1);
+        loop {
+            if lo >= limit_ms {
+                return None;
+            }
+            let off = self.offset_ms(lo + 1);
+            // The parser works in whole seconds and `false` means "strictly
+            // after", so start it from the wall-clock second holding lo.
+            let local_second = (lo + off).div_euclid(1000) * 1000;
+            let start = ms_to_datetime(local_second).naive_utc();
+            let wall = self.cron.find_next_occurrence(&start, false).ok()?;
+            let wall_ms = wall.and_utc().timestamp_millis();
+            let candidate = wall_ms - off;
+            match self.first_offset_change(lo + 1, candidate.min(limit_ms), off) {
+                None if candidate > limit_ms => return None,
+                None => {
+                    // No transition up to the candidate: it is a real
+                    // instant showing `wall`. A fixed-time expression fires
+                    // a repeated wall-clock time only at its first instant.
+                    if !self.every_hour {
+                        if let LocalResult::Ambiguous(first, _) = self.tz.from_local_datetime(&wall)
+                        {
+                            if first.timestamp_millis() != candidate {
+                                lo = candidate;
+                                continue;
+                            }
+                        }
+                    }
+                    return Some(candidate);
+                }
+                Some(change) => {
+                    let new_off = self.offset_ms(change);
+                    // Wall-clock times in [change + off, change + new_off)
+                    // do not exist; `wall` is the first match at or after
+                    // change + off.
+                    if new_off > off && wall_ms < change + new_off && !self.every_hour {
+                        return Some(change);
+                    }
+                    lo = change - 1;
+                }
+            }
+        }
+    }
+
+    /// The first instant in `[from_ms, to_ms]` whose offset is not `off`.
+    fn first_offset_change(&self, from_ms: i64, to_ms: i64, off: i64) -> Option<i64> {
+        let mut probe = from_ms;
+        while probe < to_ms {
+            let next = probe.saturating_add(PROBE_STEP_MS).min(to_ms);
+            if self.offset_ms(next) != off {
+                // Offsets differ somewhere in (probe, next]: bisect.
+                let (mut same, mut changed) = (probe, next);
+                while changed - same > 1 {
+                    let mid = same + (changed - same) / 2;
+                    if self.offset_ms(mid) == off {
+                        same = mid;
+                    } else {
+                        changed = mid;
+                    }
+                }
+                return Some(changed);
+            }
+            probe = next;
+        }
+        None
+    }
+
+    /// The latest tick at or before `to_ms`, given that `from_ms` is a tick
+    /// at or before it: a bisection over instants, about 40 steps for years.
+    fn latest_at_or_before(&self, from_ms: i64, to_ms: i64) -> i64 {
+        // Invariant: `good` is a tick <= to_ms; no tick in [bad, to_ms].
+        let (mut good, mut bad) = (from_ms, to_ms.saturating_add(1));
+        while bad - good > 1 {
+            let mid = good + (bad - good) / 2;
+            match self.next_after_until(mid - 1, to_ms) {
+                Some(tick) => good = tick,
+                None => bad = mid,
+            }
+        }
+        good
+    }
+
+    /// The tick at `at_ms` as a [`Tick`].
+    fn tick(&self, at_ms: i64) -> Tick {
+        let at = ms_to_datetime(at_ms);
+        Tick {
+            at,
+            local: at.with_timezone(&self.tz).fixed_offset(),
+        }
+    }
+}
+
+/// What one run does for one schedule: the ticks to enqueue (strictly
+/// increasing, all at or before now) and the next tick after now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub(crate) ticks: Vec<i64>,
+    pub(crate) next: Option<i64>,
+}
+
+/// The ticks to fire when `first_due` (a tick <= now) is the oldest due
+/// one; see the module docs for the rules.
+pub(crate) fn plan(
+    ticks: &Ticks,
+    first_due: i64,
+    now: i64,
+    misfire: MisfirePolicy,
+    grace_ms: i64,
+) -> Plan {
+    let on_time_from = now.saturating_sub(grace_ms);
+    let mut fire = Vec::new();
+    let mut cursor = Some(first_due);
+    if first_due < on_time_from {
+        match misfire {
+            MisfirePolicy::Skip => {}
+            MisfirePolicy::FireOnce => {
+                return Plan {
+                    ticks: vec![ticks.latest_at_or_before(first_due, now)],
+                    next: ticks.next_after(now),
+                };
+            }
+            MisfirePolicy::FireAll { max } => {
+                let max = max.min(MAX_CATCH_UP) as usize;
+                while let Some(tick) = cursor {
+                    if fire.len() >= max {
+                        break;
+                    }
+                    fire.push(tick);
+                    cursor = ticks.next_after_until(tick, on_time_from - 1);
+                }
+            }
+        }
+        cursor = ticks.next_after_until(on_time_from - 1, now);
+    }
+    while let Some(tick) = cursor {
+        fire.push(tick);
+        cursor = ticks.next_after_until(tick, now);
+    }
+    Plan {
+        ticks: fire,
+        next: ticks.next_after(now),
+    }
+}
+
+/// The unique_key of the job of `schedule`'s tick at `at_ms`.
+fn tick_key(schedule: &str, at_ms: i64) -> String {
+    format!("tickler:schedule:{schedule}:{at_ms}")
+}
+
+fn grace_ms(grace: Duration) -> i64 {
+    i64::try_from(grace.as_millis()).unwrap_or(i64::MAX)
+}
+
+const SCHEDULE_COLUMNS: &str = "name, cron, time_zone, kind, payload, queue, priority, \
+    max_attempts, timeout_ms, misfire, misfire_max, misfire_grace_ms, paused, next_tick_at, \
+    last_tick_at, created_at, updated_at";
+
+fn schedule_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Schedule> {
+    let payload: String = r.get(4)?;
+    let payload = serde_json::from_str(&payload).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(4, rusqlite::types::Type::Text, Box::new(e))
+    })?;
+    let misfire: String = r.get(9)?;
+    let opt_time = |i: usize| -> rusqlite::Result<Option<DateTime<Utc>>> {
+        Ok(r.get::<_, Option<i64>>(i)?.map(ms_to_datetime))
+    };
+    Ok(Schedule {
+        name: r.get(0)?,
+        cron: r.get(1)?,
+        time_zone: r.get(2)?,
+        kind: r.get(3)?,
+        payload,
+        queue: r.get(5)?,
+        priority: r.get(6)?,
+        max_attempts: r.get(7)?,
+        timeout: r
+            .get::<_, Option<i64>>(8)?
+            .map(|ms| Duration::from_millis(ms.unsigned_abs())),
+        misfire: MisfirePolicy::from_columns(&misfire, r.get(10)?)?,
+        misfire_grace: Duration::from_millis(r.get::<_, i64>(11)?.unsigned_abs()),
+        paused: r.get(12)?,
+        next_tick_at: opt_time(13)?,
+        last_tick_at: opt_time(14)?,
+        created_at: ms_to_datetime(r.get(15)?),
+        updated_at: ms_to_datetime(r.get(16)?),
+    })
+}
+
+/// The template of a stored schedule's tick jobs.
+fn template_of(s: &Schedule) -> NewJob {
+    let mut job = NewJob::new(s.kind.clone())
+        .payload(s.payload.clone())
+        .queue(s.queue.clone())
+        .priority(s.priority)
+        .max_attempts(s.max_attempts);
+    if let Some(timeout) = s.timeout {
+        job = job.timeout(timeout);
+    }
+    job
+}
+
+fn get_in(conn: &rusqlite::Connection, name: &str) -> Result<Schedule> {
+    conn.prepare_cached(&format!(
+        "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules WHERE name = ?1"
+    ))?
+    .query_row([name], schedule_from_row)
+    .optional()?
+    .ok_or_else(|| Error::UnknownSchedule {
+        name: name.to_owned(),
+    })
+}
+
+/// The first tick at or after `now` and after `last` (a schedule's ticks
+/// only move forward).
+fn resume_point(ticks: &Ticks, now: i64, last: Option<i64>) -> Option<i64> {
+    let from = match last {
+        Some(last) => now.max(last.saturating_add(1)),
+        None => now,
+    };
+    ticks.at_or_after(from)
+}
+
+impl Queue {
+    /// Stores `job` due `delay` from now (read from the queue's clock); the
+    /// same as `enqueue(job.delay(delay))`.
+    ///
+    /// # Errors
+    /// As [`Queue::enqueue`].
+    pub fn enqueue_in(&self, job: NewJob, delay: Duration) -> Result<JobId> {
+        self.enqueue(job.delay(delay))
+    }
+
+    /// Stores `schedule`, or replaces the stored one of that name, and
+    /// returns it as stored. Committed when this returns `Ok`.
+    ///
+    /// A new schedule's first tick is the first at or after now. Replacing
+    /// a schedule keeps its paused flag and its last tick; if the expression
+    /// or the time zone changed, its next tick is recomputed as the first at
+    /// or after now (and after its last tick), otherwise it is kept, so
+    /// missed ticks stay missed.
+    ///
+    /// # Errors
+    /// Nothing is stored on any of these: [`Error::InvalidSchedule`] (the
+    /// expression does not parse, or can never fire, like `0 0 30 2 *`),
+    /// [`Error::UnknownTimeZone`], [`Error::InvalidArgument`] (empty name,
+    /// misfire grace over 1 h, `FireAll` max outside 1..=10 000), the job
+    /// template's errors as [`Queue::enqueue`] would give them
+    /// ([`Error::EmptyKind`], [`Error::PayloadTooLarge`], …);
+    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`].
+    pub fn upsert_schedule(&self, schedule: NewSchedule) -> Result<Schedule> {
+        if schedule.name.is_empty() {
+            return Err(Error::InvalidArgument(
+                "schedule name is empty: give every schedule a name".into(),
+            ));
+        }
+        if schedule.misfire_grace > MAX_MISFIRE_GRACE {
+            return Err(Error::InvalidArgument(format!(
+                "misfire grace of {:?} is over the limit of 1 hour",
+                schedule.misfire_grace
+            )));
+        }
+        if let MisfirePolicy::FireAll { max } = schedule.misfire {
+            if !(1..=MAX_CATCH_UP).contains(&max) {
+                return Err(Error::InvalidArgument(format!(
+                    "MisfirePolicy::FireAll max is {max}: it must be 1 to {MAX_CATCH_UP} (use Skip for none)"
+                )));
+            }
+        }
+        let now = self.now_ms();
+        let ticks = Ticks::new_firing(&schedule.cron, &schedule.time_zone, now)?;
+        self.validate(schedule.template(), now)?;
+        let payload = serde_json::to_string(&schedule.payload)?;
+        let timeout_ms = schedule
+            .timeout
+            .map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
+        let stored = self.write(|tx| {
+            let now = self.now_ms();
+            let existing: Option<(String, String, Option<i64>, Option<i64>)> = tx
+                .prepare_cached(
+                    "SELECT cron, time_zone, next_tick_at, last_tick_at
+                     FROM tickler_schedules WHERE name = ?1",
+                )?
+                .query_row([&schedule.name], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })
+                .optional()?;
+            let next = match &existing {
+                Some((cron, zone, next, _))
+                    if *cron == schedule.cron && *zone == schedule.time_zone =>
+                {
+                    *next
+                }
+                Some((_, _, _, last)) => resume_point(&ticks, now, *last),
+                None => ticks.at_or_after(now),
+            };
+            tx.prepare_cached(
+                "INSERT INTO tickler_schedules (name, cron, time_zone, kind, payload, queue,
+                     priority, max_attempts, timeout_ms, misfire, misfire_max, misfire_grace_ms,
+                     paused, next_tick_at, last_tick_at, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 0, ?13, NULL, ?14, ?14)
+                 ON CONFLICT (name) DO UPDATE SET
+                     cron = excluded.cron, time_zone = excluded.time_zone,
+                     kind = excluded.kind, payload = excluded.payload, queue = excluded.queue,
+                     priority = excluded.priority, max_attempts = excluded.max_attempts,
+                     timeout_ms = excluded.timeout_ms, misfire = excluded.misfire,
+                     misfire_max = excluded.misfire_max,
+                     misfire_grace_ms = excluded.misfire_grace_ms,
+                     next_tick_at = excluded.next_tick_at, updated_at = excluded.updated_at",
+            )?
+            .execute(params![
+                schedule.name,
+                schedule.cron,
+                schedule.time_zone,
+                schedule.kind,
+                payload,
+                schedule.queue,
+                schedule.priority,
+                schedule.max_attempts,
+                timeout_ms,
+                schedule.misfire.as_str(),
+                schedule.misfire.max(),
+                grace_ms(schedule.misfire_grace),
+                next,
+                now
+            ])?;
+            get_in(tx, &schedule.name)
+        })?;
+        self.notify_watchers();
+        Ok(stored)
+    }
+
+    /// Pauses the schedule: it fires nothing until resumed, and the ticks
+    /// that fall meanwhile are never fired. Pausing a paused schedule does
+    /// nothing.
+    ///
+    /// # Errors
+    /// [`Error::UnknownSchedule`]; [`Error::Busy`], [`Error::Sqlite`].
+    pub fn pause_schedule(&self, name: &str) -> Result<()> {
+        let now = self.now_ms();
+        let changed = self.write(|tx| {
+            Ok(tx
+                .prepare_cached(
+                    "UPDATE tickler_schedules SET paused = 1, updated_at = ?1 WHERE name = ?2",
+                )?
+                .execute(params![now, name])?)
+        })?;
+        if changed == 0 {
+            return Err(Error::UnknownSchedule {
+                name: name.to_owned(),
+            });
+        }
+        self.notify_watchers();
+        Ok(())
+    }
+
+    /// Resumes a paused schedule from its first tick at or after now (and
+    /// after its last tick); the ticks that fell while it was paused are
+    /// not fired. Resuming an active schedule does nothing.
+    ///
+    /// # Errors
+    /// [`Error::UnknownSchedule`]; [`Error::InvalidSchedule`] or
+    /// [`Error::UnknownTimeZone`] if the stored expression no longer parses
+    /// with this build (replace it with [`Queue::upsert_schedule`]);
+    /// [`Error::Busy`], [`Error::Sqlite`].
+    pub fn resume_schedule(&self, name: &str) -> Result<()> {
+        self.write(|tx| {
+            let now = self.now_ms();
+            let stored = get_in(tx, name)?;
+            if !stored.paused {
+                return Ok(());
+            }
+            let ticks = Ticks::new(&stored.cron, &stored.time_zone)?;
+            let last = stored.last_tick_at.map(|t| t.timestamp_millis());
+            tx.prepare_cached(
+                "UPDATE tickler_schedules SET paused = 0, next_tick_at = ?1, updated_at = ?2
+                 WHERE name = ?3",
+            )?
+            .execute(params![resume_point(&ticks, now, last), now, name])?;
+            Ok(())
+        })?;
+        self.notify_watchers();
+        Ok(())
+    }
+
+    /// Deletes the schedule; jobs its ticks already enqueued stay. Returns
+    /// false if there was none of that name.
+    ///
+    /// # Errors
+    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`].
+    pub fn delete_schedule(&self, name: &str) -> Result<bool> {
+        let deleted = self.write(|tx| {
+            Ok(tx
+                .prepare_cached("DELETE FROM tickler_schedules WHERE name = ?1")?
+                .execute([name])?)
+        })?;
+        if deleted > 0 {
+            self.notify_watchers();
+        }
+        Ok(deleted > 0)
+    }
+
+    /// The stored schedule of this name.
+    ///
+    /// # Errors
+    /// [`Error::UnknownSchedule`], [`Error::Sqlite`], [`Error::Pool`].
+    pub fn get_schedule(&self, name: &str) -> Result<Schedule> {
+        self.read(|conn| get_in(conn, name))
+    }
+
+    /// Every stored schedule, by name.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn list_schedules(&self) -> Result<Vec<Schedule>> {
+        self.read(|conn| {
+            let rows = conn
+                .prepare_cached(&format!(
+                    "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules ORDER BY name"
+                ))?
+                .query_map([], schedule_from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+
+    /// Previews the next `n` ticks, in UTC and on the schedule's wall
+    /// clock, without storing anything: of a stored schedule (by name: its
+    /// ticks at or after now and after its last tick, paused or not) or of a
+    /// spec (its ticks at or after now). Fewer than `n` if the expression
+    /// stops firing before year 5000.
+    ///
+    /// ```no_run
+    /// # fn main() -> tickler::Result<()> {
+    /// # let queue = tickler::Queue::open("jobs.db")?;
+    /// let spec = tickler::NewSchedule::new("report", "0 9 * * MON-FRI", "report")
+    ///     .time_zone("Europe/Berlin");
+    /// for tick in queue.next_ticks(&spec, 3)? {
+    ///     println!("{} ({})", tick.at, tick.local);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::UnknownSchedule`], [`Error::InvalidSchedule`],
+    /// [`Error::UnknownTimeZone`], [`Error::Sqlite`], [`Error::Pool`].
+    pub fn next_ticks<'a>(
+        &self,
+        schedule: impl Into<ScheduleRef<'a>>,
+        n: usize,
+    ) -> Result<Vec<Tick>> {
+        let now = self.now_ms();
+        let (ticks, first) = match schedule.into() {
+            ScheduleRef::Name(name) => {
+                let stored = self.get_schedule(name)?;
+                let ticks = Ticks::new(&stored.cron, &stored.time_zone)?;
+                let last = stored.last_tick_at.map(|t| t.timestamp_millis());
+                let first = resume_point(&ticks, now, last);
+                (ticks, first)
+            }
+            ScheduleRef::Spec(spec) => {
+                let ticks = Ticks::new_firing(&spec.cron, &spec.time_zone, now)?;
+                let first = ticks.at_or_after(now);
+                (ticks, first)
+            }
+        };
+        let mut out = Vec::with_capacity(n.min(1024));
+        let mut cursor = first;
+        while let Some(at) = cursor {
+            if out.len() >= n {
+                break;
+            }
+            out.push(ticks.tick(at));
+            cursor = ticks.next_after(at);
+        }
+        Ok(out)
+    }
+
+    /// When the next tick of an active schedule is due (UTC); `None` with
+    /// no active schedule. One indexed read; for schedulers that sleep until
+    /// then.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn next_schedule_tick(&self) -> Result<Option<DateTime<Utc>>> {
+        self.read(next_tick_in)
+    }
+
+    /// Fires every due tick of every active schedule: each becomes one job
+    /// (the schedule's template, run_at = the tick's instant, unique_key
+    /// `tickler:schedule:<name>:<tick ms>`), missed ticks per the schedule's
+    /// [`MisfirePolicy`], and the schedule's `next_tick_at` moves to its
+    /// first tick after now, in the same `BEGIN IMMEDIATE` transaction
+    /// (batches of 100 schedules per transaction). Safe to call from any
+    /// number of threads and processes: a tick is enqueued once.
+    ///
+    /// A schedule whose stored expression or template no longer validates
+    /// with this build (a time zone dropped from the database, a payload
+    /// over this queue's limit) is paused with an error in the log.
+    ///
+    /// # Errors
+    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]; ticks of
+    /// earlier transactions stay fired.
+    pub fn run_due_ticks(&self) -> Result<TickRun> {
+        let mut run = TickRun::default();
+        loop {
+            let (jobs, full, next) = self.write(|tx| {
+                let now = self.now_ms();
+                let due = tx
+                    .prepare_cached(&format!(
+                        "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules
+                         WHERE paused = 0 AND next_tick_at IS NOT NULL AND next_tick_at <= ?1
+                         ORDER BY next_tick_at, name LIMIT ?2"
+                    ))?
+                    .query_map(params![now, SCHEDULE_BATCH], schedule_from_row)?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                let mut jobs = Vec::new();
+                for schedule in &due {
+                    jobs.extend(self.fire_in(tx, schedule, now)?);
+                }
+                Ok((jobs, due.len() as i64 >= SCHEDULE_BATCH, next_tick_in(tx)?))
+            })?;
+            run.jobs.extend(jobs);
+            run.next_tick_at = next;
+            if !full {
+                break;
+            }
+        }
+        if !run.jobs.is_empty() {
+            self.notify_watchers();
+        }
+        Ok(run)
+    }
+
+    /// Fires one due schedule's ticks in `tx`.
+    fn fire_in(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        schedule: &Schedule,
+        now: i64,
+    ) -> Result<Vec<JobId>> {
+        let Some(first_due) = schedule.next_tick_at.map(|t| t.timestamp_millis()) else {
+            return Ok(Vec::new());
+        };
+        let ticks = match Ticks::new(&schedule.cron, &schedule.time_zone) {
+            Ok(ticks) => ticks,
+            Err(e) => return pause_broken(tx, schedule, now, &e),
+        };
+        let plan = plan(
+            &ticks,
+            first_due,
+            now,
+            schedule.misfire,
+            grace_ms(schedule.misfire_grace),
+        );
+        let template = template_of(schedule);
+        let mut rows = Vec::with_capacity(plan.ticks.len());
+        for &at in &plan.ticks {
+            let job = template
+                .clone()
+                .run_at(ms_to_datetime(at))
+                .unique_key(tick_key(&schedule.name, at));
+            match self.validate(job, now) {
+                Ok(row) => rows.push(row),
+                Err(e) => return pause_broken(tx, schedule, now, &e),
+            }
+        }
+        // Everything up to now is handled: fired, or skipped by the policy.
+        let last = plan
+            .ticks
+            .last()
+            .copied()
+            .or(schedule.last_tick_at.map(|t| t.timestamp_millis()));
+        let advanced = tx
+            .prepare_cached(
+                "UPDATE tickler_schedules SET next_tick_at = ?1, last_tick_at = ?2, updated_at = ?3
+                 WHERE name = ?4 AND paused = 0 AND next_tick_at = ?5",
+            )?
+            .execute(params![plan.next, last, now, schedule.name, first_due])?;
+        if advanced == 0 {
+            // Another scheduler handled these ticks first.
+            return Ok(Vec::new());
+        }
+        insert_valid(tx, &rows, now)
+    }
+}
+
+/// Pauses a schedule that cannot fire with this build, so it does not
+/// block the others; resuming it reports the error.
+fn pause_broken(
+    tx: &rusqlite::Transaction<'_>,
+    schedule: &Schedule,
+    now: i64,
+    error: &Error,
+) -> Result<Vec<JobId>> {
+    log::error!(
+        "schedule {:?} cannot fire and was paused: {error}",
+        schedule.name
+    );
+    tx.prepare_cached("UPDATE tickler_schedules SET paused = 1, updated_at = ?1 WHERE name = ?2")?
+        .execute(params![now, schedule.name])?;
+    Ok(Vec::new())
+}
+
+fn next_tick_in(conn: &rusqlite::Connection) -> Result<Option<DateTime<Utc>>> {
+    let next: Option<i64> = conn
+        .prepare_cached(
+            "SELECT min(next_tick_at) FROM tickler_schedules
+             WHERE paused = 0 AND next_tick_at IS NOT NULL",
+        )?
+        .query_row([], |r| r.get(0))?;
+    Ok(next.map(ms_to_datetime))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn ms(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> i64 {
+        Utc.with_ymd_and_hms(y, mo, d, h, mi, s)
+            .unwrap()
+            .timestamp_millis()
+    }
+
+    fn walk(t: &Ticks, from: i64, n: usize) -> Vec<i64> {
+        let mut out = Vec::new();
+        let mut cur = t.at_or_after(from);
+        while let Some(x) = cur {
+            if out.len() == n {
+                break;
+            }
+            out.push(x);
+            cur = t.next_after(x);
+        }
+        out
+    }
+
+    #[test]
+    fn utc_every_minute() {
+        let t = Ticks::new("* * * * *", "UTC").unwrap();
+        let from = ms(2026, 1, 1, 0, 0, 30);
+        assert_eq!(
+            walk(&t, from, 2),
+            vec![ms(2026, 1, 1, 0, 1, 0), ms(2026, 1, 1, 0, 2, 0)]
+        );
+        assert_eq!(
+            t.at_or_after(ms(2026, 1, 1, 0, 1, 0)),
+            Some(ms(2026, 1, 1, 0, 1, 0))
+        );
+        assert_eq!(
+            t.next_after(ms(2026, 1, 1, 0, 1, 0)),
+            Some(ms(2026, 1, 1, 0, 2, 0))
+        );
+    }
+
+    #[test]
+    fn latest_at_or_before_finds_the_last_tick() {
+        let t = Ticks::new("0 3 * * *", "Europe/Berlin").unwrap();
+        let first = t.at_or_after(ms(2023, 1, 1, 0, 0, 0)).unwrap();
+        let now = ms(2026, 6, 15, 12, 0, 0);
+        // 03:00 CEST = 01:00 UTC.
+        assert_eq!(t.latest_at_or_before(first, now), ms(2026, 6, 15, 1, 0, 0));
+    }
+
+    #[test]
+    fn plan_fire_all_takes_the_oldest() {
+        let t = Ticks::new("0 * * * *", "UTC").unwrap();
+        let first = ms(2026, 1, 1, 0, 0, 0);
+        let now = ms(2026, 1, 2, 0, 0, 30);
+        let p = plan(&t, first, now, MisfirePolicy::FireAll { max: 3 }, 60_000);
+        assert_eq!(
+            p.ticks,
+            vec![
+                first,
+                first + 3_600_000,
+                first + 7_200_000,
+                ms(2026, 1, 2, 0, 0, 0)
+            ]
+        );
+        assert_eq!(p.next, Some(ms(2026, 1, 2, 1, 0, 0)));
+    }
+}
