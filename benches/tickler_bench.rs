@@ -44,6 +44,10 @@ fn main() {
         return;
     }
     let quick = args.iter().any(|a| a == "--quick");
+    if args.iter().any(|a| a == "--sdcard-inner") {
+        sdcard_inner(quick);
+        return;
+    }
     let only: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--only")
@@ -84,7 +88,13 @@ fn main() {
         "# reproduce: cargo bench --bench tickler_bench -- {mode} (one JSON line per figure on stdout)"
     );
     let mut baselines: HashMap<(&str, &str), f64> = HashMap::new();
+    let needs_baselines = ["enqueue", "burn", "steady", "wakeup"]
+        .iter()
+        .any(|s| wants(s));
     for durability in [Durability::Normal, Durability::Full] {
+        if !needs_baselines {
+            break;
+        }
         let d = durability_name(durability);
         let insert = raw_insert(durability, sizes.raw_jobs);
         let cycle = raw_cycle(durability, sizes.raw_jobs);
@@ -101,6 +111,9 @@ fn main() {
         );
     }
     for durability in [Durability::Normal, Durability::Full] {
+        if !needs_baselines {
+            break;
+        }
         let d = durability_name(durability);
         let insert = baselines[&("insert", d)];
         let cycle = baselines[&("cycle", d)];
@@ -132,6 +145,92 @@ fn main() {
     if wants("footprint") {
         footprint(sizes.burn_jobs.min(100_000));
     }
+    if wants("sdcard") {
+        sdcard(quick);
+    }
+}
+
+// ----------------------------------------------------------------- sdcard
+
+/// Builds `benches/slowfsync.c` (every fsync/fdatasync takes 5 ms, like an
+/// SD card) and runs the `sdcard` figures in a copy of this program with
+/// the shim preloaded.
+fn sdcard(quick: bool) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shim = dir.path().join("slowfsync.so");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/slowfsync.c");
+    let built = Command::new("cc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&shim)
+        .arg(&source)
+        .arg("-ldl")
+        .status();
+    if !built.is_ok_and(|s| s.success()) {
+        eprintln!("# sdcard: could not build the fsync shim with cc; skipped");
+        return;
+    }
+    let mut cmd = Command::new(std::env::current_exe().expect("current exe"));
+    cmd.arg("--sdcard-inner")
+        .env("LD_PRELOAD", &shim)
+        .env("SLOWFSYNC_MS", "5");
+    if quick {
+        cmd.arg("--quick");
+    }
+    let status = cmd.status().expect("run sdcard scenario");
+    assert!(status.success(), "sdcard scenario failed: {status}");
+}
+
+fn sdcard_inner(quick: bool) {
+    let shim = json!({"fsync_ms": std::env::var("SLOWFSYNC_MS").unwrap_or_default()});
+    let (raw_jobs, enqueue_jobs, burn_jobs, default_burn_jobs, wakeup_jobs, wakeup_secs) = if quick
+    {
+        (50, 200, 3_000, 500, 300, 1)
+    } else {
+        (300, 2_000, 30_000, 5_000, 2_000, 5)
+    };
+    let durability = Durability::Full;
+    let insert = raw_insert(durability, raw_jobs);
+    let cycle = raw_cycle(durability, raw_jobs);
+    emit(
+        json!({"scenario": "sdcard_raw_insert", "durability": "full", "shim": shim,
+        "jobs": raw_jobs, "jobs_per_s": round(insert)}),
+    );
+    emit(
+        json!({"scenario": "sdcard_raw_claim_complete", "durability": "full", "shim": shim,
+        "jobs": raw_jobs, "jobs_per_s": round(cycle)}),
+    );
+    let sizes = Sizes {
+        raw_jobs,
+        enqueue_single: enqueue_jobs,
+        enqueue_batches: 5,
+        burn_jobs,
+        default_burn_jobs,
+        steady_secs: 0,
+        wakeup_jobs,
+        wakeup_secs,
+        depths: Vec::new(),
+        depth_measured: 0,
+        fairness_jobs: 0,
+    };
+    println!("# sdcard (every fsync 5 ms):");
+    enqueue(durability, &sizes, insert);
+    for &(threads, prefetch, jobs) in &[(4, 64, burn_jobs), (4, 0, default_burn_jobs)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_, queue) = fresh(&dir, durability);
+        fill(&queue, jobs);
+        let done = Arc::new(AtomicUsize::new(0));
+        let started = Instant::now();
+        let mut pool = noop_pool(&queue, threads, prefetch, Arc::clone(&done));
+        let finished = wait_for(&done, jobs, Duration::from_secs(600));
+        let rate = jobs as f64 / started.elapsed().as_secs_f64();
+        pool.shutdown(Duration::from_secs(5));
+        emit(
+            json!({"scenario": "sdcard_burn_down", "durability": "full", "shim": shim,
+            "threads": threads, "prefetch": prefetch, "jobs": jobs, "finished": finished,
+            "jobs_per_s": round(rate), "ratio_to_raw_cycle": round(rate / cycle)}),
+        );
+    }
+    wakeup(durability, wakeup_jobs, wakeup_secs);
 }
 
 // ------------------------------------------------------------------ output
@@ -326,8 +425,28 @@ fn enqueue(durability: Durability, sizes: &Sizes, baseline: f64) {
     }
     let single = sizes.enqueue_single as f64 / started.elapsed().as_secs_f64();
     emit(
-        json!({"scenario": "enqueue_single", "durability": d, "jobs": sizes.enqueue_single,
-        "jobs_per_s": round(single), "ratio_to_raw_insert": round(single / baseline)}),
+        json!({"scenario": "enqueue_single", "durability": d, "threads": 1,
+        "jobs": sizes.enqueue_single, "jobs_per_s": round(single),
+        "ratio_to_raw_insert": round(single / baseline)}),
+    );
+    let threads = 16;
+    let per_thread = (sizes.enqueue_single / threads).max(10);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                for _ in 0..per_thread {
+                    queue.enqueue(NewJob::new("noop")).expect("enqueue");
+                }
+            });
+        }
+    });
+    let n = threads * per_thread;
+    let concurrent = n as f64 / started.elapsed().as_secs_f64();
+    emit(
+        json!({"scenario": "enqueue_single", "durability": d, "threads": threads, "jobs": n,
+        "jobs_per_s": round(concurrent), "ratio_to_raw_insert": round(concurrent / baseline),
+        "note": "each caller returns after the commit holding its job; concurrent callers share commits"}),
     );
     let started = Instant::now();
     for _ in 0..sizes.enqueue_batches {

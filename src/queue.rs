@@ -225,6 +225,18 @@ pub enum Outcome {
     Release,
 }
 
+/// When the outcomes of [`Queue::record_and_claim`] reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeSync {
+    /// With this commit (fsync under [`Durability::Full`]).
+    Now,
+    /// Later: the commit is not fsynced; the caller calls [`Queue::sync`]
+    /// within a bounded time. A power loss in between undoes the outcomes,
+    /// so those jobs run again (at-least-once), never lost. The worker pool
+    /// uses this to keep claims from waiting behind outcome fsyncs.
+    Deferred,
+}
+
 /// What to claim; see [`Queue::record_and_claim`].
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimRequest<'a> {
@@ -369,30 +381,16 @@ impl Queue {
             .into_iter()
             .map(|job| self.validate(job, now))
             .collect::<Result<Vec<_>>>()?;
-        let ticket = self.inner.enqueues.submit(rows);
-        let mut writer = self.lock_writer();
-        // Group commit: whoever holds the write lock commits every enqueue
-        // waiting for it in one transaction (one fsync); the others find
-        // their ids ready when they get the lock.
-        let ids = match self.inner.enqueues.take(ticket) {
-            Some(Ok(ids)) => Ok(ids),
-            Some(Err(mine)) => self.write_locked(&mut writer, Commit::Durable, |tx| {
-                insert_valid(tx, &mine, self.now_ms())
-            }),
-            None => {
-                let group = self.inner.enqueues.drain();
-                let result = self.write_locked(&mut writer, Commit::Durable, |tx| {
-                    let now = self.now_ms();
-                    group
-                        .iter()
-                        .map(|(_, rows)| insert_valid(tx, rows, now))
-                        .collect::<Result<Vec<_>>>()
-                });
-                self.inner.enqueues.finish(ticket, group, result)
-            }
-        };
-        drop(writer);
-        let ids = ids?;
+        let ids = self.inner.enqueues.commit(rows, |group| {
+            let mut writer = self.lock_writer();
+            self.write_locked(&mut writer, Commit::Durable, |tx| {
+                let now = self.now_ms();
+                group
+                    .iter()
+                    .map(|rows| insert_valid(tx, rows, now))
+                    .collect::<Result<Vec<_>>>()
+            })
+        })?;
         self.notify_watchers();
         Ok(ids)
     }
@@ -490,7 +488,9 @@ impl Queue {
             lease,
             kinds,
         };
-        Ok(self.record_and_claim(&[], Some(&request))?.1)
+        Ok(self
+            .record_and_claim(&[], Some(&request), OutcomeSync::Now)?
+            .1)
     }
 
     /// When the next job of these queues (only of `kinds`, if given) is
@@ -641,7 +641,7 @@ impl Queue {
     /// ([`Error::TimeOutOfRange`] for a snooze time, [`Error::Busy`],
     /// [`Error::DiskFull`], [`Error::Sqlite`]).
     pub fn record_outcomes(&self, outcomes: &[(&Lease, Outcome)]) -> Result<Vec<Result<()>>> {
-        Ok(self.record_and_claim(outcomes, None)?.0)
+        Ok(self.record_and_claim(outcomes, None, OutcomeSync::Now)?.0)
     }
 
     /// Records `outcomes` (as [`Queue::record_outcomes`]) and then claims
@@ -649,10 +649,12 @@ impl Queue {
     /// `claim.max` jobs) in one `BEGIN IMMEDIATE` transaction: a worker pool
     /// finishes one batch and takes the next with one commit, one fsync.
     ///
-    /// The commit is durable per the queue's [`Durability`] when there are
-    /// outcomes. A claim alone commits without waiting for an fsync of its
-    /// own (`synchronous=NORMAL`): if power fails before a later synced
-    /// commit, the claim is undone and the job is simply pending again.
+    /// With [`OutcomeSync::Now`] the commit is durable per the queue's
+    /// [`Durability`] when there are outcomes; with [`OutcomeSync::Deferred`]
+    /// it is not fsynced and the caller promises to call [`Queue::sync`]
+    /// soon. A claim alone never waits for an fsync of its own
+    /// (`synchronous=NORMAL`): if power fails before a later synced commit,
+    /// the claim is undone and the job is simply pending again.
     ///
     /// # Errors
     /// As both; on error nothing was recorded and nothing claimed.
@@ -660,6 +662,7 @@ impl Queue {
         &self,
         outcomes: &[(&Lease, Outcome)],
         claim: Option<&ClaimRequest<'_>>,
+        sync: OutcomeSync,
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
         for (_, outcome) in outcomes {
             if let Outcome::Snooze(until) = outcome {
@@ -676,7 +679,7 @@ impl Queue {
             return Ok((Vec::new(), Vec::new()));
         }
         let policy = self.inner.config.retry_policy;
-        let commit = if outcomes.is_empty() {
+        let commit = if outcomes.is_empty() || sync == OutcomeSync::Deferred {
             Commit::Lazy
         } else {
             Commit::Durable
@@ -994,6 +997,37 @@ impl Queue {
             stats.oldest_due = oldest.map(ms_to_datetime);
             Ok(stats)
         })
+    }
+
+    /// Makes every commit so far durable by fsyncing the `-wal` file
+    /// (without taking SQLite's write lock, so writers in other threads and
+    /// processes go on meanwhile). In WAL mode a commit is the frames it
+    /// appended to the log; once those are on disk, recovery after a power
+    /// loss replays them. Used after [`OutcomeSync::Deferred`] commits. Does
+    /// nothing under [`Durability::Normal`], whose promise stops at crashes
+    /// of the process.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the log cannot be opened or synced.
+    pub fn sync(&self) -> Result<()> {
+        if self.inner.config.durability == Durability::Normal {
+            return Ok(());
+        }
+        let wal = wal_path(&self.inner.path);
+        let io_error = |source| Error::Io {
+            path: wal.clone(),
+            source,
+        };
+        match std::fs::File::open(&wal) {
+            Ok(file) => file.sync_data().map_err(io_error),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_error(e)),
+        }
+    }
+
+    /// The durability this queue was opened with.
+    pub fn durability(&self) -> Durability {
+        self.inner.config.durability
     }
 
     /// Copies the WAL into the database file and truncates the WAL
@@ -1577,22 +1611,27 @@ pub(crate) fn insert_valid(
     Ok(ids)
 }
 
-/// Enqueues waiting for the write lock, committed together by whichever
-/// caller gets it first (group commit).
+/// Group commit of enqueues: while one caller (the leader) commits, others
+/// queue up; the next leader commits all of them in one transaction (one
+/// fsync), and each caller returns once the commit holding its jobs is done.
+/// Callers wait on a condition variable, not on the write lock, so a
+/// finished group's members return at once and can queue again.
 #[derive(Default)]
 struct EnqueueGroup {
     state: Mutex<GroupState>,
+    changed: std::sync::Condvar,
 }
-
-/// What a finished group left for a caller: its ids, or its rows back to
-/// insert alone (the group's transaction failed).
-type GroupResult = std::result::Result<Vec<JobId>, Vec<ValidJob>>;
 
 #[derive(Default)]
 struct GroupState {
     next_ticket: u64,
     waiting: Vec<(u64, Vec<ValidJob>)>,
-    done: HashMap<u64, GroupResult>,
+    /// Finished tickets: their ids, or their rows back when the group's
+    /// transaction failed (the owner then commits them alone).
+    done: HashMap<u64, std::result::Result<Vec<JobId>, Vec<ValidJob>>>,
+    leader_active: bool,
+    /// Size of the last group, the number of concurrent enqueuers to expect.
+    last_group: usize,
 }
 
 impl EnqueueGroup {
@@ -1600,51 +1639,88 @@ impl EnqueueGroup {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn submit(&self, rows: Vec<ValidJob>) -> u64 {
+    /// Commits `rows` with whatever else is waiting, using `write` (given
+    /// each member's rows, returns each member's ids, in order).
+    fn commit(
+        &self,
+        rows: Vec<ValidJob>,
+        mut write: impl FnMut(&[Vec<ValidJob>]) -> Result<Vec<Vec<JobId>>>,
+    ) -> Result<Vec<JobId>> {
         let mut state = self.lock();
         let ticket = state.next_ticket;
         state.next_ticket += 1;
         state.waiting.push((ticket, rows));
-        ticket
-    }
-
-    fn take(&self, ticket: u64) -> Option<GroupResult> {
-        self.lock().done.remove(&ticket)
-    }
-
-    fn drain(&self) -> Vec<(u64, Vec<ValidJob>)> {
-        std::mem::take(&mut self.lock().waiting)
-    }
-
-    /// Posts each member's outcome and returns the caller's own.
-    fn finish(
-        &self,
-        mine: u64,
-        group: Vec<(u64, Vec<ValidJob>)>,
-        result: Result<Vec<Vec<JobId>>>,
-    ) -> Result<Vec<JobId>> {
+        let mut alone = false;
+        loop {
+            match state.done.remove(&ticket) {
+                Some(Ok(ids)) => return Ok(ids),
+                Some(Err(rows)) => {
+                    // The group failed; try once more on our own.
+                    state.waiting.push((ticket, rows));
+                    alone = true;
+                }
+                None => {}
+            }
+            if !state.leader_active {
+                break;
+            }
+            state = self
+                .changed
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        state.leader_active = true;
+        // Members of the last group are returning and queueing again; give
+        // them a moment (a few yields, microseconds) to join this group
+        // rather than leave it for the next fsync.
+        for _ in 0..8 {
+            if alone || state.waiting.len() >= state.last_group {
+                break;
+            }
+            drop(state);
+            std::thread::yield_now();
+            state = self.lock();
+        }
+        state.last_group = if alone { 1 } else { state.waiting.len() };
+        let group: Vec<(u64, Vec<ValidJob>)> = if alone {
+            let at = state
+                .waiting
+                .iter()
+                .position(|(t, _)| *t == ticket)
+                .expect("own ticket is waiting");
+            vec![state.waiting.swap_remove(at)]
+        } else {
+            std::mem::take(&mut state.waiting)
+        };
+        drop(state);
+        let (tickets, rows): (Vec<u64>, Vec<Vec<ValidJob>>) = group.into_iter().unzip();
+        let result = write(&rows);
         let mut state = self.lock();
-        match result {
+        state.leader_active = false;
+        let own = match result {
             Ok(ids) => {
                 let mut own = Vec::new();
-                for ((ticket, _), ids) in group.into_iter().zip(ids) {
-                    if ticket == mine {
+                for (t, ids) in tickets.into_iter().zip(ids) {
+                    if t == ticket {
                         own = ids;
                     } else {
-                        state.done.insert(ticket, Ok(ids));
+                        state.done.insert(t, Ok(ids));
                     }
                 }
                 Ok(own)
             }
             Err(e) => {
-                for (ticket, rows) in group {
-                    if ticket != mine {
-                        state.done.insert(ticket, Err(rows));
+                for (t, rows) in tickets.into_iter().zip(rows) {
+                    if t != ticket {
+                        state.done.insert(t, Err(rows));
                     }
                 }
                 Err(e)
             }
-        }
+        };
+        drop(state);
+        self.changed.notify_all();
+        own
     }
 }
 

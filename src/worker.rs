@@ -13,6 +13,7 @@
 //!  heartbeat: renews every in-flight lease in one transaction per tick;
 //!             a lost lease sets the job's cancellation flag, its outcome is dropped.
 //!  reaper:    Queue::reap() every interval.
+//!  scheduler: Queue::run_due_ticks() at each schedule's next tick.
 //! ```
 //!
 //! Group commit: outcomes from all workers are written in batches, one
@@ -23,8 +24,9 @@ use crate::clock::Clock;
 use crate::error::Error;
 use crate::job::{JobId, RunToken};
 use crate::lease::Lease;
-use crate::queue::{ChangeWatcher, ClaimRequest, Outcome, Queue, Waker};
+use crate::queue::{ChangeWatcher, ClaimRequest, Outcome, OutcomeSync, Queue, Waker};
 use crate::reaper::{Reaper, ReaperConfig};
+use crate::scheduler::{Scheduler, SchedulerConfig};
 use chrono::{DateTime, Utc};
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::HashMap;
@@ -229,10 +231,12 @@ pub struct WorkerPoolBuilder {
     claim_batch: usize,
     prefetch: usize,
     reaper: Option<ReaperConfig>,
+    scheduler: Option<SchedulerConfig>,
     max_idle: Duration,
     poll: Duration,
     shutdown_grace: Duration,
     worker_id: Option<String>,
+    outcome_sync_interval: Duration,
 }
 
 impl std::fmt::Debug for WorkerPoolBuilder {
@@ -310,6 +314,21 @@ impl WorkerPoolBuilder {
         self
     }
 
+    /// Scheduler settings; default [`SchedulerConfig::default`]. The pool's
+    /// [`Scheduler`] fires the due ticks of every schedule in the file,
+    /// whatever their queue; any number of pools and processes may run one.
+    pub fn scheduler(mut self, config: SchedulerConfig) -> Self {
+        self.scheduler = Some(config);
+        self
+    }
+
+    /// Run no scheduler in this pool (schedules fire only where another
+    /// pool or a [`Scheduler`] runs).
+    pub fn without_scheduler(mut self) -> Self {
+        self.scheduler = None;
+        self
+    }
+
     /// Longest the fetcher sleeps without looking at the file (default 1 s).
     pub fn max_idle(mut self, d: Duration) -> Self {
         self.max_idle = d;
@@ -326,6 +345,18 @@ impl WorkerPoolBuilder {
     /// Grace period used when the pool is dropped without `shutdown` (default 10 s).
     pub fn shutdown_grace(mut self, d: Duration) -> Self {
         self.shutdown_grace = d;
+        self
+    }
+
+    /// Under [`crate::Durability::Full`], the longest a recorded outcome
+    /// waits for its fsync (default 50 ms). Outcomes are committed without
+    /// an fsync of their own so that claims never queue behind one, and the
+    /// log is fsynced at this interval (outside SQLite's write lock). A
+    /// power loss can undo the outcomes of this window: those jobs run
+    /// again (at-least-once), none is lost. `Duration::ZERO` syncs after
+    /// every batch.
+    pub fn outcome_sync_interval(mut self, interval: Duration) -> Self {
+        self.outcome_sync_interval = interval;
         self
     }
 
@@ -365,6 +396,10 @@ impl WorkerPoolBuilder {
         let (job_tx, job_rx) = crossbeam_channel::bounded::<Lease>(capacity);
         let (outcome_tx, outcome_rx) = crossbeam_channel::unbounded::<(Lease, Outcome)>();
         let watcher = self.queue.watcher()?;
+        let scheduler = match self.scheduler {
+            Some(config) => Some(Scheduler::spawn(self.queue.clone(), config)?),
+            None => None,
+        };
         let shared = Arc::new(Shared {
             queue: self.queue.clone(),
             handlers: self.handlers,
@@ -392,6 +427,7 @@ impl WorkerPoolBuilder {
         let dispatcher = {
             let shared = Arc::clone(&shared);
             let config = DispatchConfig {
+                outcome_sync_interval: self.outcome_sync_interval,
                 queues: self.queues.clone(),
                 kinds,
                 worker_id: worker_id.clone(),
@@ -421,6 +457,7 @@ impl WorkerPoolBuilder {
             dispatcher: Some(dispatcher),
             heartbeat: Some(heartbeat),
             reaper,
+            scheduler,
             shutdown_grace: self.shutdown_grace,
             shut_down: false,
         })
@@ -456,6 +493,7 @@ pub struct WorkerPool {
     dispatcher: Option<JoinHandle<()>>,
     heartbeat: Option<JoinHandle<()>>,
     reaper: Option<Reaper>,
+    scheduler: Option<Scheduler>,
     shutdown_grace: Duration,
     shut_down: bool,
 }
@@ -494,10 +532,12 @@ impl WorkerPool {
             claim_batch: usize::MAX,
             prefetch: 0,
             reaper: Some(ReaperConfig::default()),
+            scheduler: Some(SchedulerConfig::default()),
             max_idle: Duration::from_secs(1),
             poll: Duration::from_millis(2),
             shutdown_grace: Duration::from_secs(10),
             worker_id: None,
+            outcome_sync_interval: Duration::from_millis(50),
         }
     }
 
@@ -574,6 +614,9 @@ impl WorkerPool {
         if let Some(mut reaper) = self.reaper.take() {
             reaper.stop();
         }
+        if let Some(mut scheduler) = self.scheduler.take() {
+            scheduler.stop();
+        }
         ShutdownReport {
             released,
             still_running,
@@ -626,6 +669,7 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
 }
 
 struct DispatchConfig {
+    outcome_sync_interval: Duration,
     queues: Vec<String>,
     kinds: Vec<String>,
     worker_id: String,
@@ -654,7 +698,9 @@ fn dispatch_loop(
     // ask the (cheap, lock-free) read path before taking the write lock.
     let mut more_may_be_due = true;
     let mut error_pause = Duration::from_millis(50);
+    let mut unsynced = UnsyncedOutcomes::new(config.outcome_sync_interval);
     loop {
+        unsynced.sync_if_due(&shared.queue, false);
         let stopping = shared.stopping.load(Ordering::SeqCst);
         if stopping {
             // Workers end once the job channel is closed and empty.
@@ -675,12 +721,12 @@ fn dispatch_loop(
                 Ok(next) => {
                     want = 0;
                     if finished.is_empty() {
-                        let sleep = next.map_or(config.max_idle, |due| {
+                        let sleep = unsynced.cap(next.map_or(config.max_idle, |due| {
                             (due - shared.queue.clock().now())
                                 .to_std()
                                 .unwrap_or(Duration::ZERO)
                                 .clamp(Duration::from_millis(1), config.max_idle)
-                        });
+                        }));
                         if let Err(e) = watcher.wait(sleep, config.poll) {
                             log::error!("watching for new jobs failed: {e}");
                             std::thread::sleep(config.poll);
@@ -696,17 +742,21 @@ fn dispatch_loop(
         }
         if finished.is_empty() && want == 0 {
             if stopping || jobs.is_none() {
-                match outcomes.recv_timeout(config.max_idle) {
+                match outcomes.recv_timeout(unsynced.cap(config.max_idle)) {
                     Ok(first) => {
                         let batch = take_outcomes_from(shared, Some(first), outcomes);
-                        record(shared, &batch, None, &config.worker_id);
+                        record(shared, &batch, None, &config.worker_id, &mut unsynced);
                     }
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                        unsynced.sync_if_due(&shared.queue, true);
+                        return;
+                    }
                 }
             } else {
                 // All slots busy: a worker finishing wakes the watcher.
-                let _ = watcher.wait(config.max_idle, config.max_idle);
+                let wait = unsynced.cap(config.max_idle);
+                let _ = watcher.wait(wait, wait);
             }
             continue;
         }
@@ -718,7 +768,7 @@ fn dispatch_loop(
             kinds: Some(&kinds),
         };
         let claim = (want > 0).then_some(&request);
-        match record(shared, &finished, claim, &config.worker_id) {
+        match record(shared, &finished, claim, &config.worker_id, &mut unsynced) {
             Some(leases) => {
                 error_pause = Duration::from_millis(50);
                 more_may_be_due = want > 0 && leases.len() == want;
@@ -741,6 +791,50 @@ fn dispatch_loop(
             None => {
                 std::thread::sleep(error_pause);
                 error_pause = (error_pause * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// Outcomes committed without an fsync ([`OutcomeSync::Deferred`]), so
+/// that claims never wait behind one; they are synced within
+/// `outcome_sync_interval` by [`Queue::sync`], which fsyncs the log outside
+/// SQLite's write lock.
+struct UnsyncedOutcomes {
+    interval: Duration,
+    since: Option<Instant>,
+}
+
+impl UnsyncedOutcomes {
+    fn new(interval: Duration) -> Self {
+        UnsyncedOutcomes {
+            interval,
+            since: None,
+        }
+    }
+
+    fn recorded(&mut self) {
+        self.since.get_or_insert_with(Instant::now);
+    }
+
+    /// `wait`, shortened so the sleeper wakes when a sync is due.
+    fn cap(&self, wait: Duration) -> Duration {
+        match self.since {
+            Some(since) => {
+                wait.min((since + self.interval).saturating_duration_since(Instant::now()))
+            }
+            None => wait,
+        }
+    }
+
+    fn sync_if_due(&mut self, queue: &Queue, force: bool) {
+        if let Some(since) = self.since {
+            if force || since.elapsed() >= self.interval {
+                if let Err(e) = queue.sync() {
+                    log::error!("syncing recorded outcomes failed: {e}; the next commit retries");
+                    return;
+                }
+                self.since = None;
             }
         }
     }
@@ -794,12 +888,16 @@ fn record(
     finished: &[(Lease, Outcome)],
     claim: Option<&ClaimRequest<'_>>,
     worker_id: &str,
+    unsynced: &mut UnsyncedOutcomes,
 ) -> Option<Vec<Lease>> {
     let outcomes: Vec<(&Lease, Outcome)> = finished.iter().map(|(l, o)| (l, o.clone())).collect();
     let mut pause = Duration::from_millis(50);
     let mut tries = 0;
     let result = loop {
-        match shared.queue.record_and_claim(&outcomes, claim) {
+        match shared
+            .queue
+            .record_and_claim(&outcomes, claim, OutcomeSync::Deferred)
+        {
             Err(e) if tries < 5 && (e.is_busy() || matches!(e, Error::DiskFull)) => {
                 log::warn!("worker {worker_id}: write failed: {e}; retrying");
                 std::thread::sleep(pause);
@@ -816,6 +914,9 @@ fn record(
     drop(in_flight);
     match result {
         Ok((results, leases)) => {
+            if !finished.is_empty() {
+                unsynced.recorded();
+            }
             for ((lease, outcome), result) in finished.iter().zip(results) {
                 if let Err(e) = result {
                     log::warn!("outcome {outcome:?} of job {} refused: {e}", lease.job_id);
