@@ -168,6 +168,12 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The application's part of a transaction tickler ran for it (for
+    /// example the closure of `Queue::complete_with`) failed; everything in
+    /// the transaction was rolled back.
+    #[error("aborted by the application: {0}; nothing in the transaction was written")]
+    Aborted(Box<dyn std::error::Error + Send + Sync>),
+
     /// A payload could not be (de)serialized.
     #[error("payload JSON error: {0}")]
     Json(#[from] serde_json::Error),
@@ -182,6 +188,12 @@ pub enum Error {
 }
 
 impl Error {
+    /// Wraps an application error as [`Error::Aborted`], for use inside
+    /// `Queue::complete_with`: `.map_err(Error::aborted)?`.
+    pub fn aborted(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Error::Aborted(e.into())
+    }
+
     /// True for [`Error::LeaseLost`].
     pub fn is_lease_lost(&self) -> bool {
         matches!(self, Error::LeaseLost { .. })

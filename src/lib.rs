@@ -81,8 +81,8 @@ pub use job::{Job, JobId, JobState, NewJob, RunToken, DEFAULT_MAX_ATTEMPTS, DEFA
 pub use lease::Lease;
 pub use metrics::WriteLockWaits;
 pub use queue::{
-    ChangeWatcher, Checkpoint, ClaimRequest, Durability, JobFilter, Outcome, OutcomeSync, Queue,
-    QueueBuilder, Stats, Waker, MAX_TIMESTAMP_MS,
+    ChangeWatcher, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter, Outcome,
+    OutcomeSync, Queue, QueueBuilder, Stats, Waker, MAX_TIMESTAMP_MS,
 };
 pub use reaper::{Reaper, ReaperConfig};
 pub use retry::RetryPolicy;

@@ -66,8 +66,12 @@ impl Durability {
     }
 }
 
+/// Extra set-up run on every connection tickler opens; see
+/// [`QueueBuilder::on_connection`].
+pub type ConnectionHook = Arc<dyn Fn(&Connection) -> rusqlite::Result<()> + Send + Sync>;
+
 /// Settings for opening a [`Queue`]; get one from [`Queue::builder`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct QueueBuilder {
     path: PathBuf,
     durability: Durability,
@@ -77,6 +81,23 @@ pub struct QueueBuilder {
     retry_policy: RetryPolicy,
     clock: Arc<dyn Clock>,
     read_connections: u32,
+    on_connection: Option<ConnectionHook>,
+}
+
+impl std::fmt::Debug for QueueBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueBuilder")
+            .field("path", &self.path)
+            .field("durability", &self.durability)
+            .field("busy_timeout", &self.busy_timeout)
+            .field("busy_retry", &self.busy_retry)
+            .field("max_payload_bytes", &self.max_payload_bytes)
+            .field("retry_policy", &self.retry_policy)
+            .field("clock", &self.clock)
+            .field("read_connections", &self.read_connections)
+            .field("on_connection", &self.on_connection.is_some())
+            .finish()
+    }
 }
 
 impl QueueBuilder {
@@ -125,6 +146,18 @@ impl QueueBuilder {
         self
     }
 
+    /// Runs `hook` on every connection tickler opens on the file (the
+    /// writer, readers and [`Queue::open_connection`]), after
+    /// tickler's own pragmas: for settings such as `cache_size` or
+    /// `mmap_size`. Must not change `journal_mode` or `synchronous`.
+    pub fn on_connection(
+        mut self,
+        hook: impl Fn(&Connection) -> rusqlite::Result<()> + Send + Sync + 'static,
+    ) -> Self {
+        self.on_connection = Some(Arc::new(hook));
+        self
+    }
+
     /// Opens (creating if needed) the file and migrates its schema.
     ///
     /// A new file is created readable and writable by its owner only (0600).
@@ -141,15 +174,19 @@ impl QueueBuilder {
         create_owner_only(&path)?;
         let writer = Connection::open(&path).map_err(|e| open_error(&path, e))?;
         set_busy_limit(self.busy_timeout);
-        configure_connection(&writer, self.durability, false).map_err(|e| open_error(&path, e))?;
+        configure_connection(&writer, self.durability, false, self.on_connection.as_ref())
+            .map_err(|e| open_error(&path, e))?;
         if writer.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
             return Err(Error::ReadOnly { path });
         }
         let queue_path = path.clone();
         let durability = self.durability;
+        let hook = self.on_connection.clone();
         let manager = SqliteConnectionManager::file(&path)
             .with_flags(OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-            .with_init(move |c| configure_connection(c, durability, true).map_err(to_rusqlite));
+            .with_init(move |c| {
+                configure_connection(c, durability, true, hook.as_ref()).map_err(to_rusqlite)
+            });
         let readers = r2d2::Pool::builder()
             .max_size(self.read_connections)
             .min_idle(Some(0))
@@ -325,6 +362,7 @@ impl Queue {
             retry_policy: RetryPolicy::default(),
             clock: Arc::new(SystemClock),
             read_connections: 4,
+            on_connection: None,
         }
     }
 
@@ -393,6 +431,112 @@ impl Queue {
         })?;
         self.notify_watchers();
         Ok(ids)
+    }
+
+    /// Opens a new connection to this queue's file with the settings tickler
+    /// uses (WAL, `synchronous` per [`Durability`], tickler's busy handler,
+    /// `foreign_keys`, and any [`QueueBuilder::on_connection`] hook), for
+    /// the application's own tables and for [`Queue::enqueue_tx`]. Using it
+    /// keeps the application and tickler from disagreeing about the journal
+    /// mode or durability of the shared file.
+    ///
+    /// Open write transactions on it with
+    /// `transaction_with_behavior(TransactionBehavior::Immediate)`: a
+    /// deferred transaction that reads and then writes can fail at once with
+    /// `SQLITE_BUSY` when another connection wrote in between.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::NotWal`], [`Error::PragmaMismatch`].
+    pub fn open_connection(&self) -> Result<Connection> {
+        let conn = Connection::open(&self.inner.path)?;
+        configure_connection(
+            &conn,
+            self.inner.config.durability,
+            false,
+            self.inner.config.on_connection.as_ref(),
+        )?;
+        Ok(conn)
+    }
+
+    /// Writes `job` inside the caller's own transaction `tx`, opened on a
+    /// connection to this queue's file (see [`Queue::open_connection`]): the
+    /// job exists if and only if the caller commits. Closes the gap where an
+    /// application commits its data and crashes before enqueueing.
+    ///
+    /// Same validation, errors and unique_key behaviour as
+    /// [`Queue::enqueue`]. Durability is the caller's commit's. Worker pools
+    /// in any process see the job once the caller commits (their watchers
+    /// notice commits from every connection).
+    ///
+    /// # Errors
+    /// As [`Queue::enqueue`]; on an error the caller's transaction is left
+    /// open and unchanged by tickler (roll it back or go on).
+    pub fn enqueue_tx(&self, tx: &rusqlite::Transaction<'_>, job: NewJob) -> Result<JobId> {
+        Ok(self.enqueue_batch_tx(tx, vec![job])?.remove(0))
+    }
+
+    /// [`Queue::enqueue_tx`] for several jobs: all or none, in the caller's
+    /// transaction. Returns ids in input order.
+    ///
+    /// # Errors
+    /// As [`Queue::enqueue_batch`].
+    pub fn enqueue_batch_tx(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        jobs: Vec<NewJob>,
+    ) -> Result<Vec<JobId>> {
+        let now = self.now_ms();
+        let rows = jobs
+            .into_iter()
+            .map(|job| self.validate(job, now))
+            .collect::<Result<Vec<_>>>()?;
+        let ids = insert_valid(tx, &rows, now)?;
+        // Wakes this process's fetchers; they find the job once the caller
+        // commits (the commit also changes data_version for every watcher).
+        self.notify_watchers();
+        Ok(ids)
+    }
+
+    /// Runs `app_writes` and marks the job succeeded in one `BEGIN
+    /// IMMEDIATE` transaction on tickler's write connection: the handler's
+    /// own writes to tables in this file and the job's completion commit
+    /// together or not at all. If the lease was lost (reaped, cancelled),
+    /// the fenced completion matches no row, the whole transaction rolls
+    /// back, the application's writes too, and the caller gets
+    /// [`Error::LeaseLost`].
+    ///
+    /// This gives exactly-once effects for effects inside this file. Effects
+    /// outside it (HTTP calls, e-mail) stay at-least-once: key them by the
+    /// job id or run_token.
+    ///
+    /// Committed with the queue's [`Durability`]. `app_writes` must not
+    /// open its own transaction; it may return [`Error::Aborted`] (or any
+    /// error) to roll everything back.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`]; the error `app_writes` returned; [`Error::Busy`],
+    /// [`Error::DiskFull`], [`Error::Sqlite`]. On any error nothing was
+    /// written.
+    pub fn complete_with<T>(
+        &self,
+        lease: &Lease,
+        app_writes: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let mut app_writes = Some(app_writes);
+        let value = self.write(|tx| {
+            // Only a busy BEGIN is retried, before app_writes ran; a busy
+            // later on (not expected under BEGIN IMMEDIATE) fails the call.
+            let writes = app_writes.take().ok_or(Error::Busy { waited_ms: 0 })?;
+            let value = writes(tx)?;
+            let changed = tx.prepare_cached(COMPLETE_SQL)?.execute(params![
+                self.now_ms(),
+                lease.job_id.0,
+                lease.run_token.0
+            ])?;
+            fenced(changed, lease)?;
+            Ok(value)
+        })?;
+        Ok(value)
     }
 
     pub(crate) fn validate(&self, job: NewJob, now: i64) -> Result<ValidJob> {
@@ -1939,7 +2083,12 @@ fn create_owner_only(path: &Path) -> Result<()> {
     }
 }
 
-fn configure_connection(conn: &Connection, durability: Durability, reader: bool) -> Result<()> {
+fn configure_connection(
+    conn: &Connection,
+    durability: Durability,
+    reader: bool,
+    hook: Option<&ConnectionHook>,
+) -> Result<()> {
     conn.busy_handler(Some(busy_handler))?;
     conn.set_prepared_statement_cache_capacity(64);
     let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
@@ -1955,6 +2104,9 @@ fn configure_connection(conn: &Connection, durability: Durability, reader: bool)
     if reader {
         conn.execute_batch("PRAGMA query_only = ON")?;
         expect_pragma(conn, "query_only", 1)?;
+    }
+    if let Some(hook) = hook {
+        hook(conn)?;
     }
     Ok(())
 }

@@ -134,6 +134,9 @@ pub struct JobContext {
     lease: Lease,
     cancel: Arc<CancelFlag>,
     clock: Arc<dyn Clock>,
+    queue: Queue,
+    /// Set once `complete_with` committed: the pool then records nothing.
+    completed: AtomicBool,
 }
 
 impl JobContext {
@@ -195,6 +198,29 @@ impl JobContext {
     /// Now, from the queue's clock (UTC).
     pub fn now(&self) -> DateTime<Utc> {
         self.clock.now()
+    }
+
+    /// The queue the job came from (for the application's own reads, or
+    /// [`Queue::open_connection`]).
+    pub fn queue(&self) -> &Queue {
+        &self.queue
+    }
+
+    /// Completes the job together with the handler's own writes, in one
+    /// transaction: see [`Queue::complete_with`]. After `Ok`, whatever the
+    /// handler returns is ignored (the job is already succeeded). On
+    /// [`crate::Error::LeaseLost`] nothing was written; return the error
+    /// (`?` turns it into a retry that the pool drops, as the lease is gone).
+    ///
+    /// # Errors
+    /// As [`Queue::complete_with`].
+    pub fn complete_with<T>(
+        &self,
+        app_writes: impl FnOnce(&rusqlite::Transaction<'_>) -> crate::Result<T>,
+    ) -> crate::Result<T> {
+        let value = self.queue.complete_with(&self.lease, app_writes)?;
+        self.completed.store(true, Ordering::SeqCst);
+        Ok(value)
     }
 
     /// A [`JobError::Snooze`] until `delay` from now.
@@ -955,8 +981,18 @@ fn work_loop(shared: &Shared, jobs: &Receiver<Lease>, outcomes: &Sender<(Lease, 
                     lease,
                     cancel,
                     clock: Arc::clone(shared.queue.clock()),
+                    queue: shared.queue.clone(),
+                    completed: AtomicBool::new(false),
                 };
-                let outcome = match catch_unwind(AssertUnwindSafe(|| handler.run(&ctx))) {
+                let result = catch_unwind(AssertUnwindSafe(|| handler.run(&ctx)));
+                if ctx.completed.load(Ordering::SeqCst) {
+                    // Completed inside the handler's own transaction.
+                    shared.lock_in_flight().remove(&ctx.lease.job_id);
+                    shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
+                    shared.fetcher_waker.wake();
+                    continue;
+                }
+                let outcome = match result {
                     Ok(Ok(())) => Outcome::Complete,
                     Ok(Err(JobError::Retry(message))) => Outcome::Fail(message),
                     Ok(Err(JobError::Permanent(message))) => Outcome::FailPermanently(message),
