@@ -1,0 +1,475 @@
+//! The command line, as clap sees it. Doc comments here are the `--help` text.
+
+use chrono::{DateTime, Utc};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::time::Duration;
+use tickler::JobState;
+
+/// Operate a tickler queue file from the shell, and run shell-command jobs
+/// as a durable at/cron.
+#[derive(Debug, Parser)]
+#[command(
+    name = "tickler",
+    version,
+    after_help = "Examples:
+  tickler init
+  tickler enqueue shell '{\"argv\": [\"echo\", \"hello\"]}' --in 10m
+  tickler work --threads 2
+  tickler list --state dead
+  tickler retry --dead
+
+Exit codes: 0 success, 1 the operation failed, 2 usage error."
+)]
+pub struct Cli {
+    /// The queue file.
+    #[arg(
+        long,
+        global = true,
+        env = "TICKLER_DB",
+        default_value = "./tickler.db",
+        value_name = "PATH"
+    )]
+    pub db: PathBuf,
+
+    /// Show times in UTC instead of local time.
+    #[arg(long, global = true)]
+    pub utc: bool,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the queue file, or migrate it to this build's schema, and print
+    /// the schema version.
+    #[command(after_help = "Example:\n  tickler --db /var/lib/tickler/jobs.db init")]
+    Init,
+
+    /// Enqueue one job and print its id, or many from an NDJSON file.
+    #[command(after_help = ENQUEUE_HELP)]
+    Enqueue(EnqueueArgs),
+
+    /// List jobs as a table, or as JSON (one object per line).
+    #[command(
+        after_help = "Examples:\n  tickler list --state dead --queue mail\n  tickler list --kind shell --limit 20 --json"
+    )]
+    List(ListArgs),
+
+    /// Show every field of one job, including its last error and attempts.
+    #[command(after_help = "Example:\n  tickler show 42")]
+    Show(ShowArgs),
+
+    /// Counts per queue and state, the oldest due job's wait, jobs finished
+    /// in the last minute, and the size of the WAL file.
+    #[command(after_help = "Example:\n  tickler stats --utc")]
+    Stats(StatsArgs),
+
+    /// Make a dead or cancelled job pending again with fresh attempts, or all
+    /// dead jobs with --dead.
+    #[command(after_help = "Examples:\n  tickler retry 42\n  tickler retry --dead --queue mail")]
+    Retry(RetryArgs),
+
+    /// Cancel jobs that have not finished.
+    #[command(after_help = "Example:\n  tickler cancel 42 43")]
+    Cancel(CancelArgs),
+
+    /// Delete finished jobs (succeeded, dead, cancelled) older than a given age.
+    #[command(after_help = "Example:\n  tickler prune --older-than 7d --state succeeded")]
+    Prune(PruneArgs),
+
+    /// Take back jobs whose lease ran out (their worker died or stalled).
+    #[command(after_help = "Example:\n  tickler reap")]
+    Reap,
+
+    /// Recurring jobs: cron expressions in a time zone.
+    #[command(subcommand, after_help = SCHEDULE_HELP)]
+    Schedule(ScheduleCommand),
+
+    /// Run a worker pool on the file, executing jobs of kind `shell`, until
+    /// SIGINT or SIGTERM.
+    #[command(after_help = WORK_HELP)]
+    Work(WorkArgs),
+
+    /// Copy the WAL into the database file and truncate it; report the WAL
+    /// size before and after.
+    #[command(after_help = "Example:\n  tickler checkpoint")]
+    Checkpoint,
+}
+
+const ENQUEUE_HELP: &str = "Examples:
+  tickler enqueue send_email '{\"to\": \"ada@example.com\"}' --queue mail --max-attempts 5
+  tickler enqueue shell '{\"argv\": [\"backup.sh\", \"--full\"], \"timeout\": \"1h\"}' --at 2026-05-01T02:00:00+02:00
+  tickler enqueue --from jobs.ndjson
+
+An NDJSON line is one job:
+  {\"kind\": \"shell\", \"payload\": {\"argv\": [\"true\"]}, \"queue\": \"default\", \"priority\": 0,
+   \"run_at\": \"2026-05-01T02:00:00Z\", \"in\": \"10m\", \"max_attempts\": 5,
+   \"unique_key\": \"k1\", \"timeout\": \"30s\"}
+Only \"kind\" is required (or give KIND for lines without one); the options given on
+the command line are the defaults. Lines are written in transactions of --batch-size
+lines: a bad line stops the import, nothing from its batch is written, and earlier
+batches stay.";
+
+const WORK_HELP: &str = "Example:
+  tickler work --queue default --queue mail --threads 4
+
+The `shell` payload: {\"argv\": [\"cmd\", \"arg\"], \"cwd\": \"/some/dir\", \"env\": {\"K\": \"V\"},
+\"timeout\": \"30s\"}. The command runs without a shell, stdin closed, stdout passed
+through; TICKLER_JOB_ID, TICKLER_ATTEMPT and TICKLER_RUN_TOKEN are set for it. Exit 0
+means succeeded; another exit code fails the attempt (retried after a backoff, dead
+when attempts are used up) with the exit code and the last 4 KiB of stderr as the
+error; past its timeout the command is killed and the attempt fails. Jobs of other
+kinds are left for other workers.
+
+First SIGINT/SIGTERM: stop claiming and wait up to --grace for running commands.
+Second: kill them now; they run again later without losing an attempt.
+
+Whoever can write the queue file can run commands as you, so `work` refuses a file
+(or folder) that other users can write, unless --allow-shared-db.";
+
+const SCHEDULE_HELP: &str = "Examples:
+  tickler schedule add nightly-backup '30 2 * * *' --tz Europe/Berlin shell '{\"argv\": [\"backup.sh\"]}'
+  tickler schedule next '*/15 * * * *' -n 5 --tz America/New_York
+  tickler schedule pause nightly-backup";
+
+/// `enqueue` options.
+#[derive(Debug, Args)]
+pub struct EnqueueArgs {
+    /// The job's kind: the name of the handler that runs it (`shell` for
+    /// `tickler work`). With --from, the kind of lines that name none.
+    #[arg(required_unless_present = "from")]
+    pub kind: Option<String>,
+
+    /// The payload, as JSON (default null).
+    #[arg(value_parser = parse_json, conflicts_with = "from")]
+    pub payload: Option<serde_json::Value>,
+
+    /// Enqueue one job per line of this NDJSON file (`-` for stdin).
+    #[arg(long, value_name = "FILE")]
+    pub from: Option<PathBuf>,
+
+    /// Lines per transaction with --from.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000), requires = "from")]
+    pub batch_size: u32,
+
+    /// The queue.
+    #[arg(long, short = 'q')]
+    pub queue: Option<String>,
+
+    /// Due time, RFC 3339 (2026-05-01T09:30:00+02:00).
+    #[arg(long, value_parser = parse_time, conflicts_with = "delay")]
+    pub at: Option<DateTime<Utc>>,
+
+    /// Due after this long (10s, 5m, 2h, 1d).
+    #[arg(long = "in", value_name = "DURATION", value_parser = parse_duration)]
+    pub delay: Option<Duration>,
+
+    /// Higher runs first (default 0).
+    #[arg(long, allow_negative_numbers = true)]
+    pub priority: Option<i32>,
+
+    /// Claims allowed before the job is dead (default 25).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_attempts: Option<u32>,
+
+    /// While a job with this key is unfinished, enqueueing another one with
+    /// it only prints the existing job's id.
+    #[arg(long, conflicts_with = "from")]
+    pub unique_key: Option<String>,
+
+    /// How long one run may take (30s, 5m).
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+}
+
+/// A job state, as typed on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StateArg {
+    /// Waiting for its due time.
+    Scheduled,
+    /// Due, waiting for a worker.
+    Pending,
+    /// Held by a worker.
+    Running,
+    /// Finished successfully.
+    Succeeded,
+    /// Attempts used up, or failed for good.
+    Dead,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl From<StateArg> for JobState {
+    fn from(s: StateArg) -> JobState {
+        match s {
+            StateArg::Scheduled => JobState::Scheduled,
+            StateArg::Pending => JobState::Pending,
+            StateArg::Running => JobState::Running,
+            StateArg::Succeeded => JobState::Succeeded,
+            StateArg::Dead => JobState::Dead,
+            StateArg::Cancelled => JobState::Cancelled,
+        }
+    }
+}
+
+/// A finished state, as typed on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FinishedArg {
+    /// Finished successfully.
+    Succeeded,
+    /// Attempts used up, or failed for good.
+    Dead,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl From<FinishedArg> for JobState {
+    fn from(s: FinishedArg) -> JobState {
+        match s {
+            FinishedArg::Succeeded => JobState::Succeeded,
+            FinishedArg::Dead => JobState::Dead,
+            FinishedArg::Cancelled => JobState::Cancelled,
+        }
+    }
+}
+
+/// `list` options.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only jobs in this state.
+    #[arg(long, value_enum)]
+    pub state: Option<StateArg>,
+    /// Only jobs of this queue.
+    #[arg(long, short = 'q')]
+    pub queue: Option<String>,
+    /// Only jobs of this kind.
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// At most this many jobs, oldest first.
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
+    /// One JSON object per line (times in RFC 3339, UTC).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `show` options.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The job's id.
+    pub id: i64,
+    /// As one JSON object (times in RFC 3339, UTC).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `stats` options.
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// As one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `retry` options.
+#[derive(Debug, Args)]
+pub struct RetryArgs {
+    /// The job to retry (dead or cancelled).
+    #[arg(required_unless_present = "dead", conflicts_with = "dead")]
+    pub id: Option<i64>,
+    /// Retry every dead job (of --queue, if given).
+    #[arg(long)]
+    pub dead: bool,
+    /// With --dead: only this queue.
+    #[arg(long, short = 'q', requires = "dead")]
+    pub queue: Option<String>,
+}
+
+/// `cancel` options.
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// The jobs to cancel.
+    #[arg(required = true)]
+    pub ids: Vec<i64>,
+}
+
+/// `prune` options.
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// Delete jobs that finished longer ago than this (7d, 12h).
+    #[arg(long, value_parser = parse_duration)]
+    pub older_than: Duration,
+    /// Only jobs in this finished state (default: all three).
+    #[arg(long, value_enum)]
+    pub state: Option<FinishedArg>,
+}
+
+/// `work` options.
+#[derive(Debug, Args)]
+pub struct WorkArgs {
+    /// Serve this queue (repeat for several; default `default`).
+    #[arg(long, short = 'q')]
+    pub queue: Vec<String>,
+    /// Commands run at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub threads: u32,
+    /// Lease per claim, renewed by heartbeats every third of it; a worker
+    /// that dies loses its jobs this long after its last heartbeat.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub lease: Duration,
+    /// On the first SIGINT/SIGTERM, how long to wait for running commands.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// Upper bound of the first retry delay after a failed attempt; it
+    /// doubles with each attempt (with random jitter) up to --backoff-cap.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub backoff: Duration,
+    /// Longest retry delay.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub backoff_cap: Duration,
+    /// How often to take back jobs whose lease ran out.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub reap_interval: Duration,
+    /// Exit once the served queues hold no unfinished `shell` job.
+    #[arg(long)]
+    pub drain: bool,
+    /// Run even if other users can write the queue file or its folder
+    /// (they could then run commands as you).
+    #[arg(long)]
+    pub allow_shared_db: bool,
+    /// Print nothing per job.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// `schedule` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ScheduleCommand {
+    /// Create or replace a schedule.
+    #[command(
+        after_help = "Example:\n  tickler schedule add nightly-backup '30 2 * * *' --tz Europe/Berlin shell '{\"argv\": [\"backup.sh\"]}'"
+    )]
+    Add(ScheduleAddArgs),
+    /// List schedules with their next tick.
+    #[command(after_help = "Example:\n  tickler schedule list")]
+    List(ScheduleListArgs),
+    /// Delete a schedule (jobs it already enqueued stay).
+    #[command(
+        visible_alias = "delete",
+        after_help = "Example:\n  tickler schedule rm nightly-backup"
+    )]
+    Rm(ScheduleNameArgs),
+    /// Stop a schedule from firing until resumed.
+    #[command(after_help = "Example:\n  tickler schedule pause nightly-backup")]
+    Pause(ScheduleNameArgs),
+    /// Let a paused schedule fire again, from its next tick on.
+    #[command(after_help = "Example:\n  tickler schedule resume nightly-backup")]
+    Resume(ScheduleNameArgs),
+    /// Preview the next fire times of a schedule or of a cron expression
+    /// (nothing is stored).
+    #[command(
+        after_help = "Examples:\n  tickler schedule next nightly-backup\n  tickler schedule next '0 9 * * mon-fri' -n 10 --tz Europe/Berlin"
+    )]
+    Next(ScheduleNextArgs),
+}
+
+/// `schedule add` options.
+#[derive(Debug, Args)]
+pub struct ScheduleAddArgs {
+    /// The schedule's name (unique in the file).
+    pub name: String,
+    /// Cron expression: 5 fields (minute hour day month weekday), or 6 with seconds first.
+    pub cron: String,
+    /// The kind of the jobs it enqueues.
+    pub kind: String,
+    /// Their payload, as JSON (default null).
+    #[arg(value_parser = parse_json)]
+    pub payload: Option<serde_json::Value>,
+    /// IANA time zone the expression is read in (default UTC).
+    #[arg(long, default_value = "UTC")]
+    pub tz: String,
+    /// Queue of the jobs.
+    #[arg(long, short = 'q')]
+    pub queue: Option<String>,
+    /// Their priority.
+    #[arg(long, allow_negative_numbers = true)]
+    pub priority: Option<i32>,
+    /// Their max_attempts.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_attempts: Option<u32>,
+    /// Their per-run timeout.
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// What to do with ticks missed while no scheduler ran.
+    #[arg(long, value_enum)]
+    pub misfire: Option<MisfireArg>,
+    /// With --misfire fire-all: at most this many catch-up ticks.
+    #[arg(long)]
+    pub misfire_limit: Option<u32>,
+    /// Create it paused.
+    #[arg(long)]
+    pub paused: bool,
+}
+
+/// A misfire policy, as typed on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MisfireArg {
+    /// Fire nothing for missed ticks.
+    Skip,
+    /// One catch-up tick, then continue.
+    FireOnce,
+    /// Every missed tick, up to --misfire-limit.
+    FireAll,
+}
+
+/// `schedule list` options.
+#[derive(Debug, Args)]
+pub struct ScheduleListArgs {
+    /// One JSON object per line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A schedule's name.
+#[derive(Debug, Args)]
+pub struct ScheduleNameArgs {
+    /// The schedule's name.
+    pub name: String,
+}
+
+/// `schedule next` options.
+#[derive(Debug, Args)]
+pub struct ScheduleNextArgs {
+    /// A schedule's name, or a cron expression.
+    pub name_or_cron: String,
+    /// How many fire times.
+    #[arg(short = 'n', long = "count", default_value_t = 10)]
+    pub count: usize,
+    /// Time zone for a cron expression (default UTC; a schedule uses its own).
+    #[arg(long)]
+    pub tz: Option<String>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e}; write durations like 10s, 5m, 2h, 1d"))
+}
+
+fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| {
+            format!("{e}; give an RFC 3339 time such as 2026-05-01T09:30:00+02:00 or 2026-05-01T07:30:00Z")
+        })
+}
+
+fn parse_json(s: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(s).map_err(|e| {
+        format!(
+            "not valid JSON ({e}); quote it for the shell, e.g. '{{\"to\": \"ada@example.com\"}}'"
+        )
+    })
+}

@@ -1,0 +1,166 @@
+//! How times, durations, sizes, tables and jobs are printed.
+
+use chrono::{DateTime, Local, SecondsFormat, Utc};
+use serde_json::json;
+use std::time::Duration;
+use tickler::Job;
+
+/// Prints times in local time with the zone's offset, or in UTC.
+#[derive(Debug, Clone, Copy)]
+pub struct Times {
+    /// Print UTC instead of local time.
+    pub utc: bool,
+}
+
+impl Times {
+    /// A time for people: `2026-05-01 09:30:00 +02:00`, or `… UTC` with `--utc`.
+    pub fn show(&self, t: DateTime<Utc>) -> String {
+        if self.utc {
+            t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+        } else {
+            t.with_timezone(&Local)
+                .format("%Y-%m-%d %H:%M:%S %:z")
+                .to_string()
+        }
+    }
+
+    /// As [`Times::show`], or `-` for none.
+    pub fn show_opt(&self, t: Option<DateTime<Utc>>) -> String {
+        t.map_or_else(|| "-".to_owned(), |t| self.show(t))
+    }
+}
+
+/// A time for machines: RFC 3339, UTC, milliseconds.
+pub fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// A duration rounded to whole seconds (milliseconds under a second), as
+/// humantime writes it: `1h 2m 3s`.
+pub fn duration(d: Duration) -> String {
+    let rounded = if d < Duration::from_secs(1) {
+        Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    } else {
+        Duration::from_secs(d.as_secs())
+    };
+    humantime::format_duration(rounded).to_string()
+}
+
+/// Bytes as `512 B`, `4.0 KiB`, `1.5 MiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// A table with a header row; columns whose header is in `right` are
+/// right-aligned. Returns the lines, without trailing spaces.
+pub fn table(header: &[&str], rows: &[Vec<String>], right: &[&str]) -> Vec<String> {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| -> String {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i > 0 {
+                out.push_str("  ");
+            }
+            let pad = w - cell.chars().count();
+            if right.contains(&header[i]) {
+                out.push_str(&" ".repeat(pad));
+                out.push_str(cell);
+            } else {
+                out.push_str(cell);
+                out.push_str(&" ".repeat(pad));
+            }
+        }
+        out.trim_end().to_owned()
+    };
+    let mut lines = vec![line(header.to_vec())];
+    for row in rows {
+        lines.push(line(row.iter().map(String::as_str).collect()));
+    }
+    lines
+}
+
+/// The first line of `s`, cut to `max` characters with `…`.
+pub fn short(s: &str, max: usize) -> String {
+    let first = s.lines().next().unwrap_or("");
+    if first.chars().count() <= max && !s.trim_end().contains('\n') {
+        first.to_owned()
+    } else {
+        let mut cut: String = first.chars().take(max.saturating_sub(1)).collect();
+        cut.push('…');
+        cut
+    }
+}
+
+/// A job as one JSON object; times in RFC 3339 UTC, the timeout in ms.
+pub fn job_json(job: &Job) -> serde_json::Value {
+    json!({
+        "id": job.id.0,
+        "queue": job.queue,
+        "kind": job.kind,
+        "state": job.state.as_str(),
+        "priority": job.priority,
+        "payload": job.payload,
+        "run_at": rfc3339(job.run_at),
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "unique_key": job.unique_key,
+        "timeout_ms": job.timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        "run_token": job.run_token.as_ref().map(|t| t.0.clone()),
+        "claimed_by": job.claimed_by,
+        "claimed_at": job.claimed_at.map(rfc3339),
+        "lease_expires_at": job.lease_expires_at.map(rfc3339),
+        "last_error": job.last_error,
+        "created_at": rfc3339(job.created_at),
+        "finished_at": job.finished_at.map(rfc3339),
+    })
+}
+
+/// A job, one `field: value` per line, for `tickler show`.
+pub fn job_fields(job: &Job, times: Times) -> Vec<(&'static str, String)> {
+    let or_dash = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".to_owned());
+    vec![
+        ("id", job.id.to_string()),
+        ("state", job.state.to_string()),
+        ("queue", job.queue.clone()),
+        ("kind", job.kind.clone()),
+        ("priority", job.priority.to_string()),
+        (
+            "attempts",
+            format!("{} of {}", job.attempts, job.max_attempts),
+        ),
+        ("run_at", times.show(job.run_at)),
+        ("created_at", times.show(job.created_at)),
+        ("claimed_at", times.show_opt(job.claimed_at)),
+        ("claimed_by", or_dash(&job.claimed_by)),
+        ("lease_expires_at", times.show_opt(job.lease_expires_at)),
+        ("finished_at", times.show_opt(job.finished_at)),
+        (
+            "timeout",
+            job.timeout.map_or_else(|| "-".to_owned(), duration),
+        ),
+        ("unique_key", or_dash(&job.unique_key)),
+        (
+            "run_token",
+            job.run_token
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), |t| t.0.clone()),
+        ),
+        ("payload", job.payload.to_string()),
+        ("last_error", or_dash(&job.last_error)),
+    ]
+}

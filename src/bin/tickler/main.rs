@@ -1,0 +1,53 @@
+//! `tickler`: operate a tickler queue file from the shell, and run
+//! shell-command jobs as a durable at/cron. Uses only the public API of the
+//! `tickler` library. `tickler --help` lists the subcommands.
+
+mod cli;
+mod display;
+mod error;
+mod import;
+mod ops;
+mod shell;
+mod work;
+
+use clap::Parser;
+use cli::{Cli, Command, ScheduleCommand};
+use display::Times;
+use error::CliError;
+
+fn main() {
+    let cli = Cli::parse();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .format_timestamp_secs()
+        .init();
+    if let Err(e) = run(&cli) {
+        eprintln!("tickler: {e}");
+        std::process::exit(e.exit_code());
+    }
+}
+
+fn run(cli: &Cli) -> Result<(), CliError> {
+    let db = cli.db.as_path();
+    let times = Times { utc: cli.utc };
+    match &cli.command {
+        Command::Init => ops::init(db),
+        Command::Enqueue(args) if args.from.is_some() => import::import(db, args),
+        Command::Enqueue(args) => ops::enqueue_one(db, args),
+        Command::List(args) => ops::list(db, args, times),
+        Command::Show(args) => ops::show(db, args, times),
+        Command::Stats(args) => ops::stats(db, args, times),
+        Command::Retry(args) => ops::retry(db, args),
+        Command::Cancel(args) => ops::cancel(db, args),
+        Command::Prune(args) => ops::prune(db, args),
+        Command::Reap => ops::reap(db),
+        Command::Checkpoint => ops::checkpoint(db),
+        Command::Work(args) => work::work(db, args),
+        Command::Schedule(command) => schedule(command),
+    }
+}
+
+fn schedule(_command: &ScheduleCommand) -> Result<(), CliError> {
+    Err(CliError::failed(
+        "schedules are not available in this build yet",
+    ))
+}

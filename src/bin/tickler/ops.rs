@@ -1,0 +1,337 @@
+//! The operator commands: init, enqueue (one job), list, show, stats, retry,
+//! cancel, prune, reap, checkpoint.
+
+use crate::cli::{CancelArgs, EnqueueArgs, ListArgs, PruneArgs, RetryArgs, ShowArgs, StatsArgs};
+use crate::display::{self, Times};
+use crate::error::CliError;
+use chrono::Utc;
+use serde_json::json;
+use std::path::Path;
+use tickler::{JobFilter, JobId, JobState, NewJob, Queue};
+
+/// Opens the queue file. Only commands that add to the queue may create
+/// it; the others refuse a missing file, so a mistyped path is not
+/// silently made into an empty queue.
+pub fn open(db: &Path, create: bool) -> Result<Queue, CliError> {
+    if !create && !db.exists() {
+        return Err(CliError::failed(format!(
+            "{} does not exist; create it with `tickler init`, or point --db (or TICKLER_DB) at your queue file",
+            db.display()
+        )));
+    }
+    Queue::open(db).map_err(|e| CliError::from_lib(e, db))
+}
+
+/// `tickler init`.
+pub fn init(db: &Path) -> Result<(), CliError> {
+    let before = Queue::file_schema_version(db).map_err(|e| CliError::from_lib(e, db))?;
+    open(db, true)?;
+    let now = Queue::schema_version();
+    match before {
+        None => println!("created {}: schema version {now}", db.display()),
+        Some(0) => println!("initialized {}: schema version {now}", db.display()),
+        Some(v) if v < now => {
+            println!("migrated {} from schema version {v} to {now}", db.display())
+        }
+        Some(_) => println!("{}: schema version {now}, up to date", db.display()),
+    }
+    Ok(())
+}
+
+/// The options shared by `enqueue KIND` and each line of `enqueue --from`,
+/// applied to a job.
+pub fn apply_defaults(mut job: NewJob, args: &EnqueueArgs) -> NewJob {
+    if let Some(queue) = &args.queue {
+        job = job.queue(queue.clone());
+    }
+    if let Some(at) = args.at {
+        job = job.run_at(at);
+    }
+    if let Some(delay) = args.delay {
+        job = job.delay(delay);
+    }
+    if let Some(priority) = args.priority {
+        job = job.priority(priority);
+    }
+    if let Some(max) = args.max_attempts {
+        job = job.max_attempts(max);
+    }
+    if let Some(timeout) = args.timeout {
+        job = job.timeout(timeout);
+    }
+    job
+}
+
+/// `tickler enqueue KIND [PAYLOAD]`.
+pub fn enqueue_one(db: &Path, args: &EnqueueArgs) -> Result<(), CliError> {
+    let kind = args.kind.clone().unwrap_or_default();
+    let mut job = apply_defaults(NewJob::new(kind), args);
+    if let Some(payload) = &args.payload {
+        job = job.payload(payload.clone());
+    }
+    if let Some(key) = &args.unique_key {
+        job = job.unique_key(key.clone());
+    }
+    let queue = open(db, true)?;
+    // Bad input on the command line is a usage error.
+    queue
+        .validate_job(&job)
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let id = queue.enqueue(job).map_err(|e| CliError::from_lib(e, db))?;
+    println!("{id}");
+    Ok(())
+}
+
+/// `tickler list`.
+pub fn list(db: &Path, args: &ListArgs, times: Times) -> Result<(), CliError> {
+    let queue = open(db, false)?;
+    let filter = JobFilter {
+        state: args.state.map(Into::into),
+        queue: args.queue.clone(),
+        kind: args.kind.clone(),
+        limit: args.limit,
+    };
+    let jobs = queue.list(&filter).map_err(|e| CliError::from_lib(e, db))?;
+    if args.json {
+        for job in &jobs {
+            println!("{}", display::job_json(job));
+        }
+        return Ok(());
+    }
+    if jobs.is_empty() {
+        eprintln!("no jobs match");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|job| {
+            vec![
+                job.id.to_string(),
+                job.state.to_string(),
+                job.queue.clone(),
+                job.kind.clone(),
+                job.priority.to_string(),
+                format!("{}/{}", job.attempts, job.max_attempts),
+                times.show(job.run_at),
+                job.last_error
+                    .as_deref()
+                    .map_or_else(String::new, |e| display::short(e, 60)),
+            ]
+        })
+        .collect();
+    let header = [
+        "ID",
+        "STATE",
+        "QUEUE",
+        "KIND",
+        "PRI",
+        "ATTEMPTS",
+        "RUN_AT",
+        "LAST_ERROR",
+    ];
+    for line in display::table(&header, &rows, &["ID", "PRI", "ATTEMPTS"]) {
+        println!("{line}");
+    }
+    if jobs.len() == args.limit {
+        eprintln!(
+            "(showing the first {} jobs; raise --limit or filter to see more)",
+            args.limit
+        );
+    }
+    Ok(())
+}
+
+/// `tickler show ID`.
+pub fn show(db: &Path, args: &ShowArgs, times: Times) -> Result<(), CliError> {
+    let queue = open(db, false)?;
+    let job = queue
+        .get(JobId(args.id))
+        .map_err(|e| CliError::from_lib(e, db))?;
+    if args.json {
+        println!("{}", display::job_json(&job));
+        return Ok(());
+    }
+    let fields = display::job_fields(&job, times);
+    let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+    for (key, value) in fields {
+        let mut lines = value.lines();
+        let first = lines.next().unwrap_or("");
+        println!("{:width$} {first}", format!("{key}:"));
+        for more in lines {
+            println!("{:width$} {more}", "");
+        }
+    }
+    Ok(())
+}
+
+/// `tickler stats`.
+pub fn stats(db: &Path, args: &StatsArgs, times: Times) -> Result<(), CliError> {
+    let queue = open(db, false)?;
+    let lib = |e| CliError::from_lib(e, db);
+    let stats = queue.stats().map_err(lib)?;
+    let now = Utc::now();
+    let finished = queue
+        .finished_since(now - chrono::Duration::minutes(1))
+        .map_err(lib)?;
+    let wal = queue.wal_bytes();
+    let wait = stats
+        .oldest_due
+        .map(|due| (now - due).to_std().unwrap_or_default());
+    let mut queues: Vec<&str> = stats.counts.keys().map(|(q, _)| q.as_str()).collect();
+    queues.dedup();
+    if args.json {
+        let per_queue: serde_json::Map<String, serde_json::Value> = queues
+            .iter()
+            .map(|q| {
+                let counts: serde_json::Map<String, serde_json::Value> = JobState::ALL
+                    .iter()
+                    .map(|s| {
+                        let n = stats.counts.get(&((*q).to_owned(), *s)).copied();
+                        (s.as_str().to_owned(), json!(n.unwrap_or(0)))
+                    })
+                    .collect();
+                ((*q).to_owned(), serde_json::Value::Object(counts))
+            })
+            .collect();
+        let out = json!({
+            "queues": per_queue,
+            "oldest_due": stats.oldest_due.map(display::rfc3339),
+            "oldest_due_wait_ms": wait.map(|w| u64::try_from(w.as_millis()).unwrap_or(u64::MAX)),
+            "finished_last_minute": finished,
+            "wal_bytes": wal,
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    if queues.is_empty() {
+        println!("no jobs");
+    } else {
+        let mut header = vec!["QUEUE"];
+        let names: Vec<String> = JobState::ALL
+            .iter()
+            .map(|s| s.as_str().to_uppercase())
+            .collect();
+        header.extend(names.iter().map(String::as_str));
+        let rows: Vec<Vec<String>> = queues
+            .iter()
+            .map(|q| {
+                let mut row = vec![(*q).to_owned()];
+                for s in JobState::ALL {
+                    let n = stats.counts.get(&((*q).to_owned(), s)).copied();
+                    row.push(n.unwrap_or(0).to_string());
+                }
+                row
+            })
+            .collect();
+        let right: Vec<&str> = header[1..].to_vec();
+        for line in display::table(&header, &rows, &right) {
+            println!("{line}");
+        }
+    }
+    match (stats.oldest_due, wait) {
+        (Some(due), Some(wait)) => println!(
+            "oldest due job: waiting {} (due {})",
+            display::duration(wait),
+            times.show(due)
+        ),
+        _ => println!("oldest due job: none waiting"),
+    }
+    println!("finished in the last minute: {finished}");
+    println!("WAL file: {}", display::bytes(wal));
+    Ok(())
+}
+
+/// `tickler retry ID` and `tickler retry --dead [--queue Q]`.
+pub fn retry(db: &Path, args: &RetryArgs) -> Result<(), CliError> {
+    let queue = open(db, false)?;
+    match args.id {
+        Some(id) => {
+            queue
+                .retry(JobId(id))
+                .map_err(|e| CliError::from_lib(e, db))?;
+            println!("job {id} is pending again");
+        }
+        None => {
+            let (retried, left) = queue
+                .retry_dead(args.queue.as_deref())
+                .map_err(|e| CliError::from_lib(e, db))?;
+            println!("retried {retried} dead job(s)");
+            if left > 0 {
+                eprintln!(
+                    "{left} dead job(s) stay dead: their unique_key is held by an unfinished job (`tickler retry ID` says which)"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `tickler cancel ID…`: cancels each; fails (exit 1) if any could not be.
+pub fn cancel(db: &Path, args: &CancelArgs) -> Result<(), CliError> {
+    let queue = open(db, false)?;
+    let mut first_error = None;
+    for id in &args.ids {
+        match queue.cancel(JobId(*id)) {
+            Ok(()) => println!("job {id} cancelled"),
+            Err(e) => {
+                let e = CliError::from_lib(e, db);
+                if args.ids.len() > 1 {
+                    eprintln!("tickler: {e}");
+                }
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) if args.ids.len() > 1 => Err(CliError::failed(format!(
+            "not every job was cancelled (first failure: {e})"
+        ))),
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// `tickler prune --older-than AGE [--state S]`.
+pub fn prune(db: &Path, args: &PruneArgs) -> Result<(), CliError> {
+    let queue = open(db, false)?;
+    let age = chrono::Duration::from_std(args.older_than)
+        .map_err(|_| CliError::Usage("--older-than is too long".into()))?;
+    let cutoff = Utc::now()
+        .checked_sub_signed(age)
+        .ok_or_else(|| CliError::Usage("--older-than is too long".into()))?;
+    let deleted = match args.state {
+        Some(state) => queue.prune_state(cutoff, state.into()),
+        None => queue.prune(cutoff),
+    }
+    .map_err(|e| CliError::from_lib(e, db))?;
+    println!(
+        "pruned {deleted} job(s) finished more than {} ago",
+        display::duration(args.older_than)
+    );
+    Ok(())
+}
+
+/// `tickler reap`.
+pub fn reap(db: &Path) -> Result<(), CliError> {
+    let queue = open(db, false)?;
+    let n = queue.reap().map_err(|e| CliError::from_lib(e, db))?;
+    println!("took back {n} job(s) with expired leases");
+    Ok(())
+}
+
+/// `tickler checkpoint`.
+pub fn checkpoint(db: &Path) -> Result<(), CliError> {
+    let queue = open(db, false)?;
+    let c = queue.checkpoint().map_err(|e| CliError::from_lib(e, db))?;
+    println!(
+        "WAL file: {} before, {} after",
+        display::bytes(c.wal_bytes_before),
+        display::bytes(c.wal_bytes_after)
+    );
+    if !c.complete {
+        eprintln!(
+            "the checkpoint did not finish: another connection is reading or writing; run it again later"
+        );
+    }
+    Ok(())
+}
