@@ -123,7 +123,8 @@ through; TICKLER_JOB_ID, TICKLER_ATTEMPT and TICKLER_RUN_TOKEN are set for it. E
 means succeeded; another exit code fails the attempt (retried after a backoff, dead
 when attempts are used up) with the exit code and the last 4 KiB of stderr as the
 error; past its timeout the command is killed and the attempt fails. Jobs of other
-kinds are left for other workers.
+kinds are left for other workers. `work` also fires the due ticks of every schedule
+in the file (`tickler schedule add`), whatever their kind.
 
 First SIGINT/SIGTERM: stop claiming and wait up to --grace for running commands.
 Second: kill them now; they run again later without losing an attempt.
@@ -404,12 +405,17 @@ pub struct ScheduleAddArgs {
     /// Their per-run timeout.
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<Duration>,
-    /// What to do with ticks missed while no scheduler ran.
+    /// What to do with ticks missed while no scheduler ran (default
+    /// fire-once: one catch-up job for the latest missed tick).
     #[arg(long, value_enum)]
     pub misfire: Option<MisfireArg>,
     /// With --misfire fire-all: at most this many catch-up ticks.
     #[arg(long)]
     pub misfire_limit: Option<u32>,
+    /// How late a tick may be found and still count as on time rather than
+    /// missed (default 60s, at most 1h).
+    #[arg(long, value_parser = parse_duration)]
+    pub misfire_grace: Option<Duration>,
     /// Create it paused.
     #[arg(long)]
     pub paused: bool,

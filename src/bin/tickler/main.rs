@@ -7,11 +7,12 @@ mod display;
 mod error;
 mod import;
 mod ops;
+mod schedule;
 mod shell;
 mod work;
 
 use clap::Parser;
-use cli::{Cli, Command, ScheduleCommand};
+use cli::{Cli, Command};
 use display::Times;
 use error::CliError;
 
@@ -42,12 +43,6 @@ fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Reap => ops::reap(db),
         Command::Checkpoint => ops::checkpoint(db),
         Command::Work(args) => work::work(db, args),
-        Command::Schedule(command) => schedule(command),
+        Command::Schedule(command) => schedule::run(db, command, times),
     }
-}
-
-fn schedule(_command: &ScheduleCommand) -> Result<(), CliError> {
-    Err(CliError::failed(
-        "schedules are not available in this build yet",
-    ))
 }
