@@ -462,11 +462,13 @@ impl Ticks {
     fn next_after_until(&self, after_ms: i64, limit_ms: i64) -> Option<i64> {
         let limit_ms = limit_ms.min(MAX_TIMESTAMP_MS);
         let mut lo = after_ms.max(-1);
+        // The offset in force at `lo`: a transition at lo + 1 is then seen
+        // as a change, so a gap ending exactly there still gets its tick.
+        let mut off = self.offset_ms(lo);
         loop {
             if lo >= limit_ms {
                 return None;
             }
-            let off = self.offset_ms(lo + 1);
             // The parser works in whole seconds and `false` means "strictly
             // after", so start it from the wall-clock second holding lo.
             let local_second = (lo + off).div_euclid(1000) * 1000;
@@ -500,6 +502,7 @@ impl Ticks {
                         return Some(change);
                     }
                     lo = change - 1;
+                    off = new_off;
                 }
             }
         }
@@ -507,6 +510,9 @@ impl Ticks {
 
     /// The first instant in `[from_ms, to_ms]` whose offset is not `off`.
     fn first_offset_change(&self, from_ms: i64, to_ms: i64, off: i64) -> Option<i64> {
+        if self.offset_ms(from_ms) != off {
+            return Some(from_ms);
+        }
         let mut probe = from_ms;
         while probe < to_ms {
             let next = probe.saturating_add(PROBE_STEP_MS).min(to_ms);
@@ -1118,6 +1124,15 @@ mod tests {
     }
 
     #[test]
+    fn a_gap_tick_is_found_from_just_before_and_at_it() {
+        let t = Ticks::new("30 2 * * *", "America/New_York").unwrap();
+        let gap_end = ms(2026, 3, 8, 7, 0, 0);
+        assert_eq!(t.at_or_after(gap_end), Some(gap_end));
+        assert_eq!(t.next_after(gap_end - 1), Some(gap_end));
+        assert_eq!(t.next_after(gap_end), Some(ms(2026, 3, 9, 6, 30, 0)));
+    }
+
+    #[test]
     fn latest_at_or_before_finds_the_last_tick() {
         let t = Ticks::new("0 3 * * *", "Europe/Berlin").unwrap();
         let first = t.at_or_after(ms(2023, 1, 1, 0, 0, 0)).unwrap();
@@ -1142,5 +1157,87 @@ mod tests {
             ]
         );
         assert_eq!(p.next, Some(ms(2026, 1, 2, 1, 0, 0)));
+    }
+
+    /// The tick set by definition, one minute at a time: a wall-clock
+    /// match at its (first, unless every-hour) instant, or the first instant
+    /// after a gap that swallowed a match (fixed-time expressions only).
+    fn brute_force(t: &Ticks, from: i64, to: i64) -> Vec<i64> {
+        let mut out = Vec::new();
+        let mut s = from.div_euclid(60_000) * 60_000;
+        while s <= to {
+            let off = t.offset_ms(s);
+            let wall = ms_to_datetime(s + off).naive_utc();
+            let mut tick = t.cron.is_time_matching(&wall).unwrap()
+                && (t.every_hour
+                    || match t.tz.from_local_datetime(&wall) {
+                        LocalResult::Ambiguous(first, _) => first.timestamp_millis() == s,
+                        _ => true,
+                    });
+            let before = t.offset_ms(s - 1);
+            if !tick && !t.every_hour && before < off {
+                let mut gap = s + before;
+                while gap < s + off {
+                    if t.cron
+                        .is_time_matching(&ms_to_datetime(gap).naive_utc())
+                        .unwrap()
+                    {
+                        tick = true;
+                    }
+                    gap += 60_000;
+                }
+            }
+            if tick && s >= from {
+                out.push(s);
+            }
+            s += 60_000;
+        }
+        out
+    }
+
+    fn field(
+        options: &'static [&'static str],
+    ) -> impl proptest::strategy::Strategy<Value = &'static str> {
+        proptest::sample::select(options)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// The walk over spans of constant offset finds exactly the ticks
+        /// of the definition, around real DST transitions.
+        #[test]
+        fn walk_matches_the_definition(
+            minute in field(&["*", "*/15", "0", "30", "0,30", "10-50/20", "59"]),
+            hour in field(&["*", "1", "2", "3", "*/2", "1-3", "0,12", "22-23"]),
+            dom in field(&["*", "*", "1", "L", "25-31"]),
+            dow in field(&["*", "*", "0", "SUN", "1-5", "6"]),
+            zone in field(&["America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "UTC", "America/Havana"]),
+            day in field(&["2026-03-08", "2026-03-29", "2026-10-25", "2026-11-01", "2026-04-05", "2026-10-04", "2026-03-15"]),
+            shift_minutes in -1500i64..1500,
+        ) {
+            let expression = format!("{minute} {hour} {dom} * {dow}");
+            let t = Ticks::new(&expression, zone).unwrap();
+            let base = chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d").unwrap()
+                .and_hms_opt(0, 0, 0).unwrap().and_utc().timestamp_millis();
+            let from = base + shift_minutes * 60_000 - 86_400_000;
+            let to = from + 2 * 86_400_000;
+            let expected = brute_force(&t, from, to);
+            let mut got = Vec::new();
+            let mut cur = t.at_or_after(from);
+            while let Some(x) = cur {
+                if x > to {
+                    break;
+                }
+                got.push(x);
+                cur = t.next_after(x);
+            }
+            for &tick in &expected {
+                // Each tick is found from just before it and from itself.
+                proptest::prop_assert_eq!(t.at_or_after(tick), Some(tick));
+                proptest::prop_assert_eq!(t.next_after(tick - 1), Some(tick));
+            }
+            proptest::prop_assert_eq!(got, expected, "{} in {}", expression, zone);
+        }
     }
 }
