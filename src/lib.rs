@@ -60,6 +60,27 @@
 //! Stored as INTEGER milliseconds since the Unix epoch, UTC; the API takes
 //! and returns `chrono::DateTime<Utc>`. "Now" is always read through a
 //! [`Clock`].
+//!
+//! ## Schedules
+//!
+//! A [`NewSchedule`] is a cron expression (5 fields, or 6 with seconds)
+//! read in an IANA time zone, with a job template and a [`MisfirePolicy`],
+//! stored with [`Queue::upsert_schedule`]. Each occurrence (tick) becomes
+//! one job due at exactly the tick's instant, enqueued once however many
+//! [`Scheduler`]s (every [`WorkerPool`] runs one) share the file. What
+//! happens on DST nights, after the device was off and when the wall clock
+//! is stepped is defined on [`NewSchedule`].
+//!
+//! ```no_run
+//! # fn main() -> tickler::Result<()> {
+//! let queue = tickler::Queue::open("jobs.db")?;
+//! queue.upsert_schedule(
+//!     tickler::NewSchedule::new("nightly-backup", "30 2 * * *", "backup")
+//!         .time_zone("Europe/Berlin"),
+//! )?;
+//! # Ok(())
+//! # }
+//! ```
 
 #![warn(missing_docs)]
 

@@ -3,92 +3,8 @@
 //! SQL statement on `tickler_schedules`. Jobs themselves are inserted
 //! through the queue's own validation and insert path.
 //!
-//! # How a schedule fires
-//!
-//! A schedule is a cron expression read in a time zone, a job template and
-//! a [`MisfirePolicy`]. Each occurrence of the expression is a **tick**.
-//! [`Queue::run_due_ticks`] (run by a [`Scheduler`](crate::Scheduler)
-//! thread, which a [`WorkerPool`](crate::WorkerPool) starts by default)
-//! turns every due tick into one job, due (`run_at`) at exactly the tick's
-//! instant, so a job's lateness is measured against its tick.
-//!
-//! **One tick per occurrence.** The transaction (`BEGIN IMMEDIATE`) that
-//! enqueues a schedule's due ticks also moves its `next_tick_at` past them,
-//! with an `UPDATE … WHERE name = ? AND next_tick_at = <the value read>`.
-//! Any number of schedulers in any number of processes may run on one
-//! file: whoever commits first enqueues the tick, the others find it
-//! already past. This holds after the tick's job has finished and been
-//! pruned. As a second guard each tick's job carries the unique_key
-//! `tickler:schedule:<name>:<tick instant in ms>`, so while it is
-//! unfinished no other job for that tick can be inserted.
-//!
-//! # Time zones and daylight saving time
-//!
-//! The expression is matched against the wall clock of the schedule's time
-//! zone (chrono-tz's compiled IANA database). Two rules decide the nights
-//! when the clocks change; which one applies depends on whether the
-//! expression's **hour field matches every hour** (`*`, `*/1`, `0-23`):
-//!
-//! | expression | local time that does not exist (spring forward) | local time that happens twice (fall back) |
-//! |---|---|---|
-//! | names particular hours (`30 2 * * *`, `0 */2 * * *`, `*/10 1 * * *`) | fires **once, at the first instant after the gap** (however many of its times fell in the gap) | fires **once, at its first occurrence** |
-//! | matches every hour (`*/15 * * * *`, `0 * * * *`, `* * * * * *`) | does not fire: the schedule runs on real time and the hour that does not exist is not owed | fires at **both** occurrences: the repeated hour is a real hour |
-//!
-//! So `30 2 * * *` in America/New_York fires at 03:00 EDT (07:00 UTC) on
-//! 2026-03-08 and at 01:30 EDT (05:30 UTC), not 01:30 EST, on 2026-11-01 for
-//! `30 1 * * *`; and `*/15 * * * *` fires every 15 real minutes through both
-//! nights. The rules are the ones Vixie cron applies, with the split
-//! between the two kinds made on the hour field alone.
-//!
-//! # Misfires
-//!
-//! A tick is **on time** if it is at most the schedule's misfire grace
-//! (default 60 s, at most 1 h) older than now when a scheduler gets to it;
-//! older ticks are **missed** (no scheduler ran: the device was off, or the
-//! clock was stepped forward). On-time ticks always fire. Missed ticks:
-//!
-//! - [`MisfirePolicy::Skip`]: none of them fires; the schedule continues
-//!   with its next tick.
-//! - [`MisfirePolicy::FireOnce`] (default): every due tick, missed and on
-//!   time, collapses into one job for the **latest** due tick (its run_at is
-//!   that tick's instant, in the past, so it runs at once).
-//! - [`MisfirePolicy::FireAll`]: the oldest `max` missed ticks fire (oldest
-//!   first), the rest are dropped, then the on-time ones fire.
-//!
-//! Whatever the gap, the work is bounded: Skip and FireOnce find the latest
-//! due tick and the next future tick by search (about 40 steps for years of
-//! missed ticks), never by walking the missed ticks; FireAll walks at most
-//! `max` (at most 10 000) of them; and at most one hour's worth of on-time
-//! ticks exists.
-//!
-//! # Clock steps
-//!
-//! Ticks are computed from the queue's [`Clock`](crate::Clock) (the wall
-//! clock in production). `next_tick_at` never moves backwards, and a tick
-//! at or before the schedule's `last_tick_at` is never enqueued:
-//!
-//! - **Backward step** (NTP sets the clock back an hour): nothing is due
-//!   until the clock passes `next_tick_at` again. No tick that was already
-//!   handled fires again; the schedule resumes with the first tick after
-//!   both the new now and its last tick. (A clock that was years ahead when
-//!   ticks fired and is then set right makes the schedule wait for that
-//!   time: `delete_schedule` and `upsert_schedule` start it afresh.)
-//! - **Forward step**: the ticks stepped over are due at once and are
-//!   missed ticks: the misfire policy applies.
-//!
-//! Jobs, leases and backoff store wall-clock instants too (ms, UTC), so the
-//! same steps move them: after a forward step of X, scheduled jobs and
-//! backoffs fall due X early and leases look X shorter (the worker pool's
-//! heartbeat renews each lease every third of its length, measured on the
-//! monotonic clock, so a live worker renews from the new time before a
-//! step smaller than two thirds of the lease can expire it; a larger step
-//! can let the reaper take a live job, whose holder then gets
-//! [`Error::LeaseLost`] for its outcome: the job runs again, which the
-//! at-least-once contract allows, and never has two recorded outcomes).
-//! After a backward step of X, they all wait X longer: a crashed worker's
-//! job is taken back X later; nothing runs twice. Waits inside a process
-//! (heartbeat intervals, job timeouts, the scheduler's and fetcher's
-//! sleeps) are measured on the monotonic clock and are not moved by steps.
+//! The rules (one tick per occurrence, DST, misfires, clock steps) are
+//! documented on [`NewSchedule`], next to the API.
 
 use crate::clock::ms_to_datetime;
 use crate::error::{Error, Result};
@@ -183,6 +99,97 @@ impl MisfirePolicy {
 ///     .timeout(Duration::from_secs(600))
 ///     .misfire(MisfirePolicy::FireOnce);
 /// ```
+///
+/// # How a schedule fires
+///
+/// A schedule is a cron expression read in a time zone, a job template and
+/// a [`MisfirePolicy`]. Each occurrence of the expression is a **tick**.
+/// [`Queue::run_due_ticks`] (run by a [`Scheduler`](crate::Scheduler)
+/// thread, which a [`WorkerPool`](crate::WorkerPool) starts by default)
+/// turns every due tick into one job, due (`run_at`) at exactly the tick's
+/// instant, so a job's lateness is measured against its tick.
+///
+/// **One tick per occurrence.** The transaction (`BEGIN IMMEDIATE`) that
+/// enqueues a schedule's due ticks also moves its `next_tick_at` past them,
+/// with an `UPDATE … WHERE name = ? AND next_tick_at = <the value read>`.
+/// Any number of schedulers in any number of processes may run on one
+/// file: whoever commits first enqueues the tick, the others find it
+/// already past. This holds after the tick's job has finished and been
+/// pruned. As a second guard each tick's job carries the unique_key
+/// `tickler:schedule:<name>:<tick instant in ms>`, so while it is
+/// unfinished no other job for that tick can be inserted.
+///
+/// # Time zones and daylight saving time
+///
+/// The expression is matched against the wall clock of the schedule's time
+/// zone (chrono-tz's compiled IANA database). Two rules decide the nights
+/// when the clocks change; which one applies depends on whether the
+/// expression's **hour field matches every hour** (`*`, `*/1`, `0-23`):
+///
+/// | expression | local time that does not exist (spring forward) | local time that happens twice (fall back) |
+/// |---|---|---|
+/// | names particular hours (`30 2 * * *`, `0 */2 * * *`, `*/10 1 * * *`) | fires **once, at the first instant after the gap** (however many of its times fell in the gap) | fires **once, at its first occurrence** |
+/// | matches every hour (`*/15 * * * *`, `0 * * * *`, `* * * * * *`) | does not fire: the schedule runs on real time and the hour that does not exist is not owed | fires at **both** occurrences: the repeated hour is a real hour |
+///
+/// So `30 2 * * *` in America/New_York fires at 03:00 EDT (07:00 UTC) on
+/// 2026-03-08 and at 01:30 EDT (05:30 UTC), not 01:30 EST, on 2026-11-01 for
+/// `30 1 * * *`; and `*/15 * * * *` fires every 15 real minutes through both
+/// nights. The rules are the ones Vixie cron applies, with the split
+/// between the two kinds made on the hour field alone.
+///
+/// # Misfires
+///
+/// A tick is **on time** if it is at most the schedule's misfire grace
+/// (default 60 s, at most 1 h) older than now when a scheduler gets to it;
+/// older ticks are **missed** (no scheduler ran: the device was off, or the
+/// clock was stepped forward). On-time ticks always fire. Missed ticks:
+///
+/// - [`MisfirePolicy::Skip`]: none of them fires; the schedule continues
+///   with its next tick.
+/// - [`MisfirePolicy::FireOnce`] (default): every due tick, missed and on
+///   time, collapses into one job for the **latest** due tick (its run_at is
+///   that tick's instant, in the past, so it runs at once).
+/// - [`MisfirePolicy::FireAll`]: the oldest `max` missed ticks fire (oldest
+///   first), the rest are dropped, then the on-time ones fire.
+///
+/// Whatever the gap, the work is bounded: Skip and FireOnce find the latest
+/// due tick and the next future tick by search (about 40 steps for years of
+/// missed ticks), never by walking the missed ticks; FireAll walks at most
+/// `max` (at most 10 000) of them; and at most one hour's worth of on-time
+/// ticks exists.
+///
+/// # Clock steps
+///
+/// Ticks are computed from the queue's [`Clock`](crate::Clock) (the wall
+/// clock in production). `next_tick_at` never moves backwards, and a tick
+/// at or before the schedule's `last_tick_at` is never enqueued:
+///
+/// - **Backward step** (NTP sets the clock back an hour): nothing is due
+///   until the clock passes `next_tick_at` again. No tick that was already
+///   handled fires again; the schedule resumes with the first tick after
+///   both the new now and its last tick. (A clock that was years ahead when
+///   ticks fired and is then set right makes the schedule wait for that
+///   time: `delete_schedule` and `upsert_schedule` start it afresh.)
+/// - **Forward step**: the ticks stepped over are due at once and are
+///   missed ticks: the misfire policy applies.
+///
+/// Jobs, leases and backoff store wall-clock instants too (ms, UTC), so the
+/// same steps move them: after a forward step of X, scheduled jobs and
+/// backoffs fall due X early and leases look X shorter (the worker pool's
+/// heartbeat renews each lease every third of its length, measured on the
+/// monotonic clock, so a live worker renews from the new time before a
+/// step smaller than two thirds of the lease can expire it; a larger step
+/// can let the reaper take a live job, whose holder then gets
+/// [`Error::LeaseLost`] for its outcome: the job runs again, which the
+/// at-least-once contract allows, and never has two recorded outcomes).
+/// After a backward step of X, they all wait X longer: a crashed worker's
+/// job is taken back X later; nothing runs twice. Waits inside a process
+/// (heartbeat intervals, job timeouts, the scheduler's and fetcher's
+/// sleeps) are measured on the monotonic clock and are not moved by steps.
+/// On a device without a real-time clock (most Raspberry Pis), start the
+/// program after the clock is synchronised (systemd: `After=time-sync.target`
+/// with `systemd-time-wait-sync` enabled), so the boot-time step happens
+/// before any lease is held.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewSchedule {
     name: String,
@@ -700,7 +707,10 @@ impl Queue {
     }
 
     /// Stores `schedule`, or replaces the stored one of that name, and
-    /// returns it as stored. Committed when this returns `Ok`.
+    /// returns it as stored. Committed when this returns `Ok`. Its ticks
+    /// fire wherever a [`Scheduler`](crate::Scheduler) runs on the file
+    /// (every [`WorkerPool`](crate::WorkerPool) starts one by default); the
+    /// rules are on [`NewSchedule`].
     ///
     /// A new schedule's first tick is the first at or after now. Replacing
     /// a schedule keeps its paused flag and its last tick; if the expression
@@ -962,6 +972,9 @@ impl Queue {
     /// first tick after now, in the same `BEGIN IMMEDIATE` transaction
     /// (batches of 100 schedules per transaction). Safe to call from any
     /// number of threads and processes: a tick is enqueued once.
+    ///
+    /// The rules for DST nights, misfires and clock steps are on
+    /// [`NewSchedule`].
     ///
     /// A schedule whose stored expression or template no longer validates
     /// with this build (a time zone dropped from the database, a payload

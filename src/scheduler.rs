@@ -41,8 +41,18 @@ impl Default for SchedulerConfig {
     }
 }
 
-/// A running scheduler thread. Stops when [`Scheduler::stop`] is called or
-/// it is dropped.
+/// A running scheduler thread: fires the due ticks of every schedule in
+/// the file with [`Queue::run_due_ticks`]. Stops when [`Scheduler::stop`]
+/// is called or it is dropped. A [`WorkerPool`](crate::WorkerPool) starts
+/// one unless built with `without_scheduler()`.
+///
+/// It sleeps until the earliest `next_tick_at` of the active schedules (no
+/// poll once a second), woken at once when a schedule is changed through
+/// this process's [`Queue`], within [`SchedulerConfig::poll`] when another
+/// process commits, and at least every [`SchedulerConfig::max_idle`] to
+/// notice a stepped wall clock (sleeps are measured on the monotonic clock,
+/// ticks on the queue's [`Clock`](crate::Clock)). Any number of schedulers,
+/// in any number of processes, may run on one file: a tick is enqueued once.
 #[derive(Debug)]
 pub struct Scheduler {
     stop: Arc<AtomicBool>,
