@@ -606,7 +606,7 @@ impl WorkerPool {
             }
             let mut in_flight = shared.lock_in_flight();
             for lease in &unstarted {
-                in_flight.remove(&lease.job_id);
+                remove_run(&mut in_flight, lease);
             }
             shared.busy_slots.fetch_sub(released, Ordering::SeqCst);
         }
@@ -674,6 +674,24 @@ impl Shared {
         self.in_flight
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The in-flight entry of this very run of the job (same run_token), never
+/// that of a later run: a job can fail and be claimed again while a
+/// heartbeat or outcome of its earlier run is still on its way.
+fn entry_of<'a>(
+    in_flight: &'a mut HashMap<JobId, InFlight>,
+    lease: &Lease,
+) -> Option<&'a mut InFlight> {
+    in_flight
+        .get_mut(&lease.job_id)
+        .filter(|job| job.lease.run_token == lease.run_token)
+}
+
+fn remove_run(in_flight: &mut HashMap<JobId, InFlight>, lease: &Lease) {
+    if entry_of(in_flight, lease).is_some() {
+        in_flight.remove(&lease.job_id);
     }
 }
 
@@ -890,7 +908,7 @@ fn take_outcomes_from(
     batch
         .into_iter()
         .filter(|(lease, outcome)| {
-            let lost = in_flight.get_mut(&lease.job_id).is_some_and(|job| {
+            let lost = entry_of(&mut in_flight, lease).is_some_and(|job| {
                 job.finishing = true;
                 job.cancel.get() == Some(CancelReason::LeaseLost)
             });
@@ -899,7 +917,7 @@ fn take_outcomes_from(
                     "job {} lost its lease while running; dropping its outcome {outcome:?}",
                     lease.job_id
                 );
-                in_flight.remove(&lease.job_id);
+                remove_run(&mut in_flight, lease);
             }
             !lost
         })
@@ -935,7 +953,7 @@ fn record(
     };
     let mut in_flight = shared.lock_in_flight();
     for (lease, _) in finished {
-        in_flight.remove(&lease.job_id);
+        remove_run(&mut in_flight, lease);
     }
     drop(in_flight);
     match result {
@@ -969,7 +987,7 @@ fn work_loop(shared: &Shared, jobs: &Receiver<Lease>, outcomes: &Sender<(Lease, 
             Some(handler) if !shared.stopping.load(Ordering::SeqCst) => {
                 let cancel = {
                     let mut in_flight = shared.lock_in_flight();
-                    match in_flight.get_mut(&lease.job_id) {
+                    match entry_of(&mut in_flight, &lease) {
                         Some(job) => {
                             job.deadline = lease.timeout.map(|t| Instant::now() + t);
                             Arc::clone(&job.cancel)
@@ -987,7 +1005,7 @@ fn work_loop(shared: &Shared, jobs: &Receiver<Lease>, outcomes: &Sender<(Lease, 
                 let result = catch_unwind(AssertUnwindSafe(|| handler.run(&ctx)));
                 if ctx.completed.load(Ordering::SeqCst) {
                     // Completed inside the handler's own transaction.
-                    shared.lock_in_flight().remove(&ctx.lease.job_id);
+                    remove_run(&mut shared.lock_in_flight(), &ctx.lease);
                     shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
                     shared.fetcher_waker.wake();
                     continue;
@@ -1050,10 +1068,10 @@ fn heartbeat_loop(shared: &Shared, interval: Duration) {
         let refs: Vec<&Lease> = leases.iter().collect();
         match shared.queue.heartbeat_many(&refs, shared.lease) {
             Ok(results) => {
-                let in_flight = shared.lock_in_flight();
+                let mut in_flight = shared.lock_in_flight();
                 for (lease, result) in leases.iter().zip(results) {
                     if let Err(e) = result {
-                        if let Some(job) = in_flight.get(&lease.job_id) {
+                        if let Some(job) = entry_of(&mut in_flight, lease) {
                             if !job.finishing {
                                 log::warn!("job {}: {e}; cancelling its handler", lease.job_id);
                                 job.cancel.set(CancelReason::LeaseLost);
