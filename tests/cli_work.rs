@@ -167,7 +167,9 @@ fn sigterm_stops_gracefully_and_leaves_no_job_running() {
         "1s",
     ]));
     let pid = wait_running(&env, id);
-    assert_eq!(env.job(quick).state, JobState::Succeeded);
+    eventually(Duration::from_secs(10), "the quick job to succeed", || {
+        env.job(quick).state == JobState::Succeeded
+    });
 
     signal(&child, libc::SIGTERM);
     let run = wait_for(child, Duration::from_secs(10));

@@ -251,8 +251,8 @@ pub struct ListArgs {
     #[arg(long)]
     pub kind: Option<String>,
     /// At most this many jobs, oldest first.
-    #[arg(long, default_value_t = 100)]
-    pub limit: usize,
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: u32,
     /// One JSON object per line (times in RFC 3339, UTC).
     #[arg(long)]
     pub json: bool,

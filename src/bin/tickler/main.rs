@@ -18,6 +18,16 @@ use error::CliError;
 
 fn main() {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Work(_)) {
+        // Like other Unix tools, end quietly when the reader of our output
+        // goes away (`tickler list | head`) instead of failing on a write.
+        // `work` keeps ignoring SIGPIPE: it must not die with its jobs.
+        // SAFETY: called before any other thread exists; SIG_DFL is a
+        // valid disposition for SIGPIPE.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp_secs()
         .init();

@@ -89,7 +89,7 @@ pub fn list(db: &Path, args: &ListArgs, times: Times) -> Result<(), CliError> {
         state: args.state.map(Into::into),
         queue: args.queue.clone(),
         kind: args.kind.clone(),
-        limit: args.limit,
+        limit: args.limit as usize,
     };
     let jobs = queue.list(&filter).map_err(|e| CliError::from_lib(e, db))?;
     if args.json {
@@ -132,7 +132,7 @@ pub fn list(db: &Path, args: &ListArgs, times: Times) -> Result<(), CliError> {
     for line in display::table(&header, &rows, &["ID", "PRI", "ATTEMPTS"]) {
         println!("{line}");
     }
-    if jobs.len() == args.limit {
+    if jobs.len() == args.limit as usize {
         eprintln!(
             "(showing the first {} jobs; raise --limit or filter to see more)",
             args.limit
