@@ -213,6 +213,7 @@ fn run_worker(db: &Path, process: &str, threads: usize) -> Result<(), Box<dyn st
         .reaper(ReaperConfig {
             interval: Duration::from_millis(200),
             prune_finished_after: None,
+            ..ReaperConfig::default()
         })
         .handler("reminder", move |ctx: &JobContext| {
             deliver(ctx, &ledger, &process_name)

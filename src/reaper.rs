@@ -21,6 +21,14 @@ pub struct ReaperConfig {
     /// Delete finished jobs (succeeded, dead, cancelled) this long after they
     /// finished; `None` (default) keeps them until pruned by hand.
     pub prune_finished_after: Option<Duration>,
+    /// After the wall clock jumps forward (NTP stepping the clock of a box
+    /// without a real-time clock), take nothing back for this long (default
+    /// 15 s), measured on the monotonic clock. Leases are wall-clock
+    /// timestamps, so right after a forward step every live lease looks
+    /// expired; holders renew theirs from the new time at their next
+    /// heartbeat. Set it to at least the longest heartbeat interval of the
+    /// pools on the file (a third of the lease by default).
+    pub clock_step_hold: Duration,
 }
 
 impl Default for ReaperConfig {
@@ -28,9 +36,13 @@ impl Default for ReaperConfig {
         ReaperConfig {
             interval: Duration::from_secs(1),
             prune_finished_after: None,
+            clock_step_hold: Duration::from_secs(15),
         }
     }
 }
+
+/// Forward jumps of the wall clock smaller than this are scheduling noise.
+const CLOCK_STEP_THRESHOLD: Duration = Duration::from_secs(2);
 
 /// A running reaper thread. Stops when [`Reaper::stop`] is called or it is
 /// dropped.
@@ -74,11 +86,30 @@ impl Drop for Reaper {
 }
 
 fn run(queue: &Queue, config: ReaperConfig, stop: &AtomicBool) {
+    let mut last = (queue.clock().now_ms(), Instant::now());
+    let mut hold_until: Option<Instant> = None;
     while !stop.load(Ordering::SeqCst) {
-        match queue.reap() {
-            Ok(0) => {}
-            Ok(n) => log::info!("reaper took back {n} job(s) with expired leases"),
-            Err(e) => log::error!("reaper pass failed: {e}"),
+        let now = (queue.clock().now_ms(), Instant::now());
+        let wall_ms = now.0.saturating_sub(last.0);
+        let mono_ms = i64::try_from(now.1.duration_since(last.1).as_millis()).unwrap_or(i64::MAX);
+        last = now;
+        let jump_ms = wall_ms.saturating_sub(mono_ms);
+        if jump_ms > CLOCK_STEP_THRESHOLD.as_millis() as i64 {
+            log::warn!(
+                "wall clock jumped forward {jump_ms} ms; reaper holds off {:?} so live holders can renew their leases",
+                config.clock_step_hold
+            );
+            hold_until = Some(now.1 + config.clock_step_hold);
+        }
+        if hold_until.is_some_and(|until| now.1 < until) {
+            // Still inside the hold after a clock step.
+        } else {
+            hold_until = None;
+            match queue.reap() {
+                Ok(0) => {}
+                Ok(n) => log::info!("reaper took back {n} job(s) with expired leases"),
+                Err(e) => log::error!("reaper pass failed: {e}"),
+            }
         }
         if let Some(age) = config.prune_finished_after {
             let cutoff = queue.clock().now() - chrono::Duration::from_std(age).unwrap_or_default();

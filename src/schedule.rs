@@ -175,13 +175,17 @@ impl MisfirePolicy {
 ///
 /// Jobs, leases and backoff store wall-clock instants too (ms, UTC), so the
 /// same steps move them: after a forward step of X, scheduled jobs and
-/// backoffs fall due X early and leases look X shorter (the worker pool's
-/// heartbeat renews each lease every third of its length, measured on the
-/// monotonic clock, so a live worker renews from the new time before a
-/// step smaller than two thirds of the lease can expire it; a larger step
-/// can let the reaper take a live job, whose holder then gets
-/// [`Error::LeaseLost`] for its outcome: the job runs again, which the
-/// at-least-once contract allows, and never has two recorded outcomes).
+/// backoffs fall due X early and leases look X shorter. Leases do not
+/// mass-expire: a [`crate::Reaper`] that sees the wall clock jump forward
+/// (further than the monotonic clock moved) takes nothing back for
+/// [`crate::ReaperConfig::clock_step_hold`] (15 s by default), during which
+/// live workers renew their leases from the new time at their next
+/// heartbeat (every third of the lease, on the monotonic clock); a worker
+/// that is really gone loses its job once the hold is over. A reaper that
+/// did not see the step (started after it) can still take a live job whose
+/// lease looks expired: its holder then gets [`Error::LeaseLost`] for its
+/// outcome and the job runs again, which the at-least-once contract
+/// allows; it never has two recorded outcomes.
 /// After a backward step of X, they all wait X longer: a crashed worker's
 /// job is taken back X later; nothing runs twice. Waits inside a process
 /// (heartbeat intervals, job timeouts, the scheduler's and fetcher's

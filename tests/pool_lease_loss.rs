@@ -174,6 +174,7 @@ fn heartbeats_keep_a_job_running_three_times_its_lease() {
         .reaper(ReaperConfig {
             interval: ms(50),
             prune_finished_after: None,
+            ..ReaperConfig::default()
         })
         .handler("long", rec.script())
         .shutdown_grace(secs(5))
@@ -185,6 +186,7 @@ fn heartbeats_keep_a_job_running_three_times_its_lease() {
         ReaperConfig {
             interval: ms(20),
             prune_finished_after: None,
+            ..ReaperConfig::default()
         },
     );
 

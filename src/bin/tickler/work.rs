@@ -57,6 +57,7 @@ pub fn work(db: &Path, args: &WorkArgs) -> Result<(), CliError> {
         .reaper(ReaperConfig {
             interval: args.reap_interval,
             prune_finished_after: None,
+            ..ReaperConfig::default()
         })
         .handler(shell::KIND, move |ctx: &JobContext| handler.run(ctx));
     for name in &queues {
