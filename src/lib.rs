@@ -81,6 +81,50 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! ## Worker pools
+//!
+//! A [`WorkerPool`] claims jobs of the kinds it has handlers for, never more
+//! than its free threads plus [`WorkerPoolBuilder::prefetch`], runs each
+//! handler outside any transaction, renews leases with one heartbeat
+//! transaction per tick, and records outcomes by **group commit**: the
+//! outcomes of every job that finished since the last commit and the claim
+//! of the next jobs share one transaction. Measured in `BENCHMARKS.md`
+//! (`cargo bench --bench tickler_bench -- --only burn`): a 4-thread pool
+//! drains no-op jobs at several times the rate of a one-job-per-transaction
+//! claim+complete loop on the same file, and tens of times with a prefetch.
+//!
+//! ## What each write promises (and which ones fsync)
+//!
+//! | write | fsync under [`Durability::Full`] | if power fails before it is on disk |
+//! | --- | --- | --- |
+//! | `enqueue`, `enqueue_batch` | yes, before `Ok` (concurrent callers share one) | cannot happen: `Ok` means on disk |
+//! | `record_outcomes`, `complete`, `fail`, `snooze`, cancel, retry, prune | yes | — |
+//! | worker pool outcomes | within `outcome_sync_interval` (50 ms), outside the write lock | the job runs again (at-least-once), never lost |
+//! | claim, heartbeat, reap | no fsync of their own | the job is pending again / its lease is older; the reaper handles it |
+//!
+//! In WAL mode a synced commit also makes every earlier commit durable, as
+//! the log is written in order; that is what lets claims and heartbeats
+//! skip their own fsync. See [`Queue::sync`] and [`OutcomeSync`].
+//!
+//! ## Jobs in the application's own transactions
+//!
+//! When the application keeps its data in the same file,
+//! [`Queue::enqueue_tx`] writes a job inside the application's transaction
+//! (the job exists if and only if it commits) and
+//! [`JobContext::complete_with`] commits a handler's writes and the job's
+//! completion together (a lost lease rolls both back). Effects inside the
+//! file are then exactly-once; effects outside it (HTTP, e-mail) stay
+//! at-least-once and should use the job id or run_token as an idempotency
+//! key. [`Queue::open_connection`] opens a connection with tickler's
+//! pragmas; tickler's tables and indexes are all named `tickler_*`.
+//!
+//! ## Processes and `fork`
+//!
+//! Open the [`Queue`] in each process (or after `fork`), never before a
+//! `fork` that both sides keep using: SQLite connections, their locks and
+//! the threads of a pool do not survive being copied into a child process.
+//! A child that only calls `exec` is fine.
 
 #![warn(missing_docs)]
 
