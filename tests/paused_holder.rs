@@ -47,6 +47,13 @@ fn signal(child: &Child, sig: libc::c_int) {
     );
 }
 
+/// True if a write transaction can start on the file within 100 ms.
+fn write_lock_is_free(path: &std::path::Path) -> bool {
+    let conn = rusqlite::Connection::open(path).expect("raw connection");
+    conn.busy_timeout(ms(100)).expect("busy timeout");
+    conn.execute_batch("BEGIN IMMEDIATE; ROLLBACK").is_ok()
+}
+
 /// The `RESULT <what> <outcome>` lines the child printed.
 fn child_results(out: &str) -> Vec<(String, String)> {
     out.lines()
@@ -90,8 +97,17 @@ fn a_holder_stopped_past_its_lease_gets_lease_lost_when_it_resumes() {
         queue.get(id).unwrap().lease_expires_at.unwrap() > first_expiry
     });
 
-    // Freeze the holder and let its lease run out.
-    signal(&child.0, libc::SIGSTOP);
+    // Freeze the holder (not inside one of its heartbeat transactions:
+    // frozen there it would hold SQLite's write lock and stall every
+    // writer) and let its lease run out.
+    loop {
+        signal(&child.0, libc::SIGSTOP);
+        if write_lock_is_free(&path) {
+            break;
+        }
+        signal(&child.0, libc::SIGCONT);
+        std::thread::sleep(ms(7));
+    }
     let stopped_at = Instant::now();
     let expiry = queue.get(id).unwrap().lease_expires_at.unwrap();
     while chrono::Utc::now() <= expiry + chrono::Duration::milliseconds(20) {
