@@ -419,8 +419,10 @@ impl Queue {
             .into_iter()
             .map(|job| self.validate(job, now))
             .collect::<Result<Vec<_>>>()?;
+        // Joining a group while holding the writer would wait for ourselves.
+        Queue::refuse_reentry()?;
         let ids = self.inner.enqueues.commit(rows, |group| {
-            let mut writer = self.lock_writer();
+            let mut writer = self.lock_writer()?;
             self.write_locked(&mut writer, Commit::Durable, |tx| {
                 let now = self.now_ms();
                 group
@@ -509,9 +511,14 @@ impl Queue {
     /// outside it (HTTP calls, e-mail) stay at-least-once: key them by the
     /// job id or run_token.
     ///
-    /// Committed with the queue's [`Durability`]. `app_writes` must not
-    /// open its own transaction; it may return [`Error::Aborted`] (or any
-    /// error) to roll everything back.
+    /// Committed with the queue's [`Durability`]. `app_writes` runs inside
+    /// the write transaction, holding SQLite's write lock for the whole
+    /// file: keep it short (a few statements), and do no other work in it.
+    /// It must not open its own transaction nor call other `Queue` writes
+    /// (they return [`Error::InvalidArgument`]; write through `tx`, e.g.
+    /// [`Queue::enqueue_tx`]). It may return [`Error::Aborted`] (or any
+    /// error) to roll everything back; a busy error it returns comes back
+    /// as [`Error::Aborted`], not retried.
     ///
     /// # Errors
     /// [`Error::LeaseLost`]; the error `app_writes` returned; [`Error::Busy`],
@@ -524,10 +531,16 @@ impl Queue {
     ) -> Result<T> {
         let mut app_writes = Some(app_writes);
         let value = self.write(|tx| {
-            // Only a busy BEGIN is retried, before app_writes ran; a busy
-            // later on (not expected under BEGIN IMMEDIATE) fails the call.
-            let writes = app_writes.take().ok_or(Error::Busy { waited_ms: 0 })?;
-            let value = writes(tx)?;
+            // Only a busy BEGIN is retried, before app_writes ran. A busy
+            // error after it ran is the application's (or, not expected
+            // under BEGIN IMMEDIATE, the commit's): it rolls back and is
+            // returned as it is, never retried.
+            let writes = app_writes.take().ok_or_else(|| {
+                Error::aborted(
+                    "the commit after app_writes was refused as busy; nothing was written",
+                )
+            })?;
+            let value = writes(tx).map_err(|e| if e.is_busy() { Error::aborted(e) } else { e })?;
             let changed = tx.prepare_cached(COMPLETE_SQL)?.execute(params![
                 self.now_ms(),
                 lease.job_id.0,
@@ -655,6 +668,8 @@ impl Queue {
                 format!("AND kind IN ({})", marks.join(", "))
             }
         };
+        let now = self.now_ms();
+        let now_mark = format!("?{}", kinds.map_or(0, <[&str]>::len) + 2);
         let earliest = self.read(|conn| {
             let mut earliest: Option<i64> = None;
             for queue in queues {
@@ -662,12 +677,23 @@ impl Queue {
                 if let Some(kinds) = kinds {
                     values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
                 }
-                // Each follows its index: the next pending job in claim
-                // order, the earliest scheduled one.
-                for (status, order) in [
-                    ("pending", "priority DESC, run_at, id"),
-                    ("scheduled", "run_at"),
-                ] {
+                let mut with_now = values.clone();
+                with_now.push(&now);
+                // A pending job due now (the common case: found at once in
+                // claim order); failing that, the earliest pending job (all
+                // pending jobs in the future only happens after the clock
+                // was stepped back) and the earliest scheduled one.
+                let due_now: Option<i64> = conn
+                    .prepare_cached(&format!(
+                        "SELECT run_at FROM tickler_jobs WHERE status = 'pending' AND queue = ?1
+                         {kind_filter} AND run_at <= {now_mark} ORDER BY priority DESC, run_at, id LIMIT 1"
+                    ))?
+                    .query_row(with_now.as_slice(), |r| r.get(0))
+                    .optional()?;
+                if due_now.is_some() {
+                    return Ok(Some(now));
+                }
+                for (status, order) in [("pending", "run_at"), ("scheduled", "run_at")] {
                     let sql = format!(
                         "SELECT run_at FROM tickler_jobs WHERE status = '{status}' AND queue = ?1
                          {kind_filter} ORDER BY {order} LIMIT 1"
@@ -777,13 +803,13 @@ impl Queue {
     /// Records many outcomes in one `BEGIN IMMEDIATE` transaction (group
     /// commit: one fsync for the batch). Each is one statement fenced by
     /// `id AND run_token AND status = 'running'`; a lost lease makes that
-    /// outcome `Err(LeaseLost)` and changes nothing for it, without rolling
-    /// back the others.
+    /// outcome `Err(LeaseLost)` and a snooze time outside the storable range
+    /// `Err(TimeOutOfRange)`, changing nothing for it, without rolling back
+    /// the others.
     ///
     /// # Errors
     /// Outer: the transaction failed and nothing was recorded
-    /// ([`Error::TimeOutOfRange`] for a snooze time, [`Error::Busy`],
-    /// [`Error::DiskFull`], [`Error::Sqlite`]).
+    /// ([`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]).
     pub fn record_outcomes(&self, outcomes: &[(&Lease, Outcome)]) -> Result<Vec<Result<()>>> {
         Ok(self.record_and_claim(outcomes, None, OutcomeSync::Now)?.0)
     }
@@ -808,11 +834,6 @@ impl Queue {
         claim: Option<&ClaimRequest<'_>>,
         sync: OutcomeSync,
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
-        for (_, outcome) in outcomes {
-            if let Outcome::Snooze(until) = outcome {
-                check_timestamp(until.timestamp_millis(), "snooze time")?;
-            }
-        }
         let claim = match claim {
             Some(c) if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) => {
                 Some((c, duration_ms(c.lease, "lease")?, claim_sql(c.kinds)))
@@ -915,11 +936,28 @@ impl Queue {
     /// # Errors
     /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`].
     pub fn reap(&self) -> Result<u64> {
+        self.reap_expired_before(None)
+    }
+
+    /// [`Queue::reap`], but judging leases against `now` as read before
+    /// waiting for the write lock rather than after: the reaper thread uses
+    /// the time its clock-step check saw, so a clock step during the wait
+    /// cannot make it take live leases (the next pass sees the step).
+    /// Leases are taken back if they expired before both `now` and the
+    /// time read inside the transaction.
+    ///
+    /// # Errors
+    /// As [`Queue::reap`].
+    pub fn reap_at(&self, now: DateTime<Utc>) -> Result<u64> {
+        self.reap_expired_before(Some(now.timestamp_millis()))
+    }
+
+    fn reap_expired_before(&self, cutoff: Option<i64>) -> Result<u64> {
         let policy = self.inner.config.retry_policy;
         let mut total = 0u64;
         loop {
             let (taken, seen) = self.write_with(Commit::Lazy, |tx| {
-                let now = self.now_ms();
+                let now = cutoff.map_or(self.now_ms(), |c| c.min(self.now_ms()));
                 let expired: Vec<(i64, String, u32, String)> = tx
                     .prepare_cached(
                         "SELECT id, run_token, attempts, coalesce(claimed_by, '?') FROM tickler_jobs
@@ -1186,11 +1224,7 @@ impl Queue {
     pub fn checkpoint(&self) -> Result<Checkpoint> {
         let wal = wal_path(&self.inner.path);
         let wal_bytes_before = std::fs::metadata(&wal).map_or(0, |m| m.len());
-        let writer = self
-            .inner
-            .writer
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let writer = self.lock_writer()?;
         set_busy_limit(self.inner.config.busy_timeout);
         let (blocked, _log_frames, _copied): (i64, i64, i64) =
             writer
@@ -1275,15 +1309,34 @@ impl Queue {
         commit: Commit,
         f: impl FnMut(&rusqlite::Transaction<'_>) -> Result<T>,
     ) -> Result<T> {
-        let mut writer = self.lock_writer();
+        let mut writer = self.lock_writer()?;
         self.write_locked(&mut writer, commit, f)
     }
 
-    fn lock_writer(&self) -> std::sync::MutexGuard<'_, Writer> {
-        self.inner
+    fn refuse_reentry() -> Result<()> {
+        if HOLDS_WRITER.with(Cell::get) {
+            return Err(Error::InvalidArgument(
+                "a Queue write was called while this thread is inside complete_with; \
+                 write through the transaction it gives you (for jobs: Queue::enqueue_tx)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The process's write connection. Refuses a second write from a thread
+    /// that already holds it (a `Queue` write called inside
+    /// [`Queue::complete_with`]), which would otherwise wait for itself
+    /// forever.
+    fn lock_writer(&self) -> Result<WriterGuard<'_>> {
+        Queue::refuse_reentry()?;
+        let guard = self
+            .inner
             .writer
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner);
+        HOLDS_WRITER.with(|h| h.set(true));
+        Ok(WriterGuard(guard))
     }
 
     fn write_locked<T>(
@@ -1630,6 +1683,29 @@ struct Writer {
     synchronous: Durability,
 }
 
+/// The locked write connection; clears the thread's "holds the writer"
+/// mark when dropped.
+struct WriterGuard<'a>(std::sync::MutexGuard<'a, Writer>);
+
+impl std::ops::Deref for WriterGuard<'_> {
+    type Target = Writer;
+    fn deref(&self) -> &Writer {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for WriterGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Writer {
+        &mut self.0
+    }
+}
+
+impl Drop for WriterGuard<'_> {
+    fn drop(&mut self) {
+        HOLDS_WRITER.with(|h| h.set(false));
+    }
+}
+
 /// How a write transaction's commit reaches the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Commit {
@@ -1838,9 +1914,24 @@ impl EnqueueGroup {
         };
         drop(state);
         let (tickets, rows): (Vec<u64>, Vec<Vec<ValidJob>>) = group.into_iter().unzip();
-        let result = write(&rows);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(&rows)));
         let mut state = self.lock();
         state.leader_active = false;
+        let result = match result {
+            Ok(result) => result,
+            Err(panic) => {
+                // Hand the others their rows back before unwinding, so
+                // nobody waits for a leader that is gone.
+                for (t, rows) in tickets.into_iter().zip(rows) {
+                    if t != ticket {
+                        state.done.insert(t, Err(rows));
+                    }
+                }
+                drop(state);
+                self.changed.notify_all();
+                std::panic::resume_unwind(panic);
+            }
+        };
         let own = match result {
             Ok(ids) => {
                 let mut own = Vec::new();
@@ -1898,6 +1989,12 @@ fn record_in(
     now: i64,
     policy: &RetryPolicy,
 ) -> Result<Result<()>> {
+    if let Outcome::Snooze(until) = outcome {
+        // Refused for this outcome only; the rest of the batch goes on.
+        if let Err(e) = check_timestamp(until.timestamp_millis(), "snooze time") {
+            return Ok(Err(e));
+        }
+    }
     let id = lease.job_id.0;
     let token = &lease.run_token.0;
     let changed = match outcome {
@@ -2154,6 +2251,8 @@ fn to_rusqlite(e: Error) -> rusqlite::Error {
 }
 
 thread_local! {
+    /// This thread holds the process's write connection (see `lock_writer`).
+    static HOLDS_WRITER: Cell<bool> = const { Cell::new(false) };
     static BUSY_LIMIT: Cell<Duration> = const { Cell::new(Duration::from_secs(5)) };
     static BUSY_SINCE: Cell<Option<Instant>> = const { Cell::new(None) };
 }

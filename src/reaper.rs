@@ -105,15 +105,21 @@ fn run(queue: &Queue, config: ReaperConfig, stop: &AtomicBool) {
             // Still inside the hold after a clock step.
         } else {
             hold_until = None;
-            match queue.reap() {
+            // Judged against the time the step check saw, not a time read
+            // after waiting for the write lock (a step in between would
+            // otherwise go unseen for this pass).
+            match queue.reap_at(crate::clock::ms_to_datetime(now.0)) {
                 Ok(0) => {}
                 Ok(n) => log::info!("reaper took back {n} job(s) with expired leases"),
                 Err(e) => log::error!("reaper pass failed: {e}"),
             }
         }
         if let Some(age) = config.prune_finished_after {
-            let cutoff = queue.clock().now() - chrono::Duration::from_std(age).unwrap_or_default();
-            match queue.prune(cutoff) {
+            // An age beyond the calendar means "keep forever".
+            let cutoff = chrono::Duration::from_std(age)
+                .ok()
+                .and_then(|age| queue.clock().now().checked_sub_signed(age));
+            match cutoff.map_or(Ok(0), |cutoff| queue.prune(cutoff)) {
                 Ok(0) => {}
                 Ok(n) => log::info!("reaper pruned {n} finished job(s)"),
                 Err(e) => log::error!("prune failed: {e}"),

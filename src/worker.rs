@@ -223,9 +223,15 @@ impl JobContext {
         Ok(value)
     }
 
-    /// A [`JobError::Snooze`] until `delay` from now.
+    /// A [`JobError::Snooze`] until `delay` from now (at the latest
+    /// 9999-12-31T23:59:59.999Z, the end of what tickler stores).
     pub fn snooze_for(&self, delay: Duration) -> JobError {
-        JobError::Snooze(self.now() + chrono::Duration::from_std(delay).unwrap_or_default())
+        let until = chrono::Duration::from_std(delay)
+            .ok()
+            .and_then(|delay| self.now().checked_add_signed(delay));
+        // Longer than tickler can store means "until the end of its range".
+        let latest = crate::clock::ms_to_datetime(crate::MAX_TIMESTAMP_MS);
+        JobError::Snooze(until.map_or(latest, |until| until.min(latest)))
     }
 }
 
@@ -583,7 +589,8 @@ impl WorkerPool {
     /// `grace` for running handlers and records their outcomes, then sets
     /// the cancellation flags of handlers still running and returns. Those
     /// keep their leases until they end (their outcome is still recorded if
-    /// the lease holds) or the reaper takes them. Calling it again does nothing.
+    /// the lease holds; the heartbeat thread keeps renewing their leases
+    /// until the last of them ends). Calling it again does nothing.
     pub fn shutdown(&mut self, grace: Duration) -> ShutdownReport {
         if self.shut_down {
             return ShutdownReport::default();
@@ -634,8 +641,12 @@ impl WorkerPool {
         }
         shared.stop_background.store(true, Ordering::SeqCst);
         if let Some(heartbeat) = self.heartbeat.take() {
-            heartbeat.thread().unpark();
-            let _ = heartbeat.join();
+            if still_running == 0 {
+                heartbeat.thread().unpark();
+                let _ = heartbeat.join();
+            }
+            // Otherwise it keeps renewing the leases of the handlers still
+            // running and ends with the last of them.
         }
         if let Some(mut reaper) = self.reaper.take() {
             reaper.stop();
@@ -1014,7 +1025,14 @@ fn work_loop(shared: &Shared, jobs: &Receiver<Lease>, outcomes: &Sender<(Lease, 
                     Ok(Ok(())) => Outcome::Complete,
                     Ok(Err(JobError::Retry(message))) => Outcome::Fail(message),
                     Ok(Err(JobError::Permanent(message))) => Outcome::FailPermanently(message),
-                    Ok(Err(JobError::Snooze(until))) => Outcome::Snooze(until),
+                    Ok(Err(JobError::Snooze(until)))
+                        if (0..=crate::MAX_TIMESTAMP_MS).contains(&until.timestamp_millis()) =>
+                    {
+                        Outcome::Snooze(until)
+                    }
+                    Ok(Err(JobError::Snooze(until))) => Outcome::Fail(format!(
+                        "handler snoozed until {until}, outside the storable range (1970 to 9999 UTC)"
+                    )),
                     Err(panic) => {
                         Outcome::Fail(format!("handler panicked: {}", panic_message(&*panic)))
                     }
@@ -1042,7 +1060,10 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 fn heartbeat_loop(shared: &Shared, interval: Duration) {
     let tick = interval.min(Duration::from_millis(100));
     let mut next_beat = Instant::now() + interval;
-    while !shared.stop_background.load(Ordering::SeqCst) {
+    loop {
+        if shared.stop_background.load(Ordering::SeqCst) && shared.lock_in_flight().is_empty() {
+            return;
+        }
         std::thread::park_timeout(tick);
         let now = Instant::now();
         let leases: Vec<Lease> = {
