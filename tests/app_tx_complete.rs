@@ -209,3 +209,109 @@ fn complete_with_on_a_cancelled_job_returns_lease_lost_and_writes_nothing() {
     assert_eq!(queue.get(id).unwrap(), cancelled);
     assert_eq!(cancelled.state, JobState::Cancelled);
 }
+
+#[test]
+fn a_follow_up_job_enqueued_in_the_closure_exists_iff_the_completion_commits() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = manual_queue(&path);
+    let first = queue.enqueue(NewJob::new("step1").max_attempts(5)).unwrap();
+
+    // A stale holder's follow-up is rolled back with its completion.
+    let stale = queue.claim("default", "w1", 1, secs(1)).unwrap().remove(0);
+    clock.advance(secs(2));
+    assert_eq!(queue.reap().unwrap(), 1);
+    let err = queue
+        .complete_with(&stale, |tx| queue.enqueue_tx(tx, NewJob::new("step2")))
+        .unwrap_err();
+    assert!(err.is_lease_lost(), "{err:?}");
+    assert_eq!(queue.count(JobState::Pending).unwrap(), 0);
+    assert_eq!(queue.count(JobState::Scheduled).unwrap(), 1);
+
+    // The holder's follow-up lands with its completion.
+    clock.advance(secs(2));
+    let lease = queue.claim("default", "w2", 1, secs(30)).unwrap().remove(0);
+    assert_eq!(lease.job_id, first);
+    let second = queue
+        .complete_with(&lease, |tx| {
+            queue.enqueue_tx(
+                tx,
+                NewJob::new("step2").payload(serde_json::json!({"after": first.0})),
+            )
+        })
+        .unwrap();
+    assert_eq!(queue.get(first).unwrap().state, JobState::Succeeded);
+    let next = queue.get(second).unwrap();
+    assert_eq!(next.state, JobState::Pending);
+    assert_eq!(next.payload["after"], first.0);
+}
+
+/// `complete_with` returns the closure's error and retries only a busy
+/// BEGIN. A closure failing with a busy error (SQLITE_BUSY from an attached
+/// database, say) must not be retried: until 1a62054 a second try found the
+/// closure consumed and reported `Busy`, which was retried again for the
+/// whole busy window (busy_timeout + busy_retry, 30 s by default) with this
+/// process's write mutex held.
+#[test]
+fn a_busy_error_from_the_closure_is_returned_at_once() {
+    let (_dir, path) = temp_db();
+    let queue = tickler::Queue::builder(&path)
+        .durability(tickler::Durability::Normal)
+        .busy_timeout(std::time::Duration::from_millis(500))
+        .busy_retry(std::time::Duration::from_millis(1500))
+        .open()
+        .unwrap();
+    queue.enqueue(NewJob::new("work")).unwrap();
+    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let started = std::time::Instant::now();
+    let calls = Cell::new(0);
+    let err = queue
+        .complete_with(&lease, |_tx| -> tickler::Result<()> {
+            calls.set(calls.get() + 1);
+            Err(Error::Busy { waited_ms: 4321 })
+        })
+        .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(calls.get(), 1, "the closure ran again");
+    // Returned as it is, or wrapped as the application's (Aborted): either
+    // way it is the closure's error, not a Busy of tickler's own.
+    let own = match &err {
+        Error::Busy { waited_ms: 4321 } => true,
+        Error::Aborted(inner) => inner.to_string().contains("4321"),
+        _ => false,
+    };
+    assert!(own, "the closure's error was replaced by {err:?}");
+    assert!(
+        took < std::time::Duration::from_millis(200),
+        "complete_with took {took:?} to return the closure's error"
+    );
+}
+
+/// Calling a non-transactional `Queue` write (here `enqueue`) inside the
+/// closure would re-lock the process's write mutex on the same thread and
+/// never return (it did, until 1a62054); it must fail instead, telling the
+/// caller to write through `tx` (`enqueue_tx`).
+#[test]
+fn queue_writes_inside_the_closure_fail_instead_of_deadlocking() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue(&path);
+    queue.enqueue(NewJob::new("work")).unwrap();
+    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let q = queue.clone();
+    // Left running (stuck) if the bug is there; the test process ends anyway.
+    std::thread::spawn(move || {
+        let result = q.complete_with(&lease, |_tx| q.enqueue(NewJob::new("follow_up")));
+        let _ = done_tx.send(result.map(|_| ()));
+    });
+    match done_rx.recv_timeout(secs(5)) {
+        Ok(Err(Error::InvalidArgument(message))) => {
+            assert!(message.contains("enqueue_tx"), "{message}")
+        }
+        Ok(Err(e)) => panic!("expected InvalidArgument, got {e:?}"),
+        Ok(Ok(())) => panic!("a nested write transaction inside complete_with succeeded"),
+        Err(_) => panic!("complete_with with Queue::enqueue inside its closure hung for 5 s"),
+    }
+    // Nothing was written, the lease is still held.
+    assert_eq!(queue.count(JobState::Running).unwrap(), 1);
+    assert_eq!(queue.count(JobState::Pending).unwrap(), 0);
+}

@@ -288,3 +288,73 @@ fn refused_jobs_leave_the_callers_transaction_usable() {
     assert_eq!(queue.get(id).unwrap().state, JobState::Pending);
     assert_eq!(queue.get(id).unwrap().kind, "good");
 }
+
+/// `enqueue_batch_tx` is "all or none" also when SQLite fails in the middle
+/// of the batch (here the disk fills up, simulated with `max_page_count` on
+/// the caller's connection, after the first of three big jobs): either the
+/// caller's transaction is still open and holds none of the batch, or (what
+/// SQLite does on SQLITE_FULL) SQLite rolled the whole transaction back, the
+/// caller's own rows too, and its commit fails. Never part of the batch.
+#[test]
+fn a_batch_that_fails_half_way_leaves_none_of_itself() {
+    let (_dir, path) = temp_db();
+    let queue = Queue::open(&path).unwrap();
+    let mut conn = queue.open_connection().unwrap();
+    create_effects(&conn);
+    let pages: i64 = conn
+        .query_row("PRAGMA page_count", [], |r| r.get(0))
+        .unwrap();
+    // Room for about one 60 KB payload (4 KiB pages), not three.
+    conn.execute_batch(&format!("PRAGMA max_page_count = {}", pages + 24))
+        .unwrap();
+
+    let big = serde_json::json!("x".repeat(60_000));
+    // One fits: the batch below fails in its middle, not at its first job.
+    {
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .unwrap();
+        insert_effect(&tx, None, None, "order").unwrap();
+        queue
+            .enqueue_batch_tx(&tx, vec![NewJob::new("big").payload(big.clone())])
+            .expect("room for one big job");
+        tx.rollback().unwrap();
+    }
+
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .unwrap();
+    insert_effect(&tx, None, None, "order").unwrap();
+    let err = queue
+        .enqueue_batch_tx(
+            &tx,
+            (0..3)
+                .map(|_| NewJob::new("big").payload(big.clone()))
+                .collect(),
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::DiskFull), "{err:?}");
+    let rolled_back_by_sqlite = tx.is_autocommit();
+    let jobs_in_tx = jobs_seen_by(&tx);
+    let rows_in_tx = count(&tx, "effects");
+    tx.execute_batch("PRAGMA max_page_count = 1000000").unwrap();
+    let committed = tx.commit();
+    eprintln!(
+        "after DiskFull: rolled back by SQLite {rolled_back_by_sqlite}, \
+         jobs {jobs_in_tx}, app rows {rows_in_tx}, commit {committed:?}"
+    );
+    assert_eq!(
+        jobs_in_tx, 0,
+        "part of a failed batch is in the transaction"
+    );
+    if rolled_back_by_sqlite {
+        assert_eq!(rows_in_tx, 0);
+        assert!(committed.is_err(), "commit of a rolled-back transaction");
+    } else {
+        assert_eq!(rows_in_tx, 1, "the caller's own row was lost");
+        committed.unwrap();
+    }
+    let check = raw(&path);
+    assert_eq!(jobs_seen_by(&check), 0);
+    assert_eq!(count(&check, "effects"), i64::from(!rolled_back_by_sqlite));
+}
