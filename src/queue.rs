@@ -470,9 +470,16 @@ impl Queue {
     /// in any process see the job once the caller commits (their watchers
     /// notice commits from every connection).
     ///
+    /// Call it only through `tx`: a plain [`Queue::enqueue`] from the thread
+    /// that holds an open write transaction on another connection waits for
+    /// that transaction (and ends in [`Error::Busy`]).
+    ///
     /// # Errors
-    /// As [`Queue::enqueue`]; on an error the caller's transaction is left
-    /// open and unchanged by tickler (roll it back or go on).
+    /// As [`Queue::enqueue`]. On a validation error nothing was written and
+    /// the caller's transaction is open and usable. On [`Error::DiskFull`]
+    /// SQLite has already rolled back the caller's whole transaction
+    /// (nothing of it lands; its commit fails with "no transaction is
+    /// active").
     pub fn enqueue_tx(&self, tx: &rusqlite::Transaction<'_>, job: NewJob) -> Result<JobId> {
         Ok(self.enqueue_batch_tx(tx, vec![job])?.remove(0))
     }
@@ -2196,14 +2203,21 @@ fn configure_connection(
         "PRAGMA synchronous = {}; PRAGMA foreign_keys = ON; PRAGMA journal_size_limit = 67108864;",
         durability.pragma_value()
     ))?;
-    expect_pragma(conn, "synchronous", durability.pragma_value())?;
-    expect_pragma(conn, "foreign_keys", 1)?;
     if reader {
         conn.execute_batch("PRAGMA query_only = ON")?;
-        expect_pragma(conn, "query_only", 1)?;
     }
     if let Some(hook) = hook {
         hook(conn)?;
+    }
+    // Read back after the hook too, so that it cannot weaken durability.
+    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::NotWal { mode });
+    }
+    expect_pragma(conn, "synchronous", durability.pragma_value())?;
+    expect_pragma(conn, "foreign_keys", 1)?;
+    if reader {
+        expect_pragma(conn, "query_only", 1)?;
     }
     Ok(())
 }

@@ -135,8 +135,9 @@ pub struct JobContext {
     cancel: Arc<CancelFlag>,
     clock: Arc<dyn Clock>,
     queue: Queue,
-    /// Set once `complete_with` committed: the pool then records nothing.
-    completed: AtomicBool,
+    /// Set once `complete_with` committed: the pool then records nothing
+    /// and the heartbeat leaves the job alone.
+    completed: Arc<AtomicBool>,
 }
 
 impl JobContext {
@@ -714,6 +715,9 @@ struct InFlight {
     /// The handler returned; the dispatcher is writing the outcome, so the
     /// heartbeat leaves this job alone.
     finishing: bool,
+    /// The handler completed the job itself (`JobContext::complete_with`);
+    /// the heartbeat leaves it alone too.
+    completed: Arc<AtomicBool>,
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
@@ -836,6 +840,7 @@ fn dispatch_loop(
                             cancel: Arc::new(CancelFlag::default()),
                             deadline: None,
                             finishing: false,
+                            completed: Arc::default(),
                         },
                     );
                     if let Some(jobs) = &jobs {
@@ -996,14 +1001,14 @@ fn work_loop(shared: &Shared, jobs: &Receiver<Lease>, outcomes: &Sender<(Lease, 
             // Unstarted at shutdown (or, impossibly, a kind without handler):
             // hand back without using the attempt.
             Some(handler) if !shared.stopping.load(Ordering::SeqCst) => {
-                let cancel = {
+                let (cancel, completed) = {
                     let mut in_flight = shared.lock_in_flight();
                     match entry_of(&mut in_flight, &lease) {
                         Some(job) => {
                             job.deadline = lease.timeout.map(|t| Instant::now() + t);
-                            Arc::clone(&job.cancel)
+                            (Arc::clone(&job.cancel), Arc::clone(&job.completed))
                         }
-                        None => Arc::new(CancelFlag::default()),
+                        None => Default::default(),
                     }
                 };
                 let ctx = JobContext {
@@ -1011,7 +1016,7 @@ fn work_loop(shared: &Shared, jobs: &Receiver<Lease>, outcomes: &Sender<(Lease, 
                     cancel,
                     clock: Arc::clone(shared.queue.clock()),
                     queue: shared.queue.clone(),
-                    completed: AtomicBool::new(false),
+                    completed,
                 };
                 let result = catch_unwind(AssertUnwindSafe(|| handler.run(&ctx)));
                 if ctx.completed.load(Ordering::SeqCst) {
@@ -1078,7 +1083,11 @@ fn heartbeat_loop(shared: &Shared, interval: Duration) {
             }
             in_flight
                 .values()
-                .filter(|job| !job.finishing && job.cancel.get() != Some(CancelReason::LeaseLost))
+                .filter(|job| {
+                    !job.finishing
+                        && !job.completed.load(Ordering::SeqCst)
+                        && job.cancel.get() != Some(CancelReason::LeaseLost)
+                })
                 .map(|job| job.lease.clone())
                 .collect()
         };
@@ -1093,7 +1102,7 @@ fn heartbeat_loop(shared: &Shared, interval: Duration) {
                 for (lease, result) in leases.iter().zip(results) {
                     if let Err(e) = result {
                         if let Some(job) = entry_of(&mut in_flight, lease) {
-                            if !job.finishing {
+                            if !job.finishing && !job.completed.load(Ordering::SeqCst) {
                                 log::warn!("job {}: {e}; cancelling its handler", lease.job_id);
                                 job.cancel.set(CancelReason::LeaseLost);
                             }

@@ -135,7 +135,6 @@ fn open_connection_waits_for_a_write_lock_held_briefly_elsewhere() {
 /// hook that does change them goes unnoticed and the queue's durability
 /// promise silently no longer holds.
 #[test]
-#[ignore = "GAP: tickler checks journal_mode/synchronous before running the on_connection hook, not after; a hook that sets synchronous=OFF silently voids Durability::Full (expected: PragmaMismatch, or tickler's settings re-applied)"]
 fn a_hook_cannot_silently_weaken_durability() {
     let (_dir, path) = temp_db();
     let opened = Queue::builder(&path)

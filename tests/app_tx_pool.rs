@@ -239,7 +239,6 @@ fn a_handler_that_lost_its_lease_gets_lease_lost_and_its_row_is_not_written() {
 /// no longer running, gets LeaseLost, logs a warning and sets the handler's
 /// cancellation flag to `LeaseLost`, although the job succeeded.
 #[test]
-#[ignore = "BUG: after ctx.complete_with committed, the pool's heartbeat still renews the job, gets LeaseLost, warns and cancels the handler with CancelReason::LeaseLost although its job succeeded (worker.rs: completed jobs stay in in_flight with finishing=false until the handler returns)"]
 fn a_handler_still_running_after_complete_with_is_not_told_its_lease_was_lost() {
     let _serial = capture_log();
     let (_dir, path) = temp_db();
