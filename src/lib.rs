@@ -118,6 +118,10 @@
 //! at-least-once and should use the job id or run_token as an idempotency
 //! key. [`Queue::open_connection`] opens a connection with tickler's
 //! pragmas; tickler's tables and indexes are all named `tickler_*`.
+//! One thing in the file is not namespaced: tickler keeps its schema
+//! version in `PRAGMA user_version`, so an application sharing the file must
+//! keep its own schema version in a table of its own, not in
+//! `user_version`.
 //!
 //! ## Processes and `fork`
 //!
