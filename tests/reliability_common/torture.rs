@@ -349,13 +349,18 @@ fn run_producer(dir: &Path, db: &Path) -> i32 {
     while !dir.join(STOP_PRODUCER).exists() {
         ops += 1;
         if ops.is_multiple_of(32) {
-            match queue.unfinished(&[DEFAULT_QUEUE], None) {
-                Ok(n) if n > BACKLOG_LIMIT => {
-                    std::thread::sleep(Duration::from_millis(20));
-                    continue;
+            // Wait while the workers are behind.
+            loop {
+                match queue.unfinished(&[DEFAULT_QUEUE], None) {
+                    Ok(n) if n > BACKLOG_LIMIT && !dir.join(STOP_PRODUCER).exists() => {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Ok(_) => break,
+                    Err(e) => {
+                        ledger.line(&format!("err unfinished {}", describe(&e)));
+                        break;
+                    }
                 }
-                Ok(_) => {}
-                Err(e) => ledger.line(&format!("err unfinished {}", describe(&e))),
             }
         }
         let (what, result) = if Instant::now() >= next_slow {
