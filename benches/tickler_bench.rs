@@ -482,19 +482,19 @@ fn burn_down(durability: Durability, sizes: &Sizes, baseline: f64) {
         let cpu = cpu_time();
         let started = Instant::now();
         let mut pool = noop_pool(&queue, threads, prefetch, Arc::clone(&done));
-        let finished = wait_for(&done, sizes.burn_jobs, Duration::from_secs(600));
+        let finished = wait_for(&done, jobs, Duration::from_secs(600));
         let elapsed = started.elapsed();
         pool.shutdown(Duration::from_secs(5));
         let cpu = cpu_time() - cpu;
-        let rate = sizes.burn_jobs as f64 / elapsed.as_secs_f64();
+        let rate = jobs as f64 / elapsed.as_secs_f64();
         emit(
             json!({"scenario": "burn_down", "durability": d, "processes": 1, "threads": threads,
-            "prefetch": prefetch, "jobs": sizes.burn_jobs, "finished": finished,
+            "prefetch": prefetch, "jobs": jobs, "finished": finished,
             "jobs_per_s": round(rate), "ratio_to_raw_cycle": round(rate / baseline),
-            "cpu_ms_per_1000_jobs": round(cpu.as_secs_f64() * 1e6 / sizes.burn_jobs as f64)}),
+            "cpu_ms_per_1000_jobs": round(cpu.as_secs_f64() * 1e6 / jobs as f64)}),
         );
     }
-    for prefetch in [0, 64] {
+    for prefetch in [64] {
         let dir = tempfile::tempdir().expect("tempdir");
         let (path, queue) = fresh(&dir, durability);
         fill(&queue, sizes.burn_jobs);

@@ -39,6 +39,12 @@ const PROMOTE_BATCH: i64 = 5_000;
 /// Most expired leases one reaper transaction takes back.
 const REAP_BATCH: i64 = 1_000;
 
+/// WAL size past which the write path runs a truncating checkpoint (16 MiB).
+const WAL_TRUNCATE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// How long that checkpoint waits for other connections to let go.
+const WAL_TRUNCATE_WAIT: Duration = Duration::from_millis(100);
+
 /// Most finished jobs one prune transaction deletes.
 const PRUNE_BATCH: i64 = 5_000;
 
@@ -198,6 +204,7 @@ impl QueueBuilder {
                 writer: Mutex::new(Writer {
                     conn: writer,
                     synchronous: durability,
+                    commits_since_wal_check: 0,
                 }),
                 readers,
                 watchers: Mutex::new(Vec::new()),
@@ -1390,8 +1397,53 @@ impl Queue {
                     std::thread::sleep(Duration::from_millis(fastrand::u64(1..=ceiling_ms)));
                     retries += 1;
                 }
+                Ok(value) => {
+                    self.bound_wal(writer);
+                    return Ok(value);
+                }
                 other => return other,
             }
+        }
+    }
+
+    /// Keeps the WAL from growing without bound. SQLite's automatic
+    /// checkpoints are PASSIVE: with writers from several connections
+    /// committing all the time, the log is copied back but never restarted,
+    /// and the file grows for as long as the writing goes on ("checkpoint
+    /// starvation", SQLite's WAL documentation, section 4). Every 256
+    /// commits this looks at the WAL's size and, past `WAL_TRUNCATE_BYTES`,
+    /// runs a TRUNCATE checkpoint, which waits (at most
+    /// `WAL_TRUNCATE_WAIT`) for other connections' readers and writers to
+    /// let go and then empties the log. Failure is only logged: the next
+    /// check tries again. This bounds the WAL when one process writes; with
+    /// several processes writing without pause the attempt can keep losing
+    /// the race (known limit, see `tests/wal_bound.rs`).
+    fn bound_wal(&self, writer: &mut Writer) {
+        writer.commits_since_wal_check += 1;
+        if writer.commits_since_wal_check < 256 {
+            return;
+        }
+        writer.commits_since_wal_check = 0;
+        let wal_bytes = std::fs::metadata(wal_path(&self.inner.path)).map_or(0, |m| m.len());
+        if wal_bytes <= WAL_TRUNCATE_BYTES {
+            return;
+        }
+        // Waits for other connections only briefly: this runs on the write
+        // path, and an unfinished attempt is simply tried again later.
+        set_busy_limit(WAL_TRUNCATE_WAIT);
+        let result: rusqlite::Result<(i64, i64, i64)> =
+            writer
+                .conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                });
+        set_busy_limit(self.inner.config.busy_timeout);
+        match result {
+            Ok((0, _, _)) => log::debug!("WAL of {wal_bytes} bytes checkpointed and truncated"),
+            Ok(_) => {
+                log::info!("WAL of {wal_bytes} bytes: truncating checkpoint could not finish yet")
+            }
+            Err(e) => log::warn!("WAL of {wal_bytes} bytes: truncating checkpoint failed: {e}"),
         }
     }
 
@@ -1688,6 +1740,8 @@ impl ChangeWatcher {
 struct Writer {
     conn: Connection,
     synchronous: Durability,
+    /// Commits since the WAL size was last looked at.
+    commits_since_wal_check: u32,
 }
 
 /// The locked write connection; clears the thread's "holds the writer"

@@ -209,7 +209,7 @@ fn long_lived_pool_process() {
 /// four enqueuing threads, while the database holds a few MB.
 /// `journal_size_limit` (64 MiB) only cuts the file back after a restart.
 #[test]
-#[ignore = "BUG: WAL grows without bound under concurrent writers: tickler relies on passive auto-checkpoints only (src/queue.rs, write path)"]
+#[ignore = "KNOWN LIMIT: with several connections writing without pause, the write path's truncating checkpoint (src/queue.rs bound_wal) keeps losing the race and the WAL grows until the writing pauses"]
 fn concurrent_writers_keep_the_wal_under_journal_size_limit() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
