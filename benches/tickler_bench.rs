@@ -494,7 +494,8 @@ fn burn_down(durability: Durability, sizes: &Sizes, baseline: f64) {
             "cpu_ms_per_1000_jobs": round(cpu.as_secs_f64() * 1e6 / jobs as f64)}),
         );
     }
-    for prefetch in [64] {
+    {
+        let prefetch = 64;
         let dir = tempfile::tempdir().expect("tempdir");
         let (path, queue) = fresh(&dir, durability);
         fill(&queue, sizes.burn_jobs);

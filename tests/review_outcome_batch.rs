@@ -11,6 +11,7 @@
 //!   with no attempts left, end `dead` although they succeeded);
 //! - the bad job itself never gets a clear error: it sits `running` until its
 //!   lease runs out.
+//!
 //! Contract 7: "Bad input gets a clear error and loses nothing."
 
 use chrono::{TimeZone, Utc};

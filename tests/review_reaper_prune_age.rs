@@ -70,7 +70,6 @@ fn a_very_long_prune_age_does_not_stop_reaping() {
             prune_finished_after: Some(Duration::from_secs(10_000_000_000_000)),
             // The manual clock jumps 5 s below; that is not a step to wait out here.
             clock_step_hold: Duration::ZERO,
-            ..ReaperConfig::default()
         },
     );
     std::thread::sleep(Duration::from_millis(100));
