@@ -45,6 +45,9 @@ const WAL_TRUNCATE_BYTES: u64 = 16 * 1024 * 1024;
 /// How long that checkpoint waits for other connections to let go.
 const WAL_TRUNCATE_WAIT: Duration = Duration::from_millis(100);
 
+/// How long opening retries a busy switch to WAL mode.
+const OPEN_BUSY_RETRY: Duration = Duration::from_secs(30);
+
 /// Most finished jobs one prune transaction deletes.
 const PRUNE_BATCH: i64 = 5_000;
 
@@ -2249,7 +2252,24 @@ fn configure_connection(
 ) -> Result<()> {
     conn.busy_handler(Some(busy_handler))?;
     conn.set_prepared_statement_cache_capacity(64);
-    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    // Switching a new file to WAL takes an exclusive lock, and SQLite can
+    // answer SQLITE_BUSY at once (without the busy handler) when several
+    // connections open the new file together: retry with short jittered
+    // sleeps for a bounded time.
+    let started = Instant::now();
+    let mode: String = loop {
+        match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0)) {
+            Err(rusqlite::Error::SqliteFailure(f, _))
+                if matches!(
+                    f.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) && started.elapsed() < OPEN_BUSY_RETRY =>
+            {
+                std::thread::sleep(Duration::from_micros(fastrand::u64(200..=5_000)));
+            }
+            other => break other?,
+        }
+    };
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(Error::NotWal { mode });
     }
