@@ -678,13 +678,7 @@ impl Queue {
         queues: &[&str],
         kinds: Option<&[&str]>,
     ) -> Result<Option<DateTime<Utc>>> {
-        let kind_filter = match kinds {
-            None => String::new(),
-            Some(kinds) => {
-                let marks: Vec<String> = (0..kinds.len()).map(|i| format!("?{}", i + 2)).collect();
-                format!("AND kind IN ({})", marks.join(", "))
-            }
-        };
+        let kind_filter = kind_filter(kinds, 2);
         let now = self.now_ms();
         let now_mark = format!("?{}", kinds.map_or(0, <[&str]>::len) + 2);
         let earliest = self.read(|conn| {
@@ -1626,15 +1620,7 @@ impl Queue {
             return Ok(0);
         }
         let queue_marks: Vec<String> = (1..=queues.len()).map(|i| format!("?{i}")).collect();
-        let kind_filter = match kinds {
-            None => String::new(),
-            Some(kinds) => {
-                let marks: Vec<String> = (0..kinds.len())
-                    .map(|i| format!("?{}", queues.len() + i + 1))
-                    .collect();
-                format!("AND kind IN ({})", marks.join(", "))
-            }
-        };
+        let kind_filter = kind_filter(kinds, queues.len() + 1);
         // One subquery per state, so each can use that state's partial index.
         let count = |status: &str| {
             format!(
@@ -2023,16 +2009,24 @@ impl EnqueueGroup {
     }
 }
 
+/// `AND kind IN (?first, ?first+1, …)` for `kinds`, or nothing when all
+/// kinds are wanted.
+fn kind_filter(kinds: Option<&[&str]>, first: usize) -> String {
+    match kinds {
+        None => String::new(),
+        Some(kinds) => {
+            let marks: Vec<String> = (0..kinds.len())
+                .map(|i| format!("?{}", first + i))
+                .collect();
+            format!("AND kind IN ({})", marks.join(", "))
+        }
+    }
+}
+
 /// The claiming UPDATE; ?1 worker_id, ?2 now, ?3 lease expiry, ?4 queue,
 /// ?5 limit, ?6… kinds.
 fn claim_sql(kinds: Option<&[&str]>) -> String {
-    let kind_filter = match kinds {
-        None => String::new(),
-        Some(kinds) => {
-            let marks: Vec<String> = (0..kinds.len()).map(|i| format!("?{}", i + 6)).collect();
-            format!("AND kind IN ({})", marks.join(", "))
-        }
-    };
+    let kind_filter = kind_filter(kinds, 6);
     format!(
         "UPDATE tickler_jobs
          SET status = 'running', run_token = {RUN_TOKEN_SQL}, attempts = attempts + 1,
