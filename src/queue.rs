@@ -45,6 +45,12 @@ const WAL_TRUNCATE_BYTES: u64 = 16 * 1024 * 1024;
 /// How long that checkpoint waits for other connections to let go.
 const WAL_TRUNCATE_WAIT: Duration = Duration::from_millis(100);
 
+/// After an unfinished truncating checkpoint the write path waits this
+/// long before the next attempt, doubling up to `WAL_TRUNCATE_BACKOFF_MAX`,
+/// so a reader that pins the WAL does not cost every commit 100 ms.
+const WAL_TRUNCATE_BACKOFF: Duration = Duration::from_millis(250);
+const WAL_TRUNCATE_BACKOFF_MAX: Duration = Duration::from_secs(8);
+
 /// How long opening retries a busy switch to WAL mode.
 const OPEN_BUSY_RETRY: Duration = Duration::from_secs(30);
 
@@ -207,7 +213,8 @@ impl QueueBuilder {
                 writer: Mutex::new(Writer {
                     conn: writer,
                     synchronous: durability,
-                    commits_since_wal_check: 0,
+                    wal_truncate_backoff: Duration::ZERO,
+                    next_wal_truncate: Instant::now(),
                 }),
                 readers,
                 watchers: Mutex::new(Vec::new()),
@@ -1224,30 +1231,27 @@ impl Queue {
     }
 
     /// Copies the WAL into the database file and truncates the WAL
-    /// (`PRAGMA wal_checkpoint(TRUNCATE)`). SQLite also checkpoints on its
-    /// own every ~1000 pages; this is for operators and tests. A reader
-    /// holding an old snapshot can keep part of the WAL from being copied:
-    /// then `complete` is false and the call can be repeated later.
+    /// (`PRAGMA wal_checkpoint(TRUNCATE)`), waiting up to the busy timeout
+    /// for other connections' readers, writers and checkpoints. SQLite
+    /// checkpoints on its own every ~1000 pages and tickler's write path
+    /// truncates a WAL past 16 MiB, so this is for operators and tests. A
+    /// reader holding an old snapshot past the busy timeout keeps part of
+    /// the WAL from being copied: then `complete` is false and the call can
+    /// be repeated later.
     ///
     /// # Errors
-    /// [`Error::Busy`] if another process holds the write lock past the busy
-    /// timeout; [`Error::Sqlite`].
+    /// [`Error::InvalidArgument`] if called inside
+    /// [`Queue::complete_with`]; [`Error::Sqlite`] if SQLite fails.
     pub fn checkpoint(&self) -> Result<Checkpoint> {
         let wal = wal_path(&self.inner.path);
         let wal_bytes_before = std::fs::metadata(&wal).map_or(0, |m| m.len());
         let writer = self.lock_writer()?;
-        set_busy_limit(self.inner.config.busy_timeout);
-        let (blocked, _log_frames, _copied): (i64, i64, i64) =
-            writer
-                .conn
-                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })?;
+        let complete = self.truncate_wal(&writer, self.inner.config.busy_timeout)?;
         drop(writer);
         Ok(Checkpoint {
             wal_bytes_before,
             wal_bytes_after: std::fs::metadata(&wal).map_or(0, |m| m.len()),
-            complete: blocked == 0,
+            complete,
         })
     }
 
@@ -1407,41 +1411,70 @@ impl Queue {
     /// checkpoints are PASSIVE: with writers from several connections
     /// committing all the time, the log is copied back but never restarted,
     /// and the file grows for as long as the writing goes on ("checkpoint
-    /// starvation", SQLite's WAL documentation, section 4). Every 256
-    /// commits this looks at the WAL's size and, past `WAL_TRUNCATE_BYTES`,
-    /// runs a TRUNCATE checkpoint, which waits (at most
-    /// `WAL_TRUNCATE_WAIT`) for other connections' readers and writers to
-    /// let go and then empties the log. Failure is only logged: the next
-    /// check tries again. This bounds the WAL when one process writes; with
-    /// several processes writing without pause the attempt can keep losing
-    /// the race (known limit, see `tests/wal_bound.rs`).
+    /// starvation", SQLite's WAL documentation, section 4). After every
+    /// commit this looks at the WAL's size and, past `WAL_TRUNCATE_BYTES`,
+    /// runs a TRUNCATE checkpoint ([`Queue::truncate_wal`]), which takes the
+    /// write lock from the other connections for as long as it copies and
+    /// empties the log. An attempt that cannot finish (a reader pins an old
+    /// snapshot) is only logged, and the next one waits for a backoff.
     fn bound_wal(&self, writer: &mut Writer) {
-        writer.commits_since_wal_check += 1;
-        if writer.commits_since_wal_check < 256 {
+        if Instant::now() < writer.next_wal_truncate {
             return;
         }
-        writer.commits_since_wal_check = 0;
         let wal_bytes = std::fs::metadata(wal_path(&self.inner.path)).map_or(0, |m| m.len());
         if wal_bytes <= WAL_TRUNCATE_BYTES {
             return;
         }
-        // Waits for other connections only briefly: this runs on the write
-        // path, and an unfinished attempt is simply tried again later.
-        set_busy_limit(WAL_TRUNCATE_WAIT);
-        let result: rusqlite::Result<(i64, i64, i64)> =
-            writer
-                .conn
-                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                });
-        set_busy_limit(self.inner.config.busy_timeout);
-        match result {
-            Ok((0, _, _)) => log::debug!("WAL of {wal_bytes} bytes checkpointed and truncated"),
-            Ok(_) => {
-                log::info!("WAL of {wal_bytes} bytes: truncating checkpoint could not finish yet")
+        let finished = match self.truncate_wal(writer, WAL_TRUNCATE_WAIT) {
+            Ok(finished) => finished,
+            Err(e) => {
+                log::warn!("WAL of {wal_bytes} bytes: truncating checkpoint failed: {e}");
+                false
             }
-            Err(e) => log::warn!("WAL of {wal_bytes} bytes: truncating checkpoint failed: {e}"),
+        };
+        if finished {
+            log::debug!("WAL of {wal_bytes} bytes checkpointed and truncated");
+            writer.wal_truncate_backoff = Duration::ZERO;
+        } else {
+            writer.wal_truncate_backoff = (writer.wal_truncate_backoff * 2)
+                .clamp(WAL_TRUNCATE_BACKOFF, WAL_TRUNCATE_BACKOFF_MAX);
+            writer.next_wal_truncate = Instant::now() + writer.wal_truncate_backoff;
+            log::info!(
+                "WAL of {wal_bytes} bytes: truncating checkpoint could not finish; next try in {:?}",
+                writer.wal_truncate_backoff
+            );
         }
+    }
+
+    /// Runs `PRAGMA wal_checkpoint(TRUNCATE)` on the write connection,
+    /// waiting at most `wait` for other connections' writers and readers
+    /// (through the busy handler) and for another connection's checkpoint:
+    /// SQLite answers a taken checkpoint lock with SQLITE_BUSY at once,
+    /// without calling the busy handler, and under steady writing another
+    /// connection's automatic checkpoint holds it most of the time, so this
+    /// tries again after a short sleep. Returns true when the whole log was
+    /// copied back and the file truncated.
+    fn truncate_wal(&self, writer: &Writer, wait: Duration) -> Result<bool> {
+        let deadline = Instant::now() + wait;
+        let result = loop {
+            set_busy_limit(deadline.saturating_duration_since(Instant::now()));
+            let (busy, log_frames): (i64, i64) =
+                match writer
+                    .conn
+                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    }) {
+                    Ok(row) => row,
+                    Err(e) => break Err(e.into()),
+                };
+            // A log size of -1 means the checkpoint lock was never taken.
+            if busy == 0 || log_frames >= 0 || Instant::now() >= deadline {
+                break Ok(busy == 0);
+            }
+            std::thread::sleep(Duration::from_micros(fastrand::u64(50..=500)));
+        };
+        set_busy_limit(self.inner.config.busy_timeout);
+        result
     }
 
     pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
@@ -1729,8 +1762,11 @@ impl ChangeWatcher {
 struct Writer {
     conn: Connection,
     synchronous: Durability,
-    /// Commits since the WAL size was last looked at.
-    commits_since_wal_check: u32,
+    /// Wait after the last unfinished truncating checkpoint (zero after a
+    /// finished one); see `Queue::bound_wal`.
+    wal_truncate_backoff: Duration,
+    /// No truncating checkpoint from the write path before this instant.
+    next_wal_truncate: Instant,
 }
 
 /// The locked write connection; clears the thread's "holds the writer"

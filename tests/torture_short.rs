@@ -16,15 +16,7 @@ use std::time::Duration;
 #[test]
 fn fifteen_seconds_of_kill_9_lose_nothing_and_finish_nothing_twice() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut settings = torture::Settings::new(dir.path().to_path_buf(), Duration::from_secs(15));
-    // Known bug: under writers that never pause, SQLite's passive
-    // checkpoints starve and tickler does nothing to start the WAL over, so
-    // the WAL has no fixed bound yet (reproduced by the ignored test
-    // `concurrent_writers_keep_the_wal_under_journal_size_limit` in
-    // tests/wal_bound.rs; 99.5 MiB seen in one 15 s run). Until it is fixed
-    // this run only fails on a runaway WAL (1 GiB) and prints the largest
-    // size; lower this to torture::WAL_BOUND with the fix.
-    settings.wal_bound = 1 << 30;
+    let settings = torture::Settings::new(dir.path().to_path_buf(), Duration::from_secs(15));
     let report = torture::supervise(
         &settings,
         torture::Launcher::TestBinary {
