@@ -135,9 +135,45 @@ pub struct JobContext {
     cancel: Arc<CancelFlag>,
     clock: Arc<dyn Clock>,
     queue: Queue,
-    /// Set once `complete_with` committed: the pool then records nothing
+    /// Where `complete_with` is: once committed the pool records nothing
     /// and the heartbeat leaves the job alone.
-    completed: Arc<AtomicBool>,
+    completion: Arc<SelfCompletion>,
+}
+
+/// Progress of a handler completing its own job with
+/// [`JobContext::complete_with`], shared with the pool's heartbeat.
+#[derive(Debug, Default)]
+struct SelfCompletion(AtomicU8);
+
+impl SelfCompletion {
+    const NONE: u8 = 0;
+    /// The completing transaction is under way or has just committed, and
+    /// the handler has not yet learned which: a heartbeat that finds the
+    /// job no longer running may be looking at this very commit.
+    const UNDER_WAY: u8 = 1;
+    const COMMITTED: u8 = 2;
+
+    fn begin(&self) {
+        self.0.store(Self::UNDER_WAY, Ordering::SeqCst);
+    }
+
+    fn end(&self, committed: bool) {
+        let state = if committed {
+            Self::COMMITTED
+        } else {
+            Self::NONE
+        };
+        self.0.store(state, Ordering::SeqCst);
+    }
+
+    fn committed(&self) -> bool {
+        self.0.load(Ordering::SeqCst) == Self::COMMITTED
+    }
+
+    /// True from [`Self::begin`] on, unless the completion failed.
+    fn started(&self) -> bool {
+        self.0.load(Ordering::SeqCst) != Self::NONE
+    }
 }
 
 impl JobContext {
@@ -219,9 +255,12 @@ impl JobContext {
         &self,
         app_writes: impl FnOnce(&rusqlite::Transaction<'_>) -> crate::Result<T>,
     ) -> crate::Result<T> {
-        let value = self.queue.complete_with(&self.lease, app_writes)?;
-        self.completed.store(true, Ordering::SeqCst);
-        Ok(value)
+        // Marked before the commit, not after: the heartbeat can renew the
+        // lease between the commit and this thread's next instruction.
+        self.completion.begin();
+        let result = self.queue.complete_with(&self.lease, app_writes);
+        self.completion.end(result.is_ok());
+        result
     }
 
     /// A [`JobError::Snooze`] until `delay` from now (at the latest
@@ -715,9 +754,9 @@ struct InFlight {
     /// The handler returned; the dispatcher is writing the outcome, so the
     /// heartbeat leaves this job alone.
     finishing: bool,
-    /// The handler completed the job itself (`JobContext::complete_with`);
-    /// the heartbeat leaves it alone too.
-    completed: Arc<AtomicBool>,
+    /// Whether the handler completed the job itself
+    /// (`JobContext::complete_with`); the heartbeat leaves it alone then.
+    completion: Arc<SelfCompletion>,
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
@@ -840,7 +879,7 @@ fn dispatch_loop(
                             cancel: Arc::new(CancelFlag::default()),
                             deadline: None,
                             finishing: false,
-                            completed: Arc::default(),
+                            completion: Arc::default(),
                         },
                     );
                     if let Some(jobs) = &jobs {
@@ -1001,12 +1040,12 @@ fn work_loop(shared: &Shared, jobs: &Receiver<Lease>, outcomes: &Sender<(Lease, 
             // Unstarted at shutdown (or, impossibly, a kind without handler):
             // hand back without using the attempt.
             Some(handler) if !shared.stopping.load(Ordering::SeqCst) => {
-                let (cancel, completed) = {
+                let (cancel, completion) = {
                     let mut in_flight = shared.lock_in_flight();
                     match entry_of(&mut in_flight, &lease) {
                         Some(job) => {
                             job.deadline = lease.timeout.map(|t| Instant::now() + t);
-                            (Arc::clone(&job.cancel), Arc::clone(&job.completed))
+                            (Arc::clone(&job.cancel), Arc::clone(&job.completion))
                         }
                         None => Default::default(),
                     }
@@ -1016,10 +1055,10 @@ fn work_loop(shared: &Shared, jobs: &Receiver<Lease>, outcomes: &Sender<(Lease, 
                     cancel,
                     clock: Arc::clone(shared.queue.clock()),
                     queue: shared.queue.clone(),
-                    completed,
+                    completion,
                 };
                 let result = catch_unwind(AssertUnwindSafe(|| handler.run(&ctx)));
-                if ctx.completed.load(Ordering::SeqCst) {
+                if ctx.completion.committed() {
                     // Completed inside the handler's own transaction.
                     remove_run(&mut shared.lock_in_flight(), &ctx.lease);
                     shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
@@ -1085,7 +1124,7 @@ fn heartbeat_loop(shared: &Shared, interval: Duration) {
                 .values()
                 .filter(|job| {
                     !job.finishing
-                        && !job.completed.load(Ordering::SeqCst)
+                        && !job.completion.committed()
                         && job.cancel.get() != Some(CancelReason::LeaseLost)
                 })
                 .map(|job| job.lease.clone())
@@ -1102,7 +1141,11 @@ fn heartbeat_loop(shared: &Shared, interval: Duration) {
                 for (lease, result) in leases.iter().zip(results) {
                     if let Err(e) = result {
                         if let Some(job) = entry_of(&mut in_flight, lease) {
-                            if !job.finishing && !job.completed.load(Ordering::SeqCst) {
+                            // A failed renewal of a job whose handler is
+                            // completing it is that completion's commit;
+                            // if the completion fails instead, the next
+                            // heartbeat fails again and reports it.
+                            if !job.finishing && !job.completion.started() {
                                 log::warn!("job {}: {e}; cancelling its handler", lease.job_id);
                                 job.cancel.set(CancelReason::LeaseLost);
                             }
