@@ -4,9 +4,11 @@
 //! cannot checkpoint past it nor start the `-wal` file over, so while
 //! workers keep writing, the WAL grows. These tests show that this is the
 //! reader's doing and ends with it: once the reader is gone, more writes do
-//! not make the file grow further and `Queue::checkpoint` empties it; and a
-//! long-lived worker pool process, even with a handler running, holds no
-//! statement or transaction that would stop a checkpoint.
+//! not make the file grow further, the write path truncates it and
+//! `Queue::checkpoint` empties it; that writers on several connections that
+//! never pause do not make it grow either; and that a long-lived worker pool
+//! process, even with a handler running, holds no statement or transaction
+//! that would stop a checkpoint.
 
 mod reliability_common;
 
