@@ -205,6 +205,7 @@ impl QueueBuilder {
         let readers = r2d2::Pool::builder()
             .max_size(self.read_connections)
             .min_idle(Some(0))
+            .thread_pool(reader_pool_threads())
             .build(manager)?;
         let queue = Queue {
             inner: Arc::new(Inner {
@@ -2240,6 +2241,20 @@ fn migrations() -> Vec<(i64, &'static str)> {
 }
 
 /// The `-wal` file next to a database file.
+/// The helper thread of a `Queue`'s read-connection pool (r2d2 closes idle
+/// connections from it). r2d2's default is three threads per pool that run
+/// the pool's pending upkeep, up to 30 s, after the pool is dropped; one
+/// thread that stops with its pool is enough for a few read connections.
+fn reader_pool_threads() -> Arc<scheduled_thread_pool::ScheduledThreadPool> {
+    Arc::new(
+        scheduled_thread_pool::ScheduledThreadPool::builder()
+            .num_threads(1)
+            .thread_name_pattern("tickler-readers-{}")
+            .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
+            .build(),
+    )
+}
+
 pub(crate) fn wal_path(db: &Path) -> PathBuf {
     let mut name = db.as_os_str().to_owned();
     name.push("-wal");
