@@ -54,6 +54,11 @@ const WAL_TRUNCATE_BACKOFF_MAX: Duration = Duration::from_secs(8);
 /// How long opening retries a busy switch to WAL mode.
 const OPEN_BUSY_RETRY: Duration = Duration::from_secs(30);
 
+/// Longest an enqueue group's leader waits for the callers of the last
+/// round to come back (see `EnqueueGroup`); a commit that waited long for
+/// another process's write lock must not make the next one wait as long.
+const ENQUEUE_LINGER_MAX: Duration = Duration::from_millis(10);
+
 /// Most finished jobs one prune transaction deletes.
 const PRUNE_BATCH: i64 = 5_000;
 
@@ -1923,10 +1928,18 @@ pub(crate) fn insert_valid(
 /// fsync), and each caller returns once the commit holding its jobs is done.
 /// Callers wait on a condition variable, not on the write lock, so a
 /// finished group's members return at once and can queue again.
+///
+/// A leader lingers (at most half of the last commit's duration, and at
+/// most `ENQUEUE_LINGER_MAX`) until as
+/// many callers are waiting as took part in the last round: the last group
+/// plus those that arrived while it committed. Without that, 16 callers
+/// settle into two alternating groups of about 8, each paying a full fsync.
 #[derive(Default)]
 struct EnqueueGroup {
     state: Mutex<GroupState>,
     changed: std::sync::Condvar,
+    /// Wakes a lingering leader when a caller arrives.
+    arrived: std::sync::Condvar,
 }
 
 #[derive(Default)]
@@ -1937,8 +1950,13 @@ struct GroupState {
     /// transaction failed (the owner then commits them alone).
     done: HashMap<u64, std::result::Result<Vec<JobId>, Vec<ValidJob>>>,
     leader_active: bool,
-    /// Size of the last group, the number of concurrent enqueuers to expect.
-    last_group: usize,
+    /// A leader is waiting on `arrived` for more callers.
+    lingering: bool,
+    /// Callers in the last round: the last group plus those that arrived
+    /// while it committed; how many a leader waits for.
+    expected: usize,
+    /// How long the last group's commit took.
+    last_commit: Duration,
 }
 
 impl EnqueueGroup {
@@ -1957,6 +1975,9 @@ impl EnqueueGroup {
         let ticket = state.next_ticket;
         state.next_ticket += 1;
         state.waiting.push((ticket, rows));
+        if state.lingering {
+            self.arrived.notify_one();
+        }
         let mut alone = false;
         loop {
             match state.done.remove(&ticket) {
@@ -1977,18 +1998,22 @@ impl EnqueueGroup {
                 .unwrap_or_else(PoisonError::into_inner);
         }
         state.leader_active = true;
-        // Members of the last group are returning and queueing again; give
-        // them a moment (a few yields, microseconds) to join this group
-        // rather than leave it for the next fsync.
-        for _ in 0..8 {
-            if alone || state.waiting.len() >= state.last_group {
+        // Members of the last group are returning and queueing again; wait
+        // a little for them to join this group rather than the next fsync.
+        let linger_until = Instant::now() + (state.last_commit / 2).min(ENQUEUE_LINGER_MAX);
+        while !alone && state.waiting.len() < state.expected {
+            let left = linger_until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 break;
             }
-            drop(state);
-            std::thread::yield_now();
-            state = self.lock();
+            state.lingering = true;
+            state = self
+                .arrived
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            state.lingering = false;
         }
-        state.last_group = if alone { 1 } else { state.waiting.len() };
         let group: Vec<(u64, Vec<ValidJob>)> = if alone {
             let at = state
                 .waiting
@@ -2000,10 +2025,14 @@ impl EnqueueGroup {
             std::mem::take(&mut state.waiting)
         };
         drop(state);
+        let group_size = group.len();
         let (tickets, rows): (Vec<u64>, Vec<Vec<ValidJob>>) = group.into_iter().unzip();
+        let started = Instant::now();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(&rows)));
         let mut state = self.lock();
         state.leader_active = false;
+        state.last_commit = started.elapsed();
+        state.expected = group_size + state.waiting.len();
         let result = match result {
             Ok(result) => result,
             Err(panic) => {
