@@ -153,17 +153,21 @@ impl SelfCompletion {
     const UNDER_WAY: u8 = 1;
     const COMMITTED: u8 = 2;
 
-    fn begin(&self) {
-        self.0.store(Self::UNDER_WAY, Ordering::SeqCst);
+    /// Marks a completion under way; returns a guard that takes the mark
+    /// back unless [`Self::commit`] ran, also when `app_writes` panics. A
+    /// job already completed stays completed, whatever later calls do.
+    fn begin(&self) -> UnderWay<'_> {
+        let _ = self.0.compare_exchange(
+            Self::NONE,
+            Self::UNDER_WAY,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+        UnderWay(self)
     }
 
-    fn end(&self, committed: bool) {
-        let state = if committed {
-            Self::COMMITTED
-        } else {
-            Self::NONE
-        };
-        self.0.store(state, Ordering::SeqCst);
+    fn commit(&self) {
+        self.0.store(Self::COMMITTED, Ordering::SeqCst);
     }
 
     fn committed(&self) -> bool {
@@ -173,6 +177,20 @@ impl SelfCompletion {
     /// True from [`Self::begin`] on, unless the completion failed.
     fn started(&self) -> bool {
         self.0.load(Ordering::SeqCst) != Self::NONE
+    }
+}
+
+/// See [`SelfCompletion::begin`].
+struct UnderWay<'a>(&'a SelfCompletion);
+
+impl Drop for UnderWay<'_> {
+    fn drop(&mut self) {
+        let _ = self.0 .0.compare_exchange(
+            SelfCompletion::UNDER_WAY,
+            SelfCompletion::NONE,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
     }
 }
 
@@ -257,10 +275,10 @@ impl JobContext {
     ) -> crate::Result<T> {
         // Marked before the commit, not after: the heartbeat can renew the
         // lease between the commit and this thread's next instruction.
-        self.completion.begin();
-        let result = self.queue.complete_with(&self.lease, app_writes);
-        self.completion.end(result.is_ok());
-        result
+        let _under_way = self.completion.begin();
+        let value = self.queue.complete_with(&self.lease, app_writes)?;
+        self.completion.commit();
+        Ok(value)
     }
 
     /// A [`JobError::Snooze`] until `delay` from now (at the latest

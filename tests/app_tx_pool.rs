@@ -361,3 +361,52 @@ fn a_heartbeat_racing_complete_with_does_not_report_a_lost_lease() {
         cancelled.lock().unwrap()
     );
 }
+
+/// A handler that calls `complete_with` a second time after the first
+/// committed gets an error from the second call (the job is no longer
+/// running), but its job stays completed as far as the pool is concerned:
+/// no warning, no cancellation, no outcome sent for it.
+#[test]
+fn a_second_complete_with_does_not_undo_the_first() {
+    let _serial = capture_log();
+    let (_dir, path) = temp_db();
+    let queue = Queue::builder(&path)
+        .durability(Durability::Normal)
+        .open()
+        .unwrap();
+    let app = queue.open_connection().unwrap();
+    create_effects(&app);
+    let id = queue.enqueue(NewJob::new("twice")).unwrap();
+    type Seen = (bool, Option<tickler::CancelReason>);
+    let seen: Arc<Mutex<Option<Seen>>> = Arc::default();
+    let h_seen = Arc::clone(&seen);
+    let mut pool = WorkerPool::builder(&queue)
+        .threads(1)
+        .lease(ms(300))
+        .heartbeat_interval(ms(50))
+        .handler("twice", move |ctx: &JobContext| {
+            let id = ctx.job_id().0;
+            ctx.complete_with(|tx| Ok(insert_effect(tx, Some(id), None, "first")?))?;
+            let again = ctx.complete_with(|tx| Ok(insert_effect(tx, Some(id), None, "second")?));
+            // Over several heartbeats.
+            std::thread::sleep(ms(400));
+            *h_seen.lock().unwrap() = Some((again.is_err(), ctx.cancel_reason()));
+            Ok(())
+        })
+        .start()
+        .unwrap();
+    wait_until("the handler to finish", secs(20), || {
+        seen.lock().unwrap().is_some()
+    });
+    pool.shutdown(secs(5));
+    let (second_failed, reason) = seen.lock().unwrap().unwrap();
+    assert!(second_failed, "the second complete_with succeeded");
+    assert_eq!(queue.get(id).unwrap().state, JobState::Succeeded);
+    assert_eq!(effects_of(&app, id.0), 1, "the second call's writes landed");
+    let log = logged();
+    assert_eq!(reason, None, "the handler was cancelled; log: {log:?}");
+    assert!(
+        log.is_empty(),
+        "the pool logged about a succeeded job: {log:?}"
+    );
+}
