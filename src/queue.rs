@@ -23,6 +23,7 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBeha
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -46,10 +47,13 @@ const WAL_TRUNCATE_BYTES: u64 = 16 * 1024 * 1024;
 const WAL_TRUNCATE_WAIT: Duration = Duration::from_millis(100);
 
 /// After an unfinished truncating checkpoint the write path waits this
-/// long before the next attempt, doubling up to `WAL_TRUNCATE_BACKOFF_MAX`,
-/// so a reader that pins the WAL does not cost every commit 100 ms.
+/// long before it looks at the WAL again.
 const WAL_TRUNCATE_BACKOFF: Duration = Duration::from_millis(250);
-const WAL_TRUNCATE_BACKOFF_MAX: Duration = Duration::from_secs(8);
+
+/// WAL frames (pages) a passive checkpoint may leave uncopied before the
+/// log counts as pinned by a reader: short reads that began a few commits
+/// ago hold back a few frames, a reader pinning an old snapshot thousands.
+const WAL_PINNED_FRAMES: i64 = 1_000;
 
 /// How long opening retries a busy switch to WAL mode.
 const OPEN_BUSY_RETRY: Duration = Duration::from_secs(30);
@@ -219,13 +223,13 @@ impl QueueBuilder {
                 writer: Mutex::new(Writer {
                     conn: writer,
                     synchronous: durability,
-                    wal_truncate_backoff: Duration::ZERO,
-                    next_wal_truncate: Instant::now(),
                 }),
                 readers,
                 watchers: Mutex::new(Vec::new()),
                 lock_waits: WaitHistogram::default(),
                 enqueues: EnqueueGroup::default(),
+                next_wal_truncate: Mutex::new(Instant::now()),
+                wal_truncating: AtomicBool::new(false),
             }),
         };
         queue.migrate().map_err(|e| match e {
@@ -257,6 +261,11 @@ struct Inner {
     watchers: Mutex<Vec<Sender<()>>>,
     lock_waits: WaitHistogram,
     enqueues: EnqueueGroup,
+    /// No truncating checkpoint from the write path before this instant;
+    /// see `Queue::bound_wal`.
+    next_wal_truncate: Mutex<Instant>,
+    /// A thread of this process is running `Queue::bound_wal`'s checkpoint.
+    wal_truncating: AtomicBool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -455,6 +464,7 @@ impl Queue {
             })
         })?;
         self.notify_watchers();
+        self.bound_wal();
         Ok(ids)
     }
 
@@ -1236,23 +1246,29 @@ impl Queue {
         self.inner.config.durability
     }
 
-    /// Copies the WAL into the database file and truncates the WAL
-    /// (`PRAGMA wal_checkpoint(TRUNCATE)`), waiting up to the busy timeout
-    /// for other connections' readers, writers and checkpoints. SQLite
-    /// checkpoints on its own every ~1000 pages and tickler's write path
-    /// truncates a WAL past 16 MiB, so this is for operators and tests. A
-    /// reader holding an old snapshot past the busy timeout keeps part of
-    /// the WAL from being copied: then `complete` is false and the call can
-    /// be repeated later.
+    /// Copies the WAL into the database file and truncates the WAL: a
+    /// PASSIVE checkpoint, then `PRAGMA wal_checkpoint(TRUNCATE)`, waiting
+    /// up to the busy timeout in all for other connections' writers,
+    /// readers and checkpoints. SQLite checkpoints on its own every ~1000
+    /// pages and tickler's write path truncates a WAL past 16 MiB, so this
+    /// is for operators and tests. While the TRUNCATE step waits, it holds
+    /// the write lock: every writer of the file waits with it. A reader
+    /// holding an old snapshot keeps part of the WAL from being copied; this
+    /// then returns at once with `complete` false (rather than holding the
+    /// writers up for the whole busy timeout), and can be called again later.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if called inside
-    /// [`Queue::complete_with`]; [`Error::Sqlite`] if SQLite fails.
+    /// [`Queue::complete_with`]; [`Error::DiskFull`] if the database file
+    /// cannot grow to take the copied pages; [`Error::Sqlite`] for other
+    /// SQLite failures.
     pub fn checkpoint(&self) -> Result<Checkpoint> {
         let wal = wal_path(&self.inner.path);
         let wal_bytes_before = std::fs::metadata(&wal).map_or(0, |m| m.len());
         let writer = self.lock_writer()?;
-        let complete = self.truncate_wal(&writer, self.inner.config.busy_timeout)?;
+        let complete = truncate_wal(&writer.conn, self.inner.config.busy_timeout);
+        set_busy_limit(self.inner.config.busy_timeout);
+        let complete = complete?;
         drop(writer);
         Ok(Checkpoint {
             wal_bytes_before,
@@ -1331,7 +1347,10 @@ impl Queue {
         f: impl FnMut(&rusqlite::Transaction<'_>) -> Result<T>,
     ) -> Result<T> {
         let mut writer = self.lock_writer()?;
-        self.write_locked(&mut writer, commit, f)
+        let value = self.write_locked(&mut writer, commit, f)?;
+        drop(writer);
+        self.bound_wal();
+        Ok(value)
     }
 
     fn refuse_reentry() -> Result<()> {
@@ -1404,83 +1423,72 @@ impl Queue {
                     std::thread::sleep(Duration::from_millis(fastrand::u64(1..=ceiling_ms)));
                     retries += 1;
                 }
-                Ok(value) => {
-                    self.bound_wal(writer);
-                    return Ok(value);
-                }
+                Ok(value) => return Ok(value),
                 other => return other,
             }
         }
     }
 
-    /// Keeps the WAL from growing without bound. SQLite's automatic
-    /// checkpoints are PASSIVE: with writers from several connections
-    /// committing all the time, the log is copied back but never restarted,
-    /// and the file grows for as long as the writing goes on ("checkpoint
-    /// starvation", SQLite's WAL documentation, section 4). After every
-    /// commit this looks at the WAL's size and, past `WAL_TRUNCATE_BYTES`,
-    /// runs a TRUNCATE checkpoint ([`Queue::truncate_wal`]), which takes the
-    /// write lock from the other connections for as long as it copies and
-    /// empties the log. An attempt that cannot finish (a reader pins an old
-    /// snapshot) is only logged, and the next one waits for a backoff.
-    fn bound_wal(&self, writer: &mut Writer) {
-        if Instant::now() < writer.next_wal_truncate {
+    /// Keeps the WAL from growing without bound; called after each write
+    /// transaction, once this thread let go of the write connection.
+    /// SQLite's automatic checkpoints are PASSIVE: with writers from
+    /// several connections committing all the time, the log is copied back
+    /// but never restarted, and the file grows for as long as the writing
+    /// goes on ("checkpoint starvation", SQLite's WAL documentation,
+    /// section 4). Past `WAL_TRUNCATE_BYTES` this empties the WAL with
+    /// [`truncate_wal`], on a read connection of the pool so that the
+    /// process's other threads can go on writing meanwhile; one thread of
+    /// the process at a time. An attempt that cannot finish (a reader pins
+    /// an old snapshot) is only logged, and the WAL is looked at again after
+    /// `WAL_TRUNCATE_BACKOFF`.
+    fn bound_wal(&self) {
+        let inner = &self.inner;
+        let not_before = *inner
+            .next_wal_truncate
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if Instant::now() < not_before {
             return;
         }
-        let wal_bytes = std::fs::metadata(wal_path(&self.inner.path)).map_or(0, |m| m.len());
-        if wal_bytes <= WAL_TRUNCATE_BYTES {
+        let wal_bytes = std::fs::metadata(wal_path(&inner.path)).map_or(0, |m| m.len());
+        if wal_bytes <= WAL_TRUNCATE_BYTES || inner.wal_truncating.swap(true, Ordering::SeqCst) {
             return;
         }
-        let finished = match self.truncate_wal(writer, WAL_TRUNCATE_WAIT) {
-            Ok(finished) => finished,
+        let finished = match inner.readers.get_timeout(WAL_TRUNCATE_WAIT) {
+            // Every read connection stayed in use: try again later.
             Err(e) => {
-                log::warn!("WAL of {wal_bytes} bytes: truncating checkpoint failed: {e}");
+                log::info!("WAL of {wal_bytes} bytes: no connection free to checkpoint it: {e}");
                 false
             }
-        };
-        if finished {
-            log::debug!("WAL of {wal_bytes} bytes checkpointed and truncated");
-            writer.wal_truncate_backoff = Duration::ZERO;
-        } else {
-            writer.wal_truncate_backoff = (writer.wal_truncate_backoff * 2)
-                .clamp(WAL_TRUNCATE_BACKOFF, WAL_TRUNCATE_BACKOFF_MAX);
-            writer.next_wal_truncate = Instant::now() + writer.wal_truncate_backoff;
-            log::info!(
-                "WAL of {wal_bytes} bytes: truncating checkpoint could not finish; next try in {:?}",
-                writer.wal_truncate_backoff
-            );
-        }
-    }
-
-    /// Runs `PRAGMA wal_checkpoint(TRUNCATE)` on the write connection,
-    /// waiting at most `wait` for other connections' writers and readers
-    /// (through the busy handler) and for another connection's checkpoint:
-    /// SQLite answers a taken checkpoint lock with SQLITE_BUSY at once,
-    /// without calling the busy handler, and under steady writing another
-    /// connection's automatic checkpoint holds it most of the time, so this
-    /// tries again after a short sleep. Returns true when the whole log was
-    /// copied back and the file truncated.
-    fn truncate_wal(&self, writer: &Writer, wait: Duration) -> Result<bool> {
-        let deadline = Instant::now() + wait;
-        let result = loop {
-            set_busy_limit(deadline.saturating_duration_since(Instant::now()));
-            let (busy, log_frames): (i64, i64) =
-                match writer
-                    .conn
-                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                        Ok((r.get(0)?, r.get(1)?))
-                    }) {
-                    Ok(row) => row,
-                    Err(e) => break Err(e.into()),
-                };
-            // A log size of -1 means the checkpoint lock was never taken.
-            if busy == 0 || log_frames >= 0 || Instant::now() >= deadline {
-                break Ok(busy == 0);
+            Ok(conn) => {
+                let result = truncate_wal(&conn, WAL_TRUNCATE_WAIT);
+                set_busy_limit(inner.config.busy_timeout);
+                match result {
+                    Ok(true) => {
+                        log::debug!("WAL of {wal_bytes} bytes checkpointed and truncated");
+                        true
+                    }
+                    Ok(false) => {
+                        log::info!(
+                            "WAL of {wal_bytes} bytes: a reader or another checkpoint kept it \
+                             from being truncated; next try in {WAL_TRUNCATE_BACKOFF:?}"
+                        );
+                        false
+                    }
+                    Err(e) => {
+                        log::warn!("WAL of {wal_bytes} bytes: truncating checkpoint failed: {e}");
+                        false
+                    }
+                }
             }
-            std::thread::sleep(Duration::from_micros(fastrand::u64(50..=500)));
         };
-        set_busy_limit(self.inner.config.busy_timeout);
-        result
+        if !finished {
+            *inner
+                .next_wal_truncate
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Instant::now() + WAL_TRUNCATE_BACKOFF;
+        }
+        inner.wal_truncating.store(false, Ordering::SeqCst);
     }
 
     pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
@@ -1768,11 +1776,6 @@ impl ChangeWatcher {
 struct Writer {
     conn: Connection,
     synchronous: Durability,
-    /// Wait after the last unfinished truncating checkpoint (zero after a
-    /// finished one); see `Queue::bound_wal`.
-    wal_truncate_backoff: Duration,
-    /// No truncating checkpoint from the write path before this instant.
-    next_wal_truncate: Instant,
 }
 
 /// The locked write connection; clears the thread's "holds the writer"
@@ -2269,11 +2272,11 @@ fn migrations() -> Vec<(i64, &'static str)> {
     out
 }
 
-/// The `-wal` file next to a database file.
-/// The helper thread of a `Queue`'s read-connection pool (r2d2 closes idle
-/// connections from it). r2d2's default is three threads per pool that run
-/// the pool's pending upkeep, up to 30 s, after the pool is dropped; one
-/// thread that stops with its pool is enough for a few read connections.
+/// The helper thread of a `Queue`'s read-connection pool: r2d2 opens read
+/// connections and closes idle ones from it, so they are opened one at a
+/// time. r2d2's default is three threads per pool that run the pool's
+/// pending upkeep, up to 30 s, after the pool is dropped; one thread that
+/// stops with its pool is enough for a few read connections.
 fn reader_pool_threads() -> Arc<scheduled_thread_pool::ScheduledThreadPool> {
     Arc::new(
         scheduled_thread_pool::ScheduledThreadPool::builder()
@@ -2284,6 +2287,73 @@ fn reader_pool_threads() -> Arc<scheduled_thread_pool::ScheduledThreadPool> {
     )
 }
 
+/// Copies the whole WAL back into the database and truncates it, on
+/// `conn`, each lock wait taking at most `wait`:
+///
+/// 1. PASSIVE checkpoints copy what they can without taking the write lock
+///    or waiting for readers, so a large backlog is copied while other
+///    connections keep writing; while a round saw more than
+///    `WAL_PINNED_FRAMES` frames appended since the last, another round
+///    (at most 4) copies those too. If a round had to leave more than
+///    `WAL_PINNED_FRAMES` frames uncopied, a reader pins an old snapshot:
+///    the next step would hold every writer for the whole `wait` and then
+///    fail, so this stops here;
+/// 2. a TRUNCATE checkpoint takes the write lock (through the busy
+///    handler), copies the little that was committed meanwhile, waits for
+///    the readers still inside the log and empties the file.
+///
+/// Returns true when the file was truncated. Leaves the thread's busy limit
+/// changed: callers set it back.
+fn truncate_wal(conn: &Connection, wait: Duration) -> Result<bool> {
+    let mut last_log_frames: Option<i64> = None;
+    for _ in 0..4 {
+        let passive = wal_checkpoint(conn, "PASSIVE", Instant::now() + wait)?;
+        if passive.log_frames < 0 || passive.log_frames - passive.copied > WAL_PINNED_FRAMES {
+            return Ok(false);
+        }
+        let appended = last_log_frames.map_or(i64::MAX, |last| passive.log_frames - last);
+        last_log_frames = Some(passive.log_frames);
+        if appended <= WAL_PINNED_FRAMES {
+            break;
+        }
+    }
+    Ok(wal_checkpoint(conn, "TRUNCATE", Instant::now() + wait)?.finished)
+}
+
+/// What one `PRAGMA wal_checkpoint` reported.
+struct WalCheckpoint {
+    /// Nothing kept it from doing all its mode asks for.
+    finished: bool,
+    /// Frames in the log, or -1 if it never got the checkpoint lock.
+    log_frames: i64,
+    /// Frames of the log copied back into the database.
+    copied: i64,
+}
+
+/// Runs `PRAGMA wal_checkpoint(mode)` on `conn`, letting the busy handler
+/// wait until `deadline`. SQLite answers a checkpoint lock held by another
+/// connection with SQLITE_BUSY at once, without calling the busy handler,
+/// and under steady writing another connection's automatic checkpoint holds
+/// it much of the time; so that answer is retried after a short sleep until
+/// `deadline`. Leaves the thread's busy limit set to what remained.
+fn wal_checkpoint(conn: &Connection, mode: &str, deadline: Instant) -> Result<WalCheckpoint> {
+    let sql = format!("PRAGMA wal_checkpoint({mode})");
+    loop {
+        set_busy_limit(deadline.saturating_duration_since(Instant::now()));
+        let (busy, log_frames, copied): (i64, i64, i64) =
+            conn.query_row(&sql, [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        if busy == 0 || log_frames >= 0 || Instant::now() >= deadline {
+            return Ok(WalCheckpoint {
+                finished: busy == 0,
+                log_frames,
+                copied,
+            });
+        }
+        std::thread::sleep(Duration::from_micros(fastrand::u64(50..=500)));
+    }
+}
+
+/// The `-wal` file next to a database file.
 pub(crate) fn wal_path(db: &Path) -> PathBuf {
     let mut name = db.as_os_str().to_owned();
     name.push("-wal");

@@ -44,14 +44,15 @@ fn dropping_queues_stops_their_threads_and_closes_their_files() {
     while (threads() > threads_before || open_files() > files_before) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(
-        threads(),
-        threads_before,
-        "20 opened and dropped queues left threads running"
+    // At most as many as before: the first queue's helper thread may still
+    // have been stopping when the baseline was taken.
+    let (threads_after, files_after) = (threads(), open_files());
+    assert!(
+        threads_after <= threads_before,
+        "20 opened and dropped queues left threads running: {threads_before} before, {threads_after} after"
     );
-    assert_eq!(
-        open_files(),
-        files_before,
-        "20 opened and dropped queues left files open"
+    assert!(
+        files_after <= files_before,
+        "20 opened and dropped queues left files open: {files_before} before, {files_after} after"
     );
 }

@@ -37,6 +37,14 @@ fn pool(queue: &Queue) -> WorkerPool {
         .expect("start pool")
 }
 
+/// Keeps the tests that write hundreds of MiB from running at the same
+/// time as each other: on one disk, another test's writes and fsyncs slow
+/// this test's checkpoints, which is not what these tests measure.
+fn heavy_writes() -> std::sync::MutexGuard<'static, ()> {
+    static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Enqueues `n` jobs one transaction each, with a 1 KiB payload.
 fn write_jobs(queue: &Queue, n: usize) {
     let payload = serde_json::json!({ "filler": "x".repeat(1024) });
@@ -49,6 +57,7 @@ fn write_jobs(queue: &Queue, n: usize) {
 
 #[test]
 fn a_long_reader_lets_the_wal_grow_and_once_it_is_gone_the_wal_is_bounded() {
+    let _heavy = heavy_writes();
     let (_dir, path) = temp_db();
     let queue = open(&path);
     let mut pool = pool(&queue);
@@ -225,6 +234,7 @@ fn long_lived_pool_process() {
 /// SQLITE_BUSY from another connection's checkpoint lock.
 #[test]
 fn concurrent_writers_keep_the_wal_under_journal_size_limit() {
+    let _heavy = heavy_writes();
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let (_dir, path) = temp_db();
@@ -264,5 +274,71 @@ fn concurrent_writers_keep_the_wal_under_journal_size_limit() {
         largest as f64 / MIB as f64,
         started.elapsed(),
         db_bytes as f64 / MIB as f64
+    );
+}
+
+/// Four connections writing without pause while a reader pins the WAL for
+/// 1.5 s: the log grows while the reader lives (nothing can copy past its
+/// snapshot), no writer gets an error meanwhile (the write path's attempts
+/// to truncate must not hold the write lock for the whole pin), and once
+/// the reader is gone the write path brings the file back under 17 MiB
+/// while the writers go on, without anyone calling `Queue::checkpoint`.
+#[test]
+fn after_a_pinning_reader_leaves_nonstop_writers_get_the_wal_truncated() {
+    let _heavy = heavy_writes();
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let (_dir, path) = temp_db();
+    let queue = open(&path);
+    let reader = queue.open_connection().expect("reader connection");
+    reader.execute_batch("BEGIN").unwrap();
+    let _: i64 = reader
+        .query_row("SELECT count(*) FROM tickler_jobs", [], |r| r.get(0))
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let longest_wait = Arc::new(Mutex::new(std::time::Duration::ZERO));
+    let writers: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, path) = (Arc::clone(&stop), path.clone());
+            let longest_wait = Arc::clone(&longest_wait);
+            std::thread::spawn(move || {
+                let queue = open(&path);
+                while !stop.load(Ordering::SeqCst) {
+                    let asked = Instant::now();
+                    write_jobs(&queue, 1);
+                    let mut longest = longest_wait.lock().unwrap();
+                    *longest = (*longest).max(asked.elapsed());
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(ms(1_500));
+    let pinned = queue.wal_bytes();
+    reader.execute_batch("COMMIT").unwrap();
+    drop(reader);
+    let released = Instant::now();
+    let mut largest = pinned;
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_until("the write path truncated the WAL", secs(60), || {
+            largest = largest.max(queue.wal_bytes());
+            queue.wal_bytes() < 17 * MIB
+        })
+    }));
+    let took = released.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    for writer in writers {
+        writer.join().expect("a writer failed");
+    }
+    eprintln!(
+        "WAL {:.1} MiB when the reader left, largest {:.1} MiB, under 17 MiB after {took:?}; \
+         longest single enqueue {:?}",
+        pinned as f64 / MIB as f64,
+        largest as f64 / MIB as f64,
+        *longest_wait.lock().unwrap()
+    );
+    outcome.unwrap();
+    assert!(
+        pinned > 17 * MIB,
+        "the reader did not pin the WAL: {pinned} bytes"
     );
 }
