@@ -1437,8 +1437,9 @@ impl Queue {
     /// goes on ("checkpoint starvation", SQLite's WAL documentation,
     /// section 4). Past `WAL_TRUNCATE_BYTES` this empties the WAL with
     /// [`truncate_wal`], on a read connection of the pool so that the
-    /// process's other threads can go on writing meanwhile; one thread of
-    /// the process at a time. An attempt that cannot finish (a reader pins
+    /// process's other threads can go on writing meanwhile (`query_only`
+    /// refuses writing statements, not checkpoints); one thread of the
+    /// process at a time. An attempt that cannot finish (a reader pins
     /// an old snapshot) is only logged, and the WAL is looked at again after
     /// `WAL_TRUNCATE_BACKOFF`.
     fn bound_wal(&self) {
