@@ -1266,9 +1266,9 @@ impl Queue {
         let wal = wal_path(&self.inner.path);
         let wal_bytes_before = std::fs::metadata(&wal).map_or(0, |m| m.len());
         let writer = self.lock_writer()?;
-        let complete = truncate_wal(&writer.conn, self.inner.config.busy_timeout);
+        let outcome = truncate_wal(&writer.conn, self.inner.config.busy_timeout);
         set_busy_limit(self.inner.config.busy_timeout);
-        let complete = complete?;
+        let complete = outcome? == WalTruncate::Truncated;
         drop(writer);
         Ok(Checkpoint {
             wal_bytes_before,
@@ -1455,35 +1455,47 @@ impl Queue {
         if wal_bytes <= WAL_TRUNCATE_BYTES || inner.wal_truncating.swap(true, Ordering::SeqCst) {
             return;
         }
-        let finished = match inner.readers.get_timeout(WAL_TRUNCATE_WAIT) {
-            // Every read connection stayed in use: try again later.
-            Err(e) => {
-                log::info!("WAL of {wal_bytes} bytes: no connection free to checkpoint it: {e}");
+        // Past twice the threshold, writing has outrun the checkpoints
+        // (slow disk, busy machine): this process's writers then wait for
+        // the checkpoint, which runs on the write connection.
+        let hard = wal_bytes > 2 * WAL_TRUNCATE_BYTES;
+        let result = if hard {
+            self.lock_writer().and_then(|writer| {
+                let result = truncate_wal(&writer.conn, WAL_TRUNCATE_WAIT);
+                set_busy_limit(inner.config.busy_timeout);
+                result
+            })
+        } else {
+            inner
+                .readers
+                .get_timeout(WAL_TRUNCATE_WAIT)
+                .map_err(Error::from)
+                .and_then(|conn| {
+                    let result = truncate_wal(&conn, WAL_TRUNCATE_WAIT);
+                    set_busy_limit(inner.config.busy_timeout);
+                    result
+                })
+        };
+        let back_off = match result {
+            Ok(WalTruncate::Truncated) => {
+                log::debug!("WAL of {wal_bytes} bytes checkpointed and truncated");
                 false
             }
-            Ok(conn) => {
-                let result = truncate_wal(&conn, WAL_TRUNCATE_WAIT);
-                set_busy_limit(inner.config.busy_timeout);
-                match result {
-                    Ok(true) => {
-                        log::debug!("WAL of {wal_bytes} bytes checkpointed and truncated");
-                        true
-                    }
-                    Ok(false) => {
-                        log::info!(
-                            "WAL of {wal_bytes} bytes: a reader or another checkpoint kept it \
-                             from being truncated; next try in {WAL_TRUNCATE_BACKOFF:?}"
-                        );
-                        false
-                    }
-                    Err(e) => {
-                        log::warn!("WAL of {wal_bytes} bytes: truncating checkpoint failed: {e}");
-                        false
-                    }
-                }
+            // Someone else's checkpoint or writer: the next commit tries
+            // again, as waiting 250 ms lets nonstop writers add 40 MiB.
+            Ok(WalTruncate::Busy) => false,
+            Ok(kept) => {
+                log::info!(
+                    "WAL of {wal_bytes} bytes not truncated ({kept:?}); next try in {WAL_TRUNCATE_BACKOFF:?}"
+                );
+                true
+            }
+            Err(e) => {
+                log::warn!("WAL of {wal_bytes} bytes: truncating checkpoint failed: {e}");
+                true
             }
         };
-        if !finished {
+        if back_off {
             *inner
                 .next_wal_truncate
                 .lock()
@@ -2303,14 +2315,16 @@ fn reader_pool_threads() -> Arc<scheduled_thread_pool::ScheduledThreadPool> {
 ///    handler), copies the little that was committed meanwhile, waits for
 ///    the readers still inside the log and empties the file.
 ///
-/// Returns true when the file was truncated. Leaves the thread's busy limit
-/// changed: callers set it back.
-fn truncate_wal(conn: &Connection, wait: Duration) -> Result<bool> {
+/// Leaves the thread's busy limit changed: callers set it back.
+fn truncate_wal(conn: &Connection, wait: Duration) -> Result<WalTruncate> {
     let mut last_log_frames: Option<i64> = None;
     for _ in 0..4 {
         let passive = wal_checkpoint(conn, "PASSIVE", Instant::now() + wait)?;
-        if passive.log_frames < 0 || passive.log_frames - passive.copied > WAL_PINNED_FRAMES {
-            return Ok(false);
+        if passive.log_frames < 0 {
+            return Ok(WalTruncate::Busy);
+        }
+        if passive.log_frames - passive.copied > WAL_PINNED_FRAMES {
+            return Ok(WalTruncate::Pinned);
         }
         let appended = last_log_frames.map_or(i64::MAX, |last| passive.log_frames - last);
         last_log_frames = Some(passive.log_frames);
@@ -2318,7 +2332,26 @@ fn truncate_wal(conn: &Connection, wait: Duration) -> Result<bool> {
             break;
         }
     }
-    Ok(wal_checkpoint(conn, "TRUNCATE", Instant::now() + wait)?.finished)
+    Ok(
+        if wal_checkpoint(conn, "TRUNCATE", Instant::now() + wait)?.finished {
+            WalTruncate::Truncated
+        } else {
+            WalTruncate::Busy
+        },
+    )
+}
+
+/// How [`truncate_wal`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WalTruncate {
+    /// The WAL was copied back and the file emptied.
+    Truncated,
+    /// A reader holds an old snapshot; nothing can empty the log until it
+    /// lets go.
+    Pinned,
+    /// Another connection's checkpoint, writer or short reader did not let
+    /// go within the wait.
+    Busy,
 }
 
 /// What one `PRAGMA wal_checkpoint` reported.
