@@ -46,8 +46,8 @@ const WAL_TRUNCATE_BYTES: u64 = 16 * 1024 * 1024;
 /// How long that checkpoint waits for other connections to let go.
 const WAL_TRUNCATE_WAIT: Duration = Duration::from_millis(100);
 
-/// After an unfinished truncating checkpoint the write path waits this
-/// long before it looks at the WAL again.
+/// After a truncating checkpoint stopped by a reader pinning the WAL, the
+/// write path waits this long before it looks at the WAL again.
 const WAL_TRUNCATE_BACKOFF: Duration = Duration::from_millis(250);
 
 /// WAL frames (pages) a passive checkpoint may leave uncopied before the
@@ -1436,12 +1436,14 @@ impl Queue {
     /// but never restarted, and the file grows for as long as the writing
     /// goes on ("checkpoint starvation", SQLite's WAL documentation,
     /// section 4). Past `WAL_TRUNCATE_BYTES` this empties the WAL with
-    /// [`truncate_wal`], on a read connection of the pool so that the
-    /// process's other threads can go on writing meanwhile (`query_only`
-    /// refuses writing statements, not checkpoints); one thread of the
-    /// process at a time. An attempt that cannot finish (a reader pins
-    /// an old snapshot) is only logged, and the WAL is looked at again after
-    /// `WAL_TRUNCATE_BACKOFF`.
+    /// [`truncate_wal`], one thread of the process at a time: on a read
+    /// connection of the pool, so that the process's other threads go on
+    /// writing meanwhile (`query_only` refuses writing statements, not
+    /// checkpoints); past twice that, on the write connection, so that they
+    /// wait for it. A failed attempt is only logged. When a reader pins an
+    /// old snapshot (or on an error) the WAL is looked at again after
+    /// `WAL_TRUNCATE_BACKOFF`; when another connection was in the way, at
+    /// the next commit.
     fn bound_wal(&self) {
         let inner = &self.inner;
         let not_before = *inner
