@@ -50,9 +50,10 @@ const WAL_TRUNCATE_WAIT: Duration = Duration::from_millis(100);
 /// write path waits this long before it looks at the WAL again.
 const WAL_TRUNCATE_BACKOFF: Duration = Duration::from_millis(250);
 
-/// WAL frames (pages) a passive checkpoint may leave uncopied before the
-/// log counts as pinned by a reader: short reads that began a few commits
-/// ago hold back a few frames, a reader pinning an old snapshot thousands.
+/// WAL frames (pages; tickler creates files with 4 KiB pages) a passive
+/// checkpoint may leave uncopied before the log counts as pinned by a
+/// reader. Under nonstop writers even a read of ~30 ms holds back 1,500 or
+/// more frames and counts as a pin; the cost is one retry 250 ms later.
 const WAL_PINNED_FRAMES: i64 = 1_000;
 
 /// How long opening retries a busy switch to WAL mode.
@@ -264,7 +265,8 @@ struct Inner {
     /// No truncating checkpoint from the write path before this instant;
     /// see `Queue::bound_wal`.
     next_wal_truncate: Mutex<Instant>,
-    /// A thread of this process is running `Queue::bound_wal`'s checkpoint.
+    /// A thread is running `Queue::bound_wal`'s checkpoint for this `Queue`
+    /// and its clones (one per opened `Queue`, not per process).
     wal_truncating: AtomicBool,
 }
 
@@ -1246,13 +1248,15 @@ impl Queue {
         self.inner.config.durability
     }
 
-    /// Copies the WAL into the database file and truncates the WAL: a
-    /// PASSIVE checkpoint, then `PRAGMA wal_checkpoint(TRUNCATE)`, waiting
-    /// up to the busy timeout in all for other connections' writers,
-    /// readers and checkpoints. SQLite checkpoints on its own every ~1000
-    /// pages and tickler's write path truncates a WAL past 16 MiB, so this
-    /// is for operators and tests. While the TRUNCATE step waits, it holds
-    /// the write lock: every writer of the file waits with it. A reader
+    /// Copies the WAL into the database file and truncates the WAL: up to
+    /// four PASSIVE checkpoints, then `PRAGMA wal_checkpoint(TRUNCATE)`,
+    /// each step waiting up to the busy timeout for other connections'
+    /// writers, readers and checkpoints. SQLite checkpoints on its own
+    /// every ~1000 pages and tickler's write path truncates a WAL past
+    /// 16 MiB, so this is for operators and tests. This process's writers
+    /// wait for the whole call (it runs on the write connection); while the
+    /// TRUNCATE step waits it holds SQLite's write lock, so every writer of
+    /// the file waits with it. A reader
     /// holding an old snapshot keeps part of the WAL from being copied; this
     /// then returns at once with `complete` false (rather than holding the
     /// writers up for the whole busy timeout), and can be called again later.
@@ -1436,11 +1440,15 @@ impl Queue {
     /// but never restarted, and the file grows for as long as the writing
     /// goes on ("checkpoint starvation", SQLite's WAL documentation,
     /// section 4). Past `WAL_TRUNCATE_BYTES` this empties the WAL with
-    /// [`truncate_wal`], one thread of the process at a time: on a read
-    /// connection of the pool, so that the process's other threads go on
+    /// [`truncate_wal`], one thread per opened `Queue` at a time: on a read
+    /// connection of the pool, so that the `Queue`'s other threads go on
     /// writing meanwhile (`query_only` refuses writing statements, not
     /// checkpoints); past twice that, on the write connection, so that they
-    /// wait for it. A failed attempt is only logged. When a reader pins an
+    /// wait for it. SQLite's own automatic checkpoint still runs inside the
+    /// commit on the write connection: the first commit after a long reader
+    /// left copies most of the backlog there, with this `Queue`'s writers
+    /// waiting (known limit). The thread that pays is whichever wrote: an
+    /// enqueuing caller, or a pool's dispatcher or heartbeat thread. A failed attempt is only logged. When a reader pins an
     /// old snapshot (or on an error) the WAL is looked at again after
     /// `WAL_TRUNCATE_BACKOFF`; when another connection was in the way, at
     /// the next commit.
@@ -1457,6 +1465,15 @@ impl Queue {
         if wal_bytes <= WAL_TRUNCATE_BYTES || inner.wal_truncating.swap(true, Ordering::SeqCst) {
             return;
         }
+        // Cleared however this returns, a panic (say, in a logger)
+        // included: a flag left set would end the bounding for good.
+        struct Clear<'a>(&'a AtomicBool);
+        impl Drop for Clear<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::SeqCst);
+            }
+        }
+        let _clear = Clear(&inner.wal_truncating);
         // Past twice the threshold, writing has outrun the checkpoints
         // (slow disk, busy machine): this process's writers then wait for
         // the checkpoint, which runs on the write connection.
@@ -1503,7 +1520,6 @@ impl Queue {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = Instant::now() + WAL_TRUNCATE_BACKOFF;
         }
-        inner.wal_truncating.store(false, Ordering::SeqCst);
     }
 
     pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
