@@ -11,9 +11,7 @@
 
 mod app_tx_common;
 
-use app_tx_common::{
-    create_effects, effects_of, insert_effect, ms, raw, secs, temp_db, wait_until,
-};
+use app_tx_common::{create_effects, effects_of, insert_effect, ms, secs, temp_db, wait_until};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once};
@@ -61,18 +59,25 @@ fn logged() -> Vec<String> {
     LOG.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
-const JOBS: usize = 300;
-
-#[test]
-fn complete_with_in_a_handler_succeeds_each_job_once_and_the_pool_records_nothing_more() {
-    let _serial = capture_log();
-    let (_dir, path) = temp_db();
+/// A queue on a fresh file and an application connection to it with the
+/// `effects` table.
+fn queue_with_effects() -> (tempfile::TempDir, Queue, rusqlite::Connection) {
+    let (dir, path) = temp_db();
     let queue = Queue::builder(&path)
         .durability(Durability::Normal)
         .open()
         .unwrap();
     let app = queue.open_connection().unwrap();
     create_effects(&app);
+    (dir, queue, app)
+}
+
+const JOBS: usize = 300;
+
+#[test]
+fn complete_with_in_a_handler_succeeds_each_job_once_and_the_pool_records_nothing_more() {
+    let _serial = capture_log();
+    let (_dir, queue, app) = queue_with_effects();
 
     // What each handler does after its complete_with committed: nothing,
     // return an error, or panic. None of that may reach the job.
@@ -164,13 +169,7 @@ fn complete_with_in_a_handler_succeeds_each_job_once_and_the_pool_records_nothin
 #[test]
 fn a_handler_that_lost_its_lease_gets_lease_lost_and_its_row_is_not_written() {
     let _serial = capture_log();
-    let (_dir, path) = temp_db();
-    let queue = Queue::builder(&path)
-        .durability(Durability::Normal)
-        .open()
-        .unwrap();
-    let app = queue.open_connection().unwrap();
-    create_effects(&app);
+    let (_dir, queue, app) = queue_with_effects();
     let id = queue.enqueue(NewJob::new("slow")).unwrap();
 
     let started = Arc::new(AtomicBool::new(false));
@@ -214,11 +213,7 @@ fn a_handler_that_lost_its_lease_gets_lease_lost_and_its_row_is_not_written() {
         Err(e) if e.starts_with("LeaseLost") => {}
         other => panic!("expected LeaseLost, got {other:?}"),
     }
-    assert_eq!(
-        effects_of(&raw(&path), id.0),
-        0,
-        "a lost holder's row landed"
-    );
+    assert_eq!(effects_of(&app, id.0), 0, "a lost holder's row landed");
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Cancelled);
     assert_eq!(job.attempts, 1);
@@ -241,13 +236,7 @@ fn a_handler_that_lost_its_lease_gets_lease_lost_and_its_row_is_not_written() {
 #[test]
 fn a_handler_still_running_after_complete_with_is_not_told_its_lease_was_lost() {
     let _serial = capture_log();
-    let (_dir, path) = temp_db();
-    let queue = Queue::builder(&path)
-        .durability(Durability::Normal)
-        .open()
-        .unwrap();
-    let app = queue.open_connection().unwrap();
-    create_effects(&app);
+    let (_dir, queue, app) = queue_with_effects();
     let id = queue.enqueue(NewJob::new("lingers")).unwrap();
     let reason: Arc<Mutex<Option<Option<tickler::CancelReason>>>> = Arc::default();
     let h_reason = Arc::clone(&reason);
@@ -296,13 +285,7 @@ fn a_handler_still_running_after_complete_with_is_not_told_its_lease_was_lost() 
 #[test]
 fn a_heartbeat_racing_complete_with_does_not_report_a_lost_lease() {
     let _serial = capture_log();
-    let (_dir, path) = temp_db();
-    let queue = Queue::builder(&path)
-        .durability(Durability::Normal)
-        .open()
-        .unwrap();
-    let app = queue.open_connection().unwrap();
-    create_effects(&app);
+    let (_dir, queue, _app) = queue_with_effects();
     const RACING_JOBS: usize = 3_000;
     let jobs: Vec<NewJob> = (0..RACING_JOBS).map(|_| NewJob::new("racing")).collect();
     queue.enqueue_batch(jobs).unwrap();
@@ -369,13 +352,7 @@ fn a_heartbeat_racing_complete_with_does_not_report_a_lost_lease() {
 #[test]
 fn a_second_complete_with_does_not_undo_the_first() {
     let _serial = capture_log();
-    let (_dir, path) = temp_db();
-    let queue = Queue::builder(&path)
-        .durability(Durability::Normal)
-        .open()
-        .unwrap();
-    let app = queue.open_connection().unwrap();
-    create_effects(&app);
+    let (_dir, queue, app) = queue_with_effects();
     let id = queue.enqueue(NewJob::new("twice")).unwrap();
     type Seen = (bool, Option<tickler::CancelReason>);
     let seen: Arc<Mutex<Option<Seen>>> = Arc::default();
