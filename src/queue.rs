@@ -33,6 +33,36 @@ const SCHEMA_SQL: &str = include_str!("../schema.sql");
 /// Latest timestamp tickler stores: 9999-12-31T23:59:59.999Z, in ms.
 pub const MAX_TIMESTAMP_MS: i64 = 253_402_300_799_999;
 
+/// Deepest nesting of arrays and objects a payload may have (`[[0]]` is 2).
+/// serde_json reads at most 128 levels back, SQLite's `json_valid` accepts
+/// 1,000: without a limit below both, a payload could be stored that no
+/// one can read. Deeper payloads are refused with [`Error::PayloadTooDeep`].
+pub const MAX_PAYLOAD_DEPTH: usize = 100;
+
+/// Longest unique_key, in bytes of UTF-8 ([`Error::UniqueKeyTooLong`]).
+pub const MAX_UNIQUE_KEY_BYTES: usize = 1024;
+
+/// Largest [`QueueBuilder::max_payload_bytes`] accepted with SQLite's
+/// default length limit (1,000,000,000 bytes per value and per row): the
+/// limit less 1 MiB for the row's other columns. A connection whose
+/// `SQLITE_LIMIT_LENGTH` was lowered (by an `on_connection` hook) lowers
+/// it accordingly; [`QueueBuilder::open`] checks.
+pub const MAX_PAYLOAD_BYTES_LIMIT: usize = 1_000_000_000 - ROW_HEADROOM;
+
+/// Room kept in a row for everything but the payload: names, unique_key,
+/// last_error and the error history are all capped well below this.
+const ROW_HEADROOM: usize = 1024 * 1024;
+
+/// Longest error text stored per attempt, in bytes. A longer one keeps its
+/// first 6 KiB and last 2 KiB around a note of how much was cut: handler
+/// errors can be whole HTTP bodies or logs, and one over SQLite's length
+/// limit used to lose every outcome of its batch.
+pub const MAX_ERROR_BYTES: usize = 8 * 1024;
+
+/// Failed attempts whose errors a job keeps in [`Job::errors`]; older ones
+/// are dropped as new ones come.
+pub const ERROR_HISTORY_MAX: usize = 20;
+
 /// Most scheduled jobs one claim transaction promotes to pending, so a
 /// million jobs falling due at once cannot make one claim transaction long.
 const PROMOTE_BATCH: i64 = 5_000;
@@ -196,11 +226,21 @@ impl QueueBuilder {
     /// [`Error::Busy`].
     pub fn open(self) -> Result<Queue> {
         let path = self.path.clone();
+        check_payload_limit(
+            self.max_payload_bytes,
+            MAX_PAYLOAD_BYTES_LIMIT + ROW_HEADROOM,
+        )?;
         create_owner_only(&path)?;
         let writer = Connection::open(&path).map_err(|e| open_error(&path, e))?;
         set_busy_limit(self.busy_timeout);
         configure_connection(&writer, self.durability, false, self.on_connection.as_ref())
             .map_err(|e| open_error(&path, e))?;
+        // The hook may have lowered SQLite's length limit on this connection.
+        let length_limit = writer.limit(rusqlite::limits::Limit::SQLITE_LIMIT_LENGTH)?;
+        check_payload_limit(
+            self.max_payload_bytes,
+            usize::try_from(length_limit).unwrap_or(0),
+        )?;
         if writer.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
             return Err(Error::ReadOnly { path });
         }
@@ -604,10 +644,24 @@ impl Queue {
         if job.max_attempts == 0 {
             return Err(Error::InvalidMaxAttempts);
         }
-        if job.unique_key.as_deref() == Some("") {
-            return Err(Error::InvalidArgument(
-                "unique_key is empty: leave it unset for no deduplication".into(),
-            ));
+        match job.unique_key.as_deref() {
+            Some("") => {
+                return Err(Error::InvalidArgument(
+                    "unique_key is empty: leave it unset for no deduplication".into(),
+                ))
+            }
+            Some(key) if key.len() > MAX_UNIQUE_KEY_BYTES => {
+                return Err(Error::UniqueKeyTooLong {
+                    size: key.len(),
+                    limit: MAX_UNIQUE_KEY_BYTES,
+                })
+            }
+            _ => {}
+        }
+        if json_depth_exceeds(&job.payload, MAX_PAYLOAD_DEPTH) {
+            return Err(Error::PayloadTooDeep {
+                limit: MAX_PAYLOAD_DEPTH,
+            });
         }
         let payload = serde_json::to_string(&job.payload)?;
         let limit = self.inner.config.max_payload_bytes;
@@ -618,6 +672,9 @@ impl Queue {
             });
         }
         let run_at = match (job.run_at, job.delay) {
+            // Any past time means "due now", also one before 1970, which
+            // the stored range (ms since 1970) cannot hold.
+            (Some(at), _) if at.timestamp_millis() < 0 => now,
             (Some(at), _) => at.timestamp_millis(),
             (None, Some(delay)) => add_ms(now, delay).ok_or(Error::TimeOutOfRange {
                 what: "enqueue time plus delay",
@@ -782,9 +839,12 @@ impl Queue {
             leases
                 .iter()
                 .map(|lease| {
-                    let changed =
-                        stmt.execute(params![expires, lease.job_id.0, lease.run_token.0])?;
-                    Ok(fenced(changed, lease).map(|()| ms_to_datetime(expires)))
+                    let renewed = isolated(tx, || {
+                        Ok(stmt.execute(params![expires, lease.job_id.0, lease.run_token.0])?)
+                    })?;
+                    Ok(renewed.and_then(|changed| {
+                        fenced(changed, lease).map(|()| ms_to_datetime(expires))
+                    }))
                 })
                 .collect()
         })
@@ -928,8 +988,31 @@ impl Queue {
                     if let Some(kinds) = request.kinds {
                         values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
                     }
-                    for lease in stmt.query_map(values.as_slice(), lease_from_row)? {
-                        leases.push(lease?);
+                    let mut unreadable = Vec::new();
+                    for row in stmt.query_map(values.as_slice(), claimed_from_row)? {
+                        match row? {
+                            ClaimedRow::Readable(lease) => leases.push(lease),
+                            ClaimedRow::Unreadable {
+                                job_id,
+                                run_token,
+                                problems,
+                            } => unreadable.push((job_id, run_token, problems)),
+                        }
+                    }
+                    drop(stmt);
+                    // One damaged row costs its own job, not the claim.
+                    for (job_id, run_token, problems) in unreadable {
+                        let error = format!(
+                            "this job's row could not be read ({problems}); it was not run: \
+                             fix or delete the row, then retry the job"
+                        );
+                        log::error!("job {job_id}: {error}");
+                        tx.prepare_cached(DEAD_SQL)?.execute(params![
+                            now,
+                            cut_error(&error),
+                            job_id.0,
+                            run_token
+                        ])?;
                     }
                 }
                 Ok((recorded, Some(leases)))
@@ -1009,7 +1092,8 @@ impl Queue {
                 for (id, token, attempts, worker) in &expired {
                     let retry_at = retry_time(now, &policy, *attempts);
                     let error = format!("lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time");
-                    taken += reap.execute(params![now, retry_at, error, id, token])? as u64;
+                    let error = cut_error(&error);
+                    taken += reap.execute(params![now, retry_at, error, id, token, now])? as u64;
                 }
                 Ok((taken, expired.len()))
             })?;
@@ -1866,33 +1950,67 @@ const PROMOTE_SQL: &str = "UPDATE tickler_jobs SET status = 'pending'
                  WHERE status = 'scheduled' AND queue = ?1 AND run_at <= ?2
                  ORDER BY run_at LIMIT ?3)";
 
+/// Success ends the error story: `last_error` is cleared (the history in
+/// `errors` stays). ?1 now, ?2 id, ?3 run_token.
 const COMPLETE_SQL: &str = "UPDATE tickler_jobs
-    SET status = 'succeeded', finished_at = ?1, lease_expires_at = NULL
+    SET status = 'succeeded', finished_at = ?1, lease_expires_at = NULL, last_error = NULL
     WHERE id = ?2 AND run_token = ?3 AND status = 'running'";
+
+/// `errors` with one more entry for the current attempt (at `$at`, error
+/// `$error`), keeping the last `ERROR_HISTORY_MAX` (20) entries.
+macro_rules! append_error {
+    ($at:literal, $error:literal) => {
+        concat!(
+            "errors = json_insert(
+                 CASE WHEN json_array_length(errors) >= 20 THEN json_remove(errors, '$[0]')
+                      ELSE errors END,
+                 '$[#]',
+                 json_object('attempt', attempts, 'at', ",
+            $at,
+            ", 'error', ",
+            $error,
+            ", 'worker', claimed_by))"
+        )
+    };
+}
 
 /// ?1 now, ?2 retry time, ?3 error, ?4 id, ?5 run_token. Dead when the
 /// attempts are used up, else waiting for the retry time.
-const FAIL_SQL: &str = "UPDATE tickler_jobs
+const FAIL_SQL: &str = concat!(
+    "UPDATE tickler_jobs
     SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
                       WHEN ?2 <= ?1 THEN 'pending' ELSE 'scheduled' END,
         run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE ?2 END,
         finished_at = CASE WHEN attempts >= max_attempts THEN ?1 END,
-        last_error = ?3, lease_expires_at = NULL
-    WHERE id = ?4 AND run_token = ?5 AND status = 'running'";
+        last_error = ?3, lease_expires_at = NULL, ",
+    append_error!("?1", "?3"),
+    "
+    WHERE id = ?4 AND run_token = ?5 AND status = 'running'"
+);
 
 /// The reaper's version of FAIL_SQL, also conditional on the lease having
-/// run out, so that a heartbeat that landed first wins.
-const REAP_SQL: &str = "UPDATE tickler_jobs
+/// run out (?6, the reaper's cutoff), so that a heartbeat that landed first
+/// wins.
+const REAP_SQL: &str = concat!(
+    "UPDATE tickler_jobs
     SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
                       WHEN ?2 <= ?1 THEN 'pending' ELSE 'scheduled' END,
         run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE ?2 END,
         finished_at = CASE WHEN attempts >= max_attempts THEN ?1 END,
-        last_error = ?3, lease_expires_at = NULL
-    WHERE id = ?4 AND run_token = ?5 AND status = 'running' AND lease_expires_at < ?1";
+        last_error = ?3, lease_expires_at = NULL, ",
+    append_error!("?1", "?3"),
+    "
+    WHERE id = ?4 AND run_token = ?5 AND status = 'running' AND lease_expires_at < ?6"
+);
 
-const DEAD_SQL: &str = "UPDATE tickler_jobs
-    SET status = 'dead', finished_at = ?1, last_error = ?2, lease_expires_at = NULL
-    WHERE id = ?3 AND run_token = ?4 AND status = 'running'";
+/// ?1 now, ?2 error, ?3 id, ?4 run_token.
+const DEAD_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'dead', finished_at = ?1, last_error = ?2, lease_expires_at = NULL, ",
+    append_error!("?1", "?2"),
+    "
+    WHERE id = ?3 AND run_token = ?4 AND status = 'running'"
+);
 
 const SNOOZE_SQL: &str = "UPDATE tickler_jobs
     SET status = CASE WHEN ?2 <= ?1 THEN 'pending' ELSE 'scheduled' END,
@@ -1909,7 +2027,7 @@ const LEASE_COLUMNS: &str =
 const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
-    created_at, finished_at";
+    created_at, finished_at, errors";
 
 /// Inserts validated jobs in `tx`; a job whose unique_key is held by an
 /// unfinished job inserts nothing and yields that job's id.
@@ -2138,8 +2256,10 @@ fn claim_sql(kinds: Option<&[&str]>) -> String {
     )
 }
 
-/// One outcome, fenced by run_token. `Ok(Err(LeaseLost))` when the lease
-/// is no longer held.
+/// One outcome, fenced by run_token. The outer error is the
+/// transaction's (it failed as a whole); the inner one is this outcome's
+/// alone: `LeaseLost` when the lease is no longer held, or a statement
+/// SQLite refused (see [`isolated`]), which changed nothing for it.
 fn record_in(
     tx: &rusqlite::Transaction<'_>,
     lease: &Lease,
@@ -2148,36 +2268,138 @@ fn record_in(
     policy: &RetryPolicy,
 ) -> Result<Result<()>> {
     if let Outcome::Snooze(until) = outcome {
-        // Refused for this outcome only; the rest of the batch goes on.
-        if let Err(e) = check_timestamp(until.timestamp_millis(), "snooze time") {
-            return Ok(Err(e));
+        // Refused for this outcome only; the rest of the batch goes on. A
+        // time before 1970 is past, so due now, like a run_at.
+        if until.timestamp_millis() > MAX_TIMESTAMP_MS {
+            return Ok(Err(Error::TimeOutOfRange {
+                what: "snooze time",
+            }));
         }
     }
+    let changed = match isolated(tx, || apply_outcome(tx, lease, outcome, now, policy, None))? {
+        Err(refused) => match outcome {
+            // The error text may be what SQLite refused (over a lowered
+            // length limit, or refused by a trigger): record the failure
+            // with a short note instead, so the job is not left running
+            // until its lease runs out.
+            Outcome::Fail(error) | Outcome::FailPermanently(error) => {
+                let note = format!(
+                    "the handler's error ({} bytes) could not be stored: {refused}",
+                    error.len()
+                );
+                match isolated(tx, || {
+                    apply_outcome(tx, lease, outcome, now, policy, Some(&note))
+                })? {
+                    Ok(changed) => changed,
+                    Err(_) => return Ok(Err(refused)),
+                }
+            }
+            _ => return Ok(Err(refused)),
+        },
+        Ok(changed) => changed,
+    };
+    Ok(fenced(changed, lease))
+}
+
+/// The fenced statement of one outcome; returns the rows changed (0: lease
+/// lost). `error_note` replaces the outcome's error text.
+fn apply_outcome(
+    tx: &rusqlite::Transaction<'_>,
+    lease: &Lease,
+    outcome: &Outcome,
+    now: i64,
+    policy: &RetryPolicy,
+    error_note: Option<&str>,
+) -> Result<usize> {
     let id = lease.job_id.0;
     let token = &lease.run_token.0;
-    let changed = match outcome {
+    let error_of = |error: &str| cut_error(error_note.unwrap_or(error)).into_owned();
+    Ok(match outcome {
         Outcome::Complete => tx
             .prepare_cached(COMPLETE_SQL)?
             .execute(params![now, id, token])?,
         Outcome::Fail(error) => {
             let retry_at = retry_time(now, policy, lease.attempt);
-            tx.prepare_cached(FAIL_SQL)?
-                .execute(params![now, retry_at, error, id, token])?
+            tx.prepare_cached(FAIL_SQL)?.execute(params![
+                now,
+                retry_at,
+                error_of(error),
+                id,
+                token
+            ])?
         }
-        Outcome::FailPermanently(error) => tx
-            .prepare_cached(DEAD_SQL)?
-            .execute(params![now, error, id, token])?,
-        Outcome::Snooze(until) => tx.prepare_cached(SNOOZE_SQL)?.execute(params![
-            now,
-            until.timestamp_millis(),
-            id,
-            token
-        ])?,
+        Outcome::FailPermanently(error) => {
+            tx.prepare_cached(DEAD_SQL)?
+                .execute(params![now, error_of(error), id, token])?
+        }
+        Outcome::Snooze(until) => {
+            let until = match until.timestamp_millis() {
+                before_1970 if before_1970 < 0 => now,
+                until => until,
+            };
+            tx.prepare_cached(SNOOZE_SQL)?
+                .execute(params![now, until, id, token])?
+        }
         Outcome::Release => tx
             .prepare_cached(RELEASE_SQL)?
             .execute(params![id, token])?,
-    };
-    Ok(fenced(changed, lease))
+    })
+}
+
+/// Runs one statement of a batch (one outcome, one heartbeat). An error
+/// SQLite confined to that statement (a constraint or trigger, a value over
+/// its length limit) is that item's own, `Ok(Err(_))`: SQLite has undone
+/// the statement alone and the transaction goes on with the rest of the
+/// batch. Any other error, or one after which SQLite ended the
+/// transaction (disk full, I/O), fails the batch: `Err(_)`.
+fn isolated<T>(
+    tx: &rusqlite::Transaction<'_>,
+    statement: impl FnOnce() -> Result<T>,
+) -> Result<Result<T>> {
+    match statement() {
+        Ok(value) => Ok(Ok(value)),
+        Err(e) if statement_level(&e) && !tx.is_autocommit() => Ok(Err(e)),
+        Err(e) => Err(e),
+    }
+}
+
+fn statement_level(e: &Error) -> bool {
+    match e {
+        Error::ConstraintViolated { .. } => true,
+        Error::Sqlite(rusqlite::Error::SqliteFailure(f, _)) => matches!(
+            f.code,
+            rusqlite::ErrorCode::TooBig
+                | rusqlite::ErrorCode::ConstraintViolation
+                | rusqlite::ErrorCode::TypeMismatch
+                | rusqlite::ErrorCode::ParameterOutOfRange
+        ),
+        _ => false,
+    }
+}
+
+/// `error` cut to [`MAX_ERROR_BYTES`]: its first 6 KiB and its end around
+/// a note saying how many bytes were cut, on character boundaries.
+pub(crate) fn cut_error(error: &str) -> std::borrow::Cow<'_, str> {
+    if error.len() <= MAX_ERROR_BYTES {
+        return std::borrow::Cow::Borrowed(error);
+    }
+    const HEAD: usize = 6 * 1024;
+    const TAIL: usize = 2 * 1024 - 128;
+    let mut head_end = HEAD;
+    while !error.is_char_boundary(head_end) {
+        head_end -= 1;
+    }
+    let mut tail_start = error.len() - TAIL;
+    while !error.is_char_boundary(tail_start) {
+        tail_start += 1;
+    }
+    let cut = tail_start - head_end;
+    std::borrow::Cow::Owned(format!(
+        "{}\n[... {cut} of {} bytes cut by tickler ...]\n{}",
+        &error[..head_end],
+        error.len(),
+        &error[tail_start..]
+    ))
 }
 
 /// When a job that failed `attempt` may run again, in ms (clamped to the
@@ -2186,61 +2408,193 @@ fn retry_time(now: i64, policy: &RetryPolicy, attempt: u32) -> i64 {
     add_ms(now, policy.backoff(attempt)).map_or(MAX_TIMESTAMP_MS, |t| t.min(MAX_TIMESTAMP_MS))
 }
 
-fn lease_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Lease> {
-    Ok(Lease {
-        job_id: JobId(r.get(0)?),
-        queue: r.get(1)?,
-        kind: r.get(2)?,
-        payload: json_column(r, 3)?,
-        priority: r.get(4)?,
-        run_at: ms_to_datetime(r.get(5)?),
-        attempt: r.get(6)?,
-        max_attempts: r.get(7)?,
-        run_token: RunToken(r.get(8)?),
-        lease_expires_at: ms_to_datetime(r.get(9)?),
-        timeout: r
-            .get::<_, Option<i64>>(10)?
+/// A claimed row: its lease, or why it cannot be handed out. The id and
+/// run_token are read strictly (the id is the rowid, the token was written
+/// by this very claim); everything else leniently.
+enum ClaimedRow {
+    Readable(Lease),
+    Unreadable {
+        job_id: JobId,
+        run_token: String,
+        problems: String,
+    },
+}
+
+fn claimed_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
+    let job_id = JobId(r.get(0)?);
+    let run_token: String = r.get(8)?;
+    let mut row = RowReader::new(r);
+    let lease = Lease {
+        job_id,
+        queue: row.text(1, "queue"),
+        kind: row.text(2, "kind"),
+        payload: row.json(3, "payload"),
+        priority: row.get(4, "priority"),
+        run_at: row.time(5, "run_at"),
+        attempt: row.get(6, "attempts"),
+        max_attempts: row.get(7, "max_attempts"),
+        run_token: RunToken(run_token.clone()),
+        lease_expires_at: row.time(9, "lease_expires_at"),
+        timeout: row
+            .get::<Option<i64>>(10, "timeout_ms")
             .map(|ms| Duration::from_millis(ms.unsigned_abs())),
+    };
+    Ok(match row.finish() {
+        None => ClaimedRow::Readable(lease),
+        Some(problems) => ClaimedRow::Unreadable {
+            job_id,
+            run_token,
+            problems,
+        },
     })
 }
 
 fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
-    let status: String = r.get(4)?;
-    let state = status.parse::<JobState>().map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(4, rusqlite::types::Type::Text, Box::new(e))
-    })?;
-    let opt_time = |i: usize| -> rusqlite::Result<Option<DateTime<Utc>>> {
-        Ok(r.get::<_, Option<i64>>(i)?.map(ms_to_datetime))
-    };
-    Ok(Job {
-        id: JobId(r.get(0)?),
-        queue: r.get(1)?,
-        kind: r.get(2)?,
-        payload: json_column(r, 3)?,
+    let id = JobId(r.get(0)?);
+    let mut row = RowReader::new(r);
+    let status = row.text(4, "status");
+    let state = status.parse::<JobState>().unwrap_or_else(|e| {
+        row.note("status", e);
+        JobState::Dead
+    });
+    let mut job = Job {
+        id,
+        queue: row.text(1, "queue"),
+        kind: row.text(2, "kind"),
+        payload: row.json(3, "payload"),
         state,
-        priority: r.get(5)?,
-        run_at: ms_to_datetime(r.get(6)?),
-        attempts: r.get(7)?,
-        max_attempts: r.get(8)?,
-        unique_key: r.get(9)?,
-        timeout: r
-            .get::<_, Option<i64>>(10)?
+        priority: row.get(5, "priority"),
+        run_at: row.time(6, "run_at"),
+        attempts: row.get(7, "attempts"),
+        max_attempts: row.get(8, "max_attempts"),
+        unique_key: row.opt_text(9, "unique_key"),
+        timeout: row
+            .get::<Option<i64>>(10, "timeout_ms")
             .map(|ms| Duration::from_millis(ms.unsigned_abs())),
-        run_token: r.get::<_, Option<String>>(11)?.map(RunToken),
-        claimed_by: r.get(12)?,
-        claimed_at: opt_time(13)?,
-        lease_expires_at: opt_time(14)?,
-        last_error: r.get(15)?,
-        created_at: ms_to_datetime(r.get(16)?),
-        finished_at: opt_time(17)?,
-    })
+        run_token: row.opt_text(11, "run_token").map(RunToken),
+        claimed_by: row.opt_text(12, "claimed_by"),
+        claimed_at: row.opt_time(13, "claimed_at"),
+        lease_expires_at: row.opt_time(14, "lease_expires_at"),
+        last_error: row.opt_text(15, "last_error"),
+        created_at: row.time(16, "created_at"),
+        finished_at: row.opt_time(17, "finished_at"),
+        errors: row.errors(18),
+        unreadable: None,
+    };
+    job.unreadable = row.finish();
+    Ok(job)
 }
 
-fn json_column(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<serde_json::Value> {
-    let text: String = r.get(i)?;
-    serde_json::from_str(&text).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
-    })
+/// One entry of the `errors` column, as stored (`at` in ms).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredAttemptError {
+    attempt: u32,
+    at: i64,
+    error: String,
+    worker: Option<String>,
+}
+
+/// Reads a row column by column, noting each column that cannot be read
+/// and putting a placeholder in its place, so that one damaged row (a hand
+/// edit, a disk error, a newer build's data) is reported instead of failing
+/// every read or claim it is part of.
+struct RowReader<'a, 'r> {
+    row: &'a rusqlite::Row<'r>,
+    problems: Vec<String>,
+}
+
+impl<'a, 'r> RowReader<'a, 'r> {
+    fn new(row: &'a rusqlite::Row<'r>) -> Self {
+        RowReader {
+            row,
+            problems: Vec::new(),
+        }
+    }
+
+    fn note(&mut self, column: &str, what: impl std::fmt::Display) {
+        self.problems.push(format!("{column}: {what}"));
+    }
+
+    /// What could not be read, or `None` if the whole row was fine.
+    fn finish(self) -> Option<String> {
+        (!self.problems.is_empty()).then(|| self.problems.join("; "))
+    }
+
+    fn get<T: rusqlite::types::FromSql + Default>(&mut self, i: usize, column: &str) -> T {
+        self.row.get(i).unwrap_or_else(|e| {
+            self.note(column, e);
+            T::default()
+        })
+    }
+
+    fn opt_text(&mut self, i: usize, column: &str) -> Option<String> {
+        use rusqlite::types::ValueRef;
+        match self.row.get_ref(i) {
+            Ok(ValueRef::Null) => None,
+            Ok(ValueRef::Text(bytes)) => Some(match std::str::from_utf8(bytes) {
+                Ok(text) => text.to_owned(),
+                Err(e) => {
+                    self.note(column, format!("not UTF-8 ({e})"));
+                    String::from_utf8_lossy(bytes).into_owned()
+                }
+            }),
+            Ok(other) => {
+                self.note(
+                    column,
+                    format!("{:?} where text was expected", other.data_type()),
+                );
+                None
+            }
+            Err(e) => {
+                self.note(column, e);
+                None
+            }
+        }
+    }
+
+    fn text(&mut self, i: usize, column: &str) -> String {
+        self.opt_text(i, column).unwrap_or_else(|| {
+            if !self.problems.iter().any(|p| p.starts_with(column)) {
+                self.note(column, "NULL where text was expected");
+            }
+            String::new()
+        })
+    }
+
+    fn json(&mut self, i: usize, column: &str) -> serde_json::Value {
+        let text = self.text(i, column);
+        serde_json::from_str(&text).unwrap_or_else(|e| {
+            self.note(column, format!("not readable as JSON ({e})"));
+            serde_json::Value::Null
+        })
+    }
+
+    fn time(&mut self, i: usize, column: &str) -> DateTime<Utc> {
+        ms_to_datetime(self.get(i, column))
+    }
+
+    fn opt_time(&mut self, i: usize, column: &str) -> Option<DateTime<Utc>> {
+        self.get::<Option<i64>>(i, column).map(ms_to_datetime)
+    }
+
+    fn errors(&mut self, i: usize) -> Vec<crate::job::AttemptError> {
+        let text = self.text(i, "errors");
+        match serde_json::from_str::<Vec<StoredAttemptError>>(&text) {
+            Ok(stored) => stored
+                .into_iter()
+                .map(|e| crate::job::AttemptError {
+                    attempt: e.attempt,
+                    at: ms_to_datetime(e.at),
+                    error: e.error,
+                    worker: e.worker,
+                })
+                .collect(),
+            Err(e) => {
+                self.note("errors", format!("not readable as an error history ({e})"));
+                Vec::new()
+            }
+        }
+    }
 }
 
 fn state_of(tx: &rusqlite::Transaction<'_>, id: JobId) -> Result<JobState> {
@@ -2281,6 +2635,40 @@ fn check_timestamp(ms: i64, what: &'static str) -> Result<()> {
     } else {
         Err(Error::TimeOutOfRange { what })
     }
+}
+
+/// Refuses a payload limit above what a row can hold under SQLite's
+/// `length_limit` (bytes per value and per row).
+fn check_payload_limit(max_payload_bytes: usize, length_limit: usize) -> Result<()> {
+    let most = length_limit.saturating_sub(ROW_HEADROOM);
+    if max_payload_bytes > most {
+        return Err(Error::Config(format!(
+            "max_payload_bytes is {max_payload_bytes}, but SQLite stores at most {length_limit} \
+             bytes per row here, so the largest payload limit is {most} bytes \
+             (MAX_PAYLOAD_BYTES_LIMIT with SQLite's default limits)"
+        )));
+    }
+    Ok(())
+}
+
+/// True if `value` nests arrays and objects more than `limit` levels deep.
+/// Iterative, and stops at the first path past `limit`: the value may be
+/// far deeper than a recursive walk could follow.
+fn json_depth_exceeds(value: &serde_json::Value, limit: usize) -> bool {
+    use serde_json::Value;
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
+    while let Some((value, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        if depth + 1 > limit {
+            return true;
+        }
+        stack.extend(children.map(|child| (child, depth + 1)));
+    }
+    false
 }
 
 /// `(version, sql)` for each `-- migration: N` section of schema.sql.
