@@ -21,7 +21,7 @@ use crossbeam_channel::{Receiver, Sender};
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -66,6 +66,23 @@ pub const ERROR_HISTORY_MAX: usize = 20;
 /// Most scheduled jobs one claim transaction promotes to pending, so a
 /// million jobs falling due at once cannot make one claim transaction long.
 const PROMOTE_BATCH: i64 = 5_000;
+
+/// Time between the two looks of [`Queue::reap_at`] at an expired lease:
+/// longer than the longest sleep of tickler's busy handler (10 ms), so that
+/// a heartbeat that waited behind a write lock held by another connection
+/// lands in between.
+const REAP_SETTLE: Duration = Duration::from_millis(100);
+
+/// Most looks of one [`Queue::reap_at`] call; the last one takes what the
+/// one before saw, even if getting the lock waited. Bounds how late a gone
+/// holder's job is taken back while the lock is busy: about
+/// `REAP_MAX_LOOKS` times `REAP_SETTLE` plus the lock waits.
+const REAP_MAX_LOOKS: u32 = 10;
+
+/// A reaper look that got the write lock within this got it "without
+/// waiting" (in-process writers are short; another connection's hold is
+/// seen by the busy handler being called at all).
+const REAP_CLEAN_WAIT: Duration = Duration::from_millis(2);
 
 /// Most expired leases one reaper transaction takes back.
 const REAP_BATCH: i64 = 1_000;
@@ -1052,53 +1069,43 @@ impl Queue {
     /// A job whose worker dies on every attempt therefore ends `dead` after
     /// `max_attempts` claims.
     ///
+    /// This is one look, at once: for tests and one-off use. A holder whose
+    /// heartbeat is queued behind a write lock that another connection
+    /// held past its lease can lose its job to it. Background reaping
+    /// (the [`crate::Reaper`], `tickler reap`) uses [`Queue::reap_at`],
+    /// which waits for such heartbeats.
+    ///
     /// # Errors
     /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`].
     pub fn reap(&self) -> Result<u64> {
         self.reap_expired_before(None)
     }
 
-    /// [`Queue::reap`], but judging leases against `now` as read before
-    /// waiting for the write lock rather than after: the reaper thread uses
-    /// the time its clock-step check saw, so a clock step during the wait
-    /// cannot make it take live leases (the next pass sees the step).
-    /// Leases are taken back if they expired before both `now` and the
-    /// time read inside the transaction.
+    /// [`Queue::reap`] as background reaping should do it: leases are
+    /// judged against `now` as read before waiting for the write lock (the
+    /// reaper thread passes the time its clock-step check saw, so a clock
+    /// step during the wait cannot make it take live leases), and a lease is
+    /// taken back only after two looks, 100 ms apart, each of which got the
+    /// write lock without waiting for another connection, saw it expired
+    /// with the same expiry. A holder whose heartbeat was stuck behind the
+    /// same lock (another process's long transaction, a slow disk) renews
+    /// in between and keeps its job. A holder that is really gone is taken
+    /// back in the second look; while the lock stays busy, at the latest in
+    /// the tenth (about 1 s plus the lock waits). Returns how many jobs
+    /// were taken back; takes at least 100 ms when any lease is expired.
     ///
     /// # Errors
     /// As [`Queue::reap`].
     pub fn reap_at(&self, now: DateTime<Utc>) -> Result<u64> {
-        self.reap_expired_before(Some(now.timestamp_millis()))
+        self.reap_settled(now.timestamp_millis())
     }
 
     fn reap_expired_before(&self, cutoff: Option<i64>) -> Result<u64> {
-        let policy = self.inner.config.retry_policy;
         let mut total = 0u64;
         loop {
-            let (taken, seen) = self.write_with(Commit::Lazy, |tx| {
-                let now = cutoff.map_or(self.now_ms(), |c| c.min(self.now_ms()));
-                let expired: Vec<(i64, String, u32, String)> = tx
-                    .prepare_cached(
-                        "SELECT id, run_token, attempts, coalesce(claimed_by, '?') FROM tickler_jobs
-                         WHERE status = 'running' AND lease_expires_at < ?1
-                         ORDER BY lease_expires_at LIMIT ?2",
-                    )?
-                    .query_map(params![now, REAP_BATCH], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-                    })?
-                    .collect::<rusqlite::Result<_>>()?;
-                let mut taken = 0u64;
-                let mut reap = tx.prepare_cached(REAP_SQL)?;
-                for (id, token, attempts, worker) in &expired {
-                    let retry_at = retry_time(now, &policy, *attempts);
-                    let error = format!("lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time");
-                    let error = cut_error(&error);
-                    taken += reap.execute(params![now, retry_at, error, id, token, now])? as u64;
-                }
-                Ok((taken, expired.len()))
-            })?;
-            total += taken;
-            if (seen as i64) < REAP_BATCH {
+            let look = self.reap_look(cutoff, |_, _| true)?;
+            total += look.taken;
+            if !look.batch_full {
                 break;
             }
         }
@@ -1106,6 +1113,109 @@ impl Queue {
             self.notify_watchers();
         }
         Ok(total)
+    }
+
+    /// [`Queue::reap_at`]: a lease is taken back only once two looks, at
+    /// least `REAP_SETTLE` apart, each of which got the write lock without
+    /// waiting for another connection, saw it expired with the same expiry.
+    fn reap_settled(&self, cutoff: i64) -> Result<u64> {
+        let mut total = 0u64;
+        // The previous look: what it saw expired and left, and whether it
+        // got the write lock without waiting.
+        let mut previous: Option<(HashSet<ExpiredLease>, bool)> = None;
+        for look in 1..=REAP_MAX_LOOKS {
+            let last = look == REAP_MAX_LOOKS;
+            let before = previous.take();
+            let result = self.reap_look(Some(cutoff), |lease, waited| {
+                let Some((seen, seen_clean)) = &before else {
+                    return false;
+                };
+                // The last look confirms whatever it saw twice, so that a
+                // lock that is never free long still lets a gone holder's
+                // job be reaped within a bound.
+                let clean = (!waited && *seen_clean) || last;
+                clean && seen.contains(lease)
+            })?;
+            total += result.taken;
+            if result.left.is_empty() && !result.batch_full {
+                break;
+            }
+            previous = Some((result.left.into_iter().collect(), !result.waited));
+            if !last {
+                std::thread::sleep(REAP_SETTLE);
+            }
+        }
+        if total > 0 {
+            self.notify_watchers();
+        }
+        Ok(total)
+    }
+
+    /// One look of the reaper in one write transaction: finds leases that
+    /// expired before `cutoff` (or now, if earlier), at most `REAP_BATCH`,
+    /// and takes back those `take` accepts. `take` is also told whether
+    /// getting the write lock had to wait for another connection (or more
+    /// than `REAP_CLEAN_WAIT` for this process's own writers).
+    fn reap_look(
+        &self,
+        cutoff: Option<i64>,
+        take: impl Fn(&ExpiredLease, bool) -> bool,
+    ) -> Result<ReapLook> {
+        let policy = self.inner.config.retry_policy;
+        let asked = Instant::now();
+        let busy_before = BUSY_WAITS.with(Cell::get);
+        self.write_with(Commit::Lazy, |tx| {
+            let waited = BUSY_WAITS.with(Cell::get) != busy_before
+                || asked.elapsed() > REAP_CLEAN_WAIT;
+            let now = cutoff.map_or(self.now_ms(), |c| c.min(self.now_ms()));
+            let expired: Vec<(ExpiredLease, u32, String)> = tx
+                .prepare_cached(
+                    "SELECT id, run_token, lease_expires_at, attempts, coalesce(claimed_by, '?')
+                     FROM tickler_jobs
+                     WHERE status = 'running' AND lease_expires_at < ?1
+                     ORDER BY lease_expires_at LIMIT ?2",
+                )?
+                .query_map(params![now, REAP_BATCH], |r| {
+                    Ok((
+                        ExpiredLease {
+                            id: r.get(0)?,
+                            run_token: r.get(1)?,
+                            expires_at: r.get(2)?,
+                        },
+                        r.get(3)?,
+                        r.get(4)?,
+                    ))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            let batch_full = expired.len() as i64 >= REAP_BATCH;
+            let mut taken = 0u64;
+            let mut left = Vec::new();
+            let mut reap = tx.prepare_cached(REAP_SQL)?;
+            for (lease, attempts, worker) in expired {
+                if !take(&lease, waited) {
+                    left.push(lease);
+                    continue;
+                }
+                let retry_at = retry_time(now, &policy, attempts);
+                let error = format!(
+                    "lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time"
+                );
+                taken += reap.execute(params![
+                    now,
+                    retry_at,
+                    cut_error(&error),
+                    lease.id,
+                    lease.run_token,
+                    now
+                ])? as u64;
+            }
+            Ok(ReapLook {
+                taken,
+                left,
+                batch_full,
+                waited,
+            })
+        })
     }
 
     // ------------------------------------------------------ operator actions
@@ -2485,6 +2595,25 @@ fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
     Ok(job)
 }
 
+/// An expired lease as one reaper look saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ExpiredLease {
+    id: i64,
+    run_token: String,
+    expires_at: i64,
+}
+
+/// What one reaper look did.
+struct ReapLook {
+    taken: u64,
+    /// Expired and not taken back (not yet confirmed).
+    left: Vec<ExpiredLease>,
+    /// The look saw `REAP_BATCH` expired leases: there may be more.
+    batch_full: bool,
+    /// Getting the write lock waited for another connection.
+    waited: bool,
+}
+
 /// One entry of the `errors` column, as stored (`at` in ms).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct StoredAttemptError {
@@ -2927,6 +3056,9 @@ thread_local! {
     static HOLDS_WRITER: Cell<bool> = const { Cell::new(false) };
     static BUSY_LIMIT: Cell<Duration> = const { Cell::new(Duration::from_secs(5)) };
     static BUSY_SINCE: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// Calls of the busy handler on this thread: a change tells a caller
+    /// that another connection held the lock it asked for.
+    static BUSY_WAITS: Cell<u64> = const { Cell::new(0) };
 }
 
 fn set_busy_limit(limit: Duration) {
@@ -2939,6 +3071,7 @@ fn set_busy_limit(limit: Duration) {
 /// A plain `fn` (SQLite's handler takes no closure), so the limit is
 /// per thread, set before each transaction.
 fn busy_handler(count: i32) -> bool {
+    BUSY_WAITS.with(|n| n.set(n.get().wrapping_add(1)));
     let now = Instant::now();
     let since = BUSY_SINCE.with(|s| {
         if count == 0 || s.get().is_none() {
