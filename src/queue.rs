@@ -787,35 +787,55 @@ impl Queue {
                 if let Some(kinds) = kinds {
                     values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
                 }
-                let mut with_now = values.clone();
-                with_now.push(&now);
+                values.push(&now);
+                let unblocked = unblocked(&now_mark);
                 // A pending job due now (the common case: found at once in
                 // claim order); failing that, the earliest pending job (all
                 // pending jobs in the future only happens after the clock
-                // was stepped back) and the earliest scheduled one.
+                // was stepped back) and the earliest scheduled one. Pending
+                // jobs whose unique_key waits for a cancelled holder to stop
+                // are left out: they are due when it stops (a commit, which
+                // wakes fetchers) or its lease runs out (below).
                 let due_now: Option<i64> = conn
                     .prepare_cached(&format!(
-                        "SELECT run_at FROM tickler_jobs WHERE status = 'pending' AND queue = ?1
-                         {kind_filter} AND run_at <= {now_mark} ORDER BY priority DESC, run_at, id LIMIT 1"
+                        "SELECT run_at FROM tickler_jobs AS job WHERE status = 'pending' AND queue = ?1
+                         {kind_filter} AND run_at <= {now_mark} AND {unblocked}
+                         ORDER BY priority DESC, run_at, id LIMIT 1"
                     ))?
-                    .query_row(with_now.as_slice(), |r| r.get(0))
+                    .query_row(values.as_slice(), |r| r.get(0))
                     .optional()?;
                 if due_now.is_some() {
                     return Ok(Some(now));
                 }
-                for (status, order) in [("pending", "run_at"), ("scheduled", "run_at")] {
+                let without_now = &values[..values.len() - 1];
+                for (status, filter, params) in [
+                    ("pending", unblocked.as_str(), values.as_slice()),
+                    ("scheduled", "1", without_now),
+                ] {
                     let sql = format!(
-                        "SELECT run_at FROM tickler_jobs WHERE status = '{status}' AND queue = ?1
-                         {kind_filter} ORDER BY {order} LIMIT 1"
+                        "SELECT run_at FROM tickler_jobs AS job WHERE status = '{status}' AND queue = ?1
+                         {kind_filter} AND {filter} ORDER BY run_at LIMIT 1"
                     );
                     let found: Option<i64> = conn
                         .prepare_cached(&sql)?
-                        .query_row(values.as_slice(), |r| r.get(0))
+                        .query_row(params, |r| r.get(0))
                         .optional()?;
                     if let Some(at) = found {
                         earliest = Some(earliest.map_or(at, |e| e.min(at)));
                     }
                 }
+            }
+            // When the first cancelled holder's lease runs out, a job
+            // waiting for its unique_key may start (an over-estimate at
+            // worst: one claim that finds nothing).
+            let stopping: Option<i64> = conn
+                .prepare_cached(
+                    "SELECT min(lease_expires_at) + 1 FROM tickler_jobs
+                     WHERE status = 'cancelled' AND lease_expires_at >= ?1",
+                )?
+                .query_row([now], |r| r.get(0))?;
+            if let Some(at) = stopping {
+                earliest = Some(earliest.map_or(at, |e| e.min(at)));
             }
             Ok(earliest)
         })?;
@@ -863,6 +883,24 @@ impl Queue {
                         fenced(changed, lease).map(|()| ms_to_datetime(expires))
                     }))
                 })
+                .collect()
+        })
+    }
+
+    /// Whether each lease is still held (the job is `running` under its
+    /// run_token), without writing: a cheap read that lets a worker pool
+    /// notice a cancelled or reaped job between heartbeats.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn leases_held(&self, leases: &[&Lease]) -> Result<Vec<bool>> {
+        self.read(|conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT 1 FROM tickler_jobs WHERE id = ?1 AND run_token = ?2 AND status = 'running'",
+            )?;
+            leases
+                .iter()
+                .map(|lease| Ok(stmt.exists(params![lease.job_id.0, lease.run_token.0])?))
                 .collect()
         })
     }
@@ -1187,6 +1225,13 @@ impl Queue {
                     ))
                 })?
                 .collect::<rusqlite::Result<_>>()?;
+            // A cancelled job's holder that never reported is gone once its
+            // lease ran out: its unique_key no longer waits for it.
+            tx.prepare_cached(
+                "UPDATE tickler_jobs SET lease_expires_at = NULL
+                 WHERE status = 'cancelled' AND lease_expires_at < ?1",
+            )?
+            .execute([now])?;
             let batch_full = expired.len() as i64 >= REAP_BATCH;
             let mut taken = 0u64;
             let mut left = Vec::new();
@@ -1221,7 +1266,14 @@ impl Queue {
     // ------------------------------------------------------ operator actions
 
     /// Cancels a job that is not finished. A running job's holder then gets
-    /// [`Error::LeaseLost`] on its next heartbeat or outcome.
+    /// [`Error::LeaseLost`] on its next heartbeat or outcome; a
+    /// [`crate::WorkerPool`] notices within about 100 ms and sets the
+    /// handler's cancellation flag ([`crate::CancelReason::LeaseLost`]).
+    ///
+    /// A cancelled running job keeps its unique_key until its holder has
+    /// stopped (its refused outcome says so) or its lease has run out: a new
+    /// job with the same key can be enqueued at once, but it does not start
+    /// before then, so two runs for one key never overlap.
     ///
     /// # Errors
     /// [`Error::NotFound`]; [`Error::InvalidState`] if it already finished.
@@ -1235,8 +1287,12 @@ impl Queue {
                     action: "cancel",
                 });
             }
+            // A running job keeps its run_token and lease: until its holder
+            // has stopped (its outcome, refused, clears the lease) or the
+            // lease runs out, no other job with its unique_key starts.
             tx.prepare_cached(
-                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = ?1, lease_expires_at = NULL
+                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = ?1,
+                     lease_expires_at = CASE WHEN status = 'running' THEN lease_expires_at END
                  WHERE id = ?2",
             )?
             .execute(params![self.now_ms(), id.0])?;
@@ -1245,7 +1301,9 @@ impl Queue {
     }
 
     /// Makes a dead or cancelled job pending again, due now, with fresh
-    /// attempts (`attempts = 0`); `last_error` is kept.
+    /// attempts (`attempts = 0`); `last_error` and the error history are
+    /// kept. A job cancelled while running whose holder has not reported
+    /// yet is due when that holder's lease runs out instead.
     ///
     /// # Errors
     /// [`Error::NotFound`]; [`Error::InvalidState`] unless dead or cancelled;
@@ -1276,9 +1334,13 @@ impl Queue {
                     held_by: JobId(held_by),
                 });
             }
+            // A cancelled job whose holder may still be running waits for
+            // its lease to run out, so the retry never runs beside it.
             tx.prepare_cached(
-                "UPDATE tickler_jobs SET status = 'pending', attempts = 0, run_at = ?1,
-                     finished_at = NULL, lease_expires_at = NULL
+                "UPDATE tickler_jobs
+                 SET status = CASE WHEN lease_expires_at >= ?1 THEN 'scheduled' ELSE 'pending' END,
+                     run_at = CASE WHEN lease_expires_at >= ?1 THEN lease_expires_at + 1 ELSE ?1 END,
+                     attempts = 0, finished_at = NULL, lease_expires_at = NULL
                  WHERE id = ?2",
             )?
             .execute(params![self.now_ms(), id.0])?;
@@ -2355,14 +2417,30 @@ fn kind_filter(kinds: Option<&[&str]>, first: usize) -> String {
 /// ?5 limit, ?6… kinds.
 fn claim_sql(kinds: Option<&[&str]>) -> String {
     let kind_filter = kind_filter(kinds, 6);
+    let unblocked = unblocked("?2");
     format!(
         "UPDATE tickler_jobs
          SET status = 'running', run_token = {RUN_TOKEN_SQL}, attempts = attempts + 1,
              claimed_by = ?1, claimed_at = ?2, lease_expires_at = ?3
-         WHERE id IN (SELECT id FROM tickler_jobs
+         WHERE id IN (SELECT id FROM tickler_jobs AS job
                       WHERE status = 'pending' AND queue = ?4 AND run_at <= ?2 {kind_filter}
+                        AND {unblocked}
                       ORDER BY priority DESC, run_at, id LIMIT ?5)
          RETURNING {LEASE_COLUMNS}"
+    )
+}
+
+/// A condition on `job` (a row aliased so): its unique_key is not held by
+/// a cancelled job whose holder may still be running (its lease, kept by
+/// the cancel, runs to `now` or later). A cancelled run keeps its key until
+/// its holder reports (its refused outcome clears the lease) or its lease
+/// runs out, so the next job with that key never runs beside it.
+fn unblocked(now: &str) -> String {
+    format!(
+        "(job.unique_key IS NULL OR NOT EXISTS (
+             SELECT 1 FROM tickler_jobs AS stopping
+             WHERE stopping.unique_key = job.unique_key AND stopping.status = 'cancelled'
+               AND stopping.lease_expires_at >= {now}))"
     )
 }
 
@@ -2408,8 +2486,18 @@ fn record_in(
         },
         Ok(changed) => changed,
     };
+    if changed == 0 {
+        // A holder reporting after its job was cancelled has stopped: its
+        // unique_key is free for the next job.
+        tx.prepare_cached(HOLDER_STOPPED_SQL)?
+            .execute(params![lease.job_id.0, lease.run_token.0])?;
+    }
     Ok(fenced(changed, lease))
 }
+
+/// ?1 id, ?2 run_token: the cancelled job's holder has stopped.
+const HOLDER_STOPPED_SQL: &str = "UPDATE tickler_jobs SET lease_expires_at = NULL
+    WHERE id = ?1 AND run_token = ?2 AND status = 'cancelled' AND lease_expires_at IS NOT NULL";
 
 /// The fenced statement of one outcome; returns the rows changed (0: lease
 /// lost). `error_note` replaces the outcome's error text.

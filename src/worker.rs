@@ -532,8 +532,9 @@ impl WorkerPoolBuilder {
         };
         let heartbeat = {
             let shared = Arc::clone(&shared);
+            let watcher = self.queue.watcher()?;
             spawn("tickler-heartbeat", move || {
-                heartbeat_loop(&shared, heartbeat_interval)
+                heartbeat_loop(&shared, heartbeat_interval, watcher)
             })
         };
         let reaper = self
@@ -978,23 +979,21 @@ fn take_outcomes_from(
         return batch;
     }
     let mut in_flight = shared.lock_in_flight();
+    for (lease, outcome) in &batch {
+        let lost = entry_of(&mut in_flight, lease).is_some_and(|job| {
+            job.finishing = true;
+            job.cancel.get() == Some(CancelReason::LeaseLost)
+        });
+        if lost {
+            // Still sent to the queue: refused there (fenced), it tells a
+            // cancelled job's unique_key that its holder has stopped.
+            log::warn!(
+                "job {} lost its lease while running (reaped or cancelled); its outcome {outcome:?} is refused",
+                lease.job_id
+            );
+        }
+    }
     batch
-        .into_iter()
-        .filter(|(lease, outcome)| {
-            let lost = entry_of(&mut in_flight, lease).is_some_and(|job| {
-                job.finishing = true;
-                job.cancel.get() == Some(CancelReason::LeaseLost)
-            });
-            if lost {
-                log::warn!(
-                    "job {} lost its lease while running; dropping its outcome {outcome:?}",
-                    lease.job_id
-                );
-                remove_run(&mut in_flight, lease);
-            }
-            !lost
-        })
-        .collect()
 }
 
 /// Writes outcomes (and claims, if asked) in one transaction, retrying
@@ -1008,6 +1007,18 @@ fn record(
     unsynced: &mut UnsyncedOutcomes,
 ) -> Option<Vec<Lease>> {
     let outcomes: Vec<(&Lease, Outcome)> = finished.iter().map(|(l, o)| (l, o.clone())).collect();
+    // Runs already known to have lost their lease were reported when taken.
+    let known_lost: std::collections::HashSet<JobId> = {
+        let mut in_flight = shared.lock_in_flight();
+        finished
+            .iter()
+            .filter(|(lease, _)| {
+                entry_of(&mut in_flight, lease)
+                    .is_some_and(|job| job.cancel.get() == Some(CancelReason::LeaseLost))
+            })
+            .map(|(lease, _)| lease.job_id)
+            .collect()
+    };
     let mut pause = Duration::from_millis(50);
     let mut tries = 0;
     let result = loop {
@@ -1035,8 +1046,12 @@ fn record(
                 unsynced.recorded();
             }
             for ((lease, outcome), result) in finished.iter().zip(results) {
-                if let Err(e) = result {
-                    log::warn!("outcome {outcome:?} of job {} refused: {e}", lease.job_id);
+                match result {
+                    Err(e) if e.is_lease_lost() && known_lost.contains(&lease.job_id) => {}
+                    Err(e) => {
+                        log::warn!("outcome {outcome:?} of job {} refused: {e}", lease.job_id)
+                    }
+                    Ok(()) => {}
                 }
             }
             Some(leases)
@@ -1068,6 +1083,14 @@ fn work_loop(shared: &Shared, jobs: &Receiver<Lease>, outcomes: &Sender<(Lease, 
                         None => Default::default(),
                     }
                 };
+                if cancel.get() == Some(CancelReason::LeaseLost) {
+                    // Cancelled (or reaped) while waiting for a thread: not
+                    // started; the refused hand-back says it has stopped.
+                    let _ = outcomes.send((lease, Outcome::Release));
+                    shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
+                    shared.fetcher_waker.wake();
+                    continue;
+                }
                 let ctx = JobContext {
                     lease,
                     cancel,
@@ -1119,14 +1142,20 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-fn heartbeat_loop(shared: &Shared, interval: Duration) {
-    let tick = interval.min(Duration::from_millis(100));
+/// How often the heartbeat thread looks for leases lost between heartbeats
+/// (a cancel, a reap), when any commit happened since the last look: how
+/// soon a handler learns that its job was cancelled.
+const LOST_LEASE_CHECK: Duration = Duration::from_millis(100);
+
+fn heartbeat_loop(shared: &Shared, interval: Duration, mut watcher: ChangeWatcher) {
+    let tick = interval.min(LOST_LEASE_CHECK);
     let mut next_beat = Instant::now() + interval;
     loop {
         if shared.stop_background.load(Ordering::SeqCst) && shared.lock_in_flight().is_empty() {
             return;
         }
         std::thread::park_timeout(tick);
+        notice_lost_leases(shared, &mut watcher);
         let now = Instant::now();
         let leases: Vec<Lease> = {
             let in_flight = shared.lock_in_flight();
@@ -1173,5 +1202,56 @@ fn heartbeat_loop(shared: &Shared, interval: Duration) {
             }
             Err(e) => log::error!("heartbeat of {} lease(s) failed: {e}", leases.len()),
         }
+    }
+}
+
+/// Sets the cancellation flag ([`CancelReason::LeaseLost`]) of every
+/// in-flight job whose lease is no longer held (cancelled, or reaped), as
+/// soon as a commit is seen rather than at the next heartbeat, which may be
+/// seconds away. One indexed read per in-flight job, and only after a
+/// commit.
+fn notice_lost_leases(shared: &Shared, watcher: &mut ChangeWatcher) {
+    let watched = |job: &InFlight| {
+        !job.finishing
+            && !job.completion.started()
+            && job.cancel.get() != Some(CancelReason::LeaseLost)
+    };
+    if !shared.lock_in_flight().values().any(watched) {
+        return;
+    }
+    match watcher.changed() {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => {
+            log::error!("watching for cancelled jobs failed: {e}");
+            return;
+        }
+    }
+    let leases: Vec<Lease> = shared
+        .lock_in_flight()
+        .values()
+        .filter(|job| watched(job))
+        .map(|job| job.lease.clone())
+        .collect();
+    let refs: Vec<&Lease> = leases.iter().collect();
+    match shared.queue.leases_held(&refs) {
+        Ok(held) => {
+            let mut in_flight = shared.lock_in_flight();
+            for (lease, held) in leases.iter().zip(held) {
+                if held {
+                    continue;
+                }
+                if let Some(job) = entry_of(&mut in_flight, lease) {
+                    if watched(job) {
+                        log::info!(
+                            "job {} is no longer held by this pool (cancelled or reaped); cancelling its handler",
+                            lease.job_id
+                        );
+                        job.cancel.set(CancelReason::LeaseLost);
+                    }
+                }
+            }
+        }
+        Err(e) => log::error!("checking {} lease(s) failed: {e}", leases.len()),
     }
 }

@@ -169,6 +169,19 @@ impl Model {
         job.state == JobState::Running && job.claim == Some(lease)
     }
 
+    /// Whether job `j`'s unique_key is held by a cancelled job whose holder
+    /// may still run (its lease has not run out).
+    fn key_waits_for_cancelled_holder(&self, j: usize) -> bool {
+        let Some(key) = &self.jobs[j].unique_key else {
+            return false;
+        };
+        self.jobs.iter().any(|other| {
+            other.state == JobState::Cancelled
+                && other.unique_key.as_ref() == Some(key)
+                && other.lease_expires.is_some_and(|e| e >= self.now)
+        })
+    }
+
     /// After a failed attempt or an expired lease: dead when attempts are
     /// used up, else waiting for the backoff.
     fn retry_or_die(&mut self, j: usize, attempt: u32) {
@@ -243,7 +256,9 @@ impl Model {
                 }
                 let mut due: Vec<usize> = (0..self.jobs.len())
                     .filter(|&j| {
-                        self.jobs[j].state == JobState::Pending && self.jobs[j].run_at <= now
+                        self.jobs[j].state == JobState::Pending
+                            && self.jobs[j].run_at <= now
+                            && !self.key_waits_for_cancelled_holder(j)
                     })
                     .collect();
                 due.sort_by_key(|&j| (-self.jobs[j].priority, self.jobs[j].run_at, j));
@@ -272,6 +287,14 @@ impl Model {
                     let attempt = self.jobs[j].attempts;
                     self.retry_or_die(j, attempt);
                 }
+                // A cancelled job's holder whose lease ran out is gone.
+                for job in &mut self.jobs {
+                    if job.state == JobState::Cancelled
+                        && job.lease_expires.is_some_and(|e| e < now)
+                    {
+                        job.lease_expires = None;
+                    }
+                }
                 Res::Reaped(expired.len() as u64)
             }
             Op::Advance { ms } => {
@@ -288,9 +311,12 @@ impl Model {
                     if state.is_terminal() {
                         return Res::InvalidState;
                     }
+                    // A running job keeps its lease until its holder stops.
                     let job = &mut self.jobs[j];
+                    if job.state != JobState::Running {
+                        job.lease_expires = None;
+                    }
                     job.state = JobState::Cancelled;
-                    job.lease_expires = None;
                     return Res::Ok;
                 }
                 if !matches!(state, JobState::Dead | JobState::Cancelled) {
@@ -306,10 +332,18 @@ impl Model {
                     return Res::UniqueKeyHeld;
                 }
                 let job = &mut self.jobs[j];
-                job.state = JobState::Pending;
                 job.attempts = 0;
-                job.run_at = now;
-                job.lease_expires = None;
+                // A cancelled job's holder may still run: wait for its lease.
+                match job.lease_expires.take() {
+                    Some(e) if e >= now => {
+                        job.state = JobState::Scheduled;
+                        job.run_at = e + 1;
+                    }
+                    _ => {
+                        job.state = JobState::Pending;
+                        job.run_at = now;
+                    }
+                }
                 Res::Ok
             }
             Op::Heartbeat { lease, .. }
@@ -322,6 +356,16 @@ impl Model {
                     return Res::Ok;
                 };
                 if !self.valid(l) {
+                    // A refused outcome of a cancelled job's holder says it
+                    // has stopped.
+                    let j = self.leases[l];
+                    let job = &mut self.jobs[j];
+                    if !matches!(op, Op::Heartbeat { .. })
+                        && job.state == JobState::Cancelled
+                        && job.claim == Some(l)
+                    {
+                        job.lease_expires = None;
+                    }
                     return Res::LeaseLost;
                 }
                 let j = self.leases[l];
