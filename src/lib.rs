@@ -153,10 +153,11 @@ pub use queue::{
     ChangeWatcher, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter, Outcome,
     OutcomeSync, Queue, QueueBuilder, Stats, Waker, MAX_TIMESTAMP_MS,
 };
-pub use reaper::{Reaper, ReaperConfig};
+pub use reaper::{Reaper, ReaperConfig, BACKWARD_STEP_MARGIN};
 pub use retry::RetryPolicy;
 pub use schedule::{
-    MisfirePolicy, NewSchedule, Schedule, ScheduleRef, Tick, TickRun, DEFAULT_MISFIRE_GRACE,
+    MisfirePolicy, NewSchedule, OverlapPolicy, Schedule, ScheduleRef, Tick, TickRun, UpcomingTicks,
+    DEFAULT_MISFIRE_GRACE,
     MAX_CATCH_UP, MAX_MISFIRE_GRACE,
 };
 pub use scheduler::{Scheduler, SchedulerConfig};

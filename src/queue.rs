@@ -774,16 +774,18 @@ impl Queue {
     ) -> Result<Vec<Result<DateTime<Utc>>>> {
         let extend_ms = duration_ms(extend_by, "lease extension")?;
         self.write_with(Commit::Lazy, |tx| {
-            let expires = self.now_ms().saturating_add(extend_ms);
+            let now = self.now_ms();
+            let expires = now.saturating_add(extend_ms);
+            // lease_ms: the length granted, for the reaper's backward-step rule.
             let mut stmt = tx.prepare_cached(
-                "UPDATE tickler_jobs SET lease_expires_at = ?1
+                "UPDATE tickler_jobs SET lease_expires_at = ?1, lease_ms = ?1 - ?4
                  WHERE id = ?2 AND run_token = ?3 AND status = 'running'",
             )?;
             leases
                 .iter()
                 .map(|lease| {
                     let changed =
-                        stmt.execute(params![expires, lease.job_id.0, lease.run_token.0])?;
+                        stmt.execute(params![expires, lease.job_id.0, lease.run_token.0, now])?;
                     Ok(fenced(changed, lease).map(|()| ms_to_datetime(expires)))
                 })
                 .collect()
@@ -993,7 +995,19 @@ impl Queue {
         let mut total = 0u64;
         loop {
             let (taken, seen) = self.write_with(Commit::Lazy, |tx| {
-                let now = cutoff.map_or(self.now_ms(), |c| c.min(self.now_ms()));
+                // A backward step of the wall clock leaves leases that were
+                // granted "in the future": one whose expiry lies further ahead
+                // than its length (lease_ms, plus a margin for noise) is set to
+                // expire one length from now, so an abandoned job is taken back
+                // on time while a live holder's next heartbeat renews it as
+                // usual. Judged against the time inside this transaction: every
+                // lease committed before it was granted at or before then.
+                let stepped_now = self.now_ms();
+                tx.prepare_cached(LEASE_STEP_SQL)?.execute(params![
+                    stepped_now,
+                    crate::reaper::BACKWARD_STEP_MARGIN.as_millis() as i64
+                ])?;
+                let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
                 let expired: Vec<(i64, String, u32, String)> = tx
                     .prepare_cached(
                         "SELECT id, run_token, attempts, coalesce(claimed_by, '?') FROM tickler_jobs
@@ -1890,6 +1904,13 @@ const REAP_SQL: &str = "UPDATE tickler_jobs
         last_error = ?3, lease_expires_at = NULL
     WHERE id = ?4 AND run_token = ?5 AND status = 'running' AND lease_expires_at < ?1";
 
+/// ?1 now, ?2 margin (ms). See reap_expired_before; leases granted before
+/// lease_ms existed count from their claim.
+const LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
+    SET lease_expires_at = ?1 + coalesce(lease_ms, lease_expires_at - claimed_at)
+    WHERE status = 'running' AND lease_expires_at > ?1 + ?2
+      AND lease_expires_at > ?1 + coalesce(lease_ms, lease_expires_at - claimed_at) + ?2";
+
 const DEAD_SQL: &str = "UPDATE tickler_jobs
     SET status = 'dead', finished_at = ?1, last_error = ?2, lease_expires_at = NULL
     WHERE id = ?3 AND run_token = ?4 AND status = 'running'";
@@ -2130,7 +2151,7 @@ fn claim_sql(kinds: Option<&[&str]>) -> String {
     format!(
         "UPDATE tickler_jobs
          SET status = 'running', run_token = {RUN_TOKEN_SQL}, attempts = attempts + 1,
-             claimed_by = ?1, claimed_at = ?2, lease_expires_at = ?3
+             claimed_by = ?1, claimed_at = ?2, lease_expires_at = ?3, lease_ms = ?3 - ?2
          WHERE id IN (SELECT id FROM tickler_jobs
                       WHERE status = 'pending' AND queue = ?4 AND run_at <= ?2 {kind_filter}
                       ORDER BY priority DESC, run_at, id LIMIT ?5)
