@@ -124,7 +124,12 @@ ALTER TABLE tickler_schedules ADD COLUMN skipped_ticks INTEGER NOT NULL DEFAULT 
 -- ahead of the clock are kept in [ahead_from, ahead_until]: they are never
 -- fired again, and the schedule resumes with the first tick after the new
 -- now that is not in that window.
+-- When a misfire drops ticks (a forward jump of the clock, a device that
+-- was off), the span restarts after the gap and handled_through keeps
+-- "every tick at or before this was handled", so that after a backward
+-- step the dropped ticks can fire and the ones before them cannot.
 ALTER TABLE tickler_schedules ADD COLUMN handled_from INTEGER;
+ALTER TABLE tickler_schedules ADD COLUMN handled_through INTEGER;
 ALTER TABLE tickler_schedules ADD COLUMN ahead_from INTEGER;
 ALTER TABLE tickler_schedules ADD COLUMN ahead_until INTEGER
     CHECK ((ahead_from IS NULL) = (ahead_until IS NULL) AND (ahead_until IS NULL OR ahead_until >= ahead_from));

@@ -913,7 +913,7 @@ fn grace_ms(grace: Duration) -> i64 {
 const SCHEDULE_COLUMNS: &str = "name, cron, time_zone, kind, payload, queue, priority, \
     max_attempts, timeout_ms, misfire, misfire_max, misfire_grace_ms, paused, next_tick_at, \
     last_tick_at, created_at, updated_at, overlap, skipped_ticks, handled_from, ahead_from, \
-    ahead_until";
+    ahead_until, handled_through";
 
 /// A schedule's record of the ticks it handled, for backward clock steps
 /// (see "Clock steps" on [`NewSchedule`]).
@@ -924,6 +924,9 @@ struct Handled {
     /// Every tick in `[from, last]` was handled (`from` None: only `last`).
     from: Option<i64>,
     last: Option<i64>,
+    /// Every tick at or before this was handled (set when a misfire
+    /// dropped ticks after it; `from` then starts after the gap).
+    through: Option<i64>,
     /// Handled ticks ahead of the clock after a backward step: never fired again.
     ahead: Option<(i64, i64)>,
 }
@@ -937,6 +940,7 @@ fn handled_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Handled> {
         next: r.get(13)?,
         from: r.get(19)?,
         last: r.get(14)?,
+        through: r.get(22)?,
         ahead,
     })
 }
@@ -962,40 +966,44 @@ fn rebase(ticks: &Ticks, now: i64, h: Handled) -> Handled {
         ahead = None;
     }
     let ticks_ahead = ticks.clone().without(ahead);
+    // The first tick at or after now that is not handled, ignoring the span.
+    let unhandled_from_now = |ticks: &Ticks| match h.through {
+        Some(through) if through >= now => ticks.next_after(through),
+        _ => ticks.at_or_after(now),
+    };
+    let keep = |next| Handled {
+        next,
+        from: span.map(|(from, _)| from),
+        last: span.map(|(_, last)| last),
+        through: h.through,
+        ahead,
+    };
     match span {
         Some((from, last)) if now < from => {
             // Stepped back before the span: all of it lies ahead. (After a
             // second step back the span and the window merge: the ticks
             // between them are counted as handled, so none fires twice.)
             let window = (from, ahead.map_or(last, |(_, until)| until));
-            match ticks.at_or_after(now) {
+            match unhandled_from_now(ticks) {
                 Some(tick) if tick < from => Handled {
                     next: Some(tick),
                     from: None,
                     last: None,
+                    through: h.through,
                     ahead: Some(window),
                 },
                 _ => Handled {
                     next: ticks.next_after(window.1),
                     from: Some(window.0),
                     last: Some(window.1),
+                    through: h.through,
                     ahead: None,
                 },
             }
         }
         // Stepped back into the span: go on after it.
-        Some((from, last)) if now <= last => Handled {
-            next: ticks_ahead.next_after(last),
-            from: Some(from),
-            last: Some(last),
-            ahead,
-        },
-        _ => Handled {
-            next: ticks_ahead.at_or_after(now),
-            from: span.map(|(from, _)| from),
-            last: span.map(|(_, last)| last),
-            ahead,
-        },
+        Some((_, last)) if now <= last => keep(ticks_ahead.next_after(last)),
+        _ => keep(unhandled_from_now(&ticks_ahead)),
     }
 }
 
@@ -1543,12 +1551,21 @@ impl Queue {
             next: plan.next,
             from: handled.from,
             last: plan.ticks.last().copied().or(handled.last),
+            through: handled.through,
             ahead: handled.ahead,
         };
-        if misfired {
-            // Ticks before the misfire are not remembered, so that those a
-            // forward jump of the clock stepped over can fire after it is
-            // set right.
+        // Did the misfire policy drop ticks (not fire them)?
+        let dropped = misfired
+            && (plan.ticks.first() != Some(&first_due)
+                || plan
+                    .ticks
+                    .windows(2)
+                    .any(|w| ticks.next_after(w[0]) != Some(w[1])));
+        if dropped {
+            // The span restarts after the gap, so that the dropped ticks (a
+            // forward jump of the clock stepped over them) can fire if the
+            // clock is set back; everything before the gap stays handled.
+            after.through = handled.last.max(handled.through).or(after.through);
             after.from = plan.ticks.first().copied();
         } else if after.from.is_none() {
             after.from = plan.ticks.first().copied();
@@ -1557,16 +1574,14 @@ impl Queue {
             // The clock reached the window of ticks that fired before a
             // backward step: the span now runs through it.
             after.last = Some(after.last.map_or(until, |last| last.max(until)));
-            if !misfired {
-                after.from = Some(after.from.map_or(from, |f| f.min(from)));
-            }
+            after.from = Some(after.from.map_or(from, |f| f.min(from)));
             after.ahead = None;
         }
         let advanced = tx
             .prepare_cached(
                 "UPDATE tickler_schedules SET next_tick_at = ?1, last_tick_at = ?2, updated_at = ?3,
                      handled_from = ?4, ahead_from = ?5, ahead_until = ?6,
-                     skipped_ticks = skipped_ticks + ?7
+                     skipped_ticks = skipped_ticks + ?7, handled_through = ?10
                  WHERE name = ?8 AND paused = 0 AND next_tick_at = ?9",
             )?
             .execute(params![
@@ -1578,7 +1593,8 @@ impl Queue {
                 after.ahead.map(|(_, until)| until),
                 skipped as i64,
                 schedule.name,
-                first_due
+                first_due,
+                after.through
             ])?;
         if advanced == 0 {
             // Another scheduler handled these ticks first.
@@ -1650,7 +1666,7 @@ fn write_handled(
 ) -> Result<()> {
     tx.prepare_cached(
         "UPDATE tickler_schedules SET next_tick_at = ?1, last_tick_at = ?2, handled_from = ?3,
-             ahead_from = ?4, ahead_until = ?5, updated_at = ?6
+             ahead_from = ?4, ahead_until = ?5, updated_at = ?6, handled_through = ?8
          WHERE name = ?7",
     )?
     .execute(params![
@@ -1660,7 +1676,8 @@ fn write_handled(
         handled.ahead.map(|(from, _)| from),
         handled.ahead.map(|(_, until)| until),
         now,
-        name
+        name,
+        handled.through
     ])?;
     Ok(())
 }
