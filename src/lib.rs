@@ -157,8 +157,7 @@ pub use reaper::{Reaper, ReaperConfig, BACKWARD_STEP_MARGIN};
 pub use retry::RetryPolicy;
 pub use schedule::{
     MisfirePolicy, NewSchedule, OverlapPolicy, Schedule, ScheduleRef, Tick, TickRun, UpcomingTicks,
-    DEFAULT_MISFIRE_GRACE,
-    MAX_CATCH_UP, MAX_MISFIRE_GRACE,
+    DEFAULT_MISFIRE_GRACE, MAX_CATCH_UP, MAX_MISFIRE_GRACE,
 };
 pub use scheduler::{Scheduler, SchedulerConfig};
 pub use worker::{

@@ -758,7 +758,11 @@ const NICKNAMES: [&str; 6] = [
 /// and run day-of-week steps to 7). Everything else is left to croner.
 fn normalize_cron(expression: &str) -> std::result::Result<String, String> {
     let trimmed = expression.trim();
-    if let Some(word) = trimmed.split_whitespace().next().filter(|w| w.starts_with('@')) {
+    if let Some(word) = trimmed
+        .split_whitespace()
+        .next()
+        .filter(|w| w.starts_with('@'))
+    {
         if word.eq_ignore_ascii_case("@midnight") && trimmed.len() == word.len() {
             return Ok("@daily".to_owned());
         }
@@ -845,7 +849,11 @@ fn normalize_part(
     }
     Err(format!(
         "{name} {base:?} in {part:?} is not a number{}",
-        if named { " (names are for month and day-of-week)" } else { "" }
+        if named {
+            " (names are for month and day-of-week)"
+        } else {
+            ""
+        }
     ))
 }
 
@@ -1329,9 +1337,8 @@ impl Queue {
         let now = self.now_ms();
         let (ticks, cursor) = match schedule.into() {
             ScheduleRef::Name(name) => {
-                let (stored, handled) = self.read(|conn| {
-                    Ok((get_in(conn, name)?, handled_in(conn, name)?))
-                })?;
+                let (stored, handled) =
+                    self.read(|conn| Ok((get_in(conn, name)?, handled_in(conn, name)?)))?;
                 let ticks = Ticks::new(&stored.cron, &stored.time_zone)?;
                 let handled = rebase(&ticks, now, handled);
                 (ticks.without(handled.ahead), handled.next)
@@ -1708,7 +1715,9 @@ fn next_tick_in(conn: &rusqlite::Connection, now: i64) -> Result<Option<DateTime
                      WHERE paused = 0 AND next_tick_at IS NOT NULL),
                     (SELECT max(updated_at) FROM tickler_schedules WHERE paused = 0) > ?1",
         )?
-        .query_row([now], |r| Ok((r.get(0)?, r.get::<_, Option<bool>>(1)?.unwrap_or(false))))?;
+        .query_row([now], |r| {
+            Ok((r.get(0)?, r.get::<_, Option<bool>>(1)?.unwrap_or(false)))
+        })?;
     let next = if stepped {
         Some(next.map_or(now, |n| n.min(now)))
     } else {

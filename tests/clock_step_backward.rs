@@ -104,7 +104,10 @@ fn a_box_whose_clock_was_years_ahead_goes_on_after_the_fix_and_skips_the_ticks_i
     let fired = run_ats(&queue, "tick");
     let mut expected = minutes(utc(2026, 5, 1, 10, 1, 0), utc(2026, 5, 1, 10, 3, 0));
     expected.extend(minutes(utc(2031, 1, 1, 0, 0, 0), utc(2031, 1, 1, 0, 3, 0)));
-    expected.extend(minutes(utc(2026, 5, 1, 10, 11, 0), utc(2026, 5, 1, 10, 15, 0)));
+    expected.extend(minutes(
+        utc(2026, 5, 1, 10, 11, 0),
+        utc(2026, 5, 1, 10, 15, 0),
+    ));
     assert_eq!(fired, expected);
     // Years later the ticks fired under the wrong clock do not fire again.
     clock.set(utc(2030, 12, 31, 23, 58, 30));

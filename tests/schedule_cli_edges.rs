@@ -73,7 +73,15 @@ fn add_takes_an_overlap_policy_and_list_shows_it_with_the_skipped_count() {
 #[test]
 fn an_unknown_overlap_policy_is_a_usage_error() {
     let env = Env::new();
-    let run = env.run(&["schedule", "add", "s", "* * * * *", "k", "--overlap", "queue"]);
+    let run = env.run(&[
+        "schedule",
+        "add",
+        "s",
+        "* * * * *",
+        "k",
+        "--overlap",
+        "queue",
+    ]);
     assert_eq!(run.code, 2, "{run:#?}");
     assert!(run.stderr.contains("forbid"), "{run:#?}");
     assert!(!env.db.exists() || env.queue().list_schedules().unwrap().is_empty());

@@ -61,7 +61,11 @@ const TABLE: &[(&str, &[&str])] = &[
     ),
     (
         "0 0 1 2/6 *",
-        &["2026-02-01T00:00:00Z", "2026-08-01T00:00:00Z", "2027-02-01T00:00:00Z"],
+        &[
+            "2026-02-01T00:00:00Z",
+            "2026-08-01T00:00:00Z",
+            "2027-02-01T00:00:00Z",
+        ],
     ),
     // Day-of-week runs 0-6 for a step: Mon, Wed, Fri, never Sunday (7).
     (
@@ -97,11 +101,19 @@ const TABLE: &[(&str, &[&str])] = &[
     // Names take a step too.
     (
         "0 0 1 JAN/4 *",
-        &["2026-01-01T00:00:00Z", "2026-05-01T00:00:00Z", "2026-09-01T00:00:00Z"],
+        &[
+            "2026-01-01T00:00:00Z",
+            "2026-05-01T00:00:00Z",
+            "2026-09-01T00:00:00Z",
+        ],
     ),
     (
         "@midnight",
-        &["2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z", "2026-01-03T00:00:00Z"],
+        &[
+            "2026-01-01T00:00:00Z",
+            "2026-01-02T00:00:00Z",
+            "2026-01-03T00:00:00Z",
+        ],
     ),
     (
         "@MIDNIGHT",
@@ -110,11 +122,20 @@ const TABLE: &[(&str, &[&str])] = &[
     // Forms that already worked keep their meaning.
     (
         "*/20 * * * *",
-        &["2026-01-01T00:00:00Z", "2026-01-01T00:20:00Z", "2026-01-01T00:40:00Z"],
+        &[
+            "2026-01-01T00:00:00Z",
+            "2026-01-01T00:20:00Z",
+            "2026-01-01T00:40:00Z",
+        ],
     ),
     (
         "0 2-10/4 * * *",
-        &["2026-01-01T02:00:00Z", "2026-01-01T06:00:00Z", "2026-01-01T10:00:00Z", "2026-01-02T02:00:00Z"],
+        &[
+            "2026-01-01T02:00:00Z",
+            "2026-01-01T06:00:00Z",
+            "2026-01-01T10:00:00Z",
+            "2026-01-02T02:00:00Z",
+        ],
     ),
 ];
 
@@ -161,7 +182,10 @@ fn an_out_of_range_value_names_the_field_and_its_range() {
         ("0 0 1 13 *", "month 13 is out of range 1-12"),
         ("0 1-24 * * *", "hour 24 is out of range 0-23"),
         ("0 25/3 * * *", "hour 25 is out of range 0-23"),
-        ("0 0 * * 7/2", "day-of-week 7 is out of range 0-6 for a step"),
+        (
+            "0 0 * * 7/2",
+            "day-of-week 7 is out of range 0-6 for a step",
+        ),
     ] {
         let message = reason(expression);
         assert!(message.contains(needle), "{expression}: {message}");
@@ -171,14 +195,23 @@ fn an_out_of_range_value_names_the_field_and_its_range() {
 
 #[test]
 fn nonsense_stays_refused_with_a_hint_that_means_the_same() {
-    for expression in ["/10 * * * *", "0 1/ * * *", "0 1/0 * * *", "0 1/x * * *", "0 a/3 * * *"] {
+    for expression in [
+        "/10 * * * *",
+        "0 1/ * * *",
+        "0 1/0 * * *",
+        "0 1/x * * *",
+        "0 a/3 * * *",
+    ] {
         let message = reason(expression);
         assert!(!message.contains("*/3"), "{expression}: {message}");
     }
     // The hint for a missing start shows both meanings.
     let message = reason("/10 * * * *");
     assert!(message.contains("minute"), "{message}");
-    assert!(message.contains("*/10") && message.contains("0/10"), "{message}");
+    assert!(
+        message.contains("*/10") && message.contains("0/10"),
+        "{message}"
+    );
     // @reboot and friends are not cron schedules.
     assert!(reason("@reboot").contains("@reboot"));
     assert!(reason("@every 5m").contains("@every"));

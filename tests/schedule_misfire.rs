@@ -116,9 +116,7 @@ fn three_years_of_a_sparse_schedule_fire_once_finds_the_latest_tick() {
     let (_dir, path) = temp_db();
     let (queue, clock) = queue_at(&path, utc(2023, 1, 1, 0, 0, 0));
     queue
-        .upsert_schedule(
-            piling("s", "15 9 * * MON-FRI", "tick").time_zone("Europe/Berlin"),
-        )
+        .upsert_schedule(piling("s", "15 9 * * MON-FRI", "tick").time_zone("Europe/Berlin"))
         .unwrap();
     clock.set(utc(2026, 1, 1, 0, 0, 30));
     let started = Instant::now();
@@ -218,9 +216,7 @@ fn a_forward_clock_step_is_a_misfire() {
     let (_dir, path) = temp_db();
     let (queue, clock) = queue_at(&path, utc(2026, 5, 1, 0, 0, 0));
     queue
-        .upsert_schedule(
-            piling("skip", "*/10 * * * *", "skip").misfire(MisfirePolicy::Skip),
-        )
+        .upsert_schedule(piling("skip", "*/10 * * * *", "skip").misfire(MisfirePolicy::Skip))
         .unwrap();
     queue
         .upsert_schedule(piling("once", "*/10 * * * *", "once"))
@@ -241,9 +237,7 @@ fn ticks_within_the_grace_are_on_time_and_all_fire() {
     let (_dir, path) = temp_db();
     let (queue, clock) = queue_at(&path, utc(2026, 5, 1, 0, 0, 0));
     queue
-        .upsert_schedule(
-            piling("s", "*/10 * * * * *", "tick").misfire(MisfirePolicy::Skip),
-        )
+        .upsert_schedule(piling("s", "*/10 * * * * *", "tick").misfire(MisfirePolicy::Skip))
         .unwrap();
     // A scheduler 45 s late (a busy disk): four ticks, all within 60 s.
     clock.set(utc(2026, 5, 1, 0, 0, 45));

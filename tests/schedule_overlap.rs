@@ -144,10 +144,7 @@ fn replace_cancels_the_running_run_and_fences_its_outcome() {
     assert_eq!(queue.get(run.jobs[0]).unwrap().state, JobState::Pending);
 
     // The replaced holder's outcome is refused, and changes nothing.
-    assert!(matches!(
-        queue.complete(&old),
-        Err(Error::LeaseLost { .. })
-    ));
+    assert!(matches!(queue.complete(&old), Err(Error::LeaseLost { .. })));
     assert!(matches!(
         queue.heartbeat(&old, Duration::from_secs(30)),
         Err(Error::LeaseLost { .. })

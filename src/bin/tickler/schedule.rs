@@ -9,8 +9,8 @@ use crate::display::{self, Times};
 use crate::error::CliError;
 use crate::ops;
 use serde_json::json;
-use std::path::{Path, PathBuf};
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use tickler::{Error, MisfirePolicy, NewSchedule, OverlapPolicy, Queue, Schedule, UpcomingTicks};
 
 /// Runs one `schedule` subcommand.
