@@ -106,6 +106,25 @@ CREATE TABLE tickler_schedules (
 CREATE INDEX tickler_schedules_due
     ON tickler_schedules (next_tick_at) WHERE paused = 0 AND next_tick_at IS NOT NULL;
 
+-- migration: 3
+-- Every attempt's error, newest last, at most 20 entries (src/queue.rs,
+-- ERROR_HISTORY_MAX): a JSON array of {"attempt", "at" (ms), "error",
+-- "worker"}. last_error stays the error of the latest failed attempt and is
+-- cleared when the job succeeds.
+ALTER TABLE tickler_jobs ADD COLUMN errors TEXT NOT NULL DEFAULT '[]'
+    CHECK (json_valid(errors) AND json_type(errors) = 'array');
+
+-- Priority aging: a pool's share of claims that take the oldest due job of
+-- a queue whatever its priority.
+CREATE INDEX tickler_jobs_pending_age
+    ON tickler_jobs (queue, run_at, id) WHERE status = 'pending';
+
+-- A running job that was cancelled keeps its run_token and lease until its
+-- holder has stopped (its fenced outcome clears the lease) or the lease ran
+-- out; until then no other job with its unique_key starts.
+CREATE INDEX tickler_jobs_stopping
+    ON tickler_jobs (unique_key) WHERE status = 'cancelled' AND lease_expires_at IS NOT NULL;
+
 -- migration: 4
 -- Schedules and clocks at the edges (src/schedule.rs, the reaper in
 -- src/queue.rs).

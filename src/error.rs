@@ -65,6 +65,41 @@ pub enum Error {
         limit: usize,
     },
 
+    /// The payload nests arrays and objects deeper than
+    /// [`crate::MAX_PAYLOAD_DEPTH`] levels: it could be stored but not read
+    /// back (serde_json stops at 128), so it is refused. Nothing was stored.
+    #[error("payload nests arrays/objects more than {limit} levels deep; tickler could not read it back: flatten it")]
+    PayloadTooDeep {
+        /// The limit, [`crate::MAX_PAYLOAD_DEPTH`].
+        limit: usize,
+    },
+
+    /// A unique_key is longer than [`crate::MAX_UNIQUE_KEY_BYTES`]. Nothing
+    /// was stored.
+    #[error("unique_key is {size} bytes, over the limit of {limit} bytes: use a hash of the identifying data as the key")]
+    UniqueKeyTooLong {
+        /// Its length in bytes (UTF-8).
+        size: usize,
+        /// The limit, [`crate::MAX_UNIQUE_KEY_BYTES`].
+        limit: usize,
+    },
+
+    /// A `QueueBuilder` setting cannot work with this file or this SQLite
+    /// build (for example `max_payload_bytes` above what SQLite stores). The
+    /// queue was not opened.
+    #[error("invalid queue setting: {0}")]
+    Config(String),
+
+    /// A write broke one of the schema's constraints (a `CHECK`, `NOT
+    /// NULL`, or a `RAISE` in an application's trigger on tickler's tables).
+    /// tickler validates its input first, so this means a row or trigger
+    /// written outside tickler; nothing of the failed statement was written.
+    #[error("the database refused the write ({message}); nothing of it was written: check triggers or hand edits on tickler's tables")]
+    ConstraintViolated {
+        /// SQLite's message, naming the constraint (`CHECK constraint failed: …`).
+        message: String,
+    },
+
     /// A time (run_at, delay, snooze) falls outside what tickler stores:
     /// 1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z.
     #[error("{what} is outside the supported time range (1970-01-01 to 9999-12-31 UTC)")]
@@ -218,6 +253,18 @@ impl From<rusqlite::Error> for Error {
         if let rusqlite::Error::SqliteFailure(f, _) = &e {
             if f.code == rusqlite::ErrorCode::DiskFull {
                 return Error::DiskFull;
+            }
+            // Unique conflicts are resolved in SQL (ON CONFLICT); any other
+            // constraint failure is a row or trigger written outside tickler.
+            if f.code == rusqlite::ErrorCode::ConstraintViolation
+                && f.extended_code != rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                && f.extended_code != rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+            {
+                let message = match &e {
+                    rusqlite::Error::SqliteFailure(_, Some(m)) => m.clone(),
+                    _ => format!("constraint failed (code {})", f.extended_code),
+                };
+                return Error::ConstraintViolated { message };
             }
         }
         Error::Sqlite(e)

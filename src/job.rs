@@ -237,10 +237,33 @@ pub struct Job {
     pub claimed_at: Option<DateTime<Utc>>,
     /// When the current lease runs out (meaningful while running), UTC.
     pub lease_expires_at: Option<DateTime<Utc>>,
-    /// The latest error message (failures, panics, expired leases).
+    /// The error of the latest failed attempt (failures, panics, timeouts,
+    /// expired leases), cut to [`crate::MAX_ERROR_BYTES`]; cleared when the
+    /// job succeeds.
     pub last_error: Option<String>,
+    /// Every failed attempt's error, oldest first: the last
+    /// [`crate::ERROR_HISTORY_MAX`] of them (older ones are dropped).
+    pub errors: Vec<AttemptError>,
+    /// What could not be read from this job's row, if anything (a hand
+    /// edit, damage, a newer build's data): those fields hold placeholders
+    /// (`null`, empty, 0). A claim makes such a job `dead` instead of
+    /// handing it out.
+    pub unreadable: Option<String>,
     /// When it was enqueued, UTC.
     pub created_at: DateTime<Utc>,
     /// When it reached a terminal state, UTC.
     pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// One failed attempt of a job, as kept in [`Job::errors`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptError {
+    /// Which attempt failed (from 1; a manual `retry` starts again at 1).
+    pub attempt: u32,
+    /// When the failure was recorded, UTC.
+    pub at: DateTime<Utc>,
+    /// The error, cut to [`crate::MAX_ERROR_BYTES`].
+    pub error: String,
+    /// The worker id that held the job (`claimed_by`), if known.
+    pub worker: Option<String>,
 }

@@ -146,12 +146,15 @@ mod worker;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Result};
-pub use job::{Job, JobId, JobState, NewJob, RunToken, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
+pub use job::{
+    AttemptError, Job, JobId, JobState, NewJob, RunToken, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE,
+};
 pub use lease::Lease;
 pub use metrics::WriteLockWaits;
 pub use queue::{
     ChangeWatcher, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter, Outcome,
-    OutcomeSync, Queue, QueueBuilder, Stats, Waker, MAX_TIMESTAMP_MS,
+    OutcomeSync, Queue, QueueBuilder, Stats, Waker, ERROR_HISTORY_MAX, MAX_ERROR_BYTES,
+    MAX_PAYLOAD_BYTES_LIMIT, MAX_PAYLOAD_DEPTH, MAX_TIMESTAMP_MS, MAX_UNIQUE_KEY_BYTES,
 };
 pub use reaper::{Reaper, ReaperConfig, BACKWARD_STEP_MARGIN};
 pub use retry::RetryPolicy;

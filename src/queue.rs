@@ -21,7 +21,7 @@ use crossbeam_channel::{Receiver, Sender};
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -33,9 +33,56 @@ const SCHEMA_SQL: &str = include_str!("../schema.sql");
 /// Latest timestamp tickler stores: 9999-12-31T23:59:59.999Z, in ms.
 pub const MAX_TIMESTAMP_MS: i64 = 253_402_300_799_999;
 
+/// Deepest nesting of arrays and objects a payload may have (`[[0]]` is 2).
+/// serde_json reads at most 128 levels back, SQLite's `json_valid` accepts
+/// 1,000: without a limit below both, a payload could be stored that no
+/// one can read. Deeper payloads are refused with [`Error::PayloadTooDeep`].
+pub const MAX_PAYLOAD_DEPTH: usize = 100;
+
+/// Longest unique_key, in bytes of UTF-8 ([`Error::UniqueKeyTooLong`]).
+pub const MAX_UNIQUE_KEY_BYTES: usize = 1024;
+
+/// Largest [`QueueBuilder::max_payload_bytes`] accepted with SQLite's
+/// default length limit (1,000,000,000 bytes per value and per row): the
+/// limit less 1 MiB for the row's other columns. A connection whose
+/// `SQLITE_LIMIT_LENGTH` was lowered (by an `on_connection` hook) lowers
+/// it accordingly; [`QueueBuilder::open`] checks.
+pub const MAX_PAYLOAD_BYTES_LIMIT: usize = 1_000_000_000 - ROW_HEADROOM;
+
+/// Room kept in a row for everything but the payload: names, unique_key,
+/// last_error and the error history are all capped well below this.
+const ROW_HEADROOM: usize = 1024 * 1024;
+
+/// Longest error text stored per attempt, in bytes. A longer one keeps its
+/// first 6 KiB and last 2 KiB around a note of how much was cut: handler
+/// errors can be whole HTTP bodies or logs, and one over SQLite's length
+/// limit used to lose every outcome of its batch.
+pub const MAX_ERROR_BYTES: usize = 8 * 1024;
+
+/// Failed attempts whose errors a job keeps in [`Job::errors`]; older ones
+/// are dropped as new ones come.
+pub const ERROR_HISTORY_MAX: usize = 20;
+
 /// Most scheduled jobs one claim transaction promotes to pending, so a
 /// million jobs falling due at once cannot make one claim transaction long.
 const PROMOTE_BATCH: i64 = 5_000;
+
+/// Time between the two looks of [`Queue::reap_at`] at an expired lease:
+/// longer than the longest sleep of tickler's busy handler (10 ms), so that
+/// a heartbeat that waited behind a write lock held by another connection
+/// lands in between.
+const REAP_SETTLE: Duration = Duration::from_millis(100);
+
+/// Most looks of one [`Queue::reap_at`] call; the last one takes what the
+/// one before saw, even if getting the lock waited. Bounds how late a gone
+/// holder's job is taken back while the lock is busy: about
+/// `REAP_MAX_LOOKS` times `REAP_SETTLE` plus the lock waits.
+const REAP_MAX_LOOKS: u32 = 10;
+
+/// A reaper look that got the write lock within this got it "without
+/// waiting" (in-process writers are short; another connection's hold is
+/// seen by the busy handler being called at all).
+const REAP_CLEAN_WAIT: Duration = Duration::from_millis(2);
 
 /// Most expired leases one reaper transaction takes back.
 const REAP_BATCH: i64 = 1_000;
@@ -196,11 +243,21 @@ impl QueueBuilder {
     /// [`Error::Busy`].
     pub fn open(self) -> Result<Queue> {
         let path = self.path.clone();
+        check_payload_limit(
+            self.max_payload_bytes,
+            MAX_PAYLOAD_BYTES_LIMIT + ROW_HEADROOM,
+        )?;
         create_owner_only(&path)?;
         let writer = Connection::open(&path).map_err(|e| open_error(&path, e))?;
         set_busy_limit(self.busy_timeout);
         configure_connection(&writer, self.durability, false, self.on_connection.as_ref())
             .map_err(|e| open_error(&path, e))?;
+        // The hook may have lowered SQLite's length limit on this connection.
+        let length_limit = writer.limit(rusqlite::limits::Limit::SQLITE_LIMIT_LENGTH)?;
+        check_payload_limit(
+            self.max_payload_bytes,
+            usize::try_from(length_limit).unwrap_or(0),
+        )?;
         if writer.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
             return Err(Error::ReadOnly { path });
         }
@@ -604,10 +661,24 @@ impl Queue {
         if job.max_attempts == 0 {
             return Err(Error::InvalidMaxAttempts);
         }
-        if job.unique_key.as_deref() == Some("") {
-            return Err(Error::InvalidArgument(
-                "unique_key is empty: leave it unset for no deduplication".into(),
-            ));
+        match job.unique_key.as_deref() {
+            Some("") => {
+                return Err(Error::InvalidArgument(
+                    "unique_key is empty: leave it unset for no deduplication".into(),
+                ))
+            }
+            Some(key) if key.len() > MAX_UNIQUE_KEY_BYTES => {
+                return Err(Error::UniqueKeyTooLong {
+                    size: key.len(),
+                    limit: MAX_UNIQUE_KEY_BYTES,
+                })
+            }
+            _ => {}
+        }
+        if json_depth_exceeds(&job.payload, MAX_PAYLOAD_DEPTH) {
+            return Err(Error::PayloadTooDeep {
+                limit: MAX_PAYLOAD_DEPTH,
+            });
         }
         let payload = serde_json::to_string(&job.payload)?;
         let limit = self.inner.config.max_payload_bytes;
@@ -618,6 +689,9 @@ impl Queue {
             });
         }
         let run_at = match (job.run_at, job.delay) {
+            // Any past time means "due now", also one before 1970, which
+            // the stored range (ms since 1970) cannot hold.
+            (Some(at), _) if at.timestamp_millis() < 0 => now,
             (Some(at), _) => at.timestamp_millis(),
             (None, Some(delay)) => add_ms(now, delay).ok_or(Error::TimeOutOfRange {
                 what: "enqueue time plus delay",
@@ -784,9 +858,17 @@ impl Queue {
             leases
                 .iter()
                 .map(|lease| {
-                    let changed =
-                        stmt.execute(params![expires, lease.job_id.0, lease.run_token.0, now])?;
-                    Ok(fenced(changed, lease).map(|()| ms_to_datetime(expires)))
+                    let renewed = isolated(tx, || {
+                        Ok(stmt.execute(params![
+                            expires,
+                            lease.job_id.0,
+                            lease.run_token.0,
+                            now
+                        ])?)
+                    })?;
+                    Ok(renewed.and_then(|changed| {
+                        fenced(changed, lease).map(|()| ms_to_datetime(expires))
+                    }))
                 })
                 .collect()
         })
@@ -930,8 +1012,31 @@ impl Queue {
                     if let Some(kinds) = request.kinds {
                         values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
                     }
-                    for lease in stmt.query_map(values.as_slice(), lease_from_row)? {
-                        leases.push(lease?);
+                    let mut unreadable = Vec::new();
+                    for row in stmt.query_map(values.as_slice(), claimed_from_row)? {
+                        match row? {
+                            ClaimedRow::Readable(lease) => leases.push(lease),
+                            ClaimedRow::Unreadable {
+                                job_id,
+                                run_token,
+                                problems,
+                            } => unreadable.push((job_id, run_token, problems)),
+                        }
+                    }
+                    drop(stmt);
+                    // One damaged row costs its own job, not the claim.
+                    for (job_id, run_token, problems) in unreadable {
+                        let error = format!(
+                            "this job's row could not be read ({problems}); it was not run: \
+                             fix or delete the row, then retry the job"
+                        );
+                        log::error!("job {job_id}: {error}");
+                        tx.prepare_cached(DEAD_SQL)?.execute(params![
+                            now,
+                            cut_error(&error),
+                            job_id.0,
+                            run_token
+                        ])?;
                     }
                 }
                 Ok((recorded, Some(leases)))
@@ -971,64 +1076,43 @@ impl Queue {
     /// A job whose worker dies on every attempt therefore ends `dead` after
     /// `max_attempts` claims.
     ///
+    /// This is one look, at once: for tests and one-off use. A holder whose
+    /// heartbeat is queued behind a write lock that another connection
+    /// held past its lease can lose its job to it. Background reaping
+    /// (the [`crate::Reaper`], `tickler reap`) uses [`Queue::reap_at`],
+    /// which waits for such heartbeats.
+    ///
     /// # Errors
     /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`].
     pub fn reap(&self) -> Result<u64> {
         self.reap_expired_before(None)
     }
 
-    /// [`Queue::reap`], but judging leases against `now` as read before
-    /// waiting for the write lock rather than after: the reaper thread uses
-    /// the time its clock-step check saw, so a clock step during the wait
-    /// cannot make it take live leases (the next pass sees the step).
-    /// Leases are taken back if they expired before both `now` and the
-    /// time read inside the transaction.
+    /// [`Queue::reap`] as background reaping should do it: leases are
+    /// judged against `now` as read before waiting for the write lock (the
+    /// reaper thread passes the time its clock-step check saw, so a clock
+    /// step during the wait cannot make it take live leases), and a lease is
+    /// taken back only after two looks, 100 ms apart, each of which got the
+    /// write lock without waiting for another connection, saw it expired
+    /// with the same expiry. A holder whose heartbeat was stuck behind the
+    /// same lock (another process's long transaction, a slow disk) renews
+    /// in between and keeps its job. A holder that is really gone is taken
+    /// back in the second look; while the lock stays busy, at the latest in
+    /// the tenth (about 1 s plus the lock waits). Returns how many jobs
+    /// were taken back; takes at least 100 ms when any lease is expired.
     ///
     /// # Errors
     /// As [`Queue::reap`].
     pub fn reap_at(&self, now: DateTime<Utc>) -> Result<u64> {
-        self.reap_expired_before(Some(now.timestamp_millis()))
+        self.reap_settled(now.timestamp_millis())
     }
 
     fn reap_expired_before(&self, cutoff: Option<i64>) -> Result<u64> {
-        let policy = self.inner.config.retry_policy;
         let mut total = 0u64;
         loop {
-            let (taken, seen) = self.write_with(Commit::Lazy, |tx| {
-                // A backward step of the wall clock leaves leases that were
-                // granted "in the future": one whose expiry lies further ahead
-                // than its length (lease_ms, plus a margin for noise) is set to
-                // expire one length from now, so an abandoned job is taken back
-                // on time while a live holder's next heartbeat renews it as
-                // usual. Judged against the time inside this transaction: every
-                // lease committed before it was granted at or before then.
-                let stepped_now = self.now_ms();
-                tx.prepare_cached(LEASE_STEP_SQL)?.execute(params![
-                    stepped_now,
-                    crate::reaper::BACKWARD_STEP_MARGIN.as_millis() as i64
-                ])?;
-                let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
-                let expired: Vec<(i64, String, u32, String)> = tx
-                    .prepare_cached(
-                        "SELECT id, run_token, attempts, coalesce(claimed_by, '?') FROM tickler_jobs
-                         WHERE status = 'running' AND lease_expires_at < ?1
-                         ORDER BY lease_expires_at LIMIT ?2",
-                    )?
-                    .query_map(params![now, REAP_BATCH], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-                    })?
-                    .collect::<rusqlite::Result<_>>()?;
-                let mut taken = 0u64;
-                let mut reap = tx.prepare_cached(REAP_SQL)?;
-                for (id, token, attempts, worker) in &expired {
-                    let retry_at = retry_time(now, &policy, *attempts);
-                    let error = format!("lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time");
-                    taken += reap.execute(params![now, retry_at, error, id, token])? as u64;
-                }
-                Ok((taken, expired.len()))
-            })?;
-            total += taken;
-            if (seen as i64) < REAP_BATCH {
+            let look = self.reap_look(cutoff, |_, _| true)?;
+            total += look.taken;
+            if !look.batch_full {
                 break;
             }
         }
@@ -1036,6 +1120,121 @@ impl Queue {
             self.notify_watchers();
         }
         Ok(total)
+    }
+
+    /// [`Queue::reap_at`]: a lease is taken back only once two looks, at
+    /// least `REAP_SETTLE` apart, each of which got the write lock without
+    /// waiting for another connection, saw it expired with the same expiry.
+    fn reap_settled(&self, cutoff: i64) -> Result<u64> {
+        let mut total = 0u64;
+        // The previous look: what it saw expired and left, and whether it
+        // got the write lock without waiting.
+        let mut previous: Option<(HashSet<ExpiredLease>, bool)> = None;
+        for look in 1..=REAP_MAX_LOOKS {
+            let last = look == REAP_MAX_LOOKS;
+            let before = previous.take();
+            let result = self.reap_look(Some(cutoff), |lease, waited| {
+                let Some((seen, seen_clean)) = &before else {
+                    return false;
+                };
+                // The last look confirms whatever it saw twice, so that a
+                // lock that is never free long still lets a gone holder's
+                // job be reaped within a bound.
+                let clean = (!waited && *seen_clean) || last;
+                clean && seen.contains(lease)
+            })?;
+            total += result.taken;
+            if result.left.is_empty() && !result.batch_full {
+                break;
+            }
+            previous = Some((result.left.into_iter().collect(), !result.waited));
+            if !last {
+                std::thread::sleep(REAP_SETTLE);
+            }
+        }
+        if total > 0 {
+            self.notify_watchers();
+        }
+        Ok(total)
+    }
+
+    /// One look of the reaper in one write transaction: finds leases that
+    /// expired before `cutoff` (or now, if earlier), at most `REAP_BATCH`,
+    /// and takes back those `take` accepts. `take` is also told whether
+    /// getting the write lock had to wait for another connection (or more
+    /// than `REAP_CLEAN_WAIT` for this process's own writers).
+    fn reap_look(
+        &self,
+        cutoff: Option<i64>,
+        take: impl Fn(&ExpiredLease, bool) -> bool,
+    ) -> Result<ReapLook> {
+        let policy = self.inner.config.retry_policy;
+        let asked = Instant::now();
+        let busy_before = BUSY_WAITS.with(Cell::get);
+        self.write_with(Commit::Lazy, |tx| {
+            let waited = BUSY_WAITS.with(Cell::get) != busy_before
+                || asked.elapsed() > REAP_CLEAN_WAIT;
+            // A backward step of the wall clock leaves leases that were
+            // granted "in the future": one whose expiry lies further ahead
+            // than its length (lease_ms, plus a margin for noise) is set to
+            // expire one length from now, so an abandoned job is taken back
+            // on time while a live holder's next heartbeat renews it as
+            // usual. Judged against the time inside this transaction: every
+            // lease committed before it was granted at or before then.
+            let stepped_now = self.now_ms();
+            tx.prepare_cached(LEASE_STEP_SQL)?.execute(params![
+                stepped_now,
+                crate::reaper::BACKWARD_STEP_MARGIN.as_millis() as i64
+            ])?;
+            let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
+            let expired: Vec<(ExpiredLease, u32, String)> = tx
+                .prepare_cached(
+                    "SELECT id, run_token, lease_expires_at, attempts, coalesce(claimed_by, '?')
+                     FROM tickler_jobs
+                     WHERE status = 'running' AND lease_expires_at < ?1
+                     ORDER BY lease_expires_at LIMIT ?2",
+                )?
+                .query_map(params![now, REAP_BATCH], |r| {
+                    Ok((
+                        ExpiredLease {
+                            id: r.get(0)?,
+                            run_token: r.get(1)?,
+                            expires_at: r.get(2)?,
+                        },
+                        r.get(3)?,
+                        r.get(4)?,
+                    ))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            let batch_full = expired.len() as i64 >= REAP_BATCH;
+            let mut taken = 0u64;
+            let mut left = Vec::new();
+            let mut reap = tx.prepare_cached(REAP_SQL)?;
+            for (lease, attempts, worker) in expired {
+                if !take(&lease, waited) {
+                    left.push(lease);
+                    continue;
+                }
+                let retry_at = retry_time(now, &policy, attempts);
+                let error = format!(
+                    "lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time"
+                );
+                taken += reap.execute(params![
+                    now,
+                    retry_at,
+                    cut_error(&error),
+                    lease.id,
+                    lease.run_token,
+                    now
+                ])? as u64;
+            }
+            Ok(ReapLook {
+                taken,
+                left,
+                batch_full,
+                waited,
+            })
+        })
     }
 
     // ------------------------------------------------------ operator actions
@@ -1880,29 +2079,58 @@ const PROMOTE_SQL: &str = "UPDATE tickler_jobs SET status = 'pending'
                  WHERE status = 'scheduled' AND queue = ?1 AND run_at <= ?2
                  ORDER BY run_at LIMIT ?3)";
 
+/// Success ends the error story: `last_error` is cleared (the history in
+/// `errors` stays). ?1 now, ?2 id, ?3 run_token.
 const COMPLETE_SQL: &str = "UPDATE tickler_jobs
-    SET status = 'succeeded', finished_at = ?1, lease_expires_at = NULL
+    SET status = 'succeeded', finished_at = ?1, lease_expires_at = NULL, last_error = NULL
     WHERE id = ?2 AND run_token = ?3 AND status = 'running'";
+
+/// `errors` with one more entry for the current attempt (at `$at`, error
+/// `$error`), keeping the last `ERROR_HISTORY_MAX` (20) entries.
+macro_rules! append_error {
+    ($at:literal, $error:literal) => {
+        concat!(
+            "errors = json_insert(
+                 CASE WHEN json_array_length(errors) >= 20 THEN json_remove(errors, '$[0]')
+                      ELSE errors END,
+                 '$[#]',
+                 json_object('attempt', attempts, 'at', ",
+            $at,
+            ", 'error', ",
+            $error,
+            ", 'worker', claimed_by))"
+        )
+    };
+}
 
 /// ?1 now, ?2 retry time, ?3 error, ?4 id, ?5 run_token. Dead when the
 /// attempts are used up, else waiting for the retry time.
-const FAIL_SQL: &str = "UPDATE tickler_jobs
+const FAIL_SQL: &str = concat!(
+    "UPDATE tickler_jobs
     SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
                       WHEN ?2 <= ?1 THEN 'pending' ELSE 'scheduled' END,
         run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE ?2 END,
         finished_at = CASE WHEN attempts >= max_attempts THEN ?1 END,
-        last_error = ?3, lease_expires_at = NULL
-    WHERE id = ?4 AND run_token = ?5 AND status = 'running'";
+        last_error = ?3, lease_expires_at = NULL, ",
+    append_error!("?1", "?3"),
+    "
+    WHERE id = ?4 AND run_token = ?5 AND status = 'running'"
+);
 
 /// The reaper's version of FAIL_SQL, also conditional on the lease having
-/// run out, so that a heartbeat that landed first wins.
-const REAP_SQL: &str = "UPDATE tickler_jobs
+/// run out (?6, the reaper's cutoff), so that a heartbeat that landed first
+/// wins.
+const REAP_SQL: &str = concat!(
+    "UPDATE tickler_jobs
     SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
                       WHEN ?2 <= ?1 THEN 'pending' ELSE 'scheduled' END,
         run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE ?2 END,
         finished_at = CASE WHEN attempts >= max_attempts THEN ?1 END,
-        last_error = ?3, lease_expires_at = NULL
-    WHERE id = ?4 AND run_token = ?5 AND status = 'running' AND lease_expires_at < ?1";
+        last_error = ?3, lease_expires_at = NULL, ",
+    append_error!("?1", "?3"),
+    "
+    WHERE id = ?4 AND run_token = ?5 AND status = 'running' AND lease_expires_at < ?6"
+);
 
 /// ?1 now, ?2 margin (ms). See reap_expired_before; leases granted before
 /// lease_ms existed count from their claim.
@@ -1911,9 +2139,14 @@ const LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
     WHERE status = 'running' AND lease_expires_at > ?1 + ?2
       AND lease_expires_at > ?1 + coalesce(lease_ms, lease_expires_at - claimed_at) + ?2";
 
-const DEAD_SQL: &str = "UPDATE tickler_jobs
-    SET status = 'dead', finished_at = ?1, last_error = ?2, lease_expires_at = NULL
-    WHERE id = ?3 AND run_token = ?4 AND status = 'running'";
+/// ?1 now, ?2 error, ?3 id, ?4 run_token.
+const DEAD_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'dead', finished_at = ?1, last_error = ?2, lease_expires_at = NULL, ",
+    append_error!("?1", "?2"),
+    "
+    WHERE id = ?3 AND run_token = ?4 AND status = 'running'"
+);
 
 const SNOOZE_SQL: &str = "UPDATE tickler_jobs
     SET status = CASE WHEN ?2 <= ?1 THEN 'pending' ELSE 'scheduled' END,
@@ -1930,7 +2163,7 @@ const LEASE_COLUMNS: &str =
 const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
-    created_at, finished_at";
+    created_at, finished_at, errors";
 
 /// Inserts validated jobs in `tx`; a job whose unique_key is held by an
 /// unfinished job inserts nothing and yields that job's id.
@@ -2159,8 +2392,10 @@ fn claim_sql(kinds: Option<&[&str]>) -> String {
     )
 }
 
-/// One outcome, fenced by run_token. `Ok(Err(LeaseLost))` when the lease
-/// is no longer held.
+/// One outcome, fenced by run_token. The outer error is the
+/// transaction's (it failed as a whole); the inner one is this outcome's
+/// alone: `LeaseLost` when the lease is no longer held, or a statement
+/// SQLite refused (see [`isolated`]), which changed nothing for it.
 fn record_in(
     tx: &rusqlite::Transaction<'_>,
     lease: &Lease,
@@ -2169,36 +2404,138 @@ fn record_in(
     policy: &RetryPolicy,
 ) -> Result<Result<()>> {
     if let Outcome::Snooze(until) = outcome {
-        // Refused for this outcome only; the rest of the batch goes on.
-        if let Err(e) = check_timestamp(until.timestamp_millis(), "snooze time") {
-            return Ok(Err(e));
+        // Refused for this outcome only; the rest of the batch goes on. A
+        // time before 1970 is past, so due now, like a run_at.
+        if until.timestamp_millis() > MAX_TIMESTAMP_MS {
+            return Ok(Err(Error::TimeOutOfRange {
+                what: "snooze time",
+            }));
         }
     }
+    let changed = match isolated(tx, || apply_outcome(tx, lease, outcome, now, policy, None))? {
+        Err(refused) => match outcome {
+            // The error text may be what SQLite refused (over a lowered
+            // length limit, or refused by a trigger): record the failure
+            // with a short note instead, so the job is not left running
+            // until its lease runs out.
+            Outcome::Fail(error) | Outcome::FailPermanently(error) => {
+                let note = format!(
+                    "the handler's error ({} bytes) could not be stored: {refused}",
+                    error.len()
+                );
+                match isolated(tx, || {
+                    apply_outcome(tx, lease, outcome, now, policy, Some(&note))
+                })? {
+                    Ok(changed) => changed,
+                    Err(_) => return Ok(Err(refused)),
+                }
+            }
+            _ => return Ok(Err(refused)),
+        },
+        Ok(changed) => changed,
+    };
+    Ok(fenced(changed, lease))
+}
+
+/// The fenced statement of one outcome; returns the rows changed (0: lease
+/// lost). `error_note` replaces the outcome's error text.
+fn apply_outcome(
+    tx: &rusqlite::Transaction<'_>,
+    lease: &Lease,
+    outcome: &Outcome,
+    now: i64,
+    policy: &RetryPolicy,
+    error_note: Option<&str>,
+) -> Result<usize> {
     let id = lease.job_id.0;
     let token = &lease.run_token.0;
-    let changed = match outcome {
+    let error_of = |error: &str| cut_error(error_note.unwrap_or(error)).into_owned();
+    Ok(match outcome {
         Outcome::Complete => tx
             .prepare_cached(COMPLETE_SQL)?
             .execute(params![now, id, token])?,
         Outcome::Fail(error) => {
             let retry_at = retry_time(now, policy, lease.attempt);
-            tx.prepare_cached(FAIL_SQL)?
-                .execute(params![now, retry_at, error, id, token])?
+            tx.prepare_cached(FAIL_SQL)?.execute(params![
+                now,
+                retry_at,
+                error_of(error),
+                id,
+                token
+            ])?
         }
-        Outcome::FailPermanently(error) => tx
-            .prepare_cached(DEAD_SQL)?
-            .execute(params![now, error, id, token])?,
-        Outcome::Snooze(until) => tx.prepare_cached(SNOOZE_SQL)?.execute(params![
-            now,
-            until.timestamp_millis(),
-            id,
-            token
-        ])?,
+        Outcome::FailPermanently(error) => {
+            tx.prepare_cached(DEAD_SQL)?
+                .execute(params![now, error_of(error), id, token])?
+        }
+        Outcome::Snooze(until) => {
+            let until = match until.timestamp_millis() {
+                before_1970 if before_1970 < 0 => now,
+                until => until,
+            };
+            tx.prepare_cached(SNOOZE_SQL)?
+                .execute(params![now, until, id, token])?
+        }
         Outcome::Release => tx
             .prepare_cached(RELEASE_SQL)?
             .execute(params![id, token])?,
-    };
-    Ok(fenced(changed, lease))
+    })
+}
+
+/// Runs one statement of a batch (one outcome, one heartbeat). An error
+/// SQLite confined to that statement (a constraint or trigger, a value over
+/// its length limit) is that item's own, `Ok(Err(_))`: SQLite has undone
+/// the statement alone and the transaction goes on with the rest of the
+/// batch. Any other error, or one after which SQLite ended the
+/// transaction (disk full, I/O), fails the batch: `Err(_)`.
+fn isolated<T>(
+    tx: &rusqlite::Transaction<'_>,
+    statement: impl FnOnce() -> Result<T>,
+) -> Result<Result<T>> {
+    match statement() {
+        Ok(value) => Ok(Ok(value)),
+        Err(e) if statement_level(&e) && !tx.is_autocommit() => Ok(Err(e)),
+        Err(e) => Err(e),
+    }
+}
+
+fn statement_level(e: &Error) -> bool {
+    match e {
+        Error::ConstraintViolated { .. } => true,
+        Error::Sqlite(rusqlite::Error::SqliteFailure(f, _)) => matches!(
+            f.code,
+            rusqlite::ErrorCode::TooBig
+                | rusqlite::ErrorCode::ConstraintViolation
+                | rusqlite::ErrorCode::TypeMismatch
+                | rusqlite::ErrorCode::ParameterOutOfRange
+        ),
+        _ => false,
+    }
+}
+
+/// `error` cut to [`MAX_ERROR_BYTES`]: its first 6 KiB and its end around
+/// a note saying how many bytes were cut, on character boundaries.
+pub(crate) fn cut_error(error: &str) -> std::borrow::Cow<'_, str> {
+    if error.len() <= MAX_ERROR_BYTES {
+        return std::borrow::Cow::Borrowed(error);
+    }
+    const HEAD: usize = 6 * 1024;
+    const TAIL: usize = 2 * 1024 - 128;
+    let mut head_end = HEAD;
+    while !error.is_char_boundary(head_end) {
+        head_end -= 1;
+    }
+    let mut tail_start = error.len() - TAIL;
+    while !error.is_char_boundary(tail_start) {
+        tail_start += 1;
+    }
+    let cut = tail_start - head_end;
+    std::borrow::Cow::Owned(format!(
+        "{}\n[... {cut} of {} bytes cut by tickler ...]\n{}",
+        &error[..head_end],
+        error.len(),
+        &error[tail_start..]
+    ))
 }
 
 /// When a job that failed `attempt` may run again, in ms (clamped to the
@@ -2207,61 +2544,212 @@ fn retry_time(now: i64, policy: &RetryPolicy, attempt: u32) -> i64 {
     add_ms(now, policy.backoff(attempt)).map_or(MAX_TIMESTAMP_MS, |t| t.min(MAX_TIMESTAMP_MS))
 }
 
-fn lease_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Lease> {
-    Ok(Lease {
-        job_id: JobId(r.get(0)?),
-        queue: r.get(1)?,
-        kind: r.get(2)?,
-        payload: json_column(r, 3)?,
-        priority: r.get(4)?,
-        run_at: ms_to_datetime(r.get(5)?),
-        attempt: r.get(6)?,
-        max_attempts: r.get(7)?,
-        run_token: RunToken(r.get(8)?),
-        lease_expires_at: ms_to_datetime(r.get(9)?),
-        timeout: r
-            .get::<_, Option<i64>>(10)?
+/// A claimed row: its lease, or why it cannot be handed out. The id and
+/// run_token are read strictly (the id is the rowid, the token was written
+/// by this very claim); everything else leniently.
+enum ClaimedRow {
+    Readable(Lease),
+    Unreadable {
+        job_id: JobId,
+        run_token: String,
+        problems: String,
+    },
+}
+
+fn claimed_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
+    let job_id = JobId(r.get(0)?);
+    let run_token: String = r.get(8)?;
+    let mut row = RowReader::new(r);
+    let lease = Lease {
+        job_id,
+        queue: row.text(1, "queue"),
+        kind: row.text(2, "kind"),
+        payload: row.json(3, "payload"),
+        priority: row.get(4, "priority"),
+        run_at: row.time(5, "run_at"),
+        attempt: row.get(6, "attempts"),
+        max_attempts: row.get(7, "max_attempts"),
+        run_token: RunToken(run_token.clone()),
+        lease_expires_at: row.time(9, "lease_expires_at"),
+        timeout: row
+            .get::<Option<i64>>(10, "timeout_ms")
             .map(|ms| Duration::from_millis(ms.unsigned_abs())),
+    };
+    Ok(match row.finish() {
+        None => ClaimedRow::Readable(lease),
+        Some(problems) => ClaimedRow::Unreadable {
+            job_id,
+            run_token,
+            problems,
+        },
     })
 }
 
 fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
-    let status: String = r.get(4)?;
-    let state = status.parse::<JobState>().map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(4, rusqlite::types::Type::Text, Box::new(e))
-    })?;
-    let opt_time = |i: usize| -> rusqlite::Result<Option<DateTime<Utc>>> {
-        Ok(r.get::<_, Option<i64>>(i)?.map(ms_to_datetime))
-    };
-    Ok(Job {
-        id: JobId(r.get(0)?),
-        queue: r.get(1)?,
-        kind: r.get(2)?,
-        payload: json_column(r, 3)?,
+    let id = JobId(r.get(0)?);
+    let mut row = RowReader::new(r);
+    let status = row.text(4, "status");
+    let state = status.parse::<JobState>().unwrap_or_else(|e| {
+        row.note("status", e);
+        JobState::Dead
+    });
+    let mut job = Job {
+        id,
+        queue: row.text(1, "queue"),
+        kind: row.text(2, "kind"),
+        payload: row.json(3, "payload"),
         state,
-        priority: r.get(5)?,
-        run_at: ms_to_datetime(r.get(6)?),
-        attempts: r.get(7)?,
-        max_attempts: r.get(8)?,
-        unique_key: r.get(9)?,
-        timeout: r
-            .get::<_, Option<i64>>(10)?
+        priority: row.get(5, "priority"),
+        run_at: row.time(6, "run_at"),
+        attempts: row.get(7, "attempts"),
+        max_attempts: row.get(8, "max_attempts"),
+        unique_key: row.opt_text(9, "unique_key"),
+        timeout: row
+            .get::<Option<i64>>(10, "timeout_ms")
             .map(|ms| Duration::from_millis(ms.unsigned_abs())),
-        run_token: r.get::<_, Option<String>>(11)?.map(RunToken),
-        claimed_by: r.get(12)?,
-        claimed_at: opt_time(13)?,
-        lease_expires_at: opt_time(14)?,
-        last_error: r.get(15)?,
-        created_at: ms_to_datetime(r.get(16)?),
-        finished_at: opt_time(17)?,
-    })
+        run_token: row.opt_text(11, "run_token").map(RunToken),
+        claimed_by: row.opt_text(12, "claimed_by"),
+        claimed_at: row.opt_time(13, "claimed_at"),
+        lease_expires_at: row.opt_time(14, "lease_expires_at"),
+        last_error: row.opt_text(15, "last_error"),
+        created_at: row.time(16, "created_at"),
+        finished_at: row.opt_time(17, "finished_at"),
+        errors: row.errors(18),
+        unreadable: None,
+    };
+    job.unreadable = row.finish();
+    Ok(job)
 }
 
-fn json_column(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<serde_json::Value> {
-    let text: String = r.get(i)?;
-    serde_json::from_str(&text).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
-    })
+/// An expired lease as one reaper look saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ExpiredLease {
+    id: i64,
+    run_token: String,
+    expires_at: i64,
+}
+
+/// What one reaper look did.
+struct ReapLook {
+    taken: u64,
+    /// Expired and not taken back (not yet confirmed).
+    left: Vec<ExpiredLease>,
+    /// The look saw `REAP_BATCH` expired leases: there may be more.
+    batch_full: bool,
+    /// Getting the write lock waited for another connection.
+    waited: bool,
+}
+
+/// One entry of the `errors` column, as stored (`at` in ms).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredAttemptError {
+    attempt: u32,
+    at: i64,
+    error: String,
+    worker: Option<String>,
+}
+
+/// Reads a row column by column, noting each column that cannot be read
+/// and putting a placeholder in its place, so that one damaged row (a hand
+/// edit, a disk error, a newer build's data) is reported instead of failing
+/// every read or claim it is part of.
+struct RowReader<'a, 'r> {
+    row: &'a rusqlite::Row<'r>,
+    problems: Vec<String>,
+}
+
+impl<'a, 'r> RowReader<'a, 'r> {
+    fn new(row: &'a rusqlite::Row<'r>) -> Self {
+        RowReader {
+            row,
+            problems: Vec::new(),
+        }
+    }
+
+    fn note(&mut self, column: &str, what: impl std::fmt::Display) {
+        self.problems.push(format!("{column}: {what}"));
+    }
+
+    /// What could not be read, or `None` if the whole row was fine.
+    fn finish(self) -> Option<String> {
+        (!self.problems.is_empty()).then(|| self.problems.join("; "))
+    }
+
+    fn get<T: rusqlite::types::FromSql + Default>(&mut self, i: usize, column: &str) -> T {
+        self.row.get(i).unwrap_or_else(|e| {
+            self.note(column, e);
+            T::default()
+        })
+    }
+
+    fn opt_text(&mut self, i: usize, column: &str) -> Option<String> {
+        use rusqlite::types::ValueRef;
+        match self.row.get_ref(i) {
+            Ok(ValueRef::Null) => None,
+            Ok(ValueRef::Text(bytes)) => Some(match std::str::from_utf8(bytes) {
+                Ok(text) => text.to_owned(),
+                Err(e) => {
+                    self.note(column, format!("not UTF-8 ({e})"));
+                    String::from_utf8_lossy(bytes).into_owned()
+                }
+            }),
+            Ok(other) => {
+                self.note(
+                    column,
+                    format!("{:?} where text was expected", other.data_type()),
+                );
+                None
+            }
+            Err(e) => {
+                self.note(column, e);
+                None
+            }
+        }
+    }
+
+    fn text(&mut self, i: usize, column: &str) -> String {
+        self.opt_text(i, column).unwrap_or_else(|| {
+            if !self.problems.iter().any(|p| p.starts_with(column)) {
+                self.note(column, "NULL where text was expected");
+            }
+            String::new()
+        })
+    }
+
+    fn json(&mut self, i: usize, column: &str) -> serde_json::Value {
+        let text = self.text(i, column);
+        serde_json::from_str(&text).unwrap_or_else(|e| {
+            self.note(column, format!("not readable as JSON ({e})"));
+            serde_json::Value::Null
+        })
+    }
+
+    fn time(&mut self, i: usize, column: &str) -> DateTime<Utc> {
+        ms_to_datetime(self.get(i, column))
+    }
+
+    fn opt_time(&mut self, i: usize, column: &str) -> Option<DateTime<Utc>> {
+        self.get::<Option<i64>>(i, column).map(ms_to_datetime)
+    }
+
+    fn errors(&mut self, i: usize) -> Vec<crate::job::AttemptError> {
+        let text = self.text(i, "errors");
+        match serde_json::from_str::<Vec<StoredAttemptError>>(&text) {
+            Ok(stored) => stored
+                .into_iter()
+                .map(|e| crate::job::AttemptError {
+                    attempt: e.attempt,
+                    at: ms_to_datetime(e.at),
+                    error: e.error,
+                    worker: e.worker,
+                })
+                .collect(),
+            Err(e) => {
+                self.note("errors", format!("not readable as an error history ({e})"));
+                Vec::new()
+            }
+        }
+    }
 }
 
 fn state_of(tx: &rusqlite::Transaction<'_>, id: JobId) -> Result<JobState> {
@@ -2302,6 +2790,40 @@ fn check_timestamp(ms: i64, what: &'static str) -> Result<()> {
     } else {
         Err(Error::TimeOutOfRange { what })
     }
+}
+
+/// Refuses a payload limit above what a row can hold under SQLite's
+/// `length_limit` (bytes per value and per row).
+fn check_payload_limit(max_payload_bytes: usize, length_limit: usize) -> Result<()> {
+    let most = length_limit.saturating_sub(ROW_HEADROOM);
+    if max_payload_bytes > most {
+        return Err(Error::Config(format!(
+            "max_payload_bytes is {max_payload_bytes}, but SQLite stores at most {length_limit} \
+             bytes per row here, so the largest payload limit is {most} bytes \
+             (MAX_PAYLOAD_BYTES_LIMIT with SQLite's default limits)"
+        )));
+    }
+    Ok(())
+}
+
+/// True if `value` nests arrays and objects more than `limit` levels deep.
+/// Iterative, and stops at the first path past `limit`: the value may be
+/// far deeper than a recursive walk could follow.
+fn json_depth_exceeds(value: &serde_json::Value, limit: usize) -> bool {
+    use serde_json::Value;
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
+    while let Some((value, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        if depth + 1 > limit {
+            return true;
+        }
+        stack.extend(children.map(|child| (child, depth + 1)));
+    }
+    false
 }
 
 /// `(version, sql)` for each `-- migration: N` section of schema.sql.
@@ -2560,6 +3082,9 @@ thread_local! {
     static HOLDS_WRITER: Cell<bool> = const { Cell::new(false) };
     static BUSY_LIMIT: Cell<Duration> = const { Cell::new(Duration::from_secs(5)) };
     static BUSY_SINCE: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// Calls of the busy handler on this thread: a change tells a caller
+    /// that another connection held the lock it asked for.
+    static BUSY_WAITS: Cell<u64> = const { Cell::new(0) };
 }
 
 fn set_busy_limit(limit: Duration) {
@@ -2572,6 +3097,7 @@ fn set_busy_limit(limit: Duration) {
 /// A plain `fn` (SQLite's handler takes no closure), so the limit is
 /// per thread, set before each transaction.
 fn busy_handler(count: i32) -> bool {
+    BUSY_WAITS.with(|n| n.set(n.get().wrapping_add(1)));
     let now = Instant::now();
     let since = BUSY_SINCE.with(|s| {
         if count == 0 || s.get().is_none() {

@@ -1088,12 +1088,12 @@ fn work_loop(shared: &Shared, jobs: &Receiver<Lease>, outcomes: &Sender<(Lease, 
                     Ok(Err(JobError::Retry(message))) => Outcome::Fail(message),
                     Ok(Err(JobError::Permanent(message))) => Outcome::FailPermanently(message),
                     Ok(Err(JobError::Snooze(until)))
-                        if (0..=crate::MAX_TIMESTAMP_MS).contains(&until.timestamp_millis()) =>
+                        if until.timestamp_millis() <= crate::MAX_TIMESTAMP_MS =>
                     {
                         Outcome::Snooze(until)
                     }
                     Ok(Err(JobError::Snooze(until))) => Outcome::Fail(format!(
-                        "handler snoozed until {until}, outside the storable range (1970 to 9999 UTC)"
+                        "handler snoozed until {until}, after the end of the storable range (9999-12-31 UTC)"
                     )),
                     Err(panic) => {
                         Outcome::Fail(format!("handler panicked: {}", panic_message(&*panic)))

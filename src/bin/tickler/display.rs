@@ -125,6 +125,13 @@ pub fn job_json(job: &Job) -> serde_json::Value {
         "claimed_at": job.claimed_at.map(rfc3339),
         "lease_expires_at": job.lease_expires_at.map(rfc3339),
         "last_error": job.last_error,
+        "errors": job.errors.iter().map(|e| json!({
+            "attempt": e.attempt,
+            "at": rfc3339(e.at),
+            "error": e.error,
+            "worker": e.worker,
+        })).collect::<Vec<_>>(),
+        "unreadable": job.unreadable,
         "created_at": rfc3339(job.created_at),
         "finished_at": job.finished_at.map(rfc3339),
     })
@@ -162,5 +169,28 @@ pub fn job_fields(job: &Job, times: Times) -> Vec<(&'static str, String)> {
         ),
         ("payload", job.payload.to_string()),
         ("last_error", or_dash(&job.last_error)),
+        ("errors", error_history(job, times)),
+        ("unreadable", or_dash(&job.unreadable)),
     ]
+}
+
+/// One line per failed attempt, oldest first: `#N at TIME by WORKER: ERROR`
+/// (the error's first line only; `show --json` has it whole).
+fn error_history(job: &Job, times: Times) -> String {
+    if job.errors.is_empty() {
+        return "-".to_owned();
+    }
+    job.errors
+        .iter()
+        .map(|e| {
+            format!(
+                "#{} at {} by {}: {}",
+                e.attempt,
+                times.show(e.at),
+                e.worker.as_deref().unwrap_or("?"),
+                e.error.lines().next().unwrap_or("")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

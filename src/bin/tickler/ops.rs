@@ -314,7 +314,9 @@ pub fn prune(db: &Path, args: &PruneArgs) -> Result<(), CliError> {
 /// `tickler reap`.
 pub fn reap(db: &Path) -> Result<(), CliError> {
     let queue = open(db, false)?;
-    let n = queue.reap().map_err(|e| CliError::from_lib(e, db))?;
+    let n = queue
+        .reap_at(queue.clock().now())
+        .map_err(|e| CliError::from_lib(e, db))?;
     println!("took back {n} job(s) with expired leases");
     Ok(())
 }
