@@ -2132,7 +2132,7 @@ const REAP_SQL: &str = concat!(
     WHERE id = ?4 AND run_token = ?5 AND status = 'running' AND lease_expires_at < ?6"
 );
 
-/// ?1 now, ?2 margin (ms). See reap_expired_before; leases granted before
+/// ?1 now, ?2 margin (ms). See reap_look; leases granted before
 /// lease_ms existed count from their claim.
 const LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
     SET lease_expires_at = ?1 + coalesce(lease_ms, lease_expires_at - claimed_at)
