@@ -124,3 +124,45 @@ CREATE INDEX tickler_jobs_pending_age
 -- out; until then no other job with its unique_key starts.
 CREATE INDEX tickler_jobs_stopping
     ON tickler_jobs (unique_key) WHERE status = 'cancelled' AND lease_expires_at IS NOT NULL;
+
+-- migration: 4
+-- Schedules and clocks at the edges (src/schedule.rs, the reaper in
+-- src/queue.rs).
+--
+-- overlap: what a tick does while an earlier run of the same schedule is
+-- not finished. Schedules stored before this migration keep the behaviour
+-- they had ('allow'); new ones default to 'forbid' (NewSchedule).
+ALTER TABLE tickler_schedules ADD COLUMN overlap TEXT NOT NULL DEFAULT 'allow'
+    CHECK (overlap IN ('allow', 'forbid', 'replace'));
+-- Ticks not fired because of the overlap policy, since the schedule was stored.
+ALTER TABLE tickler_schedules ADD COLUMN skipped_ticks INTEGER NOT NULL DEFAULT 0
+    CHECK (skipped_ticks >= 0);
+-- Backward steps of the wall clock. Every tick in [handled_from,
+-- last_tick_at] was handled (fired or deliberately skipped); the span
+-- restarts at a misfire. After a backward step the handled ticks that lie
+-- ahead of the clock are kept in [ahead_from, ahead_until]: they are never
+-- fired again, and the schedule resumes with the first tick after the new
+-- now that is not in that window.
+-- When a misfire drops ticks (a forward jump of the clock, a device that
+-- was off), the span restarts after the gap and handled_through keeps
+-- "every tick at or before this was handled", so that after a backward
+-- step the dropped ticks can fire and the ones before them cannot.
+ALTER TABLE tickler_schedules ADD COLUMN handled_from INTEGER;
+ALTER TABLE tickler_schedules ADD COLUMN handled_through INTEGER;
+ALTER TABLE tickler_schedules ADD COLUMN ahead_from INTEGER;
+ALTER TABLE tickler_schedules ADD COLUMN ahead_until INTEGER
+    CHECK ((ahead_from IS NULL) = (ahead_until IS NULL) AND (ahead_until IS NULL OR ahead_until >= ahead_from));
+-- Nothing earlier than its creation can have fired.
+UPDATE tickler_schedules SET handled_from = created_at;
+
+-- "Did the clock step back since this schedule was last written?"
+-- (updated_at > now), one indexed read for a sleeping scheduler.
+CREATE INDEX tickler_schedules_updated
+    ON tickler_schedules (updated_at) WHERE paused = 0;
+
+-- Length (ms) of the lease last granted to a running job, by its claim or
+-- its latest heartbeat. The reaper uses it after a backward step of the
+-- wall clock: a lease whose expiry lies further ahead than this (plus a
+-- margin) was granted "in the future" and is treated as expiring one lease
+-- length from now. NULL for leases granted before this migration.
+ALTER TABLE tickler_jobs ADD COLUMN lease_ms INTEGER CHECK (lease_ms IS NULL OR lease_ms >= 0);

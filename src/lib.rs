@@ -156,11 +156,11 @@ pub use queue::{
     OutcomeSync, Queue, QueueBuilder, Stats, Waker, ERROR_HISTORY_MAX, MAX_ERROR_BYTES,
     MAX_PAYLOAD_BYTES_LIMIT, MAX_PAYLOAD_DEPTH, MAX_TIMESTAMP_MS, MAX_UNIQUE_KEY_BYTES,
 };
-pub use reaper::{Reaper, ReaperConfig};
+pub use reaper::{Reaper, ReaperConfig, BACKWARD_STEP_MARGIN};
 pub use retry::RetryPolicy;
 pub use schedule::{
-    MisfirePolicy, NewSchedule, Schedule, ScheduleRef, Tick, TickRun, DEFAULT_MISFIRE_GRACE,
-    MAX_CATCH_UP, MAX_MISFIRE_GRACE,
+    MisfirePolicy, NewSchedule, OverlapPolicy, Schedule, ScheduleRef, Tick, TickRun, UpcomingTicks,
+    DEFAULT_MISFIRE_GRACE, MAX_CATCH_UP, MAX_MISFIRE_GRACE,
 };
 pub use scheduler::{Scheduler, SchedulerConfig};
 pub use worker::{

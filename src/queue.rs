@@ -868,16 +868,23 @@ impl Queue {
     ) -> Result<Vec<Result<DateTime<Utc>>>> {
         let extend_ms = duration_ms(extend_by, "lease extension")?;
         self.write_with(Commit::Lazy, |tx| {
-            let expires = self.now_ms().saturating_add(extend_ms);
+            let now = self.now_ms();
+            let expires = now.saturating_add(extend_ms);
+            // lease_ms: the length granted, for the reaper's backward-step rule.
             let mut stmt = tx.prepare_cached(
-                "UPDATE tickler_jobs SET lease_expires_at = ?1
+                "UPDATE tickler_jobs SET lease_expires_at = ?1, lease_ms = ?1 - ?4
                  WHERE id = ?2 AND run_token = ?3 AND status = 'running'",
             )?;
             leases
                 .iter()
                 .map(|lease| {
                     let renewed = isolated(tx, || {
-                        Ok(stmt.execute(params![expires, lease.job_id.0, lease.run_token.0])?)
+                        Ok(stmt.execute(params![
+                            expires,
+                            lease.job_id.0,
+                            lease.run_token.0,
+                            now
+                        ])?)
                     })?;
                     Ok(renewed.and_then(|changed| {
                         fenced(changed, lease).map(|()| ms_to_datetime(expires))
@@ -1205,7 +1212,22 @@ impl Queue {
         self.write_with(Commit::Lazy, |tx| {
             let waited = BUSY_WAITS.with(Cell::get) != busy_before
                 || asked.elapsed() > REAP_CLEAN_WAIT;
-            let now = cutoff.map_or(self.now_ms(), |c| c.min(self.now_ms()));
+            // A backward step of the wall clock leaves leases that were
+            // granted "in the future": one whose expiry lies further ahead
+            // than its length (lease_ms, plus a margin for noise) is set to
+            // expire one length from now, so an abandoned job is taken back
+            // on time while a live holder's next heartbeat renews it as
+            // usual. Judged against the time inside this transaction: every
+            // lease committed before it was granted at or before then.
+            let stepped_now = self.now_ms();
+            let margin = crate::reaper::BACKWARD_STEP_MARGIN.as_millis() as i64;
+            tx.prepare_cached(LEASE_STEP_SQL)?
+                .execute(params![stepped_now, margin])?;
+            // The same for a cancelled job's kept lease, which holds its
+            // unique_key (a separate statement: each uses its own index).
+            tx.prepare_cached(CANCELLED_LEASE_STEP_SQL)?
+                .execute(params![stepped_now, margin])?;
+            let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
             let expired: Vec<(ExpiredLease, u32, String)> = tx
                 .prepare_cached(
                     "SELECT id, run_token, lease_expires_at, attempts, coalesce(claimed_by, '?')
@@ -2175,6 +2197,19 @@ const REAP_SQL: &str = concat!(
     WHERE id = ?4 AND run_token = ?5 AND status = 'running' AND lease_expires_at < ?6"
 );
 
+/// ?1 now, ?2 margin (ms). See reap_look; leases granted before
+/// lease_ms existed count from their claim.
+const LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
+    SET lease_expires_at = ?1 + coalesce(lease_ms, lease_expires_at - claimed_at)
+    WHERE status = 'running' AND lease_expires_at > ?1 + ?2
+      AND lease_expires_at > ?1 + coalesce(lease_ms, lease_expires_at - claimed_at) + ?2";
+
+/// LEASE_STEP_SQL for cancelled jobs whose holder has not reported.
+const CANCELLED_LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
+    SET lease_expires_at = ?1 + coalesce(lease_ms, lease_expires_at - claimed_at)
+    WHERE status = 'cancelled' AND lease_expires_at IS NOT NULL
+      AND lease_expires_at > ?1 + coalesce(lease_ms, lease_expires_at - claimed_at) + ?2";
+
 /// ?1 now, ?2 error, ?3 id, ?4 run_token.
 const DEAD_SQL: &str = concat!(
     "UPDATE tickler_jobs
@@ -2421,7 +2456,7 @@ fn claim_sql(kinds: Option<&[&str]>) -> String {
     format!(
         "UPDATE tickler_jobs
          SET status = 'running', run_token = {RUN_TOKEN_SQL}, attempts = attempts + 1,
-             claimed_by = ?1, claimed_at = ?2, lease_expires_at = ?3
+             claimed_by = ?1, claimed_at = ?2, lease_expires_at = ?3, lease_ms = ?3 - ?2
          WHERE id IN (SELECT id FROM tickler_jobs AS job
                       WHERE status = 'pending' AND queue = ?4 AND run_at <= ?2 {kind_filter}
                         AND {unblocked}

@@ -28,8 +28,27 @@ pub struct ReaperConfig {
     /// expired; holders renew theirs from the new time at their next
     /// heartbeat. Set it to at least the longest heartbeat interval of the
     /// pools on the file (a third of the lease by default).
+    ///
+    /// **Backward steps** need no hold and no setting. Leases are granted
+    /// from the wall clock, so after the clock is set back by X every lease
+    /// granted before the step looks X longer. Each pass of
+    /// [`Queue::reap`] therefore treats a lease whose expiry lies further
+    /// ahead than its own length (the length of its claim or of its latest
+    /// heartbeat) plus [`BACKWARD_STEP_MARGIN`] (2 s) as expiring one lease
+    /// length from now: an abandoned job is taken back one lease length
+    /// after the step (not X later), while a live holder's next heartbeat
+    /// renews its lease from the new time as usual. Steps back of less
+    /// than the margin are left alone (they delay a take-back by at most
+    /// the margin). This is judged from the stored leases alone, so a
+    /// reaper started after the step (a reboot) applies it too.
     pub clock_step_hold: Duration,
 }
+
+/// Backward steps of the wall clock up to this are treated as noise by the
+/// reaper's lease rule (see [`ReaperConfig::clock_step_hold`]): a lease
+/// expiring more than its own length plus this margin from now is set to
+/// expire one length from now.
+pub const BACKWARD_STEP_MARGIN: Duration = Duration::from_secs(2);
 
 impl Default for ReaperConfig {
     fn default() -> Self {

@@ -8,7 +8,7 @@
 
 use crate::clock::ms_to_datetime;
 use crate::error::{Error, Result};
-use crate::job::{JobId, NewJob, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
+use crate::job::{JobId, JobState, NewJob, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
 use crate::queue::{insert_valid, Queue, MAX_TIMESTAMP_MS};
 use chrono::{DateTime, FixedOffset, LocalResult, Offset, TimeZone, Utc};
 use chrono_tz::Tz;
@@ -83,13 +83,71 @@ impl MisfirePolicy {
     }
 }
 
+/// What a tick does while an earlier run of the same schedule is not
+/// finished (its job is pending, scheduled or running). The names are those
+/// of Kubernetes CronJob's `concurrencyPolicy`.
+///
+/// The default is [`OverlapPolicy::Forbid`]: a schedule is usually a job
+/// that must not run twice at once (a nightly backup, a report, a sync);
+/// when one run is still going, or is stuck waiting for a worker, firing
+/// another only piles up copies that fight over the same files. Say
+/// [`OverlapPolicy::Allow`] for ticks that are independent of each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverlapPolicy {
+    /// Fire every tick, whatever earlier runs are doing (tickler's only
+    /// behaviour before overlap policies; schedules stored before them keep
+    /// it).
+    Allow,
+    /// Skip a tick while an earlier run is not finished. The skipped tick
+    /// is handled (the schedule moves past it), counted in
+    /// [`Schedule::skipped_ticks`] and logged; it is not fired later.
+    #[default]
+    Forbid,
+    /// Cancel the unfinished earlier runs ([`Queue::cancel`]) and fire the
+    /// tick. A cancelled run that is running is fenced: its holder gets
+    /// [`Error::LeaseLost`] for its heartbeat and its outcome, which is
+    /// refused. The cancel is made right after the new run's job is
+    /// committed.
+    Replace,
+}
+
+impl OverlapPolicy {
+    fn as_str(self) -> &'static str {
+        match self {
+            OverlapPolicy::Allow => "allow",
+            OverlapPolicy::Forbid => "forbid",
+            OverlapPolicy::Replace => "replace",
+        }
+    }
+
+    fn from_column(name: &str) -> rusqlite::Result<Self> {
+        match name {
+            "allow" => Ok(OverlapPolicy::Allow),
+            "forbid" => Ok(OverlapPolicy::Forbid),
+            "replace" => Ok(OverlapPolicy::Replace),
+            _ => Err(rusqlite::Error::FromSqlConversionFailure(
+                17,
+                rusqlite::types::Type::Text,
+                format!("unknown overlap policy {name:?}").into(),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for OverlapPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A schedule to store with [`Queue::upsert_schedule`]: a name, a cron
 /// expression read in a time zone, and the template of the job each tick
 /// enqueues.
 ///
 /// ```
 /// use std::time::Duration;
-/// use tickler::{MisfirePolicy, NewSchedule};
+/// use tickler::{MisfirePolicy, NewSchedule, OverlapPolicy};
 ///
 /// let nightly = NewSchedule::new("backup", "30 2 * * *", "run_backup")
 ///     .time_zone("Europe/Berlin")
@@ -97,7 +155,8 @@ impl MisfirePolicy {
 ///     .queue("maintenance")
 ///     .max_attempts(3)
 ///     .timeout(Duration::from_secs(600))
-///     .misfire(MisfirePolicy::FireOnce);
+///     .misfire(MisfirePolicy::FireOnce)
+///     .overlap(OverlapPolicy::Forbid);
 /// ```
 ///
 /// # How a schedule fires
@@ -158,18 +217,39 @@ impl MisfirePolicy {
 /// `max` (at most 10 000) of them; and at most one hour's worth of on-time
 /// ticks exists.
 ///
+/// # Overlap
+///
+/// A tick whose schedule still has an unfinished run (a job of an earlier
+/// tick that is pending, scheduled for a retry, or running) follows the
+/// schedule's [`OverlapPolicy`]: `Forbid` (the default) skips it, `Replace`
+/// cancels the earlier run and fires, `Allow` fires. Only the schedule's own
+/// tick jobs count (they are found by their unique_key). The policy also
+/// applies among the ticks of one run: after a misfire,
+/// [`MisfirePolicy::FireAll`] under `Forbid` fires only the oldest missed
+/// tick, and under `Replace` only the newest.
+///
 /// # Clock steps
 ///
 /// Ticks are computed from the queue's [`Clock`](crate::Clock) (the wall
-/// clock in production). `next_tick_at` never moves backwards, and a tick
-/// at or before the schedule's `last_tick_at` is never enqueued:
+/// clock in production).
 ///
-/// - **Backward step** (NTP sets the clock back an hour): nothing is due
-///   until the clock passes `next_tick_at` again. No tick that was already
-///   handled fires again; the schedule resumes with the first tick after
-///   both the new now and its last tick. (A clock that was years ahead when
-///   ticks fired and is then set right makes the schedule wait for that
-///   time: `delete_schedule` and `upsert_schedule` start it afresh.)
+/// - **Backward step** (the clock was in the future: a bad real-time clock
+///   at boot, a manual fix, an NTP correction): the schedule resumes at
+///   its first tick at or after the new now, and **no tick instant fires
+///   twice**. The schedule keeps the span of ticks it handled since its
+///   last misfire (`[handled_from, last_tick_at]`); after a step back, the
+///   part of that span ahead of the new now is a window whose ticks are
+///   passed over when the clock gets there again, and the ticks before it
+///   fire normally. So a box that booted in 2031, fired a few ticks and was
+///   set right goes on at the next tick and skips those few ticks in 2031;
+///   a clock set back by two hours while the schedule had been running for
+///   days does not repeat the two hours of ticks it already fired (it
+///   fires again after them, as it always did). The step is noticed from
+///   the stored data (a schedule written "later" than now), so also by a
+///   scheduler started after it. Ticks that were handled but not fired
+///   count as handled (a tick skipped by the overlap policy, a tick
+///   missed while paused); ticks that were missed because the clock
+///   jumped forward before the step are not, so they fire.
 /// - **Forward step**: the ticks stepped over are due at once and are
 ///   missed ticks: the misfire policy applies.
 ///
@@ -186,8 +266,12 @@ impl MisfirePolicy {
 /// lease looks expired: its holder then gets [`Error::LeaseLost`] for its
 /// outcome and the job runs again, which the at-least-once contract
 /// allows; it never has two recorded outcomes.
-/// After a backward step of X, they all wait X longer: a crashed worker's
-/// job is taken back X later; nothing runs twice. Waits inside a process
+/// After a backward step of X, scheduled jobs and backoffs wait X longer;
+/// leases do not: the reaper treats a lease that expires further ahead
+/// than its own length (plus [`crate::BACKWARD_STEP_MARGIN`], 2 s) as
+/// expiring one lease length from now, so a crashed worker's job is taken
+/// back one lease length after the step and a live holder renews as usual
+/// (see [`crate::ReaperConfig`]). Waits inside a process
 /// (heartbeat intervals, job timeouts, the scheduler's and fetcher's
 /// sleeps) are measured on the monotonic clock and are not moved by steps.
 /// On a device without a real-time clock (most Raspberry Pis), start the
@@ -207,19 +291,32 @@ pub struct NewSchedule {
     timeout: Option<Duration>,
     misfire: MisfirePolicy,
     misfire_grace: Duration,
+    overlap: OverlapPolicy,
 }
 
 impl NewSchedule {
     /// A schedule `name` firing on `cron`, each tick enqueueing a job of
     /// `kind` with a `null` payload on queue `"default"`, priority 0, 25
-    /// attempts; read in UTC, [`MisfirePolicy::FireOnce`], 60 s grace.
+    /// attempts; read in UTC, [`MisfirePolicy::FireOnce`], 60 s grace,
+    /// [`OverlapPolicy::Forbid`].
     ///
     /// `cron` has 5 fields (minute hour day-of-month month day-of-week) or 6
     /// with seconds first; names (`MON`, `JAN`), ranges, lists, steps, `L`
     /// (last day / last weekday of the month), `#` (nth weekday: `5#2`),
-    /// `W` (nearest weekday) and `@daily`-style nicknames are accepted (the
-    /// croner crate parses it). Day-of-month and day-of-week combine with
-    /// OR, as in Vixie cron, unless the day-of-week starts with `+`.
+    /// `W` (nearest weekday) and the nicknames `@yearly`, `@annually`,
+    /// `@monthly`, `@weekly`, `@daily`, `@midnight` (the same as `@daily`)
+    /// and `@hourly` are accepted (the croner crate parses it). Day-of-month
+    /// and day-of-week combine with OR, as in Vixie cron, unless the
+    /// day-of-week starts with `+`.
+    ///
+    /// Ranges: second and minute 0-59, hour 0-23, day-of-month 1-31, month
+    /// 1-12, day-of-week 0-7 (0 and 7 are Sunday). A step from a single
+    /// value, `a/n`, means `a-max/n`, as in Kubernetes CronJob, Quartz and
+    /// croniter: `0 1/3 * * *` fires at 01:00, 04:00, … 22:00; for it the
+    /// day-of-week runs to 6, so `1/2` is Monday, Wednesday, Friday. (`*/n`
+    /// starts at the field's minimum instead: `*/3` in the hour field is
+    /// 00:00, 03:00, ….) A step with no start (`/10`) is refused. Errors are
+    /// [`Error::InvalidSchedule`] naming the field and its range.
     pub fn new(name: impl Into<String>, cron: impl Into<String>, kind: impl Into<String>) -> Self {
         NewSchedule {
             name: name.into(),
@@ -233,6 +330,7 @@ impl NewSchedule {
             timeout: None,
             misfire: MisfirePolicy::default(),
             misfire_grace: DEFAULT_MISFIRE_GRACE,
+            overlap: OverlapPolicy::default(),
         }
     }
 
@@ -286,6 +384,13 @@ impl NewSchedule {
         self
     }
 
+    /// What a tick does while an earlier run is not finished (default
+    /// [`OverlapPolicy::Forbid`]; see the type's docs for why).
+    pub fn overlap(mut self, policy: OverlapPolicy) -> Self {
+        self.overlap = policy;
+        self
+    }
+
     /// The schedule's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -329,13 +434,20 @@ pub struct Schedule {
     pub misfire: MisfirePolicy,
     /// How late a tick may be and still be on time.
     pub misfire_grace: Duration,
+    /// What a tick does while an earlier run is not finished.
+    pub overlap: OverlapPolicy,
+    /// Ticks not fired because of the overlap policy (skipped under
+    /// `Forbid`, superseded catch-up ticks under `Replace`) since the
+    /// schedule was first stored; kept when it is replaced.
+    pub skipped_ticks: u64,
     /// Paused schedules fire nothing; ticks that fall while paused are
     /// never fired.
     pub paused: bool,
     /// The next tick to fire, UTC; `None` if the expression fires no more
     /// (before year 5000). While paused it is not kept current.
     pub next_tick_at: Option<DateTime<Utc>>,
-    /// The latest tick that was fired or deliberately skipped, UTC.
+    /// The latest tick that was fired or deliberately skipped, UTC. Right
+    /// after a backward step of the clock it is `None` until a tick fires.
     pub last_tick_at: Option<DateTime<Utc>>,
     /// When it was first stored, UTC.
     pub created_at: DateTime<Utc>,
@@ -389,6 +501,29 @@ pub struct TickRun {
     pub jobs: Vec<JobId>,
     /// When the next tick of an active schedule is due, UTC.
     pub next_tick_at: Option<DateTime<Utc>>,
+    /// Ticks not fired because of their schedule's [`OverlapPolicy`].
+    pub skipped: u64,
+    /// Earlier runs cancelled by [`OverlapPolicy::Replace`].
+    pub replaced: Vec<JobId>,
+}
+
+/// The upcoming ticks of a schedule, one at a time (see
+/// [`Queue::upcoming_ticks`]); ends when the expression fires no more
+/// (before year 5000).
+#[derive(Debug, Clone)]
+pub struct UpcomingTicks {
+    ticks: Ticks,
+    cursor: Option<i64>,
+}
+
+impl Iterator for UpcomingTicks {
+    type Item = Tick;
+
+    fn next(&mut self) -> Option<Tick> {
+        let at = self.cursor?;
+        self.cursor = self.ticks.next_after(at);
+        Some(self.ticks.tick(at))
+    }
 }
 
 // ------------------------------------------------------------- tick arithmetic
@@ -400,6 +535,9 @@ pub(crate) struct Ticks {
     tz: Tz,
     /// The hour field matches every hour: real-time DST rules.
     every_hour: bool,
+    /// Ticks in this window (inclusive, ms) are not ticks: they already
+    /// fired before a backward step of the clock.
+    hole: Option<(i64, i64)>,
 }
 
 impl Ticks {
@@ -412,11 +550,12 @@ impl Ticks {
             expression: expression.to_owned(),
             reason,
         };
+        let normalized = normalize_cron(expression).map_err(invalid)?;
         let cron = CronParser::builder()
             .seconds(Seconds::Optional)
             .year(Year::Disallowed)
             .build()
-            .parse(expression)
+            .parse(&normalized)
             .map_err(|e| invalid(e.to_string()))?;
         let tz: Tz = zone.parse().map_err(|_| Error::UnknownTimeZone {
             name: zone.to_owned(),
@@ -426,7 +565,14 @@ impl Ticks {
             cron,
             tz,
             every_hour,
+            hole: None,
         })
+    }
+
+    /// The same tick set without the ticks in `hole` (inclusive).
+    fn without(mut self, hole: Option<(i64, i64)>) -> Ticks {
+        self.hole = hole;
+        self
     }
 
     /// As [`Ticks::new`], and refuses an expression with no tick at or
@@ -471,6 +617,17 @@ impl Ticks {
     /// before that match, the transition decides (a gap tick for a
     /// wall-clock time the gap swallowed, otherwise go on in the next span).
     fn next_after_until(&self, after_ms: i64, limit_ms: i64) -> Option<i64> {
+        let tick = self.next_after_until_all(after_ms, limit_ms)?;
+        match self.hole {
+            Some((from, until)) if (from..=until).contains(&tick) => {
+                self.next_after_until_all(until, limit_ms)
+            }
+            _ => Some(tick),
+        }
+    }
+
+    /// [`Ticks::next_after_until`] ignoring the hole.
+    fn next_after_until_all(&self, after_ms: i64, limit_ms: i64) -> Option<i64> {
         let limit_ms = limit_ms.min(MAX_TIMESTAMP_MS);
         let mut lo = after_ms.max(-1);
         // The offset in force at `lo`: a transition at lo + 1 is then seen
@@ -570,6 +727,136 @@ impl Ticks {
     }
 }
 
+// ------------------------------------------------------------ cron fields
+
+/// Name, minimum, maximum and maximum for a step from a single value, of
+/// each field of a 6-field expression (a 5-field one has no seconds).
+/// Day-of-week accepts 7 for Sunday, but `a/n` runs to 6 as in Quartz,
+/// croniter and Kubernetes, so that `1/2` does not include Sunday twice over.
+const CRON_FIELDS: [(&str, u32, u32, u32); 6] = [
+    ("second", 0, 59, 59),
+    ("minute", 0, 59, 59),
+    ("hour", 0, 23, 23),
+    ("day-of-month", 1, 31, 31),
+    ("month", 1, 12, 12),
+    ("day-of-week", 0, 7, 6),
+];
+
+const NICKNAMES: [&str; 6] = [
+    "@yearly",
+    "@annually",
+    "@monthly",
+    "@weekly",
+    "@daily",
+    "@hourly",
+];
+
+/// Rewrites what croner refuses but other tools accept into croner's
+/// syntax, and gives out-of-range values a message naming the field:
+/// `@midnight` becomes `@daily`, and a step from a single value `a/n`
+/// becomes `a-max/n` (croner's own "sloppy" mode would also accept `/n`
+/// and run day-of-week steps to 7). Everything else is left to croner.
+fn normalize_cron(expression: &str) -> std::result::Result<String, String> {
+    let trimmed = expression.trim();
+    if let Some(word) = trimmed
+        .split_whitespace()
+        .next()
+        .filter(|w| w.starts_with('@'))
+    {
+        if word.eq_ignore_ascii_case("@midnight") && trimmed.len() == word.len() {
+            return Ok("@daily".to_owned());
+        }
+        if NICKNAMES.iter().any(|n| n.eq_ignore_ascii_case(word)) {
+            return Ok(trimmed.to_owned());
+        }
+        return Err(format!(
+            "{word} is not a schedule tickler knows; use one of {}, @midnight, or cron fields",
+            NICKNAMES.join(", ")
+        ));
+    }
+    let fields: Vec<&str> = trimmed.split_whitespace().collect();
+    let specs = match fields.len() {
+        5 => &CRON_FIELDS[1..],
+        6 => &CRON_FIELDS[..],
+        // croner says how many fields it wants.
+        _ => return Ok(trimmed.to_owned()),
+    };
+    let mut out = Vec::with_capacity(fields.len());
+    for (field, spec) in fields.iter().zip(specs) {
+        let parts = field
+            .split(',')
+            .map(|part| normalize_part(part, *spec))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        out.push(parts.join(","));
+    }
+    Ok(out.join(" "))
+}
+
+/// One comma-separated part of a field; see [`normalize_cron`].
+fn normalize_part(
+    part: &str,
+    (name, min, max, step_max): (&str, u32, u32, u32),
+) -> std::result::Result<String, String> {
+    let in_range = |value: &str, top: u32, note: &str| -> std::result::Result<(), String> {
+        match value.parse::<u32>() {
+            Ok(v) if (min..=top).contains(&v) => Ok(()),
+            Ok(v) => Err(format!("{name} {v} is out of range {min}-{top}{note}")),
+            // Names and modifiers (L, W, #) are croner's to check.
+            Err(_) => Ok(()),
+        }
+    };
+    let sunday = if name == "day-of-week" {
+        " (0 and 7 are Sunday)"
+    } else {
+        ""
+    };
+    let Some((base, step)) = part.split_once('/') else {
+        for bound in part.split('-') {
+            in_range(bound, max, sunday)?;
+        }
+        return Ok(part.to_owned());
+    };
+    let n = match step.parse::<u32>() {
+        Ok(0) => return Err(format!("{name} step in {part:?} is 0; a step is 1 or more")),
+        Ok(n) => n,
+        Err(_) => {
+            return Err(format!(
+                "{name} step in {part:?} is not a number; write a step as start/n, e.g. \"{min}/5\""
+            ))
+        }
+    };
+    if base.is_empty() {
+        return Err(format!(
+            "{name} {part:?} has a step but no start: write \"*/{n}\" for every {n} from {min}, or \"{min}/{n}\" to say where it starts"
+        ));
+    }
+    if base == "*" || base.contains('-') {
+        for bound in base.split('-').filter(|b| *b != "*") {
+            in_range(bound, max, sunday)?;
+        }
+        return Ok(part.to_owned());
+    }
+    let named = base.chars().all(|c| c.is_ascii_alphabetic());
+    let numeric = base.chars().all(|c| c.is_ascii_digit());
+    if numeric {
+        let for_step = if step_max < max { " for a step" } else { "" };
+        in_range(base, step_max, for_step)?;
+        // Kubernetes CronJob, Quartz and croniter read a/n as a-max/n.
+        return Ok(format!("{base}-{step_max}/{n}"));
+    }
+    if named && matches!(name, "month" | "day-of-week") {
+        return Ok(format!("{base}-{step_max}/{n}"));
+    }
+    Err(format!(
+        "{name} {base:?} in {part:?} is not a number{}",
+        if named {
+            " (names are for month and day-of-week)"
+        } else {
+            ""
+        }
+    ))
+}
+
 /// What one run does for one schedule: the ticks to enqueue (strictly
 /// increasing, all at or before now) and the next tick after now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -633,7 +920,100 @@ fn grace_ms(grace: Duration) -> i64 {
 
 const SCHEDULE_COLUMNS: &str = "name, cron, time_zone, kind, payload, queue, priority, \
     max_attempts, timeout_ms, misfire, misfire_max, misfire_grace_ms, paused, next_tick_at, \
-    last_tick_at, created_at, updated_at";
+    last_tick_at, created_at, updated_at, overlap, skipped_ticks, handled_from, ahead_from, \
+    ahead_until, handled_through";
+
+/// A schedule's record of the ticks it handled, for backward clock steps
+/// (see "Clock steps" on [`NewSchedule`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Handled {
+    /// The next tick to fire.
+    next: Option<i64>,
+    /// Every tick in `[from, last]` was handled (`from` None: only `last`).
+    from: Option<i64>,
+    last: Option<i64>,
+    /// Every tick at or before this was handled (set when a misfire
+    /// dropped ticks after it; `from` then starts after the gap).
+    through: Option<i64>,
+    /// Handled ticks ahead of the clock after a backward step: never fired again.
+    ahead: Option<(i64, i64)>,
+}
+
+fn handled_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Handled> {
+    let ahead = match (r.get::<_, Option<i64>>(20)?, r.get::<_, Option<i64>>(21)?) {
+        (Some(from), Some(until)) => Some((from, until)),
+        _ => None,
+    };
+    Ok(Handled {
+        next: r.get(13)?,
+        from: r.get(19)?,
+        last: r.get(14)?,
+        through: r.get(22)?,
+        ahead,
+    })
+}
+
+fn stored_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Schedule, Handled)> {
+    Ok((schedule_from_row(r)?, handled_from_row(r)?))
+}
+
+/// Where a schedule goes on at `now` if the clock may have stepped back
+/// since it was last written: its first tick at or after now that it has
+/// not handled, and the record that keeps it so. Without a step this is
+/// the first tick at or after now and after its last tick.
+fn rebase(ticks: &Ticks, now: i64, h: Handled) -> Handled {
+    let mut span = match (h.from, h.last) {
+        (Some(from), Some(last)) if from <= last => Some((from, last)),
+        (_, Some(last)) => Some((last, last)),
+        _ => None,
+    };
+    let mut ahead = h.ahead;
+    // A window the clock has reached joins the span behind it.
+    if let Some((from, until)) = ahead.filter(|(from, _)| now >= *from) {
+        span = Some(span.map_or((from, until), |(f, l)| (f.min(from), l.max(until))));
+        ahead = None;
+    }
+    let ticks_ahead = ticks.clone().without(ahead);
+    // The first tick at or after now that is not handled, ignoring the span.
+    let unhandled_from_now = |ticks: &Ticks| match h.through {
+        Some(through) if through >= now => ticks.next_after(through),
+        _ => ticks.at_or_after(now),
+    };
+    let keep = |next| Handled {
+        next,
+        from: span.map(|(from, _)| from),
+        last: span.map(|(_, last)| last),
+        through: h.through,
+        ahead,
+    };
+    match span {
+        Some((from, last)) if now < from => {
+            // Stepped back before the span: all of it lies ahead. (After a
+            // second step back the span and the window merge: the ticks
+            // between them are counted as handled, so none fires twice.)
+            let window = (from, ahead.map_or(last, |(_, until)| until));
+            match unhandled_from_now(ticks) {
+                Some(tick) if tick < from => Handled {
+                    next: Some(tick),
+                    from: None,
+                    last: None,
+                    through: h.through,
+                    ahead: Some(window),
+                },
+                _ => Handled {
+                    next: ticks.next_after(window.1),
+                    from: Some(window.0),
+                    last: Some(window.1),
+                    through: h.through,
+                    ahead: None,
+                },
+            }
+        }
+        // Stepped back into the span: go on after it.
+        Some((_, last)) if now <= last => keep(ticks_ahead.next_after(last)),
+        _ => keep(unhandled_from_now(&ticks_ahead)),
+    }
+}
 
 fn schedule_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Schedule> {
     let payload: String = r.get(4)?;
@@ -663,6 +1043,8 @@ fn schedule_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Schedule> {
         last_tick_at: opt_time(14)?,
         created_at: ms_to_datetime(r.get(15)?),
         updated_at: ms_to_datetime(r.get(16)?),
+        overlap: OverlapPolicy::from_column(&r.get::<_, String>(17)?)?,
+        skipped_ticks: r.get::<_, i64>(18)?.unsigned_abs(),
     })
 }
 
@@ -776,11 +1158,14 @@ impl Queue {
                 Some((_, _, _, last)) => resume_point(&ticks, now, *last),
                 None => ticks.at_or_after(now),
             };
+            // A new schedule has handled nothing before now (handled_from).
             tx.prepare_cached(
                 "INSERT INTO tickler_schedules (name, cron, time_zone, kind, payload, queue,
                      priority, max_attempts, timeout_ms, misfire, misfire_max, misfire_grace_ms,
-                     paused, next_tick_at, last_tick_at, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 0, ?13, NULL, ?14, ?14)
+                     paused, next_tick_at, last_tick_at, created_at, updated_at, overlap,
+                     handled_from)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 0, ?13, NULL, ?14, ?14,
+                     ?15, ?14)
                  ON CONFLICT (name) DO UPDATE SET
                      cron = excluded.cron, time_zone = excluded.time_zone,
                      kind = excluded.kind, payload = excluded.payload, queue = excluded.queue,
@@ -788,6 +1173,7 @@ impl Queue {
                      timeout_ms = excluded.timeout_ms, misfire = excluded.misfire,
                      misfire_max = excluded.misfire_max,
                      misfire_grace_ms = excluded.misfire_grace_ms,
+                     overlap = excluded.overlap,
                      next_tick_at = excluded.next_tick_at, updated_at = excluded.updated_at",
             )?
             .execute(params![
@@ -804,7 +1190,8 @@ impl Queue {
                 schedule.misfire.max(),
                 grace_ms(schedule.misfire_grace),
                 next,
-                now
+                now,
+                schedule.overlap.as_str()
             ])?;
             get_in(tx, &schedule.name)
         })?;
@@ -853,12 +1240,11 @@ impl Queue {
                 return Ok(());
             }
             let ticks = Ticks::new(&stored.cron, &stored.time_zone)?;
-            let last = stored.last_tick_at.map(|t| t.timestamp_millis());
-            tx.prepare_cached(
-                "UPDATE tickler_schedules SET paused = 0, next_tick_at = ?1, updated_at = ?2
-                 WHERE name = ?3",
-            )?
-            .execute(params![resume_point(&ticks, now, last), now, name])?;
+            // The clock may have stepped back while it was paused.
+            let handled = rebase(&ticks, now, handled_in(tx, name)?);
+            write_handled(tx, name, &handled, now)?;
+            tx.prepare_cached("UPDATE tickler_schedules SET paused = 0 WHERE name = ?1")?
+                .execute([name])?;
             Ok(())
         })?;
         self.notify_watchers();
@@ -932,14 +1318,30 @@ impl Queue {
         schedule: impl Into<ScheduleRef<'a>>,
         n: usize,
     ) -> Result<Vec<Tick>> {
+        let mut out = Vec::with_capacity(n.min(1024));
+        out.extend(self.upcoming_ticks(schedule)?.take(n));
+        Ok(out)
+    }
+
+    /// The ticks [`Queue::next_ticks`] previews, as an iterator that
+    /// computes one tick at a time: memory stays flat however many are
+    /// taken (`tickler schedule next -n <huge>` streams them). The start is
+    /// read when this is called; nothing is stored.
+    ///
+    /// # Errors
+    /// As [`Queue::next_ticks`].
+    pub fn upcoming_ticks<'a>(
+        &self,
+        schedule: impl Into<ScheduleRef<'a>>,
+    ) -> Result<UpcomingTicks> {
         let now = self.now_ms();
-        let (ticks, first) = match schedule.into() {
+        let (ticks, cursor) = match schedule.into() {
             ScheduleRef::Name(name) => {
-                let stored = self.get_schedule(name)?;
+                let (stored, handled) =
+                    self.read(|conn| Ok((get_in(conn, name)?, handled_in(conn, name)?)))?;
                 let ticks = Ticks::new(&stored.cron, &stored.time_zone)?;
-                let last = stored.last_tick_at.map(|t| t.timestamp_millis());
-                let first = resume_point(&ticks, now, last);
-                (ticks, first)
+                let handled = rebase(&ticks, now, handled);
+                (ticks.without(handled.ahead), handled.next)
             }
             ScheduleRef::Spec(spec) => {
                 let ticks = Ticks::new_firing(&spec.cron, &spec.time_zone, now)?;
@@ -947,26 +1349,19 @@ impl Queue {
                 (ticks, first)
             }
         };
-        let mut out = Vec::with_capacity(n.min(1024));
-        let mut cursor = first;
-        while let Some(at) = cursor {
-            if out.len() >= n {
-                break;
-            }
-            out.push(ticks.tick(at));
-            cursor = ticks.next_after(at);
-        }
-        Ok(out)
+        Ok(UpcomingTicks { ticks, cursor })
     }
 
     /// When the next tick of an active schedule is due (UTC); `None` with
-    /// no active schedule. One indexed read; for schedulers that sleep until
-    /// then.
+    /// no active schedule. Now, if the wall clock stepped back since an
+    /// active schedule was last written ([`Queue::run_due_ticks`] then moves
+    /// it to its next tick after the new now). Two indexed reads; for
+    /// schedulers that sleep until then.
     ///
     /// # Errors
     /// [`Error::Sqlite`], [`Error::Pool`].
     pub fn next_schedule_tick(&self) -> Result<Option<DateTime<Utc>>> {
-        self.read(next_tick_in)
+        self.read(|conn| next_tick_in(conn, self.now_ms()))
     }
 
     /// Fires every due tick of every active schedule: each becomes one job
@@ -989,27 +1384,52 @@ impl Queue {
     /// earlier transactions stay fired.
     pub fn run_due_ticks(&self) -> Result<TickRun> {
         let mut run = TickRun::default();
+        let mut replace = Vec::new();
         loop {
-            let (jobs, full, next) = self.write(|tx| {
+            let (fired, full, next) = self.write(|tx| {
                 let now = self.now_ms();
+                self.rebase_stepped_in(tx, now)?;
                 let due = tx
                     .prepare_cached(&format!(
                         "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules
                          WHERE paused = 0 AND next_tick_at IS NOT NULL AND next_tick_at <= ?1
                          ORDER BY next_tick_at, name LIMIT ?2"
                     ))?
-                    .query_map(params![now, SCHEDULE_BATCH], schedule_from_row)?
+                    .query_map(params![now, SCHEDULE_BATCH], stored_from_row)?
                     .collect::<rusqlite::Result<Vec<_>>>()?;
-                let mut jobs = Vec::new();
-                for schedule in &due {
-                    jobs.extend(self.fire_in(tx, schedule, now)?);
+                let mut fired = Fired::default();
+                for (schedule, handled) in &due {
+                    let one = self.fire_in(tx, schedule, *handled, now)?;
+                    fired.jobs.extend(one.jobs);
+                    fired.skipped += one.skipped;
+                    fired.replace.extend(one.replace);
                 }
-                Ok((jobs, due.len() as i64 >= SCHEDULE_BATCH, next_tick_in(tx)?))
+                Ok((
+                    fired,
+                    due.len() as i64 >= SCHEDULE_BATCH,
+                    next_tick_in(tx, now)?,
+                ))
             })?;
-            run.jobs.extend(jobs);
+            run.jobs.extend(fired.jobs);
+            run.skipped += fired.skipped;
+            replace.extend(fired.replace);
             run.next_tick_at = next;
             if !full {
                 break;
+            }
+        }
+        // Replace: the new runs are committed; now fence the old ones. A run
+        // that finished meanwhile needs nothing.
+        for (schedule, id) in replace {
+            match self.cancel(id) {
+                Ok(()) => {
+                    log::info!("schedule {schedule:?}: cancelled its earlier run {id} (overlap: replace)");
+                    run.replaced.push(id);
+                }
+                Err(Error::InvalidState { .. } | Error::NotFound(_)) => {}
+                Err(e) => log::error!(
+                    "schedule {schedule:?}: cancelling its earlier run {id} (overlap: replace) failed: {e}"
+                ),
             }
         }
         if !run.jobs.is_empty() {
@@ -1018,57 +1438,255 @@ impl Queue {
         Ok(run)
     }
 
+    /// Moves every active schedule that was written "after" now (the wall
+    /// clock stepped back since) to its next tick after now that it has not
+    /// handled; see "Clock steps" on [`NewSchedule`].
+    fn rebase_stepped_in(&self, tx: &rusqlite::Transaction<'_>, now: i64) -> Result<()> {
+        let stepped = tx
+            .prepare_cached(&format!(
+                "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules
+                 WHERE paused = 0 AND updated_at > ?1"
+            ))?
+            .query_map([now], stored_from_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        for (schedule, handled) in stepped {
+            let ticks = match Ticks::new(&schedule.cron, &schedule.time_zone) {
+                Ok(ticks) => ticks,
+                Err(e) => {
+                    pause_broken(tx, &schedule, now, &e)?;
+                    continue;
+                }
+            };
+            let rebased = rebase(&ticks, now, handled);
+            // Only ever earlier: ticks already due stay due.
+            let earlier = match (rebased.next, handled.next) {
+                (Some(new), Some(old)) => new < old,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            if earlier {
+                log::warn!(
+                    "schedule {:?}: the wall clock stepped back (it was last written at {}, now is {}); next tick {}",
+                    schedule.name,
+                    schedule.updated_at,
+                    ms_to_datetime(now),
+                    rebased.next.map_or("none".to_owned(), |t| ms_to_datetime(t).to_string())
+                );
+                write_handled(tx, &schedule.name, &rebased, now)?;
+            } else {
+                tx.prepare_cached("UPDATE tickler_schedules SET updated_at = ?1 WHERE name = ?2")?
+                    .execute(params![now, schedule.name])?;
+            }
+        }
+        Ok(())
+    }
+
     /// Fires one due schedule's ticks in `tx`.
     fn fire_in(
         &self,
         tx: &rusqlite::Transaction<'_>,
         schedule: &Schedule,
+        handled: Handled,
         now: i64,
-    ) -> Result<Vec<JobId>> {
-        let Some(first_due) = schedule.next_tick_at.map(|t| t.timestamp_millis()) else {
-            return Ok(Vec::new());
+    ) -> Result<Fired> {
+        let Some(first_due) = handled.next else {
+            return Ok(Fired::default());
         };
         let ticks = match Ticks::new(&schedule.cron, &schedule.time_zone) {
-            Ok(ticks) => ticks,
-            Err(e) => return pause_broken(tx, schedule, now, &e),
+            Ok(ticks) => ticks.without(handled.ahead),
+            Err(e) => {
+                pause_broken(tx, schedule, now, &e)?;
+                return Ok(Fired::default());
+            }
         };
-        let plan = plan(
-            &ticks,
-            first_due,
-            now,
-            schedule.misfire,
-            grace_ms(schedule.misfire_grace),
-        );
+        let grace = grace_ms(schedule.misfire_grace);
+        let plan = plan(&ticks, first_due, now, schedule.misfire, grace);
+        let misfired = first_due < now.saturating_sub(grace);
+
+        // Overlap: which of the planned ticks fire.
+        let (fire, replace): (Vec<i64>, Vec<JobId>) = match schedule.overlap {
+            OverlapPolicy::Allow => (plan.ticks.clone(), Vec::new()),
+            OverlapPolicy::Forbid => match unfinished_runs(tx, &schedule.name)?.first() {
+                // Once the first fires, it is the unfinished run of the rest.
+                None => (plan.ticks.iter().take(1).copied().collect(), Vec::new()),
+                Some(&(id, state)) => {
+                    if !plan.ticks.is_empty() {
+                        log::info!(
+                            "schedule {:?}: {} tick(s) up to {} skipped: its run {id} is {state} (overlap: forbid)",
+                            schedule.name,
+                            plan.ticks.len(),
+                            ms_to_datetime(*plan.ticks.last().unwrap_or(&first_due))
+                        );
+                    }
+                    (Vec::new(), Vec::new())
+                }
+            },
+            OverlapPolicy::Replace => (
+                plan.ticks.last().copied().into_iter().collect(),
+                unfinished_runs(tx, &schedule.name)?
+                    .into_iter()
+                    .map(|(id, _)| id)
+                    .collect(),
+            ),
+        };
+        let skipped = (plan.ticks.len() - fire.len()) as u64;
+        if skipped > 0 && schedule.overlap == OverlapPolicy::Forbid && !fire.is_empty() {
+            log::info!(
+                "schedule {:?}: {skipped} catch-up tick(s) skipped behind the one fired (overlap: forbid)",
+                schedule.name
+            );
+        }
+
         let template = template_of(schedule);
-        let mut rows = Vec::with_capacity(plan.ticks.len());
-        for &at in &plan.ticks {
+        let mut rows = Vec::with_capacity(fire.len());
+        for &at in &fire {
             let job = template
                 .clone()
                 .run_at(ms_to_datetime(at))
                 .unique_key(tick_key(&schedule.name, at));
             match self.validate(job, now) {
                 Ok(row) => rows.push(row),
-                Err(e) => return pause_broken(tx, schedule, now, &e),
+                Err(e) => {
+                    pause_broken(tx, schedule, now, &e)?;
+                    return Ok(Fired::default());
+                }
             }
         }
-        // Everything up to now is handled: fired, or skipped by the policy.
-        let last = plan
-            .ticks
-            .last()
-            .copied()
-            .or(schedule.last_tick_at.map(|t| t.timestamp_millis()));
+
+        // Everything up to now is handled: fired, or skipped by a policy.
+        let mut after = Handled {
+            next: plan.next,
+            from: handled.from,
+            last: plan.ticks.last().copied().or(handled.last),
+            through: handled.through,
+            ahead: handled.ahead,
+        };
+        // Did the misfire policy drop ticks (not fire them)?
+        let dropped = misfired
+            && (plan.ticks.first() != Some(&first_due)
+                || plan
+                    .ticks
+                    .windows(2)
+                    .any(|w| ticks.next_after(w[0]) != Some(w[1])));
+        if dropped {
+            // The span restarts after the gap, so that the dropped ticks (a
+            // forward jump of the clock stepped over them) can fire if the
+            // clock is set back; everything before the gap stays handled.
+            after.through = handled.last.max(handled.through).or(after.through);
+            after.from = plan.ticks.first().copied();
+        } else if after.from.is_none() {
+            after.from = plan.ticks.first().copied();
+        }
+        if let Some((from, until)) = handled.ahead.filter(|(from, _)| now >= *from) {
+            // The clock reached the window of ticks that fired before a
+            // backward step: the span now runs through it.
+            after.last = Some(after.last.map_or(until, |last| last.max(until)));
+            after.from = Some(after.from.map_or(from, |f| f.min(from)));
+            after.ahead = None;
+        }
         let advanced = tx
             .prepare_cached(
-                "UPDATE tickler_schedules SET next_tick_at = ?1, last_tick_at = ?2, updated_at = ?3
-                 WHERE name = ?4 AND paused = 0 AND next_tick_at = ?5",
+                "UPDATE tickler_schedules SET next_tick_at = ?1, last_tick_at = ?2, updated_at = ?3,
+                     handled_from = ?4, ahead_from = ?5, ahead_until = ?6,
+                     skipped_ticks = skipped_ticks + ?7, handled_through = ?10
+                 WHERE name = ?8 AND paused = 0 AND next_tick_at = ?9",
             )?
-            .execute(params![plan.next, last, now, schedule.name, first_due])?;
+            .execute(params![
+                after.next,
+                after.last,
+                now,
+                after.from,
+                after.ahead.map(|(from, _)| from),
+                after.ahead.map(|(_, until)| until),
+                skipped as i64,
+                schedule.name,
+                first_due,
+                after.through
+            ])?;
         if advanced == 0 {
             // Another scheduler handled these ticks first.
-            return Ok(Vec::new());
+            return Ok(Fired::default());
         }
-        insert_valid(tx, &rows, now)
+        Ok(Fired {
+            jobs: insert_valid(tx, &rows, now)?,
+            skipped,
+            replace: replace
+                .into_iter()
+                .map(|id| (schedule.name.clone(), id))
+                .collect(),
+        })
     }
+}
+
+/// What firing did, in one transaction.
+#[derive(Debug, Default)]
+struct Fired {
+    jobs: Vec<JobId>,
+    skipped: u64,
+    /// Earlier runs to cancel once committed, with their schedule's name.
+    replace: Vec<(String, JobId)>,
+}
+
+/// The unfinished runs (tick jobs that are scheduled, pending or running)
+/// of schedule `name`, oldest first. Found by their unique_key
+/// `tickler:schedule:<name>:<digits>` on the unique_key index: the range
+/// of keys starting with the prefix, then only digits after it (so that
+/// schedule "a" does not see the runs of schedule "a:1").
+fn unfinished_runs(conn: &rusqlite::Connection, name: &str) -> Result<Vec<(JobId, JobState)>> {
+    let prefix = format!("tickler:schedule:{name}:");
+    // ';' sorts right after ':'.
+    let end = format!("tickler:schedule:{name};");
+    let tail_from = i64::try_from(prefix.chars().count()).unwrap_or(i64::MAX) + 1;
+    let runs = conn
+        .prepare_cached(
+            "SELECT id, status FROM tickler_jobs
+             WHERE unique_key >= ?1 AND unique_key < ?2
+               AND status IN ('scheduled', 'pending', 'running')
+               AND substr(unique_key, ?3) NOT GLOB '*[^0-9]*'
+             ORDER BY id",
+        )?
+        .query_map(params![prefix, end, tail_from], |r| {
+            Ok((JobId(r.get(0)?), r.get::<_, String>(1)?))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    runs.into_iter()
+        .map(|(id, state)| Ok((id, state.parse::<JobState>()?)))
+        .collect()
+}
+
+fn handled_in(conn: &rusqlite::Connection, name: &str) -> Result<Handled> {
+    conn.prepare_cached(&format!(
+        "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules WHERE name = ?1"
+    ))?
+    .query_row([name], handled_from_row)
+    .optional()?
+    .ok_or_else(|| Error::UnknownSchedule {
+        name: name.to_owned(),
+    })
+}
+
+fn write_handled(
+    tx: &rusqlite::Transaction<'_>,
+    name: &str,
+    handled: &Handled,
+    now: i64,
+) -> Result<()> {
+    tx.prepare_cached(
+        "UPDATE tickler_schedules SET next_tick_at = ?1, last_tick_at = ?2, handled_from = ?3,
+             ahead_from = ?4, ahead_until = ?5, updated_at = ?6, handled_through = ?8
+         WHERE name = ?7",
+    )?
+    .execute(params![
+        handled.next,
+        handled.last,
+        handled.from,
+        handled.ahead.map(|(from, _)| from),
+        handled.ahead.map(|(_, until)| until),
+        now,
+        name,
+        handled.through
+    ])?;
+    Ok(())
 }
 
 /// Pauses a schedule that cannot fire with this build, so it does not
@@ -1078,23 +1696,33 @@ fn pause_broken(
     schedule: &Schedule,
     now: i64,
     error: &Error,
-) -> Result<Vec<JobId>> {
+) -> Result<()> {
     log::error!(
         "schedule {:?} cannot fire and was paused: {error}",
         schedule.name
     );
     tx.prepare_cached("UPDATE tickler_schedules SET paused = 1, updated_at = ?1 WHERE name = ?2")?
         .execute(params![now, schedule.name])?;
-    Ok(Vec::new())
+    Ok(())
 }
 
-fn next_tick_in(conn: &rusqlite::Connection) -> Result<Option<DateTime<Utc>>> {
-    let next: Option<i64> = conn
+/// The earliest next tick of the active schedules, or `now` if one of them
+/// was written after now (the clock stepped back: it needs a rebase).
+fn next_tick_in(conn: &rusqlite::Connection, now: i64) -> Result<Option<DateTime<Utc>>> {
+    let (next, stepped): (Option<i64>, bool) = conn
         .prepare_cached(
-            "SELECT min(next_tick_at) FROM tickler_schedules
-             WHERE paused = 0 AND next_tick_at IS NOT NULL",
+            "SELECT (SELECT min(next_tick_at) FROM tickler_schedules
+                     WHERE paused = 0 AND next_tick_at IS NOT NULL),
+                    (SELECT max(updated_at) FROM tickler_schedules WHERE paused = 0) > ?1",
         )?
-        .query_row([], |r| r.get(0))?;
+        .query_row([now], |r| {
+            Ok((r.get(0)?, r.get::<_, Option<bool>>(1)?.unwrap_or(false)))
+        })?;
+    let next = if stepped {
+        Some(next.map_or(now, |n| n.min(now)))
+    } else {
+        next
+    };
     Ok(next.map(ms_to_datetime))
 }
 

@@ -219,3 +219,20 @@ fn through_the_cli_the_cancelled_command_is_stopped_before_the_next_starts() {
     );
     assert_eq!(env.job(first).state, JobState::Cancelled);
 }
+
+#[test]
+fn after_a_backward_clock_step_the_key_waits_one_lease_not_until_the_clock_catches_up() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = manual_queue(&path);
+    let first = queue.enqueue(NewJob::new("k").unique_key("sync")).unwrap();
+    let _vanished = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    queue.cancel(first).unwrap();
+    let second = queue.enqueue(NewJob::new("k").unique_key("sync")).unwrap();
+    // The clock was two hours ahead; it is set right.
+    clock.set(t0() - ChronoDuration::hours(2));
+    queue.reap().unwrap();
+    clock.advance(secs(31));
+    let next = queue.claim("default", "w", 1, secs(30)).unwrap();
+    assert_eq!(next.len(), 1, "the key waited for the clock to catch up");
+    assert_eq!(next[0].job_id, second);
+}

@@ -3,7 +3,7 @@
 
 mod schedule_common;
 
-use schedule_common::{queue_at, run_ats, run_until, temp_db, utc};
+use schedule_common::{piling, queue_at, run_ats, run_until, temp_db, utc};
 use std::time::Duration;
 use tickler::{Error, JobState, MisfirePolicy, NewJob, NewSchedule};
 
@@ -74,7 +74,7 @@ fn paused_schedules_fire_nothing_and_resume_after_the_pause() {
     let (_dir, path) = temp_db();
     let (queue, clock) = queue_at(&path, utc(2026, 6, 1, 0, 0, 0));
     queue
-        .upsert_schedule(NewSchedule::new("s", "0 * * * *", "tick"))
+        .upsert_schedule(piling("s", "0 * * * *", "tick"))
         .unwrap();
     run_until(&queue, &clock, utc(2026, 6, 1, 1, 0, 0));
     queue.pause_schedule("s").unwrap();

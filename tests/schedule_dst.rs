@@ -9,8 +9,7 @@
 mod schedule_common;
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use schedule_common::{queue_at, run_ats, run_until, temp_db, utc};
-use tickler::NewSchedule;
+use schedule_common::{piling, queue_at, run_ats, run_until, temp_db, utc};
 
 /// The ticks a schedule enqueues between `from` and `to` (UTC), with a
 /// scheduler that is always awake; also checks that the preview
@@ -18,7 +17,7 @@ use tickler::NewSchedule;
 fn fired(cron: &str, zone: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> Vec<DateTime<Utc>> {
     let (_dir, path) = temp_db();
     let (queue, clock) = queue_at(&path, from);
-    let spec = NewSchedule::new("s", cron, "tick").time_zone(zone);
+    let spec = piling("s", cron, "tick").time_zone(zone);
     let preview: Vec<DateTime<Utc>> = queue
         .next_ticks(&spec, 500)
         .unwrap()
@@ -183,7 +182,7 @@ fn hourly_fires_in_both_occurrences_of_the_repeated_hour() {
 fn preview_shows_local_wall_clock_with_its_offset() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = queue_at(&path, utc(2026, 10, 31, 12, 0, 0));
-    let spec = NewSchedule::new("s", "30 1 * * *", "tick").time_zone("America/New_York");
+    let spec = piling("s", "30 1 * * *", "tick").time_zone("America/New_York");
     let ticks = queue.next_ticks(&spec, 2).unwrap();
     assert_eq!(ticks[0].at, utc(2026, 11, 1, 5, 30, 0));
     assert_eq!(ticks[0].local.to_rfc3339(), "2026-11-01T01:30:00-04:00");

@@ -3,9 +3,9 @@
 mod schedule_common;
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use schedule_common::{queue_at, run_ats, run_until, temp_db, utc};
+use schedule_common::{piling, queue_at, run_ats, run_until, temp_db, utc};
 use std::time::{Duration, Instant};
-use tickler::{JobFilter, MisfirePolicy, NewSchedule, Queue};
+use tickler::{JobFilter, MisfirePolicy, Queue};
 
 fn hours(start: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
     (0..n)
@@ -20,7 +20,7 @@ fn three_day_gap(policy: MisfirePolicy) -> (Vec<DateTime<Utc>>, Option<DateTime<
     let (_dir, path) = temp_db();
     let (queue, clock) = queue_at(&path, utc(2026, 1, 1, 0, 30, 0));
     queue
-        .upsert_schedule(NewSchedule::new("hourly", "0 * * * *", "tick").misfire(policy))
+        .upsert_schedule(piling("hourly", "0 * * * *", "tick").misfire(policy))
         .unwrap();
     run_until(&queue, &clock, utc(2026, 1, 1, 2, 0, 0));
     assert_eq!(run_ats(&queue, "tick"), hours(utc(2026, 1, 1, 1, 0, 0), 2));
@@ -68,7 +68,7 @@ fn three_year_gap(cron: &str, policy: MisfirePolicy) -> (Vec<DateTime<Utc>>, Dur
     let (_dir, path) = temp_db();
     let (queue, clock) = queue_at(&path, utc(2023, 1, 1, 0, 0, 0));
     queue
-        .upsert_schedule(NewSchedule::new("s", cron, "tick").misfire(policy))
+        .upsert_schedule(piling("s", cron, "tick").misfire(policy))
         .unwrap();
     assert_eq!(
         queue.get_schedule("s").unwrap().next_tick_at,
@@ -116,9 +116,7 @@ fn three_years_of_a_sparse_schedule_fire_once_finds_the_latest_tick() {
     let (_dir, path) = temp_db();
     let (queue, clock) = queue_at(&path, utc(2023, 1, 1, 0, 0, 0));
     queue
-        .upsert_schedule(
-            NewSchedule::new("s", "15 9 * * MON-FRI", "tick").time_zone("Europe/Berlin"),
-        )
+        .upsert_schedule(piling("s", "15 9 * * MON-FRI", "tick").time_zone("Europe/Berlin"))
         .unwrap();
     clock.set(utc(2026, 1, 1, 0, 0, 30));
     let started = Instant::now();
@@ -145,7 +143,7 @@ fn three_years_every_second_with_a_short_grace() {
         let name = format!("{policy:?}");
         queue
             .upsert_schedule(
-                NewSchedule::new(name.clone(), "* * * * * *", name.clone())
+                piling(name.clone(), "* * * * * *", name.clone())
                     .misfire(policy)
                     .misfire_grace(Duration::from_secs(2)),
             )
@@ -183,7 +181,7 @@ fn a_backward_clock_step_of_one_hour_enqueues_no_tick_twice() {
     let (_dir, path) = temp_db();
     let (queue, clock) = queue_at(&path, utc(2026, 5, 1, 0, 0, 0));
     queue
-        .upsert_schedule(NewSchedule::new("s", "*/10 * * * *", "tick"))
+        .upsert_schedule(piling("s", "*/10 * * * *", "tick"))
         .unwrap();
     run_until(&queue, &clock, utc(2026, 5, 1, 2, 0, 0));
     assert_eq!(run_ats(&queue, "tick").len(), 13); // 00:00 … 02:00
@@ -218,12 +216,10 @@ fn a_forward_clock_step_is_a_misfire() {
     let (_dir, path) = temp_db();
     let (queue, clock) = queue_at(&path, utc(2026, 5, 1, 0, 0, 0));
     queue
-        .upsert_schedule(
-            NewSchedule::new("skip", "*/10 * * * *", "skip").misfire(MisfirePolicy::Skip),
-        )
+        .upsert_schedule(piling("skip", "*/10 * * * *", "skip").misfire(MisfirePolicy::Skip))
         .unwrap();
     queue
-        .upsert_schedule(NewSchedule::new("once", "*/10 * * * *", "once"))
+        .upsert_schedule(piling("once", "*/10 * * * *", "once"))
         .unwrap();
     run_until(&queue, &clock, utc(2026, 5, 1, 0, 10, 0));
     // The clock jumps forward 55 minutes: 00:20 … 01:00 were stepped over.
@@ -241,9 +237,7 @@ fn ticks_within_the_grace_are_on_time_and_all_fire() {
     let (_dir, path) = temp_db();
     let (queue, clock) = queue_at(&path, utc(2026, 5, 1, 0, 0, 0));
     queue
-        .upsert_schedule(
-            NewSchedule::new("s", "*/10 * * * * *", "tick").misfire(MisfirePolicy::Skip),
-        )
+        .upsert_schedule(piling("s", "*/10 * * * * *", "tick").misfire(MisfirePolicy::Skip))
         .unwrap();
     // A scheduler 45 s late (a busy disk): four ticks, all within 60 s.
     clock.set(utc(2026, 5, 1, 0, 0, 45));

@@ -1,16 +1,18 @@
 //! Property: over random expressions, zones, misfire policies and random
 //! walks of the clock (small and large steps forward, steps backward), the
-//! ticks a schedule enqueues are unique, strictly increasing in enqueue
-//! order, never ahead of the clock, and each one is a tick of the
-//! expression.
+//! ticks a schedule enqueues are unique (no instant fires twice, also
+//! after backward steps), never ahead of the clock, and each one is a tick
+//! of the expression. They increase in enqueue order only while the clock
+//! does not step back: after a backward step the schedule goes on from the
+//! new now (issue 14).
 
 mod schedule_common;
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use proptest::prelude::*;
-use schedule_common::{queue_at, run_ats, temp_db, utc};
+use schedule_common::{piling, queue_at, run_ats, temp_db, utc};
 use std::time::Duration;
-use tickler::{Error, MisfirePolicy, NewSchedule};
+use tickler::{Error, MisfirePolicy};
 
 #[derive(Debug, Clone, Copy)]
 enum Step {
@@ -53,7 +55,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     #[test]
-    fn ticks_are_unique_increasing_and_real(
+    fn ticks_are_unique_and_real(
         cron in expression(),
         zone in prop::sample::select(vec!["UTC", "America/New_York", "Europe/Berlin", "Australia/Lord_Howe"]),
         start_day in prop::sample::select(vec![
@@ -69,7 +71,7 @@ proptest! {
         let (_dir, path) = temp_db();
         let start = start_day + ChronoDuration::seconds(start_shift);
         let (queue, clock) = queue_at(&path, start);
-        let spec = NewSchedule::new("s", cron.clone(), "tick")
+        let spec = piling("s", cron.clone(), "tick")
             .time_zone(zone)
             .misfire(misfire)
             .misfire_grace(Duration::from_secs(grace_secs));
@@ -84,6 +86,7 @@ proptest! {
         let (oracle, oracle_clock) = queue_at(&oracle_path, start);
 
         let mut now: DateTime<Utc> = start;
+        let mut earliest_now = start;
         let mut fired_so_far = 0;
         for step in steps {
             now = match step {
@@ -92,6 +95,7 @@ proptest! {
                 Step::Off(d) => now + ChronoDuration::days(d),
             };
             clock.set(now);
+            earliest_now = earliest_now.min(now);
             let run = queue.run_due_ticks().unwrap();
             let fired = run_ats(&queue, "tick");
             prop_assert_eq!(fired.len(), fired_so_far + run.jobs.len());
@@ -99,16 +103,22 @@ proptest! {
                 prop_assert!(*at <= now, "tick {} enqueued ahead of the clock {}", at, now);
             }
             fired_so_far = fired.len();
+            // Everything due fired.
             if let Some(next) = run.next_tick_at {
-                prop_assert!(next > fired.last().copied().unwrap_or(start - ChronoDuration::days(1)));
+                prop_assert!(next > now, "next tick {} is not after the clock {}", next, now);
             }
         }
+        // No tick instant fires twice. (In enqueue order they need not
+        // increase: after a backward step the schedule goes on from the new
+        // now, which may lie before ticks that fired.)
         let fired = run_ats(&queue, "tick");
-        for pair in fired.windows(2) {
-            prop_assert!(pair[0] < pair[1], "{} then {} ({} in {})", pair[0], pair[1], cron, zone);
-        }
+        let mut sorted = fired.clone();
+        sorted.sort();
+        sorted.dedup();
+        prop_assert_eq!(sorted.len(), fired.len(), "a tick fired twice: {:?} ({} in {})", fired, cron, zone);
         for at in &fired {
-            prop_assert!(*at >= start);
+            // Before the clock's earliest reading nothing was ever due.
+            prop_assert!(*at >= earliest_now);
             oracle_clock.set(*at);
             let first = oracle.next_ticks(&spec, 1).unwrap();
             prop_assert_eq!(first[0].at, *at, "{} is not a tick of {} in {}", at, cron, zone);

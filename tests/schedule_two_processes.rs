@@ -9,11 +9,10 @@
 mod schedule_common;
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use schedule_common::{queue_at, run_ats, temp_db, utc};
+use schedule_common::{piling, queue_at, run_ats, temp_db, utc};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use tickler::NewSchedule;
 
 const CHILD_DB: &str = "TICKLER_SCHEDULE_CHILD_DB";
 const TICKS: i64 = 200;
@@ -55,7 +54,7 @@ fn two_processes_enqueue_each_tick_of_a_per_second_schedule_once() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = queue_at(&path, t0() + ChronoDuration::milliseconds(500));
     let stored = queue
-        .upsert_schedule(NewSchedule::new("every-second", "* * * * * *", "tick"))
+        .upsert_schedule(piling("every-second", "* * * * * *", "tick"))
         .unwrap();
     assert_eq!(stored.next_tick_at, Some(t0() + ChronoDuration::seconds(1)));
     let db = path.to_str().unwrap().to_owned();

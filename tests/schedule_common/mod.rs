@@ -56,3 +56,14 @@ pub fn run_ats(queue: &Queue, kind: &str) -> Vec<DateTime<Utc>> {
         .map(|job| job.run_at)
         .collect()
 }
+
+/// `NewSchedule::new` with `OverlapPolicy::Allow`, for the tests of which
+/// instants fire: no worker runs in them, so tick jobs pile up unfinished,
+/// which the default policy (`Forbid`) would turn into skipped ticks.
+pub fn piling(
+    name: impl Into<String>,
+    cron: impl Into<String>,
+    kind: impl Into<String>,
+) -> tickler::NewSchedule {
+    tickler::NewSchedule::new(name, cron, kind).overlap(tickler::OverlapPolicy::Allow)
+}

@@ -416,9 +416,25 @@ pub struct ScheduleAddArgs {
     /// missed (default 60s, at most 1h).
     #[arg(long, value_parser = parse_duration)]
     pub misfire_grace: Option<Duration>,
+    /// What a tick does while an earlier run of this schedule is not
+    /// finished (default forbid: skip the tick, so a nightly backup never
+    /// runs twice at once).
+    #[arg(long, value_enum)]
+    pub overlap: Option<OverlapArg>,
     /// Create it paused.
     #[arg(long)]
     pub paused: bool,
+}
+
+/// An overlap policy, as typed on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OverlapArg {
+    /// Skip the tick while an earlier run is pending, scheduled or running (counted, logged).
+    Forbid,
+    /// Cancel the earlier run (its outcome is refused) and start the new one.
+    Replace,
+    /// Fire every tick; runs may overlap.
+    Allow,
 }
 
 /// A misfire policy, as typed on the command line.
@@ -452,9 +468,10 @@ pub struct ScheduleNameArgs {
 pub struct ScheduleNextArgs {
     /// A schedule's name, or a cron expression.
     pub name_or_cron: String,
-    /// How many fire times.
+    /// How many fire times (printed as they are computed, so any number
+    /// is fine; stop early with Ctrl-C or a closed pipe).
     #[arg(short = 'n', long = "count", default_value_t = 10)]
-    pub count: usize,
+    pub count: u64,
     /// Time zone for a cron expression (default UTC; a schedule uses its own).
     #[arg(long)]
     pub tz: Option<String>,

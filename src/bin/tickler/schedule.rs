@@ -2,15 +2,16 @@
 //! zone. `tickler work` fires them (its worker pool runs a scheduler).
 
 use crate::cli::{
-    MisfireArg, ScheduleAddArgs, ScheduleCommand, ScheduleListArgs, ScheduleNameArgs,
+    MisfireArg, OverlapArg, ScheduleAddArgs, ScheduleCommand, ScheduleListArgs, ScheduleNameArgs,
     ScheduleNextArgs,
 };
 use crate::display::{self, Times};
 use crate::error::CliError;
 use crate::ops;
 use serde_json::json;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use tickler::{Error, MisfirePolicy, NewSchedule, Queue, Schedule};
+use tickler::{Error, MisfirePolicy, NewSchedule, OverlapPolicy, Queue, Schedule, UpcomingTicks};
 
 /// Runs one `schedule` subcommand.
 pub fn run(db: &Path, command: &ScheduleCommand, times: Times) -> Result<(), CliError> {
@@ -76,6 +77,13 @@ fn add(db: &Path, args: &ScheduleAddArgs, times: Times) -> Result<(), CliError> 
     if let Some(grace) = args.misfire_grace {
         spec = spec.misfire_grace(grace);
     }
+    if let Some(overlap) = args.overlap {
+        spec = spec.overlap(match overlap {
+            OverlapArg::Forbid => OverlapPolicy::Forbid,
+            OverlapArg::Replace => OverlapPolicy::Replace,
+            OverlapArg::Allow => OverlapPolicy::Allow,
+        });
+    }
     let queue = ops::open(db, true)?;
     let existed = match queue.get_schedule(&args.name) {
         Ok(_) => true,
@@ -120,6 +128,8 @@ fn schedule_json(s: &Schedule) -> serde_json::Value {
         "misfire": misfire,
         "misfire_limit": misfire_limit,
         "misfire_grace_ms": u64::try_from(s.misfire_grace.as_millis()).unwrap_or(u64::MAX),
+        "overlap": s.overlap.to_string(),
+        "skipped_ticks": s.skipped_ticks,
         "paused": s.paused,
         "next_tick_at": s.next_tick_at.map(display::rfc3339),
         "last_tick_at": s.last_tick_at.map(display::rfc3339),
@@ -153,6 +163,8 @@ fn list(db: &Path, args: &ScheduleListArgs, times: Times) -> Result<(), CliError
                 s.kind.clone(),
                 s.queue.clone(),
                 if s.paused { "paused" } else { "active" }.to_owned(),
+                s.overlap.to_string(),
+                s.skipped_ticks.to_string(),
                 if s.paused {
                     "-".to_owned()
                 } else {
@@ -169,6 +181,8 @@ fn list(db: &Path, args: &ScheduleListArgs, times: Times) -> Result<(), CliError
         "KIND",
         "QUEUE",
         "STATE",
+        "OVERLAP",
+        "SKIPPED",
         "NEXT_TICK",
         "LAST_TICK",
     ];
@@ -238,10 +252,10 @@ fn resume(db: &Path, args: &ScheduleNameArgs, times: Times) -> Result<(), CliErr
 fn next(db: &Path, args: &ScheduleNextArgs, times: Times) -> Result<(), CliError> {
     let target = args.name_or_cron.as_str();
     let looks_like_cron = target.contains(char::is_whitespace) || target.starts_with('@');
-    let (ticks, zone) = if looks_like_cron {
+    let (ticks, zone): (UpcomingTicks, String) = if looks_like_cron {
         let zone = args.tz.clone().unwrap_or_else(|| "UTC".to_owned());
         let spec = NewSchedule::new("preview", target, "preview").time_zone(&zone);
-        let ticks = with_queue_for_preview(db, |queue| queue.next_ticks(&spec, args.count))?
+        let ticks = with_queue_for_preview(db, |queue| queue.upcoming_ticks(&spec))?
             .map_err(|e| input_error(e, db))?;
         (ticks, zone)
     } else {
@@ -260,21 +274,43 @@ fn next(db: &Path, args: &ScheduleNextArgs, times: Times) -> Result<(), CliError
             )));
         }
         let ticks = queue
-            .next_ticks(target, args.count)
+            .upcoming_ticks(target)
             .map_err(|e| map_unknown(e, db))?;
         (ticks, stored.time_zone)
     };
-    if ticks.is_empty() {
-        println!("no more ticks (before year 5000)");
-    }
-    for tick in ticks {
-        println!(
+    // Each tick is printed as it is computed: `-n` may be any size without
+    // holding more than one tick in memory.
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut printed = 0u64;
+    for tick in ticks.take(usize::try_from(args.count).unwrap_or(usize::MAX)) {
+        let line = writeln!(
+            out,
             "{}  ({} {zone})",
             times.show(tick.at),
             tick.local.format("%a %Y-%m-%d %H:%M:%S %:z")
         );
+        if let Err(e) = line {
+            return closed_pipe_is_done(e);
+        }
+        printed += 1;
     }
-    Ok(())
+    if printed == 0 && args.count > 0 {
+        if let Err(e) = writeln!(out, "no more ticks (before year 5000)") {
+            return closed_pipe_is_done(e);
+        }
+    }
+    out.flush().or_else(closed_pipe_is_done)
+}
+
+/// A reader that stopped reading (`| head`) ends the preview; other write
+/// errors fail it.
+fn closed_pipe_is_done(e: std::io::Error) -> Result<(), CliError> {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        Ok(())
+    } else {
+        Err(CliError::failed(format!("cannot write to stdout: {e}")))
+    }
 }
 
 /// Runs `f` on the queue file if it exists, else on a throwaway file in a
