@@ -789,40 +789,31 @@ impl Queue {
                 }
                 values.push(&now);
                 let unblocked = unblocked(&now_mark);
-                // A pending job due now (the common case: found at once in
-                // claim order); failing that, the earliest pending job (all
-                // pending jobs in the future only happens after the clock
-                // was stepped back) and the earliest scheduled one. Pending
-                // jobs whose unique_key waits for a cancelled holder to stop
-                // are left out: they are due when it stops (a commit, which
-                // wakes fetchers) or its lease runs out (below).
-                let due_now: Option<i64> = conn
+                // A pending job is due whatever its run_at: it was due when
+                // it became pending, and a run_at ahead of now only means
+                // the wall clock was stepped back since (waiting for it to
+                // catch up could take hours). Pending jobs whose unique_key
+                // waits for a cancelled holder to stop are left out: they
+                // are due when it stops (a commit, which wakes fetchers) or
+                // its lease runs out (below).
+                let pending: bool = conn
                     .prepare_cached(&format!(
-                        "SELECT run_at FROM tickler_jobs AS job WHERE status = 'pending' AND queue = ?1
-                         {kind_filter} AND run_at <= {now_mark} AND {unblocked}
-                         ORDER BY priority DESC, run_at, id LIMIT 1"
+                        "SELECT EXISTS (SELECT 1 FROM tickler_jobs AS job
+                         WHERE status = 'pending' AND queue = ?1 {kind_filter} AND {unblocked})"
                     ))?
-                    .query_row(values.as_slice(), |r| r.get(0))
-                    .optional()?;
-                if due_now.is_some() {
+                    .query_row(values.as_slice(), |r| r.get(0))?;
+                if pending {
                     return Ok(Some(now));
                 }
-                let without_now = &values[..values.len() - 1];
-                for (status, filter, params) in [
-                    ("pending", unblocked.as_str(), values.as_slice()),
-                    ("scheduled", "1", without_now),
-                ] {
-                    let sql = format!(
-                        "SELECT run_at FROM tickler_jobs AS job WHERE status = '{status}' AND queue = ?1
-                         {kind_filter} AND {filter} ORDER BY run_at LIMIT 1"
-                    );
-                    let found: Option<i64> = conn
-                        .prepare_cached(&sql)?
-                        .query_row(params, |r| r.get(0))
-                        .optional()?;
-                    if let Some(at) = found {
-                        earliest = Some(earliest.map_or(at, |e| e.min(at)));
-                    }
+                let scheduled: Option<i64> = conn
+                    .prepare_cached(&format!(
+                        "SELECT run_at FROM tickler_jobs WHERE status = 'scheduled' AND queue = ?1
+                         {kind_filter} ORDER BY run_at LIMIT 1"
+                    ))?
+                    .query_row(&values[..values.len() - 1], |r| r.get(0))
+                    .optional()?;
+                if let Some(at) = scheduled {
+                    earliest = Some(earliest.map_or(at, |e| e.min(at)));
                 }
             }
             // When the first cancelled holder's lease runs out, a job
@@ -831,7 +822,7 @@ impl Queue {
             let stopping: Option<i64> = conn
                 .prepare_cached(
                     "SELECT min(lease_expires_at) + 1 FROM tickler_jobs
-                     WHERE status = 'cancelled' AND lease_expires_at >= ?1",
+                     WHERE status = 'cancelled' AND unique_key IS NOT NULL AND lease_expires_at >= ?1",
                 )?
                 .query_row([now], |r| r.get(0))?;
             if let Some(at) = stopping {
@@ -2458,8 +2449,7 @@ fn claim_sql(kinds: Option<&[&str]>) -> String {
          SET status = 'running', run_token = {RUN_TOKEN_SQL}, attempts = attempts + 1,
              claimed_by = ?1, claimed_at = ?2, lease_expires_at = ?3, lease_ms = ?3 - ?2
          WHERE id IN (SELECT id FROM tickler_jobs AS job
-                      WHERE status = 'pending' AND queue = ?4 AND run_at <= ?2 {kind_filter}
-                        AND {unblocked}
+                      WHERE status = 'pending' AND queue = ?4 {kind_filter} AND {unblocked}
                       ORDER BY priority DESC, run_at, id LIMIT ?5)
          RETURNING {LEASE_COLUMNS}"
     )

@@ -286,3 +286,26 @@ fn a_forward_step_still_expires_leases_as_before() {
     assert_eq!(queue.reap().unwrap(), 1);
     assert_ne!(queue.get(id).unwrap().state, JobState::Running);
 }
+
+#[test]
+fn a_job_that_was_due_before_a_step_back_is_claimed_at_once_not_when_the_clock_catches_up() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = queue_at(&path, utc(2026, 5, 1, 10, 0, 0));
+    let due = queue.enqueue(NewJob::new("k")).unwrap();
+    let later = queue
+        .enqueue(NewJob::new("k").delay(Duration::from_secs(60)))
+        .unwrap();
+    clock.set(utc(2026, 5, 1, 8, 0, 0));
+    assert_eq!(
+        queue.next_due(&["default"], None).unwrap(),
+        Some(utc(2026, 5, 1, 8, 0, 0)),
+        "a pending job is due now"
+    );
+    let claimed = queue
+        .claim("default", "w", 10, Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].job_id, due);
+    // A job delayed to an absolute time still waits for that time.
+    assert_eq!(queue.get(later).unwrap().state, JobState::Scheduled);
+}
