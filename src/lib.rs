@@ -134,6 +134,7 @@
 
 mod clock;
 mod error;
+mod file_events;
 mod job;
 mod lease;
 mod metrics;
@@ -143,6 +144,13 @@ mod retry;
 mod schedule;
 mod scheduler;
 mod worker;
+
+/// The `rusqlite` this crate is built with: its types appear in the public
+/// API ([`QueueBuilder::on_connection`], [`Queue::open_connection`],
+/// [`Queue::enqueue_tx`], [`JobContext::complete_with`]). Use
+/// `tickler::rusqlite` rather than a `rusqlite` dependency of your own, so
+/// the versions always match.
+pub use rusqlite;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Result};

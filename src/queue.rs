@@ -12,6 +12,7 @@
 
 use crate::clock::{ms_to_datetime, Clock, SystemClock};
 use crate::error::{Error, Result};
+use crate::file_events::FileEvents;
 use crate::job::{Job, JobId, JobState, NewJob, RunToken};
 use crate::lease::Lease;
 use crate::metrics::{WaitHistogram, WriteLockWaits};
@@ -284,6 +285,8 @@ impl QueueBuilder {
                 }),
                 readers,
                 watchers: Mutex::new(Vec::new()),
+                file_events: Arc::default(),
+                file_events_started: std::sync::Once::new(),
                 lock_waits: WaitHistogram::default(),
                 enqueues: EnqueueGroup::default(),
                 next_wal_truncate: Mutex::new(Instant::now()),
@@ -294,6 +297,12 @@ impl QueueBuilder {
             Error::Sqlite(inner) => open_error(&path, inner),
             other => other,
         })?;
+        if let Ok(false) = Queue::file_is_private(&path) {
+            log::warn!(
+                "{}: other users can read (or write) this queue file or its -wal/-shm file, and so every job's payload; `chmod 600` them unless they are meant to be shared",
+                path.display()
+            );
+        }
         Ok(queue)
     }
 }
@@ -317,6 +326,10 @@ struct Inner {
     /// In-process wake-ups for [`ChangeWatcher`]s, sent after each commit
     /// that may make a job claimable.
     watchers: Mutex<Vec<Sender<()>>>,
+    /// Commits by other processes, from file-change notifications of the
+    /// `-wal` file (started with the first watcher; see `file_events`).
+    file_events: Arc<FileEvents>,
+    file_events_started: std::sync::Once,
     lock_waits: WaitHistogram,
     enqueues: EnqueueGroup,
     /// No truncating checkpoint from the write path before this instant;
@@ -1560,9 +1573,12 @@ impl Queue {
 
     /// A watcher that wakes when this file may hold new claimable work: at
     /// once for commits through any clone of this `Queue`, and for commits
-    /// by other processes when [`ChangeWatcher::wait`] polls
-    /// `PRAGMA data_version` on its own connection (a read of shared memory,
-    /// no query of the jobs table).
+    /// by other processes when the operating system reports a write to the
+    /// file's `-wal` file (inotify, FSEvents or kqueue), after which
+    /// [`ChangeWatcher::wait`] checks `PRAGMA data_version` on its own
+    /// connection (a read of shared memory, no query of the jobs table).
+    /// Where no such notification is available, `wait` polls
+    /// `data_version` instead.
     ///
     /// # Errors
     /// [`Error::Sqlite`] if its connection cannot be opened.
@@ -1579,12 +1595,65 @@ impl Queue {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(tx.clone());
+        let inner = &self.inner;
+        inner.file_events_started.call_once(|| {
+            crate::file_events::watch(&wal_path(&inner.path), &inner.file_events);
+        });
         Ok(ChangeWatcher {
             conn,
             version,
             wake: rx,
             wake_tx: tx,
+            file: inner.file_events.subscribe(),
+            file_events: Arc::clone(&inner.file_events),
+            hot_until: None,
+            fallback_poll: Duration::ZERO,
         })
+    }
+
+    /// Whether the queue file at `path` and its `-wal` and `-shm` files
+    /// (those that exist) are private to their owner: no read, write or
+    /// execute permission for group or others. Jobs' payloads (a shell
+    /// job's `env`, say) are readable by whoever can read these files.
+    /// [`QueueBuilder::open`] logs a warning when they are not; an
+    /// application that keeps secrets in payloads can refuse to go on.
+    /// Always true where files have no Unix permission bits.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if `path` cannot be examined (it does not exist, or a
+    /// folder on the way is not searchable).
+    pub fn file_is_private(path: impl AsRef<Path>) -> Result<bool> {
+        let path = path.as_ref();
+        let meta = std::fs::metadata(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let shared = |m: &std::fs::Metadata| m.permissions().mode() & 0o077 != 0;
+            if shared(&meta) {
+                return Ok(false);
+            }
+            for suffix in ["-wal", "-shm"] {
+                let mut name = path.as_os_str().to_owned();
+                name.push(suffix);
+                if std::fs::metadata(PathBuf::from(name)).is_ok_and(|m| shared(&m)) {
+                    return Ok(false);
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = meta;
+        Ok(true)
+    }
+
+    /// [`Queue::file_is_private`] for this queue's file.
+    ///
+    /// # Errors
+    /// As [`Queue::file_is_private`].
+    pub fn is_private(&self) -> Result<bool> {
+        Queue::file_is_private(&self.inner.path)
     }
 
     pub(crate) fn notify_watchers(&self) {
@@ -2007,7 +2076,27 @@ pub struct ChangeWatcher {
     version: i64,
     wake: Receiver<()>,
     wake_tx: Sender<()>,
+    /// Writes to the `-wal` file by any process.
+    file: Receiver<()>,
+    file_events: Arc<FileEvents>,
+    /// After a write to the `-wal` file, `data_version` is polled quickly
+    /// until then: the commit that wrote it becomes visible a moment later.
+    hot_until: Option<Instant>,
+    /// Current poll interval where there are no file notifications; grows
+    /// while nothing changes.
+    fallback_poll: Duration,
 }
+
+/// How long `data_version` is polled (from 1 ms, doubling) after a write
+/// to the `-wal` file was reported: the commit marker is written before
+/// the commit is published in the shared-memory index, and under
+/// `Durability::Full` an fsync (5 ms and more on an SD card) lies between.
+const HOT_POLL_WINDOW: Duration = Duration::from_millis(100);
+
+/// Without file notifications, the poll interval doubles from the given
+/// `poll` up to this while nothing changes: a bound on how late another
+/// process's job is seen, and about 20 checks a second per idle watcher.
+const FALLBACK_POLL_MAX: Duration = Duration::from_millis(50);
 
 /// Wakes one [`ChangeWatcher`]; see [`ChangeWatcher::waker`].
 #[derive(Debug, Clone)]
@@ -2029,24 +2118,50 @@ impl std::fmt::Debug for ChangeWatcher {
 }
 
 impl ChangeWatcher {
-    /// Waits up to `timeout` for a change, checking other processes' commits
-    /// every `poll`. Returns true on a change, false on timeout.
+    /// Waits up to `timeout` for a change. Returns true on a change (or a
+    /// [`Waker::wake`]), false on timeout.
+    ///
+    /// Commits by other processes are seen when the operating system
+    /// reports a write to the `-wal` file (then `PRAGMA data_version` is
+    /// checked at 1, 2, 4 … ms for up to 100 ms, until the commit is
+    /// visible); an idle watcher makes no other wake-up. Where there are
+    /// no file notifications, `data_version` is checked every `poll`,
+    /// doubling while nothing changes up to 50 ms (or `poll`, if longer).
     ///
     /// # Errors
     /// [`Error::Sqlite`] if `PRAGMA data_version` fails.
     pub fn wait(&mut self, timeout: Duration, poll: Duration) -> Result<bool> {
         let deadline = Instant::now() + timeout;
+        let mut hot_step = Duration::from_millis(1);
         loop {
             if self.changed()? {
+                self.fallback_poll = Duration::ZERO;
                 return Ok(true);
             }
             let now = Instant::now();
             if now >= deadline {
                 return Ok(false);
             }
-            let slice = poll.min(deadline - now).max(Duration::from_micros(100));
-            if self.wake.recv_timeout(slice).is_ok() {
-                return Ok(true);
+            let slice = if self.hot_until.is_some_and(|until| now < until) {
+                let step = hot_step;
+                hot_step *= 2;
+                step
+            } else if self.file_events.live() {
+                self.hot_until = None;
+                deadline - now
+            } else {
+                let step = self.fallback_poll.max(poll);
+                self.fallback_poll = (step * 2).min(poll.max(FALLBACK_POLL_MAX));
+                step
+            };
+            let slice = slice.min(deadline - now).max(Duration::from_micros(100));
+            crossbeam_channel::select! {
+                recv(self.wake) -> _ => return Ok(true),
+                recv(self.file) -> _ => {
+                    self.hot_until = Some(Instant::now() + HOT_POLL_WINDOW);
+                    hot_step = Duration::from_millis(1);
+                }
+                default(slice) => {}
             }
         }
     }
@@ -2065,6 +2180,9 @@ impl ChangeWatcher {
     /// [`Error::Sqlite`] if `PRAGMA data_version` fails.
     pub fn changed(&mut self) -> Result<bool> {
         let woken = self.wake.try_recv().is_ok();
+        if self.file.try_recv().is_ok() {
+            self.hot_until = Some(Instant::now() + HOT_POLL_WINDOW);
+        }
         let version = data_version(&self.conn)?;
         let moved = version != self.version;
         self.version = version;

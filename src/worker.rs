@@ -425,8 +425,11 @@ impl WorkerPoolBuilder {
         self
     }
 
-    /// How often a sleeping fetcher checks `PRAGMA data_version` for commits
-    /// by other processes (default 2 ms).
+    /// Where the operating system gives no file-change notifications, how
+    /// often a sleeping fetcher checks `PRAGMA data_version` for commits by
+    /// other processes (default 2 ms, doubling while nothing changes up to
+    /// 50 ms). With notifications (Linux, macOS, the BSDs) an idle fetcher
+    /// does not poll; see [`Queue::watcher`].
     pub fn poll_interval(mut self, d: Duration) -> Self {
         self.poll = d.max(Duration::from_micros(100));
         self
@@ -499,6 +502,8 @@ impl WorkerPoolBuilder {
             stop_background: AtomicBool::new(false),
             fetcher_waker: watcher.waker(),
             lease: self.lease,
+            heartbeat_idle: AtomicBool::new(false),
+            heartbeat_thread: std::sync::OnceLock::new(),
         });
 
         let mut kinds: Vec<String> = shared.handlers.keys().cloned().collect();
@@ -537,6 +542,7 @@ impl WorkerPoolBuilder {
                 heartbeat_loop(&shared, heartbeat_interval, watcher)
             })
         };
+        let _ = shared.heartbeat_thread.set(heartbeat.thread().clone());
         let reaper = self
             .reaper
             .map(|config| Reaper::spawn(self.queue.clone(), config));
@@ -737,9 +743,24 @@ struct Shared {
     stop_background: AtomicBool,
     fetcher_waker: Waker,
     lease: Duration,
+    /// The heartbeat thread sleeps a whole heartbeat interval (not
+    /// `LOST_LEASE_CHECK`) while nothing is in flight; whoever adds a job
+    /// to `in_flight` then unparks it (`Shared::wake_heartbeat`).
+    heartbeat_idle: AtomicBool,
+    heartbeat_thread: std::sync::OnceLock<std::thread::Thread>,
 }
 
 impl Shared {
+    /// Ends an idle heartbeat thread's long sleep: a job is in flight now,
+    /// and its cancellation and timeout are watched every 100 ms.
+    fn wake_heartbeat(&self) {
+        if self.heartbeat_idle.load(Ordering::SeqCst) {
+            if let Some(thread) = self.heartbeat_thread.get() {
+                thread.unpark();
+            }
+        }
+    }
+
     fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, InFlight>> {
         self.in_flight
             .lock()
@@ -905,6 +926,8 @@ fn dispatch_loop(
                         let _ = jobs.send(lease);
                     }
                 }
+                // Issue 15: the heartbeat sleeps long while idle.
+                shared.wake_heartbeat();
             }
             None => {
                 std::thread::sleep(error_pause);
@@ -1154,7 +1177,13 @@ fn heartbeat_loop(shared: &Shared, interval: Duration, mut watcher: ChangeWatche
         if shared.stop_background.load(Ordering::SeqCst) && shared.lock_in_flight().is_empty() {
             return;
         }
-        std::thread::park_timeout(tick);
+        // Issue 15 (idle means idle): with nothing in flight, sleep a whole
+        // interval instead of ticking every 100 ms; the flag is set before
+        // looking, so a claim in between unparks us (`wake_heartbeat`).
+        shared.heartbeat_idle.store(true, Ordering::SeqCst);
+        let idle = shared.lock_in_flight().is_empty();
+        std::thread::park_timeout(if idle { interval } else { tick });
+        shared.heartbeat_idle.store(false, Ordering::SeqCst);
         notice_lost_leases(shared, &mut watcher);
         let now = Instant::now();
         let leases: Vec<Lease> = {

@@ -36,6 +36,12 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub utc: bool,
 
+    /// `init` and `work`: use a queue file that other users can read (they
+    /// can read every job's payload) or, for `work`, write (they could run
+    /// commands as you), with a warning instead of refusing.
+    #[arg(long, global = true)]
+    pub allow_shared_db: bool,
+
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -166,7 +172,7 @@ pub struct EnqueueArgs {
     pub at: Option<DateTime<Utc>>,
 
     /// Due after this long (10s, 5m, 2h, 1d).
-    #[arg(long = "in", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long = "in", value_name = "DURATION", value_parser = parse_delay, allow_hyphen_values = true)]
     pub delay: Option<Duration>,
 
     /// Higher runs first (default 0).
@@ -185,6 +191,11 @@ pub struct EnqueueArgs {
     /// How long one run may take (30s, 5m).
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<Duration>,
+
+    /// Create the queue file if it does not exist (otherwise a mistyped
+    /// path is refused rather than made into a queue no worker watches).
+    #[arg(long)]
+    pub create: bool,
 }
 
 /// A job state, as typed on the command line.
@@ -338,10 +349,6 @@ pub struct WorkArgs {
     /// Exit once the served queues hold no unfinished `shell` job.
     #[arg(long)]
     pub drain: bool,
-    /// Run even if other users can write the queue file or its folder
-    /// (they could then run commands as you).
-    #[arg(long)]
-    pub allow_shared_db: bool,
     /// Print nothing per job.
     #[arg(long)]
     pub quiet: bool,
@@ -479,6 +486,17 @@ pub struct ScheduleNextArgs {
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e}; write durations like 10s, 5m, 2h, 1d"))
+}
+
+/// `--in`: a duration from now; a negative one is explained (clap would
+/// take `-5s` for an unknown flag).
+fn parse_delay(s: &str) -> Result<Duration, String> {
+    if let Some(rest) = s.strip_prefix('-') {
+        return Err(format!(
+            "-{rest} is negative: --in takes a time from now (10s, 5m, 2h); use --in 0s to make the job due now, or --at for an exact time"
+        ));
+    }
+    parse_duration(s)
 }
 
 fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {

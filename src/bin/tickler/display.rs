@@ -30,6 +30,44 @@ impl Times {
     }
 }
 
+/// `s` made safe to print on a terminal: control characters (C0, DEL and
+/// C1, which start escape sequences) and the bidirectional-override
+/// characters (which reorder what is shown) are written as `\x1b` or
+/// `\u{202e}`. Kinds, queue names, errors and a command's stderr come
+/// from whoever can enqueue or from the command, not from the operator.
+pub fn safe(s: &str) -> std::borrow::Cow<'_, str> {
+    escape(s, false)
+}
+
+/// As [`safe`], keeping line breaks (for values printed over several lines).
+pub fn safe_lines(s: &str) -> std::borrow::Cow<'_, str> {
+    escape(s, true)
+}
+
+fn escape(s: &str, keep_newlines: bool) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| {
+        (c.is_control() && !(keep_newlines && c == '\n'))
+            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !s.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if bad(c) {
+            let n = u32::from(c);
+            if n < 0x100 {
+                out.push_str(&format!("\\x{n:02x}"));
+            } else {
+                out.push_str(&format!("\\u{{{n:x}}}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// A time for machines: RFC 3339, UTC, milliseconds.
 pub fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
@@ -94,9 +132,11 @@ pub fn table(header: &[&str], rows: &[Vec<String>], right: &[&str]) -> Vec<Strin
     lines
 }
 
-/// The first line of `s`, cut to `max` characters with `…`.
+/// The first line of `s`, escaped ([`safe`]), cut to `max` characters
+/// with `…`.
 pub fn short(s: &str, max: usize) -> String {
-    let first = s.lines().next().unwrap_or("");
+    let first = safe(s.lines().next().unwrap_or("")).into_owned();
+    let first = first.as_str();
     if first.chars().count() <= max && !s.trim_end().contains('\n') {
         first.to_owned()
     } else {
@@ -140,7 +180,7 @@ pub fn job_json(job: &Job) -> serde_json::Value {
 /// A job, one `field: value` per line, for `tickler show`.
 pub fn job_fields(job: &Job, times: Times) -> Vec<(&'static str, String)> {
     let or_dash = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".to_owned());
-    vec![
+    let fields = vec![
         ("id", job.id.to_string()),
         ("state", job.state.to_string()),
         ("queue", job.queue.clone()),
@@ -171,7 +211,11 @@ pub fn job_fields(job: &Job, times: Times) -> Vec<(&'static str, String)> {
         ("last_error", or_dash(&job.last_error)),
         ("errors", error_history(job, times)),
         ("unreadable", or_dash(&job.unreadable)),
-    ]
+    ];
+    fields
+        .into_iter()
+        .map(|(k, v)| (k, safe_lines(&v).into_owned()))
+        .collect()
 }
 
 /// One line per failed attempt, oldest first: `#N at TIME by WORKER: ERROR`

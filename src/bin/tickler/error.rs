@@ -38,7 +38,9 @@ impl fmt::Display for CliError {
         let (CliError::Usage(m) | CliError::Failed(m)) = self;
         // Always one line.
         let line: Vec<&str> = m.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-        f.write_str(&line.join(" / "))
+        // Messages may quote stored text (kinds, errors): no escapes reach
+        // the terminal.
+        f.write_str(&crate::display::safe(&line.join(" / ")))
     }
 }
 

@@ -40,7 +40,7 @@ pub fn import(db: &Path, args: &EnqueueArgs) -> Result<(), CliError> {
         let size = file.metadata().ok().map(|m| m.len());
         (Box::new(file), size)
     };
-    let queue = ops::open(db, true)?;
+    let queue = ops::open_to_add(db, args.create)?;
     let progress = progress_bar(size);
     let result = run(&queue, db, args, BufReader::new(reader), &progress);
     progress.finish_and_clear();
@@ -135,13 +135,28 @@ fn run(
         if batch.len() >= batch_size {
             enqueued += write(queue, db, &mut batch, batch_start, line_no, enqueued)?;
             batch_start = line_no + 1;
-            progress.set_message(format!("{enqueued} jobs"));
+            committed(progress, enqueued, line_no);
         }
     }
     if !batch.is_empty() {
         enqueued += write(queue, db, &mut batch, batch_start, line_no, enqueued)?;
+        committed(progress, enqueued, line_no);
     }
     Ok(enqueued)
+}
+
+/// Says what is committed after each batch, so that an import killed
+/// half-way tells where to resume (`tail -n +LINE+1`; unique keys make a
+/// re-run of the overlap safe). A line per batch on stderr, or above the
+/// progress bar on a terminal.
+fn committed(progress: &ProgressBar, enqueued: u64, line: u64) {
+    let text = format!("tickler: {enqueued} job(s) committed, through line {line}");
+    if progress.is_hidden() {
+        eprintln!("{text}");
+    } else {
+        progress.println(text);
+        progress.set_message(format!("{enqueued} jobs"));
+    }
 }
 
 fn write(

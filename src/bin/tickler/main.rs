@@ -5,6 +5,7 @@
 mod cli;
 mod display;
 mod error;
+mod files;
 mod import;
 mod ops;
 mod schedule;
@@ -41,7 +42,7 @@ fn run(cli: &Cli) -> Result<(), CliError> {
     let db = cli.db.as_path();
     let times = Times { utc: cli.utc };
     match &cli.command {
-        Command::Init => ops::init(db),
+        Command::Init => ops::init(db, cli.allow_shared_db),
         Command::Enqueue(args) if args.from.is_some() => import::import(db, args),
         Command::Enqueue(args) => ops::enqueue_one(db, args),
         Command::List(args) => ops::list(db, args, times),
@@ -52,7 +53,7 @@ fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Prune(args) => ops::prune(db, args),
         Command::Reap => ops::reap(db),
         Command::Checkpoint => ops::checkpoint(db),
-        Command::Work(args) => work::work(db, args),
+        Command::Work(args) => work::work(db, args, cli.allow_shared_db),
         Command::Schedule(command) => schedule::run(db, command, times),
     }
 }

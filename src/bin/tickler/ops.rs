@@ -13,6 +13,7 @@ use tickler::{JobFilter, JobId, JobState, NewJob, Queue};
 /// it; the others refuse a missing file, so a mistyped path is not
 /// silently made into an empty queue.
 pub fn open(db: &Path, create: bool) -> Result<Queue, CliError> {
+    crate::files::check_path(db)?;
     if !create && !db.exists() {
         return Err(CliError::failed(format!(
             "{} does not exist; create it with `tickler init`, or point --db (or TICKLER_DB) at your queue file",
@@ -22,8 +23,24 @@ pub fn open(db: &Path, create: bool) -> Result<Queue, CliError> {
     Queue::open(db).map_err(|e| CliError::from_lib(e, db))
 }
 
+/// Opens the queue file for `enqueue`: a missing file is created only
+/// with `--create`, so a mistyped path does not become a queue that no
+/// worker watches.
+pub fn open_to_add(db: &Path, create: bool) -> Result<Queue, CliError> {
+    crate::files::check_path(db)?;
+    if !create && !db.exists() {
+        return Err(CliError::failed(format!(
+            "{} does not exist; create it with `tickler init` (or pass --create), or point --db (or TICKLER_DB) at your queue file",
+            db.display()
+        )));
+    }
+    open(db, true)
+}
+
 /// `tickler init`.
-pub fn init(db: &Path) -> Result<(), CliError> {
+pub fn init(db: &Path, allow_shared_db: bool) -> Result<(), CliError> {
+    crate::files::check_path(db)?;
+    crate::files::check_private(db, allow_shared_db)?;
     let before = Queue::file_schema_version(db).map_err(|e| CliError::from_lib(e, db))?;
     open(db, true)?;
     let now = Queue::schema_version();
@@ -72,7 +89,7 @@ pub fn enqueue_one(db: &Path, args: &EnqueueArgs) -> Result<(), CliError> {
     if let Some(key) = &args.unique_key {
         job = job.unique_key(key.clone());
     }
-    let queue = open(db, true)?;
+    let queue = open_to_add(db, args.create)?;
     // Bad input on the command line is a usage error.
     queue
         .validate_job(&job)
@@ -108,8 +125,8 @@ pub fn list(db: &Path, args: &ListArgs, times: Times) -> Result<(), CliError> {
             vec![
                 job.id.to_string(),
                 job.state.to_string(),
-                job.queue.clone(),
-                job.kind.clone(),
+                display::safe(&job.queue).into_owned(),
+                display::safe(&job.kind).into_owned(),
                 job.priority.to_string(),
                 format!("{}/{}", job.attempts, job.max_attempts),
                 times.show(job.run_at),
@@ -215,7 +232,7 @@ pub fn stats(db: &Path, args: &StatsArgs, times: Times) -> Result<(), CliError> 
         let rows: Vec<Vec<String>> = queues
             .iter()
             .map(|q| {
-                let mut row = vec![(*q).to_owned()];
+                let mut row = vec![display::safe(q).into_owned()];
                 for s in JobState::ALL {
                     let n = stats.counts.get(&((*q).to_owned(), s)).copied();
                     row.push(n.unwrap_or(0).to_string());

@@ -157,11 +157,11 @@ fn list(db: &Path, args: &ScheduleListArgs, times: Times) -> Result<(), CliError
         .iter()
         .map(|s| {
             vec![
-                s.name.clone(),
-                s.cron.clone(),
-                s.time_zone.clone(),
-                s.kind.clone(),
-                s.queue.clone(),
+                display::safe(&s.name).into_owned(),
+                display::safe(&s.cron).into_owned(),
+                display::safe(&s.time_zone).into_owned(),
+                display::safe(&s.kind).into_owned(),
+                display::safe(&s.queue).into_owned(),
                 if s.paused { "paused" } else { "active" }.to_owned(),
                 s.overlap.to_string(),
                 s.skipped_ticks.to_string(),

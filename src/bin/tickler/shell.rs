@@ -124,6 +124,7 @@ impl Shell {
         if let Some(cwd) = &payload.cwd {
             command.current_dir(cwd);
         }
+        die_with_this_thread(&mut command);
         let mut child = command.spawn().map_err(|e| {
             let message = format!("cannot run {program:?}: {e}");
             match e.kind() {
@@ -207,6 +208,50 @@ impl Shell {
     }
 }
 
+/// Makes the kernel SIGKILL the command when the thread that spawns it
+/// ends, which is when `tickler work` dies for any reason (SIGKILL, a
+/// crash, the OOM killer): otherwise the command, in its own process group,
+/// would go on after its worker, and the job's retry by another worker
+/// would run beside it.
+///
+/// Linux's `PR_SET_PDEATHSIG` is tied to the spawning *thread*, not the
+/// process. That thread is the pool's worker thread running this handler,
+/// which waits for the command before it returns, so it outlives the
+/// command in normal operation. The signal reaches the command itself;
+/// processes the command started in turn (a pipeline in `sh -c`) are
+/// orphaned, as with any parent that dies, unless they were already
+/// killed with the group (timeouts, lost leases, a second SIGTERM).
+///
+/// A subreaper (`PR_SET_CHILD_SUBREAPER`) would not help: it adopts
+/// orphans of a living worker, and dies with it.
+///
+/// macOS and the BSDs have no such signal (FreeBSD's
+/// `procctl(PROC_PDEATHSIG_CTL)` is not used here): there a command
+/// outlives a killed worker; its late result is refused by run_token
+/// fencing, but its side effects can overlap the retry's.
+#[cfg(target_os = "linux")]
+fn die_with_this_thread(command: &mut Command) {
+    // SAFETY: getpid has no preconditions.
+    let worker = unsafe { libc::getpid() };
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only prctl and getppid, which are async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The worker may have died between fork and prctl.
+            if libc::getppid() != worker {
+                libc::_exit(137);
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_this_thread(_command: &mut Command) {}
+
 /// SIGKILL to the command's process group (its children too), then to the
 /// command itself in case it left the group.
 fn kill_group(child: &mut Child) {
@@ -265,8 +310,9 @@ fn stderr_text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(tail).trim().to_owned()
 }
 
-fn first_line(s: &str) -> &str {
-    s.lines().next().unwrap_or("")
+/// The first line, escaped: it may come from the command's stderr.
+fn first_line(s: &str) -> std::borrow::Cow<'_, str> {
+    crate::display::safe(s.lines().next().unwrap_or(""))
 }
 
 #[cfg(test)]

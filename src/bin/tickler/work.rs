@@ -2,10 +2,11 @@
 
 use crate::cli::WorkArgs;
 use crate::error::CliError;
+use crate::files;
 use crate::shell::{self, Shell};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,14 +17,15 @@ use tickler::{JobContext, Queue, ReaperConfig, RetryPolicy, WorkerPool};
 const AFTER_GRACE: Duration = Duration::from_secs(5);
 
 /// `tickler work`.
-pub fn work(db: &Path, args: &WorkArgs) -> Result<(), CliError> {
+pub fn work(db: &Path, args: &WorkArgs, allow_shared_db: bool) -> Result<(), CliError> {
     let lib = |e| CliError::from_lib(e, db);
     if args.lease < Duration::from_millis(30) {
         return Err(CliError::Usage(
             "--lease must be at least 30ms (heartbeats renew it every third of it)".into(),
         ));
     }
-    check_permissions(db, args.allow_shared_db)?;
+    files::check_path(db)?;
+    check_permissions(db, allow_shared_db)?;
     let queue = Queue::builder(db)
         .retry_policy(RetryPolicy {
             base: args.backoff,
@@ -33,7 +35,7 @@ pub fn work(db: &Path, args: &WorkArgs) -> Result<(), CliError> {
         .open()
         .map_err(lib)?;
     // Again, now that the file and its -wal and -shm files exist.
-    check_permissions(db, args.allow_shared_db)?;
+    check_permissions(db, allow_shared_db)?;
 
     let signals = Signals::new([SIGINT, SIGTERM])
         .map_err(|e| CliError::failed(format!("cannot handle SIGINT/SIGTERM: {e}")))?;
@@ -148,10 +150,11 @@ fn spawn_signal_thread(
 }
 
 /// Refuses a queue file that other users can write (they could run
-/// commands as us), unless `allow`; then only warns.
+/// commands as us) or read (payloads hold commands' environments), unless
+/// `allow`; then only warns.
 fn check_permissions(db: &Path, allow: bool) -> Result<(), CliError> {
-    let Some(problem) = shared_write_problem(db) else {
-        return Ok(());
+    let Some(problem) = files::shared_write_problem(db, true) else {
+        return files::check_private(db, allow);
     };
     if allow {
         eprintln!(
@@ -163,59 +166,4 @@ fn check_permissions(db: &Path, allow: bool) -> Result<(), CliError> {
             "refusing to run shell jobs: {problem}, and whoever can write it can run commands as you; `chmod go-w` it, or pass --allow-shared-db to run anyway"
         )))
     }
-}
-
-/// Why other users could write the file, its `-wal`/`-shm` files or its
-/// folder, if they could.
-fn shared_write_problem(db: &Path) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    let mut paths: Vec<PathBuf> = vec![db.to_path_buf()];
-    for suffix in ["-wal", "-shm"] {
-        let mut name = db.as_os_str().to_owned();
-        name.push(suffix);
-        paths.push(PathBuf::from(name));
-    }
-    for path in &paths {
-        let Ok(meta) = std::fs::metadata(path) else {
-            continue;
-        };
-        if meta.mode() & 0o022 != 0 {
-            return Some(format!(
-                "{} is writable by other users (mode {:o})",
-                path.display(),
-                meta.mode() & 0o7777
-            ));
-        }
-        if meta.uid() != me && meta.uid() != 0 {
-            return Some(format!(
-                "{} belongs to another user (uid {})",
-                path.display(),
-                meta.uid()
-            ));
-        }
-    }
-    let folder = match db.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let folder = folder.canonicalize().unwrap_or(folder);
-    if let Ok(meta) = std::fs::metadata(&folder) {
-        if meta.mode() & 0o022 != 0 {
-            return Some(format!(
-                "its folder {} is writable by other users (mode {:o})",
-                folder.display(),
-                meta.mode() & 0o7777
-            ));
-        }
-        if meta.uid() != me && meta.uid() != 0 {
-            return Some(format!(
-                "its folder {} belongs to another user (uid {})",
-                folder.display(),
-                meta.uid()
-            ));
-        }
-    }
-    None
 }
