@@ -20,6 +20,7 @@ fn line(i: usize) -> String {
 #[test]
 fn ten_thousand_lines_with_one_bad_line() {
     let env = Env::new();
+    env.run(&["init"]).ok();
     let bad = 7_500;
     let mut text = String::new();
     for i in 1..=10_000 {
@@ -34,7 +35,7 @@ fn ten_thousand_lines_with_one_bad_line() {
     let file_arg = file.to_str().unwrap();
 
     let run = env.run(&["enqueue", "--from", file_arg]);
-    run.fails(
+    run.without_progress().fails(
         1,
         &[
             "line 7500: max_attempts must be at least 1",
@@ -75,6 +76,7 @@ fn ten_thousand_lines_with_one_bad_line() {
 #[test]
 fn stdin_lines_with_defaults_from_the_command_line() {
     let env = Env::new();
+    env.run(&["init"]).ok();
     let input = concat!(
         "{\"kind\": \"a\"}\n",
         "\n",
@@ -116,6 +118,7 @@ fn stdin_lines_with_defaults_from_the_command_line() {
 #[test]
 fn bad_lines_are_named_by_number() {
     let env = Env::new();
+    env.run(&["init"]).ok();
     let cases: &[(&str, &[&str])] = &[
         (
             "{\"kind\": \"a\"}\n{\"kind\": \"a\", \"colour\": 1}\n",
@@ -138,7 +141,7 @@ fn bad_lines_are_named_by_number() {
             &["enqueue", "--from", "-", "--batch-size", "10"],
             input.as_bytes(),
         );
-        let run = run.fails(1, needles);
+        let run = run.without_progress().fails(1, needles);
         assert!(run.stderr.contains("nothing was enqueued"), "{run:#?}");
     }
     assert_eq!(env.queue().list(&Default::default()).unwrap().len(), 0);

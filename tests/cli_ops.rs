@@ -67,6 +67,8 @@ fn init_creates_an_owner_only_file_and_reports_the_schema_version() {
         .unwrap()
         .execute_batch("PRAGMA user_version = 0; CREATE TABLE unrelated (x);")
         .unwrap();
+    // Made with the umask's 0644: `init` refuses a file others can read.
+    std::fs::set_permissions(&old, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let out = env.run(&["--db", old.to_str().unwrap(), "init"]).ok();
     assert!(out.contains(&format!("schema version {version}")), "{out}");
     assert_eq!(Queue::file_schema_version(&old).unwrap(), Some(version));
@@ -475,6 +477,7 @@ fn failures_exit_1_with_one_line_that_says_what_to_do() {
     // Not a database at all.
     let junk = env.dir.path().join("notes.txt");
     std::fs::write(&junk, "dear diary, ".repeat(1000)).unwrap();
+    std::fs::set_permissions(&junk, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let junk_arg = junk.to_str().unwrap();
     env.run(&["--db", junk_arg, "init"])
         .fails(1, &["is not a tickler database"]);

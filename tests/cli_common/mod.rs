@@ -36,6 +36,20 @@ impl Run {
         self.stdout
     }
 
+    /// Drops the progress lines of `enqueue --from` (`tickler: N job(s)
+    /// committed, through line L`) from stderr.
+    pub fn without_progress(mut self) -> Run {
+        self.stderr = self
+            .stderr
+            .lines()
+            .filter(|l| {
+                !(l.starts_with("tickler: ") && l.contains(" job(s) committed, through line "))
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        self
+    }
+
     /// Asserts the exit code, and that stderr is one line starting with
     /// `tickler: ` and containing each of `needles`.
     #[track_caller]
@@ -106,11 +120,13 @@ impl Env {
             .expect("spawn tickler")
     }
 
-    /// `tickler enqueue ARGS…`, returning the printed id.
+    /// `tickler enqueue ARGS… --create` (the file is made on first use),
+    /// returning the printed id.
     #[track_caller]
     pub fn enqueue(&self, args: &[&str]) -> JobId {
         let mut all = vec!["enqueue"];
         all.extend_from_slice(args);
+        all.push("--create");
         let out = self.run(&all).ok();
         JobId(out.trim().parse().expect("enqueue prints an id"))
     }
