@@ -4,6 +4,7 @@
 //! cargo bench --bench tickler_bench               # everything (< 10 min on 2 cores)
 //! cargo bench --bench tickler_bench -- --quick    # smaller sizes (< 1 min)
 //! cargo bench --bench tickler_bench -- --only burn,depth
+//! cargo bench --bench tickler_bench -- --only idle [--tickler-bin OLD_BINARY]
 //! ```
 //!
 //! Every scenario runs on a fresh file in a temporary directory, under
@@ -40,7 +41,11 @@ struct Sizes {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--child") {
-        child(&args[1..]);
+        if args.get(1).map(String::as_str) == Some("idle") {
+            idle_child(&args[2..]);
+        } else {
+            child(&args[1..]);
+        }
         return;
     }
     let quick = args.iter().any(|a| a == "--quick");
@@ -148,6 +153,172 @@ fn main() {
     if wants("sdcard") {
         sdcard(quick);
     }
+    if wants("idle") {
+        let other_bin = args
+            .iter()
+            .position(|a| a == "--tickler-bin")
+            .and_then(|i| args.get(i + 1))
+            .map(PathBuf::from);
+        idle(if quick { 5 } else { 20 }, if quick { 50 } else { 300 }, other_bin);
+    }
+}
+
+// ------------------------------------------------------------------- idle
+
+/// CPU time (ns, from schedstat) and context switches (voluntary and not:
+/// each is a wake-up of a thread) summed over a process's live threads.
+fn process_wakeups_and_cpu(pid: u32) -> (u64, u64) {
+    let mut switches = 0;
+    let mut cpu_ns = 0;
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return (0, 0);
+    };
+    for task in tasks.flatten() {
+        let dir = task.path();
+        if let Ok(status) = std::fs::read_to_string(dir.join("status")) {
+            for line in status.lines() {
+                if line.starts_with("voluntary_ctxt_switches")
+                    || line.starts_with("nonvoluntary_ctxt_switches")
+                {
+                    switches += line
+                        .split_whitespace()
+                        .nth(1)
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .unwrap_or(0);
+                }
+            }
+        }
+        if let Ok(stat) = std::fs::read_to_string(dir.join("schedstat")) {
+            cpu_ns += stat
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    (switches, cpu_ns)
+}
+
+/// Measures an idle process over `secs`: CPU % of one core, wake-ups/s,
+/// threads.
+fn idle_figures(pid: u32, secs: u64) -> Value {
+    let (s0, c0) = process_wakeups_and_cpu(pid);
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(secs));
+    let (s1, c1) = process_wakeups_and_cpu(pid);
+    let elapsed = t0.elapsed().as_secs_f64();
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count);
+    json!({"cpu_percent": round((c1 - c0) as f64 / 1e9 / elapsed * 100.0 * 1000.0) / 1000.0,
+           "wakeups_per_s": round((s1 - s0) as f64 / elapsed),
+           "threads": threads, "window_s": secs})
+}
+
+/// An idle 4-thread pool (default settings) in a child process: its CPU
+/// and wake-ups, then how soon it starts jobs enqueued one at a time, at
+/// random intervals of 20-120 ms, by this process (another process) and by
+/// itself; then the same idle figures for `tickler work` (this build's,
+/// and another binary's if given, e.g. an older build).
+fn idle(secs: u64, jobs: usize, other_bin: Option<PathBuf>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (path, queue) = fresh(&dir, Durability::Full);
+    let mut child = Command::new(std::env::current_exe().expect("current exe"))
+        .args(["--child", "idle", path.to_str().expect("utf-8 path")])
+        .arg(jobs.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn idle child");
+    // Let it start and settle.
+    std::thread::sleep(Duration::from_secs(2));
+    let pool_idle = idle_figures(child.id(), secs);
+    for _ in 0..jobs {
+        std::thread::sleep(Duration::from_millis(fastrand::u64(20..=120)));
+        let sent = chrono::Utc::now().timestamp_micros();
+        queue
+            .enqueue(NewJob::new("ping").payload(json!({"sent_us": sent})))
+            .expect("enqueue");
+    }
+    let mut stdout = child.stdout.take().expect("child stdout");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut out).expect("child output");
+    assert!(child.wait().expect("wait").success(), "idle child failed");
+    let starts: Value = serde_json::from_str(out.trim()).expect("child JSON");
+    emit(json!({"scenario": "idle_pool", "threads": 4, "settings": "defaults",
+        "idle": pool_idle,
+        "enqueue_to_start_ms_other_process": starts["other_process"],
+        "enqueue_to_start_ms_same_process": starts["same_process"],
+        "jobs": jobs}));
+
+    let mut bins = vec![("this build", PathBuf::from(env!("CARGO_BIN_EXE_tickler")))];
+    if let Some(other) = other_bin {
+        bins.push(("other binary", other));
+    }
+    for (which, bin) in bins {
+        let db = dir.path().join(format!("work-{}.db", which.replace(' ', "-")));
+        let mut work = Command::new(&bin)
+            .args(["--db", db.to_str().expect("utf-8 path"), "work", "--quiet"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn tickler work");
+        std::thread::sleep(Duration::from_secs(2));
+        let figures = idle_figures(work.id(), secs);
+        let _ = work.kill();
+        let _ = work.wait();
+        emit(json!({"scenario": "idle_tickler_work", "binary": which,
+            "path": bin.file_name().map(|n| n.to_string_lossy().into_owned()),
+            "threads": 4, "idle": figures}));
+    }
+}
+
+/// `--child idle DB JOBS`: a default 4-thread pool; records how late each
+/// `ping` starts after its `sent_us`; after `JOBS` pings from the parent,
+/// enqueues `JOBS` more itself, then prints the percentiles.
+fn idle_child(args: &[String]) {
+    let [db, jobs] = args else {
+        panic!("idle child: bad arguments {args:?}");
+    };
+    let jobs: usize = jobs.parse().expect("jobs");
+    let queue = Queue::builder(db)
+        .durability(Durability::Full)
+        .open()
+        .expect("child open");
+    let late = Arc::new(Mutex::new(Vec::<f64>::new()));
+    // Blocks instead of polling: this thread's wake-ups would be counted.
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let done_tx = Mutex::new(done_tx);
+    let mut pool = {
+        let late = Arc::clone(&late);
+        WorkerPool::builder(&queue)
+            .threads(4)
+            .handler("ping", move |ctx: &JobContext| {
+                let now = chrono::Utc::now().timestamp_micros();
+                let sent = ctx.payload()["sent_us"].as_i64().unwrap_or(now);
+                late.lock().expect("late").push((now - sent) as f64 / 1e3);
+                let _ = done_tx.lock().expect("done").send(());
+                Ok::<(), JobError>(())
+            })
+            .start()
+            .expect("start pool")
+    };
+    for _ in 0..jobs {
+        done_rx.recv().expect("pings");
+    }
+    let other = std::mem::take(&mut *late.lock().expect("late"));
+    for _ in 0..jobs {
+        std::thread::sleep(Duration::from_millis(fastrand::u64(20..=120)));
+        let sent = chrono::Utc::now().timestamp_micros();
+        queue
+            .enqueue(NewJob::new("ping").payload(json!({"sent_us": sent})))
+            .expect("enqueue");
+    }
+    for _ in 0..jobs {
+        done_rx.recv().expect("pings");
+    }
+    pool.shutdown(Duration::from_secs(5));
+    let same = std::mem::take(&mut *late.lock().expect("late"));
+    println!(
+        "{}",
+        json!({"other_process": percentiles_ms(other), "same_process": percentiles_ms(same)})
+    );
 }
 
 // ----------------------------------------------------------------- sdcard

@@ -174,3 +174,9 @@ pub use scheduler::{Scheduler, SchedulerConfig};
 pub use worker::{
     CancelReason, Handler, JobContext, JobError, ShutdownReport, WorkerPool, WorkerPoolBuilder,
 };
+
+/// The README's code examples, compiled (and the runnable ones run) by
+/// `cargo test` as doctests so that they cannot go stale.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
