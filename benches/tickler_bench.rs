@@ -159,7 +159,11 @@ fn main() {
             .position(|a| a == "--tickler-bin")
             .and_then(|i| args.get(i + 1))
             .map(PathBuf::from);
-        idle(if quick { 5 } else { 20 }, if quick { 50 } else { 300 }, other_bin);
+        idle(
+            if quick { 5 } else { 20 },
+            if quick { 50 } else { 300 },
+            other_bin,
+        );
     }
 }
 
@@ -242,18 +246,22 @@ fn idle(secs: u64, jobs: usize, other_bin: Option<PathBuf>) {
     std::io::Read::read_to_string(&mut stdout, &mut out).expect("child output");
     assert!(child.wait().expect("wait").success(), "idle child failed");
     let starts: Value = serde_json::from_str(out.trim()).expect("child JSON");
-    emit(json!({"scenario": "idle_pool", "threads": 4, "settings": "defaults",
+    emit(
+        json!({"scenario": "idle_pool", "threads": 4, "settings": "defaults",
         "idle": pool_idle,
         "enqueue_to_start_ms_other_process": starts["other_process"],
         "enqueue_to_start_ms_same_process": starts["same_process"],
-        "jobs": jobs}));
+        "jobs": jobs}),
+    );
 
     let mut bins = vec![("this build", PathBuf::from(env!("CARGO_BIN_EXE_tickler")))];
     if let Some(other) = other_bin {
         bins.push(("other binary", other));
     }
     for (which, bin) in bins {
-        let db = dir.path().join(format!("work-{}.db", which.replace(' ', "-")));
+        let db = dir
+            .path()
+            .join(format!("work-{}.db", which.replace(' ', "-")));
         let mut work = Command::new(&bin)
             .args(["--db", db.to_str().expect("utf-8 path"), "work", "--quiet"])
             .stderr(std::process::Stdio::null())

@@ -159,7 +159,10 @@ fn run(settings: &Settings) -> Result<bool, Box<dyn std::error::Error>> {
     println!(
         "{POISON} poison reminders panic on purpose on each of their 3 attempts and end dead (their panics are not printed); {SLOW} slow ones outlive the lease and are kept by heartbeats"
     );
-    println!("delivering with two worker processes of {} threads each…", settings.threads);
+    println!(
+        "delivering with two worker processes of {} threads each…",
+        settings.threads
+    );
 
     let started = Instant::now();
     let exe = std::env::current_exe()?;
@@ -345,9 +348,13 @@ fn report(
         "delivered:            {delivered} ({}), each one line in a ledger file",
         processes.join(", ")
     );
-    println!("duplicate deliveries: {duplicates} (reminders in the ledgers more than once; must be 0)");
+    println!(
+        "duplicate deliveries: {duplicates} (reminders in the ledgers more than once; must be 0)"
+    );
     println!("lost:                 {lost} (neither delivered nor dead; must be 0)");
-    println!("dead:                 {dead} (expected {POISON}: the poison reminders, after 3 attempts)");
+    println!(
+        "dead:                 {dead} (expected {POISON}: the poison reminders, after 3 attempts)"
+    );
     println!(
         "lateness (ms):        p50 {} / p99 {} / max {} (how long after its due time a reminder was delivered: half were within p50, 99 % within p99, the latest at max)",
         pct(0.5),

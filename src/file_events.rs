@@ -22,7 +22,7 @@ use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 /// The file-change notifications of one opened `Queue`.
 #[derive(Debug, Default)]
@@ -73,34 +73,47 @@ struct Registry {
     paths: Mutex<HashMap<PathBuf, Vec<Weak<FileEvents>>>>,
 }
 
-static REGISTRY: OnceLock<Registry> = OnceLock::new();
+/// The registry of this process, with the pid it was made in.
+static REGISTRY: Mutex<Option<(u32, &'static Registry)>> = Mutex::new(None);
 
+/// This process's registry. A child made by `fork()` gets a new one: the
+/// parent's notification thread does not exist in it, and asking that
+/// thread to add a watch would wait forever. The parent's registry is
+/// leaked there, never dropped (dropping it would also talk to the thread).
 fn registry() -> &'static Registry {
-    REGISTRY.get_or_init(|| {
-        let watcher = notify::recommended_watcher(on_event)
-            .map_err(|e| {
-                log::warn!(
-                    "file-change notifications unavailable ({e}); idle workers poll the file instead"
-                );
-            })
-            .ok();
-        Registry {
-            watcher: Mutex::new(watcher),
-            paths: Mutex::new(HashMap::new()),
+    let mut slot = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+    let me = std::process::id();
+    if let Some((pid, registry)) = *slot {
+        if pid == me {
+            return registry;
         }
-    })
+    }
+    let registry: &'static Registry = Box::leak(Box::new(Registry {
+        watcher: Mutex::new(None),
+        paths: Mutex::new(HashMap::new()),
+    }));
+    let watcher = notify::recommended_watcher(move |event| on_event(registry, event))
+        .map_err(|e| {
+            log::warn!(
+                "file-change notifications unavailable ({e}); idle workers poll the file instead"
+            );
+        })
+        .ok();
+    *registry
+        .watcher
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = watcher;
+    *slot = Some((me, registry));
+    registry
 }
 
-fn on_event(event: notify::Result<notify::Event>) {
+fn on_event(registry: &Registry, event: notify::Result<notify::Event>) {
     let Ok(event) = event else { return };
     // Opening or reading the file is no commit.
     if matches!(event.kind, EventKind::Access(_)) {
         return;
     }
     let removed = matches!(event.kind, EventKind::Remove(_));
-    let Some(registry) = REGISTRY.get() else {
-        return;
-    };
     let paths = registry
         .paths
         .lock()

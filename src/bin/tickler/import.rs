@@ -1,13 +1,12 @@
 //! `tickler enqueue --from FILE.ndjson`: one job per line, in batched
-//! transactions, with a progress bar on a terminal.
+//! transactions, saying after each what is committed.
 
 use crate::cli::EnqueueArgs;
 use crate::error::CliError;
 use crate::ops;
 use chrono::{DateTime, Utc};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
-use std::io::{BufRead, BufReader, IsTerminal, Read};
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use tickler::{NewJob, Queue};
 
@@ -41,9 +40,8 @@ pub fn import(db: &Path, args: &EnqueueArgs) -> Result<(), CliError> {
         (Box::new(file), size)
     };
     let queue = ops::open_to_add(db, args.create)?;
-    let progress = progress_bar(size);
-    let result = run(&queue, db, args, BufReader::new(reader), &progress);
-    progress.finish_and_clear();
+    let mut progress = Progress { size, read: 0 };
+    let result = run(&queue, db, args, BufReader::new(reader), &mut progress);
     let imported = result.map_err(|failure| {
         let rest = if from_stdin {
             format!("from line {} on", failure.batch_start)
@@ -81,19 +79,15 @@ struct Failure {
     enqueued: u64,
 }
 
-fn progress_bar(size: Option<u64>) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    match size {
-        Some(len) => ProgressBar::new(len).with_style(
-            ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {msg} ({eta} left)")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        ),
-        None => ProgressBar::new_spinner().with_style(
-            ProgressStyle::with_template("{spinner} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-        ),
+/// How far the import got: bytes read of the file's size (none for stdin).
+struct Progress {
+    size: Option<u64>,
+    read: u64,
+}
+
+impl Progress {
+    fn inc(&mut self, bytes: u64) {
+        self.read += bytes;
     }
 }
 
@@ -102,7 +96,7 @@ fn run(
     db: &Path,
     args: &EnqueueArgs,
     mut reader: impl BufRead,
-    progress: &ProgressBar,
+    progress: &mut Progress,
 ) -> Result<u64, Failure> {
     let batch_size = args.batch_size as usize;
     let mut batch: Vec<NewJob> = Vec::with_capacity(batch_size);
@@ -145,18 +139,16 @@ fn run(
     Ok(enqueued)
 }
 
-/// Says what is committed after each batch, so that an import killed
-/// half-way tells where to resume (`tail -n +LINE+1`; unique keys make a
-/// re-run of the overlap safe). A line per batch on stderr, or above the
-/// progress bar on a terminal.
-fn committed(progress: &ProgressBar, enqueued: u64, line: u64) {
-    let text = format!("tickler: {enqueued} job(s) committed, through line {line}");
-    if progress.is_hidden() {
-        eprintln!("{text}");
-    } else {
-        progress.println(text);
-        progress.set_message(format!("{enqueued} jobs"));
-    }
+/// Says on stderr what is committed after each batch (a line each), so
+/// that an import that was killed tells where to resume (`tail -n
+/// +LINE+1`; unique keys make re-running an overlap safe).
+fn committed(progress: &Progress, enqueued: u64, line: u64) {
+    let share = progress
+        .size
+        .filter(|&size| size > 0)
+        .map(|size| format!(" ({}% of the file)", progress.read * 100 / size))
+        .unwrap_or_default();
+    eprintln!("tickler: {enqueued} job(s) committed, through line {line}{share}");
 }
 
 fn write(
