@@ -164,5 +164,6 @@ pub use schedule::{
 };
 pub use scheduler::{Scheduler, SchedulerConfig};
 pub use worker::{
-    CancelReason, Handler, JobContext, JobError, ShutdownReport, WorkerPool, WorkerPoolBuilder,
+    CancelReason, Handler, JobContext, JobError, PoolStats, ShutdownReport, WorkerPool,
+    WorkerPoolBuilder,
 };
