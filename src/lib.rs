@@ -165,5 +165,5 @@ pub use schedule::{
 pub use scheduler::{Scheduler, SchedulerConfig};
 pub use worker::{
     CancelReason, Handler, JobContext, JobError, PoolStats, ShutdownReport, WorkerPool,
-    WorkerPoolBuilder,
+    WorkerPoolBuilder, DEFAULT_PRIORITY_AGING,
 };

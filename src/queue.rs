@@ -368,7 +368,10 @@ pub enum OutcomeSync {
 /// What to claim; see [`Queue::record_and_claim`].
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimRequest<'a> {
-    /// Queues to claim from, in order, until `max` jobs are claimed.
+    /// Queues to claim from. Each first gets a fair share of `max`
+    /// (`max / queues`, rounded up); what is left is filled from the queues
+    /// in this order. A fetcher serving several queues should rotate the
+    /// order from claim to claim.
     pub queues: &'a [&'a str],
     /// Written into `claimed_by`.
     pub worker_id: &'a str,
@@ -378,6 +381,11 @@ pub struct ClaimRequest<'a> {
     pub lease: Duration,
     /// Only these kinds, if given.
     pub kinds: Option<&'a [&'a str]>,
+    /// How many of the jobs (spread over the queues' shares) to take by
+    /// due time, oldest first, whatever their priority, before the rest in
+    /// priority order: priority aging, so that a flood of high-priority
+    /// jobs cannot starve a low-priority one. 0 for strict priority order.
+    pub oldest_first: usize,
 }
 
 /// Filter for [`Queue::list`]. `None` fields match everything.
@@ -423,6 +431,9 @@ pub struct Stats {
     /// Due time of the longest-waiting due job (pending, or scheduled and
     /// already due), UTC.
     pub oldest_due: Option<DateTime<Utc>>,
+    /// The same per (queue, priority): how long the oldest due job of each
+    /// priority has waited shows whether a level is starved.
+    pub oldest_due_by_priority: BTreeMap<(String, i32), DateTime<Utc>>,
 }
 
 impl Stats {
@@ -760,6 +771,7 @@ impl Queue {
             max,
             lease,
             kinds,
+            oldest_first: 0,
         };
         Ok(self
             .record_and_claim(&[], Some(&request), OutcomeSync::Now)?
@@ -985,7 +997,11 @@ impl Queue {
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
         let claim = match claim {
             Some(c) if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) => {
-                Some((c, duration_ms(c.lease, "lease")?, claim_sql(c.kinds)))
+                let sql = (
+                    claim_sql(c.kinds, ClaimOrder::Priority),
+                    claim_sql(c.kinds, ClaimOrder::Oldest),
+                );
+                Some((c, duration_ms(c.lease, "lease")?, sql))
             }
             _ => None,
         };
@@ -1001,7 +1017,7 @@ impl Queue {
         let mut pending_outcomes = outcomes;
         let mut commit = commit;
         let mut results = Vec::with_capacity(outcomes.len());
-        let mut leases = loop {
+        let leases = loop {
             let (recorded, claimed) = self.write_with(commit, |tx| {
                 let now = self.now_ms();
                 let mut recorded = Vec::with_capacity(pending_outcomes.len());
@@ -1029,44 +1045,49 @@ impl Queue {
                 }
                 let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
                 let mut leases = Vec::new();
-                for queue in request.queues {
-                    let want = request.max.saturating_sub(leases.len());
-                    if want == 0 {
-                        break;
-                    }
-                    let want = i64::try_from(want).unwrap_or(i64::MAX);
-                    let mut stmt = tx.prepare_cached(sql)?;
-                    let mut values: Vec<&dyn rusqlite::ToSql> =
-                        vec![&request.worker_id, &now, &expires, queue, &want];
-                    if let Some(kinds) = request.kinds {
-                        values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
-                    }
-                    let mut unreadable = Vec::new();
-                    for row in stmt.query_map(values.as_slice(), claimed_from_row)? {
-                        match row? {
-                            ClaimedRow::Readable(lease) => leases.push(lease),
-                            ClaimedRow::Unreadable {
-                                job_id,
-                                run_token,
-                                problems,
-                            } => unreadable.push((job_id, run_token, problems)),
+                let mut claim_from =
+                    |queue: &str, want: usize, order: ClaimOrder| -> Result<usize> {
+                        if want == 0 {
+                            return Ok(0);
                         }
+                        let want = i64::try_from(want).unwrap_or(i64::MAX);
+                        let mut values: Vec<&dyn rusqlite::ToSql> =
+                            vec![&request.worker_id, &now, &expires, &queue, &want];
+                        if let Some(kinds) = request.kinds {
+                            values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
+                        }
+                        let sql = match order {
+                            ClaimOrder::Priority => &sql.0,
+                            ClaimOrder::Oldest => &sql.1,
+                        };
+                        let mut claimed = claim_rows(tx, sql, &values, now)?;
+                        // RETURNING gives rows in no promised order.
+                        claimed.sort_by(|a, b| order.compare(a, b));
+                        let n = claimed.len();
+                        leases.extend(claimed);
+                        Ok(n)
+                    };
+                // A fair share of the claim per queue first (so one busy
+                // queue cannot starve the others a pool serves), the
+                // oldest due jobs first within it when asked (priority
+                // aging); then whatever is left, queue by queue.
+                let share = request.max.div_ceil(request.queues.len().max(1));
+                let mut aged_left = request.oldest_first.min(request.max);
+                let mut taken = 0;
+                // Queues that gave all they were asked for may have more.
+                let mut may_have_more = Vec::new();
+                for queue in request.queues {
+                    let room = share.min(request.max - taken);
+                    let aged = claim_from(queue, aged_left.min(room), ClaimOrder::Oldest)?;
+                    aged_left -= aged;
+                    let rest = claim_from(queue, room - aged, ClaimOrder::Priority)?;
+                    taken += aged + rest;
+                    if aged + rest == room {
+                        may_have_more.push(*queue);
                     }
-                    drop(stmt);
-                    // One damaged row costs its own job, not the claim.
-                    for (job_id, run_token, problems) in unreadable {
-                        let error = format!(
-                            "this job's row could not be read ({problems}); it was not run: \
-                             fix or delete the row, then retry the job"
-                        );
-                        log::error!("job {job_id}: {error}");
-                        tx.prepare_cached(DEAD_SQL)?.execute(params![
-                            now,
-                            cut_error(&error),
-                            job_id.0,
-                            run_token
-                        ])?;
-                    }
+                }
+                for queue in may_have_more {
+                    taken += claim_from(queue, request.max - taken, ClaimOrder::Priority)?;
                 }
                 Ok((recorded, Some(leases)))
             })?;
@@ -1077,13 +1098,6 @@ impl Queue {
                 break claimed;
             }
         };
-        // RETURNING gives rows in no promised order; hand them out in claim order.
-        leases.sort_by(|a, b| {
-            b.priority
-                .cmp(&a.priority)
-                .then(a.run_at.cmp(&b.run_at))
-                .then(a.job_id.cmp(&b.job_id))
-        });
         if outcomes
             .iter()
             .any(|(_, o)| !matches!(o, Outcome::Complete | Outcome::FailPermanently(_)))
@@ -1482,6 +1496,24 @@ impl Queue {
                 |r| r.get(0),
             )?;
             stats.oldest_due = oldest.map(ms_to_datetime);
+            let mut stmt = conn.prepare_cached(
+                "SELECT queue, priority, min(run_at) FROM tickler_jobs
+                 WHERE status = 'pending' OR (status = 'scheduled' AND run_at <= ?1)
+                 GROUP BY queue, priority",
+            )?;
+            let rows = stmt.query_map([now], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i32>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })?;
+            for row in rows {
+                let (queue, priority, at) = row?;
+                stats
+                    .oldest_due_by_priority
+                    .insert((queue, priority), ms_to_datetime(at));
+            }
             Ok(stats)
         })
     }
@@ -2439,9 +2471,75 @@ fn kind_filter(kinds: Option<&[&str]>, first: usize) -> String {
     }
 }
 
+/// Which due jobs a claim takes first.
+#[derive(Debug, Clone, Copy)]
+enum ClaimOrder {
+    /// Highest priority, then longest due, then lowest id.
+    Priority,
+    /// Longest due, then lowest id, whatever the priority (priority aging).
+    Oldest,
+}
+
+impl ClaimOrder {
+    fn sql(self) -> &'static str {
+        match self {
+            ClaimOrder::Priority => "priority DESC, run_at, id",
+            ClaimOrder::Oldest => "run_at, id",
+        }
+    }
+
+    fn compare(self, a: &Lease, b: &Lease) -> std::cmp::Ordering {
+        let by_age = a.run_at.cmp(&b.run_at).then(a.job_id.cmp(&b.job_id));
+        match self {
+            ClaimOrder::Priority => b.priority.cmp(&a.priority).then(by_age),
+            ClaimOrder::Oldest => by_age,
+        }
+    }
+}
+
+/// Runs one claiming UPDATE (`claim_sql`) and returns its leases. A row
+/// that cannot be read costs its own job, not the claim: it is made dead
+/// with an error naming what could not be read.
+fn claim_rows(
+    tx: &rusqlite::Transaction<'_>,
+    sql: &str,
+    values: &[&dyn rusqlite::ToSql],
+    now: i64,
+) -> Result<Vec<Lease>> {
+    let mut leases = Vec::new();
+    let mut unreadable = Vec::new();
+    let mut stmt = tx.prepare_cached(sql)?;
+    for row in stmt.query_map(values, claimed_from_row)? {
+        match row? {
+            ClaimedRow::Readable(lease) => leases.push(lease),
+            ClaimedRow::Unreadable {
+                job_id,
+                run_token,
+                problems,
+            } => unreadable.push((job_id, run_token, problems)),
+        }
+    }
+    drop(stmt);
+    for (job_id, run_token, problems) in unreadable {
+        let error = format!(
+            "this job's row could not be read ({problems}); it was not run: \
+             fix or delete the row, then retry the job"
+        );
+        log::error!("job {job_id}: {error}");
+        tx.prepare_cached(DEAD_SQL)?.execute(params![
+            now,
+            cut_error(&error),
+            job_id.0,
+            run_token
+        ])?;
+    }
+    Ok(leases)
+}
+
 /// The claiming UPDATE; ?1 worker_id, ?2 now, ?3 lease expiry, ?4 queue,
 /// ?5 limit, ?6… kinds.
-fn claim_sql(kinds: Option<&[&str]>) -> String {
+fn claim_sql(kinds: Option<&[&str]>, order: ClaimOrder) -> String {
+    let order = order.sql();
     let kind_filter = kind_filter(kinds, 6);
     let unblocked = unblocked("?2");
     format!(
@@ -2450,7 +2548,7 @@ fn claim_sql(kinds: Option<&[&str]>) -> String {
              claimed_by = ?1, claimed_at = ?2, lease_expires_at = ?3, lease_ms = ?3 - ?2
          WHERE id IN (SELECT id FROM tickler_jobs AS job
                       WHERE status = 'pending' AND queue = ?4 {kind_filter} AND {unblocked}
-                      ORDER BY priority DESC, run_at, id LIMIT ?5)
+                      ORDER BY {order} LIMIT ?5)
          RETURNING {LEASE_COLUMNS}"
     )
 }

@@ -36,6 +36,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
+/// Default of [`WorkerPoolBuilder::priority_aging`]: one claimed job in 10
+/// is the oldest due one, whatever its priority.
+pub const DEFAULT_PRIORITY_AGING: usize = 10;
+
 /// Most outcomes written in one dispatcher transaction.
 const MAX_OUTCOME_BATCH: usize = 512;
 
@@ -332,6 +336,7 @@ pub struct WorkerPoolBuilder {
     outcome_sync_interval: Duration,
     timeout_grace: Duration,
     replacement_threads: Option<usize>,
+    priority_aging: usize,
 }
 
 impl std::fmt::Debug for WorkerPoolBuilder {
@@ -347,6 +352,12 @@ impl std::fmt::Debug for WorkerPoolBuilder {
 impl WorkerPoolBuilder {
     /// Serve this queue too (default: only `"default"`; the first call
     /// replaces the default).
+    ///
+    /// A pool serving several queues gives each a fair share of every
+    /// claim (its free slots divided by the number of queues, rounded up;
+    /// what a queue leaves unused goes to the others), and the queue that
+    /// is asked first changes from claim to claim: a flood in one queue
+    /// cannot starve another.
     pub fn queue(mut self, name: impl Into<String>) -> Self {
         if self.queues == [crate::job::DEFAULT_QUEUE] {
             self.queues.clear();
@@ -369,6 +380,26 @@ impl WorkerPoolBuilder {
     pub fn handler(mut self, kind: impl Into<String>, handler: impl Handler) -> Self {
         self.handlers.insert(kind.into(), Arc::new(handler));
         self
+    }
+
+    /// Priority aging: one job in `every` that the pool claims is the
+    /// oldest due job of its queue whatever its priority (default
+    /// [`DEFAULT_PRIORITY_AGING`], 10); the others go by priority, then
+    /// due time. Within a queue, priority orders the work, but a
+    /// low-priority job does not wait for as long as higher-priority ones
+    /// keep coming: it starts within about `every` claims of becoming the
+    /// oldest due job. `0` turns aging off (strictly ordered priority; see
+    /// also [`WorkerPoolBuilder::strict_priority`]).
+    pub fn priority_aging(mut self, every: usize) -> Self {
+        self.priority_aging = every;
+        self
+    }
+
+    /// Strictly ordered priority: a due higher-priority job always goes
+    /// first, even if a lower-priority one waits for ever. Same as
+    /// `priority_aging(0)`.
+    pub fn strict_priority(self) -> Self {
+        self.priority_aging(0)
     }
 
     /// Lease per claim, renewed by heartbeats (default 30 s).
@@ -555,6 +586,7 @@ impl WorkerPoolBuilder {
                 claim_batch: self.claim_batch,
                 max_idle: self.max_idle,
                 poll: self.poll,
+                aging_every: self.priority_aging,
             };
             spawn("tickler-dispatcher", move || {
                 dispatch_loop(&shared, &config, watcher, job_tx, &outcome_rx)
@@ -678,6 +710,7 @@ impl WorkerPool {
             outcome_sync_interval: Duration::from_millis(50),
             timeout_grace: Duration::from_secs(5),
             replacement_threads: None,
+            priority_aging: DEFAULT_PRIORITY_AGING,
         }
     }
 
@@ -930,6 +963,7 @@ struct DispatchConfig {
     claim_batch: usize,
     max_idle: Duration,
     poll: Duration,
+    aging_every: usize,
 }
 
 /// The dispatcher: records finished jobs' outcomes and claims new jobs for
@@ -944,8 +978,10 @@ fn dispatch_loop(
     jobs: Sender<Lease>,
     outcomes: &Receiver<(Lease, Outcome)>,
 ) {
-    let queues: Vec<&str> = config.queues.iter().map(String::as_str).collect();
+    let mut queues: Vec<&str> = config.queues.iter().map(String::as_str).collect();
     let kinds: Vec<&str> = config.kinds.iter().map(String::as_str).collect();
+    // Jobs claimed so far, for priority aging.
+    let mut claimed = 0usize;
     let mut jobs = Some(jobs);
     // After a claim that got all it asked for, more may be due; otherwise
     // ask the (cheap, lock-free) read path before taking the write lock.
@@ -1014,16 +1050,25 @@ fn dispatch_loop(
             }
             continue;
         }
+        // Each queue leads in turn, and every `aging_every`-th job claimed
+        // is the oldest due one whatever its priority (see the builder).
+        queues.rotate_left(1);
+        let oldest_first = match config.aging_every {
+            0 => 0,
+            every => (claimed + want) / every - claimed / every,
+        };
         let request = ClaimRequest {
             queues: &queues,
             worker_id: &config.worker_id,
             max: want,
             lease: shared.lease,
             kinds: Some(&kinds),
+            oldest_first,
         };
         let claim = (want > 0).then_some(&request);
         match record(shared, &finished, claim, &config.worker_id, &mut unsynced) {
             Some(leases) => {
+                claimed = claimed.wrapping_add(leases.len());
                 error_pause = Duration::from_millis(50);
                 more_may_be_due = want > 0 && leases.len() == want;
                 for lease in leases {
