@@ -964,9 +964,15 @@ impl Queue {
     /// Records many outcomes in one `BEGIN IMMEDIATE` transaction (group
     /// commit: one fsync for the batch). Each is one statement fenced by
     /// `id AND run_token AND status = 'running'`; a lost lease makes that
-    /// outcome `Err(LeaseLost)` and a snooze time outside the storable range
-    /// `Err(TimeOutOfRange)`, changing nothing for it, without rolling back
-    /// the others.
+    /// outcome `Err(LeaseLost)`, a snooze time past the storable range
+    /// `Err(TimeOutOfRange)`, and a statement SQLite refuses (a trigger or
+    /// constraint) `Err(ConstraintViolated)`, changing nothing for it,
+    /// without rolling back the others. Error texts are cut to
+    /// [`MAX_ERROR_BYTES`] (the first 6 KiB and the end, with a note of
+    /// how much was cut); a failure whose error text SQLite still refuses is
+    /// recorded with a short note in its place. Each failure also appends
+    /// to the job's error history ([`Job::errors`], the last
+    /// [`ERROR_HISTORY_MAX`]).
     ///
     /// # Errors
     /// Outer: the transaction failed and nothing was recorded
