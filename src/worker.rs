@@ -558,7 +558,6 @@ impl WorkerPoolBuilder {
             busy_slots: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             stop_background: AtomicBool::new(false),
-            workers_done: AtomicBool::new(false),
             fetcher_waker: watcher.waker(),
             lease: self.lease,
             jobs: job_rx.clone(),
@@ -786,7 +785,6 @@ impl WorkerPool {
                 let _ = worker.join();
             }
             // Records the last outcomes, then ends: every live worker is gone.
-            shared.workers_done.store(true, Ordering::SeqCst);
             if let Some(dispatcher) = self.dispatcher.take() {
                 let _ = dispatcher.join();
             }
@@ -836,9 +834,6 @@ struct Shared {
     busy_slots: AtomicUsize,
     stopping: AtomicBool,
     stop_background: AtomicBool,
-    /// Every live worker thread has ended: the dispatcher records what is
-    /// left and ends.
-    workers_done: AtomicBool,
     fetcher_waker: Waker,
     lease: Duration,
     /// For worker threads started later (replacements).
@@ -1037,7 +1032,7 @@ fn dispatch_loop(
                         let batch = take_outcomes_from(shared, Some(first), outcomes);
                         record(shared, &batch, None, &config.worker_id, &mut unsynced);
                     }
-                    Err(_) if shared.workers_done.load(Ordering::SeqCst) && outcomes.is_empty() => {
+                    Err(_) if outcomes.is_empty() && shared.live_workers_finished() => {
                         unsynced.sync_if_due(&shared.queue, true);
                         return;
                     }
@@ -1387,12 +1382,14 @@ fn write_off_stuck(shared: &Arc<Shared>, now: Instant) {
             }
             job.finishing = true;
             job.cancel.set(CancelReason::Timeout);
-            stuck.push((job.lease.clone(), job.thread.clone(), replace));
+            let (thread_id, name) = job.thread.clone().expect("checked above");
+            // Before the in-flight lock is let go: the handler may return
+            // at once, and it takes its thread back out of the set.
+            lock(&shared.stuck).insert(thread_id);
+            stuck.push((job.lease.clone(), name, replace));
         }
     }
-    for (lease, thread, replace) in stuck {
-        let (thread_id, name) = thread.expect("checked above");
-        lock(&shared.stuck).insert(thread_id);
+    for (lease, name, replace) in stuck {
         let timeout = lease.timeout.unwrap_or_default();
         log::warn!(
             "job {} ({}) is still running on thread {name} {grace:?} after its timeout of {timeout:?}; \
