@@ -180,3 +180,20 @@ fn due_times_at_the_ends_of_the_calendar() {
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].job_id, early);
 }
+
+/// Time edges, the lease side: a claim clamps its lease to the storable
+/// range (9999-12-31); a heartbeat asked for a very long extension
+/// should too.
+#[test]
+#[ignore = "BUG: heartbeat does not clamp the new expiry to MAX_TIMESTAMP_MS (claims do): a lease until year 10054 is stored"]
+fn a_very_long_heartbeat_stays_in_the_storable_range() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+    queue.enqueue(NewJob::new("k")).unwrap();
+    let huge = std::time::Duration::from_millis(tickler::MAX_TIMESTAMP_MS as u64);
+    let lease = queue.claim("default", "w", 1, huge).unwrap().remove(0);
+    let last = Utc.timestamp_millis_opt(tickler::MAX_TIMESTAMP_MS).unwrap();
+    assert!(lease.lease_expires_at <= last);
+    let renewed = queue.heartbeat(&lease, huge).unwrap();
+    assert!(renewed <= last, "heartbeat granted a lease until {renewed}");
+}
