@@ -351,6 +351,13 @@ pub enum Outcome {
     /// Hand the job back unstarted: pending at once, the attempt given back
     /// (used by the worker pool on shutdown).
     Release,
+    /// The handler ran past the job's timeout and is still running (a
+    /// worker pool gave up on it): the attempt fails as with
+    /// [`Outcome::Fail`], but the run may still have effects, so until its
+    /// lease runs out (no one renews it any more) the job's retry waits and,
+    /// if it is dead, its unique_key stays held. A refused outcome from that
+    /// run, when its handler finally returns, frees the key at once.
+    TimedOut(String),
 }
 
 /// When the outcomes of [`Queue::record_and_claim`] reach the disk.
@@ -834,7 +841,8 @@ impl Queue {
             let stopping: Option<i64> = conn
                 .prepare_cached(
                     "SELECT min(lease_expires_at) + 1 FROM tickler_jobs
-                     WHERE status = 'cancelled' AND unique_key IS NOT NULL AND lease_expires_at >= ?1",
+                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at >= ?1
+                       AND unique_key IS NOT NULL",
                 )?
                 .query_row([now], |r| r.get(0))?;
             if let Some(at) = stopping {
@@ -872,7 +880,7 @@ impl Queue {
         let extend_ms = duration_ms(extend_by, "lease extension")?;
         self.write_with(Commit::Lazy, |tx| {
             let now = self.now_ms();
-            let expires = now.saturating_add(extend_ms);
+            let expires = now.saturating_add(extend_ms).min(MAX_TIMESTAMP_MS);
             // lease_ms: the length granted, for the reaper's backward-step rule.
             let mut stmt = tx.prepare_cached(
                 "UPDATE tickler_jobs SET lease_expires_at = ?1, lease_ms = ?1 - ?4
@@ -1262,7 +1270,7 @@ impl Queue {
             // lease ran out: its unique_key no longer waits for it.
             tx.prepare_cached(
                 "UPDATE tickler_jobs SET lease_expires_at = NULL
-                 WHERE status = 'cancelled' AND lease_expires_at < ?1",
+                 WHERE status IN ('cancelled', 'dead') AND lease_expires_at < ?1",
             )?
             .execute([now])?;
             let batch_full = expired.len() as i64 >= REAP_BATCH;
@@ -1278,14 +1286,21 @@ impl Queue {
                 let error = format!(
                     "lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time"
                 );
-                taken += reap.execute(params![
-                    now,
-                    retry_at,
-                    cut_error(&error),
-                    lease.id,
-                    lease.run_token,
-                    now
-                ])? as u64;
+                // One row SQLite refuses (a trigger, damage) must not keep
+                // every other expired lease from being taken back.
+                match isolated(tx, || {
+                    Ok(reap.execute(params![
+                        now,
+                        retry_at,
+                        cut_error(&error),
+                        lease.id,
+                        lease.run_token,
+                        now
+                    ])?)
+                })? {
+                    Ok(n) => taken += n as u64,
+                    Err(e) => log::error!("reaper could not take back job {}: {e}", lease.id),
+                }
             }
             Ok(ReapLook {
                 taken,
@@ -2184,9 +2199,13 @@ const COMPLETE_SQL: &str = "UPDATE tickler_jobs
 macro_rules! append_error {
     ($at:literal, $error:literal) => {
         concat!(
+            // A damaged history (not a JSON array) starts over rather than
+            // failing the outcome it belongs to.
             "errors = json_insert(
-                 CASE WHEN json_array_length(errors) >= 20 THEN json_remove(errors, '$[0]')
-                      ELSE errors END,
+                 CASE WHEN json_valid(errors) AND json_type(errors) = 'array' THEN
+                          CASE WHEN json_array_length(errors) >= 20
+                               THEN json_remove(errors, '$[0]') ELSE errors END
+                      ELSE '[]' END,
                  '$[#]',
                  json_object('attempt', attempts, 'at', ",
             $at,
@@ -2206,6 +2225,24 @@ const FAIL_SQL: &str = concat!(
         run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE ?2 END,
         finished_at = CASE WHEN attempts >= max_attempts THEN ?1 END,
         last_error = ?3, lease_expires_at = NULL, ",
+    append_error!("?1", "?3"),
+    "
+    WHERE id = ?4 AND run_token = ?5 AND status = 'running'"
+);
+
+/// FAIL_SQL for a run whose handler is still running past its timeout: the
+/// retry waits for the run's lease to run out, and a dead job keeps the
+/// lease (so its unique_key stays held, see `unblocked`).
+const TIMED_OUT_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
+                      WHEN max(?2, lease_expires_at + 1) <= ?1 THEN 'pending'
+                      ELSE 'scheduled' END,
+        run_at = CASE WHEN attempts >= max_attempts THEN run_at
+                      ELSE max(?2, lease_expires_at + 1) END,
+        finished_at = CASE WHEN attempts >= max_attempts THEN ?1 END,
+        last_error = ?3,
+        lease_expires_at = CASE WHEN attempts >= max_attempts THEN lease_expires_at END, ",
     append_error!("?1", "?3"),
     "
     WHERE id = ?4 AND run_token = ?5 AND status = 'running'"
@@ -2236,7 +2273,7 @@ const LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
 /// LEASE_STEP_SQL for cancelled jobs whose holder has not reported.
 const CANCELLED_LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
     SET lease_expires_at = ?1 + coalesce(lease_ms, lease_expires_at - claimed_at)
-    WHERE status = 'cancelled' AND lease_expires_at IS NOT NULL
+    WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
       AND lease_expires_at > ?1 + coalesce(lease_ms, lease_expires_at - claimed_at) + ?2";
 
 /// ?1 now, ?2 error, ?3 id, ?4 run_token.
@@ -2532,12 +2569,18 @@ fn claim_rows(
              fix or delete the row, then retry the job"
         );
         log::error!("job {job_id}: {error}");
-        tx.prepare_cached(DEAD_SQL)?.execute(params![
-            now,
-            cut_error(&error),
-            job_id.0,
-            run_token
-        ])?;
+        let dead = isolated(tx, || {
+            Ok(tx.prepare_cached(DEAD_SQL)?.execute(params![
+                now,
+                cut_error(&error),
+                job_id.0,
+                &run_token
+            ])?)
+        })?;
+        if let Err(e) = dead {
+            // Left running: its lease runs out and the reaper tries again.
+            log::error!("job {job_id}: could not be made dead either: {e}");
+        }
     }
     Ok(leases)
 }
@@ -2568,7 +2611,8 @@ fn unblocked(now: &str) -> String {
     format!(
         "(job.unique_key IS NULL OR NOT EXISTS (
              SELECT 1 FROM tickler_jobs AS stopping
-             WHERE stopping.unique_key = job.unique_key AND stopping.status = 'cancelled'
+             WHERE stopping.unique_key = job.unique_key
+               AND stopping.status IN ('cancelled', 'dead')
                AND stopping.lease_expires_at >= {now}))"
     )
 }
@@ -2599,7 +2643,7 @@ fn record_in(
             // length limit, or refused by a trigger): record the failure
             // with a short note instead, so the job is not left running
             // until its lease runs out.
-            Outcome::Fail(error) | Outcome::FailPermanently(error) => {
+            Outcome::Fail(error) | Outcome::FailPermanently(error) | Outcome::TimedOut(error) => {
                 let note = format!(
                     "the handler's error ({} bytes) could not be stored: {refused}",
                     error.len()
@@ -2626,7 +2670,8 @@ fn record_in(
 
 /// ?1 id, ?2 run_token: the cancelled job's holder has stopped.
 const HOLDER_STOPPED_SQL: &str = "UPDATE tickler_jobs SET lease_expires_at = NULL
-    WHERE id = ?1 AND run_token = ?2 AND status = 'cancelled' AND lease_expires_at IS NOT NULL";
+    WHERE id = ?1 AND run_token = ?2 AND status IN ('cancelled', 'dead')
+      AND lease_expires_at IS NOT NULL";
 
 /// The fenced statement of one outcome; returns the rows changed (0: lease
 /// lost). `error_note` replaces the outcome's error text.
@@ -2658,6 +2703,16 @@ fn apply_outcome(
         Outcome::FailPermanently(error) => {
             tx.prepare_cached(DEAD_SQL)?
                 .execute(params![now, error_of(error), id, token])?
+        }
+        Outcome::TimedOut(error) => {
+            let retry_at = retry_time(now, policy, lease.attempt);
+            tx.prepare_cached(TIMED_OUT_SQL)?.execute(params![
+                now,
+                retry_at,
+                error_of(error),
+                id,
+                token
+            ])?
         }
         Outcome::Snooze(until) => {
             let until = match until.timestamp_millis() {
@@ -2696,6 +2751,10 @@ fn statement_level(e: &Error) -> bool {
         Error::Sqlite(rusqlite::Error::SqliteFailure(f, _)) => matches!(
             f.code,
             rusqlite::ErrorCode::TooBig
+                // SQLITE_ERROR from a statement, e.g. a JSON function on a
+                // damaged value; `isolated` also checks the transaction is
+                // still open.
+                | rusqlite::ErrorCode::Unknown
                 | rusqlite::ErrorCode::ConstraintViolation
                 | rusqlite::ErrorCode::TypeMismatch
                 | rusqlite::ErrorCode::ParameterOutOfRange

@@ -423,12 +423,18 @@ impl WorkerPoolBuilder {
 
     /// Jobs claimed beyond free worker slots, waiting for a thread (default 0:
     /// a busy process does not sit on due jobs another process could run).
+    /// A claimed job that has waited longer than one heartbeat interval for
+    /// a thread (all of them held by long or hung handlers) is handed back,
+    /// pending at once with its attempt given back, for any process to run.
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = n;
         self
     }
 
     /// Reaper settings; default [`ReaperConfig::default`] (every second).
+    /// Its `clock_step_hold` is raised to at least two of this pool's
+    /// heartbeat intervals, so that after a forward clock step the pool's
+    /// own live leases are renewed before its reaper judges them.
     pub fn reaper(mut self, config: ReaperConfig) -> Self {
         self.reaper = Some(config);
         self
@@ -598,9 +604,13 @@ impl WorkerPoolBuilder {
                 heartbeat_loop(&shared, heartbeat_interval, watcher)
             })
         };
-        let reaper = self
-            .reaper
-            .map(|config| Reaper::spawn(self.queue.clone(), config));
+        // After a forward clock step this pool's own leases look expired
+        // until its next heartbeat: its reaper holds off at least two
+        // heartbeat intervals.
+        let reaper = self.reaper.map(|mut config| {
+            config.clock_step_hold = config.clock_step_hold.max(heartbeat_interval * 2);
+            Reaper::spawn(self.queue.clone(), config)
+        });
         Ok(WorkerPool {
             shared,
             worker_id,
@@ -940,6 +950,8 @@ struct InFlight {
     run: Arc<RunState>,
     /// The worker thread running the handler (set when it starts).
     thread: Option<(ThreadId, String)>,
+    /// When the dispatcher claimed it.
+    claimed: Instant,
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
@@ -1078,6 +1090,7 @@ fn dispatch_loop(
                             completion: Arc::default(),
                             run: Arc::default(),
                             thread: None,
+                            claimed: Instant::now(),
                         },
                     );
                     if let Some(jobs) = &jobs {
@@ -1227,6 +1240,9 @@ fn record(
             for ((lease, outcome), result) in finished.iter().zip(results) {
                 match result {
                     Err(e) if e.is_lease_lost() && known_lost.contains(&lease.job_id) => {}
+                    // A hand-back of a run that already lost its lease:
+                    // nothing was lost (said when the run was let go).
+                    Err(e) if e.is_lease_lost() && *outcome == Outcome::Release => {}
                     Err(e) => {
                         log::warn!("outcome {outcome:?} of job {} refused: {e}", lease.job_id)
                     }
@@ -1255,20 +1271,24 @@ fn work_loop(shared: &Shared) {
             // Unstarted at shutdown (or, impossibly, a kind without handler):
             // hand back without using the attempt.
             Some(handler) if !shared.stopping.load(Ordering::SeqCst) => {
-                let (cancel, completion, run) = {
+                let started = {
                     let mut in_flight = shared.lock_in_flight();
-                    match entry_of(&mut in_flight, &lease) {
-                        Some(job) => {
-                            job.deadline = lease.timeout.map(|t| Instant::now() + t);
-                            job.thread = Some(thread.clone());
-                            (
-                                Arc::clone(&job.cancel),
-                                Arc::clone(&job.completion),
-                                Arc::clone(&job.run),
-                            )
-                        }
-                        None => Default::default(),
-                    }
+                    entry_of(&mut in_flight, &lease).map(|job| {
+                        job.deadline = lease.timeout.map(|t| Instant::now() + t);
+                        job.thread = Some(thread.clone());
+                        (
+                            Arc::clone(&job.cancel),
+                            Arc::clone(&job.completion),
+                            Arc::clone(&job.run),
+                        )
+                    })
+                };
+                let Some((cancel, completion, run)) = started else {
+                    // Handed back while it waited for a thread (see
+                    // `hand_back_waiting`): another process may run it now.
+                    shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
+                    shared.fetcher_waker.wake();
+                    continue;
                 };
                 if cancel.get() == Some(CancelReason::LeaseLost) {
                     // Cancelled (or reaped) while waiting for a thread: not
@@ -1295,6 +1315,9 @@ fn work_loop(shared: &Shared) {
                         thread.1
                     );
                     lock(&shared.stuck).remove(&thread.0);
+                    // Refused (the lease is gone), it tells the job's
+                    // unique_key that this run has stopped.
+                    let _ = outcomes.send((ctx.lease.clone(), Outcome::Release));
                     if state == RunState::REPLACED {
                         // A replacement thread has this one's slot.
                         return;
@@ -1405,7 +1428,7 @@ fn write_off_stuck(shared: &Arc<Shared>, now: Instant) {
         let error = format!(
             "timed out after {timeout:?}: the handler did not stop within {grace:?} of its cancellation (thread {name} written off)"
         );
-        let _ = shared.outcomes.send((lease, Outcome::Fail(error)));
+        let _ = shared.outcomes.send((lease, Outcome::TimedOut(error)));
         if replace {
             let n = shared.replaced.load(Ordering::SeqCst);
             start_worker(shared, format!("tickler-worker-r{n}"));
@@ -1441,6 +1464,9 @@ fn heartbeat_loop(shared: &Arc<Shared>, interval: Duration, mut watcher: ChangeW
             if now < next_beat {
                 continue;
             }
+            drop(in_flight);
+            hand_back_waiting(shared, now, interval);
+            let in_flight = shared.lock_in_flight();
             in_flight
                 .values()
                 .filter(|job| {
@@ -1476,6 +1502,38 @@ fn heartbeat_loop(shared: &Arc<Shared>, interval: Duration, mut watcher: ChangeW
             }
             Err(e) => log::error!("heartbeat of {} lease(s) failed: {e}", leases.len()),
         }
+    }
+}
+
+/// Hands back (pending at once, attempt given back) every claimed job that
+/// has waited longer than one heartbeat interval for a thread of this pool:
+/// a pool whose threads are all held by long or hung handlers must not sit
+/// on due jobs that another process could run. A worker that later takes
+/// one of them off the queue skips it.
+fn hand_back_waiting(shared: &Shared, now: Instant, waited: Duration) {
+    let waiting: Vec<Lease> = {
+        let mut in_flight = shared.lock_in_flight();
+        let ids: Vec<JobId> = in_flight
+            .iter()
+            .filter(|(_, job)| {
+                job.thread.is_none() && !job.finishing && now >= job.claimed + waited
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        ids.iter()
+            .filter_map(|id| in_flight.remove(id))
+            .map(|job| job.lease)
+            .collect()
+    };
+    if waiting.is_empty() {
+        return;
+    }
+    log::info!(
+        "handing back {} job(s) that waited over {waited:?} for a thread of this pool",
+        waiting.len()
+    );
+    for lease in waiting {
+        let _ = shared.outcomes.send((lease, Outcome::Release));
     }
 }
 

@@ -36,7 +36,6 @@ fn a_damaged_error_history_is_reported_on_reads() {
 }
 
 #[test]
-#[ignore = "BUG: a fail outcome on a row with a damaged errors column fails the whole outcome batch (outer Err): the other jobs' outcomes are lost"]
 fn a_damaged_error_history_fails_only_its_own_outcome() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
@@ -49,9 +48,8 @@ fn a_damaged_error_history_fails_only_its_own_outcome() {
         (&leases[0], Outcome::Fail("boom".into())),
         (&leases[1], Outcome::Complete),
     ]);
-    let results = results.unwrap_or_else(|e| {
-        panic!("the whole batch failed because of one damaged row: {e}")
-    });
+    let results = results
+        .unwrap_or_else(|e| panic!("the whole batch failed because of one damaged row: {e}"));
     assert!(results[1].is_ok(), "{results:?}");
     assert_eq!(
         queue.get(leases[1].job_id).unwrap().state,
@@ -60,7 +58,6 @@ fn a_damaged_error_history_fails_only_its_own_outcome() {
 }
 
 #[test]
-#[ignore = "BUG: an expired lease on a row with a damaged errors column makes every reap fail: no expired job of the file is taken back"]
 fn a_damaged_error_history_does_not_block_the_reaper() {
     let (_dir, path) = temp_db();
     let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
@@ -79,7 +76,6 @@ fn a_damaged_error_history_does_not_block_the_reaper() {
 }
 
 #[test]
-#[ignore = "BUG: an unreadable row whose errors column is also damaged makes every claim of its queue fail (claim_rows' DEAD_SQL json_insert), so the jobs behind it never run"]
 fn an_unreadable_row_with_a_damaged_history_does_not_block_claims() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());

@@ -48,7 +48,9 @@ fn a_panic_with_a_non_string_payload_fails_its_job_and_the_thread_lives_on() {
         .handler("odd", |_ctx: &JobContext| -> Result<(), JobError> {
             std::panic::panic_any(42u8)
         })
-        .handler("fine", |_ctx: &JobContext| -> Result<(), JobError> { Ok(()) })
+        .handler("fine", |_ctx: &JobContext| -> Result<(), JobError> {
+            Ok(())
+        })
         .start()
         .unwrap();
     let odd = queue.enqueue(NewJob::new("odd").max_attempts(1)).unwrap();

@@ -67,10 +67,16 @@ fn a_job_cancelled_while_running_is_never_retried() {
     let results = queue
         .record_outcomes(&[(&lease, Outcome::Fail("failed after cancel".into()))])
         .unwrap();
-    assert!(matches!(results[0], Err(Error::LeaseLost { .. })), "{results:?}");
+    assert!(
+        matches!(results[0], Err(Error::LeaseLost { .. })),
+        "{results:?}"
+    );
     clock.advance(secs(3600));
     assert_eq!(queue.reap().unwrap(), 0);
-    assert!(queue.claim("default", "w", 10, secs(30)).unwrap().is_empty());
+    assert!(queue
+        .claim("default", "w", 10, secs(30))
+        .unwrap()
+        .is_empty());
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Cancelled);
     assert!(job.errors.is_empty());
@@ -98,17 +104,24 @@ fn the_error_history_is_bounded_and_survives_death() {
     assert!(job.errors.iter().all(|e| e.error.len() <= MAX_ERROR_BYTES));
     assert!(job.last_error.unwrap().starts_with("attempt 30"));
     let stored: i64 = raw(&path)
-        .query_row("SELECT length(errors) FROM tickler_jobs WHERE id = ?1", [id.0], |r| r.get(0))
+        .query_row(
+            "SELECT length(errors) FROM tickler_jobs WHERE id = ?1",
+            [id.0],
+            |r| r.get(0),
+        )
         .unwrap();
     // JSON escapes newlines: a little over 20 x 8 KiB on disk.
-    assert!(stored < (ERROR_HISTORY_MAX * (MAX_ERROR_BYTES * 2 + 512)) as i64, "{stored}");
+    assert!(
+        stored < (ERROR_HISTORY_MAX * (MAX_ERROR_BYTES * 2 + 512)) as i64,
+        "{stored}"
+    );
 }
 
-/// The same with control characters, which JSON escapes as `\u00XX`: the
-/// history on disk is bounded, but at about 6 x 20 x 8 KiB (~1 MB a row),
-/// not 20 x 8 KiB.
+/// The same with control characters, which JSON escapes as `\u00XX` (six
+/// bytes each): the history on disk is about 6 x 20 x 8 KiB, still under
+/// the 1 MiB a row keeps beside its payload (`ROW_HEADROOM`).
 #[test]
-fn the_stored_history_of_control_character_errors_is_six_times_the_cut() {
+fn the_stored_history_of_control_character_errors_stays_under_the_row_headroom() {
     let (_dir, path) = temp_db();
     let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
     let id = queue.enqueue(NewJob::new("k").max_attempts(25)).unwrap();
@@ -118,11 +131,14 @@ fn the_stored_history_of_control_character_errors_is_six_times_the_cut() {
         clock.advance(secs(120));
     }
     let stored: i64 = raw(&path)
-        .query_row("SELECT length(errors) FROM tickler_jobs WHERE id = ?1", [id.0], |r| r.get(0))
+        .query_row(
+            "SELECT length(errors) FROM tickler_jobs WHERE id = ?1",
+            [id.0],
+            |r| r.get(0),
+        )
         .unwrap();
     eprintln!("stored history: {stored} bytes");
-    assert!(stored > (ERROR_HISTORY_MAX * MAX_ERROR_BYTES * 5) as i64, "{stored}");
-    assert!(stored < (ERROR_HISTORY_MAX * (MAX_ERROR_BYTES * 6 + 512)) as i64, "{stored}");
+    assert!(stored < 1024 * 1024 - 64 * 1024, "{stored}");
     assert!(queue.get(id).unwrap().unreadable.is_none());
 }
 
@@ -185,7 +201,6 @@ fn due_times_at_the_ends_of_the_calendar() {
 /// range (9999-12-31); a heartbeat asked for a very long extension
 /// should too.
 #[test]
-#[ignore = "BUG: heartbeat does not clamp the new expiry to MAX_TIMESTAMP_MS (claims do): a lease until year 10054 is stored"]
 fn a_very_long_heartbeat_stays_in_the_storable_range() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());

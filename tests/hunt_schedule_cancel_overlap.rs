@@ -15,7 +15,6 @@ use std::time::Duration;
 use tickler::{NewSchedule, OverlapPolicy};
 
 #[test]
-#[ignore = "BUG: under Forbid, cancelling a running tick lets the next tick fire and be claimed while the cancelled run's holder is still running"]
 fn forbid_waits_for_a_cancelled_run_whose_holder_has_not_stopped() {
     let (_dir, path) = temp_db();
     let start = utc(2026, 5, 1, 0, 0, 0);

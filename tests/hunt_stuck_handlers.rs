@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use tickler::{JobState, NewJob, WorkerPool};
 
 #[test]
-#[ignore = "BUG: a job failed as timed out frees its unique_key at once although its written-off handler still runs; the next job with the key runs beside it"]
 fn a_timed_out_job_keeps_its_unique_key_while_its_handler_still_runs() {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
@@ -114,7 +113,6 @@ fn prefetched_job_behind_a_hung_handler(timeout: Option<Duration>) -> (bool, Job
 }
 
 #[test]
-#[ignore = "BUG: a job prefetched behind a handler that never returns is heartbeated for ever and never runs anywhere"]
 fn a_prefetched_job_is_not_held_hostage_by_a_hung_handler() {
     let (ran, state) = prefetched_job_behind_a_hung_handler(None);
     assert!(
@@ -124,7 +122,6 @@ fn a_prefetched_job_is_not_held_hostage_by_a_hung_handler() {
 }
 
 #[test]
-#[ignore = "BUG: with the replacement bound reached, a job prefetched behind a written-off (timed-out) thread is heartbeated for ever and never runs"]
 fn a_prefetched_job_is_not_held_hostage_by_a_written_off_thread() {
     let (ran, state) = prefetched_job_behind_a_hung_handler(Some(ms(100)));
     assert!(
