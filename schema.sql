@@ -119,11 +119,13 @@ ALTER TABLE tickler_jobs ADD COLUMN errors TEXT NOT NULL DEFAULT '[]'
 CREATE INDEX tickler_jobs_pending_age
     ON tickler_jobs (queue, run_at, id) WHERE status = 'pending';
 
--- A running job that was cancelled keeps its run_token and lease until its
--- holder has stopped (its fenced outcome clears the lease) or the lease ran
--- out; until then no other job with its unique_key starts.
+-- A running job that was cancelled, or failed for good while its handler
+-- ran on past its timeout, keeps its run_token and lease until its holder
+-- has stopped (its fenced outcome clears the lease) or the lease ran out;
+-- until then no other job with its unique_key starts.
 CREATE INDEX tickler_jobs_stopping
-    ON tickler_jobs (unique_key) WHERE status = 'cancelled' AND lease_expires_at IS NOT NULL;
+    ON tickler_jobs (unique_key)
+    WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL;
 
 -- migration: 4
 -- Schedules and clocks at the edges (src/schedule.rs, the reaper in

@@ -41,6 +41,11 @@
 //!    attempt number and run_token: use them to make side effects idempotent.
 //! 6. **Short write transactions.** No transaction is open while a handler runs.
 //! 7. **Bad input gets a typed [`Error`]** and nothing stored is lost.
+//! 8. **One bad job fails alone.** A row that cannot be read, an error text
+//!    too long to store, a handler that ignores its timeout: each costs that
+//!    job (it fails or goes `dead` with an error that says why), never the
+//!    other jobs of its batch, its queue or its pool. Error texts are cut to
+//!    [`MAX_ERROR_BYTES`]; every attempt's error is kept in [`Job::errors`].
 //!
 //! ## Job states
 //!
@@ -172,7 +177,8 @@ pub use schedule::{
 };
 pub use scheduler::{Scheduler, SchedulerConfig};
 pub use worker::{
-    CancelReason, Handler, JobContext, JobError, ShutdownReport, WorkerPool, WorkerPoolBuilder,
+    CancelReason, Handler, JobContext, JobError, PoolStats, ShutdownReport, WorkerPool,
+    WorkerPoolBuilder, DEFAULT_PRIORITY_AGING,
 };
 
 /// The README's code examples, compiled (and the runnable ones run) by

@@ -364,6 +364,13 @@ pub enum Outcome {
     /// Hand the job back unstarted: pending at once, the attempt given back
     /// (used by the worker pool on shutdown).
     Release,
+    /// The handler ran past the job's timeout and is still running (a
+    /// worker pool gave up on it): the attempt fails as with
+    /// [`Outcome::Fail`], but the run may still have effects, so until its
+    /// lease runs out (no one renews it any more) the job's retry waits and,
+    /// if it is dead, its unique_key stays held. A refused outcome from that
+    /// run, when its handler finally returns, frees the key at once.
+    TimedOut(String),
 }
 
 /// When the outcomes of [`Queue::record_and_claim`] reach the disk.
@@ -381,7 +388,10 @@ pub enum OutcomeSync {
 /// What to claim; see [`Queue::record_and_claim`].
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimRequest<'a> {
-    /// Queues to claim from, in order, until `max` jobs are claimed.
+    /// Queues to claim from. Each first gets a fair share of `max`
+    /// (`max / queues`, rounded up); what is left is filled from the queues
+    /// in this order. A fetcher serving several queues should rotate the
+    /// order from claim to claim.
     pub queues: &'a [&'a str],
     /// Written into `claimed_by`.
     pub worker_id: &'a str,
@@ -391,6 +401,11 @@ pub struct ClaimRequest<'a> {
     pub lease: Duration,
     /// Only these kinds, if given.
     pub kinds: Option<&'a [&'a str]>,
+    /// How many of the jobs (spread over the queues' shares) to take by
+    /// due time, oldest first, whatever their priority, before the rest in
+    /// priority order: priority aging, so that a flood of high-priority
+    /// jobs cannot starve a low-priority one. 0 for strict priority order.
+    pub oldest_first: usize,
 }
 
 /// Filter for [`Queue::list`]. `None` fields match everything.
@@ -436,6 +451,9 @@ pub struct Stats {
     /// Due time of the longest-waiting due job (pending, or scheduled and
     /// already due), UTC.
     pub oldest_due: Option<DateTime<Utc>>,
+    /// The same per (queue, priority): how long the oldest due job of each
+    /// priority has waited shows whether a level is starved.
+    pub oldest_due_by_priority: BTreeMap<(String, i32), DateTime<Utc>>,
 }
 
 impl Stats {
@@ -773,6 +791,7 @@ impl Queue {
             max,
             lease,
             kinds,
+            oldest_first: 0,
         };
         Ok(self
             .record_and_claim(&[], Some(&request), OutcomeSync::Now)?
@@ -835,7 +854,8 @@ impl Queue {
             let stopping: Option<i64> = conn
                 .prepare_cached(
                     "SELECT min(lease_expires_at) + 1 FROM tickler_jobs
-                     WHERE status = 'cancelled' AND unique_key IS NOT NULL AND lease_expires_at >= ?1",
+                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at >= ?1
+                       AND unique_key IS NOT NULL",
                 )?
                 .query_row([now], |r| r.get(0))?;
             if let Some(at) = stopping {
@@ -873,7 +893,7 @@ impl Queue {
         let extend_ms = duration_ms(extend_by, "lease extension")?;
         self.write_with(Commit::Lazy, |tx| {
             let now = self.now_ms();
-            let expires = now.saturating_add(extend_ms);
+            let expires = now.saturating_add(extend_ms).min(MAX_TIMESTAMP_MS);
             // lease_ms: the length granted, for the reaper's backward-step rule.
             let mut stmt = tx.prepare_cached(
                 "UPDATE tickler_jobs SET lease_expires_at = ?1, lease_ms = ?1 - ?4
@@ -965,9 +985,15 @@ impl Queue {
     /// Records many outcomes in one `BEGIN IMMEDIATE` transaction (group
     /// commit: one fsync for the batch). Each is one statement fenced by
     /// `id AND run_token AND status = 'running'`; a lost lease makes that
-    /// outcome `Err(LeaseLost)` and a snooze time outside the storable range
-    /// `Err(TimeOutOfRange)`, changing nothing for it, without rolling back
-    /// the others.
+    /// outcome `Err(LeaseLost)`, a snooze time past the storable range
+    /// `Err(TimeOutOfRange)`, and a statement SQLite refuses (a trigger or
+    /// constraint) `Err(ConstraintViolated)`, changing nothing for it,
+    /// without rolling back the others. Error texts are cut to
+    /// [`MAX_ERROR_BYTES`] (the first 6 KiB and the end, with a note of
+    /// how much was cut); a failure whose error text SQLite still refuses is
+    /// recorded with a short note in its place. Each failure also appends
+    /// to the job's error history ([`Job::errors`], the last
+    /// [`ERROR_HISTORY_MAX`]).
     ///
     /// # Errors
     /// Outer: the transaction failed and nothing was recorded
@@ -998,7 +1024,11 @@ impl Queue {
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
         let claim = match claim {
             Some(c) if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) => {
-                Some((c, duration_ms(c.lease, "lease")?, claim_sql(c.kinds)))
+                let sql = (
+                    claim_sql(c.kinds, ClaimOrder::Priority),
+                    claim_sql(c.kinds, ClaimOrder::Oldest),
+                );
+                Some((c, duration_ms(c.lease, "lease")?, sql))
             }
             _ => None,
         };
@@ -1014,7 +1044,7 @@ impl Queue {
         let mut pending_outcomes = outcomes;
         let mut commit = commit;
         let mut results = Vec::with_capacity(outcomes.len());
-        let mut leases = loop {
+        let leases = loop {
             let (recorded, claimed) = self.write_with(commit, |tx| {
                 let now = self.now_ms();
                 let mut recorded = Vec::with_capacity(pending_outcomes.len());
@@ -1042,44 +1072,49 @@ impl Queue {
                 }
                 let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
                 let mut leases = Vec::new();
-                for queue in request.queues {
-                    let want = request.max.saturating_sub(leases.len());
-                    if want == 0 {
-                        break;
-                    }
-                    let want = i64::try_from(want).unwrap_or(i64::MAX);
-                    let mut stmt = tx.prepare_cached(sql)?;
-                    let mut values: Vec<&dyn rusqlite::ToSql> =
-                        vec![&request.worker_id, &now, &expires, queue, &want];
-                    if let Some(kinds) = request.kinds {
-                        values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
-                    }
-                    let mut unreadable = Vec::new();
-                    for row in stmt.query_map(values.as_slice(), claimed_from_row)? {
-                        match row? {
-                            ClaimedRow::Readable(lease) => leases.push(lease),
-                            ClaimedRow::Unreadable {
-                                job_id,
-                                run_token,
-                                problems,
-                            } => unreadable.push((job_id, run_token, problems)),
+                let mut claim_from =
+                    |queue: &str, want: usize, order: ClaimOrder| -> Result<usize> {
+                        if want == 0 {
+                            return Ok(0);
                         }
+                        let want = i64::try_from(want).unwrap_or(i64::MAX);
+                        let mut values: Vec<&dyn rusqlite::ToSql> =
+                            vec![&request.worker_id, &now, &expires, &queue, &want];
+                        if let Some(kinds) = request.kinds {
+                            values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
+                        }
+                        let sql = match order {
+                            ClaimOrder::Priority => &sql.0,
+                            ClaimOrder::Oldest => &sql.1,
+                        };
+                        let mut claimed = claim_rows(tx, sql, &values, now)?;
+                        // RETURNING gives rows in no promised order.
+                        claimed.sort_by(|a, b| order.compare(a, b));
+                        let n = claimed.len();
+                        leases.extend(claimed);
+                        Ok(n)
+                    };
+                // A fair share of the claim per queue first (so one busy
+                // queue cannot starve the others a pool serves), the
+                // oldest due jobs first within it when asked (priority
+                // aging); then whatever is left, queue by queue.
+                let share = request.max.div_ceil(request.queues.len().max(1));
+                let mut aged_left = request.oldest_first.min(request.max);
+                let mut taken = 0;
+                // Queues that gave all they were asked for may have more.
+                let mut may_have_more = Vec::new();
+                for queue in request.queues {
+                    let room = share.min(request.max - taken);
+                    let aged = claim_from(queue, aged_left.min(room), ClaimOrder::Oldest)?;
+                    aged_left -= aged;
+                    let rest = claim_from(queue, room - aged, ClaimOrder::Priority)?;
+                    taken += aged + rest;
+                    if aged + rest == room {
+                        may_have_more.push(*queue);
                     }
-                    drop(stmt);
-                    // One damaged row costs its own job, not the claim.
-                    for (job_id, run_token, problems) in unreadable {
-                        let error = format!(
-                            "this job's row could not be read ({problems}); it was not run: \
-                             fix or delete the row, then retry the job"
-                        );
-                        log::error!("job {job_id}: {error}");
-                        tx.prepare_cached(DEAD_SQL)?.execute(params![
-                            now,
-                            cut_error(&error),
-                            job_id.0,
-                            run_token
-                        ])?;
-                    }
+                }
+                for queue in may_have_more {
+                    taken += claim_from(queue, request.max - taken, ClaimOrder::Priority)?;
                 }
                 Ok((recorded, Some(leases)))
             })?;
@@ -1090,13 +1125,6 @@ impl Queue {
                 break claimed;
             }
         };
-        // RETURNING gives rows in no promised order; hand them out in claim order.
-        leases.sort_by(|a, b| {
-            b.priority
-                .cmp(&a.priority)
-                .then(a.run_at.cmp(&b.run_at))
-                .then(a.job_id.cmp(&b.job_id))
-        });
         if outcomes
             .iter()
             .any(|(_, o)| !matches!(o, Outcome::Complete | Outcome::FailPermanently(_)))
@@ -1255,7 +1283,7 @@ impl Queue {
             // lease ran out: its unique_key no longer waits for it.
             tx.prepare_cached(
                 "UPDATE tickler_jobs SET lease_expires_at = NULL
-                 WHERE status = 'cancelled' AND lease_expires_at < ?1",
+                 WHERE status IN ('cancelled', 'dead') AND lease_expires_at < ?1",
             )?
             .execute([now])?;
             let batch_full = expired.len() as i64 >= REAP_BATCH;
@@ -1271,14 +1299,21 @@ impl Queue {
                 let error = format!(
                     "lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time"
                 );
-                taken += reap.execute(params![
-                    now,
-                    retry_at,
-                    cut_error(&error),
-                    lease.id,
-                    lease.run_token,
-                    now
-                ])? as u64;
+                // One row SQLite refuses (a trigger, damage) must not keep
+                // every other expired lease from being taken back.
+                match isolated(tx, || {
+                    Ok(reap.execute(params![
+                        now,
+                        retry_at,
+                        cut_error(&error),
+                        lease.id,
+                        lease.run_token,
+                        now
+                    ])?)
+                })? {
+                    Ok(n) => taken += n as u64,
+                    Err(e) => log::error!("reaper could not take back job {}: {e}", lease.id),
+                }
             }
             Ok(ReapLook {
                 taken,
@@ -1495,6 +1530,24 @@ impl Queue {
                 |r| r.get(0),
             )?;
             stats.oldest_due = oldest.map(ms_to_datetime);
+            let mut stmt = conn.prepare_cached(
+                "SELECT queue, priority, min(run_at) FROM tickler_jobs
+                 WHERE status = 'pending' OR (status = 'scheduled' AND run_at <= ?1)
+                 GROUP BY queue, priority",
+            )?;
+            let rows = stmt.query_map([now], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i32>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })?;
+            for row in rows {
+                let (queue, priority, at) = row?;
+                stats
+                    .oldest_due_by_priority
+                    .insert((queue, priority), ms_to_datetime(at));
+            }
             Ok(stats)
         })
     }
@@ -2264,9 +2317,13 @@ const COMPLETE_SQL: &str = "UPDATE tickler_jobs
 macro_rules! append_error {
     ($at:literal, $error:literal) => {
         concat!(
+            // A damaged history (not a JSON array) starts over rather than
+            // failing the outcome it belongs to.
             "errors = json_insert(
-                 CASE WHEN json_array_length(errors) >= 20 THEN json_remove(errors, '$[0]')
-                      ELSE errors END,
+                 CASE WHEN json_valid(errors) AND json_type(errors) = 'array' THEN
+                          CASE WHEN json_array_length(errors) >= 20
+                               THEN json_remove(errors, '$[0]') ELSE errors END
+                      ELSE '[]' END,
                  '$[#]',
                  json_object('attempt', attempts, 'at', ",
             $at,
@@ -2286,6 +2343,24 @@ const FAIL_SQL: &str = concat!(
         run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE ?2 END,
         finished_at = CASE WHEN attempts >= max_attempts THEN ?1 END,
         last_error = ?3, lease_expires_at = NULL, ",
+    append_error!("?1", "?3"),
+    "
+    WHERE id = ?4 AND run_token = ?5 AND status = 'running'"
+);
+
+/// FAIL_SQL for a run whose handler is still running past its timeout: the
+/// retry waits for the run's lease to run out, and a dead job keeps the
+/// lease (so its unique_key stays held, see `unblocked`).
+const TIMED_OUT_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
+                      WHEN max(?2, lease_expires_at + 1) <= ?1 THEN 'pending'
+                      ELSE 'scheduled' END,
+        run_at = CASE WHEN attempts >= max_attempts THEN run_at
+                      ELSE max(?2, lease_expires_at + 1) END,
+        finished_at = CASE WHEN attempts >= max_attempts THEN ?1 END,
+        last_error = ?3,
+        lease_expires_at = CASE WHEN attempts >= max_attempts THEN lease_expires_at END, ",
     append_error!("?1", "?3"),
     "
     WHERE id = ?4 AND run_token = ?5 AND status = 'running'"
@@ -2316,7 +2391,7 @@ const LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
 /// LEASE_STEP_SQL for cancelled jobs whose holder has not reported.
 const CANCELLED_LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
     SET lease_expires_at = ?1 + coalesce(lease_ms, lease_expires_at - claimed_at)
-    WHERE status = 'cancelled' AND lease_expires_at IS NOT NULL
+    WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
       AND lease_expires_at > ?1 + coalesce(lease_ms, lease_expires_at - claimed_at) + ?2";
 
 /// ?1 now, ?2 error, ?3 id, ?4 run_token.
@@ -2557,9 +2632,81 @@ fn kind_filter(kinds: Option<&[&str]>, first: usize) -> String {
     }
 }
 
+/// Which due jobs a claim takes first.
+#[derive(Debug, Clone, Copy)]
+enum ClaimOrder {
+    /// Highest priority, then longest due, then lowest id.
+    Priority,
+    /// Longest due, then lowest id, whatever the priority (priority aging).
+    Oldest,
+}
+
+impl ClaimOrder {
+    fn sql(self) -> &'static str {
+        match self {
+            ClaimOrder::Priority => "priority DESC, run_at, id",
+            ClaimOrder::Oldest => "run_at, id",
+        }
+    }
+
+    fn compare(self, a: &Lease, b: &Lease) -> std::cmp::Ordering {
+        let by_age = a.run_at.cmp(&b.run_at).then(a.job_id.cmp(&b.job_id));
+        match self {
+            ClaimOrder::Priority => b.priority.cmp(&a.priority).then(by_age),
+            ClaimOrder::Oldest => by_age,
+        }
+    }
+}
+
+/// Runs one claiming UPDATE (`claim_sql`) and returns its leases. A row
+/// that cannot be read costs its own job, not the claim: it is made dead
+/// with an error naming what could not be read.
+fn claim_rows(
+    tx: &rusqlite::Transaction<'_>,
+    sql: &str,
+    values: &[&dyn rusqlite::ToSql],
+    now: i64,
+) -> Result<Vec<Lease>> {
+    let mut leases = Vec::new();
+    let mut unreadable = Vec::new();
+    let mut stmt = tx.prepare_cached(sql)?;
+    for row in stmt.query_map(values, claimed_from_row)? {
+        match row? {
+            ClaimedRow::Readable(lease) => leases.push(lease),
+            ClaimedRow::Unreadable {
+                job_id,
+                run_token,
+                problems,
+            } => unreadable.push((job_id, run_token, problems)),
+        }
+    }
+    drop(stmt);
+    for (job_id, run_token, problems) in unreadable {
+        let error = format!(
+            "this job's row could not be read ({problems}); it was not run: \
+             fix or delete the row, then retry the job"
+        );
+        log::error!("job {job_id}: {error}");
+        let dead = isolated(tx, || {
+            Ok(tx.prepare_cached(DEAD_SQL)?.execute(params![
+                now,
+                cut_error(&error),
+                job_id.0,
+                &run_token
+            ])?)
+        })?;
+        if let Err(e) = dead {
+            // Left running: its lease runs out and the reaper tries again.
+            log::error!("job {job_id}: could not be made dead either: {e}");
+        }
+    }
+    Ok(leases)
+}
+
 /// The claiming UPDATE; ?1 worker_id, ?2 now, ?3 lease expiry, ?4 queue,
 /// ?5 limit, ?6… kinds.
-fn claim_sql(kinds: Option<&[&str]>) -> String {
+fn claim_sql(kinds: Option<&[&str]>, order: ClaimOrder) -> String {
+    let order = order.sql();
     let kind_filter = kind_filter(kinds, 6);
     let unblocked = unblocked("?2");
     format!(
@@ -2568,7 +2715,7 @@ fn claim_sql(kinds: Option<&[&str]>) -> String {
              claimed_by = ?1, claimed_at = ?2, lease_expires_at = ?3, lease_ms = ?3 - ?2
          WHERE id IN (SELECT id FROM tickler_jobs AS job
                       WHERE status = 'pending' AND queue = ?4 {kind_filter} AND {unblocked}
-                      ORDER BY priority DESC, run_at, id LIMIT ?5)
+                      ORDER BY {order} LIMIT ?5)
          RETURNING {LEASE_COLUMNS}"
     )
 }
@@ -2582,7 +2729,8 @@ fn unblocked(now: &str) -> String {
     format!(
         "(job.unique_key IS NULL OR NOT EXISTS (
              SELECT 1 FROM tickler_jobs AS stopping
-             WHERE stopping.unique_key = job.unique_key AND stopping.status = 'cancelled'
+             WHERE stopping.unique_key = job.unique_key
+               AND stopping.status IN ('cancelled', 'dead')
                AND stopping.lease_expires_at >= {now}))"
     )
 }
@@ -2613,7 +2761,7 @@ fn record_in(
             // length limit, or refused by a trigger): record the failure
             // with a short note instead, so the job is not left running
             // until its lease runs out.
-            Outcome::Fail(error) | Outcome::FailPermanently(error) => {
+            Outcome::Fail(error) | Outcome::FailPermanently(error) | Outcome::TimedOut(error) => {
                 let note = format!(
                     "the handler's error ({} bytes) could not be stored: {refused}",
                     error.len()
@@ -2640,7 +2788,8 @@ fn record_in(
 
 /// ?1 id, ?2 run_token: the cancelled job's holder has stopped.
 const HOLDER_STOPPED_SQL: &str = "UPDATE tickler_jobs SET lease_expires_at = NULL
-    WHERE id = ?1 AND run_token = ?2 AND status = 'cancelled' AND lease_expires_at IS NOT NULL";
+    WHERE id = ?1 AND run_token = ?2 AND status IN ('cancelled', 'dead')
+      AND lease_expires_at IS NOT NULL";
 
 /// The fenced statement of one outcome; returns the rows changed (0: lease
 /// lost). `error_note` replaces the outcome's error text.
@@ -2672,6 +2821,16 @@ fn apply_outcome(
         Outcome::FailPermanently(error) => {
             tx.prepare_cached(DEAD_SQL)?
                 .execute(params![now, error_of(error), id, token])?
+        }
+        Outcome::TimedOut(error) => {
+            let retry_at = retry_time(now, policy, lease.attempt);
+            tx.prepare_cached(TIMED_OUT_SQL)?.execute(params![
+                now,
+                retry_at,
+                error_of(error),
+                id,
+                token
+            ])?
         }
         Outcome::Snooze(until) => {
             let until = match until.timestamp_millis() {
@@ -2710,6 +2869,10 @@ fn statement_level(e: &Error) -> bool {
         Error::Sqlite(rusqlite::Error::SqliteFailure(f, _)) => matches!(
             f.code,
             rusqlite::ErrorCode::TooBig
+                // SQLITE_ERROR from a statement, e.g. a JSON function on a
+                // damaged value; `isolated` also checks the transaction is
+                // still open.
+                | rusqlite::ErrorCode::Unknown
                 | rusqlite::ErrorCode::ConstraintViolation
                 | rusqlite::ErrorCode::TypeMismatch
                 | rusqlite::ErrorCode::ParameterOutOfRange

@@ -1506,10 +1506,14 @@ impl Queue {
         // Overlap: which of the planned ticks fire.
         let (fire, replace): (Vec<i64>, Vec<JobId>) = match schedule.overlap {
             OverlapPolicy::Allow => (plan.ticks.clone(), Vec::new()),
-            OverlapPolicy::Forbid => match unfinished_runs(tx, &schedule.name)?.first() {
+            OverlapPolicy::Forbid => match unfinished_runs(tx, &schedule.name)?
+                .first()
+                .copied()
+                .or(stopping_run(tx, &schedule.name, now)?)
+            {
                 // Once the first fires, it is the unfinished run of the rest.
                 None => (plan.ticks.iter().take(1).copied().collect(), Vec::new()),
-                Some(&(id, state)) => {
+                Some((id, state)) => {
                     if !plan.ticks.is_empty() {
                         log::info!(
                             "schedule {:?}: {} tick(s) up to {} skipped: its run {id} is {state} (overlap: forbid)",
@@ -1652,6 +1656,34 @@ fn unfinished_runs(conn: &rusqlite::Connection, name: &str) -> Result<Vec<(JobId
     runs.into_iter()
         .map(|(id, state)| Ok((id, state.parse::<JobState>()?)))
         .collect()
+}
+
+/// A run of the schedule that was cancelled (or failed for good past its
+/// timeout) while its handler may still be running: its lease, kept for
+/// that, has not run out and its holder has not reported. `Forbid` waits
+/// for it as for an unfinished run.
+fn stopping_run(
+    conn: &rusqlite::Connection,
+    name: &str,
+    now: i64,
+) -> Result<Option<(JobId, JobState)>> {
+    let prefix = format!("tickler:schedule:{name}:");
+    let end = format!("tickler:schedule:{name};");
+    let tail_from = i64::try_from(prefix.chars().count()).unwrap_or(i64::MAX) + 1;
+    let run = conn
+        .prepare_cached(
+            "SELECT id, status FROM tickler_jobs
+             WHERE unique_key >= ?1 AND unique_key < ?2
+               AND status IN ('cancelled', 'dead') AND lease_expires_at >= ?4
+               AND substr(unique_key, ?3) NOT GLOB '*[^0-9]*'
+             ORDER BY id LIMIT 1",
+        )?
+        .query_row(params![prefix, end, tail_from, now], |r| {
+            Ok((JobId(r.get(0)?), r.get::<_, String>(1)?))
+        })
+        .optional()?;
+    run.map(|(id, state)| Ok((id, state.parse::<JobState>()?)))
+        .transpose()
 }
 
 fn handled_in(conn: &rusqlite::Connection, name: &str) -> Result<Handled> {

@@ -29,15 +29,22 @@ use crate::reaper::{Reaper, ReaperConfig};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use chrono::{DateTime, Utc};
 use crossbeam_channel::{Receiver, Sender};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
+use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
+
+/// Default of [`WorkerPoolBuilder::priority_aging`]: one claimed job in 10
+/// is the oldest due one, whatever its priority.
+pub const DEFAULT_PRIORITY_AGING: usize = 10;
 
 /// Most outcomes written in one dispatcher transaction.
 const MAX_OUTCOME_BATCH: usize = 512;
+
+/// How often a stopping dispatcher looks whether the last worker ended.
+const STOPPING_POLL: Duration = Duration::from_millis(10);
 
 /// How a handler ends a job other than by succeeding.
 #[derive(Debug, Clone, PartialEq)]
@@ -327,6 +334,9 @@ pub struct WorkerPoolBuilder {
     shutdown_grace: Duration,
     worker_id: Option<String>,
     outcome_sync_interval: Duration,
+    timeout_grace: Duration,
+    replacement_threads: Option<usize>,
+    priority_aging: usize,
 }
 
 impl std::fmt::Debug for WorkerPoolBuilder {
@@ -342,6 +352,12 @@ impl std::fmt::Debug for WorkerPoolBuilder {
 impl WorkerPoolBuilder {
     /// Serve this queue too (default: only `"default"`; the first call
     /// replaces the default).
+    ///
+    /// A pool serving several queues gives each a fair share of every
+    /// claim (its free slots divided by the number of queues, rounded up;
+    /// what a queue leaves unused goes to the others), and the queue that
+    /// is asked first changes from claim to claim: a flood in one queue
+    /// cannot starve another.
     pub fn queue(mut self, name: impl Into<String>) -> Self {
         if self.queues == [crate::job::DEFAULT_QUEUE] {
             self.queues.clear();
@@ -366,6 +382,26 @@ impl WorkerPoolBuilder {
         self
     }
 
+    /// Priority aging: one job in `every` that the pool claims is the
+    /// oldest due job of its queue whatever its priority (default
+    /// [`DEFAULT_PRIORITY_AGING`], 10); the others go by priority, then
+    /// due time. Within a queue, priority orders the work, but a
+    /// low-priority job does not wait for as long as higher-priority ones
+    /// keep coming: it starts within about `every` claims of becoming the
+    /// oldest due job. `0` turns aging off (strictly ordered priority; see
+    /// also [`WorkerPoolBuilder::strict_priority`]).
+    pub fn priority_aging(mut self, every: usize) -> Self {
+        self.priority_aging = every;
+        self
+    }
+
+    /// Strictly ordered priority: a due higher-priority job always goes
+    /// first, even if a lower-priority one waits for ever. Same as
+    /// `priority_aging(0)`.
+    pub fn strict_priority(self) -> Self {
+        self.priority_aging(0)
+    }
+
     /// Lease per claim, renewed by heartbeats (default 30 s).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
@@ -387,12 +423,18 @@ impl WorkerPoolBuilder {
 
     /// Jobs claimed beyond free worker slots, waiting for a thread (default 0:
     /// a busy process does not sit on due jobs another process could run).
+    /// A claimed job that has waited longer than one heartbeat interval for
+    /// a thread (all of them held by long or hung handlers) is handed back,
+    /// pending at once with its attempt given back, for any process to run.
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = n;
         self
     }
 
     /// Reaper settings; default [`ReaperConfig::default`] (every second).
+    /// Its `clock_step_hold` is raised to at least two of this pool's
+    /// heartbeat intervals, so that after a forward clock step the pool's
+    /// own live leases are renewed before its reaper judges them.
     pub fn reaper(mut self, config: ReaperConfig) -> Self {
         self.reaper = Some(config);
         self
@@ -453,6 +495,31 @@ impl WorkerPoolBuilder {
         self
     }
 
+    /// How long a handler may run on after its job's timeout (set with
+    /// [`crate::NewJob::timeout`]) before the pool gives up on it (default
+    /// 5 s). At the timeout the handler's cancellation flag is set
+    /// ([`CancelReason::Timeout`]); a handler that ignores it and is still
+    /// running `grace` later has its heartbeats stopped and its job failed
+    /// with a "timed out" error (the attempt counts; retried per the retry
+    /// policy), a warning names the job and its thread, and the thread is
+    /// written off: a thread cannot be killed, so the pool starts a
+    /// replacement (see [`WorkerPoolBuilder::replacement_threads`]) and
+    /// drops whatever the stuck handler returns, if it ever does.
+    pub fn timeout_grace(mut self, grace: Duration) -> Self {
+        self.timeout_grace = grace;
+        self
+    }
+
+    /// Most replacement threads the pool starts over its life for threads
+    /// written off as stuck (default: as many as [`WorkerPoolBuilder::threads`]).
+    /// Past it, a stuck thread keeps its slot until its handler returns,
+    /// and the pool runs with fewer threads; [`WorkerPool::stats`] counts
+    /// stuck threads either way. A replaced thread that comes back ends.
+    pub fn replacement_threads(mut self, n: usize) -> Self {
+        self.replacement_threads = Some(n);
+        self
+    }
+
     /// The worker id written into `claimed_by` (default `pid<pid>-<random>`).
     pub fn worker_id(mut self, id: impl Into<String>) -> Self {
         self.worker_id = Some(id.into());
@@ -504,21 +571,20 @@ impl WorkerPoolBuilder {
             lease: self.lease,
             heartbeat_idle: AtomicBool::new(false),
             heartbeat_thread: std::sync::OnceLock::new(),
+            jobs: job_rx.clone(),
+            outcomes: outcome_tx,
+            workers: Mutex::new(Vec::new()),
+            stuck: Mutex::new(HashSet::new()),
+            replaced: AtomicUsize::new(0),
+            max_replacements: self.replacement_threads.unwrap_or(self.threads),
+            timeout_grace: self.timeout_grace,
         });
 
         let mut kinds: Vec<String> = shared.handlers.keys().cloned().collect();
         kinds.sort();
-        let workers = (0..self.threads)
-            .map(|i| {
-                let shared = Arc::clone(&shared);
-                let jobs = job_rx.clone();
-                let outcomes = outcome_tx.clone();
-                spawn(&format!("tickler-worker-{i}"), move || {
-                    work_loop(&shared, &jobs, &outcomes)
-                })
-            })
-            .collect();
-        drop(outcome_tx);
+        for i in 0..self.threads {
+            start_worker(&shared, format!("tickler-worker-{i}"));
+        }
         let dispatcher = {
             let shared = Arc::clone(&shared);
             let config = DispatchConfig {
@@ -530,6 +596,7 @@ impl WorkerPoolBuilder {
                 claim_batch: self.claim_batch,
                 max_idle: self.max_idle,
                 poll: self.poll,
+                aging_every: self.priority_aging,
             };
             spawn("tickler-dispatcher", move || {
                 dispatch_loop(&shared, &config, watcher, job_tx, &outcome_rx)
@@ -543,14 +610,18 @@ impl WorkerPoolBuilder {
             })
         };
         let _ = shared.heartbeat_thread.set(heartbeat.thread().clone());
-        let reaper = self
-            .reaper
-            .map(|config| Reaper::spawn(self.queue.clone(), config));
+        // After a forward clock step this pool's own leases look expired
+        // until its next heartbeat: its reaper holds off at least two
+        // heartbeat intervals.
+        let reaper = self.reaper.map(|mut config| {
+            config.clock_step_hold = config.clock_step_hold.max(heartbeat_interval * 2);
+            Reaper::spawn(self.queue.clone(), config)
+        });
         Ok(WorkerPool {
             shared,
             worker_id,
             job_rx,
-            workers,
+            threads: self.threads,
             dispatcher: Some(dispatcher),
             heartbeat: Some(heartbeat),
             reaper,
@@ -586,7 +657,7 @@ pub struct WorkerPool {
     shared: Arc<Shared>,
     worker_id: String,
     job_rx: Receiver<Lease>,
-    workers: Vec<JoinHandle<()>>,
+    threads: usize,
     dispatcher: Option<JoinHandle<()>>,
     heartbeat: Option<JoinHandle<()>>,
     reaper: Option<Reaper>,
@@ -599,9 +670,26 @@ impl std::fmt::Debug for WorkerPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkerPool")
             .field("worker_id", &self.worker_id)
-            .field("threads", &self.workers.len())
+            .field("threads", &self.threads)
             .finish_non_exhaustive()
     }
+}
+
+/// A [`WorkerPool`]'s threads, from [`WorkerPool::stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct PoolStats {
+    /// Worker threads asked for ([`WorkerPoolBuilder::threads`]).
+    pub threads: usize,
+    /// Jobs claimed and not yet finished (running or waiting for a thread).
+    pub in_flight: usize,
+    /// Threads whose handler ran past its timeout plus
+    /// [`WorkerPoolBuilder::timeout_grace`] and has not returned yet: written
+    /// off, their jobs already failed as timed out.
+    pub stuck_threads: usize,
+    /// Replacement threads started for stuck ones, over the pool's life
+    /// (at most [`WorkerPoolBuilder::replacement_threads`]).
+    pub replacement_threads: usize,
 }
 
 /// What [`WorkerPool::shutdown`] did.
@@ -635,6 +723,9 @@ impl WorkerPool {
             shutdown_grace: Duration::from_secs(10),
             worker_id: None,
             outcome_sync_interval: Duration::from_millis(50),
+            timeout_grace: Duration::from_secs(5),
+            replacement_threads: None,
+            priority_aging: DEFAULT_PRIORITY_AGING,
         }
     }
 
@@ -647,6 +738,17 @@ impl WorkerPool {
     /// for a thread).
     pub fn in_flight(&self) -> usize {
         self.shared.lock_in_flight().len()
+    }
+
+    /// Threads and slots of this pool right now.
+    pub fn stats(&self) -> PoolStats {
+        let shared = &self.shared;
+        PoolStats {
+            threads: self.threads,
+            in_flight: self.in_flight(),
+            stuck_threads: lock(&shared.stuck).len(),
+            replacement_threads: shared.replaced.load(Ordering::SeqCst),
+        }
     }
 
     /// Stops the pool: stops claiming, hands claimed jobs that have not
@@ -683,15 +785,22 @@ impl WorkerPool {
             shared.busy_slots.fetch_sub(released, Ordering::SeqCst);
         }
         let deadline = Instant::now() + grace;
-        while self.workers.iter().any(|w| !w.is_finished()) && Instant::now() < deadline {
+        while !shared.live_workers_finished() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(2));
         }
         let mut still_running = 0;
-        if self.workers.iter().all(|w| w.is_finished()) {
-            for worker in self.workers.drain(..) {
+        if shared.live_workers_finished() {
+            // Stuck threads (written off) are left to end on their own.
+            let finished: Vec<JoinHandle<()>> = {
+                let mut workers = lock(&shared.workers);
+                let (done, stuck) = workers.drain(..).partition(|w| w.is_finished());
+                *workers = stuck;
+                done
+            };
+            for worker in finished {
                 let _ = worker.join();
             }
-            // Records the last outcomes, then ends: every worker is gone.
+            // Records the last outcomes, then ends: every live worker is gone.
             if let Some(dispatcher) = self.dispatcher.take() {
                 let _ = dispatcher.join();
             }
@@ -748,6 +857,18 @@ struct Shared {
     /// to `in_flight` then unparks it (`Shared::wake_heartbeat`).
     heartbeat_idle: AtomicBool,
     heartbeat_thread: std::sync::OnceLock<std::thread::Thread>,
+    /// For worker threads started later (replacements).
+    jobs: Receiver<Lease>,
+    outcomes: Sender<(Lease, Outcome)>,
+    /// Every worker thread started, replacements too.
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    /// Threads written off: their handler ran past its timeout plus the
+    /// grace and has not returned.
+    stuck: Mutex<HashSet<ThreadId>>,
+    /// Replacement threads started so far.
+    replaced: AtomicUsize,
+    max_replacements: usize,
+    timeout_grace: Duration,
 }
 
 impl Shared {
@@ -762,9 +883,59 @@ impl Shared {
     }
 
     fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, InFlight>> {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock(&self.in_flight)
+    }
+
+    /// Every worker thread has ended, but those written off as stuck.
+    fn live_workers_finished(&self) -> bool {
+        let stuck = lock(&self.stuck);
+        lock(&self.workers)
+            .iter()
+            .all(|w| w.is_finished() || stuck.contains(&w.thread().id()))
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Starts a worker thread and keeps its handle.
+fn start_worker(shared: &Arc<Shared>, name: String) {
+    let for_thread = Arc::clone(shared);
+    let handle = spawn(&name, move || work_loop(&for_thread));
+    lock(&shared.workers).push(handle);
+}
+
+/// Where one run of a handler is: running, ended, or written off by the
+/// heartbeat thread as stuck past its timeout. Whoever moves it out of
+/// `RUNNING` first decides what happens to the job.
+#[derive(Debug, Default)]
+struct RunState(AtomicU8);
+
+impl RunState {
+    const RUNNING: u8 = 0;
+    const ENDED: u8 = 1;
+    /// Written off, and a replacement thread took its slot.
+    const REPLACED: u8 = 2;
+    /// Written off, no replacement (the bound was reached): the thread
+    /// keeps its slot until the handler returns.
+    const KEPT: u8 = 3;
+
+    fn end(&self) -> std::result::Result<(), u8> {
+        self.0
+            .compare_exchange(
+                Self::RUNNING,
+                Self::ENDED,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .map(|_| ())
+    }
+
+    fn write_off(&self, to: u8) -> bool {
+        self.0
+            .compare_exchange(Self::RUNNING, to, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
     }
 }
 
@@ -797,6 +968,11 @@ struct InFlight {
     /// Whether the handler completed the job itself
     /// (`JobContext::complete_with`); the heartbeat leaves it alone then.
     completion: Arc<SelfCompletion>,
+    run: Arc<RunState>,
+    /// The worker thread running the handler (set when it starts).
+    thread: Option<(ThreadId, String)>,
+    /// When the dispatcher claimed it.
+    claimed: Instant,
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
@@ -815,6 +991,7 @@ struct DispatchConfig {
     claim_batch: usize,
     max_idle: Duration,
     poll: Duration,
+    aging_every: usize,
 }
 
 /// The dispatcher: records finished jobs' outcomes and claims new jobs for
@@ -829,8 +1006,10 @@ fn dispatch_loop(
     jobs: Sender<Lease>,
     outcomes: &Receiver<(Lease, Outcome)>,
 ) {
-    let queues: Vec<&str> = config.queues.iter().map(String::as_str).collect();
+    let mut queues: Vec<&str> = config.queues.iter().map(String::as_str).collect();
     let kinds: Vec<&str> = config.kinds.iter().map(String::as_str).collect();
+    // Jobs claimed so far, for priority aging.
+    let mut claimed = 0usize;
     let mut jobs = Some(jobs);
     // After a claim that got all it asked for, more may be due; otherwise
     // ask the (cheap, lock-free) read path before taking the write lock.
@@ -880,16 +1059,17 @@ fn dispatch_loop(
         }
         if finished.is_empty() && want == 0 {
             if stopping || jobs.is_none() {
-                match outcomes.recv_timeout(unsynced.cap(config.max_idle)) {
+                // Short waits: shutdown is waiting for the last outcomes.
+                match outcomes.recv_timeout(unsynced.cap(STOPPING_POLL)) {
                     Ok(first) => {
                         let batch = take_outcomes_from(shared, Some(first), outcomes);
                         record(shared, &batch, None, &config.worker_id, &mut unsynced);
                     }
-                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    Err(_) if outcomes.is_empty() && shared.live_workers_finished() => {
                         unsynced.sync_if_due(&shared.queue, true);
                         return;
                     }
+                    Err(_) => {}
                 }
             } else {
                 // All slots busy: a worker finishing wakes the watcher.
@@ -898,16 +1078,25 @@ fn dispatch_loop(
             }
             continue;
         }
+        // Each queue leads in turn, and every `aging_every`-th job claimed
+        // is the oldest due one whatever its priority (see the builder).
+        queues.rotate_left(1);
+        let oldest_first = match config.aging_every {
+            0 => 0,
+            every => (claimed + want) / every - claimed / every,
+        };
         let request = ClaimRequest {
             queues: &queues,
             worker_id: &config.worker_id,
             max: want,
             lease: shared.lease,
             kinds: Some(&kinds),
+            oldest_first,
         };
         let claim = (want > 0).then_some(&request);
         match record(shared, &finished, claim, &config.worker_id, &mut unsynced) {
             Some(leases) => {
+                claimed = claimed.wrapping_add(leases.len());
                 error_pause = Duration::from_millis(50);
                 more_may_be_due = want > 0 && leases.len() == want;
                 for lease in leases {
@@ -920,6 +1109,9 @@ fn dispatch_loop(
                             deadline: None,
                             finishing: false,
                             completion: Arc::default(),
+                            run: Arc::default(),
+                            thread: None,
+                            claimed: Instant::now(),
                         },
                     );
                     if let Some(jobs) = &jobs {
@@ -1071,6 +1263,9 @@ fn record(
             for ((lease, outcome), result) in finished.iter().zip(results) {
                 match result {
                     Err(e) if e.is_lease_lost() && known_lost.contains(&lease.job_id) => {}
+                    // A hand-back of a run that already lost its lease:
+                    // nothing was lost (said when the run was let go).
+                    Err(e) if e.is_lease_lost() && *outcome == Outcome::Release => {}
                     Err(e) => {
                         log::warn!("outcome {outcome:?} of job {} refused: {e}", lease.job_id)
                     }
@@ -1089,22 +1284,34 @@ fn record(
     }
 }
 
-fn work_loop(shared: &Shared, jobs: &Receiver<Lease>, outcomes: &Sender<(Lease, Outcome)>) {
-    while let Ok(lease) = jobs.recv() {
+fn work_loop(shared: &Shared) {
+    let outcomes = &shared.outcomes;
+    let me = std::thread::current();
+    let thread = (me.id(), me.name().unwrap_or("(unnamed)").to_owned());
+    while let Ok(lease) = shared.jobs.recv() {
         let handler = shared.handlers.get(&lease.kind);
         let outcome = match handler {
             // Unstarted at shutdown (or, impossibly, a kind without handler):
             // hand back without using the attempt.
             Some(handler) if !shared.stopping.load(Ordering::SeqCst) => {
-                let (cancel, completion) = {
+                let started = {
                     let mut in_flight = shared.lock_in_flight();
-                    match entry_of(&mut in_flight, &lease) {
-                        Some(job) => {
-                            job.deadline = lease.timeout.map(|t| Instant::now() + t);
-                            (Arc::clone(&job.cancel), Arc::clone(&job.completion))
-                        }
-                        None => Default::default(),
-                    }
+                    entry_of(&mut in_flight, &lease).map(|job| {
+                        job.deadline = lease.timeout.map(|t| Instant::now() + t);
+                        job.thread = Some(thread.clone());
+                        (
+                            Arc::clone(&job.cancel),
+                            Arc::clone(&job.completion),
+                            Arc::clone(&job.run),
+                        )
+                    })
+                };
+                let Some((cancel, completion, run)) = started else {
+                    // Handed back while it waited for a thread (see
+                    // `hand_back_waiting`): another process may run it now.
+                    shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
+                    shared.fetcher_waker.wake();
+                    continue;
                 };
                 if cancel.get() == Some(CancelReason::LeaseLost) {
                     // Cancelled (or reaped) while waiting for a thread: not
@@ -1122,6 +1329,26 @@ fn work_loop(shared: &Shared, jobs: &Receiver<Lease>, outcomes: &Sender<(Lease, 
                     completion,
                 };
                 let result = catch_unwind(AssertUnwindSafe(|| handler.run(&ctx)));
+                if let Err(state) = run.end() {
+                    // Written off by the heartbeat thread while it ran: the
+                    // job was failed as timed out and may run elsewhere now.
+                    log::warn!(
+                        "job {}: handler on thread {} returned after its job was failed as timed out; what it returned is dropped",
+                        ctx.lease.job_id,
+                        thread.1
+                    );
+                    lock(&shared.stuck).remove(&thread.0);
+                    // Refused (the lease is gone), it tells the job's
+                    // unique_key that this run has stopped.
+                    let _ = outcomes.send((ctx.lease.clone(), Outcome::Release));
+                    if state == RunState::REPLACED {
+                        // A replacement thread has this one's slot.
+                        return;
+                    }
+                    shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
+                    shared.fetcher_waker.wake();
+                    continue;
+                }
                 if ctx.completion.committed() {
                     // Completed inside the handler's own transaction.
                     remove_run(&mut shared.lock_in_flight(), &ctx.lease);
@@ -1165,12 +1392,81 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// Fails, as timed out, every job whose handler is still running its
+/// timeout plus the pool's grace after it started, and writes its thread
+/// off: no more heartbeats for it, its slot goes to a replacement thread
+/// (up to the pool's bound), and whatever the handler returns later is
+/// dropped. A handler completing its job itself (`complete_with` under
+/// way) is left to finish.
+fn write_off_stuck(shared: &Arc<Shared>, now: Instant) {
+    let grace = shared.timeout_grace;
+    let mut stuck = Vec::new();
+    {
+        let mut in_flight = shared.lock_in_flight();
+        for job in in_flight.values_mut() {
+            let overdue = job.deadline.is_some_and(|d| now >= d + grace);
+            if !overdue || job.finishing || job.completion.started() || job.thread.is_none() {
+                continue;
+            }
+            let replace = shared
+                .replaced
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    (n < shared.max_replacements).then_some(n + 1)
+                })
+                .is_ok();
+            let to = if replace {
+                RunState::REPLACED
+            } else {
+                RunState::KEPT
+            };
+            if !job.run.write_off(to) {
+                // The handler returned just now.
+                if replace {
+                    shared.replaced.fetch_sub(1, Ordering::SeqCst);
+                }
+                continue;
+            }
+            job.finishing = true;
+            job.cancel.set(CancelReason::Timeout);
+            let (thread_id, name) = job.thread.clone().expect("checked above");
+            // Before the in-flight lock is let go: the handler may return
+            // at once, and it takes its thread back out of the set.
+            lock(&shared.stuck).insert(thread_id);
+            stuck.push((job.lease.clone(), name, replace));
+        }
+    }
+    for (lease, name, replace) in stuck {
+        let timeout = lease.timeout.unwrap_or_default();
+        log::warn!(
+            "job {} ({}) is still running on thread {name} {grace:?} after its timeout of {timeout:?}; \
+             failing it as timed out and writing the thread off ({})",
+            lease.job_id,
+            lease.kind,
+            if replace {
+                "a replacement thread starts"
+            } else {
+                "replacement bound reached: the pool runs one thread short until it returns"
+            }
+        );
+        let error = format!(
+            "timed out after {timeout:?}: the handler did not stop within {grace:?} of its cancellation (thread {name} written off)"
+        );
+        let _ = shared.outcomes.send((lease, Outcome::TimedOut(error)));
+        if replace {
+            let n = shared.replaced.load(Ordering::SeqCst);
+            start_worker(shared, format!("tickler-worker-r{n}"));
+            shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
+        }
+        shared.fetcher_waker.wake();
+    }
+}
+
 /// How often the heartbeat thread looks for leases lost between heartbeats
 /// (a cancel, a reap), when any commit happened since the last look: how
 /// soon a handler learns that its job was cancelled.
 const LOST_LEASE_CHECK: Duration = Duration::from_millis(100);
 
-fn heartbeat_loop(shared: &Shared, interval: Duration, mut watcher: ChangeWatcher) {
+fn heartbeat_loop(shared: &Arc<Shared>, interval: Duration, mut watcher: ChangeWatcher) {
     let tick = interval.min(LOST_LEASE_CHECK);
     let mut next_beat = Instant::now() + interval;
     loop {
@@ -1186,6 +1482,7 @@ fn heartbeat_loop(shared: &Shared, interval: Duration, mut watcher: ChangeWatche
         shared.heartbeat_idle.store(false, Ordering::SeqCst);
         notice_lost_leases(shared, &mut watcher);
         let now = Instant::now();
+        write_off_stuck(shared, now);
         let leases: Vec<Lease> = {
             let in_flight = shared.lock_in_flight();
             for job in in_flight.values() {
@@ -1196,6 +1493,9 @@ fn heartbeat_loop(shared: &Shared, interval: Duration, mut watcher: ChangeWatche
             if now < next_beat {
                 continue;
             }
+            drop(in_flight);
+            hand_back_waiting(shared, now, interval);
+            let in_flight = shared.lock_in_flight();
             in_flight
                 .values()
                 .filter(|job| {
@@ -1231,6 +1531,38 @@ fn heartbeat_loop(shared: &Shared, interval: Duration, mut watcher: ChangeWatche
             }
             Err(e) => log::error!("heartbeat of {} lease(s) failed: {e}", leases.len()),
         }
+    }
+}
+
+/// Hands back (pending at once, attempt given back) every claimed job that
+/// has waited longer than one heartbeat interval for a thread of this pool:
+/// a pool whose threads are all held by long or hung handlers must not sit
+/// on due jobs that another process could run. A worker that later takes
+/// one of them off the queue skips it.
+fn hand_back_waiting(shared: &Shared, now: Instant, waited: Duration) {
+    let waiting: Vec<Lease> = {
+        let mut in_flight = shared.lock_in_flight();
+        let ids: Vec<JobId> = in_flight
+            .iter()
+            .filter(|(_, job)| {
+                job.thread.is_none() && !job.finishing && now >= job.claimed + waited
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        ids.iter()
+            .filter_map(|id| in_flight.remove(id))
+            .map(|job| job.lease)
+            .collect()
+    };
+    if waiting.is_empty() {
+        return;
+    }
+    log::info!(
+        "handing back {} job(s) that waited over {waited:?} for a thread of this pool",
+        waiting.len()
+    );
+    for lease in waiting {
+        let _ = shared.outcomes.send((lease, Outcome::Release));
     }
 }
 

@@ -51,14 +51,26 @@ fn the_next_job_with_the_key_waits_until_the_cancelled_holder_reports() {
     assert_eq!(queue.get(first).unwrap().state, JobState::Cancelled);
 }
 
-#[test]
-fn a_holder_that_never_reports_blocks_the_key_only_until_its_lease_runs_out() {
-    let (_dir, path) = temp_db();
+/// A job with key "sync" claimed with a 30 s lease (at t0) and cancelled;
+/// its holder never reports. Returns the next job with the key.
+fn cancelled_holder_vanished() -> (
+    tempfile::TempDir,
+    tickler::Queue,
+    std::sync::Arc<tickler::ManualClock>,
+    tickler::JobId,
+) {
+    let (dir, path) = temp_db();
     let (queue, clock) = manual_queue(&path);
     let first = queue.enqueue(NewJob::new("k").unique_key("sync")).unwrap();
     let _vanished = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
     queue.cancel(first).unwrap();
     let second = queue.enqueue(NewJob::new("k").unique_key("sync")).unwrap();
+    (dir, queue, clock, second)
+}
+
+#[test]
+fn a_holder_that_never_reports_blocks_the_key_only_until_its_lease_runs_out() {
+    let (_dir, queue, clock, second) = cancelled_holder_vanished();
     clock.advance(secs(30));
     assert!(queue.claim("default", "w", 1, secs(30)).unwrap().is_empty());
     clock.advance(Duration::from_millis(1));
@@ -222,12 +234,7 @@ fn through_the_cli_the_cancelled_command_is_stopped_before_the_next_starts() {
 
 #[test]
 fn after_a_backward_clock_step_the_key_waits_one_lease_not_until_the_clock_catches_up() {
-    let (_dir, path) = temp_db();
-    let (queue, clock) = manual_queue(&path);
-    let first = queue.enqueue(NewJob::new("k").unique_key("sync")).unwrap();
-    let _vanished = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
-    queue.cancel(first).unwrap();
-    let second = queue.enqueue(NewJob::new("k").unique_key("sync")).unwrap();
+    let (_dir, queue, clock, second) = cancelled_holder_vanished();
     // The clock was two hours ahead; it is set right.
     clock.set(t0() - ChronoDuration::hours(2));
     queue.reap().unwrap();

@@ -214,6 +214,16 @@ pub fn stats(db: &Path, args: &StatsArgs, times: Times) -> Result<(), CliError> 
             "queues": per_queue,
             "oldest_due": stats.oldest_due.map(display::rfc3339),
             "oldest_due_wait_ms": wait.map(|w| u64::try_from(w.as_millis()).unwrap_or(u64::MAX)),
+            "oldest_due_by_priority": stats
+                .oldest_due_by_priority
+                .iter()
+                .map(|((queue, priority), due)| json!({
+                    "queue": queue,
+                    "priority": priority,
+                    "oldest_due": display::rfc3339(*due),
+                    "wait_ms": u64::try_from((now - *due).num_milliseconds()).unwrap_or(0),
+                }))
+                .collect::<Vec<_>>(),
             "finished_last_minute": finished,
             "wal_bytes": wal,
         });
@@ -252,6 +262,15 @@ pub fn stats(db: &Path, args: &StatsArgs, times: Times) -> Result<(), CliError> 
             times.show(due)
         ),
         _ => println!("oldest due job: none waiting"),
+    }
+    if stats.oldest_due_by_priority.len() > 1 {
+        for ((queue, priority), due) in &stats.oldest_due_by_priority {
+            let wait = (now - *due).to_std().unwrap_or_default();
+            println!(
+                "  queue {queue}, priority {priority}: waiting {}",
+                display::duration(wait)
+            );
+        }
     }
     println!("finished in the last minute: {finished}");
     println!("WAL file: {}", display::bytes(wal));
