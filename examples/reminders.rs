@@ -356,7 +356,7 @@ fn report(
         "dead:                 {dead} (expected {POISON}: the poison reminders, after 3 attempts)"
     );
     println!(
-        "lateness (ms):        p50 {} / p99 {} / max {} (how long after its due time a reminder was delivered: half were within p50, 99 % within p99, the latest at max)",
+        "lateness (ms):        p50 {} / p99 {} / max {} (how long after its due time a reminder was delivered: half were within p50, 99 % within p99, the latest at max: the slow ones, about three leases late on purpose)",
         pct(0.5),
         pct(0.99),
         lateness.last().copied().unwrap_or(0)
