@@ -36,8 +36,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
-/// Default of [`WorkerPoolBuilder::priority_aging`]: one claimed job in 10
-/// is the oldest due one, whatever its priority.
+/// Default of [`WorkerPoolBuilder::priority_aging`]: one claim in 10 starts
+/// with the oldest due job, whatever its priority.
 pub const DEFAULT_PRIORITY_AGING: usize = 10;
 
 /// Most outcomes written in one dispatcher transaction.
@@ -382,13 +382,14 @@ impl WorkerPoolBuilder {
         self
     }
 
-    /// Priority aging: one job in `every` that the pool claims is the
-    /// oldest due job of its queue whatever its priority (default
-    /// [`DEFAULT_PRIORITY_AGING`], 10); the others go by priority, then
-    /// due time. Within a queue, priority orders the work, but a
+    /// Priority aging: one claim in `every` that the pool makes starts with
+    /// the oldest due job whatever its priority (default
+    /// [`DEFAULT_PRIORITY_AGING`], 10); every other job goes by priority,
+    /// then due time. Within a queue, priority orders the work, but a
     /// low-priority job does not wait for as long as higher-priority ones
-    /// keep coming: it starts within about `every` claims of becoming the
-    /// oldest due job. `0` turns aging off (strictly ordered priority; see
+    /// keep coming: once it is the oldest due job, it is claimed within
+    /// `every` claims (a claim takes as many jobs as the pool has room
+    /// for: one per free thread, plus any prefetch). `0` turns aging off (strictly ordered priority; see
     /// also [`WorkerPoolBuilder::strict_priority`]).
     pub fn priority_aging(mut self, every: usize) -> Self {
         self.priority_aging = every;
@@ -1008,8 +1009,8 @@ fn dispatch_loop(
 ) {
     let mut queues: Vec<&str> = config.queues.iter().map(String::as_str).collect();
     let kinds: Vec<&str> = config.kinds.iter().map(String::as_str).collect();
-    // Jobs claimed so far, for priority aging.
-    let mut claimed = 0usize;
+    // Claims made so far, for priority aging.
+    let mut claims = 0usize;
     let mut jobs = Some(jobs);
     // After a claim that got all it asked for, more may be due; otherwise
     // ask the (cheap, lock-free) read path before taking the write lock.
@@ -1078,12 +1079,14 @@ fn dispatch_loop(
             }
             continue;
         }
-        // Each queue leads in turn, and every `aging_every`-th job claimed
-        // is the oldest due one whatever its priority (see the builder).
+        // Each queue leads in turn (see the builder).
         queues.rotate_left(1);
+        // One claim in `every` starts with the oldest due job. Counted in
+        // claims, not jobs: a pool claiming 64 at a time pays the extra
+        // statement once in `every` commits, not in each.
         let oldest_first = match config.aging_every {
             0 => 0,
-            every => (claimed + want) / every - claimed / every,
+            every => usize::from(claims % every == every - 1),
         };
         let request = ClaimRequest {
             queues: &queues,
@@ -1096,7 +1099,9 @@ fn dispatch_loop(
         let claim = (want > 0).then_some(&request);
         match record(shared, &finished, claim, &config.worker_id, &mut unsynced) {
             Some(leases) => {
-                claimed = claimed.wrapping_add(leases.len());
+                if want > 0 {
+                    claims = claims.wrapping_add(1);
+                }
                 error_pause = Duration::from_millis(50);
                 more_may_be_due = want > 0 && leases.len() == want;
                 for lease in leases {
@@ -1478,6 +1483,11 @@ fn heartbeat_loop(shared: &Arc<Shared>, interval: Duration, mut watcher: ChangeW
         // looking, so a claim in between unparks us (`wake_heartbeat`).
         shared.heartbeat_idle.store(true, Ordering::SeqCst);
         let idle = shared.lock_in_flight().is_empty();
+        if !idle {
+            // Busy: claims must not wake it (a busy pool claims hundreds of
+            // times a second, and each wake-up reads every in-flight lease).
+            shared.heartbeat_idle.store(false, Ordering::SeqCst);
+        }
         std::thread::park_timeout(if idle { interval } else { tick });
         shared.heartbeat_idle.store(false, Ordering::SeqCst);
         notice_lost_leases(shared, &mut watcher);
