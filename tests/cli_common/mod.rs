@@ -79,7 +79,12 @@ impl Env {
     /// A command for the binary on this queue file (via TICKLER_DB), run in
     /// the folder, with times shown in UTC+05:30 unless `--utc`.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(BIN);
+        self.command_of(Path::new(BIN), args)
+    }
+
+    /// As [`Env::command`], for a copy of the binary at `program`.
+    pub fn command_of(&self, program: &Path, args: &[&str]) -> Command {
+        let mut cmd = Command::new(program);
         cmd.args(args)
             .current_dir(self.dir.path())
             .env("TICKLER_DB", &self.db)
