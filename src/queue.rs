@@ -1531,13 +1531,6 @@ impl Queue {
                     .counts
                     .insert((queue, status.parse()?), u64::try_from(count).unwrap_or(0));
             }
-            let oldest: Option<i64> = conn.query_row(
-                "SELECT min(run_at) FROM tickler_jobs
-                 WHERE status = 'pending' OR (status = 'scheduled' AND run_at <= ?1)",
-                [now],
-                |r| r.get(0),
-            )?;
-            stats.oldest_due = oldest.map(ms_to_datetime);
             let mut stmt = conn.prepare_cached(
                 "SELECT queue, priority, min(run_at) FROM tickler_jobs
                  WHERE status = 'pending' OR (status = 'scheduled' AND run_at <= ?1)
@@ -1556,6 +1549,7 @@ impl Queue {
                     .oldest_due_by_priority
                     .insert((queue, priority), ms_to_datetime(at));
             }
+            stats.oldest_due = stats.oldest_due_by_priority.values().min().copied();
             Ok(stats)
         })
     }
