@@ -8,10 +8,9 @@
 
 mod pool_common;
 
-use pool_common::{secs, temp_db, wait_until, Recorder};
-use serde_json::json;
+use pool_common::{secs, temp_db, Recorder};
 use std::sync::Arc;
-use tickler::{Durability, JobState, ManualClock, NewJob, Queue, WorkerPool};
+use tickler::{Durability, JobState, ManualClock, Queue};
 
 #[test]
 fn a_forward_step_does_not_cost_a_live_holder_its_job() {
@@ -23,16 +22,7 @@ fn a_forward_step_does_not_cost_a_live_holder_its_job() {
         .open()
         .unwrap();
     let rec = Recorder::new();
-    let mut pool = WorkerPool::builder(&queue)
-        .threads(1)
-        .lease(secs(60))
-        .handler("script", rec.script())
-        .start()
-        .unwrap();
-    let id = queue
-        .enqueue(NewJob::new("script").payload(json!({"block": true})))
-        .unwrap();
-    wait_until("the handler started", secs(10), || rec.started() == 1);
+    let (mut pool, id) = pool_common::one_blocked_job(&queue, &rec, secs(60));
     let token = queue.get(id).unwrap().run_token;
     // NTP steps the clock of a box without an RTC, or the box resumes
     // from suspend: 10 minutes forward.

@@ -4,7 +4,6 @@
 mod pool_common;
 
 use pool_common::{ms, open_queue, secs, temp_db, wait_until, Recorder};
-use serde_json::json;
 use std::time::Instant;
 use tickler::{JobContext, JobError, JobState, NewJob, WorkerPool};
 
@@ -15,16 +14,7 @@ fn shutdown_returns_after_its_grace_with_a_handler_that_ignores_it() {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
     let rec = Recorder::new();
-    let mut pool = WorkerPool::builder(&queue)
-        .threads(1)
-        .lease(secs(5))
-        .handler("script", rec.script())
-        .start()
-        .unwrap();
-    let id = queue
-        .enqueue(NewJob::new("script").payload(json!({"block": true})))
-        .unwrap();
-    wait_until("the handler started", secs(10), || rec.started() == 1);
+    let (mut pool, id) = pool_common::one_blocked_job(&queue, &rec, secs(5));
     let asked = Instant::now();
     let report = pool.shutdown(ms(200));
     let took = asked.elapsed();

@@ -103,13 +103,7 @@ fn the_error_history_is_bounded_and_survives_death() {
     assert_eq!(job.errors.last().unwrap().attempt, 30);
     assert!(job.errors.iter().all(|e| e.error.len() <= MAX_ERROR_BYTES));
     assert!(job.last_error.unwrap().starts_with("attempt 30"));
-    let stored: i64 = raw(&path)
-        .query_row(
-            "SELECT length(errors) FROM tickler_jobs WHERE id = ?1",
-            [id.0],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let stored = stored_history_bytes(&path, id);
     // JSON escapes newlines: a little over 20 x 8 KiB on disk.
     assert!(
         stored < (ERROR_HISTORY_MAX * (MAX_ERROR_BYTES * 2 + 512)) as i64,
@@ -130,13 +124,7 @@ fn the_stored_history_of_control_character_errors_stays_under_the_row_headroom()
         queue.fail(&lease, &"\u{1}".repeat(100_000)).unwrap();
         clock.advance(secs(120));
     }
-    let stored: i64 = raw(&path)
-        .query_row(
-            "SELECT length(errors) FROM tickler_jobs WHERE id = ?1",
-            [id.0],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let stored = stored_history_bytes(&path, id);
     eprintln!("stored history: {stored} bytes");
     assert!(stored < 1024 * 1024 - 64 * 1024, "{stored}");
     assert!(queue.get(id).unwrap().unreadable.is_none());
@@ -211,4 +199,15 @@ fn a_very_long_heartbeat_stays_in_the_storable_range() {
     assert!(lease.lease_expires_at <= last);
     let renewed = queue.heartbeat(&lease, huge).unwrap();
     assert!(renewed <= last, "heartbeat granted a lease until {renewed}");
+}
+
+/// Bytes of the job's `errors` column as stored (JSON text).
+fn stored_history_bytes(path: &std::path::Path, id: tickler::JobId) -> i64 {
+    raw(path)
+        .query_row(
+            "SELECT length(errors) FROM tickler_jobs WHERE id = ?1",
+            [id.0],
+            |r| r.get(0),
+        )
+        .unwrap()
 }

@@ -264,3 +264,23 @@ impl Handler for Script {
         result
     }
 }
+
+/// A 1-thread pool with `lease` whose handler is the recorder's script,
+/// and one job that blocks at the recorder's gate, already started.
+pub fn one_blocked_job(
+    queue: &Queue,
+    rec: &Arc<Recorder>,
+    lease: Duration,
+) -> (tickler::WorkerPool, JobId) {
+    let pool = tickler::WorkerPool::builder(queue)
+        .threads(1)
+        .lease(lease)
+        .handler("script", rec.script())
+        .start()
+        .unwrap();
+    let id = queue
+        .enqueue(tickler::NewJob::new("script").payload(serde_json::json!({"block": true})))
+        .unwrap();
+    wait_until("the handler started", secs(10), || rec.started() == 1);
+    (pool, id)
+}
