@@ -9,8 +9,11 @@
 //!
 //! Every scenario runs on a fresh file in a temporary directory, under
 //! `Durability::Normal` and `Durability::Full`. Throughput figures are also
-//! printed as a ratio to a raw-SQLite baseline measured in the same run with
-//! the same pragmas, so they read the same on any machine.
+//! printed as a ratio to raw-SQLite baselines measured in the same run with
+//! the same schema and pragmas, so they read the same on any machine: one job
+//! per transaction (`ratio_to_raw_cycle`) and the raw limit, 32 jobs per
+//! transaction (`ratio_to_raw_batched`). A pool built with no setting
+//! changed carries `"settings": "default"`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,11 +28,10 @@ use tickler::{Durability, JobContext, JobError, JobState, NewJob, Queue, WorkerP
 
 struct Sizes {
     raw_jobs: usize,
+    raw_batched_jobs: usize,
     enqueue_single: usize,
     enqueue_batches: usize,
     burn_jobs: usize,
-    /// Jobs for the burn-down with default pool settings (prefetch 0).
-    default_burn_jobs: usize,
     steady_secs: u64,
     wakeup_jobs: usize,
     wakeup_secs: u64,
@@ -61,10 +63,10 @@ fn main() {
     let sizes = if quick {
         Sizes {
             raw_jobs: 500,
+            raw_batched_jobs: 5_000,
             enqueue_single: 300,
             enqueue_batches: 5,
             burn_jobs: 5_000,
-            default_burn_jobs: 2_000,
             steady_secs: 1,
             wakeup_jobs: 1_000,
             wakeup_secs: 1,
@@ -75,10 +77,10 @@ fn main() {
     } else {
         Sizes {
             raw_jobs: 5_000,
+            raw_batched_jobs: 200_000,
             enqueue_single: 3_000,
             enqueue_batches: 50,
             burn_jobs: 200_000,
-            default_burn_jobs: 50_000,
             steady_secs: 20,
             wakeup_jobs: 10_000,
             wakeup_secs: 10,
@@ -103,8 +105,10 @@ fn main() {
         let d = durability_name(durability);
         let insert = raw_insert(durability, sizes.raw_jobs);
         let cycle = raw_cycle(durability, sizes.raw_jobs);
+        let batched = raw_cycle_batched(durability, sizes.raw_batched_jobs);
         baselines.insert(("insert", d), insert);
         baselines.insert(("cycle", d), cycle);
+        baselines.insert(("batched", d), batched);
         emit(
             json!({"scenario": "raw_insert", "durability": d, "jobs": sizes.raw_jobs,
             "jobs_per_s": round(insert), "note": "one INSERT per transaction, single thread"}),
@@ -114,6 +118,11 @@ fn main() {
             "jobs_per_s": round(cycle),
             "note": "BEGIN IMMEDIATE; claiming UPDATE..RETURNING; COMMIT; then completing UPDATE in its own transaction; single thread"}),
         );
+        emit(
+            json!({"scenario": "raw_claim_complete_batched", "durability": d,
+            "jobs": sizes.raw_batched_jobs, "batch": RAW_BATCH, "jobs_per_s": round(batched),
+            "note": "one BEGIN IMMEDIATE..COMMIT per 32 jobs: completes the previous 32 (one prepared UPDATE each) and claims the next 32 (one UPDATE..RETURNING); single thread"}),
+        );
     }
     for durability in [Durability::Normal, Durability::Full] {
         if !needs_baselines {
@@ -122,11 +131,12 @@ fn main() {
         let d = durability_name(durability);
         let insert = baselines[&("insert", d)];
         let cycle = baselines[&("cycle", d)];
+        let batched = baselines[&("batched", d)];
         if wants("enqueue") {
             enqueue(durability, &sizes, insert);
         }
         if wants("burn") {
-            burn_down(durability, &sizes, cycle);
+            burn_down(durability, &sizes, Baselines { cycle, batched });
         }
         if wants("steady") {
             for rate in [1_000, 10_000] {
@@ -380,10 +390,10 @@ fn sdcard_inner(quick: bool) {
     );
     let sizes = Sizes {
         raw_jobs,
+        raw_batched_jobs: burn_jobs,
         enqueue_single: enqueue_jobs,
         enqueue_batches: 5,
         burn_jobs,
-        default_burn_jobs,
         steady_secs: 0,
         wakeup_jobs,
         wakeup_secs,
@@ -393,7 +403,7 @@ fn sdcard_inner(quick: bool) {
     };
     println!("# sdcard (every fsync 5 ms):");
     enqueue(durability, &sizes, insert);
-    for &(threads, prefetch, jobs) in &[(4, 64, burn_jobs), (4, 0, default_burn_jobs)] {
+    for &(threads, prefetch, jobs) in &[(4, Some(64), burn_jobs), (4, None, default_burn_jobs)] {
         let dir = tempfile::tempdir().expect("tempdir");
         let (_, queue) = fresh(&dir, durability);
         fill(&queue, jobs);
@@ -405,7 +415,7 @@ fn sdcard_inner(quick: bool) {
         pool.shutdown(Duration::from_secs(5));
         emit(
             json!({"scenario": "sdcard_burn_down", "durability": "full", "shim": shim,
-            "threads": threads, "prefetch": prefetch, "jobs": jobs, "finished": finished,
+            "threads": threads, "settings": settings_name(prefetch), "jobs": jobs, "finished": finished,
             "jobs_per_s": round(rate), "ratio_to_raw_cycle": round(rate / cycle)}),
         );
     }
@@ -482,10 +492,18 @@ fn fill(queue: &Queue, n: usize) {
     }
 }
 
-fn noop_pool(queue: &Queue, threads: usize, prefetch: usize, done: Arc<AtomicUsize>) -> WorkerPool {
-    WorkerPool::builder(queue)
-        .threads(threads)
-        .prefetch(prefetch)
+/// A pool of no-op handlers; `prefetch: None` leaves the pool's default.
+fn noop_pool(
+    queue: &Queue,
+    threads: usize,
+    prefetch: Option<usize>,
+    done: Arc<AtomicUsize>,
+) -> WorkerPool {
+    let mut builder = WorkerPool::builder(queue).threads(threads);
+    if let Some(n) = prefetch {
+        builder = builder.prefetch(n);
+    }
+    builder
         .handler("noop", move |_: &JobContext| {
             done.fetch_add(1, Ordering::Relaxed);
             Ok::<(), JobError>(())
@@ -592,6 +610,64 @@ fn raw_cycle(durability: Durability, n: usize) -> f64 {
     n as f64 / started.elapsed().as_secs_f64()
 }
 
+/// Jobs per transaction of the batched raw baseline.
+const RAW_BATCH: usize = 32;
+
+/// The raw limit: what a hand-written claim/complete loop on the same schema
+/// and pragmas does when it batches like tickler's pool does, one
+/// transaction completing the previous batch and claiming the next.
+fn raw_cycle_batched(durability: Durability, n: usize) -> f64 {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut conn = raw_connection(&dir, durability);
+    {
+        let tx = conn.transaction().expect("tx");
+        for i in 0..n {
+            tx.execute(RAW_INSERT, params![i as i64]).expect("insert");
+        }
+        tx.commit().expect("commit");
+    }
+    let started = Instant::now();
+    let mut claimed: Vec<i64> = Vec::with_capacity(RAW_BATCH);
+    let mut done = 0;
+    loop {
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .expect("begin");
+        {
+            let mut complete = tx
+                .prepare_cached(
+                    "UPDATE tickler_jobs SET status='succeeded', finished_at=3 WHERE id=?1 AND status='running'",
+                )
+                .expect("prepare complete");
+            for id in claimed.drain(..) {
+                complete.execute([id]).expect("complete");
+                done += 1;
+            }
+            let mut claim = tx
+                .prepare_cached(
+                    "UPDATE tickler_jobs SET status='running', run_token=lower(hex(randomblob(16))),
+                         attempts=attempts+1, claimed_by='raw', claimed_at=1, lease_expires_at=2
+                     WHERE id IN (SELECT id FROM tickler_jobs WHERE status='pending' AND queue='default'
+                                  AND run_at <= 9999999 ORDER BY priority DESC, run_at, id LIMIT ?1)
+                     RETURNING id",
+                )
+                .expect("prepare claim");
+            let ids = claim
+                .query_map([RAW_BATCH as i64], |r| r.get(0))
+                .expect("claim");
+            for id in ids {
+                claimed.push(id.expect("claimed id"));
+            }
+        }
+        tx.commit().expect("commit");
+        if claimed.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(done, n, "the batched raw loop completes every job");
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
 // ---------------------------------------------------------------- enqueue
 
 fn enqueue(durability: Durability, sizes: &Sizes, baseline: f64) {
@@ -642,18 +718,36 @@ fn enqueue(durability: Durability, sizes: &Sizes, baseline: f64) {
 
 // -------------------------------------------------------------- burn-down
 
-fn burn_down(durability: Durability, sizes: &Sizes, baseline: f64) {
+/// The raw baselines a burn-down row is divided by: one job per transaction
+/// (`raw_cycle`) and 32 per transaction (`raw_cycle_batched`), the latter
+/// being about what SQLite can do at all with this schema.
+#[derive(Clone, Copy)]
+struct Baselines {
+    cycle: f64,
+    batched: f64,
+}
+
+/// A pool's settings as the benchmark names them: `None` is a pool built
+/// with no setting changed (`"settings": "default"` in its JSON line).
+fn settings_name(prefetch: Option<usize>) -> Value {
+    match prefetch {
+        None => json!("default"),
+        Some(n) => json!(format!("prefetch({n})")),
+    }
+}
+
+fn burn_down(durability: Durability, sizes: &Sizes, baselines: Baselines) {
     let d = durability_name(durability);
-    // The series uses prefetch 64 (claims run ahead of free threads, so one
-    // commit carries dozens of jobs); the last run shows the default (0).
-    let runs: &[(usize, usize, usize)] = &[
-        (1, 64, sizes.burn_jobs),
-        (2, 64, sizes.burn_jobs),
-        (4, 64, sizes.burn_jobs),
-        (8, 64, sizes.burn_jobs),
-        (4, 0, sizes.default_burn_jobs),
+    let runs: &[(usize, Option<usize>)] = &[
+        (1, None),
+        (4, None),
+        (8, None),
+        (1, Some(64)),
+        (4, Some(64)),
+        (4, Some(512)),
     ];
-    for &(threads, prefetch, jobs) in runs {
+    for &(threads, prefetch) in runs {
+        let jobs = sizes.burn_jobs;
         let dir = tempfile::tempdir().expect("tempdir");
         let (_, queue) = fresh(&dir, durability);
         fill(&queue, jobs);
@@ -668,16 +762,17 @@ fn burn_down(durability: Durability, sizes: &Sizes, baseline: f64) {
         let rate = jobs as f64 / elapsed.as_secs_f64();
         emit(
             json!({"scenario": "burn_down", "durability": d, "processes": 1, "threads": threads,
-            "prefetch": prefetch, "jobs": jobs, "finished": finished,
-            "jobs_per_s": round(rate), "ratio_to_raw_cycle": round(rate / baseline),
+            "settings": settings_name(prefetch), "jobs": jobs, "finished": finished,
+            "jobs_per_s": round(rate), "ratio_to_raw_batched": round(rate / baselines.batched),
+            "ratio_to_raw_cycle": round(rate / baselines.cycle),
             "cpu_ms_per_1000_jobs": round(cpu.as_secs_f64() * 1e6 / jobs as f64)}),
         );
     }
-    {
-        let prefetch = 64;
+    for prefetch in [None, Some(64)] {
         let dir = tempfile::tempdir().expect("tempdir");
         let (path, queue) = fresh(&dir, durability);
         fill(&queue, sizes.burn_jobs);
+        let prefetch_arg = prefetch.map_or("default".to_owned(), |n| n.to_string());
         let started = Instant::now();
         let children: Vec<_> = (0..2)
             .map(|_| {
@@ -685,7 +780,7 @@ fn burn_down(durability: Durability, sizes: &Sizes, baseline: f64) {
                     "drain",
                     path.to_str().expect("utf-8 path"),
                     "4",
-                    &prefetch.to_string(),
+                    &prefetch_arg,
                     d,
                 ])
             })
@@ -696,8 +791,9 @@ fn burn_down(durability: Durability, sizes: &Sizes, baseline: f64) {
         let shares: Vec<&Value> = reports.iter().map(|r| &r["jobs"]).collect();
         emit(
             json!({"scenario": "burn_down", "durability": d, "processes": 2, "threads": 4,
-            "prefetch": prefetch, "jobs": sizes.burn_jobs, "per_process": shares,
-            "jobs_per_s": round(rate), "ratio_to_raw_cycle": round(rate / baseline),
+            "settings": settings_name(prefetch), "jobs": sizes.burn_jobs, "per_process": shares,
+            "jobs_per_s": round(rate), "ratio_to_raw_batched": round(rate / baselines.batched),
+            "ratio_to_raw_cycle": round(rate / baselines.cycle),
             "note": "includes starting the two processes"}),
         );
     }
@@ -722,7 +818,7 @@ fn child_report(child: std::process::Child) -> Value {
     serde_json::from_slice(&out.stdout).expect("child prints one JSON object")
 }
 
-/// `--child drain DB THREADS PREFETCH DURABILITY`: runs a no-op pool until
+/// `--child drain DB THREADS PREFETCH|default DURABILITY`: runs a no-op pool until
 /// no open job is left, prints what it did.
 fn child(args: &[String]) {
     let [what, db, threads, prefetch, durability] = args else {
@@ -737,7 +833,7 @@ fn child(args: &[String]) {
     let mut pool = noop_pool(
         &queue,
         threads.parse().expect("threads"),
-        prefetch.parse().expect("prefetch"),
+        (prefetch != "default").then(|| prefetch.parse().expect("prefetch")),
         Arc::clone(&done),
     );
     while open_jobs(&queue) > 0 {
@@ -767,12 +863,11 @@ struct Lateness {
     from_due_ms: Vec<f64>,
 }
 
-/// A 4-thread-style pool that records lateness; prefetch 64 as in the
-/// burn-down series, so 10,000 jobs/s can be kept up with.
+/// A pool that records lateness, built with no setting changed but its
+/// thread count: the lateness users get.
 fn timing_pool(queue: &Queue, threads: usize, late: Arc<Mutex<Lateness>>) -> WorkerPool {
     WorkerPool::builder(queue)
         .threads(threads)
-        .prefetch(64)
         .handler("timed", move |ctx: &JobContext| {
             let now = chrono::Utc::now().timestamp_millis() as f64;
             let enqueued = ctx.payload()["enqueued_ms"].as_f64().unwrap_or(now);
@@ -832,7 +927,7 @@ fn steady(durability: Durability, rate: usize, secs: u64) {
     let late = std::mem::take(&mut *late.lock().expect("lateness lock"));
     emit(
         json!({"scenario": "steady_state", "durability": d, "rate_per_s": rate, "seconds": secs,
-        "threads": 4, "prefetch": 64, "jobs": enqueued,
+        "threads": 4, "settings": "default", "jobs": enqueued,
         "enqueue_to_start_ms": percentiles_ms(late.from_enqueue_ms),
         "due_to_start_ms": percentiles_ms(late.from_due_ms),
         "cpu_ms_per_1000_jobs": round(cpu.as_secs_f64() * 1e6 / enqueued as f64),
