@@ -32,7 +32,6 @@ const LEASE: Duration = Duration::from_millis(1500);
 const POISON: usize = 5;
 const SLOW: usize = 3;
 const SAME_MILLISECOND: usize = 300;
-const PREFETCH: usize = 32;
 
 #[derive(Serialize, Deserialize)]
 struct Reminder {
@@ -234,9 +233,6 @@ fn run_worker(db: &Path, process: &str, threads: usize) -> Result<(), Box<dyn st
     let process_name = process.to_owned();
     let mut pool = WorkerPool::builder(&queue)
         .threads(threads)
-        // Claim ahead of free threads: each commit then records and claims
-        // dozens of jobs, which is what keeps a due burst on time.
-        .prefetch(PREFETCH)
         .lease(LEASE)
         .reaper(ReaperConfig {
             interval: Duration::from_millis(200),

@@ -89,15 +89,22 @@
 //!
 //! ## Worker pools
 //!
-//! A [`WorkerPool`] claims jobs of the kinds it has handlers for, never more
-//! than its free threads plus [`WorkerPoolBuilder::prefetch`], runs each
+//! A [`WorkerPool`] claims jobs of the kinds it has handlers for, runs each
 //! handler outside any transaction, renews leases with one heartbeat
 //! transaction per tick, and records outcomes by **group commit**: the
 //! outcomes of every job that finished since the last commit and the claim
-//! of the next jobs share one transaction. Measured in `BENCHMARKS.md`
-//! (`cargo bench --bench tickler_bench -- --only burn`): a 4-thread pool
-//! drains no-op jobs at several times the rate of a one-job-per-transaction
-//! claim+complete loop on the same file, and tens of times with a prefetch.
+//! of the next jobs share one transaction.
+//!
+//! What a pool claims beyond its free threads is bounded by time: about as
+//! many jobs as it expects to start within half of
+//! [`WorkerPoolBuilder::prefetch_hold`] (20 ms), from the measured run time
+//! of its handlers, at most [`WorkerPoolBuilder::prefetch`] (512). A flood
+//! of short jobs is claimed hundreds at a time; long jobs one per free
+//! thread; and a job claimed ahead that still waits for a thread after the
+//! holding time is handed back for any process to run. Measured in
+//! `BENCHMARKS.md` (`cargo bench --bench tickler_bench -- --only burn`): with
+//! default settings a 4-thread pool drains no-op jobs at about the rate of a
+//! hand-written loop that claims and completes 32 jobs per transaction.
 //!
 //! ## What each write promises (and which ones fsync)
 //!
@@ -178,7 +185,7 @@ pub use schedule::{
 pub use scheduler::{Scheduler, SchedulerConfig};
 pub use worker::{
     CancelReason, Handler, JobContext, JobError, PoolStats, ShutdownReport, WorkerPool,
-    WorkerPoolBuilder, DEFAULT_PRIORITY_AGING,
+    WorkerPoolBuilder, DEFAULT_PREFETCH, DEFAULT_PREFETCH_HOLD, DEFAULT_PRIORITY_AGING,
 };
 
 /// The README's code examples, compiled (and the runnable ones run) by

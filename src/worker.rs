@@ -29,16 +29,25 @@ use crate::reaper::{Reaper, ReaperConfig};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use chrono::{DateTime, Utc};
 use crossbeam_channel::{Receiver, Sender};
+use std::collections::VecDeque;
 use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
-/// Default of [`WorkerPoolBuilder::priority_aging`]: one claim in 10 starts
-/// with the oldest due job, whatever its priority.
+/// Default of [`WorkerPoolBuilder::priority_aging`]: one job in 10 that a
+/// pool claims is the oldest due one, whatever its priority.
 pub const DEFAULT_PRIORITY_AGING: usize = 10;
+
+/// Default of [`WorkerPoolBuilder::prefetch`]: the most jobs a pool claims
+/// beyond its free threads, however short they are.
+pub const DEFAULT_PREFETCH: usize = 512;
+
+/// Default of [`WorkerPoolBuilder::prefetch_hold`]: the longest a claimed
+/// job waits in a pool for a thread before it is handed back.
+pub const DEFAULT_PREFETCH_HOLD: Duration = Duration::from_millis(20);
 
 /// Most outcomes written in one dispatcher transaction.
 const MAX_OUTCOME_BATCH: usize = 512;
@@ -327,6 +336,7 @@ pub struct WorkerPoolBuilder {
     heartbeat_interval: Option<Duration>,
     claim_batch: usize,
     prefetch: usize,
+    prefetch_hold: Duration,
     reaper: Option<ReaperConfig>,
     scheduler: Option<SchedulerConfig>,
     max_idle: Duration,
@@ -382,14 +392,14 @@ impl WorkerPoolBuilder {
         self
     }
 
-    /// Priority aging: one claim in `every` that the pool makes starts with
-    /// the oldest due job whatever its priority (default
+    /// Priority aging: one job in `every` that the pool claims is the
+    /// oldest due job whatever its priority (default
     /// [`DEFAULT_PRIORITY_AGING`], 10); every other job goes by priority,
     /// then due time. Within a queue, priority orders the work, but a
     /// low-priority job does not wait for as long as higher-priority ones
-    /// keep coming: once it is the oldest due job, it is claimed within
-    /// `every` claims (a claim takes as many jobs as the pool has room
-    /// for: one per free thread, plus any prefetch). `0` turns aging off (strictly ordered priority; see
+    /// keep coming: once it is the oldest due job, it is among the next
+    /// `every` jobs the pool claims (a claim of 500 jobs takes its 50
+    /// oldest first, in one statement). `0` turns aging off (strictly ordered priority; see
     /// also [`WorkerPoolBuilder::strict_priority`]).
     pub fn priority_aging(mut self, every: usize) -> Self {
         self.priority_aging = every;
@@ -422,13 +432,31 @@ impl WorkerPoolBuilder {
         self
     }
 
-    /// Jobs claimed beyond free worker slots, waiting for a thread (default 0:
-    /// a busy process does not sit on due jobs another process could run).
-    /// A claimed job that has waited longer than one heartbeat interval for
-    /// a thread (all of them held by long or hung handlers) is handed back,
-    /// pending at once with its attempt given back, for any process to run.
+    /// Most jobs claimed beyond free threads, waiting for one (default
+    /// [`DEFAULT_PREFETCH`], 512; `0`: never more than the free threads).
+    ///
+    /// Within this cap, what a pool claims ahead is bounded by time, not by
+    /// count: about as many jobs as it expects to start within half of
+    /// [`WorkerPoolBuilder::prefetch_hold`], judged from the measured run
+    /// time of its handlers (an average over recent jobs of every kind). A
+    /// flood of short jobs is claimed in large batches (one commit records
+    /// and claims hundreds); jobs that run for seconds are claimed one per
+    /// free thread; a pool that has not yet seen a handler return claims
+    /// none ahead.
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = n;
+        self
+    }
+
+    /// The holding time (default [`DEFAULT_PREFETCH_HOLD`], 20 ms): a job
+    /// claimed ahead that has waited this long for a thread of this pool
+    /// (the estimate was wrong: its threads are held by longer or hung
+    /// handlers) is handed back, pending at once with its attempt given
+    /// back, for any process to run; the pool then claims none ahead until
+    /// one of its threads takes a job. So a busy process never sits on due
+    /// jobs that an idle one could run for longer than this.
+    pub fn prefetch_hold(mut self, hold: Duration) -> Self {
+        self.prefetch_hold = hold.max(Duration::from_millis(1));
         self
     }
 
@@ -553,8 +581,8 @@ impl WorkerPoolBuilder {
             .worker_id
             .clone()
             .unwrap_or_else(|| format!("pid{}-{:08x}", std::process::id(), fastrand::u32(..)));
-        let capacity = self.threads + self.prefetch;
-        let (job_tx, job_rx) = crossbeam_channel::bounded::<Lease>(capacity);
+        // Unbounded: the dispatcher sends no more than it has slots for.
+        let (job_tx, job_rx) = crossbeam_channel::unbounded::<Lease>();
         let (outcome_tx, outcome_rx) = crossbeam_channel::unbounded::<(Lease, Outcome)>();
         let watcher = self.queue.watcher()?;
         let scheduler = match self.scheduler {
@@ -579,6 +607,9 @@ impl WorkerPoolBuilder {
             replaced: AtomicUsize::new(0),
             max_replacements: self.replacement_threads.unwrap_or(self.threads),
             timeout_grace: self.timeout_grace,
+            received: AtomicU64::new(0),
+            run_time: RunTime::default(),
+            handed_back: AtomicUsize::new(0),
         });
 
         let mut kinds: Vec<String> = shared.handlers.keys().cloned().collect();
@@ -593,7 +624,9 @@ impl WorkerPoolBuilder {
                 queues: self.queues.clone(),
                 kinds,
                 worker_id: worker_id.clone(),
-                capacity,
+                threads: self.threads,
+                prefetch: self.prefetch,
+                prefetch_hold: self.prefetch_hold,
                 claim_batch: self.claim_batch,
                 max_idle: self.max_idle,
                 poll: self.poll,
@@ -691,6 +724,10 @@ pub struct PoolStats {
     /// Replacement threads started for stuck ones, over the pool's life
     /// (at most [`WorkerPoolBuilder::replacement_threads`]).
     pub replacement_threads: usize,
+    /// Jobs claimed ahead that waited longer than
+    /// [`WorkerPoolBuilder::prefetch_hold`] for a thread and were handed
+    /// back, over the pool's life.
+    pub handed_back: usize,
 }
 
 /// What [`WorkerPool::shutdown`] did.
@@ -716,7 +753,8 @@ impl WorkerPool {
             lease: Duration::from_secs(30),
             heartbeat_interval: None,
             claim_batch: usize::MAX,
-            prefetch: 0,
+            prefetch: DEFAULT_PREFETCH,
+            prefetch_hold: DEFAULT_PREFETCH_HOLD,
             reaper: Some(ReaperConfig::default()),
             scheduler: Some(SchedulerConfig::default()),
             max_idle: Duration::from_secs(1),
@@ -749,6 +787,7 @@ impl WorkerPool {
             in_flight: self.in_flight(),
             stuck_threads: lock(&shared.stuck).len(),
             replacement_threads: shared.replaced.load(Ordering::SeqCst),
+            handed_back: shared.handed_back.load(Ordering::SeqCst),
         }
     }
 
@@ -870,6 +909,13 @@ struct Shared {
     replaced: AtomicUsize,
     max_replacements: usize,
     timeout_grace: Duration,
+    /// Leases taken off the job channel so far: by workers, and by the
+    /// dispatcher handing back those that waited past the holding time.
+    received: AtomicU64,
+    /// How long handlers run, for what to claim ahead.
+    run_time: RunTime,
+    /// Jobs handed back for waiting past the holding time.
+    handed_back: AtomicUsize,
 }
 
 impl Shared {
@@ -972,8 +1018,6 @@ struct InFlight {
     run: Arc<RunState>,
     /// The worker thread running the handler (set when it starts).
     thread: Option<(ThreadId, String)>,
-    /// When the dispatcher claimed it.
-    claimed: Instant,
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
@@ -983,12 +1027,130 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
         .expect("spawning a worker pool thread")
 }
 
+/// The average time a handler of this pool runs: an exponentially weighted
+/// mean over the jobs that returned (each new run weighs 1/8), so that one
+/// long run among short ones pulls it up at once and a few dozen short ones
+/// bring it back down. Unknown until the first handler returns.
+#[derive(Debug)]
+struct RunTime(AtomicU64);
+
+impl Default for RunTime {
+    fn default() -> Self {
+        RunTime(AtomicU64::new(Self::UNKNOWN))
+    }
+}
+
+impl RunTime {
+    const UNKNOWN: u64 = u64::MAX;
+
+    fn record(&self, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(Self::UNKNOWN - 1);
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |mean| {
+                Some(if mean == Self::UNKNOWN {
+                    ns
+                } else {
+                    mean - mean / 8 + ns / 8
+                })
+            });
+    }
+
+    /// The mean, or `None` before any handler returned.
+    fn mean(&self) -> Option<Duration> {
+        match self.0.load(Ordering::Relaxed) {
+            Self::UNKNOWN => None,
+            ns => Some(Duration::from_nanos(ns)),
+        }
+    }
+}
+
+/// The dispatcher's account of jobs claimed ahead of free threads: which
+/// claim each lease in the job channel came from and when, so that those
+/// that wait past the holding time are handed back.
+#[derive(Debug, Default)]
+struct Ahead {
+    /// Per claim: when it committed, and the count of leases sent into the
+    /// job channel up to and including it.
+    claims: VecDeque<(Instant, u64)>,
+    sent: u64,
+    /// After a hand-back, nothing is claimed ahead until a thread takes a
+    /// lease again (`Shared::received` moves past this).
+    paused_at: Option<u64>,
+}
+
+impl Ahead {
+    fn sent(&mut self, n: usize, at: Instant) {
+        if n > 0 {
+            self.sent += n as u64;
+            self.claims.push_back((at, self.sent));
+        }
+    }
+
+    /// How many jobs to claim beyond the free threads now.
+    fn budget(&mut self, shared: &Shared, config: &DispatchConfig) -> usize {
+        let received = shared.received.load(Ordering::SeqCst);
+        if self.paused_at.is_some_and(|at| at == received) {
+            return 0;
+        }
+        self.paused_at = None;
+        let Some(mean) = shared.run_time.mean() else {
+            return 0;
+        };
+        let window = config.prefetch_hold / 2;
+        let per_thread = window.as_nanos() / mean.as_nanos().max(1);
+        let expected = per_thread.saturating_mul(config.threads as u128);
+        usize::try_from(expected)
+            .unwrap_or(usize::MAX)
+            .min(config.prefetch)
+    }
+
+    /// When the oldest lease still waiting in the channel has waited the
+    /// holding time.
+    fn next_deadline(&mut self, shared: &Shared, hold: Duration) -> Option<Instant> {
+        let received = shared.received.load(Ordering::SeqCst);
+        while self.claims.front().is_some_and(|&(_, end)| end <= received) {
+            self.claims.pop_front();
+        }
+        self.claims.front().map(|&(at, _)| at + hold)
+    }
+
+    /// Takes out of the job channel every lease that has waited the holding
+    /// time (the oldest are at its front), for the caller to hand back.
+    fn take_expired(&mut self, shared: &Shared, hold: Duration, now: Instant) -> Vec<Lease> {
+        let mut expired = Vec::new();
+        if self.next_deadline(shared, hold).is_none_or(|d| d > now) {
+            return expired;
+        }
+        let target = self
+            .claims
+            .iter()
+            .take_while(|&&(at, _)| at + hold <= now)
+            .map(|&(_, end)| end)
+            .last()
+            .unwrap_or(0);
+        while shared.received.load(Ordering::SeqCst) < target {
+            let Ok(lease) = shared.jobs.try_recv() else {
+                break;
+            };
+            shared.received.fetch_add(1, Ordering::SeqCst);
+            expired.push(lease);
+        }
+        if !expired.is_empty() {
+            self.paused_at = Some(shared.received.load(Ordering::SeqCst));
+        }
+        expired
+    }
+}
+
 struct DispatchConfig {
     outcome_sync_interval: Duration,
     queues: Vec<String>,
     kinds: Vec<String>,
     worker_id: String,
-    capacity: usize,
+    threads: usize,
+    prefetch: usize,
+    prefetch_hold: Duration,
     claim_batch: usize,
     max_idle: Duration,
     poll: Duration,
@@ -1009,14 +1171,16 @@ fn dispatch_loop(
 ) {
     let mut queues: Vec<&str> = config.queues.iter().map(String::as_str).collect();
     let kinds: Vec<&str> = config.kinds.iter().map(String::as_str).collect();
-    // Claims made so far, for priority aging.
-    let mut claims = 0usize;
+    // Jobs claimed so far, for priority aging.
+    let mut claimed = 0usize;
     let mut jobs = Some(jobs);
     // After a claim that got all it asked for, more may be due; otherwise
     // ask the (cheap, lock-free) read path before taking the write lock.
     let mut more_may_be_due = true;
     let mut error_pause = Duration::from_millis(50);
     let mut unsynced = UnsyncedOutcomes::new(config.outcome_sync_interval);
+    let mut ahead = Ahead::default();
+    let hold = config.prefetch_hold;
     loop {
         unsynced.sync_if_due(&shared.queue, false);
         let stopping = shared.stopping.load(Ordering::SeqCst);
@@ -1024,10 +1188,40 @@ fn dispatch_loop(
             // Workers end once the job channel is closed and empty.
             jobs = None;
         }
-        let finished = take_outcomes(shared, outcomes);
-        let free = config
-            .capacity
-            .saturating_sub(shared.busy_slots.load(Ordering::SeqCst));
+        let mut finished = take_outcomes(shared, outcomes);
+        if jobs.is_some() {
+            let expired = ahead.take_expired(shared, hold, Instant::now());
+            if !expired.is_empty() {
+                log::info!(
+                    "handing back {} job(s) that waited over {hold:?} for a thread of this pool",
+                    expired.len()
+                );
+                shared
+                    .handed_back
+                    .fetch_add(expired.len(), Ordering::SeqCst);
+                let mut in_flight = shared.lock_in_flight();
+                for lease in &expired {
+                    remove_run(&mut in_flight, lease);
+                }
+                drop(in_flight);
+                shared.busy_slots.fetch_sub(expired.len(), Ordering::SeqCst);
+                finished.extend(expired.into_iter().map(|lease| (lease, Outcome::Release)));
+            }
+        }
+        // Sleeps end when a lease claimed ahead has waited the holding time.
+        let wake_by = |wait: Duration, ahead: &mut Ahead, unsynced: &UnsyncedOutcomes| {
+            let wait = unsynced.cap(wait);
+            match ahead.next_deadline(shared, hold) {
+                Some(deadline) => wait.min(
+                    deadline
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(1)),
+                ),
+                None => wait,
+            }
+        };
+        let slots = config.threads + ahead.budget(shared, config);
+        let free = slots.saturating_sub(shared.busy_slots.load(Ordering::SeqCst));
         let mut want = if jobs.is_some() && free > 0 {
             free.min(config.claim_batch)
         } else {
@@ -1039,12 +1233,16 @@ fn dispatch_loop(
                 Ok(next) => {
                     want = 0;
                     if finished.is_empty() {
-                        let sleep = unsynced.cap(next.map_or(config.max_idle, |due| {
-                            (due - shared.queue.clock().now())
-                                .to_std()
-                                .unwrap_or(Duration::ZERO)
-                                .clamp(Duration::from_millis(1), config.max_idle)
-                        }));
+                        let sleep = wake_by(
+                            next.map_or(config.max_idle, |due| {
+                                (due - shared.queue.clock().now())
+                                    .to_std()
+                                    .unwrap_or(Duration::ZERO)
+                                    .clamp(Duration::from_millis(1), config.max_idle)
+                            }),
+                            &mut ahead,
+                            &unsynced,
+                        );
                         if let Err(e) = watcher.wait(sleep, config.poll) {
                             log::error!("watching for new jobs failed: {e}");
                             std::thread::sleep(config.poll);
@@ -1074,19 +1272,18 @@ fn dispatch_loop(
                 }
             } else {
                 // All slots busy: a worker finishing wakes the watcher.
-                let wait = unsynced.cap(config.max_idle);
+                let wait = wake_by(config.max_idle, &mut ahead, &unsynced);
                 let _ = watcher.wait(wait, wait);
             }
             continue;
         }
         // Each queue leads in turn (see the builder).
         queues.rotate_left(1);
-        // One claim in `every` starts with the oldest due job. Counted in
-        // claims, not jobs: a pool claiming 64 at a time pays the extra
-        // statement once in `every` commits, not in each.
+        // One job in `every` is the oldest due one: as many as this claim
+        // crosses multiples of `every`, taken in one statement.
         let oldest_first = match config.aging_every {
             0 => 0,
-            every => usize::from(claims % every == every - 1),
+            every => (claimed.wrapping_add(want) / every).saturating_sub(claimed / every),
         };
         let request = ClaimRequest {
             queues: &queues,
@@ -1099,11 +1296,10 @@ fn dispatch_loop(
         let claim = (want > 0).then_some(&request);
         match record(shared, &finished, claim, &config.worker_id, &mut unsynced) {
             Some(leases) => {
-                if want > 0 {
-                    claims = claims.wrapping_add(1);
-                }
+                claimed = claimed.wrapping_add(leases.len());
                 error_pause = Duration::from_millis(50);
                 more_may_be_due = want > 0 && leases.len() == want;
+                ahead.sent(leases.len(), Instant::now());
                 for lease in leases {
                     shared.busy_slots.fetch_add(1, Ordering::SeqCst);
                     shared.lock_in_flight().insert(
@@ -1116,7 +1312,6 @@ fn dispatch_loop(
                             completion: Arc::default(),
                             run: Arc::default(),
                             thread: None,
-                            claimed: Instant::now(),
                         },
                     );
                     if let Some(jobs) = &jobs {
@@ -1294,6 +1489,7 @@ fn work_loop(shared: &Shared) {
     let me = std::thread::current();
     let thread = (me.id(), me.name().unwrap_or("(unnamed)").to_owned());
     while let Ok(lease) = shared.jobs.recv() {
+        shared.received.fetch_add(1, Ordering::SeqCst);
         let handler = shared.handlers.get(&lease.kind);
         let outcome = match handler {
             // Unstarted at shutdown (or, impossibly, a kind without handler):
@@ -1312,8 +1508,8 @@ fn work_loop(shared: &Shared) {
                     })
                 };
                 let Some((cancel, completion, run)) = started else {
-                    // Handed back while it waited for a thread (see
-                    // `hand_back_waiting`): another process may run it now.
+                    // No longer this pool's (defensive: the dispatcher takes
+                    // the leases it hands back out of the channel itself).
                     shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
                     shared.fetcher_waker.wake();
                     continue;
@@ -1333,7 +1529,9 @@ fn work_loop(shared: &Shared) {
                     queue: shared.queue.clone(),
                     completion,
                 };
+                let began = Instant::now();
                 let result = catch_unwind(AssertUnwindSafe(|| handler.run(&ctx)));
+                shared.run_time.record(began.elapsed());
                 if let Err(state) = run.end() {
                     // Written off by the heartbeat thread while it ran: the
                     // job was failed as timed out and may run elsewhere now.
@@ -1503,9 +1701,6 @@ fn heartbeat_loop(shared: &Arc<Shared>, interval: Duration, mut watcher: ChangeW
             if now < next_beat {
                 continue;
             }
-            drop(in_flight);
-            hand_back_waiting(shared, now, interval);
-            let in_flight = shared.lock_in_flight();
             in_flight
                 .values()
                 .filter(|job| {
@@ -1541,38 +1736,6 @@ fn heartbeat_loop(shared: &Arc<Shared>, interval: Duration, mut watcher: ChangeW
             }
             Err(e) => log::error!("heartbeat of {} lease(s) failed: {e}", leases.len()),
         }
-    }
-}
-
-/// Hands back (pending at once, attempt given back) every claimed job that
-/// has waited longer than one heartbeat interval for a thread of this pool:
-/// a pool whose threads are all held by long or hung handlers must not sit
-/// on due jobs that another process could run. A worker that later takes
-/// one of them off the queue skips it.
-fn hand_back_waiting(shared: &Shared, now: Instant, waited: Duration) {
-    let waiting: Vec<Lease> = {
-        let mut in_flight = shared.lock_in_flight();
-        let ids: Vec<JobId> = in_flight
-            .iter()
-            .filter(|(_, job)| {
-                job.thread.is_none() && !job.finishing && now >= job.claimed + waited
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        ids.iter()
-            .filter_map(|id| in_flight.remove(id))
-            .map(|job| job.lease)
-            .collect()
-    };
-    if waiting.is_empty() {
-        return;
-    }
-    log::info!(
-        "handing back {} job(s) that waited over {waited:?} for a thread of this pool",
-        waiting.len()
-    );
-    for lease in waiting {
-        let _ = shared.outcomes.send((lease, Outcome::Release));
     }
 }
 

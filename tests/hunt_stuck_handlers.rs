@@ -64,7 +64,9 @@ fn a_timed_out_job_keeps_its_unique_key_while_its_handler_still_runs() {
 
 /// One pool with 1 thread and 1 prefetched job; its thread hangs in a
 /// handler. A second, idle pool on the same file should be able to run the
-/// job the first one prefetched.
+/// job the first one prefetched. (The first pool is warmed up by jobs that
+/// return at once, so that it does claim ahead; its holding time is long
+/// enough for the test to see the prefetched job before it is handed back.)
 fn prefetched_job_behind_a_hung_handler(timeout: Option<Duration>) -> (bool, JobState) {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
@@ -72,6 +74,7 @@ fn prefetched_job_behind_a_hung_handler(timeout: Option<Duration>) -> (bool, Job
     let mut a = WorkerPool::builder(&queue)
         .threads(1)
         .prefetch(1)
+        .prefetch_hold(ms(300))
         .lease(secs(1))
         .timeout_grace(ms(100))
         .replacement_threads(0)
@@ -85,8 +88,12 @@ fn prefetched_job_behind_a_hung_handler(timeout: Option<Duration>) -> (bool, Job
     if let Some(t) = timeout {
         hung = hung.timeout(t);
     }
+    queue
+        .enqueue_batch((0..20).map(|_| NewJob::new("script")).collect())
+        .unwrap();
+    wait_until("the warm-up jobs ran", secs(10), || rec.ended() == 20);
     let _hung = queue.enqueue(hung).unwrap();
-    wait_until("the hung handler started", secs(10), || rec.started() == 1);
+    wait_until("the hung handler started", secs(10), || rec.started() == 21);
     let behind = queue.enqueue(NewJob::new("script")).unwrap();
     wait_until("pool a prefetched the job behind", secs(10), || {
         queue.get(behind).unwrap().state == JobState::Running

@@ -14,36 +14,42 @@ use pool_common::{open_queue, open_queue_slow_retry, secs, temp_db, wait_until, 
 use std::time::Instant;
 use tickler::{CancelReason, JobState, NewJob, WorkerPool};
 
+const WARM_UP: usize = 10;
+
 #[test]
 fn unstarted_jobs_go_back_to_pending_with_their_attempt() {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
     let rec = Recorder::new();
 
-    // Enqueued before the pool starts, so its first claim takes the slow job
-    // (highest priority) and five more for the prefetch buffer.
-    let slow = queue
-        .enqueue(
-            NewJob::new("script")
-                .priority(10)
-                .payload(serde_json::json!({"block": true})),
-        )
-        .unwrap();
-    let others = queue
-        .enqueue_batch(
-            (0..7)
-                .map(|_| NewJob::new("script").payload(serde_json::json!({"action": "ok"})))
-                .collect(),
-        )
-        .unwrap();
-
+    // Warmed up by jobs that return at once, the pool claims ahead (up to
+    // 5, held for up to a minute); then one batch, so that its next claim
+    // takes the slow job (highest priority) and five more.
     let mut pool = WorkerPool::builder(&queue)
         .threads(1)
         .prefetch(5)
+        .prefetch_hold(secs(60))
         .handler("script", rec.script())
+        .handler("warm-up", |_: &tickler::JobContext| {
+            Ok::<(), tickler::JobError>(())
+        })
         .shutdown_grace(secs(10))
         .start()
         .unwrap();
+    queue
+        .enqueue_batch((0..WARM_UP).map(|_| NewJob::new("warm-up")).collect())
+        .unwrap();
+    wait_until("the warm-up jobs ran", secs(10), || {
+        queue.count(JobState::Succeeded).unwrap() == WARM_UP as u64
+    });
+    let mut batch = vec![NewJob::new("script")
+        .priority(10)
+        .payload(serde_json::json!({"block": true}))];
+    batch
+        .extend((0..7).map(|_| NewJob::new("script").payload(serde_json::json!({"action": "ok"}))));
+    let mut ids = queue.enqueue_batch(batch).unwrap();
+    let others = ids.split_off(1);
+    let slow = ids[0];
     let worker_id = pool.worker_id().to_owned();
     wait_until("the slow job started", secs(10), || rec.started() == 1);
     assert_eq!(rec.runs()[0].job_id, slow);
@@ -100,7 +106,7 @@ fn unstarted_jobs_go_back_to_pending_with_their_attempt() {
         .start()
         .unwrap();
     wait_until("the released jobs ran", secs(10), || {
-        queue.count(JobState::Succeeded).unwrap() == 8
+        queue.count(JobState::Succeeded).unwrap() == (WARM_UP + 8) as u64
     });
     pool2.shutdown(secs(5));
     for run in rec2.runs() {

@@ -1,8 +1,10 @@
 //! A pool's fetcher claims no more jobs than it has free worker slots
-//! (prefetch 0): a busy pool does not sit on due jobs that another pool
-//! could run. Pool A (2 threads, handlers blocked) holds exactly 2 of 10
-//! jobs; pool B, started later on its own handle of the file, gets and runs
-//! the other 8 while A's handlers are still blocked.
+//! (prefetch 0, and by default while it has not yet seen a handler return):
+//! a busy pool does not sit on due jobs that another pool could run. Pool A
+//! (2 threads, handlers blocked) holds exactly 2 of 10 jobs; pool B, started
+//! later on its own handle of the file, gets and runs the other 8 while A's
+//! handlers are still blocked. (Jobs claimed ahead by a pool that expected
+//! short jobs: `tests/prefetch_by_time.rs`.)
 
 mod pool_common;
 
@@ -12,12 +14,25 @@ use tickler::{JobFilter, JobState, NewJob, WorkerPool};
 
 #[test]
 fn a_busy_pool_claims_no_more_than_its_free_slots() {
+    a_busy_pool_holds_its_threads_worth(Some(0));
+}
+
+#[test]
+fn a_busy_pool_with_default_settings_claims_no_more_than_its_free_slots() {
+    a_busy_pool_holds_its_threads_worth(None);
+}
+
+/// `prefetch: None` leaves the pool's default.
+fn a_busy_pool_holds_its_threads_worth(prefetch: Option<usize>) {
     let (_dir, path) = temp_db();
     let queue_a = open_queue(&path);
     let rec_a = Recorder::new();
-    let mut pool_a = WorkerPool::builder(&queue_a)
+    let mut builder = WorkerPool::builder(&queue_a);
+    if let Some(n) = prefetch {
+        builder = builder.prefetch(n);
+    }
+    let mut pool_a = builder
         .threads(2)
-        .prefetch(0)
         .lease(secs(5))
         .heartbeat_interval(ms(40))
         .handler("block", rec_a.script())
