@@ -1056,8 +1056,20 @@ impl Queue {
             let (recorded, claimed) = self.write_with(commit, |tx| {
                 let now = self.now_ms();
                 let mut recorded = Vec::with_capacity(pending_outcomes.len());
-                for (lease, outcome) in pending_outcomes {
-                    recorded.push(record_in(tx, lease, outcome, now, &policy)?);
+                let mut rest = pending_outcomes;
+                while let Some(((lease, outcome), after)) = rest.split_first() {
+                    // A run of successes is one statement (see complete_many).
+                    let run = rest
+                        .iter()
+                        .take_while(|(_, o)| *o == Outcome::Complete)
+                        .count();
+                    if run > 1 {
+                        complete_many(tx, &rest[..run], now, &policy, &mut recorded)?;
+                        rest = &rest[run..];
+                    } else {
+                        recorded.push(record_in(tx, lease, outcome, now, &policy)?);
+                        rest = after;
+                    }
                 }
                 let Some((request, lease_ms, sql)) = &claim else {
                     return Ok((recorded, Some(Vec::new())));
@@ -2792,6 +2804,76 @@ fn record_in(
             .execute(params![lease.job_id.0, lease.run_token.0])?;
     }
     Ok(fenced(changed, lease))
+}
+
+/// COMPLETE_SQL for many leases at once: ?1 now, ?2 a JSON object of
+/// `"id": "run_token"` members (an object rather than `[id, token]`
+/// pairs, so that SQLite reads each member once rather than once per
+/// `->>`). Returns the `id, run_token` of each job it completed.
+const COMPLETE_MANY_SQL: &str = "UPDATE tickler_jobs
+    SET status = 'succeeded', finished_at = ?1, lease_expires_at = NULL, last_error = NULL
+    FROM (SELECT CAST(key AS INTEGER) AS id, value AS run_token FROM json_each(?2)) AS done
+    WHERE tickler_jobs.id = done.id AND tickler_jobs.run_token = done.run_token
+      AND tickler_jobs.status = 'running'
+    RETURNING tickler_jobs.id, tickler_jobs.run_token";
+
+/// Records `Outcome::Complete` for each of `leases` (in order) into
+/// `recorded`, as [`record_in`] would one by one, but with one statement
+/// for all of them: each single-row UPDATE that changes `status` builds
+/// SQLite's ephemeral tables for the `status IN (…)` lists of the schema's
+/// CHECK constraints and partial indexes (four of them) anew, which cost
+/// more than the update itself. A lease it did not complete is lost
+/// (`LeaseLost`, and its cancelled job's holder has stopped), as with
+/// COMPLETE_SQL. If SQLite refuses the statement (a trigger or
+/// constraint), nothing of it was done and each lease is recorded on its
+/// own, so that the refusal stays with its own job.
+fn complete_many(
+    tx: &rusqlite::Transaction<'_>,
+    leases: &[(&Lease, Outcome)],
+    now: i64,
+    policy: &RetryPolicy,
+    recorded: &mut Vec<Result<()>>,
+) -> Result<()> {
+    /// `{"id": "run_token", …}`, in order (a lease given twice, twice).
+    struct Members<'a>(&'a [(&'a Lease, Outcome)]);
+    impl serde::Serialize for Members<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+            s.collect_map(
+                self.0
+                    .iter()
+                    .map(|(lease, _)| (lease.job_id.0, lease.run_token.0.as_str())),
+            )
+        }
+    }
+    let pairs = serde_json::to_string(&Members(leases))?;
+    let done = isolated(tx, || {
+        let mut stmt = tx.prepare_cached(COMPLETE_MANY_SQL)?;
+        let rows = stmt.query_map(params![now, pairs], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<HashMap<i64, String>>>()?)
+    })?;
+    let mut done = match done {
+        Ok(done) => done,
+        Err(_) => {
+            for (lease, outcome) in leases {
+                recorded.push(record_in(tx, lease, outcome, now, policy)?);
+            }
+            return Ok(());
+        }
+    };
+    for (lease, _) in leases {
+        // A lease given twice completes once, like two COMPLETE_SQL.
+        let changed = done.get(&lease.job_id.0) == Some(&lease.run_token.0);
+        if changed {
+            done.remove(&lease.job_id.0);
+        } else {
+            tx.prepare_cached(HOLDER_STOPPED_SQL)?
+                .execute(params![lease.job_id.0, lease.run_token.0])?;
+        }
+        recorded.push(fenced(usize::from(changed), lease));
+    }
+    Ok(())
 }
 
 /// ?1 id, ?2 run_token: the cancelled job's holder has stopped.
