@@ -648,7 +648,7 @@ fn raw_cycle_batched(durability: Durability, n: usize) -> f64 {
                     "UPDATE tickler_jobs SET status='running', run_token=lower(hex(randomblob(16))),
                          attempts=attempts+1, claimed_by='raw', claimed_at=1, lease_expires_at=2
                      WHERE id IN (SELECT id FROM tickler_jobs WHERE status='pending' AND queue='default'
-                                  AND run_at <= 9999999 ORDER BY priority DESC, run_at, id LIMIT ?1)
+                                  AND run_at <= 9999999 ORDER BY priority DESC, run_at, id LIMIT +?1)
                      RETURNING id",
                 )
                 .expect("prepare claim");

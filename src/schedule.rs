@@ -1393,7 +1393,7 @@ impl Queue {
                     .prepare_cached(&format!(
                         "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules
                          WHERE paused = 0 AND next_tick_at IS NOT NULL AND next_tick_at <= ?1
-                         ORDER BY next_tick_at, name LIMIT ?2"
+                         ORDER BY next_tick_at, name LIMIT +?2"
                     ))?
                     .query_map(params![now, SCHEDULE_BATCH], stored_from_row)?
                     .collect::<rusqlite::Result<Vec<_>>>()?;
