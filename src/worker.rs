@@ -1017,7 +1017,7 @@ struct InFlight {
     completion: Arc<SelfCompletion>,
     run: Arc<RunState>,
     /// The worker thread running the handler (set when it starts).
-    thread: Option<(ThreadId, String)>,
+    thread: Option<(ThreadId, Arc<str>)>,
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
@@ -1487,7 +1487,7 @@ fn record(
 fn work_loop(shared: &Shared) {
     let outcomes = &shared.outcomes;
     let me = std::thread::current();
-    let thread = (me.id(), me.name().unwrap_or("(unnamed)").to_owned());
+    let thread: (ThreadId, Arc<str>) = (me.id(), Arc::from(me.name().unwrap_or("(unnamed)")));
     while let Ok(lease) = shared.jobs.recv() {
         shared.received.fetch_add(1, Ordering::SeqCst);
         let handler = shared.handlers.get(&lease.kind);
