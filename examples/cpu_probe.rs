@@ -7,7 +7,8 @@
 //! cargo run --release --example cpu_probe -- [JOBS] [THREADS] [PREFETCH]
 //! ```
 //!
-//! Defaults: 20,000 jobs, 1 thread, `prefetch(64)`. Under callgrind
+//! Defaults: 20,000 jobs, 1 thread, the pool's default prefetch cap
+//! ([`tickler::DEFAULT_PREFETCH`]). Under callgrind
 //! (instruction counts are repeatable on a noisy machine; build with
 //! `CARGO_PROFILE_RELEASE_DEBUG=true`):
 //!
@@ -34,7 +35,7 @@ fn main() {
     };
     let jobs = next(20_000);
     let threads = next(1);
-    let prefetch = next(64);
+    let prefetch = next(tickler::DEFAULT_PREFETCH);
 
     let dir = tempfile::tempdir().expect("tempdir");
     let queue = Queue::builder(dir.path().join("probe.db"))
