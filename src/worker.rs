@@ -610,6 +610,7 @@ impl WorkerPoolBuilder {
             received: AtomicU64::new(0),
             run_time: RunTime::default(),
             handed_back: AtomicUsize::new(0),
+            claims_over: AtomicBool::new(false),
         });
 
         let mut kinds: Vec<String> = shared.handlers.keys().cloned().collect();
@@ -633,6 +634,7 @@ impl WorkerPoolBuilder {
                 aging_every: self.priority_aging,
             };
             spawn("tickler-dispatcher", move || {
+                let _over = ClaimsOver(&shared);
                 dispatch_loop(&shared, &config, watcher, job_tx, &outcome_rx)
             })
         };
@@ -806,6 +808,20 @@ impl WorkerPool {
         let shared = &self.shared;
         shared.stopping.store(true, Ordering::SeqCst);
         shared.fetcher_waker.wake();
+        let deadline = Instant::now() + grace;
+        // A claim under way (waiting for the write lock, say) may still
+        // commit: wait until the dispatcher has sent its leases and claims
+        // no more, so that none is left in the channel after we return.
+        while !shared.claims_over.load(Ordering::SeqCst) && Instant::now() < deadline {
+            shared.fetcher_waker.wake();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if !shared.claims_over.load(Ordering::SeqCst) {
+            log::warn!(
+                "shutdown: the dispatcher's last claim had not finished within the grace period; \
+                 jobs it claims are handed back by the workers, or taken back by the reaper"
+            );
+        }
         // Unstarted jobs go back at once; a worker that picks one up during
         // this race hands it back the same way.
         let unstarted: Vec<Lease> = self.job_rx.try_iter().collect();
@@ -824,7 +840,6 @@ impl WorkerPool {
             }
             shared.busy_slots.fetch_sub(released, Ordering::SeqCst);
         }
-        let deadline = Instant::now() + grace;
         while !shared.live_workers_finished() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -916,6 +931,10 @@ struct Shared {
     run_time: RunTime,
     /// Jobs handed back for waiting past the holding time.
     handed_back: AtomicUsize,
+    /// Set by the dispatcher once it has seen `stopping` and will claim no
+    /// more: every lease it claimed is in the job channel or with a worker
+    /// by then (also set if the dispatcher thread ends).
+    claims_over: AtomicBool,
 }
 
 impl Shared {
@@ -1143,6 +1162,16 @@ impl Ahead {
     }
 }
 
+/// Sets `Shared::claims_over` when the dispatcher thread ends, however it
+/// ends, so that `shutdown` never waits for a dispatcher that is gone.
+struct ClaimsOver<'a>(&'a Shared);
+
+impl Drop for ClaimsOver<'_> {
+    fn drop(&mut self) {
+        self.0.claims_over.store(true, Ordering::SeqCst);
+    }
+}
+
 struct DispatchConfig {
     outcome_sync_interval: Duration,
     queues: Vec<String>,
@@ -1181,14 +1210,21 @@ fn dispatch_loop(
     let mut unsynced = UnsyncedOutcomes::new(config.outcome_sync_interval);
     let mut ahead = Ahead::default();
     let hold = config.prefetch_hold;
+    // Claimed by a claim that committed after shutdown began: handed back
+    // with the next commit, never sent to a worker.
+    let mut claimed_too_late: Vec<(Lease, Outcome)> = Vec::new();
     loop {
         unsynced.sync_if_due(&shared.queue, false);
         let stopping = shared.stopping.load(Ordering::SeqCst);
-        if stopping {
-            // Workers end once the job channel is closed and empty.
+        if stopping && jobs.is_some() {
+            // Workers end once the job channel is closed and empty. A claim
+            // that committed while shutdown began has been sent by now, so
+            // shutdown can hand back all that is in the channel.
             jobs = None;
+            shared.claims_over.store(true, Ordering::SeqCst);
         }
         let mut finished = take_outcomes(shared, outcomes);
+        finished.append(&mut claimed_too_late);
         if jobs.is_some() {
             let expired = ahead.take_expired(shared, hold, Instant::now());
             if !expired.is_empty() {
@@ -1298,6 +1334,12 @@ fn dispatch_loop(
             Some(leases) => {
                 claimed = claimed.wrapping_add(leases.len());
                 error_pause = Duration::from_millis(50);
+                if shared.stopping.load(Ordering::SeqCst) {
+                    // The claim waited (for the write lock, say) while
+                    // shutdown began, which may already have returned.
+                    claimed_too_late.extend(leases.into_iter().map(|l| (l, Outcome::Release)));
+                    continue;
+                }
                 more_may_be_due = want > 0 && leases.len() == want;
                 ahead.sent(leases.len(), Instant::now());
                 for lease in leases {
