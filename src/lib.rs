@@ -155,6 +155,7 @@ mod reaper;
 mod retry;
 mod schedule;
 mod scheduler;
+mod sqlite;
 mod worker;
 
 /// The `rusqlite` this crate is built with: its types appear in the public

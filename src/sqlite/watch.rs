@@ -1,0 +1,157 @@
+//! Wake-ups on commits: in-process at once, from other processes by
+//! file-change notifications of the `-wal` file and `PRAGMA data_version`.
+
+use crate::error::Result;
+use crate::file_events::FileEvents;
+use crossbeam_channel::{Receiver, Sender};
+use rusqlite::Connection;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Wakes a fetcher when the file may hold new work; see [`Queue::watcher`].
+pub struct ChangeWatcher {
+    conn: Connection,
+    version: i64,
+    wake: Receiver<()>,
+    wake_tx: Sender<()>,
+    /// Writes to the `-wal` file by any process.
+    file: Receiver<()>,
+    file_events: Arc<FileEvents>,
+    /// After a write to the `-wal` file, `data_version` is polled quickly
+    /// until then: the commit that wrote it becomes visible a moment later.
+    hot_until: Option<Instant>,
+    /// Current poll interval where there are no file notifications; grows
+    /// while nothing changes.
+    fallback_poll: Duration,
+}
+
+/// How long `data_version` is polled (from 1 ms, doubling) after a write
+/// to the `-wal` file was reported: the commit marker is written before
+/// the commit is published in the shared-memory index, and under
+/// `Durability::Full` an fsync (5 ms and more on an SD card) lies between.
+const HOT_POLL_WINDOW: Duration = Duration::from_millis(100);
+
+/// Without file notifications, the poll interval doubles from the given
+/// `poll` up to this while nothing changes: a bound on how late another
+/// process's job is seen, and about 20 checks a second per idle watcher.
+const FALLBACK_POLL_MAX: Duration = Duration::from_millis(50);
+
+/// Wakes one [`ChangeWatcher`]; see [`ChangeWatcher::waker`].
+#[derive(Debug, Clone)]
+pub struct Waker(Sender<()>);
+
+impl Waker {
+    /// Makes the watcher's current or next `wait` return at once.
+    pub fn wake(&self) {
+        let _ = self.0.try_send(());
+    }
+}
+
+impl std::fmt::Debug for ChangeWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChangeWatcher")
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+impl ChangeWatcher {
+    /// A watcher on `conn` (its own connection to the file), woken by
+    /// `wake` (its sender `wake_tx` registered with the store) and by the
+    /// store's file notifications.
+    pub(crate) fn new(
+        conn: Connection,
+        wake: Receiver<()>,
+        wake_tx: Sender<()>,
+        file_events: &Arc<FileEvents>,
+    ) -> Result<ChangeWatcher> {
+        let version = data_version(&conn)?;
+        Ok(ChangeWatcher {
+            conn,
+            version,
+            wake,
+            wake_tx,
+            file: file_events.subscribe(),
+            file_events: Arc::clone(file_events),
+            hot_until: None,
+            fallback_poll: Duration::ZERO,
+        })
+    }
+
+    /// Waits up to `timeout` for a change. Returns true on a change (or a
+    /// [`Waker::wake`]), false on timeout.
+    ///
+    /// Commits by other processes are seen when the operating system
+    /// reports a write to the `-wal` file (then `PRAGMA data_version` is
+    /// checked at 1, 2, 4 … ms for up to 100 ms, until the commit is
+    /// visible); an idle watcher makes no other wake-up. Where there are
+    /// no file notifications, `data_version` is checked every `poll`,
+    /// doubling while nothing changes up to 50 ms (or `poll`, if longer).
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`] if `PRAGMA data_version` fails.
+    pub fn wait(&mut self, timeout: Duration, poll: Duration) -> Result<bool> {
+        let deadline = Instant::now() + timeout;
+        let mut hot_step = Duration::from_millis(1);
+        loop {
+            if self.changed()? {
+                self.fallback_poll = Duration::ZERO;
+                return Ok(true);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            let slice = if self.hot_until.is_some_and(|until| now < until) {
+                let step = hot_step;
+                hot_step *= 2;
+                step
+            } else if self.file_events.live() {
+                self.hot_until = None;
+                deadline - now
+            } else {
+                let step = self.fallback_poll.max(poll);
+                self.fallback_poll = (step * 2).min(poll.max(FALLBACK_POLL_MAX));
+                step
+            };
+            let slice = slice.min(deadline - now).max(Duration::from_micros(100));
+            crossbeam_channel::select! {
+                recv(self.wake) -> _ => return Ok(true),
+                recv(self.file) -> _ => {
+                    self.hot_until = Some(Instant::now() + HOT_POLL_WINDOW);
+                    hot_step = Duration::from_millis(1);
+                }
+                default(slice) => {}
+            }
+        }
+    }
+
+    /// A handle that wakes this watcher's [`ChangeWatcher::wait`] from any
+    /// thread (for example to tell a sleeping fetcher to stop or that a
+    /// worker slot came free).
+    pub fn waker(&self) -> Waker {
+        Waker(self.wake_tx.clone())
+    }
+
+    /// True if any connection committed since the last call (or since the
+    /// watcher was made). Drains pending in-process wake-ups.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`] if `PRAGMA data_version` fails.
+    pub fn changed(&mut self) -> Result<bool> {
+        let woken = self.wake.try_recv().is_ok();
+        if self.file.try_recv().is_ok() {
+            self.hot_until = Some(Instant::now() + HOT_POLL_WINDOW);
+        }
+        let version = data_version(&self.conn)?;
+        let moved = version != self.version;
+        self.version = version;
+        Ok(woken || moved)
+    }
+}
+
+fn data_version(conn: &Connection) -> Result<i64> {
+    Ok(conn
+        .prepare_cached("PRAGMA data_version")?
+        .query_row([], |r| r.get(0))?)
+}
