@@ -9,7 +9,8 @@
 use crate::clock::ms_to_datetime;
 use crate::error::{Error, Result};
 use crate::job::{JobId, JobState, NewJob, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
-use crate::queue::{insert_valid, Queue, MAX_TIMESTAMP_MS};
+use crate::queue::{Queue, MAX_TIMESTAMP_MS};
+use crate::sqlite::sql::insert_valid;
 use chrono::{DateTime, FixedOffset, LocalResult, Offset, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};

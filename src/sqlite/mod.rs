@@ -4,6 +4,8 @@
 //! the group commit of concurrent enqueues, migrations, and wake-ups on
 //! commits ([`ChangeWatcher`]).
 
+pub(crate) mod rows;
+pub(crate) mod sql;
 mod watch;
 
 pub use watch::{ChangeWatcher, Waker};
