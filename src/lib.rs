@@ -145,6 +145,7 @@
 #![warn(missing_docs)]
 
 mod clock;
+mod engine;
 mod error;
 mod file_events;
 mod job;

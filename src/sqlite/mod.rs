@@ -4,17 +4,20 @@
 //! the group commit of concurrent enqueues, migrations, and wake-ups on
 //! commits ([`ChangeWatcher`]).
 
+mod jobs;
 pub(crate) mod rows;
 pub(crate) mod sql;
 mod watch;
 
 pub use watch::{ChangeWatcher, Waker};
 
+use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::file_events::FileEvents;
 use crate::job::JobId;
 use crate::metrics::{WaitHistogram, WriteLockWaits};
 use crate::queue::{Checkpoint, ConnectionHook, Durability, ValidJob};
+use crate::retry::RetryPolicy;
 use crossbeam_channel::Sender;
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
@@ -33,6 +36,8 @@ pub(crate) struct StoreSettings<'a> {
     pub busy_retry: Duration,
     pub read_connections: u32,
     pub on_connection: Option<&'a ConnectionHook>,
+    pub clock: Arc<dyn Clock>,
+    pub retry_policy: RetryPolicy,
 }
 
 /// The connections of one opened `Queue` (shared by its clones) and what
@@ -43,6 +48,10 @@ pub(crate) struct Store {
     busy_timeout: Duration,
     busy_retry: Duration,
     on_connection: Option<ConnectionHook>,
+    /// Where "now" comes from.
+    clock: Arc<dyn Clock>,
+    /// Backoff after failed attempts and expired leases.
+    retry_policy: RetryPolicy,
     /// The process's single write path: in-process writers queue on this
     /// mutex instead of racing through SQLite's busy handler (whose sleeps
     /// grow to 100 ms and are unfair).
@@ -68,6 +77,21 @@ pub(crate) struct Store {
 /// The schema version this build writes (`PRAGMA user_version`).
 pub(crate) fn schema_version() -> i64 {
     migrations().last().map(|(v, _)| *v).unwrap_or(0)
+}
+
+/// See [`crate::Queue::file_schema_version`].
+pub(crate) fn file_schema_version(path: &Path) -> Result<Option<i64>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| open_error(path, e))?;
+    conn.query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map(Some)
+        .map_err(|e| open_error(path, e))
 }
 
 /// Calls of the busy handler on this thread so far: a change tells a
@@ -110,6 +134,8 @@ impl Store {
             busy_timeout: settings.busy_timeout,
             busy_retry: settings.busy_retry,
             on_connection: settings.on_connection.cloned(),
+            clock: Arc::clone(&settings.clock),
+            retry_policy: settings.retry_policy,
             writer: Mutex::new(Writer {
                 conn: writer,
                 synchronous: durability,
@@ -128,6 +154,11 @@ impl Store {
             other => other,
         })?;
         Ok((store, usize::try_from(length_limit).unwrap_or(0)))
+    }
+
+    /// Now, in ms since the epoch, from the queue's clock.
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
     }
 
     /// The file.

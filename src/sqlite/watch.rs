@@ -8,7 +8,7 @@ use rusqlite::Connection;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Wakes a fetcher when the file may hold new work; see [`Queue::watcher`].
+/// Wakes a fetcher when the file may hold new work; see [`crate::Queue::watcher`].
 pub struct ChangeWatcher {
     conn: Connection,
     version: i64,
@@ -89,7 +89,7 @@ impl ChangeWatcher {
     /// doubling while nothing changes up to 50 ms (or `poll`, if longer).
     ///
     /// # Errors
-    /// [`Error::Sqlite`] if `PRAGMA data_version` fails.
+    /// [`crate::Error::Sqlite`] if `PRAGMA data_version` fails.
     pub fn wait(&mut self, timeout: Duration, poll: Duration) -> Result<bool> {
         let deadline = Instant::now() + timeout;
         let mut hot_step = Duration::from_millis(1);
@@ -137,7 +137,7 @@ impl ChangeWatcher {
     /// watcher was made). Drains pending in-process wake-ups.
     ///
     /// # Errors
-    /// [`Error::Sqlite`] if `PRAGMA data_version` fails.
+    /// [`crate::Error::Sqlite`] if `PRAGMA data_version` fails.
     pub fn changed(&mut self) -> Result<bool> {
         let woken = self.wake.try_recv().is_ok();
         if self.file.try_recv().is_ok() {

@@ -1,0 +1,85 @@
+//! The storage seam: what the engine-neutral [`crate::Queue`] asks of an
+//! engine. Each engine (today `crate::sqlite`) implements it with its own
+//! SQL; the worker pool, reaper, scheduler and CLI use only the `Queue`
+//! API above it.
+//!
+//! Every write here is one short transaction of the engine's own; what a
+//! method promises (fencing by run_token, the reaper's conditions, unique
+//! keys) is documented on the `Queue` method of the same name. Nothing in
+//! this trait assumes `UPDATE … RETURNING`: an engine may claim with a
+//! locking read followed by an update.
+
+use crate::error::Result;
+use crate::job::{Job, JobId, JobState};
+use crate::lease::Lease;
+use crate::queue::{ClaimRequest, JobFilter, Outcome, OutcomeSync, Stats, ValidJob};
+use chrono::{DateTime, Utc};
+use std::time::Duration;
+
+/// An engine: where jobs are stored, claimed and fenced.
+pub(crate) trait Engine: Send + Sync {
+    /// Stores validated jobs in one transaction (all or none) and wakes
+    /// this process's fetchers; see [`crate::Queue::enqueue_batch`].
+    fn enqueue(&self, rows: Vec<ValidJob>) -> Result<Vec<JobId>>;
+
+    /// See [`crate::Queue::next_due`].
+    fn next_due(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<Option<DateTime<Utc>>>;
+
+    /// See [`crate::Queue::heartbeat_many`].
+    fn heartbeat_many(
+        &self,
+        leases: &[&Lease],
+        extend_by: Duration,
+    ) -> Result<Vec<Result<DateTime<Utc>>>>;
+
+    /// See [`crate::Queue::leases_held`].
+    fn leases_held(&self, leases: &[&Lease]) -> Result<Vec<bool>>;
+
+    /// See [`crate::Queue::record_and_claim`].
+    fn record_and_claim(
+        &self,
+        outcomes: &[(&Lease, Outcome)],
+        claim: Option<&ClaimRequest<'_>>,
+        sync: OutcomeSync,
+    ) -> Result<(Vec<Result<()>>, Vec<Lease>)>;
+
+    /// See [`crate::Queue::reap_expired_before`].
+    fn reap_expired_before(&self, cutoff: Option<i64>) -> Result<u64>;
+
+    /// See [`crate::Queue::reap_at`]: `cutoff` is "now" in ms, as read
+    /// before waiting for the write lock.
+    fn reap_settled(&self, cutoff: i64) -> Result<u64>;
+
+    /// See [`crate::Queue::cancel`].
+    fn cancel(&self, id: JobId) -> Result<()>;
+
+    /// See [`crate::Queue::retry`].
+    fn retry(&self, id: JobId) -> Result<()>;
+
+    /// See [`crate::Queue::prune`].
+    fn prune(&self, finished_before: DateTime<Utc>) -> Result<u64>;
+
+    /// See [`crate::Queue::get`].
+    fn get(&self, id: JobId) -> Result<Job>;
+
+    /// See [`crate::Queue::list`].
+    fn list(&self, filter: &JobFilter) -> Result<Vec<Job>>;
+
+    /// See [`crate::Queue::count`].
+    fn count(&self, state: JobState) -> Result<u64>;
+
+    /// See [`crate::Queue::stats`].
+    fn stats(&self) -> Result<Stats>;
+
+    /// See [`crate::Queue::retry_dead`].
+    fn retry_dead(&self, queue: Option<&str>) -> Result<(u64, u64)>;
+
+    /// See [`crate::Queue::prune_state`].
+    fn prune_state(&self, finished_before: DateTime<Utc>, state: JobState) -> Result<u64>;
+
+    /// See [`crate::Queue::finished_since`].
+    fn finished_since(&self, since: DateTime<Utc>) -> Result<u64>;
+
+    /// See [`crate::Queue::unfinished`].
+    fn unfinished(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<u64>;
+}
