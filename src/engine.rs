@@ -3,8 +3,8 @@
 //! SQL; the worker pool, reaper, scheduler and CLI use only the `Queue`
 //! API above it.
 //!
-//! Every write here is one short transaction of the engine's own; what a
-//! method promises (fencing by run_token, the reaper's conditions, unique
+//! Every write here runs in short transactions of the engine's own (one,
+//! or a few for the bulk operator actions); what a method promises (fencing by run_token, the reaper's conditions, unique
 //! keys) is documented on the `Queue` method of the same name. Nothing in
 //! this trait assumes `UPDATE … RETURNING`: an engine may claim with a
 //! locking read followed by an update.
@@ -43,7 +43,8 @@ pub(crate) trait Engine: Send + Sync {
         sync: OutcomeSync,
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)>;
 
-    /// See [`crate::Queue::reap_expired_before`].
+    /// One look of [`crate::Queue::reap`]: leases expired before
+    /// `cutoff` (ms; `None`: now), taken back at once.
     fn reap_expired_before(&self, cutoff: Option<i64>) -> Result<u64>;
 
     /// See [`crate::Queue::reap_at`]: `cutoff` is "now" in ms, as read

@@ -7,14 +7,23 @@
 //! - claiming: `Engine::record_and_claim`, on SQLite in `src/sqlite/jobs.rs`
 //!   (`PROMOTE_SQL`, then one `UPDATE … RETURNING` built by `claim_sql` in
 //!   `src/sqlite/sql.rs`);
-//! - fencing by run_token: `record_in`, `complete_many` and the heartbeat
-//!   in `src/sqlite/`, every statement guarded by
-//!   `id AND run_token AND status = 'running'`;
-//! - the reaper's conditional update: `REAP_SQL` and `Store::reap_look`;
-//! - reading "now": through the queue's [`Clock`] (`Store::now_ms`);
+//! - fencing by run_token: `record_in` and `complete_many` in
+//!   `src/sqlite/sql.rs`, the heartbeat in `src/sqlite/jobs.rs`, every
+//!   statement guarded by `id AND run_token AND status = 'running'`;
+//! - the reaper's conditional update: `REAP_SQL` (`src/sqlite/sql.rs`) and
+//!   `Store::reap_look` (`src/sqlite/jobs.rs`);
+//! - reading "now": through the queue's [`Clock`] (`Queue::now_ms` for
+//!   validation and schedules, `Store::now_ms` inside the engine);
 //! - the write path: `Store::write_with` in `src/sqlite/mod.rs`, one
-//!   mutex-guarded connection per process, `BEGIN IMMEDIATE`, bounded
-//!   jittered retry on `SQLITE_BUSY`.
+//!   mutex-guarded write connection per opened `Queue` (shared by its
+//!   clones), `BEGIN IMMEDIATE`, bounded jittered retry on `SQLITE_BUSY`;
+//!   group commit of concurrent enqueues (`Store::commit_grouped`), the
+//!   bound on the WAL (`Store::bound_wal`), migrations (`Store::migrate`,
+//!   `schema.sql`);
+//! - wake-ups on commits: `src/sqlite/watch.rs` (`ChangeWatcher`);
+//! - row decoding: `src/sqlite/rows.rs`;
+//! - schedules: the tick arithmetic and, for now, their SQL, in
+//!   `src/schedule.rs` (through `Queue::read`/`Queue::write`).
 
 use crate::clock::{Clock, SystemClock};
 use crate::engine::Engine;
@@ -199,7 +208,7 @@ impl QueueBuilder {
             self.max_payload_bytes,
             MAX_PAYLOAD_BYTES_LIMIT + ROW_HEADROOM,
         )?;
-        let (store, length_limit) = Store::open(&StoreSettings {
+        let store = Store::open(&StoreSettings {
             path: &path,
             durability: self.durability,
             busy_timeout: self.busy_timeout,
@@ -208,8 +217,8 @@ impl QueueBuilder {
             on_connection: self.on_connection.as_ref(),
             clock: Arc::clone(&self.clock),
             retry_policy: self.retry_policy,
+            max_payload_bytes: self.max_payload_bytes,
         })?;
-        check_payload_limit(self.max_payload_bytes, length_limit)?;
         let queue = Queue {
             inner: Arc::new(Inner {
                 config: self,
@@ -1029,8 +1038,6 @@ impl Queue {
     pub fn is_private(&self) -> Result<bool> {
         Queue::file_is_private(self.path())
     }
-
-    // ------------------------------------------------------------ plumbing
 }
 
 /// The engine's write and read paths, for this crate's own statements.
@@ -1188,7 +1195,7 @@ pub(crate) fn check_timestamp(ms: i64, what: &'static str) -> Result<()> {
 
 /// Refuses a payload limit above what a row can hold under SQLite's
 /// `length_limit` (bytes per value and per row).
-fn check_payload_limit(max_payload_bytes: usize, length_limit: usize) -> Result<()> {
+pub(crate) fn check_payload_limit(max_payload_bytes: usize, length_limit: usize) -> Result<()> {
     let most = length_limit.saturating_sub(ROW_HEADROOM);
     if max_payload_bytes > most {
         return Err(Error::Config(format!(

@@ -1,7 +1,9 @@
 //! Delayed and recurring jobs: [`NewSchedule`], [`Schedule`], the tick
 //! arithmetic (cron expression + IANA time zone → UTC instants), and every
-//! SQL statement on `tickler_schedules`. Jobs themselves are inserted
-//! through the queue's own validation and insert path.
+//! SQL statement on `tickler_schedules` (to move behind the engine seam,
+//! `crate::engine::Engine`, with the PostgreSQL engine). Jobs themselves
+//! are validated by the queue and inserted by the SQLite engine's
+//! `insert_valid`.
 //!
 //! The rules (one tick per occurrence, DST, misfires, clock steps) are
 //! documented on [`NewSchedule`], next to the API.

@@ -69,7 +69,6 @@ impl Engine for Store {
                 .map(|rows| insert_valid(tx, rows, now))
                 .collect::<Result<Vec<_>>>()
         })?;
-        self.notify_watchers();
         Ok(ids)
     }
 

@@ -9,6 +9,7 @@ pub(crate) mod rows;
 pub(crate) mod sql;
 mod watch;
 
+use watch::data_version;
 pub use watch::{ChangeWatcher, Waker};
 
 use crate::clock::Clock;
@@ -30,14 +31,16 @@ use std::time::{Duration, Instant};
 
 /// What [`Store::open`] needs to know.
 pub(crate) struct StoreSettings<'a> {
-    pub path: &'a Path,
-    pub durability: Durability,
-    pub busy_timeout: Duration,
-    pub busy_retry: Duration,
-    pub read_connections: u32,
-    pub on_connection: Option<&'a ConnectionHook>,
-    pub clock: Arc<dyn Clock>,
-    pub retry_policy: RetryPolicy,
+    pub(crate) path: &'a Path,
+    pub(crate) durability: Durability,
+    pub(crate) busy_timeout: Duration,
+    pub(crate) busy_retry: Duration,
+    pub(crate) read_connections: u32,
+    pub(crate) on_connection: Option<&'a ConnectionHook>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) retry_policy: RetryPolicy,
+    /// Refused, before anything is written, if a row could not hold it.
+    pub(crate) max_payload_bytes: usize,
 }
 
 /// The connections of one opened `Queue` (shared by its clones) and what
@@ -103,8 +106,10 @@ pub(crate) fn busy_waits() -> u64 {
 impl Store {
     /// Opens the write connection and the read pool on `settings.path`
     /// (creating the file, owner-only, if needed) and migrates the schema.
-    /// Returns the store and the write connection's SQLite length limit.
-    pub(crate) fn open(settings: &StoreSettings<'_>) -> Result<(Store, usize)> {
+    /// A payload limit that a row could not hold (with the length limit an
+    /// `on_connection` hook may have lowered) is refused before anything is
+    /// written.
+    pub(crate) fn open(settings: &StoreSettings<'_>) -> Result<Store> {
         let path = settings.path.to_path_buf();
         create_owner_only(&path)?;
         let writer = Connection::open(&path).map_err(|e| open_error(&path, e))?;
@@ -113,6 +118,10 @@ impl Store {
             .map_err(|e| open_error(&path, e))?;
         // The hook may have lowered SQLite's length limit on this connection.
         let length_limit = writer.limit(rusqlite::limits::Limit::SQLITE_LIMIT_LENGTH)?;
+        crate::queue::check_payload_limit(
+            settings.max_payload_bytes,
+            usize::try_from(length_limit).unwrap_or(0),
+        )?;
         if writer.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
             return Err(Error::ReadOnly { path });
         }
@@ -153,7 +162,7 @@ impl Store {
             Error::Sqlite(inner) => open_error(&path, inner),
             other => other,
         })?;
-        Ok((store, usize::try_from(length_limit).unwrap_or(0)))
+        Ok(store)
     }
 
     /// Now, in ms since the epoch, from the queue's clock.
@@ -208,7 +217,8 @@ impl Store {
 
     /// Commits `rows` together with those of concurrent callers, in one
     /// durable write transaction per group (group commit); `write` inserts
-    /// each caller's rows and returns their ids. See [`EnqueueGroup`].
+    /// each caller's rows and returns their ids. Wakes this process's
+    /// fetchers. See [`EnqueueGroup`].
     pub(crate) fn commit_grouped(
         &self,
         rows: Vec<ValidJob>,
@@ -220,6 +230,8 @@ impl Store {
             let mut writer = self.lock_writer()?;
             self.write_locked(&mut writer, Commit::Durable, |tx| write(tx, group))
         })?;
+        // Fetchers first: the WAL bound may take a while.
+        self.notify_watchers();
         self.bound_wal();
         Ok(ids)
     }
@@ -236,6 +248,7 @@ impl Store {
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
         conn.busy_handler(Some(busy_handler))?;
+        let version = data_version(&conn)?;
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.watchers
             .lock()
@@ -244,7 +257,7 @@ impl Store {
         self.file_events_started.call_once(|| {
             crate::file_events::watch(&wal_path(&self.path), &self.file_events);
         });
-        ChangeWatcher::new(conn, rx, tx, &self.file_events)
+        Ok(ChangeWatcher::new(conn, version, rx, tx, &self.file_events))
     }
 
     /// Runs `f` in a `BEGIN IMMEDIATE` transaction on the process's write
@@ -285,7 +298,7 @@ impl Store {
 
     /// The process's write connection. Refuses a second write from a thread
     /// that already holds it (a `Queue` write called inside
-    /// [`Queue::complete_with`]), which would otherwise wait for itself
+    /// [`crate::Queue::complete_with`]), which would otherwise wait for itself
     /// forever.
     fn lock_writer(&self) -> Result<WriterGuard<'_>> {
         Store::refuse_reentry()?;

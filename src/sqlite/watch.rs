@@ -56,17 +56,17 @@ impl std::fmt::Debug for ChangeWatcher {
 }
 
 impl ChangeWatcher {
-    /// A watcher on `conn` (its own connection to the file), woken by
-    /// `wake` (its sender `wake_tx` registered with the store) and by the
-    /// store's file notifications.
+    /// A watcher on `conn` (its own connection to the file, whose
+    /// `data_version` was `version`), woken by `wake` (its sender `wake_tx`
+    /// registered with the store) and by the store's file notifications.
     pub(crate) fn new(
         conn: Connection,
+        version: i64,
         wake: Receiver<()>,
         wake_tx: Sender<()>,
         file_events: &Arc<FileEvents>,
-    ) -> Result<ChangeWatcher> {
-        let version = data_version(&conn)?;
-        Ok(ChangeWatcher {
+    ) -> ChangeWatcher {
+        ChangeWatcher {
             conn,
             version,
             wake,
@@ -75,7 +75,7 @@ impl ChangeWatcher {
             file_events: Arc::clone(file_events),
             hot_until: None,
             fallback_poll: Duration::ZERO,
-        })
+        }
     }
 
     /// Waits up to `timeout` for a change. Returns true on a change (or a
@@ -150,7 +150,7 @@ impl ChangeWatcher {
     }
 }
 
-fn data_version(conn: &Connection) -> Result<i64> {
+pub(crate) fn data_version(conn: &Connection) -> Result<i64> {
     Ok(conn
         .prepare_cached("PRAGMA data_version")?
         .query_row([], |r| r.get(0))?)
