@@ -5,6 +5,7 @@
 //! cargo bench --bench tickler_bench -- --quick    # smaller sizes (< 1 min)
 //! cargo bench --bench tickler_bench -- --only burn,depth
 //! cargo bench --bench tickler_bench -- --only idle [--tickler-bin OLD_BINARY]
+//! .ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg_raw
 //! ```
 //!
 //! Every scenario runs on a fresh file in a temporary directory, under
@@ -14,6 +15,12 @@
 //! per transaction (`ratio_to_raw_cycle`) and the raw limit, 32 jobs per
 //! transaction (`ratio_to_raw_batched`). A pool built with no setting
 //! changed carries `"settings": "default"`.
+//!
+//! `pg_raw` (feature `postgres`) measures the raw PostgreSQL loops on the
+//! server of `TICKLER_BENCH_DATABASE_URL` (`.ci/postgres` starts a throwaway
+//! one and sets it): claim and complete one job per transaction, 32 per
+//! transaction with batched completion (4 threads), and single-row inserts
+//! from 16 threads. Without the feature or the URL it is skipped with a note.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -162,6 +169,9 @@ fn main() {
     }
     if wants("sdcard") {
         sdcard(quick);
+    }
+    if wants("pg_raw") {
+        pg_raw(quick);
     }
     if wants("idle") {
         let other_bin = args
@@ -1090,4 +1100,288 @@ fn footprint(n: usize) {
         "peak_rss_mib_4_thread_pool": round(report["peak_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0),
         "wal_bytes_after_burn_down": wal_after}),
     );
+}
+
+// ------------------------------------------------ PostgreSQL raw baselines
+
+/// `--only pg_raw`: the raw PostgreSQL loops that the future engine's
+/// figures are set against (issue 16), on the server of
+/// `TICKLER_BENCH_DATABASE_URL` (`.ci/postgres` starts a throwaway one).
+/// Needs `--features postgres`.
+#[cfg(not(feature = "postgres"))]
+fn pg_raw(_quick: bool) {
+    eprintln!("# pg_raw skipped: built without the `postgres` feature (cargo bench --features postgres --bench tickler_bench -- --only pg_raw)");
+}
+
+#[cfg(feature = "postgres")]
+fn pg_raw(quick: bool) {
+    pg_bench::raw(quick);
+}
+
+#[cfg(feature = "postgres")]
+mod pg_bench {
+    use std::sync::{Arc, Barrier};
+    use std::time::Instant;
+
+    use postgres::{Client, NoTls};
+    use serde_json::json;
+
+    use super::{emit, round};
+
+    /// A table shaped like the engine's will be, with the partial index
+    /// that a claim reads.
+    const TABLE: &str = "tickler_bench_pg_raw";
+
+    const THREADS: usize = 4;
+    const INSERT_THREADS: usize = 16;
+    const BATCH: usize = 32;
+
+    pub fn raw(quick: bool) {
+        let Some(url) = std::env::var("TICKLER_BENCH_DATABASE_URL")
+            .ok()
+            .filter(|u| !u.trim().is_empty())
+        else {
+            eprintln!(
+                "# pg_raw skipped: TICKLER_BENCH_DATABASE_URL is not set \
+                 (.ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg_raw)"
+            );
+            return;
+        };
+        let (single, batched, inserts) = if quick {
+            (2_000, 20_000, 4_000)
+        } else {
+            (20_000, 200_000, 40_000)
+        };
+        let mut client = connect(&url);
+        let version: String = client
+            .query_one("SELECT current_setting('server_version')", &[])
+            .expect("server version")
+            .get(0);
+        let settings = "default";
+
+        fresh_table(&mut client, single);
+        let rate = claim_complete(&url, single);
+        check_done(&mut client, single);
+        emit(
+            json!({"scenario": "pg_raw_claim_complete", "jobs": single, "threads": THREADS,
+            "jobs_per_s": round(rate), "server_version": version, "server_settings": settings,
+            "note": "per job: BEGIN; SELECT id .. FOR UPDATE SKIP LOCKED LIMIT 1; UPDATE .. SET status='running', run_token=..; COMMIT; then the completing UPDATE in its own transaction; one connection per thread"}),
+        );
+
+        fresh_table(&mut client, batched);
+        let rate = claim_complete_batched(&url, batched);
+        check_done(&mut client, batched);
+        emit(
+            json!({"scenario": "pg_raw_claim_complete_batched", "jobs": batched,
+            "threads": THREADS, "batch": BATCH, "jobs_per_s": round(rate),
+            "server_version": version, "server_settings": settings,
+            "note": "one transaction per 32 jobs: completes the previous 32 (UPDATE .. WHERE id = ANY($1)) and claims the next 32 (UPDATE .. WHERE id = ANY(ARRAY(SELECT id .. FOR UPDATE SKIP LOCKED LIMIT 32)) RETURNING id); one connection per thread"}),
+        );
+
+        fresh_table(&mut client, 0);
+        let rate = insert(&url, inserts);
+        let n: i64 = client
+            .query_one(&format!("SELECT count(*) FROM {TABLE}"), &[])
+            .expect("count")
+            .get(0);
+        assert_eq!(n as usize, inserts, "inserted rows");
+        emit(
+            json!({"scenario": "pg_raw_insert_16_threads", "jobs": inserts,
+            "threads": INSERT_THREADS, "jobs_per_s": round(rate),
+            "server_version": version, "server_settings": settings,
+            "note": "one single-row INSERT per transaction (autocommit); one connection per thread"}),
+        );
+
+        client
+            .batch_execute(&format!("DROP TABLE IF EXISTS {TABLE}"))
+            .expect("drop table");
+    }
+
+    fn connect(url: &str) -> Client {
+        Client::connect(url, NoTls).unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+    }
+
+    /// A new table holding `n` due pending jobs, vacuumed and analyzed.
+    fn fresh_table(client: &mut Client, n: usize) {
+        client
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {TABLE};
+                 CREATE TABLE {TABLE} (
+                     id bigserial PRIMARY KEY,
+                     queue text NOT NULL,
+                     kind text NOT NULL,
+                     payload jsonb NOT NULL,
+                     status text NOT NULL,
+                     priority integer NOT NULL DEFAULT 0,
+                     run_at timestamptz NOT NULL,
+                     attempts integer NOT NULL DEFAULT 0,
+                     max_attempts integer NOT NULL DEFAULT 25,
+                     run_token uuid,
+                     claimed_by text,
+                     lease_expires_at timestamptz,
+                     finished_at timestamptz
+                 );
+                 CREATE INDEX {TABLE}_pending ON {TABLE} (queue, priority DESC, run_at, id)
+                     WHERE status = 'pending';"
+            ))
+            .expect("create table");
+        client
+            .execute(
+                &format!(
+                    "INSERT INTO {TABLE} (queue, kind, payload, status, priority, run_at)
+                     SELECT 'default', 'noop', 'null', 'pending', 0,
+                            now() - interval '1 hour' + i * interval '1 millisecond'
+                     FROM generate_series(1, $1::bigint) AS i"
+                ),
+                &[&(n as i64)],
+            )
+            .expect("load jobs");
+        client
+            .batch_execute(&format!("VACUUM ANALYZE {TABLE}"))
+            .expect("vacuum");
+    }
+
+    fn check_done(client: &mut Client, n: usize) {
+        let row = client
+            .query_one(
+                &format!(
+                    "SELECT count(*) FILTER (WHERE status = 'succeeded'), count(*) FROM {TABLE}"
+                ),
+                &[],
+            )
+            .expect("count");
+        let (done, all): (i64, i64) = (row.get(0), row.get(1));
+        assert_eq!(
+            (done as usize, all as usize),
+            (n, n),
+            "every job completed once"
+        );
+    }
+
+    /// Runs `work` on `threads` threads, each with its own connection,
+    /// from one start line; returns the seconds from start to the last end.
+    fn on_threads<F>(url: &str, threads: usize, work: F) -> f64
+    where
+        F: Fn(usize, &mut Client) + Send + Sync + 'static,
+    {
+        let work = Arc::new(work);
+        let start = Arc::new(Barrier::new(threads + 1));
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let mut client = connect(url);
+                let (work, start) = (Arc::clone(&work), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    start.wait();
+                    work(t, &mut client);
+                })
+            })
+            .collect();
+        start.wait();
+        let started = Instant::now();
+        for h in handles {
+            h.join().expect("bench thread");
+        }
+        started.elapsed().as_secs_f64()
+    }
+
+    fn claim_complete(url: &str, n: usize) -> f64 {
+        let secs = on_threads(url, THREADS, |t, client| {
+            let select = client
+                .prepare(&format!(
+                    "SELECT id FROM {TABLE}
+                     WHERE status = 'pending' AND queue = $1 AND run_at <= now()
+                     ORDER BY priority DESC, run_at, id
+                     LIMIT 1 FOR UPDATE SKIP LOCKED"
+                ))
+                .expect("prepare");
+            let claim = client
+                .prepare(&format!(
+                    "UPDATE {TABLE} SET status = 'running', run_token = gen_random_uuid(),
+                         attempts = attempts + 1, claimed_by = $2,
+                         lease_expires_at = now() + interval '60 seconds'
+                     WHERE id = $1"
+                ))
+                .expect("prepare");
+            let complete = client
+                .prepare(&format!(
+                    "UPDATE {TABLE} SET status = 'succeeded', finished_at = now()
+                     WHERE id = $1 AND status = 'running'"
+                ))
+                .expect("prepare");
+            let me = format!("raw-{t}");
+            loop {
+                let mut tx = client.transaction().expect("begin");
+                let Some(row) = tx.query_opt(&select, &[&"default"]).expect("select") else {
+                    tx.commit().expect("commit");
+                    break;
+                };
+                let id: i64 = row.get(0);
+                tx.execute(&claim, &[&id, &me]).expect("claim");
+                tx.commit().expect("commit");
+                let done = client.execute(&complete, &[&id]).expect("complete");
+                assert_eq!(done, 1, "completed job {id}");
+            }
+        });
+        n as f64 / secs
+    }
+
+    fn claim_complete_batched(url: &str, n: usize) -> f64 {
+        let secs = on_threads(url, THREADS, |t, client| {
+            let claim = client
+                .prepare(&format!(
+                    "UPDATE {TABLE} SET status = 'running', run_token = gen_random_uuid(),
+                         attempts = attempts + 1, claimed_by = $2,
+                         lease_expires_at = now() + interval '60 seconds'
+                     WHERE id = ANY(ARRAY(
+                         SELECT id FROM {TABLE}
+                         WHERE status = 'pending' AND queue = $1 AND run_at <= now()
+                         ORDER BY priority DESC, run_at, id
+                         LIMIT {BATCH} FOR UPDATE SKIP LOCKED))
+                     RETURNING id"
+                ))
+                .expect("prepare");
+            let complete = client
+                .prepare(&format!(
+                    "UPDATE {TABLE} SET status = 'succeeded', finished_at = now()
+                     WHERE id = ANY($1) AND status = 'running'"
+                ))
+                .expect("prepare");
+            let me = format!("raw-{t}");
+            let mut claimed: Vec<i64> = Vec::with_capacity(BATCH);
+            loop {
+                let mut tx = client.transaction().expect("begin");
+                if !claimed.is_empty() {
+                    let done = tx.execute(&complete, &[&claimed]).expect("complete");
+                    assert_eq!(done as usize, claimed.len(), "completed batch");
+                }
+                claimed = tx
+                    .query(&claim, &[&"default", &me])
+                    .expect("claim")
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                tx.commit().expect("commit");
+                if claimed.is_empty() {
+                    break;
+                }
+            }
+        });
+        n as f64 / secs
+    }
+
+    fn insert(url: &str, n: usize) -> f64 {
+        let secs = on_threads(url, INSERT_THREADS, move |t, client| {
+            let insert = client
+                .prepare(&format!(
+                    "INSERT INTO {TABLE} (queue, kind, payload, status, priority, run_at)
+                     VALUES ($1, 'noop', 'null', 'pending', 0, now())"
+                ))
+                .expect("prepare");
+            let mine = n / INSERT_THREADS + usize::from(t < n % INSERT_THREADS);
+            for _ in 0..mine {
+                client.execute(&insert, &[&"default"]).expect("insert");
+            }
+        });
+        n as f64 / secs
+    }
 }
