@@ -60,6 +60,27 @@ fn a_payload_limit_sqlite_cannot_store_is_refused_at_open() {
 }
 
 #[test]
+fn a_payload_limit_over_a_lowered_row_limit_is_refused_before_the_file_is_migrated() {
+    let (_dir, path) = temp_db();
+    let err = Queue::builder(&path)
+        .on_connection(|conn| {
+            conn.set_limit(
+                tickler::rusqlite::limits::Limit::SQLITE_LIMIT_LENGTH,
+                1_500_000,
+            )?;
+            Ok(())
+        })
+        .max_payload_bytes(1_000_000)
+        .open()
+        .expect_err("a row of 1,500,000 bytes cannot hold a payload of 1,000,000 and the rest");
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    // Nothing was written: an older binary sharing the file would otherwise
+    // find it migrated to a newer schema by a process that then refused to
+    // run.
+    assert_eq!(Queue::file_schema_version(&path).unwrap(), Some(0));
+}
+
+#[test]
 fn a_unique_key_over_the_cap_is_a_typed_error_and_stores_nothing() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = manual_queue(&path);
