@@ -13,11 +13,69 @@ use crate::error::Result;
 use crate::job::{Job, JobId, JobState};
 use crate::lease::Lease;
 use crate::queue::{ClaimRequest, JobFilter, Outcome, OutcomeSync, Stats, ValidJob};
+use crate::schedule::{Fired, Handled, NewSchedule, Schedule, ScheduleTx, Ticks};
 use chrono::{DateTime, Utc};
 use std::time::Duration;
 
-/// An engine: where jobs are stored, claimed and fenced.
-pub(crate) trait Engine: Send + Sync {
+/// Decides and applies one due schedule's firing through the engine's
+/// transaction (the schedule, its record of handled ticks, the engine's
+/// "now" in ms); see `Queue::fire`.
+pub(crate) type FireTicks<'a> =
+    dyn FnMut(&dyn ScheduleTx, &Schedule, Handled, i64) -> Result<Fired> + 'a;
+
+/// An engine's schedules: where they are stored, and the transaction in
+/// which due ticks fire. What to fire is decided by the queue
+/// (`Queue::fire`), engine-neutral, through a [`ScheduleTx`].
+pub(crate) trait ScheduleStore {
+    /// Stores `schedule` (validated, its `ticks` parsed, its payload
+    /// serialized) or replaces the one of that name; see
+    /// [`crate::Queue::upsert_schedule`].
+    fn upsert_schedule(
+        &self,
+        schedule: &NewSchedule,
+        ticks: &Ticks,
+        payload: &str,
+        timeout_ms: Option<i64>,
+    ) -> Result<Schedule>;
+
+    /// See [`crate::Queue::pause_schedule`].
+    fn pause_schedule(&self, name: &str) -> Result<()>;
+
+    /// See [`crate::Queue::resume_schedule`].
+    fn resume_schedule(&self, name: &str) -> Result<()>;
+
+    /// See [`crate::Queue::delete_schedule`].
+    fn delete_schedule(&self, name: &str) -> Result<bool>;
+
+    /// See [`crate::Queue::get_schedule`].
+    fn get_schedule(&self, name: &str) -> Result<Schedule>;
+
+    /// See [`crate::Queue::list_schedules`].
+    fn list_schedules(&self) -> Result<Vec<Schedule>>;
+
+    /// A stored schedule and its record of handled ticks, for previews.
+    fn schedule_and_handled(&self, name: &str) -> Result<(Schedule, Handled)>;
+
+    /// See [`crate::Queue::next_schedule_tick`].
+    fn next_schedule_tick(&self) -> Result<Option<DateTime<Utc>>>;
+
+    /// One transaction of [`crate::Queue::run_due_ticks`]: moves schedules
+    /// written "after" now (a backward clock step) to their next unhandled
+    /// tick, then calls `fire` for each of up to `batch` due active
+    /// schedules, with the engine's "now" (ms). Returns what was fired,
+    /// whether the batch was full (more may be due), and the next tick of
+    /// any active schedule. Wakes this process's fetchers if jobs were
+    /// fired.
+    fn fire_due_schedules(
+        &self,
+        batch: i64,
+        fire: &mut FireTicks<'_>,
+    ) -> Result<(Fired, bool, Option<DateTime<Utc>>)>;
+}
+
+/// An engine: where jobs are stored, claimed and fenced, and schedules
+/// fire.
+pub(crate) trait Engine: ScheduleStore + Send + Sync {
     /// Stores validated jobs in one transaction (all or none) and wakes
     /// this process's fetchers; see [`crate::Queue::enqueue_batch`].
     fn enqueue(&self, rows: Vec<ValidJob>) -> Result<Vec<JobId>>;

@@ -22,8 +22,9 @@
 //!   `schema.sql`);
 //! - wake-ups on commits: `src/sqlite/watch.rs` (`ChangeWatcher`);
 //! - row decoding: `src/sqlite/rows.rs`;
-//! - schedules: the tick arithmetic and, for now, their SQL, in
-//!   `src/schedule.rs` (through `Queue::read`/`Queue::write`).
+//! - schedules: the tick arithmetic and the firing rules in
+//!   `src/schedule.rs` (`Queue::fire`), their SQL in
+//!   `src/sqlite/schedules.rs` (`ScheduleStore`, `ScheduleTx`).
 
 use crate::clock::{Clock, SystemClock};
 use crate::engine::Engine;
@@ -418,7 +419,7 @@ impl Queue {
     }
 
     /// The engine behind this queue.
-    fn engine(&self) -> &dyn Engine {
+    pub(crate) fn engine(&self) -> &dyn Engine {
         &self.inner.store
     }
 
@@ -1037,26 +1038,6 @@ impl Queue {
     /// As [`Queue::file_is_private`].
     pub fn is_private(&self) -> Result<bool> {
         Queue::file_is_private(self.path())
-    }
-}
-
-/// The engine's write and read paths, for this crate's own statements.
-impl Queue {
-    /// Runs `f` in a write transaction with the queue's durability; see
-    /// `Store::write_with`.
-    pub(crate) fn write<T>(
-        &self,
-        f: impl FnMut(&rusqlite::Transaction<'_>) -> Result<T>,
-    ) -> Result<T> {
-        self.inner.store.write(f)
-    }
-
-    pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        self.inner.store.read(f)
-    }
-
-    pub(crate) fn notify_watchers(&self) {
-        self.inner.store.notify_watchers();
     }
 }
 

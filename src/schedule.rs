@@ -1,9 +1,10 @@
 //! Delayed and recurring jobs: [`NewSchedule`], [`Schedule`], the tick
-//! arithmetic (cron expression + IANA time zone → UTC instants), and every
-//! SQL statement on `tickler_schedules` (to move behind the engine seam,
-//! `crate::engine::Engine`, with the PostgreSQL engine). Jobs themselves
-//! are validated by the queue and inserted by the SQLite engine's
-//! `insert_valid`.
+//! arithmetic (cron expression + IANA time zone → UTC instants), and the
+//! rules of firing (misfire and overlap policies, clock steps), engine-
+//! neutral. The statements on `tickler_schedules` are the engine's
+//! (`crate::engine::ScheduleStore`; SQLite: `src/sqlite/schedules.rs`),
+//! which runs [`Queue::fire`]'s decisions through a [`ScheduleTx`] inside
+//! its own transaction.
 //!
 //! The rules (one tick per occurrence, DST, misfires, clock steps) are
 //! documented on [`NewSchedule`], next to the API.
@@ -11,13 +12,11 @@
 use crate::clock::ms_to_datetime;
 use crate::error::{Error, Result};
 use crate::job::{JobId, JobState, NewJob, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
-use crate::queue::{Queue, MAX_TIMESTAMP_MS};
-use crate::sqlite::sql::insert_valid;
+use crate::queue::{Queue, ValidJob, MAX_TIMESTAMP_MS};
 use chrono::{DateTime, FixedOffset, LocalResult, Offset, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
 use croner::Cron;
-use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -57,7 +56,7 @@ pub enum MisfirePolicy {
 }
 
 impl MisfirePolicy {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             MisfirePolicy::Skip => "skip",
             MisfirePolicy::FireOnce => "fire_once",
@@ -65,14 +64,14 @@ impl MisfirePolicy {
         }
     }
 
-    fn max(self) -> Option<u32> {
+    pub(crate) fn max(self) -> Option<u32> {
         match self {
             MisfirePolicy::FireAll { max } => Some(max),
             _ => None,
         }
     }
 
-    fn from_columns(name: &str, max: Option<u32>) -> rusqlite::Result<Self> {
+    pub(crate) fn from_columns(name: &str, max: Option<u32>) -> rusqlite::Result<Self> {
         match (name, max) {
             ("skip", _) => Ok(MisfirePolicy::Skip),
             ("fire_once", _) => Ok(MisfirePolicy::FireOnce),
@@ -116,7 +115,7 @@ pub enum OverlapPolicy {
 }
 
 impl OverlapPolicy {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             OverlapPolicy::Allow => "allow",
             OverlapPolicy::Forbid => "forbid",
@@ -124,7 +123,7 @@ impl OverlapPolicy {
         }
     }
 
-    fn from_column(name: &str) -> rusqlite::Result<Self> {
+    pub(crate) fn from_column(name: &str) -> rusqlite::Result<Self> {
         match name {
             "allow" => Ok(OverlapPolicy::Allow),
             "forbid" => Ok(OverlapPolicy::Forbid),
@@ -283,18 +282,18 @@ impl std::fmt::Display for OverlapPolicy {
 /// before any lease is held.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewSchedule {
-    name: String,
-    cron: String,
-    time_zone: String,
-    kind: String,
-    payload: serde_json::Value,
-    queue: String,
-    priority: i32,
-    max_attempts: u32,
-    timeout: Option<Duration>,
-    misfire: MisfirePolicy,
-    misfire_grace: Duration,
-    overlap: OverlapPolicy,
+    pub(crate) name: String,
+    pub(crate) cron: String,
+    pub(crate) time_zone: String,
+    pub(crate) kind: String,
+    pub(crate) payload: serde_json::Value,
+    pub(crate) queue: String,
+    pub(crate) priority: i32,
+    pub(crate) max_attempts: u32,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) misfire: MisfirePolicy,
+    pub(crate) misfire_grace: Duration,
+    pub(crate) overlap: OverlapPolicy,
 }
 
 impl NewSchedule {
@@ -913,58 +912,35 @@ pub(crate) fn plan(
 }
 
 /// The unique_key of the job of `schedule`'s tick at `at_ms`.
-fn tick_key(schedule: &str, at_ms: i64) -> String {
+pub(crate) fn tick_key(schedule: &str, at_ms: i64) -> String {
     format!("tickler:schedule:{schedule}:{at_ms}")
 }
 
-fn grace_ms(grace: Duration) -> i64 {
+pub(crate) fn grace_ms(grace: Duration) -> i64 {
     i64::try_from(grace.as_millis()).unwrap_or(i64::MAX)
 }
-
-const SCHEDULE_COLUMNS: &str = "name, cron, time_zone, kind, payload, queue, priority, \
-    max_attempts, timeout_ms, misfire, misfire_max, misfire_grace_ms, paused, next_tick_at, \
-    last_tick_at, created_at, updated_at, overlap, skipped_ticks, handled_from, ahead_from, \
-    ahead_until, handled_through";
 
 /// A schedule's record of the ticks it handled, for backward clock steps
 /// (see "Clock steps" on [`NewSchedule`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Handled {
+pub(crate) struct Handled {
     /// The next tick to fire.
-    next: Option<i64>,
+    pub(crate) next: Option<i64>,
     /// Every tick in `[from, last]` was handled (`from` None: only `last`).
-    from: Option<i64>,
-    last: Option<i64>,
+    pub(crate) from: Option<i64>,
+    pub(crate) last: Option<i64>,
     /// Every tick at or before this was handled (set when a misfire
     /// dropped ticks after it; `from` then starts after the gap).
-    through: Option<i64>,
+    pub(crate) through: Option<i64>,
     /// Handled ticks ahead of the clock after a backward step: never fired again.
-    ahead: Option<(i64, i64)>,
-}
-
-fn handled_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Handled> {
-    let ahead = match (r.get::<_, Option<i64>>(20)?, r.get::<_, Option<i64>>(21)?) {
-        (Some(from), Some(until)) => Some((from, until)),
-        _ => None,
-    };
-    Ok(Handled {
-        next: r.get(13)?,
-        from: r.get(19)?,
-        last: r.get(14)?,
-        through: r.get(22)?,
-        ahead,
-    })
-}
-
-fn stored_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Schedule, Handled)> {
-    Ok((schedule_from_row(r)?, handled_from_row(r)?))
+    pub(crate) ahead: Option<(i64, i64)>,
 }
 
 /// Where a schedule goes on at `now` if the clock may have stepped back
 /// since it was last written: its first tick at or after now that it has
 /// not handled, and the record that keeps it so. Without a step this is
 /// the first tick at or after now and after its last tick.
-fn rebase(ticks: &Ticks, now: i64, h: Handled) -> Handled {
+pub(crate) fn rebase(ticks: &Ticks, now: i64, h: Handled) -> Handled {
     let mut span = match (h.from, h.last) {
         (Some(from), Some(last)) if from <= last => Some((from, last)),
         (_, Some(last)) => Some((last, last)),
@@ -1018,41 +994,8 @@ fn rebase(ticks: &Ticks, now: i64, h: Handled) -> Handled {
     }
 }
 
-fn schedule_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Schedule> {
-    let payload: String = r.get(4)?;
-    let payload = serde_json::from_str(&payload).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(4, rusqlite::types::Type::Text, Box::new(e))
-    })?;
-    let misfire: String = r.get(9)?;
-    let opt_time = |i: usize| -> rusqlite::Result<Option<DateTime<Utc>>> {
-        Ok(r.get::<_, Option<i64>>(i)?.map(ms_to_datetime))
-    };
-    Ok(Schedule {
-        name: r.get(0)?,
-        cron: r.get(1)?,
-        time_zone: r.get(2)?,
-        kind: r.get(3)?,
-        payload,
-        queue: r.get(5)?,
-        priority: r.get(6)?,
-        max_attempts: r.get(7)?,
-        timeout: r
-            .get::<_, Option<i64>>(8)?
-            .map(|ms| Duration::from_millis(ms.unsigned_abs())),
-        misfire: MisfirePolicy::from_columns(&misfire, r.get(10)?)?,
-        misfire_grace: Duration::from_millis(r.get::<_, i64>(11)?.unsigned_abs()),
-        paused: r.get(12)?,
-        next_tick_at: opt_time(13)?,
-        last_tick_at: opt_time(14)?,
-        created_at: ms_to_datetime(r.get(15)?),
-        updated_at: ms_to_datetime(r.get(16)?),
-        overlap: OverlapPolicy::from_column(&r.get::<_, String>(17)?)?,
-        skipped_ticks: r.get::<_, i64>(18)?.unsigned_abs(),
-    })
-}
-
 /// The template of a stored schedule's tick jobs.
-fn template_of(s: &Schedule) -> NewJob {
+pub(crate) fn template_of(s: &Schedule) -> NewJob {
     let mut job = NewJob::new(s.kind.clone())
         .payload(s.payload.clone())
         .queue(s.queue.clone())
@@ -1064,20 +1007,9 @@ fn template_of(s: &Schedule) -> NewJob {
     job
 }
 
-fn get_in(conn: &rusqlite::Connection, name: &str) -> Result<Schedule> {
-    conn.prepare_cached(&format!(
-        "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules WHERE name = ?1"
-    ))?
-    .query_row([name], schedule_from_row)
-    .optional()?
-    .ok_or_else(|| Error::UnknownSchedule {
-        name: name.to_owned(),
-    })
-}
-
 /// The first tick at or after `now` and after `last` (a schedule's ticks
 /// only move forward).
-fn resume_point(ticks: &Ticks, now: i64, last: Option<i64>) -> Option<i64> {
+pub(crate) fn resume_point(ticks: &Ticks, now: i64, last: Option<i64>) -> Option<i64> {
     let from = match last {
         Some(last) => now.max(last.saturating_add(1)),
         None => now,
@@ -1141,65 +1073,8 @@ impl Queue {
         let timeout_ms = schedule
             .timeout
             .map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
-        let stored = self.write(|tx| {
-            let now = self.now_ms();
-            let existing: Option<(String, String, Option<i64>, Option<i64>)> = tx
-                .prepare_cached(
-                    "SELECT cron, time_zone, next_tick_at, last_tick_at
-                     FROM tickler_schedules WHERE name = ?1",
-                )?
-                .query_row([&schedule.name], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-                })
-                .optional()?;
-            let next = match &existing {
-                Some((cron, zone, next, _))
-                    if *cron == schedule.cron && *zone == schedule.time_zone =>
-                {
-                    *next
-                }
-                Some((_, _, _, last)) => resume_point(&ticks, now, *last),
-                None => ticks.at_or_after(now),
-            };
-            // A new schedule has handled nothing before now (handled_from).
-            tx.prepare_cached(
-                "INSERT INTO tickler_schedules (name, cron, time_zone, kind, payload, queue,
-                     priority, max_attempts, timeout_ms, misfire, misfire_max, misfire_grace_ms,
-                     paused, next_tick_at, last_tick_at, created_at, updated_at, overlap,
-                     handled_from)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 0, ?13, NULL, ?14, ?14,
-                     ?15, ?14)
-                 ON CONFLICT (name) DO UPDATE SET
-                     cron = excluded.cron, time_zone = excluded.time_zone,
-                     kind = excluded.kind, payload = excluded.payload, queue = excluded.queue,
-                     priority = excluded.priority, max_attempts = excluded.max_attempts,
-                     timeout_ms = excluded.timeout_ms, misfire = excluded.misfire,
-                     misfire_max = excluded.misfire_max,
-                     misfire_grace_ms = excluded.misfire_grace_ms,
-                     overlap = excluded.overlap,
-                     next_tick_at = excluded.next_tick_at, updated_at = excluded.updated_at",
-            )?
-            .execute(params![
-                schedule.name,
-                schedule.cron,
-                schedule.time_zone,
-                schedule.kind,
-                payload,
-                schedule.queue,
-                schedule.priority,
-                schedule.max_attempts,
-                timeout_ms,
-                schedule.misfire.as_str(),
-                schedule.misfire.max(),
-                grace_ms(schedule.misfire_grace),
-                next,
-                now,
-                schedule.overlap.as_str()
-            ])?;
-            get_in(tx, &schedule.name)
-        })?;
-        self.notify_watchers();
-        Ok(stored)
+        self.engine()
+            .upsert_schedule(&schedule, &ticks, &payload, timeout_ms)
     }
 
     /// Pauses the schedule: it fires nothing until resumed, and the ticks
@@ -1209,21 +1084,7 @@ impl Queue {
     /// # Errors
     /// [`Error::UnknownSchedule`]; [`Error::Busy`], [`Error::Sqlite`].
     pub fn pause_schedule(&self, name: &str) -> Result<()> {
-        let now = self.now_ms();
-        let changed = self.write(|tx| {
-            Ok(tx
-                .prepare_cached(
-                    "UPDATE tickler_schedules SET paused = 1, updated_at = ?1 WHERE name = ?2",
-                )?
-                .execute(params![now, name])?)
-        })?;
-        if changed == 0 {
-            return Err(Error::UnknownSchedule {
-                name: name.to_owned(),
-            });
-        }
-        self.notify_watchers();
-        Ok(())
+        self.engine().pause_schedule(name)
     }
 
     /// Resumes a paused schedule from its first tick at or after now (and
@@ -1236,22 +1097,7 @@ impl Queue {
     /// with this build (replace it with [`Queue::upsert_schedule`]);
     /// [`Error::Busy`], [`Error::Sqlite`].
     pub fn resume_schedule(&self, name: &str) -> Result<()> {
-        self.write(|tx| {
-            let now = self.now_ms();
-            let stored = get_in(tx, name)?;
-            if !stored.paused {
-                return Ok(());
-            }
-            let ticks = Ticks::new(&stored.cron, &stored.time_zone)?;
-            // The clock may have stepped back while it was paused.
-            let handled = rebase(&ticks, now, handled_in(tx, name)?);
-            write_handled(tx, name, &handled, now)?;
-            tx.prepare_cached("UPDATE tickler_schedules SET paused = 0 WHERE name = ?1")?
-                .execute([name])?;
-            Ok(())
-        })?;
-        self.notify_watchers();
-        Ok(())
+        self.engine().resume_schedule(name)
     }
 
     /// Deletes the schedule; jobs its ticks already enqueued stay. Returns
@@ -1260,15 +1106,7 @@ impl Queue {
     /// # Errors
     /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`].
     pub fn delete_schedule(&self, name: &str) -> Result<bool> {
-        let deleted = self.write(|tx| {
-            Ok(tx
-                .prepare_cached("DELETE FROM tickler_schedules WHERE name = ?1")?
-                .execute([name])?)
-        })?;
-        if deleted > 0 {
-            self.notify_watchers();
-        }
-        Ok(deleted > 0)
+        self.engine().delete_schedule(name)
     }
 
     /// The stored schedule of this name.
@@ -1276,7 +1114,7 @@ impl Queue {
     /// # Errors
     /// [`Error::UnknownSchedule`], [`Error::Sqlite`], [`Error::Pool`].
     pub fn get_schedule(&self, name: &str) -> Result<Schedule> {
-        self.read(|conn| get_in(conn, name))
+        self.engine().get_schedule(name)
     }
 
     /// Every stored schedule, by name.
@@ -1284,15 +1122,7 @@ impl Queue {
     /// # Errors
     /// [`Error::Sqlite`], [`Error::Pool`].
     pub fn list_schedules(&self) -> Result<Vec<Schedule>> {
-        self.read(|conn| {
-            let rows = conn
-                .prepare_cached(&format!(
-                    "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules ORDER BY name"
-                ))?
-                .query_map([], schedule_from_row)?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
-        })
+        self.engine().list_schedules()
     }
 
     /// Previews the next `n` ticks, in UTC and on the schedule's wall
@@ -1340,8 +1170,7 @@ impl Queue {
         let now = self.now_ms();
         let (ticks, cursor) = match schedule.into() {
             ScheduleRef::Name(name) => {
-                let (stored, handled) =
-                    self.read(|conn| Ok((get_in(conn, name)?, handled_in(conn, name)?)))?;
+                let (stored, handled) = self.engine().schedule_and_handled(name)?;
                 let ticks = Ticks::new(&stored.cron, &stored.time_zone)?;
                 let handled = rebase(&ticks, now, handled);
                 (ticks.without(handled.ahead), handled.next)
@@ -1364,7 +1193,7 @@ impl Queue {
     /// # Errors
     /// [`Error::Sqlite`], [`Error::Pool`].
     pub fn next_schedule_tick(&self) -> Result<Option<DateTime<Utc>>> {
-        self.read(|conn| next_tick_in(conn, self.now_ms()))
+        self.engine().next_schedule_tick()
     }
 
     /// Fires every due tick of every active schedule: each becomes one job
@@ -1389,30 +1218,11 @@ impl Queue {
         let mut run = TickRun::default();
         let mut replace = Vec::new();
         loop {
-            let (fired, full, next) = self.write(|tx| {
-                let now = self.now_ms();
-                self.rebase_stepped_in(tx, now)?;
-                let due = tx
-                    .prepare_cached(&format!(
-                        "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules
-                         WHERE paused = 0 AND next_tick_at IS NOT NULL AND next_tick_at <= ?1
-                         ORDER BY next_tick_at, name LIMIT +?2"
-                    ))?
-                    .query_map(params![now, SCHEDULE_BATCH], stored_from_row)?
-                    .collect::<rusqlite::Result<Vec<_>>>()?;
-                let mut fired = Fired::default();
-                for (schedule, handled) in &due {
-                    let one = self.fire_in(tx, schedule, *handled, now)?;
-                    fired.jobs.extend(one.jobs);
-                    fired.skipped += one.skipped;
-                    fired.replace.extend(one.replace);
-                }
-                Ok((
-                    fired,
-                    due.len() as i64 >= SCHEDULE_BATCH,
-                    next_tick_in(tx, now)?,
-                ))
-            })?;
+            let (fired, full, next) = self
+                .engine()
+                .fire_due_schedules(SCHEDULE_BATCH, &mut |tx, schedule, handled, now| {
+                    self.fire(tx, schedule, handled, now)
+                })?;
             run.jobs.extend(fired.jobs);
             run.skipped += fired.skipped;
             replace.extend(fired.replace);
@@ -1435,59 +1245,15 @@ impl Queue {
                 ),
             }
         }
-        if !run.jobs.is_empty() {
-            self.notify_watchers();
-        }
         Ok(run)
     }
 
-    /// Moves every active schedule that was written "after" now (the wall
-    /// clock stepped back since) to its next tick after now that it has not
-    /// handled; see "Clock steps" on [`NewSchedule`].
-    fn rebase_stepped_in(&self, tx: &rusqlite::Transaction<'_>, now: i64) -> Result<()> {
-        let stepped = tx
-            .prepare_cached(&format!(
-                "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules
-                 WHERE paused = 0 AND updated_at > ?1"
-            ))?
-            .query_map([now], stored_from_row)?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        for (schedule, handled) in stepped {
-            let ticks = match Ticks::new(&schedule.cron, &schedule.time_zone) {
-                Ok(ticks) => ticks,
-                Err(e) => {
-                    pause_broken(tx, &schedule, now, &e)?;
-                    continue;
-                }
-            };
-            let rebased = rebase(&ticks, now, handled);
-            // Only ever earlier: ticks already due stay due.
-            let earlier = match (rebased.next, handled.next) {
-                (Some(new), Some(old)) => new < old,
-                (Some(_), None) => true,
-                (None, _) => false,
-            };
-            if earlier {
-                log::warn!(
-                    "schedule {:?}: the wall clock stepped back (it was last written at {}, now is {}); next tick {}",
-                    schedule.name,
-                    schedule.updated_at,
-                    ms_to_datetime(now),
-                    rebased.next.map_or("none".to_owned(), |t| ms_to_datetime(t).to_string())
-                );
-                write_handled(tx, &schedule.name, &rebased, now)?;
-            } else {
-                tx.prepare_cached("UPDATE tickler_schedules SET updated_at = ?1 WHERE name = ?2")?
-                    .execute(params![now, schedule.name])?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Fires one due schedule's ticks in `tx`.
-    fn fire_in(
+    /// Fires one due schedule's ticks in the engine's transaction `tx`:
+    /// which ticks (misfire policy), which of them run (overlap policy), the
+    /// jobs, and where the schedule goes on.
+    fn fire(
         &self,
-        tx: &rusqlite::Transaction<'_>,
+        tx: &dyn ScheduleTx,
         schedule: &Schedule,
         handled: Handled,
         now: i64,
@@ -1498,7 +1264,7 @@ impl Queue {
         let ticks = match Ticks::new(&schedule.cron, &schedule.time_zone) {
             Ok(ticks) => ticks.without(handled.ahead),
             Err(e) => {
-                pause_broken(tx, schedule, now, &e)?;
+                tx.pause_broken(schedule, now, &e)?;
                 return Ok(Fired::default());
             }
         };
@@ -1509,10 +1275,11 @@ impl Queue {
         // Overlap: which of the planned ticks fire.
         let (fire, replace): (Vec<i64>, Vec<JobId>) = match schedule.overlap {
             OverlapPolicy::Allow => (plan.ticks.clone(), Vec::new()),
-            OverlapPolicy::Forbid => match unfinished_runs(tx, &schedule.name)?
+            OverlapPolicy::Forbid => match tx
+                .unfinished_runs(&schedule.name)?
                 .first()
                 .copied()
-                .or(stopping_run(tx, &schedule.name, now)?)
+                .or(tx.stopping_run(&schedule.name, now)?)
             {
                 // Once the first fires, it is the unfinished run of the rest.
                 None => (plan.ticks.iter().take(1).copied().collect(), Vec::new()),
@@ -1530,7 +1297,7 @@ impl Queue {
             },
             OverlapPolicy::Replace => (
                 plan.ticks.last().copied().into_iter().collect(),
-                unfinished_runs(tx, &schedule.name)?
+                tx.unfinished_runs(&schedule.name)?
                     .into_iter()
                     .map(|(id, _)| id)
                     .collect(),
@@ -1554,7 +1321,7 @@ impl Queue {
             match self.validate(job, now) {
                 Ok(row) => rows.push(row),
                 Err(e) => {
-                    pause_broken(tx, schedule, now, &e)?;
+                    tx.pause_broken(schedule, now, &e)?;
                     return Ok(Fired::default());
                 }
             }
@@ -1591,31 +1358,13 @@ impl Queue {
             after.from = Some(after.from.map_or(from, |f| f.min(from)));
             after.ahead = None;
         }
-        let advanced = tx
-            .prepare_cached(
-                "UPDATE tickler_schedules SET next_tick_at = ?1, last_tick_at = ?2, updated_at = ?3,
-                     handled_from = ?4, ahead_from = ?5, ahead_until = ?6,
-                     skipped_ticks = skipped_ticks + ?7, handled_through = ?10
-                 WHERE name = ?8 AND paused = 0 AND next_tick_at = ?9",
-            )?
-            .execute(params![
-                after.next,
-                after.last,
-                now,
-                after.from,
-                after.ahead.map(|(from, _)| from),
-                after.ahead.map(|(_, until)| until),
-                skipped as i64,
-                schedule.name,
-                first_due,
-                after.through
-            ])?;
-        if advanced == 0 {
+        let advanced = tx.advance(&schedule.name, first_due, &after, skipped, now)?;
+        if !advanced {
             // Another scheduler handled these ticks first.
             return Ok(Fired::default());
         }
         Ok(Fired {
-            jobs: insert_valid(tx, &rows, now)?,
+            jobs: tx.insert_jobs(&rows, now)?,
             skipped,
             replace: replace
                 .into_iter()
@@ -1627,138 +1376,47 @@ impl Queue {
 
 /// What firing did, in one transaction.
 #[derive(Debug, Default)]
-struct Fired {
-    jobs: Vec<JobId>,
-    skipped: u64,
+pub(crate) struct Fired {
+    pub(crate) jobs: Vec<JobId>,
+    pub(crate) skipped: u64,
     /// Earlier runs to cancel once committed, with their schedule's name.
-    replace: Vec<(String, JobId)>,
+    pub(crate) replace: Vec<(String, JobId)>,
 }
 
-/// The unfinished runs (tick jobs that are scheduled, pending or running)
-/// of schedule `name`, oldest first. Found by their unique_key
-/// `tickler:schedule:<name>:<digits>` on the unique_key index: the range
-/// of keys starting with the prefix, then only digits after it (so that
-/// schedule "a" does not see the runs of schedule "a:1").
-fn unfinished_runs(conn: &rusqlite::Connection, name: &str) -> Result<Vec<(JobId, JobState)>> {
-    let prefix = format!("tickler:schedule:{name}:");
-    // ';' sorts right after ':'.
-    let end = format!("tickler:schedule:{name};");
-    let tail_from = i64::try_from(prefix.chars().count()).unwrap_or(i64::MAX) + 1;
-    let runs = conn
-        .prepare_cached(
-            "SELECT id, status FROM tickler_jobs
-             WHERE unique_key >= ?1 AND unique_key < ?2
-               AND status IN ('scheduled', 'pending', 'running')
-               AND substr(unique_key, ?3) NOT GLOB '*[^0-9]*'
-             ORDER BY id",
-        )?
-        .query_map(params![prefix, end, tail_from], |r| {
-            Ok((JobId(r.get(0)?), r.get::<_, String>(1)?))
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    runs.into_iter()
-        .map(|(id, state)| Ok((id, state.parse::<JobState>()?)))
-        .collect()
+impl Fired {
+    /// Adds what firing another schedule did.
+    pub(crate) fn add(&mut self, other: Fired) {
+        self.jobs.extend(other.jobs);
+        self.skipped += other.skipped;
+        self.replace.extend(other.replace);
+    }
 }
 
-/// A run of the schedule that was cancelled (or failed for good past its
-/// timeout) while its handler may still be running: its lease, kept for
-/// that, has not run out and its holder has not reported. `Forbid` waits
-/// for it as for an unfinished run.
-fn stopping_run(
-    conn: &rusqlite::Connection,
-    name: &str,
-    now: i64,
-) -> Result<Option<(JobId, JobState)>> {
-    let prefix = format!("tickler:schedule:{name}:");
-    let end = format!("tickler:schedule:{name};");
-    let tail_from = i64::try_from(prefix.chars().count()).unwrap_or(i64::MAX) + 1;
-    let run = conn
-        .prepare_cached(
-            "SELECT id, status FROM tickler_jobs
-             WHERE unique_key >= ?1 AND unique_key < ?2
-               AND status IN ('cancelled', 'dead') AND lease_expires_at >= ?4
-               AND substr(unique_key, ?3) NOT GLOB '*[^0-9]*'
-             ORDER BY id LIMIT 1",
-        )?
-        .query_row(params![prefix, end, tail_from, now], |r| {
-            Ok((JobId(r.get(0)?), r.get::<_, String>(1)?))
-        })
-        .optional()?;
-    run.map(|(id, state)| Ok((id, state.parse::<JobState>()?)))
-        .transpose()
-}
-
-fn handled_in(conn: &rusqlite::Connection, name: &str) -> Result<Handled> {
-    conn.prepare_cached(&format!(
-        "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules WHERE name = ?1"
-    ))?
-    .query_row([name], handled_from_row)
-    .optional()?
-    .ok_or_else(|| Error::UnknownSchedule {
-        name: name.to_owned(),
-    })
-}
-
-fn write_handled(
-    tx: &rusqlite::Transaction<'_>,
-    name: &str,
-    handled: &Handled,
-    now: i64,
-) -> Result<()> {
-    tx.prepare_cached(
-        "UPDATE tickler_schedules SET next_tick_at = ?1, last_tick_at = ?2, handled_from = ?3,
-             ahead_from = ?4, ahead_until = ?5, updated_at = ?6, handled_through = ?8
-         WHERE name = ?7",
-    )?
-    .execute(params![
-        handled.next,
-        handled.last,
-        handled.from,
-        handled.ahead.map(|(from, _)| from),
-        handled.ahead.map(|(_, until)| until),
-        now,
-        name,
-        handled.through
-    ])?;
-    Ok(())
-}
-
-/// Pauses a schedule that cannot fire with this build, so it does not
-/// block the others; resuming it reports the error.
-fn pause_broken(
-    tx: &rusqlite::Transaction<'_>,
-    schedule: &Schedule,
-    now: i64,
-    error: &Error,
-) -> Result<()> {
-    log::error!(
-        "schedule {:?} cannot fire and was paused: {error}",
-        schedule.name
-    );
-    tx.prepare_cached("UPDATE tickler_schedules SET paused = 1, updated_at = ?1 WHERE name = ?2")?
-        .execute(params![now, schedule.name])?;
-    Ok(())
-}
-
-/// The earliest next tick of the active schedules, or `now` if one of them
-/// was written after now (the clock stepped back: it needs a rebase).
-fn next_tick_in(conn: &rusqlite::Connection, now: i64) -> Result<Option<DateTime<Utc>>> {
-    let (next, stepped): (Option<i64>, bool) = conn
-        .prepare_cached(
-            "SELECT (SELECT min(next_tick_at) FROM tickler_schedules
-                     WHERE paused = 0 AND next_tick_at IS NOT NULL),
-                    (SELECT max(updated_at) FROM tickler_schedules WHERE paused = 0) > ?1",
-        )?
-        .query_row([now], |r| {
-            Ok((r.get(0)?, r.get::<_, Option<bool>>(1)?.unwrap_or(false)))
-        })?;
-    let next = if stepped {
-        Some(next.map_or(now, |n| n.min(now)))
-    } else {
-        next
-    };
-    Ok(next.map(ms_to_datetime))
+/// What firing a schedule asks of the engine, inside the transaction in
+/// which the engine holds the due schedules (SQLite: `BEGIN IMMEDIATE`).
+pub(crate) trait ScheduleTx {
+    /// The unfinished runs (tick jobs scheduled, pending or running) of
+    /// schedule `name`, oldest first.
+    fn unfinished_runs(&self, name: &str) -> Result<Vec<(JobId, JobState)>>;
+    /// A cancelled or dead run of schedule `name` whose lease, kept for
+    /// its handler, has not run out at `now`.
+    fn stopping_run(&self, name: &str, now: i64) -> Result<Option<(JobId, JobState)>>;
+    /// Pauses a schedule that cannot fire with this build, with `error` in
+    /// the log.
+    fn pause_broken(&self, schedule: &Schedule, now: i64, error: &Error) -> Result<()>;
+    /// Moves schedule `name` on to `after`, adding `skipped` skipped ticks,
+    /// if it is still active and still due at `first_due`; false if another
+    /// scheduler handled these ticks first.
+    fn advance(
+        &self,
+        name: &str,
+        first_due: i64,
+        after: &Handled,
+        skipped: u64,
+        now: i64,
+    ) -> Result<bool>;
+    /// Inserts the tick jobs (validated by the queue).
+    fn insert_jobs(&self, rows: &[ValidJob], now: i64) -> Result<Vec<JobId>>;
 }
 
 #[cfg(test)]

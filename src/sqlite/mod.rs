@@ -6,6 +6,7 @@
 
 mod jobs;
 pub(crate) mod rows;
+mod schedules;
 pub(crate) mod sql;
 mod watch;
 
