@@ -584,16 +584,20 @@ fn raw_insert(durability: Durability, n: usize) -> f64 {
     n as f64 / started.elapsed().as_secs_f64()
 }
 
+/// A raw connection to a fresh file holding `n` pending jobs.
+fn raw_filled(dir: &tempfile::TempDir, durability: Durability, n: usize) -> Connection {
+    let mut conn = raw_connection(dir, durability);
+    let tx = conn.transaction().expect("tx");
+    for i in 0..n {
+        tx.execute(RAW_INSERT, params![i as i64]).expect("insert");
+    }
+    tx.commit().expect("commit");
+    conn
+}
+
 fn raw_cycle(durability: Durability, n: usize) -> f64 {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut conn = raw_connection(&dir, durability);
-    {
-        let tx = conn.transaction().expect("tx");
-        for i in 0..n {
-            tx.execute(RAW_INSERT, params![i as i64]).expect("insert");
-        }
-        tx.commit().expect("commit");
-    }
+    let mut conn = raw_filled(&dir, durability, n);
     let started = Instant::now();
     for _ in 0..n {
         let tx = conn
@@ -628,14 +632,7 @@ const RAW_BATCH: usize = 32;
 /// transaction completing the previous batch and claiming the next.
 fn raw_cycle_batched(durability: Durability, n: usize) -> f64 {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut conn = raw_connection(&dir, durability);
-    {
-        let tx = conn.transaction().expect("tx");
-        for i in 0..n {
-            tx.execute(RAW_INSERT, params![i as i64]).expect("insert");
-        }
-        tx.commit().expect("commit");
-    }
+    let mut conn = raw_filled(&dir, durability, n);
     let started = Instant::now();
     let mut claimed: Vec<i64> = Vec::with_capacity(RAW_BATCH);
     let mut done = 0;
