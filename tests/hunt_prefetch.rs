@@ -44,14 +44,8 @@ fn pool(
 /// Runs `WARM_UP` jobs that return at once, so that `pool` has a mean run
 /// time of microseconds and claims far ahead of its free threads.
 fn warm_up(queue: &Queue, rec: &Arc<Recorder>) {
-    let before = queue.count(JobState::Succeeded).unwrap();
     let started = rec.started();
-    queue
-        .enqueue_batch((0..WARM_UP).map(|_| NewJob::new("quick")).collect())
-        .unwrap();
-    wait_until("the warm-up jobs ran", secs(30), || {
-        queue.count(JobState::Succeeded).unwrap() == before + WARM_UP as u64
-    });
+    pool_common::warm_up(queue, "quick", WARM_UP);
     assert_eq!(rec.started(), started + WARM_UP);
 }
 

@@ -88,10 +88,7 @@ fn prefetched_job_behind_a_hung_handler(timeout: Option<Duration>) -> (bool, Job
     if let Some(t) = timeout {
         hung = hung.timeout(t);
     }
-    queue
-        .enqueue_batch((0..20).map(|_| NewJob::new("script")).collect())
-        .unwrap();
-    wait_until("the warm-up jobs ran", secs(10), || rec.ended() == 20);
+    pool_common::warm_up(&queue, "script", 20);
     let _hung = queue.enqueue(hung).unwrap();
     wait_until("the hung handler started", secs(10), || rec.started() == 21);
     let behind = queue.enqueue(NewJob::new("script")).unwrap();

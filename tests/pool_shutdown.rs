@@ -36,12 +36,7 @@ fn unstarted_jobs_go_back_to_pending_with_their_attempt() {
         .shutdown_grace(secs(10))
         .start()
         .unwrap();
-    queue
-        .enqueue_batch((0..WARM_UP).map(|_| NewJob::new("warm-up")).collect())
-        .unwrap();
-    wait_until("the warm-up jobs ran", secs(10), || {
-        queue.count(JobState::Succeeded).unwrap() == WARM_UP as u64
-    });
+    pool_common::warm_up(&queue, "warm-up", WARM_UP);
     let mut batch = vec![NewJob::new("script")
         .priority(10)
         .payload(serde_json::json!({"block": true}))];

@@ -36,12 +36,7 @@ fn warmed_up_pool(queue: &Queue, rec: &Arc<Recorder>) -> (WorkerPool, Instant) {
         .handler("script", rec.script())
         .start()
         .unwrap();
-    queue
-        .enqueue_batch((0..300).map(|_| NewJob::new("quick")).collect())
-        .unwrap();
-    wait_until("the warm-up jobs ran", secs(30), || {
-        queue.count(JobState::Succeeded).unwrap() == 300
-    });
+    pool_common::warm_up(queue, "quick", 300);
     queue
         .enqueue_batch(
             (0..LONG_JOBS)
