@@ -589,17 +589,17 @@ impl Queue {
                 limit,
             });
         }
-        let run_at = match (job.run_at, job.delay) {
+        let due = match (job.run_at, job.delay) {
             // Any past time means "due now", also one before 1970, which
             // the stored range (ms since 1970) cannot hold.
-            (Some(at), _) if at.timestamp_millis() < 0 => now,
-            (Some(at), _) => at.timestamp_millis(),
-            (None, Some(delay)) => add_ms(now, delay).ok_or(Error::TimeOutOfRange {
-                what: "enqueue time plus delay",
-            })?,
-            (None, None) => now,
+            (Some(at), _) if at.timestamp_millis() < 0 => Due::Now,
+            (Some(at), _) => Due::At(at.timestamp_millis()),
+            (None, Some(delay)) => Due::After(delay),
+            (None, None) => Due::Now,
         };
-        check_timestamp(run_at, "run_at")?;
+        // Refused here, before anything is written; the engine resolves it
+        // again against its own "now".
+        due.resolve(now)?;
         let timeout_ms = match job.timeout {
             None => None,
             Some(t) => match i64::try_from(t.as_millis()) {
@@ -615,7 +615,7 @@ impl Queue {
         Ok(ValidJob {
             job,
             payload,
-            run_at,
+            due,
             timeout_ms,
         })
     }
@@ -1117,8 +1117,40 @@ impl Queue {
 pub(crate) struct ValidJob {
     pub(crate) job: NewJob,
     pub(crate) payload: String,
-    pub(crate) run_at: i64,
+    pub(crate) due: Due,
     pub(crate) timeout_ms: Option<i64>,
+}
+
+/// When a validated job is due. A delay counts from the engine's "now" in
+/// the transaction that inserts the job ([`Due::resolve`]), not from the
+/// caller's clock: on an engine with a server, the server's clock decides
+/// (machines' clocks differ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Due {
+    /// Now (also any time in the past).
+    Now,
+    /// At this instant, ms since the epoch.
+    At(i64),
+    /// This long after now.
+    After(Duration),
+}
+
+impl Due {
+    /// The due time (ms since the epoch) as of `now`.
+    ///
+    /// # Errors
+    /// [`Error::TimeOutOfRange`] past the storable range.
+    pub(crate) fn resolve(self, now: i64) -> Result<i64> {
+        let at = match self {
+            Due::Now => now,
+            Due::At(at) => at,
+            Due::After(delay) => add_ms(now, delay).ok_or(Error::TimeOutOfRange {
+                what: "enqueue time plus delay",
+            })?,
+        };
+        check_timestamp(at, "run_at")?;
+        Ok(at)
+    }
 }
 
 /// `error` cut to [`MAX_ERROR_BYTES`]: its first 6 KiB and its end around

@@ -165,7 +165,8 @@ pub(crate) fn insert_valid(
     let mut ids = Vec::with_capacity(rows.len());
     for row in rows {
         let job = &row.job;
-        let state = if row.run_at <= now {
+        let run_at = row.due.resolve(now)?;
+        let state = if run_at <= now {
             JobState::Pending
         } else {
             JobState::Scheduled
@@ -176,7 +177,7 @@ pub(crate) fn insert_valid(
             row.payload,
             state.as_str(),
             job.priority,
-            row.run_at,
+            run_at,
             job.max_attempts,
             job.unique_key,
             row.timeout_ms,
