@@ -220,6 +220,25 @@ pub enum Error {
     /// Any other SQLite error.
     #[error("SQLite error: {0}")]
     Sqlite(rusqlite::Error),
+
+    /// A PostgreSQL error that retrying did not cure (or that retrying
+    /// cannot cure: a statement the server refused). Connection losses,
+    /// server restarts, failovers, deadlocks and serialization failures
+    /// are retried for `QueueBuilder::busy_retry` first.
+    #[cfg(feature = "postgres")]
+    #[error("PostgreSQL error: {0}")]
+    Postgres(postgres::Error),
+
+    /// The operation exists only on another engine (for example
+    /// `Queue::checkpoint`, which is about SQLite's WAL file, on a queue in
+    /// PostgreSQL).
+    #[error("{what} is not available on {engine}")]
+    Unsupported {
+        /// The operation.
+        what: &'static str,
+        /// The engine of this queue ("PostgreSQL", "SQLite").
+        engine: &'static str,
+    },
 }
 
 impl Error {
@@ -268,5 +287,26 @@ impl From<rusqlite::Error> for Error {
             }
         }
         Error::Sqlite(e)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<postgres::Error> for Error {
+    fn from(e: postgres::Error) -> Self {
+        use postgres::error::SqlState;
+        if let Some(code) = e.code() {
+            if *code == SqlState::DISK_FULL {
+                return Error::DiskFull;
+            }
+            // Unique conflicts are resolved in SQL (ON CONFLICT); any other
+            // integrity failure is a row or trigger written outside tickler.
+            if code.code().starts_with("23") && *code != SqlState::UNIQUE_VIOLATION {
+                let message = e
+                    .as_db_error()
+                    .map_or_else(|| e.to_string(), |db| db.message().to_owned());
+                return Error::ConstraintViolated { message };
+            }
+        }
+        Error::Postgres(e)
     }
 }

@@ -151,12 +151,15 @@ mod file_events;
 mod job;
 mod lease;
 mod metrics;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod queue;
 mod reaper;
 mod retry;
 mod schedule;
 mod scheduler;
 mod sqlite;
+mod watch;
 mod worker;
 
 /// The `rusqlite` this crate is built with: its types appear in the public
@@ -173,6 +176,7 @@ pub use job::{
 };
 pub use lease::Lease;
 pub use metrics::WriteLockWaits;
+pub use queue::is_postgres_url;
 pub use queue::{
     ChangeWatcher, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter, Outcome,
     OutcomeSync, Queue, QueueBuilder, Stats, Waker, ERROR_HISTORY_MAX, MAX_ERROR_BYTES,

@@ -34,8 +34,8 @@ use crate::lease::Lease;
 use crate::metrics::WriteLockWaits;
 use crate::retry::RetryPolicy;
 
-pub use crate::sqlite::{ChangeWatcher, Waker};
 use crate::sqlite::{Store, StoreSettings};
+pub use crate::watch::{ChangeWatcher, Waker};
 use chrono::{DateTime, Utc};
 use rusqlite::Connection;
 use std::collections::BTreeMap;
@@ -116,6 +116,12 @@ pub struct QueueBuilder {
     clock: Arc<dyn Clock>,
     read_connections: u32,
     on_connection: Option<ConnectionHook>,
+    /// `clock` was set by the caller (on PostgreSQL it then replaces the
+    /// server's clock).
+    clock_set: bool,
+    max_connections: u32,
+    listen: bool,
+    fallback_poll: Duration,
 }
 
 impl std::fmt::Debug for QueueBuilder {
@@ -130,6 +136,10 @@ impl std::fmt::Debug for QueueBuilder {
             .field("clock", &self.clock)
             .field("read_connections", &self.read_connections)
             .field("on_connection", &self.on_connection.is_some())
+            .field("clock_set", &self.clock_set)
+            .field("max_connections", &self.max_connections)
+            .field("listen", &self.listen)
+            .field("fallback_poll", &self.fallback_poll)
             .finish()
     }
 }
@@ -168,9 +178,39 @@ impl QueueBuilder {
         self
     }
 
-    /// Where "now" comes from (default [`SystemClock`]).
+    /// Where "now" comes from (default [`SystemClock`]; on PostgreSQL,
+    /// the database server's clock). A clock set here is used on either
+    /// engine: tests move a [`crate::ManualClock`] by hand.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self.clock_set = true;
+        self
+    }
+
+    /// PostgreSQL: most connections this `Queue` (and its clones) keeps in
+    /// its pool (default 10, at least 2). A worker pool uses about two
+    /// (claims and outcomes, heartbeats) plus one per enqueueing thread at
+    /// a time; the listening connection comes on top. Ignored on SQLite.
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(2);
+        self
+    }
+
+    /// PostgreSQL: whether watchers `LISTEN` for other processes' commits
+    /// (default true). Turn it off behind a connection pooler in
+    /// transaction mode (PgBouncer's `pool_mode = transaction`), where
+    /// `LISTEN` does not work: watchers then look for work every
+    /// [`QueueBuilder::fallback_poll`]. Ignored on SQLite.
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
+        self
+    }
+
+    /// PostgreSQL: how often a watcher looks for other processes' work
+    /// while it cannot listen (listening turned off, or its connection
+    /// lost and not yet back); default 1 s. Ignored on SQLite.
+    pub fn fallback_poll(mut self, every: Duration) -> Self {
+        self.fallback_poll = every.max(Duration::from_millis(1));
         self
     }
 
@@ -204,6 +244,10 @@ impl QueueBuilder {
     /// [`Error::NotWal`], [`Error::PragmaMismatch`], [`Error::Io`],
     /// [`Error::Busy`].
     pub fn open(self) -> Result<Queue> {
+        if let Some(url) = self.path.to_str().filter(|p| is_postgres_url(p)) {
+            let url = url.to_owned();
+            return self.open_postgres(url);
+        }
         let path = self.path.clone();
         check_payload_limit(
             self.max_payload_bytes,
@@ -222,8 +266,9 @@ impl QueueBuilder {
         })?;
         let queue = Queue {
             inner: Arc::new(Inner {
+                clock: Arc::clone(&self.clock),
                 config: self,
-                store,
+                backend: Backend::Sqlite(store),
             }),
         };
         if let Ok(false) = Queue::file_is_private(&path) {
@@ -236,6 +281,41 @@ impl QueueBuilder {
     }
 }
 
+impl QueueBuilder {
+    #[cfg(feature = "postgres")]
+    fn open_postgres(self, url: String) -> Result<Queue> {
+        let store = crate::postgres::Store::open(&crate::postgres::StoreSettings {
+            url: &url,
+            max_connections: self.max_connections,
+            clock: self.clock_set.then(|| Arc::clone(&self.clock)),
+            retry_policy: self.retry_policy,
+            retry_window: self.busy_timeout + self.busy_retry,
+            listen: self.listen,
+            fallback_poll: self.fallback_poll,
+        })?;
+        Ok(Queue {
+            inner: Arc::new(Inner {
+                clock: Arc::clone(store.clock()),
+                config: self,
+                backend: Backend::Postgres(store),
+            }),
+        })
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    fn open_postgres(self, _url: String) -> Result<Queue> {
+        Err(Error::Config(
+            "this is a PostgreSQL URL, but tickler was built without its `postgres` feature".into(),
+        ))
+    }
+}
+
+/// Whether `location` names a PostgreSQL database (`postgres://…` or
+/// `postgresql://…`) rather than a file.
+pub fn is_postgres_url(location: &str) -> bool {
+    location.starts_with("postgres://") || location.starts_with("postgresql://")
+}
+
 /// A handle on one tickler file. Cheap to clone; clones share one write
 /// connection and one pool of read connections. Any number of `Queue`s in
 /// any number of processes may open the same file.
@@ -246,14 +326,51 @@ pub struct Queue {
 
 struct Inner {
     config: QueueBuilder,
+    /// Where "now" comes from: the builder's clock, or on PostgreSQL
+    /// (unless one was set) the server's.
+    clock: Arc<dyn Clock>,
     /// The engine: connections, write transactions, wake-ups.
-    store: Store,
+    backend: Backend,
+}
+
+/// The engine behind a [`Queue`]. One per opened queue (behind its
+/// `Arc`), so the size difference of the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Backend {
+    Sqlite(Store),
+    #[cfg(feature = "postgres")]
+    Postgres(crate::postgres::Store),
+}
+
+impl Inner {
+    /// The file, or the database's URL without its password.
+    fn location(&self) -> String {
+        match &self.backend {
+            Backend::Sqlite(store) => store.path().display().to_string(),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(store) => store.describe(),
+        }
+    }
+
+    /// The SQLite engine, or [`Error::Unsupported`] for `what`.
+    fn sqlite(&self, what: &'static str) -> Result<&Store> {
+        #[cfg(not(feature = "postgres"))]
+        let _ = what;
+        match &self.backend {
+            Backend::Sqlite(store) => Ok(store),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => Err(Error::Unsupported {
+                what,
+                engine: "PostgreSQL",
+            }),
+        }
+    }
 }
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Queue")
-            .field("path", &self.config.path)
+            .field("location", &self.location())
             .field("durability", &self.config.durability)
             .finish()
     }
@@ -316,6 +433,72 @@ pub struct ClaimRequest<'a> {
     /// priority order: priority aging, so that a flood of high-priority
     /// jobs cannot starve a low-priority one. 0 for strict priority order.
     pub oldest_first: usize,
+}
+
+/// Which due jobs a claim takes first.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ClaimOrder {
+    /// Highest priority, then longest due, then lowest id.
+    Priority,
+    /// Longest due, then lowest id, whatever the priority (priority aging).
+    Oldest,
+}
+
+impl ClaimOrder {
+    pub(crate) fn sql(self) -> &'static str {
+        match self {
+            ClaimOrder::Priority => "priority DESC, run_at, id",
+            ClaimOrder::Oldest => "run_at, id",
+        }
+    }
+
+    pub(crate) fn compare(self, a: &Lease, b: &Lease) -> std::cmp::Ordering {
+        let by_age = a.run_at.cmp(&b.run_at).then(a.job_id.cmp(&b.job_id));
+        match self {
+            ClaimOrder::Priority => b.priority.cmp(&a.priority).then(by_age),
+            ClaimOrder::Oldest => by_age,
+        }
+    }
+}
+
+impl ClaimRequest<'_> {
+    /// Spreads the claim over the queues, calling `claim_from(queue, want,
+    /// order)` (which claims up to `want` jobs and returns how many it
+    /// took): a fair share per queue first (`max / queues`, rounded up, so
+    /// one busy queue cannot starve the others a pool serves), the oldest
+    /// due jobs first within it while `oldest_first` lasts (priority
+    /// aging); then whatever is left, queue by queue, from the queues that
+    /// gave all they were asked for.
+    pub(crate) fn spread(
+        &self,
+        mut claim_from: impl FnMut(&str, usize, ClaimOrder) -> Result<usize>,
+    ) -> Result<()> {
+        let mut claim = |queue: &str, want: usize, order| {
+            if want == 0 {
+                Ok(0)
+            } else {
+                claim_from(queue, want, order)
+            }
+        };
+        let share = self.max.div_ceil(self.queues.len().max(1));
+        let mut aged_left = self.oldest_first.min(self.max);
+        let mut taken = 0;
+        let mut may_have_more = Vec::new();
+        for queue in self.queues {
+            let room = share.min(self.max - taken);
+            let aged = claim(queue, aged_left.min(room), ClaimOrder::Oldest)?;
+            aged_left -= aged;
+            let rest = claim(queue, room - aged, ClaimOrder::Priority)?;
+            taken += aged + rest;
+            if aged + rest == room {
+                may_have_more.push(*queue);
+            }
+        }
+        for queue in may_have_more {
+            taken += claim(queue, self.max - taken, ClaimOrder::Priority)?;
+        }
+        Ok(())
+    }
 }
 
 /// Filter for [`Queue::list`]. `None` fields match everything.
@@ -395,17 +578,38 @@ impl Queue {
             clock: Arc::new(SystemClock),
             read_connections: 4,
             on_connection: None,
+            clock_set: false,
+            max_connections: 10,
+            listen: true,
+            fallback_poll: Duration::from_secs(1),
         }
     }
 
-    /// The file this queue works on.
+    /// The file this queue works on; on PostgreSQL, an empty path (see
+    /// [`Queue::location`]).
     pub fn path(&self) -> &Path {
-        self.inner.store.path()
+        match &self.inner.backend {
+            Backend::Sqlite(store) => store.path(),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => Path::new(""),
+        }
     }
 
-    /// The clock this queue reads "now" from.
+    /// Where this queue lives, for messages: the file's path, or the
+    /// PostgreSQL URL with its password replaced by `***`.
+    pub fn location(&self) -> String {
+        self.inner.location()
+    }
+
+    /// Whether this queue lives in PostgreSQL (rather than a SQLite file).
+    pub fn is_postgres(&self) -> bool {
+        !matches!(self.inner.backend, Backend::Sqlite(_))
+    }
+
+    /// The clock this queue reads "now" from: the builder's, or on
+    /// PostgreSQL (unless one was set) the database server's.
     pub fn clock(&self) -> &Arc<dyn Clock> {
-        &self.inner.config.clock
+        &self.inner.clock
     }
 
     /// The backoff used after failures and expired leases.
@@ -420,11 +624,15 @@ impl Queue {
 
     /// The engine behind this queue.
     pub(crate) fn engine(&self) -> &dyn Engine {
-        &self.inner.store
+        match &self.inner.backend {
+            Backend::Sqlite(store) => store,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(store) => store,
+        }
     }
 
     pub(crate) fn now_ms(&self) -> i64 {
-        self.inner.config.clock.now_ms()
+        self.inner.clock.now_ms()
     }
 
     // ---------------------------------------------------------------- enqueue
@@ -474,7 +682,7 @@ impl Queue {
     /// # Errors
     /// [`Error::Sqlite`], [`Error::NotWal`], [`Error::PragmaMismatch`].
     pub fn open_connection(&self) -> Result<Connection> {
-        self.inner.store.open_connection()
+        self.inner.sqlite("open_connection")?.open_connection()
     }
 
     /// Writes `job` inside the caller's own transaction `tx`, opened on a
@@ -516,7 +724,9 @@ impl Queue {
             .into_iter()
             .map(|job| self.validate(job, now))
             .collect::<Result<Vec<_>>>()?;
-        self.inner.store.enqueue_tx(tx, &rows, now)
+        self.inner
+            .sqlite("enqueue_tx with a rusqlite transaction")?
+            .enqueue_tx(tx, &rows, now)
     }
 
     /// Runs `app_writes` and marks the job succeeded in one `BEGIN
@@ -549,7 +759,9 @@ impl Queue {
         lease: &Lease,
         app_writes: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>,
     ) -> Result<T> {
-        self.inner.store.complete_with(lease, app_writes)
+        self.inner
+            .sqlite("complete_with with a rusqlite transaction")?
+            .complete_with(lease, app_writes)
     }
 
     pub(crate) fn validate(&self, job: NewJob, now: i64) -> Result<ValidJob> {
@@ -942,7 +1154,12 @@ impl Queue {
     /// # Errors
     /// [`Error::Io`] if the log cannot be opened or synced.
     pub fn sync(&self) -> Result<()> {
-        self.inner.store.sync()
+        match &self.inner.backend {
+            Backend::Sqlite(store) => store.sync(),
+            // Every commit is durable as the server's settings make it.
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => Ok(()),
+        }
     }
 
     /// The durability this queue was opened with.
@@ -969,13 +1186,17 @@ impl Queue {
     /// cannot grow to take the copied pages; [`Error::Sqlite`] for other
     /// SQLite failures.
     pub fn checkpoint(&self) -> Result<Checkpoint> {
-        self.inner.store.checkpoint()
+        self.inner.sqlite("checkpoint")?.checkpoint()
     }
 
     /// How long this process's write transactions (through any clone of
     /// this `Queue`) waited for the write lock so far.
     pub fn write_lock_waits(&self) -> WriteLockWaits {
-        self.inner.store.write_lock_waits()
+        match &self.inner.backend {
+            Backend::Sqlite(store) => store.write_lock_waits(),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => WriteLockWaits::default(),
+        }
     }
 
     // ------------------------------------------------------- change watching
@@ -992,7 +1213,11 @@ impl Queue {
     /// # Errors
     /// [`Error::Sqlite`] if its connection cannot be opened.
     pub fn watcher(&self) -> Result<ChangeWatcher> {
-        self.inner.store.watcher()
+        match &self.inner.backend {
+            Backend::Sqlite(store) => Ok(ChangeWatcher::sqlite(store.watcher()?)),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(store) => Ok(ChangeWatcher::postgres(store.watcher())),
+        }
     }
 
     /// Whether the queue file at `path` and its `-wal` and `-shm` files
@@ -1037,6 +1262,9 @@ impl Queue {
     /// # Errors
     /// As [`Queue::file_is_private`].
     pub fn is_private(&self) -> Result<bool> {
+        if self.is_postgres() {
+            return Ok(true);
+        }
         Queue::file_is_private(self.path())
     }
 }
@@ -1109,6 +1337,9 @@ impl Queue {
 
     /// Size of the file's `-wal` file in bytes (0 if there is none).
     pub fn wal_bytes(&self) -> u64 {
+        if self.is_postgres() {
+            return 0;
+        }
         std::fs::metadata(crate::sqlite::wal_path(self.path())).map_or(0, |m| m.len())
     }
 }

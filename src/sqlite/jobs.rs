@@ -287,50 +287,25 @@ impl Engine for Store {
                 }
                 let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
                 let mut leases = Vec::new();
-                let mut claim_from =
-                    |queue: &str, want: usize, order: ClaimOrder| -> Result<usize> {
-                        if want == 0 {
-                            return Ok(0);
-                        }
-                        let want = i64::try_from(want).unwrap_or(i64::MAX);
-                        let mut values: Vec<&dyn rusqlite::ToSql> =
-                            vec![&request.worker_id, &now, &expires, &queue, &want];
-                        if let Some(kinds) = request.kinds {
-                            values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
-                        }
-                        let sql = match order {
-                            ClaimOrder::Priority => &sql.0,
-                            ClaimOrder::Oldest => &sql.1,
-                        };
-                        let mut claimed = claim_rows(tx, sql, &values, now)?;
-                        // RETURNING gives rows in no promised order.
-                        claimed.sort_by(|a, b| order.compare(a, b));
-                        let n = claimed.len();
-                        leases.extend(claimed);
-                        Ok(n)
-                    };
-                // A fair share of the claim per queue first (so one busy
-                // queue cannot starve the others a pool serves), the
-                // oldest due jobs first within it when asked (priority
-                // aging); then whatever is left, queue by queue.
-                let share = request.max.div_ceil(request.queues.len().max(1));
-                let mut aged_left = request.oldest_first.min(request.max);
-                let mut taken = 0;
-                // Queues that gave all they were asked for may have more.
-                let mut may_have_more = Vec::new();
-                for queue in request.queues {
-                    let room = share.min(request.max - taken);
-                    let aged = claim_from(queue, aged_left.min(room), ClaimOrder::Oldest)?;
-                    aged_left -= aged;
-                    let rest = claim_from(queue, room - aged, ClaimOrder::Priority)?;
-                    taken += aged + rest;
-                    if aged + rest == room {
-                        may_have_more.push(*queue);
+                let claim_from = |queue: &str, want: usize, order: ClaimOrder| -> Result<usize> {
+                    let want = i64::try_from(want).unwrap_or(i64::MAX);
+                    let mut values: Vec<&dyn rusqlite::ToSql> =
+                        vec![&request.worker_id, &now, &expires, &queue, &want];
+                    if let Some(kinds) = request.kinds {
+                        values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
                     }
-                }
-                for queue in may_have_more {
-                    taken += claim_from(queue, request.max - taken, ClaimOrder::Priority)?;
-                }
+                    let sql = match order {
+                        ClaimOrder::Priority => &sql.0,
+                        ClaimOrder::Oldest => &sql.1,
+                    };
+                    let mut claimed = claim_rows(tx, sql, &values, now)?;
+                    // RETURNING gives rows in no promised order.
+                    claimed.sort_by(|a, b| order.compare(a, b));
+                    let n = claimed.len();
+                    leases.extend(claimed);
+                    Ok(n)
+                };
+                request.spread(claim_from)?;
                 Ok((recorded, Some(leases)))
             })?;
             results.extend(recorded);

@@ -2,7 +2,7 @@
 //! `Queue`, a pool of readers, watcher connections), their pragmas and busy
 //! handling, write transactions and their retries, the bound on the WAL,
 //! the group commit of concurrent enqueues, migrations, and wake-ups on
-//! commits ([`ChangeWatcher`]).
+//! commits (`FileWatcher`, behind [`crate::ChangeWatcher`]).
 
 mod jobs;
 pub(crate) mod rows;
@@ -11,7 +11,7 @@ pub(crate) mod sql;
 mod watch;
 
 use watch::data_version;
-pub use watch::{ChangeWatcher, Waker};
+pub(crate) use watch::FileWatcher;
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
@@ -243,7 +243,7 @@ impl Store {
     }
 
     /// See [`crate::Queue::watcher`].
-    pub(crate) fn watcher(&self) -> Result<ChangeWatcher> {
+    pub(crate) fn watcher(&self) -> Result<FileWatcher> {
         let conn = Connection::open_with_flags(
             &self.path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -258,7 +258,7 @@ impl Store {
         self.file_events_started.call_once(|| {
             crate::file_events::watch(&wal_path(&self.path), &self.file_events);
         });
-        Ok(ChangeWatcher::new(conn, version, rx, tx, &self.file_events))
+        Ok(FileWatcher::new(conn, version, rx, tx, &self.file_events))
     }
 
     /// Runs `f` in a `BEGIN IMMEDIATE` transaction on the process's write

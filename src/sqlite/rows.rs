@@ -93,6 +93,17 @@ pub(crate) struct StoredAttemptError {
     worker: Option<String>,
 }
 
+impl From<StoredAttemptError> for crate::job::AttemptError {
+    fn from(e: StoredAttemptError) -> Self {
+        crate::job::AttemptError {
+            attempt: e.attempt,
+            at: ms_to_datetime(e.at),
+            error: e.error,
+            worker: e.worker,
+        }
+    }
+}
+
 /// Reads a row column by column, noting each column that cannot be read
 /// and putting a placeholder in its place, so that one damaged row (a hand
 /// edit, a disk error, a newer build's data) is reported instead of failing
@@ -181,12 +192,7 @@ impl<'a, 'r> RowReader<'a, 'r> {
         match serde_json::from_str::<Vec<StoredAttemptError>>(&text) {
             Ok(stored) => stored
                 .into_iter()
-                .map(|e| crate::job::AttemptError {
-                    attempt: e.attempt,
-                    at: ms_to_datetime(e.at),
-                    error: e.error,
-                    worker: e.worker,
-                })
+                .map(crate::job::AttemptError::from)
                 .collect(),
             Err(e) => {
                 self.note("errors", format!("not readable as an error history ({e})"));

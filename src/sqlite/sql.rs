@@ -206,32 +206,6 @@ pub(crate) fn kind_filter(kinds: Option<&[&str]>, first: usize) -> String {
     }
 }
 
-/// Which due jobs a claim takes first.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum ClaimOrder {
-    /// Highest priority, then longest due, then lowest id.
-    Priority,
-    /// Longest due, then lowest id, whatever the priority (priority aging).
-    Oldest,
-}
-
-impl ClaimOrder {
-    pub(crate) fn sql(self) -> &'static str {
-        match self {
-            ClaimOrder::Priority => "priority DESC, run_at, id",
-            ClaimOrder::Oldest => "run_at, id",
-        }
-    }
-
-    pub(crate) fn compare(self, a: &Lease, b: &Lease) -> std::cmp::Ordering {
-        let by_age = a.run_at.cmp(&b.run_at).then(a.job_id.cmp(&b.job_id));
-        match self {
-            ClaimOrder::Priority => b.priority.cmp(&a.priority).then(by_age),
-            ClaimOrder::Oldest => by_age,
-        }
-    }
-}
-
 /// Runs one claiming UPDATE (`claim_sql`) and returns its leases. A row
 /// that cannot be read costs its own job, not the claim: it is made dead
 /// with an error naming what could not be read.

@@ -8,8 +8,10 @@ use rusqlite::Connection;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Wakes a fetcher when the file may hold new work; see [`crate::Queue::watcher`].
-pub struct ChangeWatcher {
+/// The SQLite side of a [`crate::ChangeWatcher`]: commits through this
+/// process's `Queue`s, and other processes' commits seen by file-change
+/// notifications of the `-wal` file and `PRAGMA data_version`.
+pub(crate) struct FileWatcher {
     conn: Connection,
     version: i64,
     wake: Receiver<()>,
@@ -36,26 +38,15 @@ const HOT_POLL_WINDOW: Duration = Duration::from_millis(100);
 /// process's job is seen, and about 20 checks a second per idle watcher.
 const FALLBACK_POLL_MAX: Duration = Duration::from_millis(50);
 
-/// Wakes one [`ChangeWatcher`]; see [`ChangeWatcher::waker`].
-#[derive(Debug, Clone)]
-pub struct Waker(Sender<()>);
-
-impl Waker {
-    /// Makes the watcher's current or next `wait` return at once.
-    pub fn wake(&self) {
-        let _ = self.0.try_send(());
-    }
-}
-
-impl std::fmt::Debug for ChangeWatcher {
+impl std::fmt::Debug for FileWatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChangeWatcher")
+        f.debug_struct("FileWatcher")
             .field("version", &self.version)
             .finish()
     }
 }
 
-impl ChangeWatcher {
+impl FileWatcher {
     /// A watcher on `conn` (its own connection to the file, whose
     /// `data_version` was `version`), woken by `wake` (its sender `wake_tx`
     /// registered with the store) and by the store's file notifications.
@@ -65,8 +56,8 @@ impl ChangeWatcher {
         wake: Receiver<()>,
         wake_tx: Sender<()>,
         file_events: &Arc<FileEvents>,
-    ) -> ChangeWatcher {
-        ChangeWatcher {
+    ) -> FileWatcher {
+        FileWatcher {
             conn,
             version,
             wake,
@@ -90,7 +81,7 @@ impl ChangeWatcher {
     ///
     /// # Errors
     /// [`crate::Error::Sqlite`] if `PRAGMA data_version` fails.
-    pub fn wait(&mut self, timeout: Duration, poll: Duration) -> Result<bool> {
+    pub(crate) fn wait(&mut self, timeout: Duration, poll: Duration) -> Result<bool> {
         let deadline = Instant::now() + timeout;
         let mut hot_step = Duration::from_millis(1);
         loop {
@@ -126,11 +117,9 @@ impl ChangeWatcher {
         }
     }
 
-    /// A handle that wakes this watcher's [`ChangeWatcher::wait`] from any
-    /// thread (for example to tell a sleeping fetcher to stop or that a
-    /// worker slot came free).
-    pub fn waker(&self) -> Waker {
-        Waker(self.wake_tx.clone())
+    /// The sender that wakes this watcher's `wait`.
+    pub(crate) fn wake_sender(&self) -> Sender<()> {
+        self.wake_tx.clone()
     }
 
     /// True if any connection committed since the last call (or since the
@@ -138,7 +127,7 @@ impl ChangeWatcher {
     ///
     /// # Errors
     /// [`crate::Error::Sqlite`] if `PRAGMA data_version` fails.
-    pub fn changed(&mut self) -> Result<bool> {
+    pub(crate) fn changed(&mut self) -> Result<bool> {
         let woken = self.wake.try_recv().is_ok();
         if self.file.try_recv().is_ok() {
             self.hot_until = Some(Instant::now() + HOT_POLL_WINDOW);

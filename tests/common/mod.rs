@@ -1,6 +1,11 @@
 //! Helpers shared by the integration tests. Each test file uses a subset.
 #![allow(dead_code)]
 
+// Test files may include several of these helper modules.
+#[allow(clippy::duplicate_mod)]
+#[path = "../engine/mod.rs"]
+pub mod engine;
+
 use chrono::{DateTime, TimeZone, Utc};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,7 +37,7 @@ pub fn temp_db() -> (tempfile::TempDir, PathBuf) {
 /// A queue on `path` whose clock stands at [`t0`] and only moves by hand.
 pub fn manual_queue(path: &Path) -> (Queue, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(t0()));
-    let queue = Queue::builder(path)
+    let queue = Queue::builder(engine::target(path))
         .clock(clock.clone())
         .durability(Durability::Normal)
         .open()
@@ -43,7 +48,7 @@ pub fn manual_queue(path: &Path) -> (Queue, Arc<ManualClock>) {
 /// As [`manual_queue`], with a retry policy.
 pub fn manual_queue_with_policy(path: &Path, policy: RetryPolicy) -> (Queue, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(t0()));
-    let queue = Queue::builder(path)
+    let queue = Queue::builder(engine::target(path))
         .clock(clock.clone())
         .durability(Durability::Normal)
         .retry_policy(policy)

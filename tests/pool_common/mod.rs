@@ -17,6 +17,11 @@
 //! "action": "permanent"}` blocks, then waits to be cancelled, then fails.
 #![allow(dead_code)]
 
+// Test files may include several of these helper modules.
+#[allow(clippy::duplicate_mod)]
+#[path = "../engine/mod.rs"]
+pub mod engine;
+
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -45,7 +50,7 @@ pub fn temp_db() -> (tempfile::TempDir, PathBuf) {
 
 /// A queue on `path` with the system clock and `Durability::Normal`.
 pub fn open_queue(path: &Path) -> Queue {
-    Queue::builder(path)
+    Queue::builder(engine::target(path))
         .durability(Durability::Normal)
         .open()
         .expect("open queue")
@@ -63,7 +68,7 @@ pub fn hour_backoff() -> RetryPolicy {
 
 /// As [`open_queue`], with a one-hour fixed backoff ([`hour_backoff`]).
 pub fn open_queue_slow_retry(path: &Path) -> Queue {
-    Queue::builder(path)
+    Queue::builder(engine::target(path))
         .durability(Durability::Normal)
         .retry_policy(hour_backoff())
         .open()

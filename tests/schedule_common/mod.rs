@@ -1,6 +1,11 @@
 //! Helpers shared by the schedule_* integration tests.
 #![allow(dead_code)]
 
+// Test files may include several of these helper modules.
+#[allow(clippy::duplicate_mod)]
+#[path = "../engine/mod.rs"]
+pub mod engine;
+
 use chrono::{DateTime, TimeZone, Utc};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,7 +26,7 @@ pub fn temp_db() -> (tempfile::TempDir, PathBuf) {
 /// A queue on `path` whose clock stands at `start` and moves only by hand.
 pub fn queue_at(path: &Path, start: DateTime<Utc>) -> (Queue, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(start));
-    let queue = Queue::builder(path)
+    let queue = Queue::builder(engine::target(path))
         .clock(clock.clone())
         .durability(Durability::Normal)
         .open()

@@ -1,0 +1,85 @@
+//! The database server's clock, read without a round trip per use.
+//!
+//! Machines' clocks differ; on PostgreSQL every "now" that decides whether
+//! a job is due or a lease ran out is the server's. Asking the server on
+//! every transaction would cost a round trip each, so [`ServerClock`]
+//! samples the server's `clock_timestamp()` (at open, then every
+//! `RESAMPLE` in a background thread) and between samples adds the time
+//! elapsed on this machine's monotonic clock, which a step of the local
+//! wall clock does not move. The error is half a round trip plus the
+//! monotonic clock's drift since the last sample (parts per million).
+
+use super::Manager;
+use crate::clock::{ms_to_datetime, Clock};
+use crate::error::Result;
+use chrono::{DateTime, Utc};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+/// How often the server's clock is sampled again.
+const RESAMPLE: Duration = Duration::from_secs(30);
+
+/// The server's time at a local instant.
+#[derive(Debug, Clone, Copy)]
+struct Anchor {
+    server_ms: i64,
+    at: Instant,
+}
+
+/// "Now" as the database server's clock tells it; see the module docs.
+#[derive(Debug)]
+pub(crate) struct ServerClock {
+    anchor: Arc<Mutex<Anchor>>,
+}
+
+impl ServerClock {
+    /// Samples the server's clock once and keeps sampling it in a thread
+    /// that ends when the clock is dropped.
+    pub(crate) fn start(pool: r2d2::Pool<Manager>) -> Result<ServerClock> {
+        let anchor = Arc::new(Mutex::new(sample(&pool)?));
+        let weak: Weak<Mutex<Anchor>> = Arc::downgrade(&anchor);
+        std::thread::Builder::new()
+            .name("tickler-pg-clock".into())
+            .spawn(move || loop {
+                std::thread::sleep(RESAMPLE);
+                let Some(anchor) = weak.upgrade() else { return };
+                match sample(&pool) {
+                    Ok(fresh) => *anchor.lock().unwrap_or_else(PoisonError::into_inner) = fresh,
+                    // The last sample goes on counting; a few minutes of
+                    // monotonic drift are milliseconds at most.
+                    Err(e) => log::warn!("could not read the database server's clock: {e}"),
+                }
+            })
+            .map_err(|e| crate::Error::Config(format!("cannot start the clock thread: {e}")))?;
+        Ok(ServerClock { anchor })
+    }
+}
+
+/// The server's clock at the middle of one round trip.
+fn sample(pool: &r2d2::Pool<Manager>) -> Result<Anchor> {
+    let mut conn = pool.get()?;
+    let sent = Instant::now();
+    let row = conn.client.query_one(
+        "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+        &[],
+    )?;
+    let back = Instant::now();
+    Ok(Anchor {
+        server_ms: row.get(0),
+        at: sent + (back - sent) / 2,
+    })
+}
+
+impl Clock for ServerClock {
+    fn now(&self) -> DateTime<Utc> {
+        ms_to_datetime(self.now_ms())
+    }
+
+    fn now_ms(&self) -> i64 {
+        let anchor = *self.anchor.lock().unwrap_or_else(PoisonError::into_inner);
+        let elapsed = Instant::now().saturating_duration_since(anchor.at);
+        anchor
+            .server_ms
+            .saturating_add(i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
+    }
+}

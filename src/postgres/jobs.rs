@@ -1,0 +1,967 @@
+//! The jobs table on PostgreSQL: the [`Engine`] operations and their SQL.
+//!
+//! Every statement that changes a claimed job is fenced the same way as on
+//! SQLite: `id AND run_token AND status = 'running'`. Claims and the
+//! reaper read with `FOR UPDATE SKIP LOCKED`, so concurrent claimers and
+//! reapers on any number of machines take disjoint rows without waiting;
+//! statements that lock several known rows lock them in id order, so two
+//! transactions of one pool (heartbeats, outcomes) never deadlock.
+
+use super::rows::*;
+use super::{statement_level, storable, Attempt, Store, Tx};
+use crate::clock::ms_to_datetime;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::job::{Job, JobId, JobState};
+use crate::lease::Lease;
+use crate::queue::*;
+use crate::retry::RetryPolicy;
+use crate::sqlite::rows::ClaimedRow;
+use chrono::{DateTime, Utc};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Most scheduled jobs one claim transaction promotes to pending.
+const PROMOTE_BATCH: i64 = 5_000;
+
+/// Most expired leases one reaper transaction takes back.
+const REAP_BATCH: i64 = 1_000;
+
+/// Most finished jobs one prune transaction deletes.
+const PRUNE_BATCH: i64 = 5_000;
+
+/// Tries of an insert whose unique_key's holder finished between the
+/// insert and the read of its id.
+const UNIQUE_TRIES: u32 = 10;
+
+const INSERT_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status, priority,
+         run_at, max_attempts, unique_key, timeout_ms, created_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+     ON CONFLICT DO NOTHING RETURNING id";
+
+const HELD_SQL: &str = "SELECT id FROM tickler_jobs WHERE unique_key = $1
+       AND status IN ('scheduled', 'pending', 'running')";
+
+const PROMOTE_SQL: &str = "UPDATE tickler_jobs SET status = 'pending'
+    WHERE id = ANY(ARRAY(
+        SELECT id FROM tickler_jobs
+        WHERE status = 'scheduled' AND queue = $1 AND run_at <= $2::bigint
+        ORDER BY run_at LIMIT $3 FOR UPDATE SKIP LOCKED))";
+
+/// `errors` with one more entry for the current attempt (at `$at`, error
+/// `$error`), keeping the last `ERROR_HISTORY_MAX` (20).
+macro_rules! append_error {
+    ($at:literal, $error:literal) => {
+        concat!(
+            "errors = (CASE WHEN jsonb_array_length(errors) >= 20 THEN errors - 0 ELSE errors END)
+                 || jsonb_build_array(jsonb_build_object('attempt', attempts, 'at', ",
+            $at,
+            "::bigint, 'error', ",
+            $error,
+            "::text, 'worker', claimed_by))"
+        )
+    };
+}
+
+/// $1 now, $2 id, $3 run_token.
+const COMPLETE_SQL: &str = "UPDATE tickler_jobs
+    SET status = 'succeeded', finished_at = $1, lease_expires_at = NULL, last_error = NULL
+    WHERE id = $2 AND run_token = $3 AND status = 'running'";
+
+/// $1 now, $2 ids, $3 run_tokens (locked in id order first).
+const COMPLETE_MANY_SQL: &str = "WITH locked AS MATERIALIZED (
+        SELECT id FROM tickler_jobs WHERE id = ANY($2::bigint[]) ORDER BY id FOR UPDATE)
+    UPDATE tickler_jobs AS j
+    SET status = 'succeeded', finished_at = $1, lease_expires_at = NULL, last_error = NULL
+    FROM unnest($2::bigint[], $3::text[]) AS done(id, run_token)
+    WHERE j.id = done.id AND j.run_token = done.run_token AND j.status = 'running'
+      AND j.id IN (SELECT id FROM locked)
+    RETURNING j.id, j.run_token";
+
+/// $1 now, $2 retry time, $3 error, $4 id, $5 run_token.
+const FAIL_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
+                      WHEN $2::bigint <= $1::bigint THEN 'pending' ELSE 'scheduled' END,
+        run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE $2::bigint END,
+        finished_at = CASE WHEN attempts >= max_attempts THEN $1::bigint END,
+        last_error = $3, lease_expires_at = NULL, ",
+    append_error!("$1", "$3"),
+    "
+    WHERE id = $4 AND run_token = $5 AND status = 'running'"
+);
+
+/// FAIL_SQL for a run still going past its timeout; see the SQLite engine.
+const TIMED_OUT_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
+                      WHEN greatest($2::bigint, lease_expires_at + 1) <= $1::bigint THEN 'pending'
+                      ELSE 'scheduled' END,
+        run_at = CASE WHEN attempts >= max_attempts THEN run_at
+                      ELSE greatest($2::bigint, lease_expires_at + 1) END,
+        finished_at = CASE WHEN attempts >= max_attempts THEN $1::bigint END,
+        last_error = $3,
+        lease_expires_at = CASE WHEN attempts >= max_attempts THEN lease_expires_at END, ",
+    append_error!("$1", "$3"),
+    "
+    WHERE id = $4 AND run_token = $5 AND status = 'running'"
+);
+
+/// The reaper's FAIL_SQL, also conditional on the lease having run out
+/// before $6.
+const REAP_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
+                      WHEN $2::bigint <= $1::bigint THEN 'pending' ELSE 'scheduled' END,
+        run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE $2::bigint END,
+        finished_at = CASE WHEN attempts >= max_attempts THEN $1::bigint END,
+        last_error = $3, lease_expires_at = NULL, ",
+    append_error!("$1", "$3"),
+    "
+    WHERE id = $4 AND run_token = $5 AND status = 'running' AND lease_expires_at < $6::bigint"
+);
+
+/// $1 now, $2 error, $3 id, $4 run_token.
+const DEAD_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'dead', finished_at = $1, last_error = $2, lease_expires_at = NULL, ",
+    append_error!("$1", "$2"),
+    "
+    WHERE id = $3 AND run_token = $4 AND status = 'running'"
+);
+
+/// $1 now, $2 until, $3 id, $4 run_token.
+const SNOOZE_SQL: &str = "UPDATE tickler_jobs
+    SET status = CASE WHEN $2::bigint <= $1::bigint THEN 'pending' ELSE 'scheduled' END,
+        run_at = $2::bigint, attempts = attempts - 1, lease_expires_at = NULL
+    WHERE id = $3 AND run_token = $4 AND status = 'running'";
+
+const RELEASE_SQL: &str = "UPDATE tickler_jobs
+    SET status = 'pending', attempts = attempts - 1, lease_expires_at = NULL
+    WHERE id = $1 AND run_token = $2 AND status = 'running'";
+
+/// $1 id, $2 run_token: the cancelled job's holder has stopped.
+const HOLDER_STOPPED_SQL: &str = "UPDATE tickler_jobs SET lease_expires_at = NULL
+    WHERE id = $1 AND run_token = $2 AND status IN ('cancelled', 'dead')
+      AND lease_expires_at IS NOT NULL";
+
+/// $1 now, $2 margin: leases granted "in the future" (a backward step of
+/// the clock) expire one lease length from now; see the SQLite engine.
+const LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
+    SET lease_expires_at = $1::bigint + coalesce(lease_ms, lease_expires_at - claimed_at)
+    WHERE status = 'running' AND lease_expires_at > $1::bigint + $2::bigint
+      AND lease_expires_at > $1::bigint + coalesce(lease_ms, lease_expires_at - claimed_at) + $2::bigint";
+
+const CANCELLED_LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
+    SET lease_expires_at = $1::bigint + coalesce(lease_ms, lease_expires_at - claimed_at)
+    WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
+      AND lease_expires_at > $1::bigint + coalesce(lease_ms, lease_expires_at - claimed_at) + $2::bigint";
+
+/// A condition on `job`: its unique_key is not held by a cancelled run
+/// whose holder may still be running (see the SQLite engine's `unblocked`).
+const UNBLOCKED: &str = "(job.unique_key IS NULL OR NOT EXISTS (
+         SELECT 1 FROM tickler_jobs AS stopping
+         WHERE stopping.unique_key = job.unique_key
+           AND stopping.status IN ('cancelled', 'dead')
+           AND stopping.lease_expires_at >= $2::bigint))";
+
+/// The claiming UPDATE: $1 worker_id, $2 now, $3 lease expiry, $4 queue,
+/// $5 limit, $6 kinds (if filtered).
+fn claim_sql(kinds: bool, order: ClaimOrder) -> String {
+    let order = order.sql();
+    let kind_filter = if kinds { "AND kind = ANY($6)" } else { "" };
+    format!(
+        "UPDATE tickler_jobs
+         SET status = 'running', run_token = gen_random_uuid()::text, attempts = attempts + 1,
+             claimed_by = $1, claimed_at = $2::bigint, lease_expires_at = $3::bigint,
+             lease_ms = $3::bigint - $2::bigint
+         WHERE id = ANY(ARRAY(
+             SELECT id FROM tickler_jobs AS job
+             WHERE status = 'pending' AND queue = $4 {kind_filter} AND {UNBLOCKED}
+             ORDER BY {order} LIMIT $5 FOR UPDATE SKIP LOCKED))
+           AND status = 'pending'
+         RETURNING {LEASE_COLUMNS}"
+    )
+}
+
+fn i64_of(n: u32) -> i64 {
+    i64::from(n)
+}
+
+/// Refuses text PostgreSQL cannot store in a name.
+fn check_text(what: &str, value: &str) -> Result<()> {
+    if value.contains('\0') {
+        return Err(Error::InvalidArgument(format!(
+            "{what} contains a NUL character, which PostgreSQL cannot store"
+        )));
+    }
+    Ok(())
+}
+
+/// Inserts validated jobs in `tx`; a job whose unique_key is held by an
+/// unfinished job inserts nothing and yields that job's id. Concurrent
+/// inserts of one key on several machines: the unique index makes one of
+/// them wait for the other's commit and then insert nothing.
+pub(crate) fn insert_valid(tx: &mut Tx<'_>, rows: &[ValidJob], now: i64) -> Result<Vec<JobId>> {
+    let mut ids = Vec::with_capacity(rows.len());
+    for row in rows {
+        let job = &row.job;
+        check_text("queue", &job.queue)?;
+        check_text("kind", &job.kind)?;
+        if let Some(key) = &job.unique_key {
+            check_text("unique_key", key)?;
+        }
+        let run_at = row.due.resolve(now)?;
+        let state = if run_at <= now {
+            JobState::Pending
+        } else {
+            JobState::Scheduled
+        };
+        let max_attempts = i64_of(job.max_attempts);
+        let mut tries = 0;
+        let id = loop {
+            tries += 1;
+            let inserted = tx.query_opt(
+                INSERT_SQL,
+                &[
+                    &job.queue,
+                    &job.kind,
+                    &row.payload,
+                    &state.as_str(),
+                    &job.priority,
+                    &run_at,
+                    &max_attempts,
+                    &job.unique_key,
+                    &row.timeout_ms,
+                    &now,
+                ],
+            )?;
+            if let Some(r) = inserted {
+                break r.get::<_, i64>(0);
+            }
+            if let Some(r) = tx.query_opt(HELD_SQL, &[&job.unique_key])? {
+                break r.get::<_, i64>(0);
+            }
+            if tries >= UNIQUE_TRIES {
+                return Err(Error::Config(format!(
+                    "unique_key {:?} kept changing hands while a job with it was inserted",
+                    job.unique_key
+                )));
+            }
+        };
+        ids.push(JobId(id));
+    }
+    Ok(ids)
+}
+
+/// The fenced statement of one outcome; returns the rows changed (0: the
+/// lease is lost).
+fn apply_outcome(
+    tx: &mut Tx<'_>,
+    lease: &Lease,
+    outcome: &Outcome,
+    now: i64,
+    policy: &RetryPolicy,
+) -> Result<u64> {
+    let id = lease.job_id.0;
+    let token = &lease.run_token.0;
+    let error_of = |error: &str| storable(&cut_error(error)).into_owned();
+    match outcome {
+        Outcome::Complete => tx.execute(COMPLETE_SQL, &[&now, &id, token]),
+        Outcome::Fail(error) => {
+            let retry_at = retry_time(now, policy, lease.attempt);
+            tx.execute(FAIL_SQL, &[&now, &retry_at, &error_of(error), &id, token])
+        }
+        Outcome::FailPermanently(error) => {
+            tx.execute(DEAD_SQL, &[&now, &error_of(error), &id, token])
+        }
+        Outcome::TimedOut(error) => {
+            let retry_at = retry_time(now, policy, lease.attempt);
+            tx.execute(
+                TIMED_OUT_SQL,
+                &[&now, &retry_at, &error_of(error), &id, token],
+            )
+        }
+        Outcome::Snooze(until) => {
+            let until = match until.timestamp_millis() {
+                before_1970 if before_1970 < 0 => now,
+                until => until,
+            };
+            tx.execute(SNOOZE_SQL, &[&now, &until, &id, token])
+        }
+        Outcome::Release => tx.execute(RELEASE_SQL, &[&id, token]),
+    }
+}
+
+/// After a fenced statement changed nothing: a cancelled job's holder
+/// has stopped; and if an earlier try of this transaction may have
+/// committed, a row this lease already moved on counts as recorded.
+fn after_refused(tx: &mut Tx<'_>, lease: &Lease, attempt: Attempt) -> Result<Result<()>> {
+    let id = lease.job_id.0;
+    let token = &lease.run_token.0;
+    if attempt.after_unknown_commit
+        && tx
+            .query_opt(
+                "SELECT 1 FROM tickler_jobs WHERE id = $1 AND run_token = $2
+                   AND status <> 'running'",
+                &[&id, token],
+            )?
+            .is_some()
+    {
+        return Ok(Ok(()));
+    }
+    tx.execute(HOLDER_STOPPED_SQL, &[&id, token])?;
+    Ok(Err(Error::LeaseLost {
+        job_id: lease.job_id,
+    }))
+}
+
+/// One outcome, fenced by run_token.
+fn record_in(
+    tx: &mut Tx<'_>,
+    lease: &Lease,
+    outcome: &Outcome,
+    now: i64,
+    policy: &RetryPolicy,
+    attempt: Attempt,
+) -> Result<Result<()>> {
+    if let Outcome::Snooze(until) = outcome {
+        if until.timestamp_millis() > MAX_TIMESTAMP_MS {
+            return Ok(Err(Error::TimeOutOfRange {
+                what: "snooze time",
+            }));
+        }
+    }
+    if apply_outcome(tx, lease, outcome, now, policy)? == 1 {
+        Ok(Ok(()))
+    } else {
+        after_refused(tx, lease, attempt)
+    }
+}
+
+/// Many successes in one statement.
+fn complete_many(
+    tx: &mut Tx<'_>,
+    leases: &[&Lease],
+    now: i64,
+    attempt: Attempt,
+) -> Result<Vec<Result<()>>> {
+    let ids: Vec<i64> = leases.iter().map(|l| l.job_id.0).collect();
+    let tokens: Vec<&str> = leases.iter().map(|l| l.run_token.0.as_str()).collect();
+    let mut done: HashMap<i64, String> = tx
+        .query(COMPLETE_MANY_SQL, &[&now, &ids, &tokens])?
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut recorded = Vec::with_capacity(leases.len());
+    for lease in leases {
+        // A lease given twice completes once, as with two COMPLETE_SQL.
+        if done.get(&lease.job_id.0) == Some(&lease.run_token.0) {
+            done.remove(&lease.job_id.0);
+            recorded.push(Ok(()));
+        } else {
+            recorded.push(after_refused(tx, lease, attempt)?);
+        }
+    }
+    Ok(recorded)
+}
+
+/// Records every outcome (in id order, so that two transactions locking
+/// the same rows take them in the same order). With `isolate`, each in a
+/// savepoint of its own: a statement the server refuses costs that
+/// outcome alone.
+fn record_all(
+    tx: &mut Tx<'_>,
+    outcomes: &[(&Lease, Outcome)],
+    now: i64,
+    policy: &RetryPolicy,
+    attempt: Attempt,
+    isolate: bool,
+) -> Result<Vec<Result<()>>> {
+    let mut results: Vec<Option<Result<()>>> = (0..outcomes.len()).map(|_| None).collect();
+    let mut order: Vec<usize> = (0..outcomes.len()).collect();
+    order.sort_by_key(|&i| outcomes[i].0.job_id.0);
+    if !isolate {
+        let completes: Vec<usize> = order
+            .iter()
+            .copied()
+            .filter(|&i| outcomes[i].1 == Outcome::Complete)
+            .collect();
+        if completes.len() > 1 {
+            let leases: Vec<&Lease> = completes.iter().map(|&i| outcomes[i].0).collect();
+            for (i, r) in completes
+                .iter()
+                .zip(complete_many(tx, &leases, now, attempt)?)
+            {
+                results[*i] = Some(r);
+            }
+        }
+    }
+    for i in order {
+        if results[i].is_some() {
+            continue;
+        }
+        let (lease, outcome) = &outcomes[i];
+        results[i] = Some(if isolate {
+            tx.isolated(|tx| record_in(tx, lease, outcome, now, policy, attempt))?
+                .and_then(|r| r)
+        } else {
+            record_in(tx, lease, outcome, now, policy, attempt)?
+        });
+    }
+    Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
+}
+
+/// Claims per `request` in `tx`; `None` if a backlog of due scheduled
+/// jobs was promoted and the claim must come in a later transaction.
+fn claim_in(
+    tx: &mut Tx<'_>,
+    request: &ClaimRequest<'_>,
+    lease_ms: i64,
+    now: i64,
+) -> Result<Option<Vec<Lease>>> {
+    let mut backlog = false;
+    for queue in request.queues {
+        let promoted = tx.execute(PROMOTE_SQL, &[queue, &now, &PROMOTE_BATCH])?;
+        backlog |= promoted as i64 >= PROMOTE_BATCH;
+    }
+    if backlog {
+        return Ok(None);
+    }
+    let expires = now.saturating_add(lease_ms).min(MAX_TIMESTAMP_MS);
+    let kinds: Option<Vec<&str>> = request.kinds.map(<[&str]>::to_vec);
+    let sql = (
+        claim_sql(kinds.is_some(), ClaimOrder::Priority),
+        claim_sql(kinds.is_some(), ClaimOrder::Oldest),
+    );
+    let mut leases = Vec::new();
+    let mut unreadable = Vec::new();
+    request.spread(|queue, want, order| {
+        let want = i64::try_from(want).unwrap_or(i64::MAX);
+        let sql = match order {
+            ClaimOrder::Priority => &sql.0,
+            ClaimOrder::Oldest => &sql.1,
+        };
+        let worker = storable(request.worker_id);
+        let rows = match &kinds {
+            Some(kinds) => tx.query(sql, &[&worker, &now, &expires, &queue, &want, kinds])?,
+            None => tx.query(sql, &[&worker, &now, &expires, &queue, &want])?,
+        };
+        let n = rows.len();
+        let mut claimed = Vec::with_capacity(n);
+        for row in &rows {
+            match claimed_from_row(row)? {
+                ClaimedRow::Readable(lease) => claimed.push(lease),
+                ClaimedRow::Unreadable {
+                    job_id,
+                    run_token,
+                    problems,
+                } => unreadable.push((job_id, run_token, problems)),
+            }
+        }
+        claimed.sort_by(|a, b| order.compare(a, b));
+        leases.extend(claimed);
+        Ok(n)
+    })?;
+    for (job_id, run_token, problems) in unreadable {
+        let error = format!(
+            "this job's row could not be read ({problems}); it was not run: \
+             fix or delete the row, then retry the job"
+        );
+        log::error!("job {job_id}: {error}");
+        tx.execute(DEAD_SQL, &[&now, &cut_error(&error), &job_id.0, &run_token])?;
+    }
+    Ok(Some(leases))
+}
+
+impl Engine for Store {
+    fn enqueue(&self, rows: Vec<ValidJob>) -> Result<Vec<JobId>> {
+        let ids = self.write(|tx, _| {
+            let now = self.now_ms();
+            insert_valid(tx, &rows, now)
+        })?;
+        self.notify_watchers();
+        Ok(ids)
+    }
+
+    fn next_due(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<Option<DateTime<Utc>>> {
+        let now = self.now_ms();
+        let kinds: Option<Vec<&str>> = kinds.map(<[&str]>::to_vec);
+        let kind_filter = if kinds.is_some() {
+            "AND kind = ANY($3)"
+        } else {
+            ""
+        };
+        let pending_sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM tickler_jobs AS job
+             WHERE status = 'pending' AND queue = $1 AND $2::bigint IS NOT NULL
+               {kind_filter} AND {UNBLOCKED})"
+        );
+        let scheduled_sql = format!(
+            "SELECT run_at FROM tickler_jobs WHERE status = 'scheduled' AND queue = $1
+               AND $2::bigint IS NOT NULL {kind_filter} ORDER BY run_at LIMIT 1"
+        );
+        let earliest = self.read(|tx| {
+            let mut earliest: Option<i64> = None;
+            for queue in queues {
+                let pending: bool = match &kinds {
+                    Some(k) => tx.query_one(&pending_sql, &[queue, &now, k])?,
+                    None => tx.query_one(&pending_sql, &[queue, &now])?,
+                }
+                .get(0);
+                if pending {
+                    return Ok(Some(now));
+                }
+                let scheduled = match &kinds {
+                    Some(k) => tx.query_opt(&scheduled_sql, &[queue, &now, k])?,
+                    None => tx.query_opt(&scheduled_sql, &[queue, &now])?,
+                };
+                if let Some(r) = scheduled {
+                    let at: i64 = r.get(0);
+                    earliest = Some(earliest.map_or(at, |e| e.min(at)));
+                }
+            }
+            let stopping: Option<i64> = tx
+                .query_one(
+                    "SELECT min(lease_expires_at) + 1 FROM tickler_jobs
+                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at >= $1::bigint
+                       AND unique_key IS NOT NULL",
+                    &[&now],
+                )?
+                .get(0);
+            if let Some(at) = stopping {
+                earliest = Some(earliest.map_or(at, |e| e.min(at)));
+            }
+            Ok(earliest)
+        })?;
+        Ok(earliest.map(ms_to_datetime))
+    }
+
+    fn heartbeat_many(
+        &self,
+        leases: &[&Lease],
+        extend_by: Duration,
+    ) -> Result<Vec<Result<DateTime<Utc>>>> {
+        let extend_ms = duration_ms(extend_by, "lease extension")?;
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = leases.iter().map(|l| l.job_id.0).collect();
+        let tokens: Vec<&str> = leases.iter().map(|l| l.run_token.0.as_str()).collect();
+        let (renewed, expires) = self.write(|tx, _| {
+            let now = self.now_ms();
+            let expires = now.saturating_add(extend_ms).min(MAX_TIMESTAMP_MS);
+            let renewed: HashMap<i64, String> = tx
+                .query(
+                    "WITH locked AS MATERIALIZED (
+                         SELECT id FROM tickler_jobs WHERE id = ANY($3::bigint[])
+                         ORDER BY id FOR UPDATE)
+                     UPDATE tickler_jobs AS j
+                     SET lease_expires_at = $1::bigint, lease_ms = $1::bigint - $2::bigint
+                     FROM unnest($3::bigint[], $4::text[]) AS h(id, run_token)
+                     WHERE j.id = h.id AND j.run_token = h.run_token AND j.status = 'running'
+                       AND j.id IN (SELECT id FROM locked)
+                     RETURNING j.id, j.run_token",
+                    &[&expires, &now, &ids, &tokens],
+                )?
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            Ok((renewed, expires))
+        })?;
+        Ok(leases
+            .iter()
+            .map(|l| {
+                if renewed.get(&l.job_id.0) == Some(&l.run_token.0) {
+                    Ok(ms_to_datetime(expires))
+                } else {
+                    Err(Error::LeaseLost { job_id: l.job_id })
+                }
+            })
+            .collect())
+    }
+
+    fn leases_held(&self, leases: &[&Lease]) -> Result<Vec<bool>> {
+        let ids: Vec<i64> = leases.iter().map(|l| l.job_id.0).collect();
+        let running: HashMap<i64, String> = self.read(|tx| {
+            Ok(tx
+                .query(
+                    "SELECT id, run_token FROM tickler_jobs
+                     WHERE id = ANY($1::bigint[]) AND status = 'running'",
+                    &[&ids],
+                )?
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect())
+        })?;
+        Ok(leases
+            .iter()
+            .map(|l| running.get(&l.job_id.0) == Some(&l.run_token.0))
+            .collect())
+    }
+
+    fn record_and_claim(
+        &self,
+        outcomes: &[(&Lease, Outcome)],
+        claim: Option<&ClaimRequest<'_>>,
+        _sync: OutcomeSync,
+    ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
+        let claim = match claim {
+            Some(c) if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) => {
+                Some((c, duration_ms(c.lease, "lease")?))
+            }
+            _ => None,
+        };
+        if outcomes.is_empty() && claim.is_none() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let policy = self.retry_policy;
+        let mut isolate = false;
+        let mut pending_outcomes = outcomes;
+        let mut results = Vec::with_capacity(outcomes.len());
+        let leases = loop {
+            let step = self.write(|tx, attempt| {
+                let now = self.now_ms();
+                let recorded = record_all(tx, pending_outcomes, now, &policy, attempt, isolate)?;
+                let claimed = match &claim {
+                    Some((request, lease_ms)) => claim_in(tx, request, *lease_ms, now)?,
+                    None => Some(Vec::new()),
+                };
+                Ok((recorded, claimed))
+            });
+            let (recorded, claimed) = match step {
+                Err(e) if !isolate && statement_level(&e) && !pending_outcomes.is_empty() => {
+                    // A statement the server refused rolled back the whole
+                    // transaction: again, each outcome in a savepoint, so
+                    // that the refusal stays with its own job.
+                    isolate = true;
+                    continue;
+                }
+                other => other?,
+            };
+            results.extend(recorded);
+            pending_outcomes = &[];
+            if let Some(claimed) = claimed {
+                break claimed;
+            }
+        };
+        if outcomes
+            .iter()
+            .any(|(_, o)| !matches!(o, Outcome::Complete | Outcome::FailPermanently(_)))
+        {
+            self.notify_watchers();
+        }
+        Ok((results, leases))
+    }
+
+    fn reap_expired_before(&self, cutoff: Option<i64>) -> Result<u64> {
+        let policy = self.retry_policy;
+        let mut total = 0;
+        loop {
+            let (taken, full) = self.write(|tx, _| {
+                let stepped_now = self.now_ms();
+                let margin = crate::reaper::BACKWARD_STEP_MARGIN.as_millis() as i64;
+                tx.execute(LEASE_STEP_SQL, &[&stepped_now, &margin])?;
+                tx.execute(CANCELLED_LEASE_STEP_SQL, &[&stepped_now, &margin])?;
+                let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
+                // Rows another transaction holds (a heartbeat landing right
+                // now) are skipped: the next look sees them again.
+                let expired = tx.query(
+                    "SELECT id, run_token, attempts, coalesce(claimed_by, '?') FROM tickler_jobs
+                     WHERE status = 'running' AND lease_expires_at < $1::bigint
+                     ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+                    &[&now, &REAP_BATCH],
+                )?;
+                tx.execute(
+                    "UPDATE tickler_jobs SET lease_expires_at = NULL
+                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at < $1::bigint",
+                    &[&now],
+                )?;
+                let full = expired.len() as i64 >= REAP_BATCH;
+                let mut taken = 0u64;
+                for row in expired {
+                    let id: i64 = row.get(0);
+                    let token: String = row.get(1);
+                    let attempts: i64 = row.get(2);
+                    let worker: String = row.get(3);
+                    let attempt = u32::try_from(attempts.max(0)).unwrap_or(u32::MAX);
+                    let retry_at = retry_time(now, &policy, attempt);
+                    let error = format!(
+                        "lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time"
+                    );
+                    let error = storable(&cut_error(&error)).into_owned();
+                    taken += tx.execute(REAP_SQL, &[&now, &retry_at, &error, &id, &token, &now])?;
+                }
+                Ok((taken, full))
+            })?;
+            total += taken;
+            if !full {
+                break;
+            }
+        }
+        if total > 0 {
+            self.notify_watchers();
+        }
+        Ok(total)
+    }
+
+    /// On PostgreSQL a heartbeat never waits behind a lock on the whole
+    /// database, and the reaper skips rows another transaction holds, so
+    /// one look is enough.
+    fn reap_settled(&self, cutoff: i64) -> Result<u64> {
+        self.reap_expired_before(Some(cutoff))
+    }
+
+    fn cancel(&self, id: JobId) -> Result<()> {
+        self.write(|tx, _| {
+            let state = state_of(tx, id)?;
+            if state.is_terminal() {
+                return Err(Error::InvalidState {
+                    job_id: id,
+                    state,
+                    action: "cancel",
+                });
+            }
+            let now = self.now_ms();
+            tx.execute(
+                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = $1,
+                     lease_expires_at = CASE WHEN status = 'running' THEN lease_expires_at END
+                 WHERE id = $2",
+                &[&now, &id.0],
+            )?;
+            Ok(())
+        })?;
+        // A holder in another process notices at its next look.
+        self.notify_watchers();
+        Ok(())
+    }
+
+    fn retry(&self, id: JobId) -> Result<()> {
+        self.write(|tx, _| {
+            let state = state_of(tx, id)?;
+            if !matches!(state, JobState::Dead | JobState::Cancelled) {
+                return Err(Error::InvalidState {
+                    job_id: id,
+                    state,
+                    action: "retry",
+                });
+            }
+            let holder = tx.query_opt(
+                "SELECT held.unique_key, held.id FROM tickler_jobs AS job
+                 JOIN tickler_jobs AS held ON held.unique_key = job.unique_key
+                 WHERE job.id = $1 AND held.status IN ('scheduled', 'pending', 'running')",
+                &[&id.0],
+            )?;
+            if let Some(r) = holder {
+                return Err(Error::UniqueKeyHeld {
+                    job_id: id,
+                    unique_key: r.get(0),
+                    held_by: JobId(r.get(1)),
+                });
+            }
+            let now = self.now_ms();
+            tx.execute(
+                "UPDATE tickler_jobs
+                 SET status = CASE WHEN lease_expires_at >= $1::bigint THEN 'scheduled' ELSE 'pending' END,
+                     run_at = CASE WHEN lease_expires_at >= $1::bigint THEN lease_expires_at + 1
+                                   ELSE $1::bigint END,
+                     attempts = 0, finished_at = NULL, lease_expires_at = NULL
+                 WHERE id = $2",
+                &[&now, &id.0],
+            )?;
+            Ok(())
+        })?;
+        self.notify_watchers();
+        Ok(())
+    }
+
+    fn prune(&self, finished_before: DateTime<Utc>) -> Result<u64> {
+        self.prune_where(finished_before, None)
+    }
+
+    fn get(&self, id: JobId) -> Result<Job> {
+        let sql = format!("SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE id = $1");
+        self.read(|tx| match tx.query_opt(&sql, &[&id.0])? {
+            Some(r) => job_from_row(&r),
+            None => Err(Error::NotFound(id)),
+        })
+    }
+
+    fn list(&self, filter: &JobFilter) -> Result<Vec<Job>> {
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        let sql = format!(
+            "SELECT {JOB_COLUMNS} FROM tickler_jobs
+             WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR queue = $2)
+               AND ($3::text IS NULL OR kind = $3)
+             ORDER BY id LIMIT $4"
+        );
+        let state = filter.state.map(JobState::as_str);
+        self.read(|tx| {
+            tx.query(&sql, &[&state, &filter.queue, &filter.kind, &limit])?
+                .iter()
+                .map(job_from_row)
+                .collect()
+        })
+    }
+
+    fn count(&self, state: JobState) -> Result<u64> {
+        self.read(|tx| {
+            let n: i64 = tx
+                .query_one(
+                    "SELECT count(*) FROM tickler_jobs WHERE status = $1",
+                    &[&state.as_str()],
+                )?
+                .get(0);
+            Ok(n.unsigned_abs())
+        })
+    }
+
+    fn stats(&self) -> Result<Stats> {
+        let now = self.now_ms();
+        self.read(|tx| {
+            let mut stats = Stats::default();
+            for r in tx.query(
+                "SELECT queue, status, count(*) FROM tickler_jobs GROUP BY queue, status",
+                &[],
+            )? {
+                let status: String = r.get(1);
+                stats.counts.insert(
+                    (r.get(0), status.parse()?),
+                    r.get::<_, i64>(2).unsigned_abs(),
+                );
+            }
+            for r in tx.query(
+                "SELECT queue, priority, min(run_at) FROM tickler_jobs
+                 WHERE status = 'pending' OR (status = 'scheduled' AND run_at <= $1::bigint)
+                 GROUP BY queue, priority",
+                &[&now],
+            )? {
+                stats
+                    .oldest_due_by_priority
+                    .insert((r.get(0), r.get(1)), ms_to_datetime(r.get(2)));
+            }
+            stats.oldest_due = stats.oldest_due_by_priority.values().min().copied();
+            Ok(stats)
+        })
+    }
+
+    fn retry_dead(&self, queue: Option<&str>) -> Result<(u64, u64)> {
+        let (mut retried, mut left_dead) = (0u64, 0u64);
+        let mut after_id = 0i64;
+        loop {
+            let (done, kept, last, seen) = self.write(|tx, _| {
+                let dead = tx.query(
+                    "SELECT id, unique_key FROM tickler_jobs
+                     WHERE status = 'dead' AND ($1::text IS NULL OR queue = $1) AND id > $2
+                     ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED",
+                    &[&queue, &after_id, &PRUNE_BATCH],
+                )?;
+                let now = self.now_ms();
+                let (mut done, mut kept) = (0u64, 0u64);
+                let mut last = None;
+                for r in &dead {
+                    let id: i64 = r.get(0);
+                    let key: Option<String> = r.get(1);
+                    last = Some(id);
+                    if let Some(key) = &key {
+                        if tx.query_opt(HELD_SQL, &[key])?.is_some() {
+                            kept += 1;
+                            continue;
+                        }
+                    }
+                    done += tx.execute(
+                        "UPDATE tickler_jobs SET status = 'pending', attempts = 0,
+                             run_at = $1::bigint, finished_at = NULL, lease_expires_at = NULL
+                         WHERE id = $2 AND status = 'dead'",
+                        &[&now, &id],
+                    )?;
+                }
+                Ok((done, kept, last, dead.len()))
+            })?;
+            retried += done;
+            left_dead += kept;
+            match last {
+                Some(id) if (seen as i64) >= PRUNE_BATCH => after_id = id,
+                _ => break,
+            }
+        }
+        if retried > 0 {
+            self.notify_watchers();
+        }
+        Ok((retried, left_dead))
+    }
+
+    fn prune_state(&self, finished_before: DateTime<Utc>, state: JobState) -> Result<u64> {
+        if !state.is_terminal() {
+            return Err(Error::InvalidArgument(format!(
+                "only finished jobs can be pruned (succeeded, dead, cancelled), not {state}"
+            )));
+        }
+        self.prune_where(finished_before, Some(state))
+    }
+
+    fn finished_since(&self, since: DateTime<Utc>) -> Result<u64> {
+        self.read(|tx| {
+            let n: i64 = tx
+                .query_one(
+                    "SELECT count(*) FROM tickler_jobs WHERE finished_at >= $1::bigint",
+                    &[&since.timestamp_millis()],
+                )?
+                .get(0);
+            Ok(n.unsigned_abs())
+        })
+    }
+
+    fn unfinished(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<u64> {
+        if queues.is_empty() || kinds.is_some_and(|k| k.is_empty()) {
+            return Ok(0);
+        }
+        let queues: Vec<&str> = queues.to_vec();
+        let kinds: Option<Vec<&str>> = kinds.map(<[&str]>::to_vec);
+        self.read(|tx| {
+            let n: i64 = tx
+                .query_one(
+                    "SELECT count(*) FROM tickler_jobs
+                     WHERE status IN ('scheduled', 'pending', 'running')
+                       AND queue = ANY($1) AND ($2::text[] IS NULL OR kind = ANY($2))",
+                    &[&queues, &kinds],
+                )?
+                .get(0);
+            Ok(n.unsigned_abs())
+        })
+    }
+}
+
+impl Store {
+    /// Deletes finished jobs (of `state`, if given) that finished before
+    /// `finished_before`, in short transactions.
+    fn prune_where(&self, finished_before: DateTime<Utc>, state: Option<JobState>) -> Result<u64> {
+        let before = finished_before.timestamp_millis();
+        let state = state.map(JobState::as_str);
+        let mut total = 0u64;
+        loop {
+            let deleted = self.write(|tx, _| {
+                tx.execute(
+                    "DELETE FROM tickler_jobs WHERE id = ANY(ARRAY(
+                         SELECT id FROM tickler_jobs
+                         WHERE finished_at IS NOT NULL AND finished_at < $1::bigint
+                           AND ($2::text IS NULL OR status = $2)
+                         LIMIT $3 FOR UPDATE SKIP LOCKED))",
+                    &[&before, &state, &PRUNE_BATCH],
+                )
+            })?;
+            total += deleted;
+            if (deleted as i64) < PRUNE_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+fn state_of(tx: &mut Tx<'_>, id: JobId) -> Result<JobState> {
+    let row = tx.query_opt(
+        "SELECT status FROM tickler_jobs WHERE id = $1 FOR UPDATE",
+        &[&id.0],
+    )?;
+    row.ok_or(Error::NotFound(id))?.get::<_, String>(0).parse()
+}

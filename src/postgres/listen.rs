@@ -1,0 +1,255 @@
+//! Wake-ups across machines: `NOTIFY` after commits that may make work
+//! claimable, `LISTEN` on one connection per opened `Queue`.
+//!
+//! PostgreSQL takes a lock for the whole cluster while a transaction that
+//! notified commits, so a busy queue that notified inside every enqueue
+//! transaction would serialise its commits. Here no transaction of
+//! tickler's notifies: after a commit the store asks the notifier thread
+//! for one, and the thread sends one `NOTIFY` (its own short transaction)
+//! for every commit that asked since its last one. Under load many
+//! commits share one notification; an idle worker elsewhere hears of a
+//! job one round trip after its commit. A process that dies between its
+//! commit and the notification leaves the job to be found by the fallback
+//! poll or the next notification.
+
+use super::{wake_all, Manager, WakeSenders};
+use crossbeam_channel::{Receiver, Sender};
+use postgres::fallible_iterator::FallibleIterator;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Once, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+/// The channel tickler notifies and listens on.
+const CHANNEL: &str = "tickler_jobs";
+
+/// Longest wait between reconnection attempts of the listener.
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+/// A listening connection silent this long is checked with a round trip, so
+/// that a connection lost without a word (a cable, a NAT) is noticed.
+const LISTEN_CHECK: Duration = Duration::from_secs(30);
+
+/// The wake-up machinery of one `Store`.
+pub(crate) struct Signals {
+    config: postgres::Config,
+    listen: bool,
+    fallback_poll: Duration,
+    /// In-process watchers.
+    watchers: WakeSenders,
+    /// The listening connection is up and listening.
+    listening: AtomicBool,
+    listener_started: Once,
+    /// A notification is asked for and not yet sent.
+    notify_wanted: Mutex<bool>,
+    notify_cv: Condvar,
+    notifier_started: Once,
+}
+
+impl Signals {
+    pub(crate) fn new(
+        config: postgres::Config,
+        listen: bool,
+        fallback_poll: Duration,
+    ) -> Arc<Self> {
+        Arc::new(Signals {
+            config,
+            listen,
+            fallback_poll,
+            watchers: Mutex::new(Vec::new()),
+            listening: AtomicBool::new(false),
+            listener_started: Once::new(),
+            notify_wanted: Mutex::new(false),
+            notify_cv: Condvar::new(),
+            notifier_started: Once::new(),
+        })
+    }
+
+    /// Wakes this process's watchers and asks the notifier for a `NOTIFY`.
+    pub(crate) fn notify(self: &Arc<Self>, pool: &r2d2::Pool<Manager>) {
+        wake_all(&self.watchers);
+        self.notifier_started.call_once(|| {
+            let weak = Arc::downgrade(self);
+            let pool = pool.clone();
+            let _ = std::thread::Builder::new()
+                .name("tickler-pg-notify".into())
+                .spawn(move || notifier(&weak, &pool));
+        });
+        *self
+            .notify_wanted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = true;
+        self.notify_cv.notify_one();
+    }
+
+    /// A new watcher; starts the listener with the first one.
+    pub(crate) fn watcher(self: &Arc<Self>) -> NotifyWatcher {
+        if self.listen {
+            self.listener_started.call_once(|| {
+                let weak = Arc::downgrade(self);
+                let config = self.config.clone();
+                let _ = std::thread::Builder::new()
+                    .name("tickler-pg-listen".into())
+                    .spawn(move || listener(&weak, &config));
+            });
+        }
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.watchers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(tx.clone());
+        NotifyWatcher {
+            wake: rx,
+            wake_tx: tx,
+            signals: Arc::clone(self),
+        }
+    }
+}
+
+/// Sends one `NOTIFY` for all the commits that asked since the last one.
+fn notifier(signals: &Weak<Signals>, pool: &r2d2::Pool<Manager>) {
+    loop {
+        let Some(s) = signals.upgrade() else { return };
+        {
+            let wanted = s
+                .notify_wanted
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let (mut wanted, _) = s
+                .notify_cv
+                .wait_timeout_while(wanted, Duration::from_secs(1), |w| !*w)
+                .unwrap_or_else(PoisonError::into_inner);
+            if !*wanted {
+                continue;
+            }
+            *wanted = false;
+        }
+        drop(s);
+        let sent = pool
+            .get()
+            .map_err(crate::Error::from)
+            .and_then(|mut c| Ok(c.client.batch_execute(&format!("NOTIFY {CHANNEL}"))?));
+        if let Err(e) = sent {
+            // Other processes find the work by their fallback poll, or by
+            // the next notification.
+            log::debug!("NOTIFY failed: {e}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Keeps one connection listening, reconnecting after losses; wakes every
+/// watcher on each notification and after each (re)connection (what was
+/// sent meanwhile is lost).
+fn listener(signals: &Weak<Signals>, config: &postgres::Config) {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        if signals.strong_count() == 0 {
+            return;
+        }
+        let connected = config.connect(postgres::NoTls).and_then(|mut client| {
+            client.batch_execute(&format!("LISTEN {CHANNEL}"))?;
+            Ok(client)
+        });
+        let mut client = match connected {
+            Ok(client) => client,
+            Err(e) => {
+                log::warn!("cannot listen for new jobs ({e}); polling until it can");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(RECONNECT_MAX);
+                continue;
+            }
+        };
+        pause = Duration::from_millis(100);
+        if let Some(s) = signals.upgrade() {
+            s.listening.store(true, Ordering::SeqCst);
+            wake_all(&s.watchers);
+        }
+        let mut quiet_since = Instant::now();
+        let lost = loop {
+            let mut heard = false;
+            let mut failed = None;
+            {
+                let mut notifications = client.notifications();
+                let mut heard_now = notifications.timeout_iter(Duration::from_secs(1));
+                loop {
+                    match heard_now.next() {
+                        Ok(Some(_)) => heard = true,
+                        Ok(None) => break,
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
+                    }
+                }
+            }
+            let Some(s) = signals.upgrade() else { return };
+            if heard {
+                quiet_since = Instant::now();
+                wake_all(&s.watchers);
+            }
+            if let Some(e) = failed {
+                break e.to_string();
+            }
+            if client.is_closed() {
+                break "connection closed".to_owned();
+            }
+            if quiet_since.elapsed() >= LISTEN_CHECK {
+                if let Err(e) = client.is_valid(Duration::from_secs(10)) {
+                    break e.to_string();
+                }
+                quiet_since = Instant::now();
+            }
+        };
+        log::warn!("the listening connection was lost ({lost}); reconnecting");
+        if let Some(s) = signals.upgrade() {
+            s.listening.store(false, Ordering::SeqCst);
+            wake_all(&s.watchers);
+        }
+    }
+}
+
+/// The PostgreSQL side of a [`crate::ChangeWatcher`].
+pub(crate) struct NotifyWatcher {
+    wake: Receiver<()>,
+    wake_tx: Sender<()>,
+    signals: Arc<Signals>,
+}
+
+impl std::fmt::Debug for NotifyWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NotifyWatcher")
+            .field("listening", &self.listening())
+            .finish()
+    }
+}
+
+impl NotifyWatcher {
+    fn listening(&self) -> bool {
+        self.signals.listening.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn wake_sender(&self) -> Sender<()> {
+        self.wake_tx.clone()
+    }
+
+    /// See [`crate::ChangeWatcher::wait`].
+    pub(crate) fn wait(&mut self, timeout: Duration, poll: Duration) -> bool {
+        if self.listening() {
+            return self.wake.recv_timeout(timeout).is_ok();
+        }
+        let step = poll.max(self.signals.fallback_poll);
+        if step >= timeout {
+            return self.wake.recv_timeout(timeout).is_ok();
+        }
+        // Not listening: a look every `step` is the only way to see other
+        // processes' work.
+        let _ = self.wake.recv_timeout(step);
+        true
+    }
+
+    /// See [`crate::ChangeWatcher::changed`].
+    pub(crate) fn changed(&mut self) -> bool {
+        let woken = self.wake.try_recv().is_ok();
+        woken || !self.listening()
+    }
+}

@@ -1,0 +1,503 @@
+//! The PostgreSQL engine (feature `postgres`): one database shared by any
+//! number of machines. Its connections (an r2d2 pool of synchronous
+//! `postgres` clients), short READ COMMITTED transactions retried through
+//! connection losses and server restarts, migrations, the server's clock
+//! (`clock.rs`) and wake-ups across machines by `LISTEN`/`NOTIFY`
+//! (`listen.rs`). The jobs' SQL is in `jobs.rs`, the schedules' in
+//! `schedules.rs`, the schema in `schema.sql`.
+//!
+//! Claims take due rows with `SELECT … FOR UPDATE SKIP LOCKED` inside
+//! `UPDATE … WHERE id = ANY(ARRAY(…))`: pollers on many machines take
+//! disjoint batches without waiting for each other, and the array form
+//! keeps the plan an index scan also when PostgreSQL switches the prepared
+//! statement to a generic plan.
+
+mod clock;
+mod jobs;
+mod listen;
+mod rows;
+mod schedules;
+
+pub(crate) use clock::ServerClock;
+pub(crate) use listen::NotifyWatcher;
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::retry::RetryPolicy;
+use crossbeam_channel::Sender;
+use postgres::error::SqlState;
+use postgres::types::ToSql;
+use postgres::{Client, NoTls, Row, Statement};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// What [`Store::open`] needs to know.
+pub(crate) struct StoreSettings<'a> {
+    pub(crate) url: &'a str,
+    pub(crate) max_connections: u32,
+    /// `None`: the server's clock.
+    pub(crate) clock: Option<Arc<dyn Clock>>,
+    pub(crate) retry_policy: RetryPolicy,
+    /// How long a transaction is retried through connection losses.
+    pub(crate) retry_window: Duration,
+    pub(crate) listen: bool,
+    pub(crate) fallback_poll: Duration,
+}
+
+/// The connections of one opened `Queue` (shared by its clones).
+pub(crate) struct Store {
+    url: String,
+    pool: r2d2::Pool<Manager>,
+    clock: Arc<dyn Clock>,
+    retry_policy: RetryPolicy,
+    retry_window: Duration,
+    signals: Arc<listen::Signals>,
+}
+
+/// Connections of the pool: the client, its prepared statements, and
+/// whether it must be dropped rather than reused.
+pub(crate) struct Conn {
+    client: Client,
+    statements: HashMap<String, Statement>,
+    broken: bool,
+}
+
+/// Makes the pool's connections; a connection that failed in a way that
+/// makes it useless (closed, or on a server that became read-only after a
+/// failover) is dropped rather than given out again.
+pub(crate) struct Manager {
+    config: postgres::Config,
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Conn;
+    type Error = postgres::Error;
+
+    fn connect(&self) -> std::result::Result<Conn, postgres::Error> {
+        let client = self.config.connect(NoTls)?;
+        Ok(Conn {
+            client,
+            statements: HashMap::new(),
+            broken: false,
+        })
+    }
+
+    fn is_valid(&self, conn: &mut Conn) -> std::result::Result<(), postgres::Error> {
+        conn.client.simple_query("").map(|_| ())
+    }
+
+    fn has_broken(&self, conn: &mut Conn) -> bool {
+        conn.broken || conn.client.is_closed()
+    }
+}
+
+/// Statements in one transaction (or, for reads, on one connection),
+/// prepared once per connection.
+pub(crate) struct Tx<'a> {
+    tx: postgres::Transaction<'a>,
+    statements: &'a mut HashMap<String, Statement>,
+}
+
+impl Tx<'_> {
+    fn statement(&mut self, sql: &str) -> Result<Statement> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        let prepared = self.tx.prepare(sql)?;
+        self.statements.insert(sql.to_owned(), prepared.clone());
+        Ok(prepared)
+    }
+
+    pub(crate) fn query(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+        let stmt = self.statement(sql)?;
+        Ok(self.tx.query(&stmt, params)?)
+    }
+
+    pub(crate) fn query_opt(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>> {
+        let stmt = self.statement(sql)?;
+        Ok(self.tx.query_opt(&stmt, params)?)
+    }
+
+    pub(crate) fn query_one(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
+        let stmt = self.statement(sql)?;
+        Ok(self.tx.query_one(&stmt, params)?)
+    }
+
+    pub(crate) fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        let stmt = self.statement(sql)?;
+        Ok(self.tx.execute(&stmt, params)?)
+    }
+
+    /// Runs `f` inside a savepoint: an error of the database confined to
+    /// it (a constraint, a trigger's exception, a value the server refuses)
+    /// is `Ok(Err(_))` and undoes `f`'s statements alone.
+    pub(crate) fn isolated<T>(
+        &mut self,
+        f: impl FnOnce(&mut Tx<'_>) -> Result<T>,
+    ) -> Result<Result<T>> {
+        let savepoint = self.tx.savepoint("tickler_item")?;
+        let mut inner = Tx {
+            tx: savepoint,
+            statements: self.statements,
+        };
+        match f(&mut inner) {
+            Ok(value) => {
+                inner.tx.commit()?;
+                Ok(Ok(value))
+            }
+            Err(e) if statement_level(&e) => {
+                inner.tx.rollback()?;
+                Ok(Err(e))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// What a transaction run by [`Store::write`] is told about earlier tries.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Attempt {
+    /// An earlier try lost its connection during `COMMIT`: its writes may
+    /// have landed. Fenced outcomes use this to tell "already recorded by
+    /// me" from "lost".
+    pub(crate) after_unknown_commit: bool,
+}
+
+impl Store {
+    /// Connects, migrates the schema and starts the server clock.
+    pub(crate) fn open(settings: &StoreSettings<'_>) -> Result<Store> {
+        let mut config: postgres::Config = settings
+            .url
+            .parse()
+            .map_err(|e| Error::Config(format!("not a PostgreSQL URL ({e})")))?;
+        if config.get_application_name().is_none() {
+            config.application_name("tickler");
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(10));
+        }
+        let pool = r2d2::Pool::builder()
+            .max_size(settings.max_connections.max(2))
+            .min_idle(Some(1))
+            .connection_timeout(Duration::from_secs(10))
+            .build_unchecked(Manager {
+                config: config.clone(),
+            });
+        let signals = listen::Signals::new(config, settings.listen, settings.fallback_poll);
+        let mut store = Store {
+            url: settings.url.to_owned(),
+            pool,
+            clock: Arc::new(crate::clock::SystemClock),
+            retry_policy: settings.retry_policy,
+            retry_window: settings.retry_window,
+            signals,
+        };
+        store.migrate()?;
+        store.clock = match &settings.clock {
+            Some(clock) => Arc::clone(clock),
+            None => Arc::new(ServerClock::start(store.pool.clone())?),
+        };
+        Ok(store)
+    }
+
+    /// Where "now" comes from: the server's clock, unless the queue was
+    /// given a clock of its own (tests).
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// The URL without its password, for messages.
+    pub(crate) fn describe(&self) -> String {
+        redact(&self.url)
+    }
+
+    /// Runs `f` in a READ COMMITTED transaction on a pooled connection and
+    /// commits. A connection lost (the server restarted or cut it), a
+    /// server that became read-only (a failover), a deadlock or a
+    /// serialization failure retries the whole transaction on another
+    /// connection with jittered backoff for up to the retry window; `f`
+    /// may therefore run more than once and must not have effects outside
+    /// the transaction.
+    pub(crate) fn write<T>(
+        &self,
+        mut f: impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>,
+    ) -> Result<T> {
+        let started = Instant::now();
+        let mut attempt = Attempt::default();
+        let mut pause = Duration::from_millis(10);
+        loop {
+            match self.try_once(&mut f, attempt) {
+                Ok(value) => return Ok(value),
+                Err((e, phase)) => {
+                    if !retryable(&e) || started.elapsed() >= self.retry_window {
+                        return Err(e);
+                    }
+                    if phase == Phase::Commit {
+                        attempt.after_unknown_commit = true;
+                    }
+                    log::warn!(
+                        "PostgreSQL transaction failed ({e}); retrying for up to {:?}",
+                        self.retry_window.saturating_sub(started.elapsed())
+                    );
+                    let jitter = fastrand::u64(0..=pause.as_millis() as u64);
+                    std::thread::sleep(Duration::from_millis(jitter) + pause / 2);
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    /// A read in its own transaction (one snapshot), retried as [`Store::write`].
+    pub(crate) fn read<T>(&self, mut f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        self.write(|tx, _| f(tx))
+    }
+
+    fn try_once<T>(
+        &self,
+        f: &mut impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>,
+        attempt: Attempt,
+    ) -> std::result::Result<T, (Error, Phase)> {
+        let mut conn = self
+            .pool
+            .get()
+            .map_err(|e| (Error::from(e), Phase::Begin))?;
+        let conn = &mut *conn;
+        let result = (|| {
+            let tx = conn
+                .client
+                .transaction()
+                .map_err(|e| (e.into(), Phase::Begin))?;
+            let mut tx = Tx {
+                tx,
+                statements: &mut conn.statements,
+            };
+            let value = f(&mut tx, attempt).map_err(|e| (e, Phase::Body))?;
+            tx.tx.commit().map_err(|e| (e.into(), Phase::Commit))?;
+            Ok(value)
+        })();
+        if let Err((e, _)) = &result {
+            if breaks_connection(e) {
+                conn.broken = true;
+            }
+        }
+        result
+    }
+
+    /// Wakes this process's watchers now and, through `NOTIFY`, those of
+    /// every other process listening on the database.
+    pub(crate) fn notify_watchers(&self) {
+        self.signals.notify(&self.pool);
+    }
+
+    /// See [`crate::Queue::watcher`].
+    pub(crate) fn watcher(&self) -> NotifyWatcher {
+        self.signals.watcher()
+    }
+
+    fn migrate(&self) -> Result<()> {
+        let latest = schema_version();
+        self.write(|tx, _| {
+            // One migrator at a time across processes; the lock ends with
+            // the transaction.
+            tx.execute("SELECT pg_advisory_xact_lock(7369401254420385313)", &[])?;
+            tx.execute(
+                "CREATE TABLE IF NOT EXISTS tickler_schema_migrations (
+                     version BIGINT PRIMARY KEY,
+                     applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+                &[],
+            )?;
+            let found: i64 = tx
+                .query_one(
+                    "SELECT coalesce(max(version), 0) FROM tickler_schema_migrations",
+                    &[],
+                )?
+                .get(0);
+            if found > latest {
+                return Err(Error::SchemaTooNew {
+                    found,
+                    supported: latest,
+                });
+            }
+            for (version, sql) in migrations().into_iter().filter(|(v, _)| *v > found) {
+                tx.tx.batch_execute(sql)?;
+                tx.execute(
+                    "INSERT INTO tickler_schema_migrations (version) VALUES ($1)",
+                    &[&version],
+                )?;
+            }
+            Ok(())
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Begin,
+    Body,
+    Commit,
+}
+
+/// The schema, split into migrations by `-- migration: N` lines.
+const SCHEMA_SQL: &str = include_str!("schema.sql");
+
+fn migrations() -> Vec<(i64, &'static str)> {
+    let mut out = Vec::new();
+    let mut rest = SCHEMA_SQL;
+    while let Some(at) = rest.find("-- migration: ") {
+        let after = &rest[at + "-- migration: ".len()..];
+        let line_end = after.find('\n').unwrap_or(after.len());
+        let version: i64 = after[..line_end].trim().parse().unwrap_or(0);
+        let body = &after[line_end..];
+        let end = body.find("-- migration: ").unwrap_or(body.len());
+        out.push((version, &body[..end]));
+        rest = &body[end..];
+    }
+    out
+}
+
+/// The schema version this build writes on PostgreSQL.
+pub(crate) fn schema_version() -> i64 {
+    migrations().last().map(|(v, _)| *v).unwrap_or(0)
+}
+
+/// Errors after which the same transaction may succeed on another try: the
+/// connection or server went away, the server is starting or shutting
+/// down, it is read-only (a failover: the next connection may reach the
+/// new primary), a deadlock or serialization failure, too many
+/// connections for now, or no pooled connection within its timeout.
+pub(crate) fn retryable(e: &Error) -> bool {
+    match e {
+        Error::Pool(_) => true,
+        Error::Postgres(e) => {
+            if e.is_closed() {
+                return true;
+            }
+            match e.code() {
+                None => e.as_db_error().is_none(),
+                Some(code) => {
+                    code.code().starts_with("08")
+                        || [
+                            SqlState::T_R_SERIALIZATION_FAILURE,
+                            SqlState::T_R_DEADLOCK_DETECTED,
+                            SqlState::ADMIN_SHUTDOWN,
+                            SqlState::CRASH_SHUTDOWN,
+                            SqlState::CANNOT_CONNECT_NOW,
+                            SqlState::TOO_MANY_CONNECTIONS,
+                            SqlState::READ_ONLY_SQL_TRANSACTION,
+                        ]
+                        .contains(code)
+                }
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Errors after which the connection must not be reused.
+fn breaks_connection(e: &Error) -> bool {
+    match e {
+        Error::Postgres(e) => {
+            e.is_closed()
+                || e.code().is_some_and(|c| {
+                    c.code().starts_with("08")
+                        || *c == SqlState::READ_ONLY_SQL_TRANSACTION
+                        || *c == SqlState::ADMIN_SHUTDOWN
+                })
+                || (e.code().is_none() && e.as_db_error().is_none())
+        }
+        _ => false,
+    }
+}
+
+/// Errors confined to one statement (its data or a constraint), which
+/// [`Tx::isolated`] keeps from failing the rest of a batch.
+pub(crate) fn statement_level(e: &Error) -> bool {
+    match e {
+        Error::ConstraintViolated { .. } => true,
+        Error::Postgres(e) => e.code().is_some_and(|c| {
+            let class = &c.code()[..2];
+            // 22: data exception; 23: integrity constraint; P0: raised by
+            // a trigger.
+            class == "22" || class == "23" || class == "P0"
+        }),
+        _ => false,
+    }
+}
+
+/// `url` with any password replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match (authority.rfind('@'), authority.find(':')) {
+        (Some(at), Some(colon)) if colon < at => format!(
+            "{}{}:***{}",
+            &url[..scheme_end],
+            &authority[..colon],
+            &rest[at..]
+        ),
+        _ => url.to_owned(),
+    }
+}
+
+/// Text PostgreSQL can store: its `text` type refuses the NUL character,
+/// which a handler's error message may contain.
+pub(crate) fn storable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        std::borrow::Cow::Owned(text.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("postgres::Store")
+            .field("url", &self.describe())
+            .finish()
+    }
+}
+
+/// Keeps this type's uses in one place for the listener.
+pub(crate) type WakeSenders = Mutex<Vec<Sender<()>>>;
+
+pub(crate) fn wake_all(senders: &WakeSenders) {
+    let mut senders = senders.lock().unwrap_or_else(PoisonError::into_inner);
+    senders.retain(|w| match w.try_send(()) {
+        Ok(()) | Err(crossbeam_channel::TrySendError::Full(())) => true,
+        Err(crossbeam_channel::TrySendError::Disconnected(())) => false,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_split() {
+        let m = migrations();
+        assert_eq!(m.first().map(|(v, _)| *v), Some(1));
+        assert!(m[0].1.contains("CREATE TABLE tickler_jobs"));
+    }
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+    }
+}

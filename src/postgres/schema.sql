@@ -1,0 +1,111 @@
+-- tickler schema on PostgreSQL.
+--
+-- Split into migrations by lines `-- migration: N`. Applied versions are
+-- recorded in tickler_schema_migrations (one row per version); a database
+-- holding a version newer than the last migration here is refused
+-- (Error::SchemaTooNew). Migrations run in one transaction under an
+-- advisory lock, so processes starting together migrate once.
+--
+-- The same columns, states and meanings as the SQLite schema (schema.sql
+-- at the top of the repository): every timestamp is BIGINT milliseconds
+-- since the Unix epoch, UTC, read from the database server's clock (see
+-- src/postgres/clock.rs), so machines whose clocks differ agree on what
+-- is due and which leases ran out.
+--
+-- Churn: a job row is updated three or four times in its life (claimed,
+-- finished, perhaps retried) and then deleted by pruning. Every status
+-- change moves the row between partial indexes, so it cannot be a HOT
+-- update; the indexes that change are the small partial ones (pending,
+-- scheduled, running), which stay as small as the work waiting. The table
+-- leaves room in each page (fillfactor) for the updated versions of its
+-- rows, and autovacuum is asked to visit it after 1 % of its rows changed
+-- rather than PostgreSQL's default 20 %: a queue table is small and hot.
+
+-- migration: 1
+CREATE TABLE tickler_jobs (
+    id               BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue            TEXT    NOT NULL CHECK (length(queue) > 0),
+    kind             TEXT    NOT NULL CHECK (length(kind) > 0),
+    -- JSON text, as serialized by tickler (not jsonb: jsonb refuses the
+    -- escaped NUL character that JSON allows).
+    payload          TEXT    NOT NULL,
+    status           TEXT    NOT NULL CHECK (status IN
+                       ('scheduled', 'pending', 'running', 'succeeded', 'dead', 'cancelled')),
+    priority         INTEGER NOT NULL DEFAULT 0,
+    run_at           BIGINT  NOT NULL,
+    attempts         BIGINT  NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    max_attempts     BIGINT  NOT NULL CHECK (max_attempts >= 1),
+    -- Byte order ("C"), so that the key ranges of a schedule's runs are
+    -- ranges of the index whatever the database's collation.
+    unique_key       TEXT    COLLATE "C",
+    timeout_ms       BIGINT  CHECK (timeout_ms IS NULL OR timeout_ms > 0),
+    run_token        TEXT,
+    claimed_by       TEXT,
+    claimed_at       BIGINT,
+    lease_expires_at BIGINT,
+    lease_ms         BIGINT  CHECK (lease_ms IS NULL OR lease_ms >= 0),
+    last_error       TEXT,
+    errors           JSONB   NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(errors) = 'array'),
+    created_at       BIGINT  NOT NULL,
+    finished_at      BIGINT,
+    CHECK (status <> 'running'
+           OR (run_token IS NOT NULL AND lease_expires_at IS NOT NULL AND claimed_at IS NOT NULL)),
+    CHECK ((status IN ('succeeded', 'dead', 'cancelled')) = (finished_at IS NOT NULL))
+) WITH (
+    fillfactor = 80,
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_insert_scale_factor = 0.01,
+    autovacuum_analyze_scale_factor = 0.01,
+    autovacuum_vacuum_cost_delay = 0
+);
+
+CREATE INDEX tickler_jobs_pending
+    ON tickler_jobs (queue, priority DESC, run_at, id) WHERE status = 'pending';
+CREATE INDEX tickler_jobs_pending_age
+    ON tickler_jobs (queue, run_at, id) WHERE status = 'pending';
+CREATE INDEX tickler_jobs_scheduled
+    ON tickler_jobs (queue, run_at) WHERE status = 'scheduled';
+CREATE INDEX tickler_jobs_running
+    ON tickler_jobs (lease_expires_at) WHERE status = 'running';
+CREATE INDEX tickler_jobs_finished
+    ON tickler_jobs (finished_at) WHERE finished_at IS NOT NULL;
+CREATE UNIQUE INDEX tickler_jobs_unique_key
+    ON tickler_jobs (unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'pending', 'running');
+CREATE INDEX tickler_jobs_stopping
+    ON tickler_jobs (unique_key)
+    WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL;
+
+CREATE TABLE tickler_schedules (
+    name             TEXT    PRIMARY KEY CHECK (length(name) > 0),
+    cron             TEXT    NOT NULL CHECK (length(cron) > 0),
+    time_zone        TEXT    NOT NULL CHECK (length(time_zone) > 0),
+    queue            TEXT    NOT NULL CHECK (length(queue) > 0),
+    kind             TEXT    NOT NULL CHECK (length(kind) > 0),
+    payload          TEXT    NOT NULL,
+    priority         INTEGER NOT NULL DEFAULT 0,
+    max_attempts     BIGINT  NOT NULL CHECK (max_attempts >= 1),
+    timeout_ms       BIGINT  CHECK (timeout_ms IS NULL OR timeout_ms > 0),
+    misfire          TEXT    NOT NULL CHECK (misfire IN ('skip', 'fire_once', 'fire_all')),
+    misfire_max      BIGINT  CHECK (misfire_max IS NULL OR misfire_max >= 1),
+    misfire_grace_ms BIGINT  NOT NULL CHECK (misfire_grace_ms >= 0),
+    paused           BOOLEAN NOT NULL DEFAULT false,
+    next_tick_at     BIGINT,
+    last_tick_at     BIGINT,
+    created_at       BIGINT  NOT NULL,
+    updated_at       BIGINT  NOT NULL,
+    overlap          TEXT    NOT NULL DEFAULT 'forbid' CHECK (overlap IN ('allow', 'forbid', 'replace')),
+    skipped_ticks    BIGINT  NOT NULL DEFAULT 0 CHECK (skipped_ticks >= 0),
+    handled_from     BIGINT,
+    handled_through  BIGINT,
+    ahead_from       BIGINT,
+    ahead_until      BIGINT,
+    CHECK ((misfire = 'fire_all') = (misfire_max IS NOT NULL)),
+    CHECK (next_tick_at IS NULL OR last_tick_at IS NULL OR next_tick_at > last_tick_at),
+    CHECK ((ahead_from IS NULL) = (ahead_until IS NULL) AND (ahead_until IS NULL OR ahead_until >= ahead_from))
+);
+
+CREATE INDEX tickler_schedules_due
+    ON tickler_schedules (next_tick_at) WHERE NOT paused AND next_tick_at IS NOT NULL;
+CREATE INDEX tickler_schedules_updated
+    ON tickler_schedules (updated_at) WHERE NOT paused;
