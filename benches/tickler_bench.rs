@@ -173,6 +173,9 @@ fn main() {
     if wants("pg_raw") {
         pg_raw(quick);
     }
+    if only.as_ref().is_some_and(|o| o.iter().any(|x| x == "pg")) {
+        pg_engine(quick);
+    }
     if wants("idle") {
         let other_bin = args
             .iter()
@@ -1115,6 +1118,18 @@ fn pg_raw(quick: bool) {
     pg_bench::raw(quick);
 }
 
+/// `--only pg`: tickler's PostgreSQL engine against the raw loops, in the
+/// same run (issue 16's targets). Needs `--features postgres`.
+#[cfg(not(feature = "postgres"))]
+fn pg_engine(_quick: bool) {
+    eprintln!("# pg skipped: built without the `postgres` feature (cargo bench --features postgres --bench tickler_bench -- --only pg)");
+}
+
+#[cfg(feature = "postgres")]
+fn pg_engine(quick: bool) {
+    pg_bench::engine(quick);
+}
+
 #[cfg(feature = "postgres")]
 mod pg_bench {
     use std::sync::{Arc, Barrier};
@@ -1122,8 +1137,12 @@ mod pg_bench {
 
     use postgres::{Client, NoTls};
     use serde_json::json;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    use std::time::Duration;
+    use tickler::{JobContext, JobError, NewJob, Queue, WorkerPool};
 
-    use super::{emit, round};
+    use super::{emit, percentiles_ms, round};
 
     /// A table shaped like the engine's will be, with the partial index
     /// that a claim reads.
@@ -1192,6 +1211,248 @@ mod pg_bench {
         client
             .batch_execute(&format!("DROP TABLE IF EXISTS {TABLE}"))
             .expect("drop table");
+    }
+
+    fn server_url() -> Option<String> {
+        let url = std::env::var("TICKLER_BENCH_DATABASE_URL")
+            .ok()
+            .filter(|u| !u.trim().is_empty());
+        if url.is_none() {
+            eprintln!(
+                "# pg skipped: TICKLER_BENCH_DATABASE_URL is not set \
+                 (.ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg)"
+            );
+        }
+        url
+    }
+
+    /// `url` with its database name replaced by `dbname`.
+    fn with_dbname(url: &str, dbname: &str) -> String {
+        let scheme_end = url.find("://").expect("a postgres:// URL") + 3;
+        let rest = &url[scheme_end..];
+        let query_at = rest.find('?').unwrap_or(rest.len());
+        let authority_end = rest[..query_at].find('/').unwrap_or(query_at);
+        format!(
+            "{}{}/{}{}",
+            &url[..scheme_end],
+            &rest[..authority_end],
+            dbname,
+            &rest[query_at..]
+        )
+    }
+
+    /// A fresh, empty database for one scenario; returns its URL.
+    fn fresh_database(server: &str) -> String {
+        let name = "tickler_bench_engine";
+        let mut admin = connect(server);
+        admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {name} WITH (FORCE); CREATE DATABASE {name}"
+            ))
+            .expect("fresh database");
+        with_dbname(server, name)
+    }
+
+    fn fill(queue: &Queue, n: usize) {
+        let mut left = n;
+        while left > 0 {
+            let chunk = left.min(5_000);
+            queue
+                .enqueue_batch((0..chunk).map(|_| NewJob::new("noop")).collect())
+                .expect("fill");
+            left -= chunk;
+        }
+    }
+
+    fn noop_pool(queue: &Queue, threads: usize, done: &Arc<AtomicUsize>) -> WorkerPool {
+        let done = Arc::clone(done);
+        WorkerPool::builder(queue)
+            .threads(threads)
+            .handler("noop", move |_: &JobContext| {
+                done.fetch_add(1, Ordering::Relaxed);
+                Ok::<(), JobError>(())
+            })
+            .start()
+            .expect("start pool")
+    }
+
+    fn wait_for(counter: &AtomicUsize, n: usize) {
+        let until = Instant::now() + Duration::from_secs(600);
+        while counter.load(Ordering::Relaxed) < n {
+            assert!(Instant::now() < until, "bench did not finish");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    pub fn engine(quick: bool) {
+        let Some(server) = server_url() else { return };
+        let (burn, inserts, wakeups) = if quick {
+            (20_000, 4_000, 100)
+        } else {
+            (200_000, 40_000, 500)
+        };
+        let depths: &[usize] = if quick {
+            &[1_000, 100_000]
+        } else {
+            &[1_000, 100_000, 1_000_000]
+        };
+        let mut client = connect(&server);
+        let version: String = client
+            .query_one("SELECT current_setting('server_version')", &[])
+            .expect("server version")
+            .get(0);
+
+        // The raw baselines, in this run.
+        fresh_table(&mut client, burn);
+        let raw_batched = claim_complete_batched(&server, burn);
+        check_done(&mut client, burn);
+        fresh_table(&mut client, 0);
+        let raw_insert = insert(&server, inserts);
+        client
+            .batch_execute(&format!("DROP TABLE IF EXISTS {TABLE}"))
+            .expect("drop table");
+        emit(
+            json!({"scenario": "pg_raw_baselines", "server_version": version,
+            "claim_complete_batched_4_threads": round(raw_batched),
+            "insert_16_threads": round(raw_insert)}),
+        );
+
+        // Burn-down of no-op jobs, 4 threads, default settings.
+        let url = fresh_database(&server);
+        let queue = Queue::open(&url).expect("open");
+        fill(&queue, burn);
+        let done = Arc::new(AtomicUsize::new(0));
+        let started = Instant::now();
+        let mut pool = noop_pool(&queue, THREADS, &done);
+        wait_for(&done, burn);
+        let rate = burn as f64 / started.elapsed().as_secs_f64();
+        pool.shutdown(Duration::from_secs(5));
+        emit(
+            json!({"scenario": "pg_burn_down", "threads": THREADS, "settings": "default",
+            "jobs": burn, "jobs_per_s": round(rate),
+            "ratio_to_raw_batched": round(rate / raw_batched), "target": 0.7}),
+        );
+        drop(queue);
+
+        // Single enqueues from 16 threads.
+        let url = fresh_database(&server);
+        let queue = Queue::open(&url).expect("open");
+        let start = Arc::new(Barrier::new(INSERT_THREADS + 1));
+        let handles: Vec<_> = (0..INSERT_THREADS)
+            .map(|t| {
+                let (queue, start) = (queue.clone(), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    let mine = inserts / INSERT_THREADS + usize::from(t < inserts % INSERT_THREADS);
+                    start.wait();
+                    for _ in 0..mine {
+                        queue.enqueue(NewJob::new("noop")).expect("enqueue");
+                    }
+                })
+            })
+            .collect();
+        start.wait();
+        let started = Instant::now();
+        for h in handles {
+            h.join().expect("enqueue thread");
+        }
+        let rate = inserts as f64 / started.elapsed().as_secs_f64();
+        emit(json!({"scenario": "pg_enqueue_16_threads", "jobs": inserts,
+            "jobs_per_s": round(rate), "ratio_to_raw_insert": round(rate / raw_insert),
+            "target": 0.8}));
+        drop(queue);
+
+        // Wake-up: a job enqueued through another Queue (its own
+        // connections, no in-process wake-up: as another process) starts
+        // on an idle pool.
+        let url = fresh_database(&server);
+        let worker = Queue::builder(&url)
+            .fallback_poll(Duration::from_secs(30))
+            .open()
+            .expect("open");
+        let started_at: Arc<Mutex<Vec<Instant>>> = Arc::default();
+        let seen = Arc::clone(&started_at);
+        let mut pool = WorkerPool::builder(&worker)
+            .threads(1)
+            .max_idle(Duration::from_secs(30))
+            .handler("tick", move |_: &JobContext| {
+                seen.lock().unwrap().push(Instant::now());
+                Ok::<(), JobError>(())
+            })
+            .start()
+            .expect("start pool");
+        std::thread::sleep(Duration::from_millis(500));
+        let producer = Queue::open(&url).expect("open");
+        let mut latencies = Vec::new();
+        for i in 0..wakeups {
+            let asked = Instant::now();
+            producer.enqueue(NewJob::new("tick")).expect("enqueue");
+            let until = Instant::now() + Duration::from_secs(10);
+            while started_at.lock().unwrap().len() <= i {
+                assert!(Instant::now() < until, "wake-up never came");
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let start = started_at.lock().unwrap()[i];
+            latencies.push((start - asked).as_secs_f64() * 1e3);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        pool.shutdown(Duration::from_secs(5));
+        emit(json!({"scenario": "pg_wakeup_other_queue", "jobs": wakeups,
+            "enqueue_to_start_ms": percentiles_ms(latencies), "target_p99_ms": 10,
+            "note": "enqueue call (commit included) to handler start; producer and pool on separate Queue handles (separate connections, wake-up by NOTIFY), same process"}));
+        drop((worker, producer));
+
+        // Claim cost by depth, also with 99 % of the jobs in the future at
+        // a higher priority, also under generic plans.
+        for generic in [false, true] {
+            for shape in ["due", "future_99"] {
+                for &n in depths {
+                    let url = fresh_database(&server);
+                    let url = if generic {
+                        format!("{url}?options=-c%20plan_cache_mode%3Dforce_generic_plan")
+                    } else {
+                        url
+                    };
+                    let queue = Queue::open(&url).expect("open");
+                    let mut c = connect(&url);
+                    let (due, future) = if shape == "due" {
+                        (n, 0)
+                    } else {
+                        (n / 100, n - n / 100)
+                    };
+                    c.execute(
+                        "INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at,
+                             max_attempts, created_at)
+                         SELECT 'default', 'noop', 'null', 'pending', 0, i, 25, 0
+                         FROM generate_series(1, $1::bigint) AS i",
+                        &[&(due as i64)],
+                    )
+                    .expect("fill due");
+                    c.execute(
+                        "INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at,
+                             max_attempts, created_at)
+                         SELECT 'default', 'noop', 'null', 'scheduled', 10,
+                                253402300000000 - i, 25, 0
+                         FROM generate_series(1, $1::bigint) AS i",
+                        &[&(future as i64)],
+                    )
+                    .expect("fill future");
+                    c.batch_execute("VACUUM ANALYZE tickler_jobs")
+                        .expect("vacuum");
+                    let measured = 1_000.min(due);
+                    let started = Instant::now();
+                    for _ in 0..measured {
+                        let leases = queue
+                            .claim("default", "bench", 1, Duration::from_secs(60))
+                            .expect("claim");
+                        assert_eq!(leases.len(), 1, "a due job");
+                        queue.complete(&leases[0]).expect("complete");
+                    }
+                    let us = started.elapsed().as_secs_f64() * 1e6 / measured as f64;
+                    emit(json!({"scenario": "pg_depth", "shape": shape, "waiting": n,
+                        "generic_plans": generic, "claim_and_complete_us": round(us)}));
+                }
+            }
+        }
     }
 
     fn connect(url: &str) -> Client {

@@ -176,7 +176,7 @@ pub use job::{
 };
 pub use lease::Lease;
 pub use metrics::WriteLockWaits;
-pub use queue::is_postgres_url;
+pub use queue::{is_postgres_url, redacted_location};
 pub use queue::{
     ChangeWatcher, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter, Outcome,
     OutcomeSync, Queue, QueueBuilder, Stats, Waker, ERROR_HISTORY_MAX, MAX_ERROR_BYTES,

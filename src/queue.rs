@@ -316,6 +316,26 @@ pub fn is_postgres_url(location: &str) -> bool {
     location.starts_with("postgres://") || location.starts_with("postgresql://")
 }
 
+/// `location` (a path or URL) as it may be shown in messages and logs: a
+/// password in a URL is replaced by `***`.
+pub fn redacted_location(location: &str) -> String {
+    let Some(scheme_end) = location.find("://").map(|i| i + 3) else {
+        return location.to_owned();
+    };
+    let rest = &location[scheme_end..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match (authority.rfind('@'), authority.find(':')) {
+        (Some(at), Some(colon)) if colon < at => format!(
+            "{}{}:***{}",
+            &location[..scheme_end],
+            &authority[..colon],
+            &rest[at..]
+        ),
+        _ => location.to_owned(),
+    }
+}
+
 /// A handle on one tickler file. Cheap to clone; clones share one write
 /// connection and one pool of read connections. Any number of `Queue`s in
 /// any number of processes may open the same file.
@@ -1469,4 +1489,19 @@ pub(crate) fn json_depth_exceeds(value: &serde_json::Value, limit: usize) -> boo
         stack.extend(children.map(|child| (child, depth + 1)));
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_in_urls() {
+        assert_eq!(
+            redacted_location("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redacted_location("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redacted_location("./jobs.db"), "./jobs.db");
+    }
 }

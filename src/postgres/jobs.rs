@@ -166,15 +166,15 @@ const UNBLOCKED: &str = "(job.unique_key IS NULL OR NOT EXISTS (
            AND stopping.lease_expires_at >= $2::bigint))";
 
 /// The claiming UPDATE: $1 worker_id, $2 now, $3 lease expiry, $4 queue,
-/// $5 limit, $6 kinds (if filtered).
+/// $5 limit, $6 the claim's id, $7 kinds (if filtered).
 fn claim_sql(kinds: bool, order: ClaimOrder) -> String {
     let order = order.sql();
-    let kind_filter = if kinds { "AND kind = ANY($6)" } else { "" };
+    let kind_filter = if kinds { "AND kind = ANY($7)" } else { "" };
     format!(
         "UPDATE tickler_jobs
          SET status = 'running', run_token = gen_random_uuid()::text, attempts = attempts + 1,
              claimed_by = $1, claimed_at = $2::bigint, lease_expires_at = $3::bigint,
-             lease_ms = $3::bigint - $2::bigint
+             lease_ms = $3::bigint - $2::bigint, claim_id = $6::bigint
          WHERE id = ANY(ARRAY(
              SELECT id FROM tickler_jobs AS job
              WHERE status = 'pending' AND queue = $4 {kind_filter} AND {UNBLOCKED}
@@ -419,6 +419,7 @@ fn claim_in(
     request: &ClaimRequest<'_>,
     lease_ms: i64,
     now: i64,
+    claim_id: i64,
 ) -> Result<Option<Vec<Lease>>> {
     let mut backlog = false;
     for queue in request.queues {
@@ -444,8 +445,11 @@ fn claim_in(
         };
         let worker = storable(request.worker_id);
         let rows = match &kinds {
-            Some(kinds) => tx.query(sql, &[&worker, &now, &expires, &queue, &want, kinds])?,
-            None => tx.query(sql, &[&worker, &now, &expires, &queue, &want])?,
+            Some(kinds) => tx.query(
+                sql,
+                &[&worker, &now, &expires, &queue, &want, &claim_id, kinds],
+            )?,
+            None => tx.query(sql, &[&worker, &now, &expires, &queue, &want, &claim_id])?,
         };
         let n = rows.len();
         let mut claimed = Vec::with_capacity(n);
@@ -472,6 +476,33 @@ fn claim_in(
         tx.execute(DEAD_SQL, &[&now, &cut_error(&error), &job_id.0, &run_token])?;
     }
     Ok(Some(leases))
+}
+
+/// The jobs the claim `claim_id` took, whose commit was not acknowledged
+/// (the connection was lost during COMMIT).
+fn adopt_claimed(tx: &mut Tx<'_>, claim_id: i64) -> Result<Vec<Lease>> {
+    let rows = tx.query(
+        &format!(
+            "SELECT {LEASE_COLUMNS} FROM tickler_jobs
+             WHERE status = 'running' AND claim_id = $1::bigint
+             ORDER BY priority DESC, run_at, id"
+        ),
+        &[&claim_id],
+    )?;
+    let mut leases = Vec::with_capacity(rows.len());
+    for row in &rows {
+        // Unreadable rows were made dead by the claim that committed.
+        if let ClaimedRow::Readable(lease) = claimed_from_row(row)? {
+            leases.push(lease);
+        }
+    }
+    if !leases.is_empty() {
+        log::warn!(
+            "took up {} jobs claimed by a transaction whose commit was not acknowledged",
+            leases.len()
+        );
+    }
+    Ok(leases)
 }
 
 impl Engine for Store {
@@ -619,13 +650,25 @@ impl Engine for Store {
         let mut isolate = false;
         let mut pending_outcomes = outcomes;
         let mut results = Vec::with_capacity(outcomes.len());
+        // The id of the last try's claim: if its COMMIT was lost with the
+        // connection, the jobs it claimed may be ours already, and are
+        // taken up rather than left to run out their lease.
+        let last_claim = std::cell::Cell::new(None::<i64>);
         let leases = loop {
             let step = self.write(|tx, attempt| {
                 let now = self.now_ms();
                 let recorded = record_all(tx, pending_outcomes, now, &policy, attempt, isolate)?;
-                let claimed = match &claim {
-                    Some((request, lease_ms)) => claim_in(tx, request, *lease_ms, now)?,
-                    None => Some(Vec::new()),
+                let claimed = match (&claim, last_claim.get()) {
+                    (Some(_), Some(claim_id)) if attempt.after_unknown_commit => {
+                        last_claim.set(None);
+                        Some(adopt_claimed(tx, claim_id)?)
+                    }
+                    (Some((request, lease_ms)), _) => {
+                        let claim_id = fastrand::i64(..);
+                        last_claim.set(Some(claim_id));
+                        claim_in(tx, request, *lease_ms, now, claim_id)?
+                    }
+                    (None, _) => Some(Vec::new()),
                 };
                 Ok((recorded, claimed))
             });

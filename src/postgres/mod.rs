@@ -217,7 +217,7 @@ impl Store {
 
     /// The URL without its password, for messages.
     pub(crate) fn describe(&self) -> String {
-        redact(&self.url)
+        crate::queue::redacted_location(&self.url)
     }
 
     /// Runs `f` in a READ COMMITTED transaction on a pooled connection and
@@ -433,25 +433,6 @@ pub(crate) fn statement_level(e: &Error) -> bool {
     }
 }
 
-/// `url` with any password replaced by `***`.
-pub(crate) fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end..];
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    match (authority.rfind('@'), authority.find(':')) {
-        (Some(at), Some(colon)) if colon < at => format!(
-            "{}{}:***{}",
-            &url[..scheme_end],
-            &authority[..colon],
-            &rest[at..]
-        ),
-        _ => url.to_owned(),
-    }
-}
-
 /// Text PostgreSQL can store: its `text` type refuses the NUL character,
 /// which a handler's error message may contain.
 pub(crate) fn storable(text: &str) -> std::borrow::Cow<'_, str> {
@@ -490,14 +471,5 @@ mod tests {
         let m = migrations();
         assert_eq!(m.first().map(|(v, _)| *v), Some(1));
         assert!(m[0].1.contains("CREATE TABLE tickler_jobs"));
-    }
-
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(
-            redact("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
     }
 }

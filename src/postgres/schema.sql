@@ -44,6 +44,9 @@ CREATE TABLE tickler_jobs (
     claimed_at       BIGINT,
     lease_expires_at BIGINT,
     lease_ms         BIGINT  CHECK (lease_ms IS NULL OR lease_ms >= 0),
+    -- A random id per claiming transaction: a claimer whose COMMIT was
+    -- not acknowledged (the connection dropped) finds what it took.
+    claim_id         BIGINT,
     last_error       TEXT,
     errors           JSONB   NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(errors) = 'array'),
     created_at       BIGINT  NOT NULL,

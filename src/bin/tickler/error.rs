@@ -46,7 +46,7 @@ impl fmt::Display for CliError {
 
 /// Says what went wrong with `db` and what to do about it.
 pub fn describe(e: &Error, db: &Path) -> String {
-    let db = db.display();
+    let db = crate::files::shown(db);
     match e {
         Error::SchemaTooNew { found, supported } => format!(
             "database {db} was written by a newer tickler (schema {found}, this build knows {supported}); upgrade tickler"

@@ -8,6 +8,17 @@ use std::io::ErrorKind;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+/// Whether `--db` names a PostgreSQL database (a `postgres://` URL): none
+/// of the file checks here apply to it.
+pub fn is_url(db: &Path) -> bool {
+    db.to_str().is_some_and(tickler::is_postgres_url)
+}
+
+/// `db` for messages: a URL's password is replaced by `***`.
+pub fn shown(db: &Path) -> String {
+    tickler::redacted_location(&db.to_string_lossy())
+}
+
 /// The file and its `-wal` and `-shm` files.
 fn with_side_files(db: &Path) -> [PathBuf; 3] {
     let side = |suffix: &str| {
@@ -28,6 +39,9 @@ fn folder_of(db: &Path) -> PathBuf {
 /// Fails with a clear message if `db` cannot be a queue file: it is a
 /// folder, its folder does not exist, or it exists and cannot be read.
 pub fn check_path(db: &Path) -> Result<(), CliError> {
+    if is_url(db) {
+        return Ok(());
+    }
     let shown = db.display();
     match std::fs::metadata(db) {
         Ok(meta) if meta.is_dir() => {
@@ -74,6 +88,9 @@ pub fn check_path(db: &Path) -> Result<(), CliError> {
 /// Why other users could write the file, its `-wal`/`-shm` files or (if
 /// `folder`) its folder, if they could.
 pub fn shared_write_problem(db: &Path, folder: bool) -> Option<String> {
+    if is_url(db) {
+        return None;
+    }
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
     for path in &with_side_files(db) {
@@ -122,6 +139,9 @@ pub fn shared_write_problem(db: &Path, folder: bool) -> Option<String> {
 /// Why other users could read the file or its `-wal`/`-shm` files, if
 /// they could.
 pub fn shared_read_problem(db: &Path) -> Option<String> {
+    if is_url(db) {
+        return None;
+    }
     with_side_files(db).iter().find_map(|path| {
         let meta = std::fs::metadata(path).ok()?;
         (meta.mode() & 0o044 != 0).then(|| {
@@ -155,7 +175,7 @@ pub fn check_private(db: &Path, allow: bool) -> Result<(), CliError> {
     } else {
         Err(CliError::failed(format!(
             "refusing to use {}: {problem}, so they can read every job's payload (a shell job's env may hold secrets); `chmod 600 {fix}`, or pass --allow-shared-db to use it anyway",
-            db.display()
+            shown(db)
         )))
     }
 }

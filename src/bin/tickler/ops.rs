@@ -14,10 +14,10 @@ use tickler::{JobFilter, JobId, JobState, NewJob, Queue};
 /// silently made into an empty queue.
 pub fn open(db: &Path, create: bool) -> Result<Queue, CliError> {
     crate::files::check_path(db)?;
-    if !create && !db.exists() {
+    if !create && !crate::files::is_url(db) && !db.exists() {
         return Err(CliError::failed(format!(
             "{} does not exist; create it with `tickler init`, or point --db (or TICKLER_DB) at your queue file",
-            db.display()
+            crate::files::shown(db)
         )));
     }
     Queue::open(db).map_err(|e| CliError::from_lib(e, db))
@@ -28,10 +28,10 @@ pub fn open(db: &Path, create: bool) -> Result<Queue, CliError> {
 /// worker watches.
 pub fn open_to_add(db: &Path, create: bool) -> Result<Queue, CliError> {
     crate::files::check_path(db)?;
-    if !create && !db.exists() {
+    if !create && !crate::files::is_url(db) && !db.exists() {
         return Err(CliError::failed(format!(
             "{} does not exist; create it with `tickler init` (or pass --create), or point --db (or TICKLER_DB) at your queue file",
-            db.display()
+            crate::files::shown(db)
         )));
     }
     open(db, true)
@@ -41,16 +41,33 @@ pub fn open_to_add(db: &Path, create: bool) -> Result<Queue, CliError> {
 pub fn init(db: &Path, allow_shared_db: bool) -> Result<(), CliError> {
     crate::files::check_path(db)?;
     crate::files::check_private(db, allow_shared_db)?;
+    if crate::files::is_url(db) {
+        let queue = open(db, true)?;
+        println!(
+            "{}: schema created or migrated, up to date",
+            queue.location()
+        );
+        return Ok(());
+    }
     let before = Queue::file_schema_version(db).map_err(|e| CliError::from_lib(e, db))?;
     open(db, true)?;
     let now = Queue::schema_version();
     match before {
-        None => println!("created {}: schema version {now}", db.display()),
-        Some(0) => println!("initialized {}: schema version {now}", db.display()),
+        None => println!("created {}: schema version {now}", crate::files::shown(db)),
+        Some(0) => println!(
+            "initialized {}: schema version {now}",
+            crate::files::shown(db)
+        ),
         Some(v) if v < now => {
-            println!("migrated {} from schema version {v} to {now}", db.display())
+            println!(
+                "migrated {} from schema version {v} to {now}",
+                crate::files::shown(db)
+            )
         }
-        Some(_) => println!("{}: schema version {now}, up to date", db.display()),
+        Some(_) => println!(
+            "{}: schema version {now}, up to date",
+            crate::files::shown(db)
+        ),
     }
     Ok(())
 }

@@ -195,7 +195,7 @@ fn list(db: &Path, args: &ScheduleListArgs, times: Times) -> Result<(), CliError
 fn unknown(name: &str, db: &Path) -> CliError {
     CliError::failed(format!(
         "no schedule named {name:?} in {}; `tickler schedule list` shows the stored ones",
-        db.display()
+        crate::files::shown(db)
     ))
 }
 
@@ -263,7 +263,7 @@ fn next(db: &Path, args: &ScheduleNextArgs, times: Times) -> Result<(), CliError
         let stored = queue.get_schedule(target).map_err(|e| match e {
             Error::UnknownSchedule { .. } => CliError::failed(format!(
                 "no schedule named {target:?} in {}; to preview a cron expression, quote all its fields: '0 9 * * mon-fri'",
-                db.display()
+                crate::files::shown(db)
             )),
             other => CliError::from_lib(other, db),
         })?;
@@ -317,7 +317,7 @@ fn closed_pipe_is_done(e: std::io::Error) -> Result<(), CliError> {
 /// private temporary folder (a preview of a cron expression needs no queue
 /// file, but the tick arithmetic is a `Queue` method).
 fn with_queue_for_preview<T>(db: &Path, f: impl FnOnce(&Queue) -> T) -> Result<T, CliError> {
-    if db.exists() {
+    if crate::files::is_url(db) || db.exists() {
         let queue = ops::open(db, false)?;
         return Ok(f(&queue));
     }

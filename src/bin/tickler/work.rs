@@ -69,7 +69,7 @@ pub fn work(db: &Path, args: &WorkArgs, allow_shared_db: bool) -> Result<(), Cli
     if !args.quiet {
         eprintln!(
             "tickler: working on {} (queues: {}; {} thread(s)); SIGINT or SIGTERM to stop",
-            db.display(),
+            crate::files::shown(db),
             queues.join(", "),
             args.threads
         );
