@@ -1246,10 +1246,11 @@ mod pg_bench {
         let name = "tickler_bench_engine";
         let mut admin = connect(server);
         admin
-            .batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {name} WITH (FORCE); CREATE DATABASE {name}"
-            ))
-            .expect("fresh database");
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .expect("drop database");
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("create database");
         with_dbname(server, name)
     }
 

@@ -166,14 +166,19 @@ fn listener(signals: &Weak<Signals>, config: &postgres::Config) {
         }
         let mut quiet_since = Instant::now();
         let lost = loop {
-            let mut heard = false;
             let mut failed = None;
             {
+                // Each notification wakes the watchers at once: the
+                // iterator waits up to its timeout for the next one.
                 let mut notifications = client.notifications();
-                let mut heard_now = notifications.timeout_iter(Duration::from_secs(1));
+                let mut heard = notifications.timeout_iter(Duration::from_secs(1));
                 loop {
-                    match heard_now.next() {
-                        Ok(Some(_)) => heard = true,
+                    match heard.next() {
+                        Ok(Some(_)) => {
+                            let Some(s) = signals.upgrade() else { return };
+                            quiet_since = Instant::now();
+                            wake_all(&s.watchers);
+                        }
                         Ok(None) => break,
                         Err(e) => {
                             failed = Some(e);
@@ -182,10 +187,8 @@ fn listener(signals: &Weak<Signals>, config: &postgres::Config) {
                     }
                 }
             }
-            let Some(s) = signals.upgrade() else { return };
-            if heard {
-                quiet_since = Instant::now();
-                wake_all(&s.watchers);
+            if signals.strong_count() == 0 {
+                return;
             }
             if let Some(e) = failed {
                 break e.to_string();
