@@ -157,6 +157,7 @@ mod retry;
 mod schedule;
 mod scheduler;
 mod sqlite;
+mod typed;
 mod worker;
 
 /// The `rusqlite` this crate is built with: its types appear in the public
@@ -185,6 +186,7 @@ pub use schedule::{
     DEFAULT_MISFIRE_GRACE, MAX_CATCH_UP, MAX_MISFIRE_GRACE,
 };
 pub use scheduler::{Scheduler, SchedulerConfig};
+pub use typed::JobArgs;
 pub use worker::{
     CancelReason, Handler, JobContext, JobError, PoolStats, ShutdownReport, WorkerPool,
     WorkerPoolBuilder, DEFAULT_PREFETCH, DEFAULT_PREFETCH_HOLD, DEFAULT_PRIORITY_AGING,

@@ -26,7 +26,9 @@ use crate::job::{JobId, RunToken};
 use crate::lease::Lease;
 use crate::queue::{ChangeWatcher, ClaimRequest, Outcome, OutcomeSync, Queue, Waker};
 use crate::reaper::{Reaper, ReaperConfig};
+use crate::retry::RetryPolicy;
 use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::typed::JobArgs;
 use chrono::{DateTime, Utc};
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::VecDeque;
@@ -332,6 +334,7 @@ pub struct WorkerPoolBuilder {
     queues: Vec<String>,
     threads: usize,
     handlers: HashMap<String, Arc<dyn Handler>>,
+    retry_policies: HashMap<String, RetryPolicy>,
     lease: Duration,
     heartbeat_interval: Option<Duration>,
     claim_batch: usize,
@@ -389,6 +392,57 @@ impl WorkerPoolBuilder {
     /// has handlers for; registering a kind twice keeps the last handler.
     pub fn handler(mut self, kind: impl Into<String>, handler: impl Handler) -> Self {
         self.handlers.insert(kind.into(), Arc::new(handler));
+        self
+    }
+
+    /// Runs typed jobs of kind `A::KIND` with `handler`, which gets the
+    /// payload deserialized as `A` ([`JobArgs`]). A payload that does not
+    /// fit `A` fails its job permanently (dead at once) with an error
+    /// naming the job, its kind, the type and the serde error; the handler
+    /// is not called. `A::retry_policy()`, if any, becomes the kind's
+    /// policy ([`WorkerPoolBuilder::retry_policy_for`]).
+    ///
+    /// ```no_run
+    /// # use serde::{Deserialize, Serialize};
+    /// # use tickler::{JobArgs, JobContext, JobError, Queue, WorkerPool};
+    /// #[derive(Serialize, Deserialize)]
+    /// struct Resize { path: String, width: u32 }
+    /// impl JobArgs for Resize { const KIND: &'static str = "resize"; }
+    ///
+    /// # fn main() -> tickler::Result<()> {
+    /// let queue = Queue::open("jobs.db")?;
+    /// let pool = WorkerPool::builder(&queue)
+    ///     .handler_for(|_ctx: &JobContext, args: Resize| {
+    ///         println!("resizing {} to {} px", args.path, args.width);
+    ///         Ok::<(), JobError>(())
+    ///     })
+    ///     .start()?;
+    /// queue.enqueue_args(&Resize { path: "a.png".into(), width: 640 })?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn handler_for<A: JobArgs>(
+        mut self,
+        handler: impl Fn(&JobContext, A) -> Result<(), JobError> + Send + Sync + 'static,
+    ) -> Self {
+        if let Some(policy) = A::retry_policy() {
+            self.retry_policies.insert(A::KIND.to_owned(), policy);
+        }
+        self.handler(A::KIND, move |ctx: &JobContext| {
+            handler(ctx, ctx.args::<A>()?)
+        })
+    }
+
+    /// Backoff after failed attempts of `kind` in this pool, instead of the
+    /// queue's [`crate::QueueBuilder::retry_policy`]. It applies where the
+    /// pool records the failure: a handler's [`JobError::Retry`] and a
+    /// panic. Failures recorded elsewhere keep the queue's policy: a lease
+    /// that expired (taken back by a reaper, which may run in another
+    /// process that knows nothing of this pool's kinds) and a handler
+    /// written off past its timeout. The policy is not stored with the
+    /// job: a pool that runs the kind with another policy uses its own.
+    pub fn retry_policy_for(mut self, kind: impl Into<String>, policy: RetryPolicy) -> Self {
+        self.retry_policies.insert(kind.into(), policy);
         self
     }
 
@@ -601,6 +655,7 @@ impl WorkerPoolBuilder {
         let shared = Arc::new(Shared {
             queue: self.queue.clone(),
             handlers: self.handlers,
+            retry_policies: self.retry_policies,
             in_flight: Mutex::new(HashMap::new()),
             busy_slots: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
@@ -761,6 +816,7 @@ impl WorkerPool {
             queues: vec![crate::job::DEFAULT_QUEUE.to_owned()],
             threads: 4,
             handlers: HashMap::new(),
+            retry_policies: HashMap::new(),
             lease: Duration::from_secs(30),
             heartbeat_interval: None,
             claim_batch: usize::MAX,
@@ -908,6 +964,8 @@ impl Drop for WorkerPool {
 struct Shared {
     queue: Queue,
     handlers: HashMap<String, Arc<dyn Handler>>,
+    /// Per-kind backoff (`WorkerPoolBuilder::retry_policy_for`).
+    retry_policies: HashMap<String, RetryPolicy>,
     /// Jobs claimed and not yet finished; the heartbeat renews these.
     in_flight: Mutex<HashMap<JobId, InFlight>>,
     /// Worker slots taken: jobs claimed whose handler has not returned.
@@ -1610,22 +1668,8 @@ fn work_loop(shared: &Shared) {
                     shared.fetcher_waker.wake();
                     continue;
                 }
-                let outcome = match result {
-                    Ok(Ok(())) => Outcome::Complete,
-                    Ok(Err(JobError::Retry(message))) => Outcome::Fail(message),
-                    Ok(Err(JobError::Permanent(message))) => Outcome::FailPermanently(message),
-                    Ok(Err(JobError::Snooze(until)))
-                        if until.timestamp_millis() <= crate::MAX_TIMESTAMP_MS =>
-                    {
-                        Outcome::Snooze(until)
-                    }
-                    Ok(Err(JobError::Snooze(until))) => Outcome::Fail(format!(
-                        "handler snoozed until {until}, after the end of the storable range (9999-12-31 UTC)"
-                    )),
-                    Err(panic) => {
-                        Outcome::Fail(format!("handler panicked: {}", panic_message(&*panic)))
-                    }
-                };
+                let policy = shared.retry_policies.get(&ctx.lease.kind);
+                let outcome = outcome_of(result, policy, ctx.lease.attempt);
                 (ctx.lease, outcome)
             }
             _ => (lease, Outcome::Release),
@@ -1636,7 +1680,32 @@ fn work_loop(shared: &Shared) {
     }
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+/// What to record for a handler's result (or its panic), with the kind's
+/// own backoff if it has one.
+pub(crate) fn outcome_of(
+    result: std::thread::Result<Result<(), JobError>>,
+    policy: Option<&RetryPolicy>,
+    attempt: u32,
+) -> Outcome {
+    let fail = |message: String| match policy {
+        Some(policy) => Outcome::FailRetryAfter(message, policy.backoff(attempt)),
+        None => Outcome::Fail(message),
+    };
+    match result {
+        Ok(Ok(())) => Outcome::Complete,
+        Ok(Err(JobError::Retry(message))) => fail(message),
+        Ok(Err(JobError::Permanent(message))) => Outcome::FailPermanently(message),
+        Ok(Err(JobError::Snooze(until))) if until.timestamp_millis() <= crate::MAX_TIMESTAMP_MS => {
+            Outcome::Snooze(until)
+        }
+        Ok(Err(JobError::Snooze(until))) => fail(format!(
+            "handler snoozed until {until}, after the end of the storable range (9999-12-31 UTC)"
+        )),
+        Err(panic) => fail(format!("handler panicked: {}", panic_message(&*panic))),
+    }
+}
+
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = panic.downcast_ref::<String>() {
