@@ -144,6 +144,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "tokio")]
+mod async_queue;
 mod clock;
 mod engine;
 mod error;
@@ -167,6 +169,8 @@ mod worker;
 /// the versions always match.
 pub use rusqlite;
 
+#[cfg(feature = "tokio")]
+pub use async_queue::AsyncQueue;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Result};
 pub use job::{

@@ -120,9 +120,10 @@ impl CancelReason {
     }
 }
 
-/// A job's cancellation flag; the first reason set wins.
+/// A job's cancellation flag; the first reason set wins. Async handlers
+/// wait on it through [`JobContext::cancelled`], whose wakers it keeps.
 #[derive(Debug, Default)]
-struct CancelFlag(AtomicU8);
+struct CancelFlag(AtomicU8, Mutex<Vec<std::task::Waker>>);
 
 impl CancelFlag {
     /// A lost lease overrides any other reason (its outcome must be
@@ -135,10 +136,42 @@ impl CancelFlag {
                 .0
                 .compare_exchange(0, reason.code(), Ordering::SeqCst, Ordering::SeqCst);
         }
+        for waker in std::mem::take(&mut *lock(&self.1)) {
+            waker.wake();
+        }
     }
 
     fn get(&self) -> Option<CancelReason> {
         CancelReason::from_code(self.0.load(Ordering::SeqCst))
+    }
+}
+
+/// The future of [`JobContext::cancelled`].
+#[derive(Debug)]
+struct Cancelled(Arc<CancelFlag>);
+
+impl std::future::Future for Cancelled {
+    type Output = CancelReason;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<CancelReason> {
+        if let Some(reason) = self.0.get() {
+            return std::task::Poll::Ready(reason);
+        }
+        {
+            let mut wakers = lock(&self.0 .1);
+            if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                wakers.push(cx.waker().clone());
+            }
+        }
+        // Looked at again after registering: a `set` in between found no
+        // waker to wake.
+        match self.0.get() {
+            Some(reason) => std::task::Poll::Ready(reason),
+            None => std::task::Poll::Pending,
+        }
     }
 }
 
@@ -147,7 +180,10 @@ impl CancelFlag {
 /// Execution is at-least-once: a job whose worker died after doing the work
 /// runs again. Use [`JobContext::job_id`] or [`JobContext::run_token`] as an
 /// idempotency key for side effects.
-#[derive(Debug)]
+///
+/// Cloning is cheap (shared handles) and every clone speaks for the same
+/// run: an async handler owns one.
+#[derive(Debug, Clone)]
 pub struct JobContext {
     lease: Lease,
     cancel: Arc<CancelFlag>,
@@ -268,6 +304,25 @@ impl JobContext {
         self.cancel.get()
     }
 
+    /// A future that is ready, with the reason, once the handler should
+    /// stop: the job's timeout passed, its lease was lost (cancelled or
+    /// reaped; noticed within about 100 ms), or the pool's shutdown grace
+    /// ran out. For async handlers, to `select!` on beside their work;
+    /// needs no particular runtime (the pool's heartbeat thread wakes it).
+    ///
+    /// ```no_run
+    /// # async fn fetch() {}
+    /// # async fn handler(ctx: tickler::JobContext) -> Result<(), tickler::JobError> {
+    /// tokio::select! {
+    ///     () = fetch() => Ok(()),
+    ///     reason = ctx.cancelled() => Err(tickler::JobError::retry(format!("stopped: {reason:?}"))),
+    /// }
+    /// # }
+    /// ```
+    pub fn cancelled(&self) -> impl std::future::Future<Output = CancelReason> + Send + 'static {
+        Cancelled(Arc::clone(&self.cancel))
+    }
+
     /// Now, from the queue's clock (UTC).
     pub fn now(&self) -> DateTime<Utc> {
         self.clock.now()
@@ -350,6 +405,13 @@ pub struct WorkerPoolBuilder {
     timeout_grace: Duration,
     replacement_threads: Option<usize>,
     priority_aging: usize,
+    /// Where async handlers run (`WorkerPoolBuilder::runtime`).
+    #[cfg(feature = "tokio")]
+    runtime: Option<tokio::runtime::Handle>,
+    /// An async handler registered with no runtime to run on: refused by
+    /// `start`.
+    #[cfg(feature = "tokio")]
+    missing_runtime: Option<String>,
 }
 
 impl std::fmt::Debug for WorkerPoolBuilder {
@@ -625,6 +687,12 @@ impl WorkerPoolBuilder {
     /// heartbeat interval not shorter than the lease; [`Error::Sqlite`] if the
     /// fetcher's watcher connection cannot be opened.
     pub fn start(self) -> crate::Result<WorkerPool> {
+        #[cfg(feature = "tokio")]
+        if let Some(kind) = &self.missing_runtime {
+            return Err(Error::InvalidArgument(format!(
+                "the async handler of kind {kind:?} has no tokio runtime to run on: register it inside the runtime or name one with WorkerPoolBuilder::runtime first"
+            )));
+        }
         if self.handlers.is_empty() {
             return Err(Error::InvalidArgument(
                 "a worker pool needs at least one handler".into(),
@@ -832,6 +900,10 @@ impl WorkerPool {
             timeout_grace: Duration::from_secs(5),
             replacement_threads: None,
             priority_aging: DEFAULT_PRIORITY_AGING,
+            #[cfg(feature = "tokio")]
+            runtime: None,
+            #[cfg(feature = "tokio")]
+            missing_runtime: None,
         }
     }
 
@@ -956,8 +1028,169 @@ impl WorkerPool {
 }
 
 impl Drop for WorkerPool {
+    /// Shuts the pool down with [`WorkerPoolBuilder::shutdown_grace`]
+    /// (default 10 s), waiting for its handlers. With the `tokio` feature,
+    /// a pool dropped on a thread of a tokio runtime does not wait there
+    /// (that would stall the runtime, and on a `current_thread` runtime
+    /// also the async handlers the shutdown waits for): the same shutdown
+    /// runs on a thread of its own (`tickler-shutdown`) and the drop
+    /// returns at once. A process that exits before that thread ends
+    /// leaves the jobs still running to the reaper; use
+    /// [`WorkerPool::shutdown_async`] to know when the pool has stopped.
     fn drop(&mut self) {
+        #[cfg(feature = "tokio")]
+        if !self.shut_down && tokio::runtime::Handle::try_current().is_ok() {
+            let mut pool = WorkerPool {
+                shared: Arc::clone(&self.shared),
+                worker_id: self.worker_id.clone(),
+                job_rx: self.job_rx.clone(),
+                threads: self.threads,
+                dispatcher: self.dispatcher.take(),
+                heartbeat: self.heartbeat.take(),
+                reaper: self.reaper.take(),
+                scheduler: self.scheduler.take(),
+                shutdown_grace: self.shutdown_grace,
+                shut_down: false,
+            };
+            self.shut_down = true;
+            let grace = self.shutdown_grace;
+            spawn("tickler-shutdown", move || {
+                pool.shutdown(grace);
+            });
+            return;
+        }
         self.shutdown(self.shutdown_grace);
+    }
+}
+
+/// Async handlers and shutdown (feature `tokio`).
+#[cfg(feature = "tokio")]
+impl WorkerPoolBuilder {
+    /// The tokio runtime that async handlers registered after this call
+    /// run on (default: the runtime [`WorkerPoolBuilder::async_handler`]
+    /// is called in).
+    pub fn runtime(mut self, handle: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(handle);
+        self
+    }
+
+    /// Runs jobs of `kind` with an async handler: for each job, `handler`
+    /// is called with an owned [`JobContext`] and the future it returns is
+    /// spawned as a task on the application's runtime (see
+    /// [`WorkerPoolBuilder::runtime`]). Everything else is the pool's, as
+    /// for sync handlers: claims, heartbeats, fencing by run_token, group
+    /// commit, timeouts, the hand-back rules of shutdown.
+    ///
+    /// Concurrency: one of the pool's [`WorkerPoolBuilder::threads`] waits
+    /// (parked, off the runtime) for each running task, so a pool runs at
+    /// most `threads` async handlers at a time: that is the per-pool
+    /// limit, and it keeps a slow handler from taking more jobs than the
+    /// pool can renew and record. Raise `threads` for more concurrency.
+    ///
+    /// Results: the future's `Ok` and [`JobError`] mean what they mean for
+    /// sync handlers; a panic in the task fails the job with the panic
+    /// message; a task dropped because the runtime shut down fails the
+    /// attempt (retried per the retry policy). Cancellation (timeout, a
+    /// lost lease, the end of the shutdown grace) reaches the handler as
+    /// [`JobContext::cancelled`]. A handler that ignores it past its
+    /// timeout plus [`WorkerPoolBuilder::timeout_grace`] is written off as
+    /// a sync one is (the task is not aborted: it may be inside a write).
+    ///
+    /// The handler must not block its runtime thread: call
+    /// [`JobContext::complete_with`] (a write transaction) through
+    /// `tokio::task::spawn_blocking`, and use [`crate::AsyncQueue`] for
+    /// other `Queue` calls.
+    ///
+    /// With no runtime named and none current, [`WorkerPoolBuilder::start`]
+    /// returns [`Error::InvalidArgument`].
+    pub fn async_handler<F, Fut>(mut self, kind: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), JobError>> + Send + 'static,
+    {
+        let kind = kind.into();
+        let runtime = self
+            .runtime
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        match runtime {
+            Some(runtime) => self.handler(kind, AsyncHandler { runtime, handler }),
+            None => {
+                self.missing_runtime = Some(kind);
+                self
+            }
+        }
+    }
+
+    /// [`WorkerPoolBuilder::handler_for`] for an async handler: runs typed
+    /// jobs of kind `A::KIND` as tasks, as
+    /// [`WorkerPoolBuilder::async_handler`] does. A payload that does not
+    /// fit `A` fails permanently without calling `handler`.
+    pub fn async_handler_for<A, F, Fut>(mut self, handler: F) -> Self
+    where
+        A: JobArgs,
+        F: Fn(JobContext, A) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), JobError>> + Send + 'static,
+    {
+        if let Some(policy) = A::retry_policy() {
+            self.retry_policies.insert(A::KIND.to_owned(), policy);
+        }
+        let handler = Arc::new(handler);
+        self.async_handler(A::KIND, move |ctx: JobContext| {
+            let handler = Arc::clone(&handler);
+            async move {
+                let args = ctx.args::<A>()?;
+                handler(ctx, args).await
+            }
+        })
+    }
+}
+
+/// An async handler as the pool's threads see it: the task runs on the
+/// application's runtime while this thread waits for it, off the runtime.
+#[cfg(feature = "tokio")]
+struct AsyncHandler<F> {
+    runtime: tokio::runtime::Handle,
+    handler: F,
+}
+
+#[cfg(feature = "tokio")]
+impl<F, Fut> Handler for AsyncHandler<F>
+where
+    F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), JobError>> + Send + 'static,
+{
+    fn run(&self, ctx: &JobContext) -> Result<(), JobError> {
+        let task = self.runtime.spawn((self.handler)(ctx.clone()));
+        // Waiting for a JoinHandle needs no driver of the runtime, so this
+        // works for a `current_thread` runtime driven by another thread.
+        match self.runtime.block_on(task) {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(JobError::retry(format!(
+                "the async handler's task did not finish: {e} (the tokio runtime shut down?)"
+            ))),
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl WorkerPool {
+    /// [`WorkerPool::shutdown`] for async code: the same steps and
+    /// hand-back rules, on a blocking thread of the runtime
+    /// (`spawn_blocking`), so the runtime's threads go on running (also
+    /// the async handlers the shutdown waits for). Consumes the pool.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub async fn shutdown_async(mut self, grace: Duration) -> ShutdownReport {
+        match tokio::task::spawn_blocking(move || self.shutdown(grace)).await {
+            Ok(report) => report,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down; the pool, dropped with the
+            // closure, stopped (or stops) by itself.
+            Err(_) => ShutdownReport::default(),
+        }
     }
 }
 
