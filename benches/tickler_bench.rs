@@ -6,6 +6,7 @@
 //! cargo bench --bench tickler_bench -- --only burn,depth
 //! cargo bench --bench tickler_bench -- --only idle [--tickler-bin OLD_BINARY]
 //! .ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg_raw
+//! cargo bench --features tokio --bench tickler_bench -- --only async_burn
 //! ```
 //!
 //! Every scenario runs on a fresh file in a temporary directory, under
@@ -175,6 +176,9 @@ fn main() {
     }
     if only.as_ref().is_some_and(|o| o.iter().any(|x| x == "pg")) {
         pg_engine(quick);
+    }
+    if wants("async_burn") {
+        async_burn(if quick { 5_000 } else { 50_000 });
     }
     if wants("idle") {
         let other_bin = args
@@ -1106,6 +1110,65 @@ fn footprint(n: usize) {
 
 /// `--only pg_raw`: the raw PostgreSQL loops that the future engine's
 /// figures are set against (issue 16), on the server of
+/// `--only async_burn`: the same 4-thread pool (default settings, no-op
+/// handlers) burning down the same number of jobs with sync handlers and
+/// with async handlers (each a task on a 2-worker tokio runtime while a
+/// pool thread waits for it), alternated three times in one run, under
+/// both durabilities. Needs `--features tokio`.
+#[cfg(not(feature = "tokio"))]
+fn async_burn(_jobs: usize) {
+    eprintln!("# async_burn skipped: built without the `tokio` feature (cargo bench --features tokio --bench tickler_bench -- --only async_burn)");
+}
+
+#[cfg(feature = "tokio")]
+fn async_burn(jobs: usize) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .expect("tokio runtime");
+    for durability in [Durability::Normal, Durability::Full] {
+        let d = durability_name(durability);
+        for round_no in 0..3 {
+            for handlers in ["sync", "async"] {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let (_, queue) = fresh(&dir, durability);
+                fill(&queue, jobs);
+                let done = Arc::new(AtomicUsize::new(0));
+                let cpu = cpu_time();
+                let started = Instant::now();
+                let mut pool = if handlers == "sync" {
+                    noop_pool(&queue, 4, None, Arc::clone(&done))
+                } else {
+                    let done = Arc::clone(&done);
+                    WorkerPool::builder(&queue)
+                        .threads(4)
+                        .runtime(runtime.handle().clone())
+                        .async_handler("noop", move |_: JobContext| {
+                            let done = Arc::clone(&done);
+                            async move {
+                                done.fetch_add(1, Ordering::Relaxed);
+                                Ok::<(), JobError>(())
+                            }
+                        })
+                        .start()
+                        .expect("start pool")
+                };
+                let finished = wait_for(&done, jobs, Duration::from_secs(600));
+                let elapsed = started.elapsed();
+                pool.shutdown(Duration::from_secs(5));
+                let cpu = cpu_time() - cpu;
+                let rate = jobs as f64 / elapsed.as_secs_f64();
+                emit(
+                    json!({"scenario": "async_burn", "durability": d, "round": round_no + 1,
+                    "handlers": handlers, "threads": 4, "jobs": jobs, "finished": finished,
+                    "jobs_per_s": round(rate),
+                    "cpu_ms_per_1000_jobs": round(cpu.as_secs_f64() * 1e6 / jobs as f64)}),
+                );
+            }
+        }
+    }
+}
+
 /// `TICKLER_BENCH_DATABASE_URL` (`.ci/postgres` starts a throwaway one).
 /// Needs `--features postgres`.
 #[cfg(not(feature = "postgres"))]

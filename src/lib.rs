@@ -106,6 +106,113 @@
 //! default settings a 4-thread pool drains no-op jobs at about the rate of a
 //! hand-written loop that claims and completes 32 jobs per transaction.
 //!
+//! ## Typed jobs
+//!
+//! A payload type that implements [`JobArgs`] names its kind and, if it
+//! wants, its queue, priority, max_attempts, timeout, a unique key
+//! computed from the args and a retry policy. [`Queue::enqueue_args`]
+//! (also `_batch`, `_tx`) stores it as JSON; a handler registered with
+//! [`WorkerPoolBuilder::handler_for`] gets it back deserialized, and a
+//! payload that does not fit the type fails its job permanently with an
+//! error naming the job, the kind, the type and serde's complaint.
+//!
+//! ```no_run
+//! use serde::{Deserialize, Serialize};
+//! use tickler::{JobArgs, JobContext, JobError, Queue, WorkerPool};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Resize { path: String, width: u32 }
+//!
+//! impl JobArgs for Resize {
+//!     const KIND: &'static str = "resize";
+//!     fn unique_key(&self) -> Option<String> {
+//!         Some(format!("resize:{}:{}", self.path, self.width))
+//!     }
+//! }
+//!
+//! # fn main() -> tickler::Result<()> {
+//! let queue = Queue::open("jobs.db")?;
+//! queue.enqueue_args(&Resize { path: "a.png".into(), width: 640 })?;
+//! let pool = WorkerPool::builder(&queue)
+//!     .handler_for(|_ctx: &JobContext, job: Resize| {
+//!         println!("resize {} to {} px", job.path, job.width);
+//!         Ok::<(), JobError>(())
+//!     })
+//!     .start()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A kind's retry policy ([`JobArgs::retry_policy`], or
+//! [`WorkerPoolBuilder::retry_policy_for`] for untyped kinds) is applied
+//! by the pool that runs the kind: it records a failure with the kind's
+//! backoff ([`Outcome::FailRetryAfter`]). It is not stored with the job, so
+//! a lease that expires (the reaper, possibly in another process) and a
+//! handler written off past its timeout wait per the queue's policy.
+//!
+//! ## Async applications
+//!
+//! With the `tokio` feature (off by default; it adds only tokio's `rt`):
+//!
+//! - `Queue::to_async()` gives an `AsyncQueue` whose `enqueue`,
+//!   `enqueue_args`, `get`, `list`, `count`, `stats`, `cancel`, `retry`,
+//!   `prune`, `upsert_schedule` and `sync` are `async fn`s running the
+//!   blocking call on tokio's blocking pool: a runtime thread never waits
+//!   for the write lock or an fsync.
+//! - `WorkerPoolBuilder::async_handler` and `async_handler_for` register
+//!   async handlers on the same [`WorkerPool`]: its threads still claim,
+//!   renew leases, fence and group-commit; each job's future runs as a task
+//!   on the application's runtime while one pool thread waits for it, so a
+//!   pool runs at most [`WorkerPoolBuilder::threads`] handlers at a time.
+//!   [`JobContext::cancelled`] is a future to `select!` on: it is ready on
+//!   the job's timeout, a lost lease (cancel, reap) or the end of the
+//!   shutdown grace.
+//! - `WorkerPool::shutdown_async(grace).await` shuts down with the same
+//!   hand-back rules as [`WorkerPool::shutdown`], off the runtime's
+//!   threads. A pool *dropped* on a runtime thread does not block it: its
+//!   shutdown goes on in a thread of its own and the drop returns at once
+//!   (a process that exits right after leaves running jobs to the reaper).
+//!   Never call the blocking `shutdown` on a runtime thread: on a
+//!   `current_thread` runtime it waits out its whole grace for handlers
+//!   that need that very thread.
+//!
+//! `tests/async_no_blocking.rs` holds the runtime to this: a 1-ms ticker
+//! on a `current_thread` runtime stays under 20 ms p99 lateness while the
+//! same thread enqueues and runs 10,000 jobs and shuts the pool down.
+//! `examples/desktop_app.rs` is a whole tokio app (typed jobs, a delayed
+//! job, a retrying job, a cron schedule, Ctrl-C):
+//! `cargo run --features tokio --example desktop_app`.
+//!
+//! ## Testing handlers
+//!
+//! A handler is a function of a [`JobContext`]; to test one, open a queue
+//! on a temporary file with a [`ManualClock`], enqueue a job and run it on
+//! the test's thread with [`testing::run_one`], which claims it, runs the
+//! handler as a pool would (panics included), records the outcome and
+//! returns it. Move the clock to make a retry or a snooze due.
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use tickler::{testing::run_one, JobContext, JobError, JobState, ManualClock, NewJob, Outcome, Queue};
+//!
+//! # fn main() -> tickler::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+//! let queue = Queue::builder(dir.path().join("jobs.db")).clock(clock.clone()).open()?;
+//! let flaky = |ctx: &JobContext| match ctx.attempt() {
+//!     1 => Err(JobError::retry("server said 503")),
+//!     _ => Ok(()),
+//! };
+//! let id = queue.enqueue(NewJob::new("upload"))?;
+//! let ran = run_one(&queue, "default", "upload", &flaky)?;
+//! assert_eq!(ran, Some((id, Outcome::Fail("server said 503".into()))));
+//! clock.advance(Duration::from_secs(3600)); // past any first backoff
+//! assert_eq!(run_one(&queue, "default", "upload", &flaky)?, Some((id, Outcome::Complete)));
+//! assert_eq!(queue.get(id)?.state, JobState::Succeeded);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! ## What each write promises (and which ones fsync)
 //!
 //! | write | fsync under [`Durability::Full`] | if power fails before it is on disk |
@@ -144,6 +251,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "tokio")]
+mod async_queue;
 mod clock;
 mod engine;
 mod error;
@@ -159,6 +268,7 @@ mod retry;
 mod schedule;
 mod scheduler;
 mod sqlite;
+mod typed;
 mod watch;
 mod worker;
 
@@ -169,6 +279,8 @@ mod worker;
 /// the versions always match.
 pub use rusqlite;
 
+#[cfg(feature = "tokio")]
+pub use async_queue::AsyncQueue;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Result};
 pub use job::{
@@ -189,10 +301,16 @@ pub use schedule::{
     DEFAULT_MISFIRE_GRACE, MAX_CATCH_UP, MAX_MISFIRE_GRACE,
 };
 pub use scheduler::{Scheduler, SchedulerConfig};
+pub use typed::JobArgs;
 pub use worker::{
     CancelReason, Handler, JobContext, JobError, PoolStats, ShutdownReport, WorkerPool,
     WorkerPoolBuilder, DEFAULT_PREFETCH, DEFAULT_PREFETCH_HOLD, DEFAULT_PRIORITY_AGING,
 };
+
+/// Helpers for testing handlers; see "Testing handlers" in the crate docs.
+pub mod testing {
+    pub use crate::worker::run_one;
+}
 
 /// The README's code examples, compiled (and the runnable ones run) by
 /// `cargo test` as doctests so that they cannot go stale.

@@ -406,6 +406,13 @@ pub enum Outcome {
     Fail(String),
     /// The job failed for good: dead now, whatever attempts are left.
     FailPermanently(String),
+    /// As [`Outcome::Fail`], but the retry waits this delay (counted from
+    /// the engine's "now" when the outcome is recorded) instead of the
+    /// queue's [`RetryPolicy`]: how a worker pool applies a kind's own
+    /// policy ([`crate::JobArgs::retry_policy`],
+    /// [`crate::WorkerPoolBuilder::retry_policy_for`]). Past the storable
+    /// range, the retry is due at its end.
+    FailRetryAfter(String, Duration),
     /// Not now: back to waiting until the given time, the attempt given back.
     Snooze(DateTime<Utc>),
     /// Hand the job back unstarted: pending at once, the attempt given back

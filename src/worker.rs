@@ -26,7 +26,9 @@ use crate::job::{JobId, RunToken};
 use crate::lease::Lease;
 use crate::queue::{ChangeWatcher, ClaimRequest, Outcome, OutcomeSync, Queue, Waker};
 use crate::reaper::{Reaper, ReaperConfig};
+use crate::retry::RetryPolicy;
 use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::typed::JobArgs;
 use chrono::{DateTime, Utc};
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::VecDeque;
@@ -118,9 +120,10 @@ impl CancelReason {
     }
 }
 
-/// A job's cancellation flag; the first reason set wins.
+/// A job's cancellation flag; the first reason set wins. Async handlers
+/// wait on it through [`JobContext::cancelled`], whose wakers it keeps.
 #[derive(Debug, Default)]
-struct CancelFlag(AtomicU8);
+struct CancelFlag(AtomicU8, Mutex<Vec<std::task::Waker>>);
 
 impl CancelFlag {
     /// A lost lease overrides any other reason (its outcome must be
@@ -133,10 +136,42 @@ impl CancelFlag {
                 .0
                 .compare_exchange(0, reason.code(), Ordering::SeqCst, Ordering::SeqCst);
         }
+        for waker in std::mem::take(&mut *lock(&self.1)) {
+            waker.wake();
+        }
     }
 
     fn get(&self) -> Option<CancelReason> {
         CancelReason::from_code(self.0.load(Ordering::SeqCst))
+    }
+}
+
+/// The future of [`JobContext::cancelled`].
+#[derive(Debug)]
+struct Cancelled(Arc<CancelFlag>);
+
+impl std::future::Future for Cancelled {
+    type Output = CancelReason;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<CancelReason> {
+        if let Some(reason) = self.0.get() {
+            return std::task::Poll::Ready(reason);
+        }
+        {
+            let mut wakers = lock(&self.0 .1);
+            if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                wakers.push(cx.waker().clone());
+            }
+        }
+        // Looked at again after registering: a `set` in between found no
+        // waker to wake.
+        match self.0.get() {
+            Some(reason) => std::task::Poll::Ready(reason),
+            None => std::task::Poll::Pending,
+        }
     }
 }
 
@@ -145,7 +180,10 @@ impl CancelFlag {
 /// Execution is at-least-once: a job whose worker died after doing the work
 /// runs again. Use [`JobContext::job_id`] or [`JobContext::run_token`] as an
 /// idempotency key for side effects.
-#[derive(Debug)]
+///
+/// Cloning is cheap (shared handles) and every clone speaks for the same
+/// run: an async handler owns one.
+#[derive(Debug, Clone)]
 pub struct JobContext {
     lease: Lease,
     cancel: Arc<CancelFlag>,
@@ -266,6 +304,25 @@ impl JobContext {
         self.cancel.get()
     }
 
+    /// A future that is ready, with the reason, once the handler should
+    /// stop: the job's timeout passed, its lease was lost (cancelled or
+    /// reaped; noticed within about 100 ms), or the pool's shutdown grace
+    /// ran out. For async handlers, to `select!` on beside their work;
+    /// needs no particular runtime (the pool's heartbeat thread wakes it).
+    ///
+    /// ```no_run
+    /// # async fn fetch() {}
+    /// # async fn handler(ctx: tickler::JobContext) -> Result<(), tickler::JobError> {
+    /// tokio::select! {
+    ///     () = fetch() => Ok(()),
+    ///     reason = ctx.cancelled() => Err(tickler::JobError::retry(format!("stopped: {reason:?}"))),
+    /// }
+    /// # }
+    /// ```
+    pub fn cancelled(&self) -> impl std::future::Future<Output = CancelReason> + Send + 'static {
+        Cancelled(Arc::clone(&self.cancel))
+    }
+
     /// Now, from the queue's clock (UTC).
     pub fn now(&self) -> DateTime<Utc> {
         self.clock.now()
@@ -332,6 +389,7 @@ pub struct WorkerPoolBuilder {
     queues: Vec<String>,
     threads: usize,
     handlers: HashMap<String, Arc<dyn Handler>>,
+    retry_policies: HashMap<String, RetryPolicy>,
     lease: Duration,
     heartbeat_interval: Option<Duration>,
     claim_batch: usize,
@@ -347,6 +405,13 @@ pub struct WorkerPoolBuilder {
     timeout_grace: Duration,
     replacement_threads: Option<usize>,
     priority_aging: usize,
+    /// Where async handlers run (`WorkerPoolBuilder::runtime`).
+    #[cfg(feature = "tokio")]
+    runtime: Option<tokio::runtime::Handle>,
+    /// An async handler registered with no runtime to run on: refused by
+    /// `start`.
+    #[cfg(feature = "tokio")]
+    missing_runtime: Option<String>,
 }
 
 impl std::fmt::Debug for WorkerPoolBuilder {
@@ -389,6 +454,57 @@ impl WorkerPoolBuilder {
     /// has handlers for; registering a kind twice keeps the last handler.
     pub fn handler(mut self, kind: impl Into<String>, handler: impl Handler) -> Self {
         self.handlers.insert(kind.into(), Arc::new(handler));
+        self
+    }
+
+    /// Runs typed jobs of kind `A::KIND` with `handler`, which gets the
+    /// payload deserialized as `A` ([`JobArgs`]). A payload that does not
+    /// fit `A` fails its job permanently (dead at once) with an error
+    /// naming the job, its kind, the type and the serde error; the handler
+    /// is not called. `A::retry_policy()`, if any, becomes the kind's
+    /// policy ([`WorkerPoolBuilder::retry_policy_for`]).
+    ///
+    /// ```no_run
+    /// # use serde::{Deserialize, Serialize};
+    /// # use tickler::{JobArgs, JobContext, JobError, Queue, WorkerPool};
+    /// #[derive(Serialize, Deserialize)]
+    /// struct Resize { path: String, width: u32 }
+    /// impl JobArgs for Resize { const KIND: &'static str = "resize"; }
+    ///
+    /// # fn main() -> tickler::Result<()> {
+    /// let queue = Queue::open("jobs.db")?;
+    /// let pool = WorkerPool::builder(&queue)
+    ///     .handler_for(|_ctx: &JobContext, args: Resize| {
+    ///         println!("resizing {} to {} px", args.path, args.width);
+    ///         Ok::<(), JobError>(())
+    ///     })
+    ///     .start()?;
+    /// queue.enqueue_args(&Resize { path: "a.png".into(), width: 640 })?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn handler_for<A: JobArgs>(
+        mut self,
+        handler: impl Fn(&JobContext, A) -> Result<(), JobError> + Send + Sync + 'static,
+    ) -> Self {
+        if let Some(policy) = A::retry_policy() {
+            self.retry_policies.insert(A::KIND.to_owned(), policy);
+        }
+        self.handler(A::KIND, move |ctx: &JobContext| {
+            handler(ctx, ctx.args::<A>()?)
+        })
+    }
+
+    /// Backoff after failed attempts of `kind` in this pool, instead of the
+    /// queue's [`crate::QueueBuilder::retry_policy`]. It applies where the
+    /// pool records the failure: a handler's [`JobError::Retry`] and a
+    /// panic. Failures recorded elsewhere keep the queue's policy: a lease
+    /// that expired (taken back by a reaper, which may run in another
+    /// process that knows nothing of this pool's kinds) and a handler
+    /// written off past its timeout. The policy is not stored with the
+    /// job: a pool that runs the kind with another policy uses its own.
+    pub fn retry_policy_for(mut self, kind: impl Into<String>, policy: RetryPolicy) -> Self {
+        self.retry_policies.insert(kind.into(), policy);
         self
     }
 
@@ -571,6 +687,12 @@ impl WorkerPoolBuilder {
     /// heartbeat interval not shorter than the lease; [`Error::Sqlite`] if the
     /// fetcher's watcher connection cannot be opened.
     pub fn start(self) -> crate::Result<WorkerPool> {
+        #[cfg(feature = "tokio")]
+        if let Some(kind) = &self.missing_runtime {
+            return Err(Error::InvalidArgument(format!(
+                "the async handler of kind {kind:?} has no tokio runtime to run on: register it inside the runtime or name one with WorkerPoolBuilder::runtime first"
+            )));
+        }
         if self.handlers.is_empty() {
             return Err(Error::InvalidArgument(
                 "a worker pool needs at least one handler".into(),
@@ -601,6 +723,7 @@ impl WorkerPoolBuilder {
         let shared = Arc::new(Shared {
             queue: self.queue.clone(),
             handlers: self.handlers,
+            retry_policies: self.retry_policies,
             in_flight: Mutex::new(HashMap::new()),
             busy_slots: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
@@ -761,6 +884,7 @@ impl WorkerPool {
             queues: vec![crate::job::DEFAULT_QUEUE.to_owned()],
             threads: 4,
             handlers: HashMap::new(),
+            retry_policies: HashMap::new(),
             lease: Duration::from_secs(30),
             heartbeat_interval: None,
             claim_batch: usize::MAX,
@@ -776,6 +900,10 @@ impl WorkerPool {
             timeout_grace: Duration::from_secs(5),
             replacement_threads: None,
             priority_aging: DEFAULT_PRIORITY_AGING,
+            #[cfg(feature = "tokio")]
+            runtime: None,
+            #[cfg(feature = "tokio")]
+            missing_runtime: None,
         }
     }
 
@@ -900,14 +1028,177 @@ impl WorkerPool {
 }
 
 impl Drop for WorkerPool {
+    /// Shuts the pool down with [`WorkerPoolBuilder::shutdown_grace`]
+    /// (default 10 s), waiting for its handlers. With the `tokio` feature,
+    /// a pool dropped on a thread of a tokio runtime does not wait there
+    /// (that would stall the runtime, and on a `current_thread` runtime
+    /// also the async handlers the shutdown waits for): the same shutdown
+    /// runs on a thread of its own (`tickler-shutdown`) and the drop
+    /// returns at once. A process that exits before that thread ends
+    /// leaves the jobs still running to the reaper; use
+    /// [`WorkerPool::shutdown_async`] to know when the pool has stopped.
     fn drop(&mut self) {
+        #[cfg(feature = "tokio")]
+        if !self.shut_down && tokio::runtime::Handle::try_current().is_ok() {
+            let mut pool = WorkerPool {
+                shared: Arc::clone(&self.shared),
+                worker_id: self.worker_id.clone(),
+                job_rx: self.job_rx.clone(),
+                threads: self.threads,
+                dispatcher: self.dispatcher.take(),
+                heartbeat: self.heartbeat.take(),
+                reaper: self.reaper.take(),
+                scheduler: self.scheduler.take(),
+                shutdown_grace: self.shutdown_grace,
+                shut_down: false,
+            };
+            self.shut_down = true;
+            let grace = self.shutdown_grace;
+            spawn("tickler-shutdown", move || {
+                pool.shutdown(grace);
+            });
+            return;
+        }
         self.shutdown(self.shutdown_grace);
+    }
+}
+
+/// Async handlers and shutdown (feature `tokio`).
+#[cfg(feature = "tokio")]
+impl WorkerPoolBuilder {
+    /// The tokio runtime that async handlers registered after this call
+    /// run on (default: the runtime [`WorkerPoolBuilder::async_handler`]
+    /// is called in).
+    pub fn runtime(mut self, handle: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(handle);
+        self
+    }
+
+    /// Runs jobs of `kind` with an async handler: for each job, `handler`
+    /// is called with an owned [`JobContext`] and the future it returns is
+    /// spawned as a task on the application's runtime (see
+    /// [`WorkerPoolBuilder::runtime`]). Everything else is the pool's, as
+    /// for sync handlers: claims, heartbeats, fencing by run_token, group
+    /// commit, timeouts, the hand-back rules of shutdown.
+    ///
+    /// Concurrency: one of the pool's [`WorkerPoolBuilder::threads`] waits
+    /// (parked, off the runtime) for each running task, so a pool runs at
+    /// most `threads` async handlers at a time: that is the per-pool
+    /// limit, and it keeps a slow handler from taking more jobs than the
+    /// pool can renew and record. Raise `threads` for more concurrency.
+    ///
+    /// Results: the future's `Ok` and [`JobError`] mean what they mean for
+    /// sync handlers; a panic in the task fails the job with the panic
+    /// message; a task dropped because the runtime shut down fails the
+    /// attempt (retried per the retry policy). Cancellation (timeout, a
+    /// lost lease, the end of the shutdown grace) reaches the handler as
+    /// [`JobContext::cancelled`]. A handler that ignores it past its
+    /// timeout plus [`WorkerPoolBuilder::timeout_grace`] is written off as
+    /// a sync one is (the task is not aborted: it may be inside a write).
+    ///
+    /// The handler must not block its runtime thread: call
+    /// [`JobContext::complete_with`] (a write transaction) through
+    /// `tokio::task::spawn_blocking`, and use [`crate::AsyncQueue`] for
+    /// other `Queue` calls.
+    ///
+    /// With no runtime named and none current, [`WorkerPoolBuilder::start`]
+    /// returns [`Error::InvalidArgument`].
+    pub fn async_handler<F, Fut>(mut self, kind: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), JobError>> + Send + 'static,
+    {
+        let kind = kind.into();
+        let runtime = self
+            .runtime
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        match runtime {
+            Some(runtime) => self.handler(kind, AsyncHandler { runtime, handler }),
+            None => {
+                self.missing_runtime = Some(kind);
+                self
+            }
+        }
+    }
+
+    /// [`WorkerPoolBuilder::handler_for`] for an async handler: runs typed
+    /// jobs of kind `A::KIND` as tasks, as
+    /// [`WorkerPoolBuilder::async_handler`] does. A payload that does not
+    /// fit `A` fails permanently without calling `handler`.
+    pub fn async_handler_for<A, F, Fut>(mut self, handler: F) -> Self
+    where
+        A: JobArgs,
+        F: Fn(JobContext, A) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), JobError>> + Send + 'static,
+    {
+        if let Some(policy) = A::retry_policy() {
+            self.retry_policies.insert(A::KIND.to_owned(), policy);
+        }
+        let handler = Arc::new(handler);
+        self.async_handler(A::KIND, move |ctx: JobContext| {
+            let handler = Arc::clone(&handler);
+            async move {
+                let args = ctx.args::<A>()?;
+                handler(ctx, args).await
+            }
+        })
+    }
+}
+
+/// An async handler as the pool's threads see it: the task runs on the
+/// application's runtime while this thread waits for it, off the runtime.
+#[cfg(feature = "tokio")]
+struct AsyncHandler<F> {
+    runtime: tokio::runtime::Handle,
+    handler: F,
+}
+
+#[cfg(feature = "tokio")]
+impl<F, Fut> Handler for AsyncHandler<F>
+where
+    F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), JobError>> + Send + 'static,
+{
+    fn run(&self, ctx: &JobContext) -> Result<(), JobError> {
+        let task = self.runtime.spawn((self.handler)(ctx.clone()));
+        // Waiting for a JoinHandle needs no driver of the runtime, so this
+        // works for a `current_thread` runtime driven by another thread.
+        match self.runtime.block_on(task) {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(JobError::retry(format!(
+                "the async handler's task did not finish: {e} (the tokio runtime shut down?)"
+            ))),
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl WorkerPool {
+    /// [`WorkerPool::shutdown`] for async code: the same steps and
+    /// hand-back rules, on a blocking thread of the runtime
+    /// (`spawn_blocking`), so the runtime's threads go on running (also
+    /// the async handlers the shutdown waits for). Consumes the pool.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub async fn shutdown_async(mut self, grace: Duration) -> ShutdownReport {
+        match tokio::task::spawn_blocking(move || self.shutdown(grace)).await {
+            Ok(report) => report,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down; the pool, dropped with the
+            // closure, stopped (or stops) by itself.
+            Err(_) => ShutdownReport::default(),
+        }
     }
 }
 
 struct Shared {
     queue: Queue,
     handlers: HashMap<String, Arc<dyn Handler>>,
+    /// Per-kind backoff (`WorkerPoolBuilder::retry_policy_for`).
+    retry_policies: HashMap<String, RetryPolicy>,
     /// Jobs claimed and not yet finished; the heartbeat renews these.
     in_flight: Mutex<HashMap<JobId, InFlight>>,
     /// Worker slots taken: jobs claimed whose handler has not returned.
@@ -1610,22 +1901,8 @@ fn work_loop(shared: &Shared) {
                     shared.fetcher_waker.wake();
                     continue;
                 }
-                let outcome = match result {
-                    Ok(Ok(())) => Outcome::Complete,
-                    Ok(Err(JobError::Retry(message))) => Outcome::Fail(message),
-                    Ok(Err(JobError::Permanent(message))) => Outcome::FailPermanently(message),
-                    Ok(Err(JobError::Snooze(until)))
-                        if until.timestamp_millis() <= crate::MAX_TIMESTAMP_MS =>
-                    {
-                        Outcome::Snooze(until)
-                    }
-                    Ok(Err(JobError::Snooze(until))) => Outcome::Fail(format!(
-                        "handler snoozed until {until}, after the end of the storable range (9999-12-31 UTC)"
-                    )),
-                    Err(panic) => {
-                        Outcome::Fail(format!("handler panicked: {}", panic_message(&*panic)))
-                    }
-                };
+                let policy = shared.retry_policies.get(&ctx.lease.kind);
+                let outcome = outcome_of(result, policy, ctx.lease.attempt);
                 (ctx.lease, outcome)
             }
             _ => (lease, Outcome::Release),
@@ -1636,7 +1913,106 @@ fn work_loop(shared: &Shared) {
     }
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+/// Runs one due job of `kind` from queue `queue_name` with `handler`, on
+/// the calling thread, as a worker pool would, and records its outcome:
+/// for tests of handlers (see "Testing handlers" in the crate docs). With
+/// a [`crate::ManualClock`] behind the queue, due times, backoff and
+/// snoozes are all under the test's control; no thread is started.
+///
+/// Claims at most one job (lease 5 minutes, worker id `run_one`), runs
+/// the handler outside any transaction (a panic becomes a failure with the
+/// panic message, as in a pool), records the outcome fenced by the run's
+/// token and returns the job's id and that outcome; `None` if no job of
+/// `kind` is due. Failures wait per the queue's retry policy. No
+/// cancellation flag is ever set.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tickler::{JobContext, JobError, JobState, ManualClock, NewJob, Outcome, Queue};
+///
+/// # fn main() -> tickler::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+/// let queue = Queue::builder(dir.path().join("jobs.db")).clock(clock.clone()).open()?;
+/// let id = queue.enqueue(NewJob::new("greet").payload(serde_json::json!("ada")))?;
+/// let greet = |ctx: &JobContext| match ctx.payload().as_str() {
+///     Some(_) => Ok(()),
+///     None => Err(JobError::permanent("no name")),
+/// };
+/// let ran = tickler::testing::run_one(&queue, "default", "greet", &greet)?;
+/// assert_eq!(ran, Some((id, Outcome::Complete)));
+/// assert_eq!(queue.get(id)?.state, JobState::Succeeded);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+/// What the claim or the recording of the outcome returned (both
+/// [`crate::Queue`] errors); [`Error::LeaseLost`] if the job was taken
+/// from the test while its handler ran.
+pub fn run_one(
+    queue: &Queue,
+    queue_name: &str,
+    kind: &str,
+    handler: &dyn Handler,
+) -> crate::Result<Option<(JobId, Outcome)>> {
+    let lease = queue
+        .claim_kinds(
+            queue_name,
+            "run_one",
+            1,
+            Duration::from_secs(300),
+            Some(&[kind]),
+        )?
+        .pop();
+    let Some(lease) = lease else {
+        return Ok(None);
+    };
+    let ctx = JobContext {
+        lease,
+        cancel: Arc::default(),
+        clock: Arc::clone(queue.clock()),
+        queue: queue.clone(),
+        completion: Arc::default(),
+    };
+    let result = catch_unwind(AssertUnwindSafe(|| handler.run(&ctx)));
+    let id = ctx.lease.job_id;
+    if ctx.completion.committed() {
+        return Ok(Some((id, Outcome::Complete)));
+    }
+    let outcome = outcome_of(result, None, ctx.lease.attempt);
+    queue
+        .record_outcomes(&[(&ctx.lease, outcome.clone())])?
+        .remove(0)?;
+    Ok(Some((id, outcome)))
+}
+
+/// What to record for a handler's result (or its panic), with the kind's
+/// own backoff if it has one.
+pub(crate) fn outcome_of(
+    result: std::thread::Result<Result<(), JobError>>,
+    policy: Option<&RetryPolicy>,
+    attempt: u32,
+) -> Outcome {
+    let fail = |message: String| match policy {
+        Some(policy) => Outcome::FailRetryAfter(message, policy.backoff(attempt)),
+        None => Outcome::Fail(message),
+    };
+    match result {
+        Ok(Ok(())) => Outcome::Complete,
+        Ok(Err(JobError::Retry(message))) => fail(message),
+        Ok(Err(JobError::Permanent(message))) => Outcome::FailPermanently(message),
+        Ok(Err(JobError::Snooze(until))) if until.timestamp_millis() <= crate::MAX_TIMESTAMP_MS => {
+            Outcome::Snooze(until)
+        }
+        Ok(Err(JobError::Snooze(until))) => fail(format!(
+            "handler snoozed until {until}, after the end of the storable range (9999-12-31 UTC)"
+        )),
+        Err(panic) => fail(format!("handler panicked: {}", panic_message(&*panic))),
+    }
+}
+
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = panic.downcast_ref::<String>() {

@@ -5,14 +5,15 @@
 
 mod pool_common;
 
+use pool_common::{flavored_tests, Flavor, ScriptHandler};
+
 use pool_common::{open_queue, secs, temp_db, wait_until, Recorder};
 use std::collections::HashMap;
 use tickler::{JobFilter, JobId, JobState, NewJob, WorkerPool};
 
 const JOBS: usize = 2_000;
 
-#[test]
-fn every_job_runs_exactly_once_and_succeeds() {
+fn every_job_runs_exactly_once_and_succeeds(flavor: &Flavor) {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
     let rec = Recorder::new();
@@ -24,7 +25,7 @@ fn every_job_runs_exactly_once_and_succeeds() {
 
     let mut pool = WorkerPool::builder(&queue)
         .threads(4)
-        .handler("count", rec.script())
+        .script_handler(flavor, "count", rec.script())
         .shutdown_grace(secs(5))
         .start()
         .unwrap();
@@ -105,3 +106,5 @@ fn every_job_runs_exactly_once_and_succeeds() {
         assert_eq!(row.claimed_by.as_deref(), Some(pool.worker_id()));
     }
 }
+
+flavored_tests!(every_job_runs_exactly_once_and_succeeds,);

@@ -12,6 +12,8 @@
 
 mod pool_common;
 
+use pool_common::{flavored_tests, Flavor, ScriptHandler};
+
 use chrono::Utc;
 use pool_common::{ms, open_queue, secs, temp_db, wait_until, Recorder};
 use std::time::Duration;
@@ -30,8 +32,7 @@ fn queue_from_the_future(path: &std::path::Path, ahead: Duration) -> Queue {
         .unwrap()
 }
 
-#[test]
-fn reaped_lease_cancels_the_handler_and_its_late_outcome_is_refused() {
+fn reaped_lease_cancels_the_handler_and_its_late_outcome_is_refused(flavor: &Flavor) {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
     let rec = Recorder::new();
@@ -43,7 +44,7 @@ fn reaped_lease_cancels_the_handler_and_its_late_outcome_is_refused() {
         .lease(secs(3))
         .heartbeat_interval(secs(1))
         .without_reaper()
-        .handler("work", rec.script())
+        .script_handler(flavor, "work", rec.script())
         .shutdown_grace(secs(2))
         .start()
         .unwrap();
@@ -123,8 +124,7 @@ fn reaped_lease_cancels_the_handler_and_its_late_outcome_is_refused() {
     assert_eq!(report.still_running, 0);
 }
 
-#[test]
-fn cancelled_job_cancels_the_handler_and_its_late_outcome_is_refused() {
+fn cancelled_job_cancels_the_handler_and_its_late_outcome_is_refused(flavor: &Flavor) {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
     let rec = Recorder::new();
@@ -132,7 +132,7 @@ fn cancelled_job_cancels_the_handler_and_its_late_outcome_is_refused() {
         .threads(1)
         .lease(secs(3))
         .heartbeat_interval(ms(200))
-        .handler("work", rec.script())
+        .script_handler(flavor, "work", rec.script())
         .shutdown_grace(secs(2))
         .start()
         .unwrap();
@@ -163,8 +163,7 @@ fn cancelled_job_cancels_the_handler_and_its_late_outcome_is_refused() {
     pool.shutdown(secs(2));
 }
 
-#[test]
-fn heartbeats_keep_a_job_running_three_times_its_lease() {
+fn heartbeats_keep_a_job_running_three_times_its_lease(flavor: &Flavor) {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
     let rec = Recorder::new();
@@ -176,7 +175,7 @@ fn heartbeats_keep_a_job_running_three_times_its_lease() {
             prune_finished_after: None,
             ..ReaperConfig::default()
         })
-        .handler("long", rec.script())
+        .script_handler(flavor, "long", rec.script())
         .shutdown_grace(secs(5))
         .start()
         .unwrap();
@@ -303,3 +302,9 @@ fn a_stale_heartbeat_of_a_previous_run_does_not_cancel_the_next_run() {
         assert_eq!(job.attempts, RUNS, "{job:?}");
     }
 }
+
+flavored_tests!(
+    reaped_lease_cancels_the_handler_and_its_late_outcome_is_refused,
+    cancelled_job_cancels_the_handler_and_its_late_outcome_is_refused,
+    heartbeats_keep_a_job_running_three_times_its_lease,
+);

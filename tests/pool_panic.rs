@@ -5,11 +5,12 @@
 
 mod pool_common;
 
+use pool_common::{flavored_tests, Flavor, ScriptHandler};
+
 use pool_common::{open_queue_slow_retry, secs, temp_db, wait_until, Recorder};
 use tickler::{JobState, NewJob, WorkerPool};
 
-#[test]
-fn panicking_handler_fails_its_job_and_the_worker_lives_on() {
+fn panicking_handler_fails_its_job_and_the_worker_lives_on(flavor: &Flavor) {
     let (_dir, path) = temp_db();
     // One-hour backoff: the retried job stays scheduled during the test.
     let queue = open_queue_slow_retry(&path);
@@ -42,7 +43,7 @@ fn panicking_handler_fails_its_job_and_the_worker_lives_on() {
 
     let mut pool = WorkerPool::builder(&queue)
         .threads(1)
-        .handler("script", rec.script())
+        .script_handler(flavor, "script", rec.script())
         .shutdown_grace(secs(5))
         .start()
         .unwrap();
@@ -95,3 +96,5 @@ fn panicking_handler_fails_its_job_and_the_worker_lives_on() {
         assert_eq!(rec.runs_of(id).len(), 1);
     }
 }
+
+flavored_tests!(panicking_handler_fails_its_job_and_the_worker_lives_on,);

@@ -10,14 +10,15 @@
 
 mod pool_common;
 
+use pool_common::{flavored_tests, Flavor, ScriptHandler};
+
 use pool_common::{open_queue, open_queue_slow_retry, secs, temp_db, wait_until, Recorder};
 use std::time::Instant;
 use tickler::{CancelReason, JobState, NewJob, WorkerPool};
 
 const WARM_UP: usize = 10;
 
-#[test]
-fn unstarted_jobs_go_back_to_pending_with_their_attempt() {
+fn unstarted_jobs_go_back_to_pending_with_their_attempt(flavor: &Flavor) {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
     let rec = Recorder::new();
@@ -29,7 +30,7 @@ fn unstarted_jobs_go_back_to_pending_with_their_attempt() {
         .threads(1)
         .prefetch(5)
         .prefetch_hold(secs(60))
-        .handler("script", rec.script())
+        .script_handler(flavor, "script", rec.script())
         .handler("warm-up", |_: &tickler::JobContext| {
             Ok::<(), tickler::JobError>(())
         })
@@ -96,7 +97,7 @@ fn unstarted_jobs_go_back_to_pending_with_their_attempt() {
     let rec2 = Recorder::new();
     let mut pool2 = WorkerPool::builder(&queue)
         .threads(2)
-        .handler("script", rec2.script())
+        .script_handler(flavor, "script", rec2.script())
         .shutdown_grace(secs(5))
         .start()
         .unwrap();
@@ -110,14 +111,13 @@ fn unstarted_jobs_go_back_to_pending_with_their_attempt() {
     assert_eq!(rec2.started(), 7);
 }
 
-#[test]
-fn grace_expiry_leaves_a_stubborn_handler_cancelled_with_shutdown() {
+fn grace_expiry_leaves_a_stubborn_handler_cancelled_with_shutdown(flavor: &Flavor) {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
     let rec = Recorder::new();
     let mut pool = WorkerPool::builder(&queue)
         .threads(1)
-        .handler("script", rec.script())
+        .script_handler(flavor, "script", rec.script())
         .shutdown_grace(secs(2))
         .start()
         .unwrap();
@@ -148,14 +148,13 @@ fn grace_expiry_leaves_a_stubborn_handler_cancelled_with_shutdown() {
     assert_eq!(job.attempts, 1);
 }
 
-#[test]
-fn handler_polling_is_cancelled_stops_early_on_shutdown() {
+fn handler_polling_is_cancelled_stops_early_on_shutdown(flavor: &Flavor) {
     let (_dir, path) = temp_db();
     let queue = open_queue_slow_retry(&path);
     let rec = Recorder::new();
     let mut pool = WorkerPool::builder(&queue)
         .threads(1)
-        .handler("script", rec.script())
+        .script_handler(flavor, "script", rec.script())
         .shutdown_grace(secs(2))
         .start()
         .unwrap();
@@ -188,3 +187,9 @@ fn handler_polling_is_cancelled_stops_early_on_shutdown() {
     assert_eq!(job.attempts, 1);
     assert_eq!(job.last_error.as_deref(), Some("interrupted"));
 }
+
+flavored_tests!(
+    unstarted_jobs_go_back_to_pending_with_their_attempt,
+    grace_expiry_leaves_a_stubborn_handler_cancelled_with_shutdown,
+    handler_polling_is_cancelled_stops_early_on_shutdown,
+);

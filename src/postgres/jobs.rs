@@ -278,6 +278,11 @@ fn apply_outcome(
             let retry_at = retry_time(now, policy, lease.attempt);
             tx.execute(FAIL_SQL, &[&now, &retry_at, &error_of(error), &id, token])
         }
+        Outcome::FailRetryAfter(error, delay) => {
+            let retry_at =
+                add_ms(now, *delay).map_or(MAX_TIMESTAMP_MS, |t| t.min(MAX_TIMESTAMP_MS));
+            tx.execute(FAIL_SQL, &[&now, &retry_at, &error_of(error), &id, token])
+        }
         Outcome::FailPermanently(error) => {
             tx.execute(DEAD_SQL, &[&now, &error_of(error), &id, token])
         }

@@ -309,7 +309,10 @@ pub(crate) fn record_in(
             // length limit, or refused by a trigger): record the failure
             // with a short note instead, so the job is not left running
             // until its lease runs out.
-            Outcome::Fail(error) | Outcome::FailPermanently(error) | Outcome::TimedOut(error) => {
+            Outcome::Fail(error)
+            | Outcome::FailRetryAfter(error, _)
+            | Outcome::FailPermanently(error)
+            | Outcome::TimedOut(error) => {
                 let note = format!(
                     "the handler's error ({} bytes) could not be stored: {refused}",
                     error.len()
@@ -428,6 +431,17 @@ pub(crate) fn apply_outcome(
             .execute(params![now, id, token])?,
         Outcome::Fail(error) => {
             let retry_at = retry_time(now, policy, lease.attempt);
+            tx.prepare_cached(FAIL_SQL)?.execute(params![
+                now,
+                retry_at,
+                error_of(error),
+                id,
+                token
+            ])?
+        }
+        Outcome::FailRetryAfter(error, delay) => {
+            let retry_at =
+                add_ms(now, *delay).map_or(MAX_TIMESTAMP_MS, |t| t.min(MAX_TIMESTAMP_MS));
             tx.prepare_cached(FAIL_SQL)?.execute(params![
                 now,
                 retry_at,

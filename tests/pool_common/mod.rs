@@ -224,8 +224,8 @@ pub struct Strict {
     pub must_have_this: u64,
 }
 
-impl Handler for Script {
-    fn run(&self, ctx: &JobContext) -> Result<(), JobError> {
+impl Script {
+    fn record_start(&self, ctx: &JobContext) {
         self.rec.runs.lock().unwrap().push(Run {
             job_id: ctx.job_id(),
             run_token: ctx.run_token().clone(),
@@ -238,21 +238,15 @@ impl Handler for Script {
             started_at: Utc::now(),
             started: Instant::now(),
         });
+    }
+
+    /// The steps after the waits: the snooze or the action, and the end.
+    fn end_with(
+        &self,
+        ctx: &JobContext,
+        seen_cancel: Option<CancelReason>,
+    ) -> Result<(), JobError> {
         let p = ctx.payload().clone();
-        if p["block"].as_bool() == Some(true) {
-            self.rec.gate.wait(secs(30));
-        }
-        if let Some(n) = p["sleep_ms"].as_u64() {
-            std::thread::sleep(ms(n));
-        }
-        let mut seen_cancel = None;
-        if let Some(n) = p["wait_cancel_ms"].as_u64() {
-            let until = Instant::now() + ms(n);
-            while !ctx.is_cancelled() && Instant::now() < until {
-                std::thread::sleep(ms(2));
-            }
-            seen_cancel = ctx.cancel_reason();
-        }
         let action = p["action"].as_str().unwrap_or("ok").to_owned();
         let message = p["message"]
             .as_str()
@@ -281,7 +275,125 @@ impl Handler for Script {
         end(&self.rec);
         result
     }
+
+    /// The same script as an async handler (feature `tokio`): the gate is
+    /// waited for on the blocking pool, sleeps are tokio's, and the cancel
+    /// wait is a `select!` on `ctx.cancelled()`.
+    #[cfg(feature = "tokio")]
+    pub async fn run_async(self, ctx: JobContext) -> Result<(), JobError> {
+        self.record_start(&ctx);
+        let p = ctx.payload().clone();
+        if p["block"].as_bool() == Some(true) {
+            let rec = Arc::clone(&self.rec);
+            tokio::task::spawn_blocking(move || rec.gate.wait(secs(30)))
+                .await
+                .unwrap();
+        }
+        if let Some(n) = p["sleep_ms"].as_u64() {
+            tokio::time::sleep(ms(n)).await;
+        }
+        let mut seen_cancel = None;
+        if let Some(n) = p["wait_cancel_ms"].as_u64() {
+            tokio::select! {
+                _ = ctx.cancelled() => {}
+                () = tokio::time::sleep(ms(n)) => {}
+            }
+            seen_cancel = ctx.cancel_reason();
+        }
+        self.end_with(&ctx, seen_cancel)
+    }
 }
+
+impl Handler for Script {
+    fn run(&self, ctx: &JobContext) -> Result<(), JobError> {
+        self.record_start(ctx);
+        let p = ctx.payload().clone();
+        if p["block"].as_bool() == Some(true) {
+            self.rec.gate.wait(secs(30));
+        }
+        if let Some(n) = p["sleep_ms"].as_u64() {
+            std::thread::sleep(ms(n));
+        }
+        let mut seen_cancel = None;
+        if let Some(n) = p["wait_cancel_ms"].as_u64() {
+            let until = Instant::now() + ms(n);
+            while !ctx.is_cancelled() && Instant::now() < until {
+                std::thread::sleep(ms(2));
+            }
+            seen_cancel = ctx.cancel_reason();
+        }
+        self.end_with(ctx, seen_cancel)
+    }
+}
+
+/// How a pool test registers its scripted handlers: as sync handlers, or
+/// (feature `tokio`) as async handlers on a tokio runtime with one worker
+/// thread. The guarantee tests run their one body in each flavor
+/// ([`flavored_tests!`]).
+pub enum Flavor {
+    Sync,
+    #[cfg(feature = "tokio")]
+    Tokio(tokio::runtime::Runtime),
+}
+
+impl Flavor {
+    pub fn sync() -> Flavor {
+        Flavor::Sync
+    }
+
+    #[cfg(feature = "tokio")]
+    pub fn tokio() -> Flavor {
+        Flavor::Tokio(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("a tokio runtime"),
+        )
+    }
+}
+
+/// `WorkerPoolBuilder::handler` for a [`Script`], in a test's [`Flavor`].
+pub trait ScriptHandler {
+    fn script_handler(self, flavor: &Flavor, kind: &str, script: Script) -> Self;
+}
+
+impl ScriptHandler for tickler::WorkerPoolBuilder {
+    fn script_handler(self, flavor: &Flavor, kind: &str, script: Script) -> Self {
+        match flavor {
+            Flavor::Sync => self.handler(kind, script),
+            #[cfg(feature = "tokio")]
+            Flavor::Tokio(runtime) => self
+                .runtime(runtime.handle().clone())
+                .async_handler(kind, move |ctx| script.clone().run_async(ctx)),
+        }
+    }
+}
+
+/// For each `name`, a module `name` with the tests `sync` (the body
+/// `name(&Flavor::Sync)`) and, with the `tokio` feature, `tokio` (the same
+/// body with async handlers): one body, both kinds of handler.
+#[allow(unused_macros)]
+macro_rules! flavored_tests {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn sync() {
+                    super::$name(&super::pool_common::Flavor::sync());
+                }
+
+                #[cfg(feature = "tokio")]
+                #[test]
+                fn tokio() {
+                    super::$name(&super::pool_common::Flavor::tokio());
+                }
+            }
+        )*
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use flavored_tests;
 
 /// A 1-thread pool with `lease` whose handler is the recorder's script,
 /// and one job that blocks at the recorder's gate, already started.
@@ -290,10 +402,20 @@ pub fn one_blocked_job(
     rec: &Arc<Recorder>,
     lease: Duration,
 ) -> (tickler::WorkerPool, JobId) {
+    one_blocked_job_in(&Flavor::Sync, queue, rec, lease)
+}
+
+/// [`one_blocked_job`] with the script registered in `flavor`.
+pub fn one_blocked_job_in(
+    flavor: &Flavor,
+    queue: &Queue,
+    rec: &Arc<Recorder>,
+    lease: Duration,
+) -> (tickler::WorkerPool, JobId) {
     let pool = tickler::WorkerPool::builder(queue)
         .threads(1)
         .lease(lease)
-        .handler("script", rec.script())
+        .script_handler(flavor, "script", rec.script())
         .start()
         .unwrap();
     let id = queue

@@ -1,0 +1,194 @@
+//! A tokio application (say, the back end of a desktop app) that keeps its
+//! background work in tickler: typed jobs, a delayed job, a job that fails
+//! twice and succeeds on its third attempt with its own backoff, a cron
+//! schedule, async handlers, and a graceful shutdown on Ctrl-C.
+//!
+//! ```text
+//! cargo run --features tokio --example desktop_app [-- --seconds N] [--db PATH]
+//! ```
+//!
+//! Runs for `N` seconds (default 4) or until Ctrl-C, then shuts the pool
+//! down (jobs not started go back to pending for the next start) and
+//! prints what the queue holds. Without `--db` the queue file lives in a
+//! temporary folder removed at the end.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tickler::{
+    JobArgs, JobContext, JobError, JobState, NewJob, NewSchedule, Queue, RetryPolicy, WorkerPool,
+};
+
+/// Make a thumbnail of a picture the user added.
+#[derive(Debug, Serialize, Deserialize)]
+struct Thumbnail {
+    path: String,
+    width: u32,
+}
+
+impl JobArgs for Thumbnail {
+    const KIND: &'static str = "thumbnail";
+
+    // One thumbnail job per picture and size while one is waiting.
+    fn unique_key(&self) -> Option<String> {
+        Some(format!("thumb:{}:{}", self.path, self.width))
+    }
+}
+
+/// Show the user a reminder (enqueued with a delay).
+#[derive(Debug, Serialize, Deserialize)]
+struct Reminder {
+    text: String,
+}
+
+impl JobArgs for Reminder {
+    const KIND: &'static str = "reminder";
+
+    fn priority(&self) -> i32 {
+        10
+    }
+}
+
+/// Upload a backup to a server that is flaky: the first two attempts fail.
+#[derive(Debug, Serialize, Deserialize)]
+struct Upload {
+    file: String,
+}
+
+impl JobArgs for Upload {
+    const KIND: &'static str = "upload";
+
+    fn max_attempts(&self) -> u32 {
+        5
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(Duration::from_secs(30))
+    }
+
+    // Short waits for the example; a real app would wait longer.
+    fn retry_policy() -> Option<RetryPolicy> {
+        Some(RetryPolicy {
+            base: Duration::from_millis(300),
+            cap: Duration::from_secs(5),
+            jitter: false,
+        })
+    }
+}
+
+/// Stand-in for real async work (an HTTP call, image decoding on a
+/// blocking thread, ...).
+async fn work(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let seconds: u64 = arg("--seconds").map_or(Ok(4), |s| s.parse())?;
+    let temp = tempfile::tempdir()?;
+    let path = arg("--db").map_or_else(|| temp.path().join("app.db"), Into::into);
+
+    // Opening migrates the schema: blocking work, off the runtime.
+    let queue = tokio::task::spawn_blocking(move || Queue::open(path))
+        .await??
+        .to_async();
+
+    let ticks = Arc::new(AtomicU32::new(0));
+    let pool = {
+        let ticks = Arc::clone(&ticks);
+        WorkerPool::builder(queue.queue())
+            .threads(4)
+            .async_handler_for(|_ctx: JobContext, job: Thumbnail| async move {
+                work(50).await;
+                println!("thumbnail of {} at {} px done", job.path, job.width);
+                Ok(())
+            })
+            .async_handler_for(|_ctx: JobContext, job: Reminder| async move {
+                println!("reminder: {}", job.text);
+                Ok(())
+            })
+            .async_handler_for(|ctx: JobContext, job: Upload| async move {
+                tokio::select! {
+                    () = work(100) => {}
+                    reason = ctx.cancelled() => {
+                        return Err(JobError::retry(format!("upload stopped: {reason:?}")));
+                    }
+                }
+                if ctx.attempt() < 3 {
+                    println!("upload of {} failed (attempt {})", job.file, ctx.attempt());
+                    return Err(JobError::retry("server said 503"));
+                }
+                println!("upload of {} done on attempt {}", job.file, ctx.attempt());
+                Ok(())
+            })
+            .async_handler("autosave", move |_ctx: JobContext| {
+                let ticks = Arc::clone(&ticks);
+                async move {
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                    Ok(())
+                }
+            })
+            .start()?
+    };
+
+    // A cron schedule (6 fields: every second), fired by the pool's scheduler.
+    queue
+        .upsert_schedule(NewSchedule::new("autosave", "* * * * * *", "autosave"))
+        .await?;
+    queue
+        .enqueue_args_batch(&[
+            Thumbnail {
+                path: "beach.jpg".into(),
+                width: 256,
+            },
+            Thumbnail {
+                path: "cat.png".into(),
+                width: 256,
+            },
+        ])
+        .await?;
+    queue
+        .enqueue(
+            NewJob::from_args(&Reminder {
+                text: "stretch your legs".into(),
+            })?
+            .delay(Duration::from_secs(1)),
+        )
+        .await?;
+    let upload = queue
+        .enqueue_args(&Upload {
+            file: "backup-1.tar".into(),
+        })
+        .await?;
+
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => println!("Ctrl-C: shutting down"),
+        () = tokio::time::sleep(Duration::from_secs(seconds)) => println!("{seconds} s passed: shutting down"),
+    }
+    let report = pool.shutdown_async(Duration::from_secs(5)).await;
+    println!(
+        "pool stopped: {} job(s) handed back, {} still running",
+        report.released, report.still_running
+    );
+
+    let stats = queue.stats().await?;
+    let upload = queue.get(upload).await?;
+    println!(
+        "succeeded {}, waiting {}, dead {}; the upload is {} after {} attempt(s); autosave ran {} time(s)",
+        stats.total(JobState::Succeeded),
+        stats.total(JobState::Pending) + stats.total(JobState::Scheduled),
+        stats.total(JobState::Dead),
+        upload.state,
+        upload.attempts,
+        ticks.load(Ordering::Relaxed)
+    );
+    Ok(())
+}

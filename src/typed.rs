@@ -1,0 +1,191 @@
+//! Typed jobs: a payload type tied to its kind and its defaults
+//! ([`JobArgs`]), enqueued with [`Queue::enqueue_args`] and run by a
+//! handler registered with [`crate::WorkerPoolBuilder::handler_for`].
+//!
+//! Everything here goes through the public [`Queue`] API, so it works the
+//! same on every engine.
+
+use crate::error::Result;
+use crate::job::{JobId, NewJob, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
+use crate::queue::Queue;
+use crate::retry::RetryPolicy;
+use crate::worker::{JobContext, JobError};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::time::Duration;
+
+/// A job's payload type, tied to its kind and its defaults.
+///
+/// The payload is the type serialized as JSON; the handler registered
+/// with [`crate::WorkerPoolBuilder::handler_for`] gets it back
+/// deserialized. Every setting but [`JobArgs::KIND`] has a default, and
+/// each can be computed from the args (a unique key from an id in them,
+/// say). [`NewJob::from_args`] gives a [`NewJob`] to adjust further (a
+/// delay, a due time) before [`Queue::enqueue`].
+///
+/// ```
+/// use std::time::Duration;
+/// use serde::{Deserialize, Serialize};
+/// use tickler::{JobArgs, RetryPolicy};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct SendEmail {
+///     user_id: u64,
+///     template: String,
+/// }
+///
+/// impl JobArgs for SendEmail {
+///     const KIND: &'static str = "send_email";
+///
+///     fn queue(&self) -> String {
+///         "mail".into()
+///     }
+///
+///     fn max_attempts(&self) -> u32 {
+///         5
+///     }
+///
+///     // One welcome mail per user while one is waiting or running.
+///     fn unique_key(&self) -> Option<String> {
+///         Some(format!("email:{}:{}", self.template, self.user_id))
+///     }
+///
+///     fn retry_policy() -> Option<RetryPolicy> {
+///         Some(RetryPolicy { base: Duration::from_secs(30), ..RetryPolicy::default() })
+///     }
+/// }
+/// ```
+pub trait JobArgs: Serialize + DeserializeOwned + Send + 'static {
+    /// The kind: which handler runs these jobs. Not empty.
+    const KIND: &'static str;
+
+    /// The queue (default [`DEFAULT_QUEUE`], `"default"`).
+    fn queue(&self) -> String {
+        DEFAULT_QUEUE.to_owned()
+    }
+
+    /// Priority, higher runs first (default 0).
+    fn priority(&self) -> i32 {
+        0
+    }
+
+    /// Claims allowed before the job is dead (default
+    /// [`DEFAULT_MAX_ATTEMPTS`], 25; at least 1).
+    fn max_attempts(&self) -> u32 {
+        DEFAULT_MAX_ATTEMPTS
+    }
+
+    /// Per-run time limit (default none); see [`NewJob::timeout`].
+    fn timeout(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Deduplication key computed from the args (default none); see
+    /// [`NewJob::unique_key`].
+    fn unique_key(&self) -> Option<String> {
+        None
+    }
+
+    /// Backoff after a failed attempt of this kind (default `None`: the
+    /// queue's [`crate::QueueBuilder::retry_policy`]). Applied by the
+    /// worker pool that runs the kind's handler (see
+    /// [`crate::WorkerPoolBuilder::retry_policy_for`] for where it does and
+    /// does not reach).
+    fn retry_policy() -> Option<RetryPolicy> {
+        None
+    }
+}
+
+impl NewJob {
+    /// A job of kind `A::KIND` whose payload is `args` as JSON, with the
+    /// settings `args` gives ([`JobArgs`]); the setters still apply after.
+    ///
+    /// # Errors
+    /// [`crate::Error::Json`] if `args` cannot be serialized (a map with
+    /// non-string keys, a failing `Serialize` impl).
+    pub fn from_args<A: JobArgs>(args: &A) -> Result<NewJob> {
+        let mut job = NewJob::new(A::KIND)
+            .payload(serde_json::to_value(args)?)
+            .queue(args.queue())
+            .priority(args.priority())
+            .max_attempts(args.max_attempts());
+        if let Some(timeout) = args.timeout() {
+            job = job.timeout(timeout);
+        }
+        if let Some(key) = args.unique_key() {
+            job = job.unique_key(key);
+        }
+        Ok(job)
+    }
+}
+
+/// Typed enqueue: the same contract as the untyped calls they wrap.
+impl Queue {
+    /// Stores one job of kind `A::KIND` with `args` as its payload
+    /// ([`NewJob::from_args`]) and returns its id; as [`Queue::enqueue`].
+    ///
+    /// # Errors
+    /// [`crate::Error::Json`] if `args` cannot be serialized; otherwise as
+    /// [`Queue::enqueue`] (nothing is stored on error).
+    pub fn enqueue_args<A: JobArgs>(&self, args: &A) -> Result<JobId> {
+        self.enqueue(NewJob::from_args(args)?)
+    }
+
+    /// Stores one job per element of `args` in one transaction, all or
+    /// none; ids in input order. As [`Queue::enqueue_batch`].
+    ///
+    /// # Errors
+    /// As [`Queue::enqueue_args`]; any bad element refuses the whole batch.
+    pub fn enqueue_args_batch<A: JobArgs>(&self, args: &[A]) -> Result<Vec<JobId>> {
+        let jobs = args.iter().map(NewJob::from_args).collect::<Result<_>>()?;
+        self.enqueue_batch(jobs)
+    }
+
+    /// Writes one job of kind `A::KIND` inside the caller's transaction
+    /// `tx`; as [`Queue::enqueue_tx`] (the job exists if and only if the
+    /// caller commits).
+    ///
+    /// # Errors
+    /// As [`Queue::enqueue_tx`], and [`crate::Error::Json`] if `args`
+    /// cannot be serialized (nothing written, the transaction usable).
+    pub fn enqueue_args_tx<A: JobArgs>(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        args: &A,
+    ) -> Result<JobId> {
+        self.enqueue_tx(tx, NewJob::from_args(args)?)
+    }
+
+    /// [`Queue::enqueue_args_tx`] for several args: all or none, in the
+    /// caller's transaction; ids in input order.
+    ///
+    /// # Errors
+    /// As [`Queue::enqueue_args_tx`].
+    pub fn enqueue_args_batch_tx<A: JobArgs>(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        args: &[A],
+    ) -> Result<Vec<JobId>> {
+        let jobs = args.iter().map(NewJob::from_args).collect::<Result<_>>()?;
+        self.enqueue_batch_tx(tx, jobs)
+    }
+}
+
+impl JobContext {
+    /// The payload read as `A`, the args of a typed job.
+    ///
+    /// # Errors
+    /// A [`JobError::Permanent`] naming the job's kind, the type and the
+    /// serde error when the payload does not fit `A` (retrying would not
+    /// help).
+    pub fn args<A: JobArgs>(&self) -> std::result::Result<A, JobError> {
+        serde_json::from_value(self.payload().clone()).map_err(|e| {
+            JobError::permanent(format!(
+                "payload of job {} (kind {:?}) does not fit {}: {e}",
+                self.job_id(),
+                self.kind(),
+                std::any::type_name::<A>()
+            ))
+        })
+    }
+}

@@ -1,0 +1,191 @@
+//! The async face (issue 17, feature `tokio`): `AsyncQueue` calls, async
+//! typed handlers, `shutdown_async`, and what dropping a pool on a runtime
+//! thread does. The pool guarantees (exactly-once, lease loss, panics,
+//! shutdown) run for async handlers in the `pool_*` tests' `tokio` cases.
+
+mod pool_common;
+
+use pool_common::{open_queue_slow_retry, secs, temp_db};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tickler::{JobArgs, JobContext, JobError, JobFilter, JobState, NewJob, WorkerPool};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Greet {
+    name: String,
+}
+
+impl JobArgs for Greet {
+    const KIND: &'static str = "greet";
+}
+
+/// Polls `cond` (an async reading) every 5 ms, without blocking the runtime.
+async fn eventually<F, Fut>(what: &str, timeout: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !cond().await {
+        assert!(start.elapsed() < timeout, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_async_api_reads_and_writes_like_the_queue() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue_slow_retry(&path).to_async();
+    let a = queue.enqueue(NewJob::new("plain")).await.unwrap();
+    let b = queue
+        .enqueue_args(&Greet { name: "ada".into() })
+        .await
+        .unwrap();
+    let more = queue
+        .enqueue_args_batch(&[Greet { name: "bo".into() }, Greet { name: "cy".into() }])
+        .await
+        .unwrap();
+    assert_eq!(more.len(), 2);
+    let batch = queue
+        .enqueue_batch(vec![NewJob::new("plain"), NewJob::new("plain")])
+        .await
+        .unwrap();
+    assert_eq!(batch.len(), 2);
+    assert_eq!(queue.get(b).await.unwrap().payload["name"], "ada");
+    let greets = queue
+        .list(JobFilter {
+            kind: Some("greet".into()),
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(greets.len(), 3);
+    assert_eq!(queue.count(JobState::Pending).await.unwrap(), 6);
+    assert_eq!(queue.stats().await.unwrap().total(JobState::Pending), 6);
+    queue.cancel(a).await.unwrap();
+    assert_eq!(queue.get(a).await.unwrap().state, JobState::Cancelled);
+    queue.retry(a).await.unwrap();
+    assert_eq!(queue.get(a).await.unwrap().state, JobState::Pending);
+    assert!(matches!(
+        queue.get(tickler::JobId(999)).await,
+        Err(tickler::Error::NotFound(_))
+    ));
+    queue.sync().await.unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn async_typed_handlers_run_and_shutdown_async_waits_for_them() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue_slow_retry(&path).to_async();
+    static STARTED: AtomicUsize = AtomicUsize::new(0);
+    let pool = WorkerPool::builder(queue.queue())
+        .threads(2)
+        .async_handler_for(|ctx: JobContext, args: Greet| async move {
+            STARTED.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if args.name == "nobody" {
+                return Err(JobError::permanent("no one to greet"));
+            }
+            assert_eq!(ctx.kind(), "greet");
+            Ok(())
+        })
+        .start()
+        .unwrap();
+    let ok = queue
+        .enqueue_args(&Greet { name: "ada".into() })
+        .await
+        .unwrap();
+    let refused = queue
+        .enqueue_args(&Greet {
+            name: "nobody".into(),
+        })
+        .await
+        .unwrap();
+    let misfit = queue
+        .enqueue(NewJob::new("greet").payload(serde_json::json!([1, 2])))
+        .await
+        .unwrap();
+    eventually("the three jobs finished", secs(15), || async {
+        queue.count(JobState::Succeeded).await.unwrap() == 1
+            && queue.count(JobState::Dead).await.unwrap() == 2
+    })
+    .await;
+    // A job still running when shutdown begins is waited for.
+    let late = queue
+        .enqueue_args(&Greet { name: "bo".into() })
+        .await
+        .unwrap();
+    eventually("the late job started", secs(15), || async {
+        STARTED.load(Ordering::SeqCst) == 3
+    })
+    .await;
+    let report = pool.shutdown_async(secs(5)).await;
+    assert_eq!(report.still_running, 0, "{report:?}");
+    for id in [ok, late] {
+        assert_eq!(queue.get(id).await.unwrap().state, JobState::Succeeded);
+    }
+    assert!(queue
+        .get(refused)
+        .await
+        .unwrap()
+        .last_error
+        .unwrap()
+        .contains("no one to greet"));
+    let error = queue.get(misfit).await.unwrap().last_error.unwrap();
+    assert!(
+        error.contains("\"greet\"")
+            && error.contains("invalid type: integer `1`, expected a string"),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn dropping_a_pool_on_a_runtime_thread_returns_at_once() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue_slow_retry(&path).to_async();
+    static STARTED: AtomicUsize = AtomicUsize::new(0);
+    // The handler needs this very (single) runtime thread to finish: a
+    // drop that waited for it here would wait out the whole grace.
+    let pool = WorkerPool::builder(queue.queue())
+        .threads(1)
+        .shutdown_grace(secs(10))
+        .async_handler("slow", |_ctx: JobContext| async {
+            STARTED.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok(())
+        })
+        .start()
+        .unwrap();
+    let id = queue.enqueue(NewJob::new("slow")).await.unwrap();
+    eventually("the job started", secs(15), || async {
+        STARTED.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let began = Instant::now();
+    drop(pool);
+    assert!(
+        began.elapsed() < Duration::from_millis(100),
+        "drop blocked the runtime thread for {:?}",
+        began.elapsed()
+    );
+    // The shutdown goes on in the background and records the outcome.
+    eventually("the job succeeded after the drop", secs(15), || async {
+        queue.get(id).await.unwrap().state == JobState::Succeeded
+    })
+    .await;
+}
+
+#[test]
+fn an_async_handler_without_a_runtime_is_refused_at_start() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue_slow_retry(&path);
+    let err = WorkerPool::builder(&queue)
+        .async_handler("lonely", |_ctx: JobContext| async { Ok(()) })
+        .start()
+        .unwrap_err();
+    assert!(
+        matches!(&err, tickler::Error::InvalidArgument(m) if m.contains("\"lonely\"") && m.contains("runtime")),
+        "{err}"
+    );
+}
