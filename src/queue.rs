@@ -372,6 +372,18 @@ impl Inner {
         }
     }
 
+    /// The PostgreSQL engine, or [`Error::Unsupported`] for `what`.
+    #[cfg(feature = "postgres")]
+    fn postgres(&self, what: &'static str) -> Result<&crate::postgres::Store> {
+        match &self.backend {
+            Backend::Postgres(store) => Ok(store),
+            Backend::Sqlite(_) => Err(Error::Unsupported {
+                what,
+                engine: "SQLite",
+            }),
+        }
+    }
+
     /// The SQLite engine, or [`Error::Unsupported`] for `what`.
     fn sqlite(&self, what: &'static str) -> Result<&Store> {
         #[cfg(not(feature = "postgres"))]
@@ -1293,6 +1305,71 @@ impl Queue {
             return Ok(true);
         }
         Queue::file_is_private(self.path())
+    }
+}
+
+/// Jobs written and completed inside the application's own PostgreSQL
+/// transactions (feature `postgres`; the `postgres` crate, version 0.19):
+/// the PostgreSQL forms of [`Queue::enqueue_tx`] and
+/// [`Queue::complete_with`].
+#[cfg(feature = "postgres")]
+impl Queue {
+    /// Writes `job` inside the caller's own transaction `tx`, on a
+    /// connection to this queue's database: the job exists if and only if
+    /// the caller commits. Same validation, errors and unique_key behaviour
+    /// as [`Queue::enqueue`]; a refused job (a validation error, or a
+    /// statement the server refused) leaves `tx` usable (the insert runs in
+    /// a savepoint). The transaction also gets a `NOTIFY`, which PostgreSQL
+    /// delivers at commit: worker pools on every machine wake then.
+    ///
+    /// # Errors
+    /// As [`Queue::enqueue`]; [`Error::Unsupported`] on a SQLite queue;
+    /// [`Error::Postgres`] for the server's errors (not retried: the
+    /// transaction is the caller's).
+    pub fn enqueue_pg_tx(&self, tx: &mut postgres::Transaction<'_>, job: NewJob) -> Result<JobId> {
+        Ok(self.enqueue_batch_pg_tx(tx, vec![job])?.remove(0))
+    }
+
+    /// [`Queue::enqueue_pg_tx`] for several jobs: all or none, in the
+    /// caller's transaction. Returns ids in input order.
+    ///
+    /// # Errors
+    /// As [`Queue::enqueue_pg_tx`].
+    pub fn enqueue_batch_pg_tx(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        jobs: Vec<NewJob>,
+    ) -> Result<Vec<JobId>> {
+        let store = self.inner.postgres("enqueue_pg_tx")?;
+        let now = self.now_ms();
+        let rows = jobs
+            .into_iter()
+            .map(|job| self.validate(job, now))
+            .collect::<Result<Vec<_>>>()?;
+        store.enqueue_in(tx, &rows)
+    }
+
+    /// Runs `app_writes` and marks the job succeeded in one transaction on
+    /// one of tickler's connections: the handler's writes to the database
+    /// and the job's completion commit together or not at all. If the
+    /// lease was lost, the fenced completion matches no row, everything
+    /// rolls back and the caller gets [`Error::LeaseLost`]. `app_writes`
+    /// runs once: this is not retried through a lost connection (an error
+    /// during the commit leaves it unknown whether it committed; the
+    /// job's next outcome then says so with [`Error::LeaseLost`]).
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`]; the error `app_writes` returned;
+    /// [`Error::Postgres`]; [`Error::Unsupported`] on a SQLite queue. On
+    /// any error but one during the commit itself, nothing was written.
+    pub fn complete_with_pg<T>(
+        &self,
+        lease: &Lease,
+        app_writes: impl FnOnce(&mut postgres::Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
+        self.inner
+            .postgres("complete_with_pg")?
+            .complete_with(lease, app_writes)
     }
 }
 

@@ -354,6 +354,22 @@ impl JobContext {
         Ok(value)
     }
 
+    /// [`JobContext::complete_with`] on PostgreSQL: see
+    /// [`Queue::complete_with_pg`].
+    ///
+    /// # Errors
+    /// As [`Queue::complete_with_pg`].
+    #[cfg(feature = "postgres")]
+    pub fn complete_with_pg<T>(
+        &self,
+        app_writes: impl FnOnce(&mut postgres::Transaction<'_>) -> crate::Result<T>,
+    ) -> crate::Result<T> {
+        let _under_way = self.completion.begin();
+        let value = self.queue.complete_with_pg(&self.lease, app_writes)?;
+        self.completion.commit();
+        Ok(value)
+    }
+
     /// A [`JobError::Snooze`] until `delay` from now (at the latest
     /// 9999-12-31T23:59:59.999Z, the end of what tickler stores).
     pub fn snooze_for(&self, delay: Duration) -> JobError {

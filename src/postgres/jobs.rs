@@ -1017,3 +1017,57 @@ fn state_of(tx: &mut Tx<'_>, id: JobId) -> Result<JobState> {
     )?;
     row.ok_or(Error::NotFound(id))?.get::<_, String>(0).parse()
 }
+
+/// The parts of the `Queue` API that run inside the application's own
+/// PostgreSQL transactions.
+impl Store {
+    /// See [`crate::Queue::enqueue_batch_pg_tx`]. In a savepoint of the
+    /// caller's transaction, so that a refused job leaves the caller's
+    /// transaction usable; with a `NOTIFY` in it, which PostgreSQL delivers
+    /// when (and only if) the caller commits.
+    pub(crate) fn enqueue_in(
+        &self,
+        app: &mut postgres::Transaction<'_>,
+        rows: &[ValidJob],
+    ) -> Result<Vec<JobId>> {
+        let mut statements = HashMap::new();
+        let mut tx = Tx {
+            tx: app.savepoint("tickler_enqueue")?,
+            statements: &mut statements,
+        };
+        let now = self.now_ms();
+        let ids = insert_valid(&mut tx, rows, now)?;
+        tx.tx
+            .batch_execute(&format!("NOTIFY {}", super::listen::CHANNEL))?;
+        tx.tx.commit()?;
+        // This process's fetchers look once the caller commits (the
+        // notification wakes them again then).
+        self.notify_local();
+        Ok(ids)
+    }
+
+    /// See [`crate::Queue::complete_with_pg`]: one try, as `app_writes` runs
+    /// once.
+    pub(crate) fn complete_with<T>(
+        &self,
+        lease: &Lease,
+        app_writes: impl FnOnce(&mut postgres::Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let mut conn = self.pooled()?;
+        let conn = &mut *conn;
+        let mut app = conn.client.transaction()?;
+        let value = app_writes(&mut app)?;
+        let changed = app.execute(
+            COMPLETE_SQL,
+            &[&self.now_ms(), &lease.job_id.0, &lease.run_token.0],
+        )?;
+        if changed != 1 {
+            // Dropping `app` rolls the application's writes back too.
+            return Err(Error::LeaseLost {
+                job_id: lease.job_id,
+            });
+        }
+        app.commit()?;
+        Ok(value)
+    }
+}

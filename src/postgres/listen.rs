@@ -20,7 +20,7 @@ use std::sync::{Arc, Condvar, Mutex, Once, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 /// The channel tickler notifies and listens on.
-const CHANNEL: &str = "tickler_jobs";
+pub(crate) const CHANNEL: &str = "tickler_jobs";
 
 /// Longest wait between reconnection attempts of the listener.
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
@@ -79,6 +79,11 @@ impl Signals {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = true;
         self.notify_cv.notify_one();
+    }
+
+    /// Wakes this process's watchers only.
+    pub(crate) fn wake_local(&self) {
+        wake_all(&self.watchers);
     }
 
     /// A new watcher; starts the listener with the first one.

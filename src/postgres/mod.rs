@@ -298,6 +298,16 @@ impl Store {
         self.signals.notify(&self.pool);
     }
 
+    /// Wakes this process's watchers only.
+    pub(crate) fn notify_local(&self) {
+        self.signals.wake_local();
+    }
+
+    /// A connection of the pool, for the application's transactions.
+    pub(crate) fn pooled(&self) -> Result<r2d2::PooledConnection<Manager>> {
+        Ok(self.pool.get()?)
+    }
+
     /// See [`crate::Queue::watcher`].
     pub(crate) fn watcher(&self) -> NotifyWatcher {
         self.signals.watcher()
