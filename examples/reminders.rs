@@ -1,8 +1,14 @@
 //! The README's main job: a reminder service on a realistic load.
 //!
 //! ```text
-//! cargo run --release --example reminders [-- DB_PATH [--count N] [--threads T]]
+//! cargo run --release --example reminders [-- DB_PATH [--count N] [--threads T] [--processes P]]
+//! cargo run --release --features postgres --example reminders -- postgres://USER@HOST/DB [--processes 3]
 //! ```
+//!
+//! With a `postgres://` URL (feature `postgres`) the same service runs on
+//! PostgreSQL: the database's tickler tables are emptied first, the ledgers
+//! are written to the working directory (`reminders-pg.ledger-*`), and
+//! `--processes` worker processes (default 2) share the work.
 //!
 //! Creates a fresh database (default `reminders.db` in the working directory),
 //! enqueues reminders due over the next few seconds (20,000 by default: spread
@@ -45,6 +51,8 @@ struct Settings {
     db: PathBuf,
     count: usize,
     threads: usize,
+    /// Worker processes (this one and `processes - 1` children).
+    processes: usize,
 }
 
 fn main() -> ExitCode {
@@ -69,7 +77,9 @@ fn main() -> ExitCode {
     let settings = match parse_args(&args) {
         Ok(s) => s,
         Err(message) => {
-            eprintln!("{message}\nusage: reminders [DB_PATH] [--count N] [--threads T]");
+            eprintln!(
+                "{message}\nusage: reminders [DB_PATH | postgres://…] [--count N] [--threads T] [--processes P]"
+            );
             return ExitCode::from(2);
         }
     };
@@ -108,6 +118,7 @@ fn parse_args(args: &[String]) -> Result<Settings, String> {
         db: PathBuf::from("reminders.db"),
         count: 20_000,
         threads: 4,
+        processes: 2,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -119,6 +130,7 @@ fn parse_args(args: &[String]) -> Result<Settings, String> {
         match arg.as_str() {
             "--count" => settings.count = number("--count")?.max(POISON + SLOW + 1),
             "--threads" => settings.threads = number("--threads")?.max(1),
+            "--processes" => settings.processes = number("--processes")?.clamp(1, 26),
             flag if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
             path => settings.db = PathBuf::from(path),
         }
@@ -126,7 +138,21 @@ fn parse_args(args: &[String]) -> Result<Settings, String> {
     Ok(settings)
 }
 
+/// Process names: a, b, c, …
+fn process_names(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| char::from(b'a' + i as u8).to_string())
+        .collect()
+}
+
+fn is_url(db: &Path) -> bool {
+    db.to_str().is_some_and(tickler::is_postgres_url)
+}
+
 fn ledger_path(db: &Path, process: &str) -> PathBuf {
+    if is_url(db) {
+        return PathBuf::from(format!("reminders-pg.ledger-{process}"));
+    }
     let mut name = db.as_os_str().to_owned();
     name.push(format!(".ledger-{process}"));
     PathBuf::from(name)
@@ -142,46 +168,78 @@ fn open_queue(db: &Path) -> tickler::Result<Queue> {
         .open()
 }
 
-fn run(settings: &Settings) -> Result<bool, Box<dyn std::error::Error>> {
-    for suffix in ["", "-wal", "-shm", ".ledger-a", ".ledger-b"] {
-        let mut name = settings.db.as_os_str().to_owned();
-        name.push(suffix);
-        let _ = std::fs::remove_file(PathBuf::from(name));
+/// A fresh start: no jobs of an earlier run, no ledgers.
+fn start_fresh(settings: &Settings) -> Result<(), Box<dyn std::error::Error>> {
+    for process in process_names(26) {
+        let _ = std::fs::remove_file(ledger_path(&settings.db, &process));
     }
+    if !is_url(&settings.db) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut name = settings.db.as_os_str().to_owned();
+            name.push(suffix);
+            let _ = std::fs::remove_file(PathBuf::from(name));
+        }
+        return Ok(());
+    }
+    empty_postgres_tables(&settings.db)
+}
+
+#[cfg(feature = "postgres")]
+fn empty_postgres_tables(db: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    // Creates the tables if this database has none yet.
+    drop(open_queue(db)?);
+    let url = db.to_str().ok_or("the URL is not UTF-8")?;
+    let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+    client.batch_execute("TRUNCATE tickler_jobs, tickler_schedules")?;
+    Ok(())
+}
+
+#[cfg(not(feature = "postgres"))]
+fn empty_postgres_tables(_db: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    Err("a postgres:// URL needs the postgres feature: cargo run --release --features postgres --example reminders -- URL".into())
+}
+
+fn run(settings: &Settings) -> Result<bool, Box<dyn std::error::Error>> {
+    start_fresh(settings)?;
     let queue = open_queue(&settings.db)?;
     let enqueued = enqueue_reminders(&queue, settings.count)?;
     println!(
         "enqueued {} reminders into {} (due over the next ~5 s; {SAME_MILLISECOND} due in the same millisecond)",
         enqueued,
-        settings.db.display()
+        queue.location()
     );
     println!(
         "{POISON} poison reminders panic on purpose on each of their 3 attempts and end dead (their panics are not printed); {SLOW} slow ones outlive the lease and are kept by heartbeats"
     );
+    let processes = if std::env::var_os("REMINDERS_ONE_PROCESS").is_some() {
+        1
+    } else {
+        settings.processes
+    };
     println!(
-        "delivering with two worker processes of {} threads each…",
+        "delivering with {processes} worker processes of {} threads each…",
         settings.threads
     );
 
     let started = Instant::now();
     let exe = std::env::current_exe()?;
-    let mut child = if std::env::var_os("REMINDERS_ONE_PROCESS").is_some() {
-        None
-    } else {
-        Some(
-            Command::new(exe)
+    let mut children = Vec::new();
+    for name in process_names(processes).iter().skip(1) {
+        children.push((
+            name.clone(),
+            Command::new(&exe)
                 .arg("--worker")
                 .arg(&settings.db)
-                .arg("b")
+                .arg(name)
                 .arg(settings.threads.to_string())
                 .spawn()?,
-        )
-    };
+        ));
+    }
     let own = run_worker(&settings.db, "a", settings.threads);
-    if let Some(child) = child.as_mut() {
+    for (name, child) in &mut children {
         let status = child.wait()?;
         if !status.success() {
-            return Err(format!("second process failed: {status}").into());
+            return Err(format!("worker process {name} failed: {status}").into());
         }
     }
     own?;
@@ -304,8 +362,8 @@ fn report(
     let mut deliveries: HashMap<i64, u32> = HashMap::new();
     let mut lateness: Vec<i64> = Vec::new();
     let mut per_process: HashMap<String, u64> = HashMap::new();
-    for process in ["a", "b"] {
-        let Ok(file) = File::open(ledger_path(&settings.db, process)) else {
+    for process in process_names(settings.processes) {
+        let Ok(file) = File::open(ledger_path(&settings.db, &process)) else {
             continue;
         };
         for line in BufReader::new(file).lines() {

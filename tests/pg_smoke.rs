@@ -31,3 +31,32 @@ fn enqueue_claim_complete_fail_reap() {
     let stats = queue.stats().unwrap();
     assert_eq!(stats.total(JobState::Succeeded), 1);
 }
+
+/// A batch goes in with one statement; each id returned is its own job's,
+/// in input order, also mixed with keyed jobs inserted one by one.
+#[test]
+fn batch_ids_come_back_in_input_order() {
+    let Some(db) = pg_common::test_database() else {
+        return;
+    };
+    let queue = Queue::open(db.url()).expect("open");
+    let held = queue.enqueue(NewJob::new("k").unique_key("held")).unwrap();
+    let jobs: Vec<NewJob> = (0..1000)
+        .map(|i| {
+            let job = NewJob::new("n").payload(serde_json::json!({ "i": i }));
+            match i % 250 {
+                7 => job.unique_key(format!("key-{i}")),
+                9 => job.unique_key("held"),
+                _ => job,
+            }
+        })
+        .collect();
+    let ids = queue.enqueue_batch(jobs).unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        if i % 250 == 9 {
+            assert_eq!(*id, held);
+            continue;
+        }
+        assert_eq!(queue.get(*id).unwrap().payload["i"], i, "job {id}");
+    }
+}

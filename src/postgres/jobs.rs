@@ -39,6 +39,20 @@ const INSERT_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
      ON CONFLICT DO NOTHING RETURNING id";
 
+/// Many jobs without a unique_key: $1 queues, $2 kinds, $3 payloads,
+/// $4 states, $5 priorities, $6 run_ats, $7 max_attempts, $8 timeouts,
+/// $9 now. Rows are produced in input order (`ORDER BY ord`), so their ids
+/// ascend in that order.
+const INSERT_MANY_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status, priority,
+         run_at, max_attempts, timeout_ms, created_at)
+     SELECT queue, kind, payload, status, priority, run_at, max_attempts, timeout_ms, $9::bigint
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bigint[],
+                 $7::bigint[], $8::bigint[])
+          WITH ORDINALITY AS t(queue, kind, payload, status, priority, run_at, max_attempts,
+                               timeout_ms, ord)
+     ORDER BY ord
+     RETURNING id";
+
 const HELD_SQL: &str = "SELECT id FROM tickler_jobs WHERE unique_key = $1
        AND status IN ('scheduled', 'pending', 'running')";
 
@@ -209,8 +223,12 @@ fn check_text(what: &str, value: &str) -> Result<()> {
 /// inserts of one key on several machines: the unique index makes one of
 /// them wait for the other's commit and then insert nothing.
 pub(crate) fn insert_valid(tx: &mut Tx<'_>, rows: &[ValidJob], now: i64) -> Result<Vec<JobId>> {
-    let mut ids = Vec::with_capacity(rows.len());
-    for row in rows {
+    let mut ids: Vec<Option<JobId>> = vec![None; rows.len()];
+    // Jobs without a unique_key go in with one statement per batch (one
+    // round trip, not one per job); a keyed one may meet its key's holder
+    // and is inserted on its own.
+    let mut bulk = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
         let job = &row.job;
         check_text("queue", &job.queue)?;
         check_text("kind", &job.kind)?;
@@ -218,46 +236,102 @@ pub(crate) fn insert_valid(tx: &mut Tx<'_>, rows: &[ValidJob], now: i64) -> Resu
             check_text("unique_key", key)?;
         }
         let run_at = row.due.resolve(now)?;
-        let state = if run_at <= now {
-            JobState::Pending
-        } else {
-            JobState::Scheduled
+        if job.unique_key.is_none() && rows.len() > 1 {
+            bulk.push((i, run_at));
+            continue;
+        }
+        ids[i] = Some(insert_one(tx, row, run_at, now)?);
+    }
+    if !bulk.is_empty() {
+        let column = |f: &dyn Fn(&ValidJob, i64) -> String| -> Vec<String> {
+            bulk.iter().map(|&(i, at)| f(&rows[i], at)).collect()
         };
-        let max_attempts = i64_of(job.max_attempts);
-        let mut tries = 0;
-        let id = loop {
-            tries += 1;
-            let inserted = tx.query_opt(
-                INSERT_SQL,
+        let queues = column(&|r, _| r.job.queue.clone());
+        let kinds = column(&|r, _| r.job.kind.clone());
+        let payloads = column(&|r, _| r.payload.clone());
+        let states = column(&|_, at| state_for(at, now).as_str().to_owned());
+        let priorities: Vec<i32> = bulk.iter().map(|&(i, _)| rows[i].job.priority).collect();
+        let run_ats: Vec<i64> = bulk.iter().map(|&(_, at)| at).collect();
+        let max_attempts: Vec<i64> = bulk
+            .iter()
+            .map(|&(i, _)| i64_of(rows[i].job.max_attempts))
+            .collect();
+        let timeouts: Vec<Option<i64>> = bulk.iter().map(|&(i, _)| rows[i].timeout_ms).collect();
+        let mut inserted: Vec<i64> = tx
+            .query(
+                INSERT_MANY_SQL,
                 &[
-                    &job.queue,
-                    &job.kind,
-                    &row.payload,
-                    &state.as_str(),
-                    &job.priority,
-                    &run_at,
+                    &queues,
+                    &kinds,
+                    &payloads,
+                    &states,
+                    &priorities,
+                    &run_ats,
                     &max_attempts,
-                    &job.unique_key,
-                    &row.timeout_ms,
+                    &timeouts,
                     &now,
                 ],
-            )?;
-            if let Some(r) = inserted {
-                break r.get::<_, i64>(0);
-            }
-            if let Some(r) = tx.query_opt(HELD_SQL, &[&job.unique_key])? {
-                break r.get::<_, i64>(0);
-            }
-            if tries >= UNIQUE_TRIES {
-                return Err(Error::Config(format!(
-                    "unique_key {:?} kept changing hands while a job with it was inserted",
-                    job.unique_key
-                )));
-            }
-        };
-        ids.push(JobId(id));
+            )?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if inserted.len() != bulk.len() {
+            return Err(Error::Config(format!(
+                "inserted {} of {} jobs",
+                inserted.len(),
+                bulk.len()
+            )));
+        }
+        // The identity values are drawn as the rows come, in input order.
+        inserted.sort_unstable();
+        for ((i, _), id) in bulk.iter().zip(inserted) {
+            ids[*i] = Some(JobId(id));
+        }
     }
-    Ok(ids)
+    Ok(ids.into_iter().map(|id| id.unwrap_or(JobId(0))).collect())
+}
+
+/// Scheduled if due after `now`, else pending.
+fn state_for(run_at: i64, now: i64) -> JobState {
+    if run_at <= now {
+        JobState::Pending
+    } else {
+        JobState::Scheduled
+    }
+}
+
+/// One job; with a unique_key held by an unfinished job, that job's id.
+fn insert_one(tx: &mut Tx<'_>, row: &ValidJob, run_at: i64, now: i64) -> Result<JobId> {
+    let job = &row.job;
+    let state = state_for(run_at, now);
+    let max_attempts = i64_of(job.max_attempts);
+    for _ in 0..UNIQUE_TRIES {
+        let inserted = tx.query_opt(
+            INSERT_SQL,
+            &[
+                &job.queue,
+                &job.kind,
+                &row.payload,
+                &state.as_str(),
+                &job.priority,
+                &run_at,
+                &max_attempts,
+                &job.unique_key,
+                &row.timeout_ms,
+                &now,
+            ],
+        )?;
+        if let Some(r) = inserted {
+            return Ok(JobId(r.get(0)));
+        }
+        if let Some(r) = tx.query_opt(HELD_SQL, &[&job.unique_key])? {
+            return Ok(JobId(r.get(0)));
+        }
+    }
+    Err(Error::Config(format!(
+        "unique_key {:?} kept changing hands while a job with it was inserted",
+        job.unique_key
+    )))
 }
 
 /// The fenced statement of one outcome; returns the rows changed (0: the
