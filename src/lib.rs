@@ -47,6 +47,29 @@
 //!    other jobs of its batch, its queue or its pool. Error texts are cut to
 //!    [`MAX_ERROR_BYTES`]; every attempt's error is kept in [`Job::errors`].
 //!
+//! ## PostgreSQL
+//!
+//! With the `postgres` feature, [`Queue::open`] also takes a
+//! `postgres://` URL: the same API, guarantees and CLI on a database that
+//! several machines share. Claims use `FOR UPDATE SKIP LOCKED` in short
+//! READ COMMITTED transactions; due times and leases are judged by the
+//! database server's clock (unless [`QueueBuilder::clock`] sets one);
+//! other processes' work wakes watchers by `LISTEN`/`NOTIFY` (or a poll,
+//! [`QueueBuilder::listen`], [`QueueBuilder::fallback_poll`]); lost
+//! connections and server restarts are retried for the builder's
+//! `busy_timeout + busy_retry` before `Error::Postgres` reaches the
+//! caller. The application's own transactions: `Queue::enqueue_pg_tx`,
+//! `Queue::complete_with_pg`. The README's "PostgreSQL" section has the
+//! details.
+//!
+//! ```no_run
+//! # fn main() -> tickler::Result<()> {
+//! let queue = tickler::Queue::open("postgres://app@db.internal/jobs")?;
+//! assert!(queue.is_postgres());
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! ## Job states
 //!
 //! ```text

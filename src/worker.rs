@@ -1052,7 +1052,7 @@ impl Drop for WorkerPool {
     /// runs on a thread of its own (`tickler-shutdown`) and the drop
     /// returns at once. A process that exits before that thread ends
     /// leaves the jobs still running to the reaper; use
-    /// [`WorkerPool::shutdown_async`] to know when the pool has stopped.
+    /// `WorkerPool::shutdown_async` (feature `tokio`) to know when the pool has stopped.
     fn drop(&mut self) {
         #[cfg(feature = "tokio")]
         if !self.shut_down && tokio::runtime::Handle::try_current().is_ok() {
