@@ -177,6 +177,12 @@ fn main() {
     if only.as_ref().is_some_and(|o| o.iter().any(|x| x == "pg")) {
         pg_engine(quick);
     }
+    if only
+        .as_ref()
+        .is_some_and(|o| o.iter().any(|x| x == "pg_churn"))
+    {
+        pg_churn(quick);
+    }
     if wants("async_burn") {
         async_burn(if quick { 5_000 } else { 50_000 });
     }
@@ -1193,6 +1199,18 @@ fn pg_engine(quick: bool) {
     pg_bench::engine(quick);
 }
 
+/// `--only pg_churn`: table and index size and burn-down over a long churn
+/// with pruning (issue 16). Needs `--features postgres`.
+#[cfg(not(feature = "postgres"))]
+fn pg_churn(_quick: bool) {
+    eprintln!("# pg_churn skipped: built without the `postgres` feature");
+}
+
+#[cfg(feature = "postgres")]
+fn pg_churn(quick: bool) {
+    pg_bench::churn(quick);
+}
+
 #[cfg(feature = "postgres")]
 mod pg_bench {
     use std::sync::{Arc, Barrier};
@@ -1517,6 +1535,106 @@ mod pg_bench {
                 }
             }
         }
+    }
+
+    /// Table plus index bytes of the jobs table, and its dead tuples.
+    fn jobs_size(client: &mut Client) -> (i64, i64) {
+        let r = client
+            .query_one(
+                "SELECT pg_total_relation_size('tickler_jobs'),
+                        coalesce((SELECT n_dead_tup FROM pg_stat_user_tables
+                                  WHERE relname = 'tickler_jobs'), 0)",
+                &[],
+            )
+            .expect("size");
+        (r.get(0), r.get(1))
+    }
+
+    /// Burns `total` no-op jobs through a 4-thread pool while a producer
+    /// keeps about 10,000 waiting and finished jobs are pruned once a
+    /// second; reports size and rate at the first `window` jobs and at the
+    /// last.
+    pub fn churn(quick: bool) {
+        let Some(server) = server_url() else { return };
+        let (total, window) = if quick {
+            (200_000, 20_000)
+        } else {
+            (2_000_000, 100_000)
+        };
+        let url = fresh_database(&server);
+        let queue = Queue::open(&url).expect("open");
+        let mut client = connect(&url);
+        let done = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let producer = {
+            let (queue, done, stop) = (queue.clone(), Arc::clone(&done), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut enqueued = 0usize;
+                while enqueued < total && !stop.load(Ordering::Relaxed) {
+                    if enqueued - done.load(Ordering::Relaxed) > 10_000 {
+                        std::thread::sleep(Duration::from_millis(2));
+                        continue;
+                    }
+                    let n = 1_000.min(total - enqueued);
+                    queue
+                        .enqueue_batch((0..n).map(|_| NewJob::new("noop")).collect())
+                        .expect("enqueue");
+                    enqueued += n;
+                }
+            })
+        };
+        let pruner = {
+            let (queue, stop) = (queue.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_secs(1));
+                    let cutoff = queue.clock().now() - chrono::Duration::seconds(1);
+                    queue.prune(cutoff).expect("prune");
+                }
+            })
+        };
+        let mut pool = noop_pool(&queue, THREADS, &done);
+        let started = Instant::now();
+        wait_for(&done, window);
+        let first_rate = window as f64 / started.elapsed().as_secs_f64();
+        let (first_size, first_dead) = jobs_size(&mut client);
+        let mut samples =
+            vec![json!({"done": window, "bytes": first_size, "dead_tuples": first_dead})];
+        let mut next = window * 5;
+        let mut last_mark = (Instant::now(), window);
+        let mut last_rate = first_rate;
+        while next <= total {
+            wait_for(&done, next);
+            let (bytes, dead) = jobs_size(&mut client);
+            samples.push(json!({"done": next, "bytes": bytes, "dead_tuples": dead}));
+            let elapsed = last_mark.0.elapsed().as_secs_f64();
+            last_rate = (next - last_mark.1) as f64 / elapsed;
+            last_mark = (Instant::now(), next);
+            next += window * 5;
+        }
+        wait_for(&done, total);
+        stop.store(true, Ordering::Relaxed);
+        producer.join().expect("producer");
+        pruner.join().expect("pruner");
+        pool.shutdown(Duration::from_secs(5));
+        let (end_size, end_dead) = jobs_size(&mut client);
+        let autovacuums: i64 = client
+            .query_one(
+                "SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'tickler_jobs'",
+                &[],
+            )
+            .map(|r| r.get(0))
+            .unwrap_or(-1);
+        emit(
+            json!({"scenario": "pg_churn", "jobs": total, "threads": THREADS,
+            "first_window_jobs": window, "bytes_after_first_window": first_size,
+            "bytes_at_end": end_size, "dead_tuples_at_end": end_dead,
+            "size_ratio": round(end_size as f64 / first_size as f64), "target_size_ratio": 2,
+            "jobs_per_s_first_window": round(first_rate), "jobs_per_s_last_window": round(last_rate),
+            "rate_ratio": round(last_rate / first_rate), "target_rate_ratio": 0.8,
+            "autovacuum_runs": autovacuums, "samples": samples,
+            "note": "a producer keeps ~10,000 jobs waiting; finished jobs pruned once a second (those finished over 1 s before); server defaults but the table's own autovacuum settings (schema.sql)"}),
+        );
     }
 
     fn connect(url: &str) -> Client {

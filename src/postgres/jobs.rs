@@ -835,7 +835,10 @@ impl Engine for Store {
     /// database, and the reaper skips rows another transaction holds, so
     /// one look is enough.
     fn reap_settled(&self, cutoff: i64) -> Result<u64> {
-        self.reap_expired_before(Some(cutoff))
+        let taken = self.reap_expired_before(Some(cutoff))?;
+        // The background reaper's round is also the jobs table's upkeep.
+        self.maybe_vacuum();
+        Ok(taken)
     }
 
     fn cancel(&self, id: JobId) -> Result<()> {

@@ -53,6 +53,8 @@ pub(crate) struct Store {
     retry_policy: RetryPolicy,
     retry_window: Duration,
     signals: Arc<listen::Signals>,
+    /// When this store last looked whether the jobs table needs a vacuum.
+    vacuum_checked: Mutex<Instant>,
 }
 
 /// Connections of the pool: the client, its prepared statements, and
@@ -196,6 +198,7 @@ impl Store {
             retry_policy: settings.retry_policy,
             retry_window: settings.retry_window,
             signals,
+            vacuum_checked: Mutex::new(Instant::now()),
         };
         store.migrate()?;
         store.clock = match &settings.clock {
@@ -298,6 +301,46 @@ impl Store {
         self.signals.notify(&self.pool);
     }
 
+    /// Vacuums the jobs table when it holds many dead row versions, at most
+    /// one look per `VACUUM_CHECK`. Each job leaves three or four dead
+    /// versions behind (claimed, finished, pruned); a busy queue makes
+    /// tens of thousands a second, and autovacuum looks at a table at most
+    /// once per `autovacuum_naptime` (a minute by default), by which time
+    /// the table and its indexes have grown many times over (measured: 8x
+    /// in 12 s). The reaper thread calls this after each round; `SKIP_LOCKED`
+    /// leaves the table to a vacuum already under way (autovacuum's, or
+    /// another process's).
+    pub(crate) fn maybe_vacuum(&self) {
+        {
+            let mut checked = self
+                .vacuum_checked
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if checked.elapsed() < VACUUM_CHECK {
+                return;
+            }
+            *checked = Instant::now();
+        }
+        let result = (|| -> Result<bool> {
+            let mut conn = self.pool.get()?;
+            let row = conn.client.query_one(
+                "SELECT coalesce(n_live_tup, 0), coalesce(n_dead_tup, 0) FROM pg_stat_user_tables
+                 WHERE relid = 'tickler_jobs'::regclass",
+                &[],
+            )?;
+            let (live, dead): (i64, i64) = (row.get(0), row.get(1));
+            if dead < VACUUM_DEAD_MIN || dead < live / 5 {
+                return Ok(false);
+            }
+            conn.client
+                .batch_execute("VACUUM (SKIP_LOCKED, ANALYZE) tickler_jobs")?;
+            Ok(true)
+        })();
+        if let Err(e) = result {
+            log::warn!("could not vacuum the jobs table: {e}");
+        }
+    }
+
     /// Wakes this process's watchers only.
     pub(crate) fn notify_local(&self) {
         self.signals.wake_local();
@@ -348,6 +391,12 @@ impl Store {
         })
     }
 }
+
+/// How often [`Store::maybe_vacuum`] looks at the dead row versions.
+const VACUUM_CHECK: Duration = Duration::from_secs(1);
+
+/// Dead row versions below which the jobs table is left to autovacuum.
+const VACUUM_DEAD_MIN: i64 = 10_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
