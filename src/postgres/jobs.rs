@@ -593,10 +593,17 @@ fn adopt_claimed(tx: &mut Tx<'_>, claim_id: i64) -> Result<Vec<Lease>> {
 
 impl Engine for Store {
     fn enqueue(&self, rows: Vec<ValidJob>) -> Result<Vec<JobId>> {
-        let ids = self.write(|tx, _| {
+        let insert = |tx: &mut Tx<'_>, _: Attempt| {
             let now = self.now_ms();
             insert_valid(tx, &rows, now)
-        })?;
+        };
+        // One job is one INSERT (and, if its key is held, one read of the
+        // holder's id): no transaction of its own needed.
+        let ids = if rows.len() == 1 {
+            self.write_autocommit(insert)?
+        } else {
+            self.write(insert)?
+        };
         self.notify_watchers();
         Ok(ids)
     }
@@ -1109,14 +1116,13 @@ impl Store {
     ) -> Result<Vec<JobId>> {
         let mut statements = HashMap::new();
         let mut tx = Tx {
-            tx: app.savepoint("tickler_enqueue")?,
+            tx: super::Session::Transaction(app.savepoint("tickler_enqueue")?),
             statements: &mut statements,
         };
         let now = self.now_ms();
         let ids = insert_valid(&mut tx, rows, now)?;
-        tx.tx
-            .batch_execute(&format!("NOTIFY {}", super::listen::CHANNEL))?;
-        tx.tx.commit()?;
+        tx.batch_execute(&format!("NOTIFY {}", super::listen::CHANNEL))?;
+        tx.commit()?;
         // This process's fetchers look once the caller commits (the
         // notification wakes them again then).
         self.notify_local();

@@ -94,10 +94,19 @@ impl r2d2::ManageConnection for Manager {
     }
 }
 
-/// Statements in one transaction (or, for reads, on one connection),
-/// prepared once per connection.
+/// Where a [`Tx`]'s statements run.
+pub(crate) enum Session<'a> {
+    /// In a transaction (or savepoint).
+    Transaction(postgres::Transaction<'a>),
+    /// Each statement its own transaction (autocommit): one round trip
+    /// for a single-statement write.
+    Autocommit(&'a mut Client),
+}
+
+/// Statements in one transaction (or, for single-statement writes, in
+/// autocommit), prepared once per connection.
 pub(crate) struct Tx<'a> {
-    tx: postgres::Transaction<'a>,
+    tx: Session<'a>,
     statements: &'a mut HashMap<String, Statement>,
 }
 
@@ -106,14 +115,20 @@ impl Tx<'_> {
         if let Some(s) = self.statements.get(sql) {
             return Ok(s.clone());
         }
-        let prepared = self.tx.prepare(sql)?;
+        let prepared = match &mut self.tx {
+            Session::Transaction(tx) => tx.prepare(sql)?,
+            Session::Autocommit(client) => client.prepare(sql)?,
+        };
         self.statements.insert(sql.to_owned(), prepared.clone());
         Ok(prepared)
     }
 
     pub(crate) fn query(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
         let stmt = self.statement(sql)?;
-        Ok(self.tx.query(&stmt, params)?)
+        Ok(match &mut self.tx {
+            Session::Transaction(tx) => tx.query(&stmt, params)?,
+            Session::Autocommit(client) => client.query(&stmt, params)?,
+        })
     }
 
     pub(crate) fn query_opt(
@@ -122,38 +137,73 @@ impl Tx<'_> {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>> {
         let stmt = self.statement(sql)?;
-        Ok(self.tx.query_opt(&stmt, params)?)
+        Ok(match &mut self.tx {
+            Session::Transaction(tx) => tx.query_opt(&stmt, params)?,
+            Session::Autocommit(client) => client.query_opt(&stmt, params)?,
+        })
     }
 
     pub(crate) fn query_one(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
         let stmt = self.statement(sql)?;
-        Ok(self.tx.query_one(&stmt, params)?)
+        Ok(match &mut self.tx {
+            Session::Transaction(tx) => tx.query_one(&stmt, params)?,
+            Session::Autocommit(client) => client.query_one(&stmt, params)?,
+        })
     }
 
     pub(crate) fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
         let stmt = self.statement(sql)?;
-        Ok(self.tx.execute(&stmt, params)?)
+        Ok(match &mut self.tx {
+            Session::Transaction(tx) => tx.execute(&stmt, params)?,
+            Session::Autocommit(client) => client.execute(&stmt, params)?,
+        })
+    }
+
+    /// Runs statements given as text (no parameters, not prepared).
+    pub(crate) fn batch_execute(&mut self, sql: &str) -> Result<()> {
+        match &mut self.tx {
+            Session::Transaction(tx) => tx.batch_execute(sql)?,
+            Session::Autocommit(client) => client.batch_execute(sql)?,
+        }
+        Ok(())
+    }
+
+    /// Commits the transaction (nothing to do in autocommit).
+    pub(crate) fn commit(self) -> Result<()> {
+        if let Session::Transaction(tx) = self.tx {
+            tx.commit()?;
+        }
+        Ok(())
     }
 
     /// Runs `f` inside a savepoint: an error of the database confined to
     /// it (a constraint, a trigger's exception, a value the server refuses)
-    /// is `Ok(Err(_))` and undoes `f`'s statements alone.
+    /// is `Ok(Err(_))` and undoes `f`'s statements alone. In autocommit
+    /// every statement is alone already.
     pub(crate) fn isolated<T>(
         &mut self,
         f: impl FnOnce(&mut Tx<'_>) -> Result<T>,
     ) -> Result<Result<T>> {
-        let savepoint = self.tx.savepoint("tickler_item")?;
+        let Session::Transaction(tx) = &mut self.tx else {
+            return match f(self) {
+                Ok(value) => Ok(Ok(value)),
+                Err(e) if statement_level(&e) => Ok(Err(e)),
+                Err(e) => Err(e),
+            };
+        };
         let mut inner = Tx {
-            tx: savepoint,
+            tx: Session::Transaction(tx.savepoint("tickler_item")?),
             statements: self.statements,
         };
         match f(&mut inner) {
             Ok(value) => {
-                inner.tx.commit()?;
+                inner.commit()?;
                 Ok(Ok(value))
             }
             Err(e) if statement_level(&e) => {
-                inner.tx.rollback()?;
+                if let Session::Transaction(savepoint) = inner.tx {
+                    savepoint.rollback()?;
+                }
                 Ok(Err(e))
             }
             Err(e) => Err(e),
@@ -230,15 +280,30 @@ impl Store {
     /// connection with jittered backoff for up to the retry window; `f`
     /// may therefore run more than once and must not have effects outside
     /// the transaction.
-    pub(crate) fn write<T>(
+    pub(crate) fn write<T>(&self, f: impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>) -> Result<T> {
+        self.run(false, f)
+    }
+
+    /// [`Store::write`] for writes whose statements are each right on
+    /// their own (as under READ COMMITTED they would be anyway), in
+    /// autocommit: one round trip for one statement instead of three.
+    pub(crate) fn write_autocommit<T>(
         &self,
+        f: impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>,
+    ) -> Result<T> {
+        self.run(true, f)
+    }
+
+    fn run<T>(
+        &self,
+        autocommit: bool,
         mut f: impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>,
     ) -> Result<T> {
         let started = Instant::now();
         let mut attempt = Attempt::default();
         let mut pause = Duration::from_millis(10);
         loop {
-            match self.try_once(&mut f, attempt) {
+            match self.try_once(&mut f, attempt, autocommit) {
                 Ok(value) => return Ok(value),
                 Err((e, phase)) => {
                     if !retryable(&e) || started.elapsed() >= self.retry_window {
@@ -268,6 +333,7 @@ impl Store {
         &self,
         f: &mut impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>,
         attempt: Attempt,
+        autocommit: bool,
     ) -> std::result::Result<T, (Error, Phase)> {
         let mut conn = self
             .pool
@@ -275,16 +341,30 @@ impl Store {
             .map_err(|e| (Error::from(e), Phase::Begin))?;
         let conn = &mut *conn;
         let result = (|| {
-            let tx = conn
-                .client
-                .transaction()
-                .map_err(|e| (e.into(), Phase::Begin))?;
+            let session = if autocommit {
+                Session::Autocommit(&mut conn.client)
+            } else {
+                Session::Transaction(
+                    conn.client
+                        .transaction()
+                        .map_err(|e| (e.into(), Phase::Begin))?,
+                )
+            };
             let mut tx = Tx {
-                tx,
+                tx: session,
                 statements: &mut conn.statements,
             };
-            let value = f(&mut tx, attempt).map_err(|e| (e, Phase::Body))?;
-            tx.tx.commit().map_err(|e| (e.into(), Phase::Commit))?;
+            let value = f(&mut tx, attempt).map_err(|e| {
+                // A statement that failed in autocommit may have failed
+                // after its commit: unknown, as with a failed COMMIT.
+                let phase = if autocommit {
+                    Phase::Commit
+                } else {
+                    Phase::Body
+                };
+                (e, phase)
+            })?;
+            tx.commit().map_err(|e| (e, Phase::Commit))?;
             Ok(value)
         })();
         if let Err((e, _)) = &result {
@@ -381,7 +461,7 @@ impl Store {
                 });
             }
             for (version, sql) in migrations().into_iter().filter(|(v, _)| *v > found) {
-                tx.tx.batch_execute(sql)?;
+                tx.batch_execute(sql)?;
                 tx.execute(
                     "INSERT INTO tickler_schema_migrations (version) VALUES ($1)",
                     &[&version],
