@@ -1416,9 +1416,13 @@ mod pg_bench {
         );
         drop(queue);
 
-        // Single enqueues from 16 threads.
+        // Single enqueues from 16 threads, on a pool of as many
+        // connections as the raw loop has (the default pool is 10).
         let url = fresh_database(&server);
-        let queue = Queue::open(&url).expect("open");
+        let queue = Queue::builder(&url)
+            .max_connections(INSERT_THREADS as u32 + 1)
+            .open()
+            .expect("open");
         let start = Arc::new(Barrier::new(INSERT_THREADS + 1));
         let handles: Vec<_> = (0..INSERT_THREADS)
             .map(|t| {
@@ -1440,7 +1444,7 @@ mod pg_bench {
         let rate = inserts as f64 / started.elapsed().as_secs_f64();
         emit(json!({"scenario": "pg_enqueue_16_threads", "jobs": inserts,
             "jobs_per_s": round(rate), "ratio_to_raw_insert": round(rate / raw_insert),
-            "target": 0.8}));
+            "target": 0.8, "settings": "max_connections(17)"}));
         drop(queue);
 
         // Wake-up: a job enqueued through another Queue (its own
