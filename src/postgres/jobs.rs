@@ -24,6 +24,10 @@ use std::time::Duration;
 /// Most scheduled jobs one claim transaction promotes to pending.
 const PROMOTE_BATCH: i64 = 5_000;
 
+/// Outcomes from which [`Engine::record_and_claim`] records them in a
+/// transaction of their own beside the claim's, rather than in one.
+const PARALLEL_OUTCOMES: usize = 64;
+
 /// Most expired leases one reaper transaction takes back.
 const REAP_BATCH: i64 = 1_000;
 
@@ -35,21 +39,23 @@ const PRUNE_BATCH: i64 = 5_000;
 const UNIQUE_TRIES: u32 = 10;
 
 const INSERT_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status, priority,
-         run_at, max_attempts, unique_key, timeout_ms, created_at)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+         run_at, max_attempts, unique_key, timeout_ms, created_at, enqueue_batch, enqueue_seq)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
      ON CONFLICT DO NOTHING RETURNING id";
 
 /// Many jobs without a unique_key: $1 queues, $2 kinds, $3 payloads,
 /// $4 states, $5 priorities, $6 run_ats, $7 max_attempts, $8 timeouts,
-/// $9 now. Rows are produced in input order (`ORDER BY ord`), so their ids
-/// ascend in that order.
+/// $9 now, $10 the batch's id, $11 each job's place in the batch. Rows are
+/// produced in input order (`ORDER BY ord`), so their ids ascend in that
+/// order.
 const INSERT_MANY_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status, priority,
-         run_at, max_attempts, timeout_ms, created_at)
-     SELECT queue, kind, payload, status, priority, run_at, max_attempts, timeout_ms, $9::bigint
+         run_at, max_attempts, timeout_ms, created_at, enqueue_batch, enqueue_seq)
+     SELECT queue, kind, payload, status, priority, run_at, max_attempts, timeout_ms, $9::bigint,
+            $10::bigint, seq
      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bigint[],
-                 $7::bigint[], $8::bigint[])
+                 $7::bigint[], $8::bigint[], $11::int[])
           WITH ORDINALITY AS t(queue, kind, payload, status, priority, run_at, max_attempts,
-                               timeout_ms, ord)
+                               timeout_ms, seq, ord)
      ORDER BY ord
      RETURNING id";
 
@@ -222,7 +228,12 @@ fn check_text(what: &str, value: &str) -> Result<()> {
 /// unfinished job inserts nothing and yields that job's id. Concurrent
 /// inserts of one key on several machines: the unique index makes one of
 /// them wait for the other's commit and then insert nothing.
-pub(crate) fn insert_valid(tx: &mut Tx<'_>, rows: &[ValidJob], now: i64) -> Result<Vec<JobId>> {
+pub(crate) fn insert_valid(
+    tx: &mut Tx<'_>,
+    rows: &[ValidJob],
+    now: i64,
+    batch: i64,
+) -> Result<Vec<JobId>> {
     let mut ids: Vec<Option<JobId>> = vec![None; rows.len()];
     // Jobs without a unique_key go in with one statement per batch (one
     // round trip, not one per job); a keyed one may meet its key's holder
@@ -240,7 +251,7 @@ pub(crate) fn insert_valid(tx: &mut Tx<'_>, rows: &[ValidJob], now: i64) -> Resu
             bulk.push((i, run_at));
             continue;
         }
-        ids[i] = Some(insert_one(tx, row, run_at, now)?);
+        ids[i] = Some(insert_one(tx, row, run_at, now, (batch, i))?);
     }
     if !bulk.is_empty() {
         let column = |f: &dyn Fn(&ValidJob, i64) -> String| -> Vec<String> {
@@ -257,6 +268,7 @@ pub(crate) fn insert_valid(tx: &mut Tx<'_>, rows: &[ValidJob], now: i64) -> Resu
             .map(|&(i, _)| i64_of(rows[i].job.max_attempts))
             .collect();
         let timeouts: Vec<Option<i64>> = bulk.iter().map(|&(i, _)| rows[i].timeout_ms).collect();
+        let seqs: Vec<i32> = bulk.iter().map(|&(i, _)| seq_of(i)).collect();
         let mut inserted: Vec<i64> = tx
             .query(
                 INSERT_MANY_SQL,
@@ -270,6 +282,8 @@ pub(crate) fn insert_valid(tx: &mut Tx<'_>, rows: &[ValidJob], now: i64) -> Resu
                     &max_attempts,
                     &timeouts,
                     &now,
+                    &batch,
+                    &seqs,
                 ],
             )?
             .iter()
@@ -291,6 +305,40 @@ pub(crate) fn insert_valid(tx: &mut Tx<'_>, rows: &[ValidJob], now: i64) -> Resu
     Ok(ids.into_iter().map(|id| id.unwrap_or(JobId(0))).collect())
 }
 
+/// The ids of a batch whose earlier try committed after all (found by its
+/// mark; a job that try did not insert because its unique_key was held is
+/// looked up, or inserted, again), or `None` if it did not commit. Only
+/// after a lost COMMIT: the mark has no index, so this reads the table.
+fn committed_before(
+    tx: &mut Tx<'_>,
+    rows: &[ValidJob],
+    now: i64,
+    batch: i64,
+) -> Result<Option<Vec<JobId>>> {
+    let found = tx.query(
+        "SELECT enqueue_seq, id FROM tickler_jobs WHERE enqueue_batch = $1::bigint",
+        &[&batch],
+    )?;
+    if found.is_empty() {
+        return Ok(None);
+    }
+    let mut ids: Vec<Option<JobId>> = vec![None; rows.len()];
+    for r in &found {
+        let seq: i32 = r.get(0);
+        if let Some(slot) = usize::try_from(seq).ok().and_then(|i| ids.get_mut(i)) {
+            *slot = Some(JobId(r.get(1)));
+        }
+    }
+    let mut out = Vec::with_capacity(rows.len());
+    for (i, id) in ids.into_iter().enumerate() {
+        out.push(match id {
+            Some(id) => id,
+            None => insert_one(tx, &rows[i], rows[i].due.resolve(now)?, now, (batch, i))?,
+        });
+    }
+    Ok(Some(out))
+}
+
 /// Scheduled if due after `now`, else pending.
 fn state_for(run_at: i64, now: i64) -> JobState {
     if run_at <= now {
@@ -301,7 +349,18 @@ fn state_for(run_at: i64, now: i64) -> JobState {
 }
 
 /// One job; with a unique_key held by an unfinished job, that job's id.
-fn insert_one(tx: &mut Tx<'_>, row: &ValidJob, run_at: i64, now: i64) -> Result<JobId> {
+/// A job's place in its batch, as stored (`enqueue_seq`).
+fn seq_of(i: usize) -> i32 {
+    i32::try_from(i).unwrap_or(i32::MAX)
+}
+
+fn insert_one(
+    tx: &mut Tx<'_>,
+    row: &ValidJob,
+    run_at: i64,
+    now: i64,
+    (batch, i): (i64, usize),
+) -> Result<JobId> {
     let job = &row.job;
     let state = state_for(run_at, now);
     let max_attempts = i64_of(job.max_attempts);
@@ -319,6 +378,8 @@ fn insert_one(tx: &mut Tx<'_>, row: &ValidJob, run_at: i64, now: i64) -> Result<
                 &job.unique_key,
                 &row.timeout_ms,
                 &now,
+                &batch,
+                &seq_of(i),
             ],
         )?;
         if let Some(r) = inserted {
@@ -593,9 +654,18 @@ fn adopt_claimed(tx: &mut Tx<'_>, claim_id: i64) -> Result<Vec<Lease>> {
 
 impl Engine for Store {
     fn enqueue(&self, rows: Vec<ValidJob>) -> Result<Vec<JobId>> {
-        let insert = |tx: &mut Tx<'_>, _: Attempt| {
+        // Marks this call's rows, so that a retry after a COMMIT whose
+        // answer was lost with the connection finds them instead of
+        // storing the jobs twice.
+        let batch = fastrand::i64(..);
+        let insert = |tx: &mut Tx<'_>, attempt: Attempt| {
             let now = self.now_ms();
-            insert_valid(tx, &rows, now)
+            if attempt.after_unknown_commit {
+                if let Some(ids) = committed_before(tx, &rows, now, batch)? {
+                    return Ok(ids);
+                }
+            }
+            insert_valid(tx, &rows, now, batch)
         };
         // One job is one INSERT (and, if its key is held, one read of the
         // holder's id): no transaction of its own needed.
@@ -735,6 +805,23 @@ impl Engine for Store {
         };
         if outcomes.is_empty() && claim.is_none() {
             return Ok((Vec::new(), Vec::new()));
+        }
+        if let (Some((request, _)), true) = (claim, outcomes.len() >= PARALLEL_OUTCOMES) {
+            // A pool finishing a large batch and taking the next: the
+            // outcomes and the claim touch different rows, so they go in
+            // two transactions at once on two connections (PostgreSQL
+            // works on both in parallel) rather than one after the other
+            // in one.
+            return std::thread::scope(|scope| {
+                // Every commit is durable here: `sync` changes nothing.
+                let recording =
+                    scope.spawn(|| self.record_and_claim(outcomes, None, OutcomeSync::Now));
+                let claimed = self.record_and_claim(&[], Some(request), OutcomeSync::Now);
+                let recorded = recording
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                Ok((recorded?.0, claimed?.1))
+            });
         }
         let policy = self.retry_policy;
         let mut isolate = false;
@@ -1120,7 +1207,7 @@ impl Store {
             statements: &mut statements,
         };
         let now = self.now_ms();
-        let ids = insert_valid(&mut tx, rows, now)?;
+        let ids = insert_valid(&mut tx, rows, now, fastrand::i64(..))?;
         tx.batch_execute(&format!("NOTIFY {}", super::listen::CHANNEL))?;
         tx.commit()?;
         // This process's fetchers look once the caller commits (the

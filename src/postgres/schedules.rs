@@ -392,6 +392,6 @@ impl ScheduleTx for InTransaction<'_, '_> {
     }
 
     fn insert_jobs(&self, rows: &[ValidJob], now: i64) -> Result<Vec<JobId>> {
-        insert_valid(&mut self.0.borrow_mut(), rows, now)
+        insert_valid(&mut self.0.borrow_mut(), rows, now, fastrand::i64(..))
     }
 }

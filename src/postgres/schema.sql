@@ -47,6 +47,11 @@ CREATE TABLE tickler_jobs (
     -- A random id per claiming transaction: a claimer whose COMMIT was
     -- not acknowledged (the connection dropped) finds what it took.
     claim_id         BIGINT,
+    -- A random id per enqueue call and each job's place in it: a retry
+    -- after a COMMIT whose answer was lost with the connection finds the
+    -- jobs already stored rather than storing them twice.
+    enqueue_batch    BIGINT,
+    enqueue_seq      INTEGER,
     last_error       TEXT,
     errors           JSONB   NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(errors) = 'array'),
     created_at       BIGINT  NOT NULL,
