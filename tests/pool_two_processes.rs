@@ -7,10 +7,12 @@
 //! ledger file, one `write` per line on an `O_APPEND` file. A child exits
 //! once no job is scheduled, pending or running. The parent checks that every
 //! job appears exactly once across both ledgers, with the run_token the row
-//! ended with.
+//! ended with. The same body runs with sync handlers and (feature `tokio`)
+//! with async handlers in the children.
 
 mod pool_common;
 
+use pool_common::{flavored_tests, Flavor};
 use pool_common::{ms, open_queue, secs, temp_db, wait_until};
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -25,15 +27,25 @@ const JOBS: usize = 5_000;
 const ENV_DB: &str = "TICKLER_POOL_CHILD_DB";
 const ENV_DIR: &str = "TICKLER_POOL_CHILD_DIR";
 const ENV_NAME: &str = "TICKLER_POOL_CHILD_NAME";
+const ENV_FLAVOR: &str = "TICKLER_POOL_CHILD_FLAVOR";
 const CHILD_TEST: &str = "pool_child_process";
 
-fn spawn_child(db: &Path, dir: &Path, name: &str) -> Child {
+fn flavor_name(flavor: &Flavor) -> &'static str {
+    match flavor {
+        Flavor::Sync => "sync",
+        #[cfg(feature = "tokio")]
+        Flavor::Tokio(_) => "tokio",
+    }
+}
+
+fn spawn_child(db: &Path, dir: &Path, name: &str, flavor: &Flavor) -> Child {
     let exe = std::env::current_exe().expect("current_exe");
     Command::new(exe)
         .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
         .env(ENV_DB, db)
         .env(ENV_DIR, dir)
         .env(ENV_NAME, name)
+        .env(ENV_FLAVOR, flavor_name(flavor))
         .stdin(Stdio::null())
         .stdout(File::create(dir.join(format!("{name}.stdout"))).unwrap())
         .stderr(File::create(dir.join(format!("{name}.stderr"))).unwrap())
@@ -64,8 +76,7 @@ fn read_ledger(path: &Path) -> Vec<(i64, String)> {
         .collect()
 }
 
-#[test]
-fn two_pools_in_two_processes_never_deliver_a_job_twice() {
+fn two_pools_in_two_processes_never_deliver_a_job_twice(flavor: &Flavor) {
     let (dir, path) = temp_db();
     let queue = open_queue(&path);
     let ids: Vec<JobId> = queue
@@ -76,7 +87,7 @@ fn two_pools_in_two_processes_never_deliver_a_job_twice() {
     let names = ["a", "b"];
     let mut children: Vec<(String, Child)> = names
         .iter()
-        .map(|n| (n.to_string(), spawn_child(&path, dir.path(), n)))
+        .map(|n| (n.to_string(), spawn_child(&path, dir.path(), n, flavor)))
         .collect();
 
     // Both children ready before either starts its pool.
@@ -173,6 +184,17 @@ fn two_pools_in_two_processes_never_deliver_a_job_twice() {
     }
 }
 
+flavored_tests!(two_pools_in_two_processes_never_deliver_a_job_twice,);
+
+/// One ledger line per delivery: one write(2) per line on an O_APPEND
+/// file, so lines never interleave.
+fn append(ledger: &File, ctx: &JobContext) -> Result<(), JobError> {
+    let line = format!("{},{}\n", ctx.job_id(), ctx.run_token());
+    let written = (&*ledger).write(line.as_bytes()).map_err(JobError::retry)?;
+    assert_eq!(written, line.len(), "short ledger write");
+    Ok(())
+}
+
 /// The child side: does nothing unless started by the test above.
 #[test]
 fn pool_child_process() {
@@ -195,20 +217,29 @@ fn pool_child_process() {
     wait_until("the parent's go", secs(30), || dir.join("go").exists());
 
     let handler_ledger = Arc::clone(&ledger);
-    let mut pool = WorkerPool::builder(&queue)
+    let builder = WorkerPool::builder(&queue)
         .threads(4)
-        .handler("ledger", move |ctx: &JobContext| {
-            let line = format!("{},{}\n", ctx.job_id(), ctx.run_token());
-            // One write(2) per line on an O_APPEND file: lines never interleave.
-            let written = (&*handler_ledger)
-                .write(line.as_bytes())
-                .map_err(JobError::retry)?;
-            assert_eq!(written, line.len(), "short ledger write");
-            Ok(())
-        })
-        .shutdown_grace(secs(10))
-        .start()
-        .unwrap();
+        .shutdown_grace(secs(10));
+    // Kept alive until the pool is shut down.
+    let flavor = match std::env::var(ENV_FLAVOR).as_deref() {
+        #[cfg(feature = "tokio")]
+        Ok("tokio") => Flavor::tokio(),
+        _ => Flavor::sync(),
+    };
+    let builder = match &flavor {
+        Flavor::Sync => builder.handler("ledger", move |ctx: &JobContext| {
+            append(&handler_ledger, ctx)
+        }),
+        #[cfg(feature = "tokio")]
+        Flavor::Tokio(runtime) => builder.runtime(runtime.handle().clone()).async_handler(
+            "ledger",
+            move |ctx: JobContext| {
+                let ledger = Arc::clone(&handler_ledger);
+                async move { append(&ledger, &ctx) }
+            },
+        ),
+    };
+    let mut pool = builder.start().unwrap();
 
     wait_until("no job scheduled, pending or running", secs(50), || {
         [JobState::Scheduled, JobState::Pending, JobState::Running]
