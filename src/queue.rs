@@ -893,6 +893,7 @@ impl Queue {
     /// the write lock from the start, no other claimer can read the same
     /// pending rows. Each claim consumes an attempt (`attempts + 1`).
     /// Returns leases in claim order (priority, then due time, then id).
+    /// A paused queue ([`Queue::pause_queue`]) gives nothing.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a lease under 1 ms, [`Error::Busy`],
@@ -1104,6 +1105,49 @@ impl Queue {
 
     fn reap_expired_before(&self, cutoff: Option<i64>) -> Result<u64> {
         self.engine().reap_expired_before(cutoff)
+    }
+
+    // ---------------------------------------------------------- paused queues
+
+    /// Pauses a queue: from the moment this returns, no claim of any
+    /// process or machine sharing the queue takes a job of it, and
+    /// [`Queue::next_due`] treats it as having nothing due (so idle worker
+    /// pools sleep instead of polling it). Nothing else changes: jobs can
+    /// still be enqueued into it, scheduled jobs still fall due, jobs
+    /// already claimed run on and their outcomes are recorded, and the
+    /// reaper still takes back their expired leases. The flag is stored
+    /// (it survives restarts) and may name a queue that has no job yet.
+    /// Pausing a paused queue does nothing.
+    ///
+    /// # Errors
+    /// [`Error::EmptyQueue`]; [`Error::Busy`], [`Error::DiskFull`],
+    /// [`Error::Sqlite`].
+    pub fn pause_queue(&self, queue: &str) -> Result<()> {
+        if queue.is_empty() {
+            return Err(Error::EmptyQueue);
+        }
+        self.engine().set_queue_paused(queue, true)
+    }
+
+    /// Resumes a paused queue and wakes the worker pools of every process
+    /// so that its due jobs are claimed at once. Resuming a queue that is
+    /// not paused does nothing.
+    ///
+    /// # Errors
+    /// As [`Queue::pause_queue`].
+    pub fn resume_queue(&self, queue: &str) -> Result<()> {
+        if queue.is_empty() {
+            return Err(Error::EmptyQueue);
+        }
+        self.engine().set_queue_paused(queue, false)
+    }
+
+    /// The names of the paused queues, in byte order.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn paused_queues(&self) -> Result<Vec<String>> {
+        self.engine().paused_queues()
     }
 
     // ------------------------------------------------------ operator actions

@@ -95,6 +95,10 @@ pub enum Command {
     #[command(subcommand, after_help = SCHEDULE_HELP)]
     Schedule(ScheduleCommand),
 
+    /// Pause or resume a queue: no process claims jobs of a paused queue.
+    #[command(subcommand, after_help = QUEUE_HELP)]
+    Queue(QueueCommand),
+
     /// Run a worker pool on the file, executing jobs of kind `shell`, until
     /// SIGINT or SIGTERM.
     #[command(after_help = WORK_HELP)]
@@ -352,6 +356,33 @@ pub struct WorkArgs {
     /// Print nothing per job.
     #[arg(long)]
     pub quiet: bool,
+}
+
+const QUEUE_HELP: &str = "Examples:
+  tickler queue pause mail
+  tickler queue list
+  tickler queue resume mail
+
+A pause is stored in the file and holds for every process: their claims skip the
+queue until it is resumed. Jobs can still be enqueued into it; jobs already running
+finish.";
+
+/// `queue` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// Stop every process from claiming jobs of this queue until resumed.
+    Pause(QueueNameArgs),
+    /// Let the queue's jobs be claimed again (wakes waiting workers).
+    Resume(QueueNameArgs),
+    /// Print the paused queues, one per line.
+    List,
+}
+
+/// A queue's name.
+#[derive(Debug, Args)]
+pub struct QueueNameArgs {
+    /// The queue.
+    pub name: String,
 }
 
 /// `schedule` subcommands.

@@ -55,5 +55,6 @@ fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Checkpoint => ops::checkpoint(db),
         Command::Work(args) => work::work(db, args, cli.allow_shared_db),
         Command::Schedule(command) => schedule::run(db, command, times),
+        Command::Queue(command) => ops::queue(db, command),
     }
 }
