@@ -22,6 +22,7 @@
 
 use crate::clock::Clock;
 use crate::error::Error;
+use crate::events::{Event, EventHub, JobEvent, JobEventKind, Subscription};
 use crate::job::{JobId, RunToken};
 use crate::lease::Lease;
 use crate::queue::{ChangeWatcher, ClaimRequest, Outcome, OutcomeSync, Queue, Waker};
@@ -759,6 +760,7 @@ impl WorkerPoolBuilder {
             run_time: RunTime::default(),
             handed_back: AtomicUsize::new(0),
             claims_over: AtomicBool::new(false),
+            events: EventHub::default(),
         });
 
         let mut kinds: Vec<String> = shared.handlers.keys().cloned().collect();
@@ -932,6 +934,22 @@ impl WorkerPool {
     /// for a thread).
     pub fn in_flight(&self) -> usize {
         self.shared.lock_in_flight().len()
+    }
+
+    /// A subscription to this pool's events: each job's start (attempt,
+    /// run_token, time waited since due), outcome (succeeded, failed with
+    /// its retry delay, dead, snoozed, timed out; with the run time) and
+    /// lost lease, as this pool saw them. Up to `capacity` events wait
+    /// (at least 1; [`crate::DEFAULT_EVENT_BUFFER`] is a fair choice);
+    /// what does not fit is dropped and counted
+    /// ([`Subscription::dropped`]): a reader that is slow or never reads
+    /// does not slow the pool. The same events also go to
+    /// [`Queue::subscribe`]rs of the pool's queue, which can subscribe
+    /// before the pool starts, and which also get the ticks of the pool's
+    /// scheduler ([`crate::TickEvent`]). Events are this process's only;
+    /// see [`Queue::subscribe`].
+    pub fn subscribe(&self, capacity: usize) -> Subscription {
+        self.shared.events.subscribe(capacity)
     }
 
     /// Threads and slots of this pool right now.
@@ -1251,9 +1269,45 @@ struct Shared {
     /// more: every lease it claimed is in the job channel or with a worker
     /// by then (also set if the dispatcher thread ends).
     claims_over: AtomicBool,
+    /// This pool's subscribers (`WorkerPool::subscribe`); the queue's get
+    /// the same events.
+    events: EventHub,
 }
 
 impl Shared {
+    /// Sends a job's event to this pool's and its queue's subscribers;
+    /// builds nothing when no one listens.
+    fn emit(
+        &self,
+        lease: &Lease,
+        what: impl FnOnce() -> JobEventKind,
+        queue_time: Option<Duration>,
+        run_time: Option<Duration>,
+    ) {
+        let (pool, queue) = (self.events.active(), self.queue.events().active());
+        if !pool && !queue {
+            return;
+        }
+        let event = Event::Job(JobEvent {
+            what: what(),
+            job_id: lease.job_id,
+            kind: lease.kind.clone(),
+            queue: lease.queue.clone(),
+            attempt: Some(lease.attempt),
+            queue_time,
+            run_time,
+            at: self.queue.clock().now(),
+        });
+        if pool && queue {
+            self.events.emit(event.clone());
+        }
+        if pool && !queue {
+            self.events.emit(event);
+        } else {
+            self.queue.events().emit(event);
+        }
+    }
+
     /// Ends an idle heartbeat thread's long sleep: a job is in flight now,
     /// and its cancellation and timeout are watched every 100 ms.
     fn wake_heartbeat(&self) {
@@ -1353,6 +1407,8 @@ struct InFlight {
     run: Arc<RunState>,
     /// The worker thread running the handler (set when it starts).
     thread: Option<(ThreadId, Arc<str>)>,
+    /// When the handler started.
+    started: Option<Instant>,
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
@@ -1670,6 +1726,7 @@ fn dispatch_loop(
                             completion: Arc::default(),
                             run: Arc::default(),
                             thread: None,
+                            started: None,
                         },
                     );
                     if let Some(jobs) = &jobs {
@@ -1781,16 +1838,25 @@ fn record(
 ) -> Option<Vec<Lease>> {
     let outcomes: Vec<(&Lease, Outcome)> = finished.iter().map(|(l, o)| (l, o.clone())).collect();
     // Runs already known to have lost their lease were reported when taken.
-    let known_lost: std::collections::HashSet<JobId> = {
+    let (known_lost, run_times): (HashSet<JobId>, Vec<Option<Duration>>) = {
         let mut in_flight = shared.lock_in_flight();
-        finished
+        let known_lost = finished
             .iter()
             .filter(|(lease, _)| {
                 entry_of(&mut in_flight, lease)
                     .is_some_and(|job| job.cancel.get() == Some(CancelReason::LeaseLost))
             })
             .map(|(lease, _)| lease.job_id)
-            .collect()
+            .collect();
+        let run_times = finished
+            .iter()
+            .map(|(lease, _)| {
+                entry_of(&mut in_flight, lease)
+                    .and_then(|job| job.started)
+                    .map(|at| at.elapsed())
+            })
+            .collect();
+        (known_lost, run_times)
     };
     let mut pause = Duration::from_millis(50);
     let mut tries = 0;
@@ -1818,16 +1884,21 @@ fn record(
             if !finished.is_empty() {
                 unsynced.recorded();
             }
-            for ((lease, outcome), result) in finished.iter().zip(results) {
+            for (((lease, outcome), result), run_time) in
+                finished.iter().zip(results).zip(run_times)
+            {
                 match result {
                     Err(e) if e.is_lease_lost() && known_lost.contains(&lease.job_id) => {}
                     // A hand-back of a run that already lost its lease:
                     // nothing was lost (said when the run was let go).
                     Err(e) if e.is_lease_lost() && *outcome == Outcome::Release => {}
                     Err(e) => {
-                        log::warn!("outcome {outcome:?} of job {} refused: {e}", lease.job_id)
+                        log::warn!("outcome {outcome:?} of job {} refused: {e}", lease.job_id);
+                        if e.is_lease_lost() {
+                            shared.emit(lease, || JobEventKind::LeaseLost, None, run_time);
+                        }
                     }
-                    Ok(()) => {}
+                    Ok(()) => recorded(shared, lease, outcome, run_time),
                 }
             }
             Some(leases)
@@ -1840,6 +1911,75 @@ fn record(
             None
         }
     }
+}
+
+/// What a recorded outcome tells this pool's observers: its event, its
+/// log line.
+fn recorded(shared: &Shared, lease: &Lease, outcome: &Outcome, run_time: Option<Duration>) {
+    let last = lease.attempt >= lease.max_attempts;
+    let failure = match outcome {
+        Outcome::FailPermanently(error) => Some((error, None)),
+        Outcome::Fail(error) => Some((
+            error,
+            Some(shared.queue.retry_policy().backoff(lease.attempt)),
+        )),
+        Outcome::FailRetryAfter(error, delay) => Some((error, Some(*delay))),
+        _ => None,
+    };
+    let what = match outcome {
+        Outcome::Complete => JobEventKind::Succeeded,
+        Outcome::Fail(_) | Outcome::FailRetryAfter(..) | Outcome::FailPermanently(_) => {
+            let Some((error, retry_in)) = failure else {
+                return;
+            };
+            match retry_in.filter(|_| !last) {
+                None => {
+                    log::warn!(
+                        "job {} ({}, queue {}) is dead after attempt {} of {}: {error}",
+                        lease.job_id,
+                        lease.kind,
+                        lease.queue,
+                        lease.attempt,
+                        lease.max_attempts
+                    );
+                    JobEventKind::Dead {
+                        error: error.clone(),
+                    }
+                }
+                Some(retry_in) => {
+                    log::info!(
+                        "job {} ({}, queue {}) failed attempt {} of {}, retry in {retry_in:?}: {error}",
+                        lease.job_id,
+                        lease.kind,
+                        lease.queue,
+                        lease.attempt,
+                        lease.max_attempts
+                    );
+                    JobEventKind::Failed {
+                        error: error.clone(),
+                        retry_in,
+                    }
+                }
+            }
+        }
+        Outcome::Snooze(until) => JobEventKind::Snoozed { until: *until },
+        Outcome::TimedOut(error) => {
+            if last {
+                log::warn!(
+                    "job {} ({}, queue {}) is dead after attempt {} of {} timed out: {error}",
+                    lease.job_id,
+                    lease.kind,
+                    lease.queue,
+                    lease.attempt,
+                    lease.max_attempts
+                );
+            }
+            JobEventKind::TimedOut { dead: last }
+        }
+        // Handed back unstarted: no transition of the job's own.
+        Outcome::Release => return,
+    };
+    shared.emit(lease, || what, None, run_time);
 }
 
 fn work_loop(shared: &Shared) {
@@ -1858,6 +1998,7 @@ fn work_loop(shared: &Shared) {
                     entry_of(&mut in_flight, &lease).map(|job| {
                         job.deadline = lease.timeout.map(|t| Instant::now() + t);
                         job.thread = Some(thread.clone());
+                        job.started = Some(Instant::now());
                         (
                             Arc::clone(&job.cancel),
                             Arc::clone(&job.completion),
@@ -1887,6 +2028,17 @@ fn work_loop(shared: &Shared) {
                     queue: shared.queue.clone(),
                     completion,
                 };
+                let queue_time = (ctx.now() - ctx.lease.run_at)
+                    .to_std()
+                    .unwrap_or(Duration::ZERO);
+                shared.emit(
+                    &ctx.lease,
+                    || JobEventKind::Started {
+                        run_token: ctx.lease.run_token.clone(),
+                    },
+                    Some(queue_time),
+                    None,
+                );
                 let began = Instant::now();
                 let result = catch_unwind(AssertUnwindSafe(|| handler.run(&ctx)));
                 shared.run_time.record(began.elapsed());
@@ -1917,8 +2069,14 @@ fn work_loop(shared: &Shared) {
                     shared.fetcher_waker.wake();
                     continue;
                 }
-                let policy = shared.retry_policies.get(&ctx.lease.kind);
-                let outcome = outcome_of(result, policy, ctx.lease.attempt);
+                // The queue's policy is applied here too (not left to the
+                // engine), so that a failure's event knows its retry delay.
+                let policy = shared
+                    .retry_policies
+                    .get(&ctx.lease.kind)
+                    .copied()
+                    .unwrap_or_else(|| shared.queue.retry_policy());
+                let outcome = outcome_of(result, Some(&policy), ctx.lease.attempt);
                 (ctx.lease, outcome)
             }
             _ => (lease, Outcome::Release),
@@ -2172,6 +2330,7 @@ fn heartbeat_loop(shared: &Arc<Shared>, interval: Duration, mut watcher: ChangeW
                             if !job.finishing && !job.completion.started() {
                                 log::warn!("job {}: {e}; cancelling its handler", lease.job_id);
                                 job.cancel.set(CancelReason::LeaseLost);
+                                shared.emit(lease, || JobEventKind::LeaseLost, None, None);
                             }
                         }
                     }
@@ -2225,6 +2384,7 @@ fn notice_lost_leases(shared: &Shared, watcher: &mut ChangeWatcher) {
                             lease.job_id
                         );
                         job.cancel.set(CancelReason::LeaseLost);
+                        shared.emit(lease, || JobEventKind::LeaseLost, None, None);
                     }
                 }
             }
