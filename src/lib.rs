@@ -309,6 +309,7 @@ mod file_events;
 mod job;
 mod lease;
 mod metrics;
+mod observe;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod queue;

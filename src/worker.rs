@@ -429,6 +429,8 @@ pub struct WorkerPoolBuilder {
     /// `start`.
     #[cfg(feature = "tokio")]
     missing_runtime: Option<String>,
+    #[cfg(feature = "metrics")]
+    metrics_interval: Duration,
 }
 
 impl std::fmt::Debug for WorkerPoolBuilder {
@@ -697,6 +699,17 @@ impl WorkerPoolBuilder {
         self
     }
 
+    /// How often (default 15 s) the pool sets the `tickler_jobs` gauges
+    /// (jobs per queue and state) from [`Queue::stats`] (feature
+    /// `metrics`). Each time is one read of the counts of the whole
+    /// file, a scan that takes about 0.1 s per million jobs on SQLite:
+    /// with several pools on one file, raise it for all but one.
+    #[cfg(feature = "metrics")]
+    pub fn metrics_interval(mut self, every: Duration) -> Self {
+        self.metrics_interval = every.max(Duration::from_millis(100));
+        self
+    }
+
     /// Starts the threads.
     ///
     /// # Errors
@@ -796,6 +809,23 @@ impl WorkerPoolBuilder {
             })
         };
         let _ = shared.heartbeat_thread.set(heartbeat.thread().clone());
+        #[cfg(feature = "metrics")]
+        {
+            let shared = Arc::clone(&shared);
+            let every = self.metrics_interval;
+            // Detached: it notices the pool's end within 100 ms.
+            spawn("tickler-metrics", move || {
+                let mut known = std::collections::BTreeSet::new();
+                let mut next = Instant::now();
+                while !shared.stop_background.load(Ordering::SeqCst) {
+                    if Instant::now() >= next {
+                        crate::observe::job_gauges(&shared.queue, &mut known);
+                        next = Instant::now() + every;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+        }
         // After a forward clock step this pool's own leases look expired
         // until its next heartbeat: its reaper holds off at least two
         // heartbeat intervals.
@@ -922,6 +952,8 @@ impl WorkerPool {
             runtime: None,
             #[cfg(feature = "tokio")]
             missing_runtime: None,
+            #[cfg(feature = "metrics")]
+            metrics_interval: Duration::from_secs(15),
         }
     }
 
@@ -1888,13 +1920,16 @@ fn record(
                 finished.iter().zip(results).zip(run_times)
             {
                 match result {
-                    Err(e) if e.is_lease_lost() && known_lost.contains(&lease.job_id) => {}
+                    Err(e) if e.is_lease_lost() && known_lost.contains(&lease.job_id) => {
+                        crate::observe::finished(lease, "lease_lost", run_time);
+                    }
                     // A hand-back of a run that already lost its lease:
                     // nothing was lost (said when the run was let go).
                     Err(e) if e.is_lease_lost() && *outcome == Outcome::Release => {}
                     Err(e) => {
                         log::warn!("outcome {outcome:?} of job {} refused: {e}", lease.job_id);
                         if e.is_lease_lost() {
+                            crate::observe::finished(lease, "lease_lost", run_time);
                             shared.emit(lease, || JobEventKind::LeaseLost, None, run_time);
                         }
                     }
@@ -1979,6 +2014,14 @@ fn recorded(shared: &Shared, lease: &Lease, outcome: &Outcome, run_time: Option<
         // Handed back unstarted: no transition of the job's own.
         Outcome::Release => return,
     };
+    let label = match &what {
+        JobEventKind::Succeeded => "succeeded",
+        JobEventKind::Failed { .. } => "failed",
+        JobEventKind::Dead { .. } => "dead",
+        JobEventKind::Snoozed { .. } => "snoozed",
+        _ => "timed_out",
+    };
+    crate::observe::finished(lease, label, run_time);
     shared.emit(lease, || what, None, run_time);
 }
 
@@ -2039,8 +2082,12 @@ fn work_loop(shared: &Shared) {
                     Some(queue_time),
                     None,
                 );
+                crate::observe::started(&ctx.lease, queue_time);
                 let began = Instant::now();
-                let result = catch_unwind(AssertUnwindSafe(|| handler.run(&ctx)));
+                let result = {
+                    let _span = crate::observe::run_span(&ctx.lease);
+                    catch_unwind(AssertUnwindSafe(|| handler.run(&ctx)))
+                };
                 shared.run_time.record(began.elapsed());
                 if let Err(state) = run.end() {
                     // Written off by the heartbeat thread while it ran: the
