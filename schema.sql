@@ -168,3 +168,14 @@ CREATE INDEX tickler_schedules_updated
 -- margin) was granted "in the future" and is treated as expiring one lease
 -- length from now. NULL for leases granted before this migration.
 ALTER TABLE tickler_jobs ADD COLUMN lease_ms INTEGER CHECK (lease_ms IS NULL OR lease_ms >= 0);
+
+-- migration: 5
+-- Paused queues (Queue::pause_queue): a claim skips the queues listed
+-- here, in the transaction that claims, so a pause committed before a
+-- claim starts holds for every process on the file. Jobs already claimed
+-- run on and their outcomes are recorded; nothing else about the jobs
+-- changes. A row per paused queue; resuming deletes it.
+CREATE TABLE tickler_paused_queues (
+    queue     TEXT    PRIMARY KEY CHECK (length(queue) > 0),
+    paused_at INTEGER NOT NULL
+) STRICT;

@@ -141,4 +141,11 @@ pub(crate) trait Engine: ScheduleStore + Send + Sync {
 
     /// See [`crate::Queue::unfinished`].
     fn unfinished(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<u64>;
+
+    /// See [`crate::Queue::pause_queue`] and [`crate::Queue::resume_queue`];
+    /// resuming wakes the watchers of every process.
+    fn set_queue_paused(&self, queue: &str, paused: bool) -> Result<()>;
+
+    /// See [`crate::Queue::paused_queues`].
+    fn paused_queues(&self) -> Result<Vec<String>>;
 }

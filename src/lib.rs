@@ -129,6 +129,31 @@
 //! default settings a 4-thread pool drains no-op jobs at about the rate of a
 //! hand-written loop that claims and completes 32 jobs per transaction.
 //!
+//! ## Events, pauses and observability
+//!
+//! [`Queue::subscribe`] and [`WorkerPool::subscribe`] hand out a
+//! [`Subscription`]: a bounded buffer of [`Event`]s, one per transition
+//! (enqueued, started with attempt and run_token, succeeded, failed with
+//! its retry delay, dead, snoozed, cancelled, retried, lease lost, timed
+//! out; a schedule's tick fired or skipped), each with the job's id, kind
+//! and queue, how long it waited since due and how long it ran. A reader
+//! that falls behind loses events (counted in
+//! [`Subscription::dropped`]), never slows the pool.
+//!
+//! Events are **this process's only**. Nothing is sent between
+//! processes: a queue's subscribers see what was done through that
+//! `Queue` (and its clones), its pools and its schedulers; a pool's, what
+//! that pool did. Another process's enqueues, runs and operator actions
+//! are not seen, and neither is a job cancelled elsewhere until this
+//! pool's run of it loses its lease. Read the queue ([`Queue::stats`],
+//! [`Queue::list`]) for what every process did.
+//!
+//! [`Queue::pause_queue`] is the opposite: a flag stored with the jobs,
+//! respected by every process's claims until [`Queue::resume_queue`].
+//!
+//! A job that goes `dead` is logged at `warn`, a failure that will be
+//! retried at `info` (through `log`).
+
 //! ## Typed jobs
 //!
 //! A payload type that implements [`JobArgs`] names its kind and, if it
@@ -279,10 +304,12 @@ mod async_queue;
 mod clock;
 mod engine;
 mod error;
+mod events;
 mod file_events;
 mod job;
 mod lease;
 mod metrics;
+mod observe;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod queue;
@@ -306,6 +333,7 @@ pub use rusqlite;
 pub use async_queue::AsyncQueue;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Result};
+pub use events::{Event, JobEvent, JobEventKind, Subscription, TickEvent, DEFAULT_EVENT_BUFFER};
 pub use job::{
     AttemptError, Job, JobId, JobState, NewJob, RunToken, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE,
 };

@@ -29,6 +29,7 @@
 use crate::clock::{Clock, SystemClock};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::events::{Event, EventHub, JobEvent, JobEventKind, Subscription};
 use crate::job::{Job, JobId, JobState, NewJob};
 use crate::lease::Lease;
 use crate::metrics::WriteLockWaits;
@@ -269,6 +270,7 @@ impl QueueBuilder {
                 clock: Arc::clone(&self.clock),
                 config: self,
                 backend: Backend::Sqlite(store),
+                events: EventHub::default(),
             }),
         };
         if let Ok(false) = Queue::file_is_private(&path) {
@@ -298,6 +300,7 @@ impl QueueBuilder {
                 clock: Arc::clone(store.clock()),
                 config: self,
                 backend: Backend::Postgres(store),
+                events: EventHub::default(),
             }),
         })
     }
@@ -351,6 +354,8 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// The engine: connections, write transactions, wake-ups.
     backend: Backend,
+    /// Subscribers to what this process does through this queue.
+    events: EventHub,
 }
 
 /// The engine behind a [`Queue`]. One per opened queue (behind its
@@ -703,7 +708,62 @@ impl Queue {
             .into_iter()
             .map(|job| self.validate(job, now))
             .collect::<Result<Vec<_>>>()?;
-        self.engine().enqueue(rows)
+        let described: Option<Vec<(String, String)>> = self.inner.events.active().then(|| {
+            rows.iter()
+                .map(|r| (r.job.kind.clone(), r.job.queue.clone()))
+                .collect()
+        });
+        let ids = self.engine().enqueue(rows)?;
+        for (id, (kind, queue)) in ids.iter().zip(described.into_iter().flatten()) {
+            self.emit_job(JobEventKind::Enqueued, *id, kind, queue);
+        }
+        Ok(ids)
+    }
+
+    // ----------------------------------------------------------------- events
+
+    /// A subscription to what this process does through this queue (and
+    /// its clones): jobs enqueued, cancelled and retried here, and every
+    /// event of the [`crate::WorkerPool`]s and schedulers started on it.
+    /// Up to `capacity` events wait for the reader (at least 1;
+    /// [`crate::DEFAULT_EVENT_BUFFER`] is a fair choice); what does not fit
+    /// is dropped and counted ([`Subscription::dropped`]), so a slow reader
+    /// never slows the queue or its pools.
+    ///
+    /// Events are this process's only: nothing is stored or sent between
+    /// processes, and another process's enqueues, claims and outcomes
+    /// (or changes made by hand in the file) are not seen. Read the queue
+    /// ([`Queue::stats`], [`Queue::get`]) for the whole picture.
+    pub fn subscribe(&self, capacity: usize) -> Subscription {
+        self.inner.events.subscribe(capacity)
+    }
+
+    pub(crate) fn events(&self) -> &EventHub {
+        &self.inner.events
+    }
+
+    fn emit_job(&self, what: JobEventKind, job_id: JobId, kind: String, queue: String) {
+        self.inner.events.emit(Event::Job(JobEvent {
+            what,
+            job_id,
+            kind,
+            queue,
+            attempt: None,
+            queue_time: None,
+            run_time: None,
+            at: self.inner.clock.now(),
+        }));
+    }
+
+    /// Emits `what` for job `id` with its kind and queue read back, if
+    /// anyone listens (operator actions are rare: one read is cheap).
+    fn emit_read_back(&self, what: JobEventKind, id: JobId) {
+        if !self.inner.events.active() {
+            return;
+        }
+        if let Ok(job) = self.engine().get(id) {
+            self.emit_job(what, id, job.kind, job.queue);
+        }
     }
 
     /// Opens a new connection to this queue's file with the settings tickler
@@ -893,6 +953,7 @@ impl Queue {
     /// the write lock from the start, no other claimer can read the same
     /// pending rows. Each claim consumes an attempt (`attempts + 1`).
     /// Returns leases in claim order (priority, then due time, then id).
+    /// A paused queue ([`Queue::pause_queue`]) gives nothing.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a lease under 1 ms, [`Error::Busy`],
@@ -1106,6 +1167,49 @@ impl Queue {
         self.engine().reap_expired_before(cutoff)
     }
 
+    // ---------------------------------------------------------- paused queues
+
+    /// Pauses a queue: from the moment this returns, no claim of any
+    /// process or machine sharing the queue takes a job of it, and
+    /// [`Queue::next_due`] treats it as having nothing due (so idle worker
+    /// pools sleep instead of polling it). Nothing else changes: jobs can
+    /// still be enqueued into it, scheduled jobs still fall due, jobs
+    /// already claimed run on and their outcomes are recorded, and the
+    /// reaper still takes back their expired leases. The flag is stored
+    /// (it survives restarts) and may name a queue that has no job yet.
+    /// Pausing a paused queue does nothing.
+    ///
+    /// # Errors
+    /// [`Error::EmptyQueue`]; [`Error::Busy`], [`Error::DiskFull`],
+    /// [`Error::Sqlite`].
+    pub fn pause_queue(&self, queue: &str) -> Result<()> {
+        if queue.is_empty() {
+            return Err(Error::EmptyQueue);
+        }
+        self.engine().set_queue_paused(queue, true)
+    }
+
+    /// Resumes a paused queue and wakes the worker pools of every process
+    /// so that its due jobs are claimed at once. Resuming a queue that is
+    /// not paused does nothing.
+    ///
+    /// # Errors
+    /// As [`Queue::pause_queue`].
+    pub fn resume_queue(&self, queue: &str) -> Result<()> {
+        if queue.is_empty() {
+            return Err(Error::EmptyQueue);
+        }
+        self.engine().set_queue_paused(queue, false)
+    }
+
+    /// The names of the paused queues, in byte order.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn paused_queues(&self) -> Result<Vec<String>> {
+        self.engine().paused_queues()
+    }
+
     // ------------------------------------------------------ operator actions
 
     /// Cancels a job that is not finished. A running job's holder then gets
@@ -1121,7 +1225,9 @@ impl Queue {
     /// # Errors
     /// [`Error::NotFound`]; [`Error::InvalidState`] if it already finished.
     pub fn cancel(&self, id: JobId) -> Result<()> {
-        self.engine().cancel(id)
+        self.engine().cancel(id)?;
+        self.emit_read_back(JobEventKind::Cancelled, id);
+        Ok(())
     }
 
     /// Makes a dead or cancelled job pending again, due now, with fresh
@@ -1134,7 +1240,9 @@ impl Queue {
     /// [`Error::UniqueKeyHeld`] if its unique_key now belongs to another
     /// unfinished job.
     pub fn retry(&self, id: JobId) -> Result<()> {
-        self.engine().retry(id)
+        self.engine().retry(id)?;
+        self.emit_read_back(JobEventKind::Retried, id);
+        Ok(())
     }
 
     /// Deletes finished jobs (succeeded, dead, cancelled) that finished

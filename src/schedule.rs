@@ -1225,6 +1225,17 @@ impl Queue {
                 })?;
             run.jobs.extend(fired.jobs);
             run.skipped += fired.skipped;
+            if self.events().active() {
+                for (schedule, at, job_id) in fired.ticks {
+                    self.events()
+                        .emit(crate::events::Event::Tick(crate::events::TickEvent {
+                            schedule,
+                            tick_at: ms_to_datetime(at),
+                            job_id,
+                            at: self.clock().now(),
+                        }));
+                }
+            }
             replace.extend(fired.replace);
             run.next_tick_at = next;
             if !full {
@@ -1363,8 +1374,17 @@ impl Queue {
             // Another scheduler handled these ticks first.
             return Ok(Fired::default());
         }
+        let jobs = tx.insert_jobs(&rows, now)?;
+        let fired_at: std::collections::HashMap<i64, JobId> =
+            fire.iter().copied().zip(jobs.iter().copied()).collect();
+        let ticks = plan
+            .ticks
+            .iter()
+            .map(|at| (schedule.name.clone(), *at, fired_at.get(at).copied()))
+            .collect();
         Ok(Fired {
-            jobs: tx.insert_jobs(&rows, now)?,
+            jobs,
+            ticks,
             skipped,
             replace: replace
                 .into_iter()
@@ -1381,6 +1401,9 @@ pub(crate) struct Fired {
     pub(crate) skipped: u64,
     /// Earlier runs to cancel once committed, with their schedule's name.
     pub(crate) replace: Vec<(String, JobId)>,
+    /// Per handled tick: its schedule, its instant (ms) and its job
+    /// (`None`: skipped by the overlap policy), for events.
+    pub(crate) ticks: Vec<(String, i64, Option<JobId>)>,
 }
 
 impl Fired {
@@ -1389,6 +1412,7 @@ impl Fired {
         self.jobs.extend(other.jobs);
         self.skipped += other.skipped;
         self.replace.extend(other.replace);
+        self.ticks.extend(other.ticks);
     }
 }
 

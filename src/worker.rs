@@ -22,6 +22,7 @@
 
 use crate::clock::Clock;
 use crate::error::Error;
+use crate::events::{Event, EventHub, JobEvent, JobEventKind, Subscription};
 use crate::job::{JobId, RunToken};
 use crate::lease::Lease;
 use crate::queue::{ChangeWatcher, ClaimRequest, Outcome, OutcomeSync, Queue, Waker};
@@ -428,6 +429,8 @@ pub struct WorkerPoolBuilder {
     /// `start`.
     #[cfg(feature = "tokio")]
     missing_runtime: Option<String>,
+    #[cfg(feature = "metrics")]
+    metrics_interval: Duration,
 }
 
 impl std::fmt::Debug for WorkerPoolBuilder {
@@ -696,6 +699,17 @@ impl WorkerPoolBuilder {
         self
     }
 
+    /// How often (default 15 s) the pool sets the `tickler_jobs` gauges
+    /// (jobs per queue and state) from [`Queue::stats`] (feature
+    /// `metrics`). Each time is one read of the counts of the whole
+    /// file, a scan that takes about 0.1 s per million jobs on SQLite:
+    /// with several pools on one file, raise it for all but one.
+    #[cfg(feature = "metrics")]
+    pub fn metrics_interval(mut self, every: Duration) -> Self {
+        self.metrics_interval = every.max(Duration::from_millis(100));
+        self
+    }
+
     /// Starts the threads.
     ///
     /// # Errors
@@ -759,6 +773,7 @@ impl WorkerPoolBuilder {
             run_time: RunTime::default(),
             handed_back: AtomicUsize::new(0),
             claims_over: AtomicBool::new(false),
+            events: EventHub::default(),
         });
 
         let mut kinds: Vec<String> = shared.handlers.keys().cloned().collect();
@@ -794,6 +809,23 @@ impl WorkerPoolBuilder {
             })
         };
         let _ = shared.heartbeat_thread.set(heartbeat.thread().clone());
+        #[cfg(feature = "metrics")]
+        {
+            let shared = Arc::clone(&shared);
+            let every = self.metrics_interval;
+            // Detached: it notices the pool's end within 100 ms.
+            spawn("tickler-metrics", move || {
+                let mut known = std::collections::BTreeSet::new();
+                let mut next = Instant::now();
+                while !shared.stop_background.load(Ordering::SeqCst) {
+                    if Instant::now() >= next {
+                        crate::observe::job_gauges(&shared.queue, &mut known);
+                        next = Instant::now() + every;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+        }
         // After a forward clock step this pool's own leases look expired
         // until its next heartbeat: its reaper holds off at least two
         // heartbeat intervals.
@@ -920,6 +952,8 @@ impl WorkerPool {
             runtime: None,
             #[cfg(feature = "tokio")]
             missing_runtime: None,
+            #[cfg(feature = "metrics")]
+            metrics_interval: Duration::from_secs(15),
         }
     }
 
@@ -932,6 +966,22 @@ impl WorkerPool {
     /// for a thread).
     pub fn in_flight(&self) -> usize {
         self.shared.lock_in_flight().len()
+    }
+
+    /// A subscription to this pool's events: each job's start (attempt,
+    /// run_token, time waited since due), outcome (succeeded, failed with
+    /// its retry delay, dead, snoozed, timed out; with the run time) and
+    /// lost lease, as this pool saw them. Up to `capacity` events wait
+    /// (at least 1; [`crate::DEFAULT_EVENT_BUFFER`] is a fair choice);
+    /// what does not fit is dropped and counted
+    /// ([`Subscription::dropped`]): a reader that is slow or never reads
+    /// does not slow the pool. The same events also go to
+    /// [`Queue::subscribe`]rs of the pool's queue, which can subscribe
+    /// before the pool starts, and which also get the ticks of the pool's
+    /// scheduler ([`crate::TickEvent`]). Events are this process's only;
+    /// see [`Queue::subscribe`].
+    pub fn subscribe(&self, capacity: usize) -> Subscription {
+        self.shared.events.subscribe(capacity)
     }
 
     /// Threads and slots of this pool right now.
@@ -1251,9 +1301,45 @@ struct Shared {
     /// more: every lease it claimed is in the job channel or with a worker
     /// by then (also set if the dispatcher thread ends).
     claims_over: AtomicBool,
+    /// This pool's subscribers (`WorkerPool::subscribe`); the queue's get
+    /// the same events.
+    events: EventHub,
 }
 
 impl Shared {
+    /// Sends a job's event to this pool's and its queue's subscribers;
+    /// builds nothing when no one listens.
+    fn emit(
+        &self,
+        lease: &Lease,
+        what: impl FnOnce() -> JobEventKind,
+        queue_time: Option<Duration>,
+        run_time: Option<Duration>,
+    ) {
+        let (pool, queue) = (self.events.active(), self.queue.events().active());
+        if !pool && !queue {
+            return;
+        }
+        let event = Event::Job(JobEvent {
+            what: what(),
+            job_id: lease.job_id,
+            kind: lease.kind.clone(),
+            queue: lease.queue.clone(),
+            attempt: Some(lease.attempt),
+            queue_time,
+            run_time,
+            at: self.queue.clock().now(),
+        });
+        if pool && queue {
+            self.events.emit(event.clone());
+        }
+        if pool && !queue {
+            self.events.emit(event);
+        } else {
+            self.queue.events().emit(event);
+        }
+    }
+
     /// Ends an idle heartbeat thread's long sleep: a job is in flight now,
     /// and its cancellation and timeout are watched every 100 ms.
     fn wake_heartbeat(&self) {
@@ -1353,6 +1439,8 @@ struct InFlight {
     run: Arc<RunState>,
     /// The worker thread running the handler (set when it starts).
     thread: Option<(ThreadId, Arc<str>)>,
+    /// When the handler started.
+    started: Option<Instant>,
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
@@ -1670,6 +1758,7 @@ fn dispatch_loop(
                             completion: Arc::default(),
                             run: Arc::default(),
                             thread: None,
+                            started: None,
                         },
                     );
                     if let Some(jobs) = &jobs {
@@ -1781,16 +1870,25 @@ fn record(
 ) -> Option<Vec<Lease>> {
     let outcomes: Vec<(&Lease, Outcome)> = finished.iter().map(|(l, o)| (l, o.clone())).collect();
     // Runs already known to have lost their lease were reported when taken.
-    let known_lost: std::collections::HashSet<JobId> = {
+    let (known_lost, run_times): (HashSet<JobId>, Vec<Option<Duration>>) = {
         let mut in_flight = shared.lock_in_flight();
-        finished
+        let known_lost = finished
             .iter()
             .filter(|(lease, _)| {
                 entry_of(&mut in_flight, lease)
                     .is_some_and(|job| job.cancel.get() == Some(CancelReason::LeaseLost))
             })
             .map(|(lease, _)| lease.job_id)
-            .collect()
+            .collect();
+        let run_times = finished
+            .iter()
+            .map(|(lease, _)| {
+                entry_of(&mut in_flight, lease)
+                    .and_then(|job| job.started)
+                    .map(|at| at.elapsed())
+            })
+            .collect();
+        (known_lost, run_times)
     };
     let mut pause = Duration::from_millis(50);
     let mut tries = 0;
@@ -1818,16 +1916,24 @@ fn record(
             if !finished.is_empty() {
                 unsynced.recorded();
             }
-            for ((lease, outcome), result) in finished.iter().zip(results) {
+            for (((lease, outcome), result), run_time) in
+                finished.iter().zip(results).zip(run_times)
+            {
                 match result {
-                    Err(e) if e.is_lease_lost() && known_lost.contains(&lease.job_id) => {}
+                    Err(e) if e.is_lease_lost() && known_lost.contains(&lease.job_id) => {
+                        crate::observe::finished(lease, "lease_lost", run_time);
+                    }
                     // A hand-back of a run that already lost its lease:
                     // nothing was lost (said when the run was let go).
                     Err(e) if e.is_lease_lost() && *outcome == Outcome::Release => {}
                     Err(e) => {
-                        log::warn!("outcome {outcome:?} of job {} refused: {e}", lease.job_id)
+                        log::warn!("outcome {outcome:?} of job {} refused: {e}", lease.job_id);
+                        if e.is_lease_lost() {
+                            crate::observe::finished(lease, "lease_lost", run_time);
+                            shared.emit(lease, || JobEventKind::LeaseLost, None, run_time);
+                        }
                     }
-                    Ok(()) => {}
+                    Ok(()) => recorded(shared, lease, outcome, run_time),
                 }
             }
             Some(leases)
@@ -1840,6 +1946,83 @@ fn record(
             None
         }
     }
+}
+
+/// What a recorded outcome tells this pool's observers: its event, its
+/// log line.
+fn recorded(shared: &Shared, lease: &Lease, outcome: &Outcome, run_time: Option<Duration>) {
+    let last = lease.attempt >= lease.max_attempts;
+    let failure = match outcome {
+        Outcome::FailPermanently(error) => Some((error, None)),
+        Outcome::Fail(error) => Some((
+            error,
+            Some(shared.queue.retry_policy().backoff(lease.attempt)),
+        )),
+        Outcome::FailRetryAfter(error, delay) => Some((error, Some(*delay))),
+        _ => None,
+    };
+    let what = match outcome {
+        Outcome::Complete => JobEventKind::Succeeded,
+        Outcome::Fail(_) | Outcome::FailRetryAfter(..) | Outcome::FailPermanently(_) => {
+            let Some((error, retry_in)) = failure else {
+                return;
+            };
+            match retry_in.filter(|_| !last) {
+                None => {
+                    log::warn!(
+                        "job {} ({}, queue {}) is dead after attempt {} of {}: {error}",
+                        lease.job_id,
+                        lease.kind,
+                        lease.queue,
+                        lease.attempt,
+                        lease.max_attempts
+                    );
+                    JobEventKind::Dead {
+                        error: error.clone(),
+                    }
+                }
+                Some(retry_in) => {
+                    log::info!(
+                        "job {} ({}, queue {}) failed attempt {} of {}, retry in {retry_in:?}: {error}",
+                        lease.job_id,
+                        lease.kind,
+                        lease.queue,
+                        lease.attempt,
+                        lease.max_attempts
+                    );
+                    JobEventKind::Failed {
+                        error: error.clone(),
+                        retry_in,
+                    }
+                }
+            }
+        }
+        Outcome::Snooze(until) => JobEventKind::Snoozed { until: *until },
+        Outcome::TimedOut(error) => {
+            if last {
+                log::warn!(
+                    "job {} ({}, queue {}) is dead after attempt {} of {} timed out: {error}",
+                    lease.job_id,
+                    lease.kind,
+                    lease.queue,
+                    lease.attempt,
+                    lease.max_attempts
+                );
+            }
+            JobEventKind::TimedOut { dead: last }
+        }
+        // Handed back unstarted: no transition of the job's own.
+        Outcome::Release => return,
+    };
+    let label = match &what {
+        JobEventKind::Succeeded => "succeeded",
+        JobEventKind::Failed { .. } => "failed",
+        JobEventKind::Dead { .. } => "dead",
+        JobEventKind::Snoozed { .. } => "snoozed",
+        _ => "timed_out",
+    };
+    crate::observe::finished(lease, label, run_time);
+    shared.emit(lease, || what, None, run_time);
 }
 
 fn work_loop(shared: &Shared) {
@@ -1858,6 +2041,7 @@ fn work_loop(shared: &Shared) {
                     entry_of(&mut in_flight, &lease).map(|job| {
                         job.deadline = lease.timeout.map(|t| Instant::now() + t);
                         job.thread = Some(thread.clone());
+                        job.started = Some(Instant::now());
                         (
                             Arc::clone(&job.cancel),
                             Arc::clone(&job.completion),
@@ -1887,8 +2071,23 @@ fn work_loop(shared: &Shared) {
                     queue: shared.queue.clone(),
                     completion,
                 };
+                let queue_time = (ctx.now() - ctx.lease.run_at)
+                    .to_std()
+                    .unwrap_or(Duration::ZERO);
+                shared.emit(
+                    &ctx.lease,
+                    || JobEventKind::Started {
+                        run_token: ctx.lease.run_token.clone(),
+                    },
+                    Some(queue_time),
+                    None,
+                );
+                crate::observe::started(&ctx.lease, queue_time);
                 let began = Instant::now();
-                let result = catch_unwind(AssertUnwindSafe(|| handler.run(&ctx)));
+                let result = {
+                    let _span = crate::observe::run_span(&ctx.lease);
+                    catch_unwind(AssertUnwindSafe(|| handler.run(&ctx)))
+                };
                 shared.run_time.record(began.elapsed());
                 if let Err(state) = run.end() {
                     // Written off by the heartbeat thread while it ran: the
@@ -1917,8 +2116,14 @@ fn work_loop(shared: &Shared) {
                     shared.fetcher_waker.wake();
                     continue;
                 }
-                let policy = shared.retry_policies.get(&ctx.lease.kind);
-                let outcome = outcome_of(result, policy, ctx.lease.attempt);
+                // The queue's policy is applied here too (not left to the
+                // engine), so that a failure's event knows its retry delay.
+                let policy = shared
+                    .retry_policies
+                    .get(&ctx.lease.kind)
+                    .copied()
+                    .unwrap_or_else(|| shared.queue.retry_policy());
+                let outcome = outcome_of(result, Some(&policy), ctx.lease.attempt);
                 (ctx.lease, outcome)
             }
             _ => (lease, Outcome::Release),
@@ -2172,6 +2377,7 @@ fn heartbeat_loop(shared: &Arc<Shared>, interval: Duration, mut watcher: ChangeW
                             if !job.finishing && !job.completion.started() {
                                 log::warn!("job {}: {e}; cancelling its handler", lease.job_id);
                                 job.cancel.set(CancelReason::LeaseLost);
+                                shared.emit(lease, || JobEventKind::LeaseLost, None, None);
                             }
                         }
                     }
@@ -2225,6 +2431,7 @@ fn notice_lost_leases(shared: &Shared, watcher: &mut ChangeWatcher) {
                             lease.job_id
                         );
                         job.cancel.set(CancelReason::LeaseLost);
+                        shared.emit(lease, || JobEventKind::LeaseLost, None, None);
                     }
                 }
             }

@@ -568,6 +568,19 @@ fn claim_in(
     now: i64,
     claim_id: i64,
 ) -> Result<Option<Vec<Lease>>> {
+    // Read by this transaction: under READ COMMITTED a pause committed
+    // before this statement began holds for this claim.
+    let paused = paused_in(tx)?;
+    let open: Vec<&str> = request
+        .queues
+        .iter()
+        .copied()
+        .filter(|q| !paused.contains(*q))
+        .collect();
+    let request = &ClaimRequest {
+        queues: &open,
+        ..*request
+    };
     let mut backlog = false;
     for queue in request.queues {
         let promoted = tx.execute(PROMOTE_SQL, &[queue, &now, &PROMOTE_BATCH])?;
@@ -697,7 +710,8 @@ impl Engine for Store {
         );
         let earliest = self.read(|tx| {
             let mut earliest: Option<i64> = None;
-            for queue in queues {
+            let paused = paused_in(tx)?;
+            for queue in queues.iter().filter(|q| !paused.contains(**q)) {
                 let pending: bool = match &kinds {
                     Some(k) => tx.query_one(&pending_sql, &[queue, &now, k])?,
                     None => tx.query_one(&pending_sql, &[queue, &now])?,
@@ -1153,6 +1167,41 @@ impl Engine for Store {
             Ok(n.unsigned_abs())
         })
     }
+
+    fn set_queue_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.write(|tx, _| {
+            let now = self.now_ms();
+            if paused {
+                tx.execute(
+                    "INSERT INTO tickler_paused_queues (queue, paused_at) VALUES ($1, $2)
+                     ON CONFLICT (queue) DO NOTHING",
+                    &[&queue, &now],
+                )?;
+            } else {
+                tx.execute(
+                    "DELETE FROM tickler_paused_queues WHERE queue = $1",
+                    &[&queue],
+                )?;
+            }
+            Ok(())
+        })?;
+        // NOTIFY: the pools of other processes wake up and look again.
+        self.notify_watchers();
+        Ok(())
+    }
+
+    fn paused_queues(&self) -> Result<Vec<String>> {
+        self.read(|tx| Ok(paused_in(tx)?.into_iter().collect()))
+    }
+}
+
+/// The paused queues, in byte order (a table of a few rows at most).
+fn paused_in(tx: &mut Tx<'_>) -> Result<std::collections::BTreeSet<String>> {
+    Ok(tx
+        .query("SELECT queue FROM tickler_paused_queues", &[])?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
 }
 
 impl Store {

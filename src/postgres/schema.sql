@@ -117,3 +117,13 @@ CREATE INDEX tickler_schedules_due
     ON tickler_schedules (next_tick_at) WHERE NOT paused AND next_tick_at IS NOT NULL;
 CREATE INDEX tickler_schedules_updated
     ON tickler_schedules (updated_at) WHERE NOT paused;
+
+-- migration: 2
+-- Paused queues (Queue::pause_queue), as in the SQLite schema: a claim
+-- skips the queues listed here. Read by the claiming transaction itself;
+-- under READ COMMITTED, each claim statement sees the pauses committed
+-- before it began.
+CREATE TABLE tickler_paused_queues (
+    queue     TEXT    PRIMARY KEY CHECK (length(queue) > 0),
+    paused_at BIGINT  NOT NULL
+);

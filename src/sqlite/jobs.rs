@@ -114,7 +114,8 @@ impl Engine for Store {
         let now_mark = format!("?{}", kinds.map_or(0, <[&str]>::len) + 2);
         let earliest = self.read(|conn| {
             let mut earliest: Option<i64> = None;
-            for queue in queues {
+            let paused = paused_in(conn)?;
+            for queue in queues.iter().filter(|q| !paused.contains(**q)) {
                 let mut values: Vec<&dyn rusqlite::ToSql> = vec![queue];
                 if let Some(kinds) = kinds {
                     values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
@@ -268,6 +269,19 @@ impl Engine for Store {
                 }
                 let Some((request, lease_ms, sql)) = &claim else {
                     return Ok((recorded, Some(Vec::new())));
+                };
+                // Read in this transaction, under the write lock: a pause
+                // committed before it holds for this claim.
+                let paused = paused_in(tx)?;
+                let open: Vec<&str> = request
+                    .queues
+                    .iter()
+                    .copied()
+                    .filter(|q| !paused.contains(*q))
+                    .collect();
+                let request = &ClaimRequest {
+                    queues: &open,
+                    ..**request
                 };
                 // Claim order (priority first) only holds if every due job
                 // is pending. A backlog larger than one promotion batch
@@ -630,6 +644,39 @@ impl Engine for Store {
             Ok(u64::try_from(n).unwrap_or(0))
         })
     }
+
+    fn set_queue_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        let now = self.now_ms();
+        self.write(|tx| {
+            if paused {
+                tx.prepare_cached(
+                    "INSERT INTO tickler_paused_queues (queue, paused_at) VALUES (?1, ?2)
+                     ON CONFLICT (queue) DO NOTHING",
+                )?
+                .execute(params![queue, now])?;
+            } else {
+                tx.prepare_cached("DELETE FROM tickler_paused_queues WHERE queue = ?1")?
+                    .execute([queue])?;
+            }
+            Ok(())
+        })?;
+        // Other processes see the commit (a change of the -wal file); this
+        // process's fetchers are woken here.
+        self.notify_watchers();
+        Ok(())
+    }
+
+    fn paused_queues(&self) -> Result<Vec<String>> {
+        self.read(|conn| Ok(paused_in(conn)?.into_iter().collect()))
+    }
+}
+
+/// The paused queues, in byte order: a read of a table of a few rows at
+/// most, cheap enough for every claim.
+fn paused_in(conn: &rusqlite::Connection) -> Result<std::collections::BTreeSet<String>> {
+    let mut stmt = conn.prepare_cached("SELECT queue FROM tickler_paused_queues")?;
+    let rows = stmt.query_map([], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
 /// The SQLite-only parts of the `Queue` API: jobs written and completed

@@ -95,6 +95,15 @@ pub enum Command {
     #[command(subcommand, after_help = SCHEDULE_HELP)]
     Schedule(ScheduleCommand),
 
+    /// Serve Prometheus metrics (/metrics) and a dashboard (/) over HTTP.
+    #[cfg(feature = "serve")]
+    #[command(after_help = SERVE_HELP)]
+    Serve(ServeArgs),
+
+    /// Pause or resume a queue: no process claims jobs of a paused queue.
+    #[command(subcommand, after_help = QUEUE_HELP)]
+    Queue(QueueCommand),
+
     /// Run a worker pool on the file, executing jobs of kind `shell`, until
     /// SIGINT or SIGTERM.
     #[command(after_help = WORK_HELP)]
@@ -352,6 +361,59 @@ pub struct WorkArgs {
     /// Print nothing per job.
     #[arg(long)]
     pub quiet: bool,
+}
+
+#[cfg(feature = "serve")]
+const SERVE_HELP: &str = "Examples:
+  tickler serve                       # http://127.0.0.1:9187/
+  tickler serve --listen 0.0.0.0:9187 --allow-remote --token \"$(openssl rand -hex 16)\"
+
+/metrics is the Prometheus text format: jobs per queue and state, the oldest due job's
+lateness per queue, dead jobs, paused queues, schedules' next ticks. / is a dashboard
+with counts, jobs per state with their errors, retry and cancel buttons, schedules and
+pause/resume of queues. With --token, requests need `Authorization: Bearer TOKEN`
+(or open /?token=TOKEN once in a browser).";
+
+/// `tickler serve`.
+#[cfg(feature = "serve")]
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address and port to listen on (port 0: any free port, printed).
+    #[arg(long, default_value = "127.0.0.1:9187", value_name = "IP:PORT")]
+    pub listen: String,
+    /// Allow a non-loopback --listen address (needs --token).
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// A secret every request must carry (at least 16 characters).
+    #[arg(long, env = "TICKLER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+const QUEUE_HELP: &str = "Examples:
+  tickler queue pause mail
+  tickler queue list
+  tickler queue resume mail
+
+A pause is stored in the file and holds for every process: their claims skip the
+queue until it is resumed. Jobs can still be enqueued into it; jobs already running
+finish.";
+
+/// `queue` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// Stop every process from claiming jobs of this queue until resumed.
+    Pause(QueueNameArgs),
+    /// Let the queue's jobs be claimed again (wakes waiting workers).
+    Resume(QueueNameArgs),
+    /// Print the paused queues, one per line.
+    List,
+}
+
+/// A queue's name.
+#[derive(Debug, Args)]
+pub struct QueueNameArgs {
+    /// The queue.
+    pub name: String,
 }
 
 /// `schedule` subcommands.

@@ -9,6 +9,8 @@ mod files;
 mod import;
 mod ops;
 mod schedule;
+#[cfg(feature = "serve")]
+mod serve;
 mod shell;
 mod work;
 
@@ -55,5 +57,8 @@ fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Checkpoint => ops::checkpoint(db),
         Command::Work(args) => work::work(db, args, cli.allow_shared_db),
         Command::Schedule(command) => schedule::run(db, command, times),
+        Command::Queue(command) => ops::queue(db, command),
+        #[cfg(feature = "serve")]
+        Command::Serve(args) => serve::serve(db, args),
     }
 }

@@ -1,7 +1,9 @@
 //! The operator commands: init, enqueue (one job), list, show, stats, retry,
-//! cancel, prune, reap, checkpoint.
+//! cancel, prune, reap, checkpoint, queue pause/resume/list.
 
-use crate::cli::{CancelArgs, EnqueueArgs, ListArgs, PruneArgs, RetryArgs, ShowArgs, StatsArgs};
+use crate::cli::{
+    CancelArgs, EnqueueArgs, ListArgs, PruneArgs, QueueCommand, RetryArgs, ShowArgs, StatsArgs,
+};
 use crate::display::{self, Times};
 use crate::error::CliError;
 use chrono::Utc;
@@ -389,4 +391,20 @@ pub fn checkpoint(db: &Path) -> Result<(), CliError> {
         );
     }
     Ok(())
+}
+
+/// `tickler queue pause|resume|list`.
+pub fn queue(db: &Path, command: &QueueCommand) -> Result<(), CliError> {
+    let queue = open(db, false)?;
+    let lib = |e| CliError::from_lib(e, db);
+    match command {
+        QueueCommand::Pause(args) => queue.pause_queue(&args.name).map_err(lib),
+        QueueCommand::Resume(args) => queue.resume_queue(&args.name).map_err(lib),
+        QueueCommand::List => {
+            for name in queue.paused_queues().map_err(lib)? {
+                println!("{}", display::safe(&name));
+            }
+            Ok(())
+        }
+    }
 }

@@ -1,0 +1,394 @@
+//! `tickler serve`: Prometheus text at /metrics and a server-rendered
+//! dashboard at /, on tiny_http (feature `serve`). Reads and writes go
+//! through the public `Queue` API only.
+//!
+//! Safety rules: loopback addresses only, unless `--allow-remote` and a
+//! `--token` are both given; with a token every request must carry it
+//! (`Authorization: Bearer`, or the `tickler_token` cookie the page sets
+//! after `/?token=`). Every POST carries the CSRF token of this server's
+//! run in its form; a POST without it changes nothing.
+
+use crate::cli::ServeArgs;
+use crate::error::CliError;
+use chrono::Utc;
+use std::fmt::Write as _;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::Path;
+use tickler::{JobFilter, JobId, JobState, Queue};
+use tiny_http::{Header, Method, Request, Response, Server};
+
+/// Jobs listed per state on the page.
+const LISTED: usize = 20;
+
+pub fn serve(db: &Path, args: &ServeArgs) -> Result<(), CliError> {
+    let addr: SocketAddr = args
+        .listen
+        .parse()
+        .map_err(|e| CliError::Usage(format!("--listen {}: {e} (want IP:PORT)", args.listen)))?;
+    check_exposure(&addr, args.allow_remote, args.token.as_deref())?;
+    let queue = crate::ops::open(db, false)?;
+    let server = Server::http(addr)
+        .map_err(|e| CliError::failed(format!("cannot listen on {addr}: {e}")))?;
+    let bound = server
+        .server_addr()
+        .to_ip()
+        .map_or_else(|| addr.to_string(), |a| a.to_string());
+    println!("listening on http://{bound}/");
+    let csrf = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+    for request in server.incoming_requests() {
+        let response = handle(&queue, &csrf, args.token.as_deref(), request);
+        if let Err(e) = response {
+            log::warn!("answering a request failed: {e}");
+        }
+    }
+    Ok(())
+}
+
+/// Refuses to expose the queue beyond this machine without a token.
+fn check_exposure(
+    addr: &SocketAddr,
+    allow_remote: bool,
+    token: Option<&str>,
+) -> Result<(), CliError> {
+    if addr.ip().is_loopback() {
+        return Ok(());
+    }
+    match (allow_remote, token) {
+        (true, Some(t)) if t.len() >= 16 => Ok(()),
+        (true, Some(_)) => Err(CliError::Usage(
+            "--token must be at least 16 characters when serving beyond loopback".into(),
+        )),
+        _ => Err(CliError::Usage(format!(
+            "{addr} is not a loopback address: anyone who reaches it could retry and cancel jobs; \
+             pass --allow-remote and --token (or TICKLER_TOKEN) to serve it anyway"
+        ))),
+    }
+}
+
+fn header(name: &str, value: &str) -> Header {
+    Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("a valid header")
+}
+
+fn handle(
+    queue: &Queue,
+    csrf: &str,
+    token: Option<&str>,
+    mut request: Request,
+) -> std::io::Result<()> {
+    let url = request.url().to_owned();
+    let (path, query) = url.split_once('?').unwrap_or((&url, ""));
+    let mut set_cookie = None;
+    if let Some(token) = token {
+        let given_query = form_value(query, "token");
+        let authorized = request.headers().iter().any(|h| {
+            (h.field.equiv("Authorization") && h.value.as_str() == format!("Bearer {token}"))
+                || (h.field.equiv("Cookie")
+                    && h.value
+                        .as_str()
+                        .split(';')
+                        .any(|c| c.trim() == format!("tickler_token={token}")))
+        }) || given_query.as_deref() == Some(token);
+        if !authorized {
+            return request
+                .respond(Response::from_string("a token is needed\n").with_status_code(401));
+        }
+        if given_query.is_some() {
+            set_cookie = Some(format!(
+                "tickler_token={token}; HttpOnly; SameSite=Strict; Path=/"
+            ));
+        }
+    }
+    let method = request.method().clone();
+    let result = match (method, path) {
+        (Method::Get, "/metrics") => metrics(queue).map(|text| {
+            Response::from_string(text).with_header(header(
+                "Content-Type",
+                "text/plain; version=0.0.4; charset=utf-8",
+            ))
+        }),
+        (Method::Get, "/") => dashboard(queue, csrf).map(|html| {
+            let mut r = Response::from_string(html)
+                .with_header(header("Content-Type", "text/html; charset=utf-8"))
+                .with_header(header(
+                    "Content-Security-Policy",
+                    "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'",
+                ));
+            if let Some(c) = &set_cookie {
+                r = r.with_header(header("Set-Cookie", c));
+            }
+            r
+        }),
+        (Method::Post, "/retry" | "/cancel" | "/pause" | "/resume") => {
+            let mut body = String::new();
+            request
+                .as_reader()
+                .take(64 * 1024)
+                .read_to_string(&mut body)?;
+            if form_value(&body, "csrf").as_deref() != Some(csrf) {
+                return request.respond(
+                    Response::from_string("missing or wrong CSRF token: reload the page\n")
+                        .with_status_code(403),
+                );
+            }
+            act(queue, path, &body).map(|()| {
+                Response::from_string("")
+                    .with_status_code(303)
+                    .with_header(header("Location", "/"))
+            })
+        }
+        _ => return request.respond(Response::from_string("not found\n").with_status_code(404)),
+    };
+    match result {
+        Ok(response) => request.respond(response),
+        Err(e) => request.respond(Response::from_string(format!("{e}\n")).with_status_code(500)),
+    }
+}
+
+fn act(queue: &Queue, path: &str, body: &str) -> tickler::Result<()> {
+    let job = || {
+        form_value(body, "id")
+            .and_then(|v| v.parse().ok())
+            .map(JobId)
+            .ok_or_else(|| tickler::Error::InvalidArgument("a job id is needed".into()))
+    };
+    let name = || form_value(body, "queue").unwrap_or_default();
+    match path {
+        "/retry" => queue.retry(job()?),
+        "/cancel" => queue.cancel(job()?),
+        "/pause" => queue.pause_queue(&name()),
+        _ => queue.resume_queue(&name()),
+    }
+}
+
+/// A field of an `application/x-www-form-urlencoded` body or query.
+fn form_value(form: &str, name: &str) -> Option<String> {
+    form.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == name).then(|| url_decode(v))
+    })
+}
+
+fn url_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                match u8::from_str_radix(
+                    std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"),
+                    16,
+                ) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A label value in the Prometheus text format.
+fn label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn metrics(queue: &Queue) -> tickler::Result<String> {
+    let stats = queue.stats()?;
+    let now = Utc::now();
+    let mut out = String::new();
+    out.push_str("# HELP tickler_jobs Jobs in the queue file per queue and state.\n# TYPE tickler_jobs gauge\n");
+    let queues: std::collections::BTreeSet<&String> = stats.counts.keys().map(|(q, _)| q).collect();
+    for q in &queues {
+        for state in JobState::ALL {
+            let n = stats
+                .counts
+                .get(&((*q).clone(), state))
+                .copied()
+                .unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "tickler_jobs{{queue=\"{}\",state=\"{}\"}} {n}",
+                label(q),
+                state.as_str()
+            );
+        }
+    }
+    out.push_str(
+        "# HELP tickler_dead_jobs Dead jobs, all queues.\n# TYPE tickler_dead_jobs gauge\n",
+    );
+    let _ = writeln!(out, "tickler_dead_jobs {}", stats.total(JobState::Dead));
+    out.push_str("# HELP tickler_oldest_due_lateness_seconds How long the oldest due job has waited, per queue.\n# TYPE tickler_oldest_due_lateness_seconds gauge\n");
+    let mut oldest: std::collections::BTreeMap<&String, chrono::DateTime<Utc>> = Default::default();
+    for ((q, _), at) in &stats.oldest_due_by_priority {
+        let e = oldest.entry(q).or_insert(*at);
+        *e = (*e).min(*at);
+    }
+    for (q, at) in oldest {
+        let late = (now - at).num_milliseconds().max(0) as f64 / 1000.0;
+        let _ = writeln!(
+            out,
+            "tickler_oldest_due_lateness_seconds{{queue=\"{}\"}} {late}",
+            label(q)
+        );
+    }
+    out.push_str(
+        "# HELP tickler_queue_paused 1 for a paused queue.\n# TYPE tickler_queue_paused gauge\n",
+    );
+    for q in queue.paused_queues()? {
+        let _ = writeln!(out, "tickler_queue_paused{{queue=\"{}\"}} 1", label(&q));
+    }
+    out.push_str("# HELP tickler_schedule_next_tick_seconds Next tick of each schedule, Unix time.\n# TYPE tickler_schedule_next_tick_seconds gauge\n");
+    for s in queue.list_schedules()? {
+        if let Some(at) = s.next_tick_at.filter(|_| !s.paused) {
+            let _ = writeln!(
+                out,
+                "tickler_schedule_next_tick_seconds{{schedule=\"{}\"}} {}",
+                label(&s.name),
+                at.timestamp_millis() as f64 / 1000.0
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// Text for HTML element content and attribute values.
+fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn button(csrf: &str, action: &str, field: &str, value: &str, label: &str) -> String {
+    format!(
+        "<form method=post action=/{action} style=display:inline><input type=hidden name=csrf value={csrf}>\
+         <input type=hidden name={field} value=\"{}\"><button type=submit id=\"{action}-{}\">{label}</button></form>",
+        esc(value),
+        esc(value)
+    )
+}
+
+fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
+    let stats = queue.stats()?;
+    let paused = queue.paused_queues()?;
+    let mut html = String::from(
+        "<!doctype html><html><head><meta charset=utf-8><title>tickler</title>\
+         <style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1.5em}\
+         td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}td.n{text-align:right}\
+         .err{color:#a00;font-family:monospace;white-space:pre-wrap}</style></head><body><h1>tickler</h1>",
+    );
+    let _ = write!(
+        html,
+        "<p>{}</p><h2>Queues</h2><table id=counts><tr><th>queue</th>",
+        esc(&queue.location())
+    );
+    for state in JobState::ALL {
+        let _ = write!(html, "<th>{}</th>", state.as_str());
+    }
+    html.push_str("<th>status</th></tr>");
+    let mut names: std::collections::BTreeSet<String> =
+        stats.counts.keys().map(|(q, _)| q.clone()).collect();
+    names.extend(paused.iter().cloned());
+    for q in &names {
+        let _ = write!(html, "<tr><td>{}</td>", esc(q));
+        for state in JobState::ALL {
+            let n = stats.counts.get(&(q.clone(), state)).copied().unwrap_or(0);
+            let _ = write!(
+                html,
+                "<td class=n data-queue=\"{}\" data-state={}>{n}</td>",
+                esc(q),
+                state.as_str()
+            );
+        }
+        let control = if paused.contains(q) {
+            format!("paused {}", button(csrf, "resume", "queue", q, "resume"))
+        } else {
+            format!("running {}", button(csrf, "pause", "queue", q, "pause"))
+        };
+        let _ = write!(html, "<td>{control}</td></tr>");
+    }
+    html.push_str("</table><h2>Schedules</h2><table id=schedules><tr><th>name</th><th>cron</th><th>zone</th><th>next tick</th></tr>");
+    for s in queue.list_schedules()? {
+        let next = match (s.paused, s.next_tick_at) {
+            (true, _) => "paused".to_owned(),
+            (false, Some(at)) => match s.time_zone.parse::<chrono_tz::Tz>() {
+                Ok(tz) => at.with_timezone(&tz).to_rfc3339(),
+                Err(_) => at.to_rfc3339(),
+            },
+            (false, None) => "none".to_owned(),
+        };
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&s.name),
+            esc(&s.cron),
+            esc(&s.time_zone),
+            esc(&next)
+        );
+    }
+    html.push_str("</table>");
+    for state in [
+        JobState::Dead,
+        JobState::Running,
+        JobState::Pending,
+        JobState::Scheduled,
+        JobState::Cancelled,
+        JobState::Succeeded,
+    ] {
+        let jobs = queue.list(&JobFilter {
+            state: Some(state),
+            limit: LISTED,
+            ..JobFilter::default()
+        })?;
+        let _ = write!(html, "<h2>{} (first {LISTED})</h2><table id=jobs-{}><tr><th>id</th><th>queue</th><th>kind</th><th>attempts</th><th>due</th><th>errors</th><th></th></tr>", state.as_str(), state.as_str());
+        for job in jobs {
+            let errors: String = job
+                .errors
+                .iter()
+                .map(|e| format!("#{} {}: {}", e.attempt, e.at.to_rfc3339(), e.error))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let actions = match state {
+                JobState::Dead | JobState::Cancelled => {
+                    button(csrf, "retry", "id", &job.id.0.to_string(), "retry")
+                }
+                JobState::Scheduled | JobState::Pending | JobState::Running => {
+                    button(csrf, "cancel", "id", &job.id.0.to_string(), "cancel")
+                }
+                JobState::Succeeded => String::new(),
+            };
+            let _ = write!(
+                html,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td class=n>{}/{}</td><td>{}</td><td class=err>{}</td><td>{actions}</td></tr>",
+                job.id,
+                esc(&job.queue),
+                esc(&job.kind),
+                job.attempts,
+                job.max_attempts,
+                job.run_at.to_rfc3339(),
+                esc(&errors)
+            );
+        }
+        html.push_str("</table>");
+    }
+    html.push_str("</body></html>");
+    Ok(html)
+}

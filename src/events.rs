@@ -1,0 +1,276 @@
+//! Job events for the application: a bounded subscription per reader, fed
+//! by what this process does ([`crate::Queue::subscribe`],
+//! [`crate::WorkerPool::subscribe`]).
+//!
+//! Sending never blocks and never waits for a reader: an event that does
+//! not fit a subscriber's buffer is counted in its
+//! [`Subscription::dropped`] and thrown away, so a slow or absent reader
+//! costs the pool one failed `try_send` per event. With no subscriber an
+//! event is not even built.
+
+use crate::job::{JobId, RunToken};
+use chrono::{DateTime, Utc};
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+/// Buffer size of [`crate::Queue::subscribe`] and
+/// [`crate::WorkerPool::subscribe`] when a caller has no better number:
+/// 4,096 events (a second of a busy pool's starts and ends).
+pub const DEFAULT_EVENT_BUFFER: usize = 4096;
+
+/// Something that happened in this process: to a job, or to a schedule's
+/// tick.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Event {
+    /// A job changed state.
+    Job(JobEvent),
+    /// A schedule's tick was handled by this process's scheduler.
+    Tick(TickEvent),
+}
+
+/// A job's transition, as this process caused or observed it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct JobEvent {
+    /// What happened.
+    pub what: JobEventKind,
+    /// The job.
+    pub job_id: JobId,
+    /// Its kind (which handler runs it).
+    pub kind: String,
+    /// Its queue.
+    pub queue: String,
+    /// The attempt this run is (1 for the first), for the events of a run
+    /// (started and every outcome of a pool's run); `None` otherwise.
+    pub attempt: Option<u32>,
+    /// How long the job waited from its due time (`run_at`) until its
+    /// handler started, by this queue's clock: on [`JobEventKind::Started`]
+    /// only. Zero if it started before it was due (a clock step).
+    pub queue_time: Option<Duration>,
+    /// How long the handler ran, from its start until the pool took its
+    /// result (within about a millisecond of its return): on the outcome
+    /// events of a pool's run ([`JobEventKind::Succeeded`], `Failed`,
+    /// `Dead`, `Snoozed`, `TimedOut`, and `LeaseLost` once it returned).
+    pub run_time: Option<Duration>,
+    /// When the event was emitted, by this queue's clock.
+    pub at: DateTime<Utc>,
+}
+
+/// What happened to a job; see [`JobEvent`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum JobEventKind {
+    /// Stored by [`crate::Queue::enqueue`] or `enqueue_batch` (an enqueue
+    /// that found its unique_key held reports the holder's id). Jobs
+    /// enqueued inside the application's own transaction
+    /// ([`crate::Queue::enqueue_tx`]) are not reported: their commit is
+    /// the application's.
+    Enqueued,
+    /// A pool's worker started its handler.
+    Started {
+        /// The run's fencing token.
+        run_token: RunToken,
+    },
+    /// The run succeeded and that was recorded.
+    Succeeded,
+    /// The attempt failed and the job waits for a retry.
+    Failed {
+        /// The error the handler returned (or its panic message).
+        error: String,
+        /// The retry is due this long after the outcome was recorded.
+        retry_in: Duration,
+    },
+    /// The job went `dead`: a permanent failure, or the last attempt
+    /// failed.
+    Dead {
+        /// The error of the last attempt.
+        error: String,
+    },
+    /// The handler snoozed the job; no attempt was used.
+    Snoozed {
+        /// When it is due again.
+        until: DateTime<Utc>,
+    },
+    /// Cancelled by [`crate::Queue::cancel`] through this process.
+    Cancelled,
+    /// Made pending again by [`crate::Queue::retry`] through this process.
+    Retried,
+    /// The run lost its lease (cancelled or reaped elsewhere, or its
+    /// lease ran out): its handler's result is not recorded.
+    LeaseLost,
+    /// The handler ran past the job's timeout plus the pool's grace and
+    /// was given up on; the attempt is failed (or the job `dead` when this
+    /// was its last attempt).
+    TimedOut {
+        /// Whether the job is now `dead`.
+        dead: bool,
+    },
+}
+
+/// A schedule's tick handled by this process.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TickEvent {
+    /// The schedule's name.
+    pub schedule: String,
+    /// The tick's instant (the job's due time), UTC.
+    pub tick_at: DateTime<Utc>,
+    /// The job enqueued for the tick; `None` when the tick was skipped by
+    /// the schedule's overlap policy (an earlier run had not finished).
+    pub job_id: Option<JobId>,
+    /// When the event was emitted, by this queue's clock.
+    pub at: DateTime<Utc>,
+}
+
+/// A reader's end of a subscription: up to its capacity of events wait
+/// here; what does not fit is counted and dropped. Dropping it ends the
+/// subscription.
+#[derive(Debug)]
+pub struct Subscription {
+    rx: Receiver<Event>,
+    state: Arc<SubState>,
+}
+
+#[derive(Debug, Default)]
+struct SubState {
+    dropped: AtomicU64,
+    /// The reader dropped its end.
+    closed: AtomicBool,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.state.closed.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Subscription {
+    /// The next event, waiting up to `timeout`; `None` if none came.
+    pub fn recv_timeout(&self, timeout: Duration) -> Option<Event> {
+        self.rx.recv_timeout(timeout).ok()
+    }
+
+    /// The next event if one is waiting.
+    pub fn try_recv(&self) -> Option<Event> {
+        self.rx.try_recv().ok()
+    }
+
+    /// Every event waiting now, without blocking.
+    pub fn drain(&self) -> Vec<Event> {
+        self.rx.try_iter().collect()
+    }
+
+    /// Events thrown away because this subscription's buffer was full,
+    /// since it was made.
+    pub fn dropped(&self) -> u64 {
+        self.state.dropped.load(Ordering::Relaxed)
+    }
+
+    /// The channel itself, for `crossbeam_channel::select!` with other
+    /// channels.
+    pub fn receiver(&self) -> &Receiver<Event> {
+        &self.rx
+    }
+}
+
+/// Where events are sent: every live subscription of a queue or pool.
+#[derive(Debug, Default)]
+pub(crate) struct EventHub {
+    subscribers: RwLock<Vec<(Sender<Event>, Arc<SubState>)>>,
+    /// Read without a lock on every emit: most programs never subscribe.
+    any: AtomicBool,
+}
+
+impl EventHub {
+    pub(crate) fn subscribe(&self, capacity: usize) -> Subscription {
+        let (tx, rx) = crossbeam_channel::bounded(capacity.max(1));
+        let state = Arc::new(SubState::default());
+        let mut subs = self
+            .subscribers
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        subs.push((tx, Arc::clone(&state)));
+        self.any.store(true, Ordering::Release);
+        Subscription { rx, state }
+    }
+
+    /// Whether anyone listens (so that callers can skip building events).
+    pub(crate) fn active(&self) -> bool {
+        self.any.load(Ordering::Acquire)
+    }
+
+    /// Sends `event` to every subscriber without waiting.
+    pub(crate) fn emit(&self, event: Event) {
+        let mut gone = false;
+        {
+            let subs = self
+                .subscribers
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            for (tx, state) in subs.iter() {
+                match tx.try_send(event.clone()) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(_)) => {
+                        state.dropped.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(TrySendError::Disconnected(_)) => gone = true,
+                }
+            }
+        }
+        if gone {
+            let mut subs = self
+                .subscribers
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            subs.retain(|(_, state)| !state.closed.load(Ordering::Relaxed));
+            self.any.store(!subs.is_empty(), Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(n: i64) -> Event {
+        Event::Job(JobEvent {
+            what: JobEventKind::Enqueued,
+            job_id: JobId(n),
+            kind: "k".into(),
+            queue: "q".into(),
+            attempt: None,
+            queue_time: None,
+            run_time: None,
+            at: Utc::now(),
+        })
+    }
+
+    #[test]
+    fn a_full_buffer_drops_and_counts_without_blocking() {
+        let hub = EventHub::default();
+        assert!(!hub.active());
+        let sub = hub.subscribe(2);
+        for n in 0..5 {
+            hub.emit(event(n));
+        }
+        assert_eq!(sub.dropped(), 3);
+        assert_eq!(sub.drain().len(), 2);
+        hub.emit(event(9));
+        match sub.try_recv() {
+            Some(Event::Job(e)) => assert_eq!(e.job_id, JobId(9)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_dropped_subscription_is_forgotten() {
+        let hub = EventHub::default();
+        let sub = hub.subscribe(1);
+        drop(sub);
+        hub.emit(event(1));
+        assert!(!hub.active());
+    }
+}

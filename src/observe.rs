@@ -1,0 +1,99 @@
+//! What a worker pool reports to the `tracing` and `metrics` facades
+//! (features `tracing` and `metrics`); without them every function here is
+//! empty and compiles away.
+//!
+//! Metric names and labels (all per `queue` and `kind`):
+//!
+//! - `tickler_jobs_started_total` (counter): handlers started.
+//! - `tickler_jobs_finished_total` (counter, label `outcome`: `succeeded`,
+//!   `failed`, `dead`, `snoozed`, `timed_out`, `lease_lost`): outcomes.
+//! - `tickler_job_lateness_seconds` (histogram): from the job's due time
+//!   to its handler's start.
+//! - `tickler_job_run_seconds` (histogram, label `outcome`): how long the
+//!   handler ran.
+//! - `tickler_jobs` (gauge, labels `queue` and `state`): jobs in the file,
+//!   from [`crate::Queue::stats`], set by each pool every
+//!   [`crate::WorkerPoolBuilder::metrics_interval`].
+
+use crate::lease::Lease;
+use std::time::Duration;
+
+/// Entered for the whole run of one handler: a `tracing` span
+/// `tickler.job` with the job's `kind`, `id`, `attempt` and `queue`. An
+/// async handler's task runs on the application's runtime, outside this
+/// thread's span: `Instrument` its future with `tracing::Span::current()`
+/// taken in the handler's synchronous part if it should nest.
+#[cfg(feature = "tracing")]
+pub(crate) fn run_span(lease: &Lease) -> tracing::span::EnteredSpan {
+    tracing::info_span!(
+        "tickler.job",
+        kind = %lease.kind,
+        id = lease.job_id.0,
+        attempt = lease.attempt,
+        queue = %lease.queue
+    )
+    .entered()
+}
+
+/// What `run_span` returns without the `tracing` feature: nothing to enter.
+#[cfg(not(feature = "tracing"))]
+pub(crate) struct NoSpan;
+
+#[cfg(not(feature = "tracing"))]
+pub(crate) fn run_span(_lease: &Lease) -> NoSpan {
+    NoSpan
+}
+
+/// A handler starts, `lateness` after its job was due.
+#[cfg(feature = "metrics")]
+pub(crate) fn started(lease: &Lease, lateness: Duration) {
+    let labels = [("queue", lease.queue.clone()), ("kind", lease.kind.clone())];
+    metrics::counter!("tickler_jobs_started_total", &labels).increment(1);
+    metrics::histogram!("tickler_job_lateness_seconds", &labels).record(lateness.as_secs_f64());
+}
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn started(_lease: &Lease, _lateness: Duration) {}
+
+/// A run's outcome was recorded (or refused: `lease_lost`).
+#[cfg(feature = "metrics")]
+pub(crate) fn finished(lease: &Lease, outcome: &'static str, run_time: Option<Duration>) {
+    let labels = [
+        ("queue", lease.queue.clone()),
+        ("kind", lease.kind.clone()),
+        ("outcome", outcome.to_owned()),
+    ];
+    metrics::counter!("tickler_jobs_finished_total", &labels).increment(1);
+    if let Some(run_time) = run_time {
+        metrics::histogram!("tickler_job_run_seconds", &labels).record(run_time.as_secs_f64());
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn finished(_lease: &Lease, _outcome: &'static str, _run_time: Option<Duration>) {}
+
+/// Sets the `tickler_jobs` gauges from the queue's counts: every state of
+/// every queue seen so far (`known`), so that a count that fell to zero
+/// reads zero rather than its last value.
+#[cfg(feature = "metrics")]
+pub(crate) fn job_gauges(queue: &crate::Queue, known: &mut std::collections::BTreeSet<String>) {
+    let stats = match queue.stats() {
+        Ok(stats) => stats,
+        Err(e) => {
+            log::warn!("reading job counts for the tickler_jobs gauges failed: {e}");
+            return;
+        }
+    };
+    known.extend(stats.counts.keys().map(|(name, _)| name.clone()));
+    for name in known.iter() {
+        for state in crate::JobState::ALL {
+            let n = stats
+                .counts
+                .get(&(name.clone(), state))
+                .copied()
+                .unwrap_or(0);
+            metrics::gauge!("tickler_jobs", "queue" => name.clone(), "state" => state.as_str())
+                .set(n as f64);
+        }
+    }
+}

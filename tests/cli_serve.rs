@@ -1,0 +1,229 @@
+//! `tickler serve` at the HTTP level: /metrics parses as Prometheus text
+//! and matches the file, the loopback and token rules, and CSRF on every
+//! action.
+
+mod cli_common;
+
+use cli_common::Env;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use tickler::{JobState, NewJob};
+
+struct Served {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(env: &Env, extra: &[&str]) -> Served {
+    let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let mut child = env.command(&args).stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("first line: {line:?}"))
+        .trim_end_matches('/')
+        .to_owned();
+    Served { child, addr }
+}
+
+/// (status, headers, body) of one request.
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &str,
+) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for h in headers {
+        req.push_str(h);
+        req.push_str("\r\n");
+    }
+    if method == "POST" {
+        req.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, head.to_owned(), body.to_owned())
+}
+
+fn filled() -> Env {
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let queue = env.queue();
+    queue
+        .enqueue_batch((0..3).map(|_| NewJob::new("k").queue("mail")).collect())
+        .unwrap();
+    let dead = queue
+        .enqueue(NewJob::new("k").queue("reports").max_attempts(1))
+        .unwrap();
+    let lease = queue
+        .claim("reports", "t", 1, std::time::Duration::from_secs(30))
+        .unwrap()
+        .remove(0);
+    assert_eq!(lease.job_id, dead);
+    queue.fail(&lease, "broken <b>html</b>").unwrap();
+    env
+}
+
+#[test]
+fn metrics_parse_as_prometheus_text_and_match_the_file() {
+    let env = filled();
+    let served = serve(&env, &[]);
+    let (status, head, body) = http(&served.addr, "GET", "/metrics", &[], "");
+    assert_eq!(status, 200, "{head}\n{body}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).unwrap();
+    let value = |name: &str, labels: &[(&str, &str)]| {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+                _ => panic!("{s:?}"),
+            })
+    };
+    assert_eq!(
+        value("tickler_jobs", &[("queue", "mail"), ("state", "pending")]),
+        Some(3.0)
+    );
+    assert_eq!(
+        value("tickler_jobs", &[("queue", "reports"), ("state", "dead")]),
+        Some(1.0)
+    );
+    assert_eq!(value("tickler_dead_jobs", &[]), Some(1.0));
+    assert!(value("tickler_oldest_due_lateness_seconds", &[("queue", "mail")]).is_some());
+}
+
+#[test]
+fn a_non_loopback_address_needs_allow_remote_and_a_token() {
+    let env = filled();
+    env.run(&["serve", "--listen", "0.0.0.0:0"])
+        .fails(2, &["not a loopback address", "--allow-remote", "--token"]);
+    env.run(&["serve", "--listen", "0.0.0.0:0", "--allow-remote"])
+        .fails(2, &["--allow-remote", "--token"]);
+    env.run(&[
+        "serve",
+        "--listen",
+        "0.0.0.0:0",
+        "--token",
+        "0123456789abcdef",
+    ])
+    .fails(2, &["not a loopback address"]);
+    env.run(&[
+        "serve",
+        "--listen",
+        "0.0.0.0:0",
+        "--allow-remote",
+        "--token",
+        "short",
+    ])
+    .fails(2, &["at least 16"]);
+}
+
+#[test]
+fn with_a_token_every_request_must_carry_it() {
+    let env = filled();
+    let token = "0123456789abcdef0123";
+    let served = serve(&env, &["--token", token]);
+    assert_eq!(http(&served.addr, "GET", "/metrics", &[], "").0, 401);
+    assert_eq!(
+        http(
+            &served.addr,
+            "GET",
+            "/",
+            &["Authorization: Bearer wrong"],
+            ""
+        )
+        .0,
+        401
+    );
+    let bearer = format!("Authorization: Bearer {token}");
+    assert_eq!(http(&served.addr, "GET", "/metrics", &[&bearer], "").0, 200);
+    let (status, head, _) = http(&served.addr, "GET", &format!("/?token={token}"), &[], "");
+    assert_eq!(status, 200);
+    assert!(
+        head.contains(&format!("tickler_token={token}; HttpOnly")),
+        "{head}"
+    );
+    let cookie = format!("Cookie: tickler_token={token}");
+    assert_eq!(http(&served.addr, "GET", "/", &[&cookie], "").0, 200);
+}
+
+#[test]
+fn actions_need_the_csrf_token_of_the_page() {
+    let env = filled();
+    let served = serve(&env, &[]);
+    let dead = env.in_state(JobState::Dead)[0].id;
+    let (status, _, page) = http(&served.addr, "GET", "/", &[], "");
+    assert_eq!(status, 200);
+    // Errors are shown escaped.
+    assert!(page.contains("broken &lt;b&gt;html&lt;/b&gt;"));
+    let csrf = page
+        .split("name=csrf value=")
+        .nth(1)
+        .and_then(|rest| rest.split('>').next())
+        .unwrap()
+        .to_owned();
+
+    let (status, _, _) = http(&served.addr, "POST", "/retry", &[], &format!("id={dead}"));
+    assert_eq!(status, 403);
+    let (status, _, _) = http(
+        &served.addr,
+        "POST",
+        "/retry",
+        &[],
+        &format!("id={dead}&csrf=guess"),
+    );
+    assert_eq!(status, 403);
+    assert_eq!(env.job(dead).state, JobState::Dead);
+
+    let (status, head, _) = http(
+        &served.addr,
+        "POST",
+        "/retry",
+        &[],
+        &format!("id={dead}&csrf={csrf}"),
+    );
+    assert_eq!(status, 303, "{head}");
+    assert_eq!(env.job(dead).state, JobState::Pending);
+
+    http(
+        &served.addr,
+        "POST",
+        "/pause",
+        &[],
+        &format!("queue=mail&csrf={csrf}"),
+    );
+    assert_eq!(
+        env.queue().paused_queues().unwrap(),
+        vec!["mail".to_owned()]
+    );
+    http(
+        &served.addr,
+        "POST",
+        "/resume",
+        &[],
+        &format!("queue=mail&csrf={csrf}"),
+    );
+    assert!(env.queue().paused_queues().unwrap().is_empty());
+}
