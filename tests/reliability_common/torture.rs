@@ -1496,7 +1496,11 @@ fn check(settings: &Settings, queue: &Queue, killed: &HashSet<u32>, report: &mut
         }
         report.duplicate_executions += 1;
         let (from_ms, until_ms) = run_span[token];
-        if killed.contains(pid) {
+        // A cut completion's cause is known (its time was checked against
+        // the cuts above), whatever later happened to its process.
+        if cut_off {
+            report.runs_hit_by_disruptions += 1;
+        } else if killed.contains(pid) {
             report.kills_hit_running += 1;
             interrupted_pids.insert(*pid);
         } else if disrupted(from_ms, until_ms) {
