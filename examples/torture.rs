@@ -1,16 +1,24 @@
 //! The kill -9 torture run: worker processes killed with SIGKILL at random
 //! while a producer enqueues, then a check that nothing was lost, no job
-//! finished twice, and the file is intact. See `RELIABILITY.md`.
+//! finished twice, and the database is intact. See `RELIABILITY.md`.
 //!
 //! ```text
 //! cargo run --release --example torture [-- --seconds N | --minutes N]
 //!     [--workers P] [--threads T] [--dir PATH] [--wal-bound-mib M]
+//! cargo run --release --features postgres --example torture -- --db URL
+//!     [--restarts N] [--cut-every-ms MIN-MAX] [...]
 //! ```
 //!
 //! Defaults: 20 seconds, 3 worker processes of 4 threads, a WAL bound of
 //! 64 MiB (tickler's `journal_size_limit`), a fresh folder in the
 //! system's temporary folder (kept, and printed, so the ledgers can be read
 //! afterwards). Exits non-zero on any violation.
+//!
+//! `--db URL` (or `--postgres URL`) runs it on a fresh PostgreSQL database
+//! instead of a SQLite file in the folder (which keeps the ledgers). The
+//! supervisor then also cuts every connection to the database every 3–10 s
+//! (`--cut-every-ms`) and restarts the server `--restarts` times (default 3)
+//! with the shell command in `TICKLER_TEST_PG_CTL` (`--pg-ctl CMD`), if any.
 
 #[path = "../tests/reliability_common/torture.rs"]
 mod torture;
@@ -30,7 +38,7 @@ fn main() -> ExitCode {
         Ok(settings) => settings,
         Err(message) => {
             eprintln!(
-                "{message}\nusage: torture [--seconds N | --minutes N] [--workers P] [--threads T] [--dir PATH] [--wal-bound-mib M]"
+                "{message}\nusage: torture [--seconds N | --minutes N] [--workers P] [--threads T] [--dir PATH] [--wal-bound-mib M] [--db URL [--restarts N] [--cut-every-ms MIN-MAX] [--pg-ctl CMD]]"
             );
             return ExitCode::from(2);
         }
@@ -42,6 +50,18 @@ fn main() -> ExitCode {
         settings.threads,
         settings.dir.display()
     );
+    if settings.db_url.is_some() {
+        println!(
+            "on PostgreSQL: connections cut every {}-{} ms, {} server restart(s)",
+            settings.cut_every.0.as_millis(),
+            settings.cut_every.1.as_millis(),
+            if settings.pg_ctl.is_some() {
+                settings.restarts
+            } else {
+                0
+            }
+        );
+    }
     let report = torture::supervise(&settings, torture::Launcher::Example);
     println!("{report}");
     if report.passed() {
@@ -57,6 +77,12 @@ fn parse_args(args: Vec<String>) -> Result<torture::Settings, String> {
     let mut threads = 4;
     let mut dir: Option<PathBuf> = None;
     let mut wal_bound = torture::WAL_BOUND;
+    let mut db_url: Option<String> = None;
+    let mut restarts: Option<usize> = None;
+    let mut cut_every: Option<(Duration, Duration)> = None;
+    let mut pg_ctl = std::env::var("TICKLER_TEST_PG_CTL")
+        .ok()
+        .filter(|c| !c.trim().is_empty());
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or(format!("{flag} needs a value"));
@@ -68,6 +94,29 @@ fn parse_args(args: Vec<String>) -> Result<torture::Settings, String> {
             "--threads" => threads = number(value()?)?.max(1) as usize,
             "--dir" => dir = Some(PathBuf::from(value()?)),
             "--wal-bound-mib" => wal_bound = number(value()?)? * 1024 * 1024,
+            "--db" | "--postgres" => {
+                let url = value()?;
+                if !tickler::is_postgres_url(&url) {
+                    return Err(format!("{flag}: not a PostgreSQL URL (postgres://…)"));
+                }
+                if !cfg!(feature = "postgres") {
+                    return Err(format!("{flag}: build with `--features postgres`"));
+                }
+                db_url = Some(url);
+            }
+            "--restarts" => restarts = Some(number(value()?)? as usize),
+            "--pg-ctl" => pg_ctl = Some(value()?),
+            "--cut-every-ms" => {
+                let range = value()?;
+                let (min, max) = range
+                    .split_once('-')
+                    .ok_or(format!("{flag}: MIN-MAX, e.g. 3000-10000"))?;
+                let (min, max) = (number(min.to_owned())?, number(max.to_owned())?);
+                if min > max {
+                    return Err(format!("{flag}: MIN is above MAX"));
+                }
+                cut_every = Some((Duration::from_millis(min), Duration::from_millis(max)));
+            }
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -78,12 +127,23 @@ fn parse_args(args: Vec<String>) -> Result<torture::Settings, String> {
             chrono::Utc::now().format("%Y%m%dT%H%M%S")
         ))
     });
-    if dir.join("torture.db").exists() {
+    if dir.join("torture.db").exists() || dir.join("ledger").exists() {
         return Err(format!("{} already holds a torture run", dir.display()));
     }
     let mut settings = torture::Settings::new(dir, duration);
     settings.workers = workers;
     settings.threads = threads;
     settings.wal_bound = wal_bound;
+    if db_url.is_none() && (restarts.is_some() || cut_every.is_some()) {
+        return Err("--restarts and --cut-every-ms need --db URL".into());
+    }
+    settings.db_url = db_url;
+    settings.pg_ctl = pg_ctl;
+    if let Some(restarts) = restarts {
+        settings.restarts = restarts;
+    }
+    if let Some(cut_every) = cut_every {
+        settings.cut_every = cut_every;
+    }
     Ok(settings)
 }

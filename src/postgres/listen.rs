@@ -158,7 +158,10 @@ fn listener(signals: &Weak<Signals>, config: &postgres::Config) {
         let mut client = match connected {
             Ok(client) => client,
             Err(e) => {
-                log::warn!("cannot listen for new jobs ({e}); polling until it can");
+                log::warn!(
+                    "cannot listen for new jobs ({}); polling until it can",
+                    super::with_cause(&e)
+                );
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(RECONNECT_MAX);
                 continue;
@@ -196,14 +199,14 @@ fn listener(signals: &Weak<Signals>, config: &postgres::Config) {
                 return;
             }
             if let Some(e) = failed {
-                break e.to_string();
+                break super::with_cause(&e);
             }
             if client.is_closed() {
                 break "connection closed".to_owned();
             }
             if quiet_since.elapsed() >= LISTEN_CHECK {
                 if let Err(e) = client.is_valid(Duration::from_secs(10)) {
-                    break e.to_string();
+                    break super::with_cause(&e);
                 }
                 quiet_since = Instant::now();
             }

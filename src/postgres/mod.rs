@@ -233,13 +233,7 @@ impl Store {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
         }
-        let pool = r2d2::Pool::builder()
-            .max_size(settings.max_connections.max(2))
-            .min_idle(Some(1))
-            .connection_timeout(Duration::from_secs(10))
-            .build_unchecked(Manager {
-                config: config.clone(),
-            });
+        let pool = connection_pool(&config, settings.max_connections);
         let signals = listen::Signals::new(config, settings.listen, settings.fallback_poll);
         let mut store = Store {
             url: settings.url.to_owned(),
@@ -478,6 +472,47 @@ const VACUUM_CHECK: Duration = Duration::from_secs(1);
 /// Dead row versions below which the jobs table is left to autovacuum.
 const VACUUM_DEAD_MIN: i64 = 10_000;
 
+/// The pool of a `Store`: at least two connections (a claim may run while
+/// an outcome commits), one kept open.
+fn connection_pool(config: &postgres::Config, max_connections: u32) -> r2d2::Pool<Manager> {
+    r2d2::Pool::builder()
+        .max_size(max_connections.max(2))
+        .min_idle(Some(1))
+        .connection_timeout(Duration::from_secs(10))
+        .error_handler(Box::new(ConnectFailed))
+        .build_unchecked(Manager {
+            config: config.clone(),
+        })
+}
+
+/// What the pool does with a connection it could not open. r2d2's default
+/// logs an ERROR reading only "db error" or "error connecting to server":
+/// alarming while the server restarts (the pool and `Store::write` retry
+/// through that), and silent on the cause when it does not come back.
+#[derive(Debug)]
+struct ConnectFailed;
+
+impl r2d2::HandleError<postgres::Error> for ConnectFailed {
+    fn handle_error(&self, error: postgres::Error) {
+        log::warn!(
+            "cannot open a PostgreSQL connection ({}); retrying",
+            with_cause(&error)
+        );
+    }
+}
+
+/// A PostgreSQL error with what its `Display` leaves out: the server's
+/// message and SQLSTATE, or the I/O error underneath.
+pub(crate) fn with_cause(e: &postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{}: {} ({})", db.severity(), db.message(), db.code().code());
+    }
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Begin,
@@ -489,14 +524,17 @@ enum Phase {
 const SCHEMA_SQL: &str = include_str!("schema.sql");
 
 fn migrations() -> Vec<(i64, &'static str)> {
+    // A marker counts at the start of a line only: the file's header
+    // mentions the marker's form in its text.
+    const MARKER: &str = "\n-- migration: ";
     let mut out = Vec::new();
     let mut rest = SCHEMA_SQL;
-    while let Some(at) = rest.find("-- migration: ") {
-        let after = &rest[at + "-- migration: ".len()..];
+    while let Some(at) = rest.find(MARKER) {
+        let after = &rest[at + MARKER.len()..];
         let line_end = after.find('\n').unwrap_or(after.len());
         let version: i64 = after[..line_end].trim().parse().unwrap_or(0);
         let body = &after[line_end..];
-        let end = body.find("-- migration: ").unwrap_or(body.len());
+        let end = body.find(MARKER).unwrap_or(body.len());
         out.push((version, &body[..end]));
         rest = &body[end..];
     }
@@ -604,6 +642,55 @@ pub(crate) fn wake_all(senders: &WakeSenders) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every record logged in this test binary (no other test logs).
+    static LOGGED: Mutex<Vec<(log::Level, String)>> = Mutex::new(Vec::new());
+
+    struct Capture;
+
+    impl log::Log for Capture {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+        fn log(&self, record: &log::Record<'_>) {
+            LOGGED
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((record.level(), record.args().to_string()));
+        }
+        fn flush(&self) {}
+    }
+
+    /// A connection the pool cannot open (as while the server restarts)
+    /// is retried, by the pool and by `Store::write`'s window: it is a
+    /// warning that says why, not an error. (r2d2's own handler logged
+    /// each failed attempt as an ERROR reading only "db error".)
+    #[test]
+    fn failed_connection_attempts_are_warnings_that_say_why() {
+        if log::set_boxed_logger(Box::new(Capture)).is_ok() {
+            log::set_max_level(log::LevelFilter::Trace);
+        }
+        // Nothing listens on port 1.
+        let config: postgres::Config = "postgres://tickler@127.0.0.1:1/none".parse().unwrap();
+        let pool = connection_pool(&config, 2);
+        assert!(pool.get_timeout(Duration::from_millis(300)).is_err());
+        let logged = LOGGED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let attempts: Vec<_> = logged
+            .iter()
+            .filter(|(_, text)| text.contains("127.0.0.1:1") || text.contains("error"))
+            .collect();
+        assert!(!attempts.is_empty(), "nothing logged: {logged:?}");
+        for (level, text) in attempts {
+            assert_eq!(*level, log::Level::Warn, "{text}");
+            assert!(
+                text.contains("connection refused") || text.contains("Connection refused"),
+                "{text}"
+            );
+        }
+    }
 
     #[test]
     fn migrations_split() {
