@@ -51,8 +51,9 @@ fn one_key_from_many_processes_at_once_is_one_job() {
     }
 }
 
-/// River #1258 and pg-boss #282 show how deadlocks look in a queue: here
-/// two batches hold the same unique keys in opposite orders. Each insert
+/// pg-boss #282 ("deadlock detected" between two of the queue's own
+/// statements): here two batches hold the same unique keys in opposite
+/// orders. Each insert
 /// of a key waits for the other batch's uncommitted insert of it, so two
 /// batches meeting in the middle deadlock; PostgreSQL breaks it after
 /// `deadlock_timeout` (1 s) and the retry succeeds, so the only sign is a
