@@ -13,6 +13,7 @@ use super::Manager;
 use crate::clock::{ms_to_datetime, Clock};
 use crate::error::Result;
 use chrono::{DateTime, Utc};
+use crossbeam_channel::RecvTimeoutError;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,9 @@ struct Anchor {
 #[derive(Debug)]
 pub(crate) struct ServerClock {
     anchor: Arc<Mutex<Anchor>>,
+    /// Dropped with the clock: ends the sampling thread at once, and with
+    /// it the thread's handle on the pool, whose connections then close.
+    _stop: crossbeam_channel::Sender<()>,
 }
 
 impl ServerClock {
@@ -38,10 +42,13 @@ impl ServerClock {
     pub(crate) fn start(pool: r2d2::Pool<Manager>) -> Result<ServerClock> {
         let anchor = Arc::new(Mutex::new(sample(&pool)?));
         let weak: Weak<Mutex<Anchor>> = Arc::downgrade(&anchor);
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
         std::thread::Builder::new()
             .name("tickler-pg-clock".into())
             .spawn(move || loop {
-                std::thread::sleep(RESAMPLE);
+                if stopped.recv_timeout(RESAMPLE) != Err(RecvTimeoutError::Timeout) {
+                    return;
+                }
                 let Some(anchor) = weak.upgrade() else { return };
                 match sample(&pool) {
                     Ok(fresh) => *anchor.lock().unwrap_or_else(PoisonError::into_inner) = fresh,
@@ -51,7 +58,10 @@ impl ServerClock {
                 }
             })
             .map_err(|e| crate::Error::Config(format!("cannot start the clock thread: {e}")))?;
-        Ok(ServerClock { anchor })
+        Ok(ServerClock {
+            anchor,
+            _stop: stop,
+        })
     }
 }
 

@@ -215,7 +215,7 @@ fn i64_of(n: u32) -> i64 {
 }
 
 /// Refuses text PostgreSQL cannot store in a name.
-fn check_text(what: &str, value: &str) -> Result<()> {
+pub(crate) fn check_text(what: &str, value: &str) -> Result<()> {
     if value.contains('\0') {
         return Err(Error::InvalidArgument(format!(
             "{what} contains a NUL character, which PostgreSQL cannot store"
@@ -239,6 +239,7 @@ pub(crate) fn insert_valid(
     // round trip, not one per job); a keyed one may meet its key's holder
     // and is inserted on its own.
     let mut bulk = Vec::new();
+    lock_keys_in_order(tx, rows)?;
     for (i, row) in rows.iter().enumerate() {
         let job = &row.job;
         check_text("queue", &job.queue)?;
@@ -337,6 +338,32 @@ fn committed_before(
         });
     }
     Ok(Some(out))
+}
+
+/// Before a batch inserts several unique keys: takes a lock per key in key
+/// order. Each insert of a key waits for another transaction's
+/// uncommitted insert of it, so two batches holding keys in opposite
+/// orders would each wait for the other (a deadlock, broken only after
+/// `deadlock_timeout`); with the keys locked in one order, the second
+/// waits before it holds any. The jobs still go in in input order, so
+/// their ids ascend as given.
+fn lock_keys_in_order(tx: &mut Tx<'_>, rows: &[ValidJob]) -> Result<()> {
+    let mut keys: Vec<&str> = rows
+        .iter()
+        .filter_map(|r| r.job.unique_key.as_deref())
+        .filter(|k| !k.contains('\0'))
+        .collect();
+    if keys.len() < 2 {
+        return Ok(());
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    tx.execute(
+        "SELECT count(pg_advisory_xact_lock(hashtextextended(k, 7369401254420385313)))
+         FROM unnest($1::text[]) AS k",
+        &[&keys],
+    )?;
+    Ok(())
 }
 
 /// Scheduled if due after `now`, else pending.
@@ -811,6 +838,14 @@ impl Engine for Store {
         claim: Option<&ClaimRequest<'_>>,
         _sync: OutcomeSync,
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
+        if let Some(c) = claim {
+            for queue in c.queues {
+                check_text("queue", queue)?;
+            }
+            for kind in c.kinds.unwrap_or_default() {
+                check_text("kind", kind)?;
+            }
+        }
         let claim = match claim {
             Some(c) if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) => {
                 Some((c, duration_ms(c.lease, "lease")?))
@@ -906,9 +941,16 @@ impl Engine for Store {
                      ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
                     &[&now, &REAP_BATCH],
                 )?;
+                // Skipping here too: this transaction already holds the
+                // expired leases it took, and a pool recording outcomes or
+                // heartbeats holds some of these rows while it waits for
+                // those (a deadlock, broken after deadlock_timeout).
                 tx.execute(
                     "UPDATE tickler_jobs SET lease_expires_at = NULL
-                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at < $1::bigint",
+                     WHERE id = ANY(ARRAY(
+                         SELECT id FROM tickler_jobs
+                         WHERE status IN ('cancelled', 'dead') AND lease_expires_at < $1::bigint
+                         FOR UPDATE SKIP LOCKED))",
                     &[&now],
                 )?;
                 let full = expired.len() as i64 >= REAP_BATCH;
@@ -1025,6 +1067,11 @@ impl Engine for Store {
     }
 
     fn list(&self, filter: &JobFilter) -> Result<Vec<Job>> {
+        for (what, value) in [("queue", &filter.queue), ("kind", &filter.kind)] {
+            if let Some(value) = value {
+                check_text(what, value)?;
+            }
+        }
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let sql = format!(
             "SELECT {JOB_COLUMNS} FROM tickler_jobs

@@ -433,6 +433,23 @@ impl Store {
     fn migrate(&self) -> Result<()> {
         let latest = schema_version();
         self.write(|tx, _| {
+            // An up-to-date schema needs no DDL, which a role that may only
+            // use the tables (PostgreSQL 15 lets no role create in
+            // `public` by default) could not run.
+            if let Some(found) = applied_version(tx)? {
+                if found > latest {
+                    return Err(Error::SchemaTooNew {
+                        found,
+                        supported: latest,
+                    });
+                }
+                if found == latest {
+                    return Ok(());
+                }
+            }
+            // Waiting for another process's migration is expected here,
+            // whatever timeouts the DBA set for every session.
+            tx.batch_execute("SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0")?;
             // One migrator at a time across processes; the lock ends with
             // the transaction.
             tx.execute("SELECT pg_advisory_xact_lock(7369401254420385313)", &[])?;
@@ -464,6 +481,27 @@ impl Store {
             Ok(())
         })
     }
+}
+
+/// The schema version recorded in the database, `None` before the first
+/// migration.
+fn applied_version(tx: &mut Tx<'_>) -> Result<Option<i64>> {
+    let exists: bool = tx
+        .query_one(
+            "SELECT to_regclass('tickler_schema_migrations') IS NOT NULL",
+            &[],
+        )?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    Ok(Some(
+        tx.query_one(
+            "SELECT coalesce(max(version), 0) FROM tickler_schema_migrations",
+            &[],
+        )?
+        .get(0),
+    ))
 }
 
 /// How often [`Store::maybe_vacuum`] looks at the dead row versions.
@@ -550,12 +588,15 @@ pub(crate) fn schema_version() -> i64 {
 /// connection or server went away, the server is starting or shutting
 /// down, it is read-only (a failover: the next connection may reach the
 /// new primary), a deadlock or serialization failure, too many
-/// connections for now, or no pooled connection within its timeout.
+/// connections for now, a lock not granted within the session's
+/// `lock_timeout` (a DBA's setting: contention of the moment), a prepared
+/// statement whose table changed under it (the connection is replaced),
+/// or no pooled connection within its timeout.
 pub(crate) fn retryable(e: &Error) -> bool {
     match e {
         Error::Pool(_) => true,
         Error::Postgres(e) => {
-            if e.is_closed() {
+            if e.is_closed() || stale_plan(e) {
                 return true;
             }
             match e.code() {
@@ -570,6 +611,7 @@ pub(crate) fn retryable(e: &Error) -> bool {
                             SqlState::CANNOT_CONNECT_NOW,
                             SqlState::TOO_MANY_CONNECTIONS,
                             SqlState::READ_ONLY_SQL_TRANSACTION,
+                            SqlState::LOCK_NOT_AVAILABLE,
                         ]
                         .contains(code)
                 }
@@ -579,11 +621,25 @@ pub(crate) fn retryable(e: &Error) -> bool {
     }
 }
 
+/// A statement prepared before its table's columns changed type (an
+/// operator's ALTER TABLE, a newer version's migration in a rolling
+/// deploy): PostgreSQL refuses it on every later use, so the connection
+/// and its prepared statements are dropped.
+fn stale_plan(e: &postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        *db.code() == SqlState::FEATURE_NOT_SUPPORTED
+            && db
+                .message()
+                .starts_with("cached plan must not change result type")
+    })
+}
+
 /// Errors after which the connection must not be reused.
 fn breaks_connection(e: &Error) -> bool {
     match e {
         Error::Postgres(e) => {
             e.is_closed()
+                || stale_plan(e)
                 || e.code().is_some_and(|c| {
                     c.code().starts_with("08")
                         || *c == SqlState::READ_ONLY_SQL_TRANSACTION

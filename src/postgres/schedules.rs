@@ -7,7 +7,7 @@
 //! tick it read, as on SQLite; the tick's job carries a unique_key per
 //! occurrence besides. One tick fires once.
 
-use super::jobs::insert_valid;
+use super::jobs::{check_text, insert_valid};
 use super::rows::*;
 use super::{Store, Tx};
 use crate::clock::ms_to_datetime;
@@ -20,6 +20,14 @@ use crate::schedule::{
 };
 use chrono::{DateTime, Utc};
 use std::cell::RefCell;
+
+/// A name PostgreSQL cannot store (a NUL character) names no schedule.
+fn storable_name(name: &str) -> Result<()> {
+    if name.contains('\0') {
+        return Err(unknown(name));
+    }
+    Ok(())
+}
 
 fn unknown(name: &str) -> Error {
     Error::UnknownSchedule {
@@ -186,6 +194,11 @@ impl ScheduleStore for Store {
         payload: &str,
         timeout_ms: Option<i64>,
     ) -> Result<Schedule> {
+        check_text("schedule name", &schedule.name)?;
+        check_text("cron expression", &schedule.cron)?;
+        check_text("time zone", &schedule.time_zone)?;
+        check_text("kind", &schedule.kind)?;
+        check_text("queue", &schedule.queue)?;
         let stored = self.write(|tx, _| {
             let now = self.now_ms();
             let existing = tx.query_opt(
@@ -246,6 +259,7 @@ impl ScheduleStore for Store {
     }
 
     fn pause_schedule(&self, name: &str) -> Result<()> {
+        storable_name(name)?;
         let changed = self.write(|tx, _| {
             let now = self.now_ms();
             tx.execute(
@@ -261,6 +275,7 @@ impl ScheduleStore for Store {
     }
 
     fn resume_schedule(&self, name: &str) -> Result<()> {
+        storable_name(name)?;
         self.write(|tx, _| {
             let now = self.now_ms();
             let sql = format!(
@@ -287,6 +302,9 @@ impl ScheduleStore for Store {
     }
 
     fn delete_schedule(&self, name: &str) -> Result<bool> {
+        if storable_name(name).is_err() {
+            return Ok(false);
+        }
         let deleted = self
             .write(|tx, _| tx.execute("DELETE FROM tickler_schedules WHERE name = $1", &[&name]))?;
         if deleted > 0 {
@@ -296,6 +314,7 @@ impl ScheduleStore for Store {
     }
 
     fn get_schedule(&self, name: &str) -> Result<Schedule> {
+        storable_name(name)?;
         self.read(|tx| get_in(tx, name))
     }
 
@@ -305,6 +324,7 @@ impl ScheduleStore for Store {
     }
 
     fn schedule_and_handled(&self, name: &str) -> Result<(Schedule, Handled)> {
+        storable_name(name)?;
         self.read(|tx| Ok((get_in(tx, name)?, handled_in(tx, name)?)))
     }
 
