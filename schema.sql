@@ -179,3 +179,12 @@ CREATE TABLE tickler_paused_queues (
     queue     TEXT    PRIMARY KEY CHECK (length(queue) > 0),
     paused_at INTEGER NOT NULL
 ) STRICT;
+
+-- migration: 6
+-- Finished jobs per state and queue, newest last: the dashboard's counts
+-- and lists of succeeded, dead and cancelled jobs (Queue::counts_by_queue,
+-- Queue::list_state) read this instead of scanning the table. One entry
+-- per finished job, written when it finishes and removed when it is
+-- pruned or retried.
+CREATE INDEX tickler_jobs_finished_state
+    ON tickler_jobs (status, queue, finished_at) WHERE finished_at IS NOT NULL;

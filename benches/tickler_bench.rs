@@ -7,6 +7,7 @@
 //! cargo bench --bench tickler_bench -- --only idle [--tickler-bin OLD_BINARY]
 //! .ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg_raw
 //! cargo bench --features tokio --bench tickler_bench -- --only async_burn
+//! cargo bench --bench tickler_bench -- --only dashboard
 //! ```
 //!
 //! Every scenario runs on a fresh file in a temporary directory, under
@@ -22,6 +23,9 @@
 //! one and sets it): claim and complete one job per transaction, 32 per
 //! transaction with batched completion (4 threads), and single-row inserts
 //! from 16 threads. Without the feature or the URL it is skipped with a note.
+
+#[path = "../tests/dashboard_fill/mod.rs"]
+mod dashboard_fill;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -185,6 +189,9 @@ fn main() {
     }
     if wants("async_burn") {
         async_burn(if quick { 5_000 } else { 50_000 });
+    }
+    if wants("dashboard") {
+        dashboard(if quick { 100_000 } else { 1_000_000 });
     }
     if wants("idle") {
         let other_bin = args
@@ -1828,4 +1835,66 @@ mod pg_bench {
         });
         n as f64 / secs
     }
+}
+
+/// `--only dashboard`: how long `tickler serve` takes to answer `GET /` (the
+/// dashboard page) for a file of `jobs` jobs in every state (mostly
+/// succeeded, three queues), filled with one INSERT … SELECT. Median of 11
+/// requests after one warm-up, measured by the client on loopback.
+fn dashboard(jobs: u64) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dash.db");
+    drop(Queue::open(&path).unwrap());
+    let conn = Connection::open(&path).unwrap();
+    let started = Instant::now();
+    dashboard_fill::fill(&conn, jobs).unwrap();
+    let fill_s = started.elapsed().as_secs_f64();
+    drop(conn);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tickler"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("TICKLER_DB", &path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned();
+    let get = || {
+        let t = Instant::now();
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "GET / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        (t.elapsed().as_secs_f64() * 1000.0, body.len())
+    };
+    get();
+    let mut times: Vec<f64> = Vec::new();
+    let mut bytes = 0;
+    for _ in 0..11 {
+        let (ms, b) = get();
+        times.push(ms);
+        bytes = b;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    times.sort_by(f64::total_cmp);
+    emit(
+        json!({"scenario": "dashboard", "jobs": jobs, "fill_s": round(fill_s),
+        "page_ms_median": round(times[times.len() / 2]), "page_ms_max": round(times[times.len() - 1]),
+        "page_bytes": bytes, "target_ms": 200,
+        "note": "GET / of tickler serve, median of 11 after a warm-up, timed by a client on loopback"}),
+    );
 }

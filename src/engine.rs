@@ -148,4 +148,41 @@ pub(crate) trait Engine: ScheduleStore + Send + Sync {
 
     /// See [`crate::Queue::paused_queues`].
     fn paused_queues(&self) -> Result<Vec<String>>;
+
+    /// The first queue after `after` (byte order) with jobs in `state`: one
+    /// step through an index of that state (for `counts_by_queue` and
+    /// `list_state`).
+    fn next_queue_in_state(&self, state: JobState, after: &str) -> Result<Option<String>>;
+
+    /// Jobs of `queue` in `state`, counted through an index, up to `cap`.
+    fn count_in_queue(&self, state: JobState, queue: &str, cap: u64) -> Result<u64>;
+
+    /// Up to `limit` jobs of `queue` in `state`, in the order of that
+    /// state's index: pending in claim order (priority, due time, id),
+    /// scheduled soonest due first, running soonest lease expiry first,
+    /// finished newest first.
+    fn list_in_queue(&self, state: JobState, queue: &str, limit: usize) -> Result<Vec<Job>>;
+}
+
+/// The condition that selects `state` in words an index of that state
+/// matches (its partial index's WHERE clause), and the order of that index
+/// within one queue. Shared by the engines' dashboard reads.
+pub(crate) fn state_index(state: JobState) -> (&'static str, &'static str) {
+    match state {
+        JobState::Pending => ("status = 'pending'", "priority DESC, run_at, id"),
+        JobState::Scheduled => ("status = 'scheduled'", "run_at, id"),
+        JobState::Running => ("status = 'running'", "lease_expires_at, id"),
+        JobState::Succeeded => (
+            "status = 'succeeded' AND finished_at IS NOT NULL",
+            "finished_at DESC, id DESC",
+        ),
+        JobState::Dead => (
+            "status = 'dead' AND finished_at IS NOT NULL",
+            "finished_at DESC, id DESC",
+        ),
+        JobState::Cancelled => (
+            "status = 'cancelled' AND finished_at IS NOT NULL",
+            "finished_at DESC, id DESC",
+        ),
+    }
 }

@@ -593,6 +593,17 @@ pub struct Stats {
     pub oldest_due_by_priority: BTreeMap<(String, i32), DateTime<Utc>>,
 }
 
+/// Counts from [`Queue::counts_by_queue`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QueueCounts {
+    /// Number of jobs per (queue, state), at most the cap asked for; states
+    /// with no jobs are absent.
+    pub counts: BTreeMap<(String, JobState), u64>,
+    /// The (queue, state) pairs whose count reached the cap: there are at
+    /// least that many jobs.
+    pub capped: std::collections::BTreeSet<(String, JobState)>,
+}
+
 impl Stats {
     /// Number of jobs in `state`, across queues.
     pub fn total(&self, state: JobState) -> u64 {
@@ -1288,6 +1299,72 @@ impl Queue {
     /// [`Error::Sqlite`], [`Error::Pool`].
     pub fn stats(&self) -> Result<Stats> {
         self.engine().stats()
+    }
+
+    /// Jobs per queue and state for a dashboard, each counted through an
+    /// index of its state up to `cap`: the cost grows with the queues and
+    /// `cap`, not with the table. A count that reached `cap` is in
+    /// [`QueueCounts::capped`] (there are at least that many). Unlike
+    /// [`Queue::stats`], not one snapshot: each (queue, state) is read on
+    /// its own.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn counts_by_queue(&self, cap: u64) -> Result<QueueCounts> {
+        let engine = self.engine();
+        let mut out = QueueCounts::default();
+        for state in JobState::ALL {
+            for queue in self.queues_in_state(state)? {
+                let n = engine.count_in_queue(state, &queue, cap)?;
+                if n == 0 {
+                    continue;
+                }
+                if n >= cap {
+                    out.capped.insert((queue.clone(), state));
+                }
+                out.counts.insert((queue, state), n);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` jobs in `state`, through that state's index (at most
+    /// `limit` jobs read per queue): pending in claim order (priority,
+    /// due time, id), scheduled soonest due first, running soonest lease
+    /// expiry first, succeeded, dead and cancelled newest first.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn list_state(&self, state: JobState, limit: usize) -> Result<Vec<Job>> {
+        let engine = self.engine();
+        let mut jobs = Vec::new();
+        for queue in self.queues_in_state(state)? {
+            jobs.extend(engine.list_in_queue(state, &queue, limit)?);
+        }
+        match state {
+            JobState::Pending => {
+                jobs.sort_by_key(|j| (std::cmp::Reverse(j.priority), j.run_at, j.id))
+            }
+            JobState::Scheduled => jobs.sort_by_key(|j| (j.run_at, j.id)),
+            JobState::Running => jobs.sort_by_key(|j| (j.lease_expires_at, j.id)),
+            JobState::Succeeded | JobState::Dead | JobState::Cancelled => {
+                jobs.sort_by_key(|j| std::cmp::Reverse((j.finished_at, j.id)))
+            }
+        }
+        jobs.truncate(limit);
+        Ok(jobs)
+    }
+
+    /// The queues with jobs in `state`, in byte order, one index step each.
+    fn queues_in_state(&self, state: JobState) -> Result<Vec<String>> {
+        let mut queues: Vec<String> = Vec::new();
+        while let Some(q) = self
+            .engine()
+            .next_queue_in_state(state, queues.last().map_or("", String::as_str))?
+        {
+            queues.push(q);
+        }
+        Ok(queues)
     }
 
     /// Makes every commit so far durable by fsyncing the `-wal` file

@@ -1240,6 +1240,39 @@ impl Engine for Store {
     fn paused_queues(&self) -> Result<Vec<String>> {
         self.read(|tx| Ok(paused_in(tx)?.into_iter().collect()))
     }
+
+    fn next_queue_in_state(&self, state: JobState, after: &str) -> Result<Option<String>> {
+        let (cond, _) = crate::engine::state_index(state);
+        let sql = format!("SELECT min(queue) FROM tickler_jobs WHERE {cond} AND queue > $1");
+        self.read(|tx| Ok(tx.query_one(&sql, &[&after])?.get(0)))
+    }
+
+    fn count_in_queue(&self, state: JobState, queue: &str, cap: u64) -> Result<u64> {
+        let (cond, _) = crate::engine::state_index(state);
+        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
+        let sql = format!(
+            "SELECT count(*) FROM (SELECT 1 FROM tickler_jobs WHERE {cond} AND queue = $1 LIMIT $2) AS capped"
+        );
+        self.read(|tx| {
+            let n: i64 = tx.query_one(&sql, &[&queue, &cap])?.get(0);
+            Ok(n.unsigned_abs())
+        })
+    }
+
+    fn list_in_queue(&self, state: JobState, queue: &str, limit: usize) -> Result<Vec<Job>> {
+        let (cond, order) = crate::engine::state_index(state);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let sql = format!(
+            "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE {cond} AND queue = $1
+             ORDER BY {order} LIMIT $2"
+        );
+        self.read(|tx| {
+            tx.query(&sql, &[&queue, &limit])?
+                .iter()
+                .map(job_from_row)
+                .collect()
+        })
+    }
 }
 
 /// The paused queues, in byte order (a table of a few rows at most).

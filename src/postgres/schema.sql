@@ -127,3 +127,9 @@ CREATE TABLE tickler_paused_queues (
     queue     TEXT    PRIMARY KEY CHECK (length(queue) > 0),
     paused_at BIGINT  NOT NULL
 );
+
+-- migration: 3
+-- Finished jobs per state and queue, as in the SQLite schema: the
+-- dashboard's counts and lists of finished jobs.
+CREATE INDEX tickler_jobs_finished_state
+    ON tickler_jobs (status, queue, finished_at) WHERE finished_at IS NOT NULL;

@@ -527,6 +527,45 @@ impl Engine for Store {
         })
     }
 
+    fn next_queue_in_state(&self, state: JobState, after: &str) -> Result<Option<String>> {
+        let (cond, _) = crate::engine::state_index(state);
+        self.read(|conn| {
+            Ok(conn
+                .prepare_cached(&format!(
+                    "SELECT min(queue) FROM tickler_jobs WHERE {cond} AND queue > ?1"
+                ))?
+                .query_row([after], |r| r.get(0))?)
+        })
+    }
+
+    fn count_in_queue(&self, state: JobState, queue: &str, cap: u64) -> Result<u64> {
+        let (cond, _) = crate::engine::state_index(state);
+        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
+        self.read(|conn| {
+            let n: i64 = conn
+                .prepare_cached(&format!(
+                    "SELECT count(*) FROM
+                       (SELECT 1 FROM tickler_jobs WHERE {cond} AND queue = ?1 LIMIT ?2)"
+                ))?
+                .query_row(params![queue, cap], |r| r.get(0))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+
+    fn list_in_queue(&self, state: JobState, queue: &str, limit: usize) -> Result<Vec<Job>> {
+        let (cond, order) = crate::engine::state_index(state);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read(|conn| {
+            Ok(conn
+                .prepare_cached(&format!(
+                    "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE {cond} AND queue = ?1
+                     ORDER BY {order} LIMIT ?2"
+                ))?
+                .query_map(params![queue, limit], job_from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
     fn retry_dead(&self, queue: Option<&str>) -> Result<(u64, u64)> {
         let (mut retried, mut left_dead) = (0u64, 0u64);
         let mut after_id = 0i64;

@@ -15,11 +15,15 @@ use std::fmt::Write as _;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
-use tickler::{JobFilter, JobId, JobState, Queue};
+use tickler::{JobId, JobState, Queue};
 use tiny_http::{Header, Method, Request, Response, Server};
 
 /// Jobs listed per state on the page.
 const LISTED: usize = 20;
+
+/// Counts on the page stop here ("100000+"), so that the page of a big
+/// file reads a bounded part of each index.
+const COUNT_CAP: u64 = 100_000;
 
 pub fn serve(db: &Path, args: &ServeArgs) -> Result<(), CliError> {
     let addr: SocketAddr = args
@@ -287,7 +291,7 @@ fn button(csrf: &str, action: &str, field: &str, value: &str, label: &str) -> St
 }
 
 fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
-    let stats = queue.stats()?;
+    let stats = queue.counts_by_queue(COUNT_CAP)?;
     let paused = queue.paused_queues()?;
     let mut html = String::from(
         "<!doctype html><html><head><meta charset=utf-8><title>tickler</title>\
@@ -310,10 +314,12 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
     for q in &names {
         let _ = write!(html, "<tr><td>{}</td>", esc(q));
         for state in JobState::ALL {
-            let n = stats.counts.get(&(q.clone(), state)).copied().unwrap_or(0);
+            let key = (q.clone(), state);
+            let n = stats.counts.get(&key).copied().unwrap_or(0);
+            let plus = if stats.capped.contains(&key) { "+" } else { "" };
             let _ = write!(
                 html,
-                "<td class=n data-queue=\"{}\" data-state={}>{n}</td>",
+                "<td class=n data-queue=\"{}\" data-state={}>{n}{plus}</td>",
                 esc(q),
                 state.as_str()
             );
@@ -353,12 +359,8 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
         JobState::Cancelled,
         JobState::Succeeded,
     ] {
-        let jobs = queue.list(&JobFilter {
-            state: Some(state),
-            limit: LISTED,
-            ..JobFilter::default()
-        })?;
-        let _ = write!(html, "<h2>{} (first {LISTED})</h2><table id=jobs-{}><tr><th>id</th><th>queue</th><th>kind</th><th>attempts</th><th>due</th><th>errors</th><th></th></tr>", state.as_str(), state.as_str());
+        let jobs = queue.list_state(state, LISTED)?;
+        let _ = write!(html, "<h2>{} ({} {LISTED})</h2><table id=jobs-{}><tr><th>id</th><th>queue</th><th>kind</th><th>attempts</th><th>due</th><th>errors</th><th></th></tr>", state.as_str(), if matches!(state, JobState::Pending | JobState::Scheduled | JobState::Running) { "first" } else { "newest" }, state.as_str());
         for job in jobs {
             let errors: String = job
                 .errors
