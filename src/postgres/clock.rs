@@ -30,6 +30,10 @@ struct Anchor {
 #[derive(Debug)]
 pub(crate) struct ServerClock {
     anchor: Arc<Mutex<Anchor>>,
+    /// Dropped with the clock: wakes the sampling thread to end at once
+    /// (it holds a clone of the pool, and so its connections and threads,
+    /// until it ends).
+    _stop: crossbeam_channel::Sender<()>,
 }
 
 impl ServerClock {
@@ -38,10 +42,15 @@ impl ServerClock {
     pub(crate) fn start(pool: r2d2::Pool<Manager>) -> Result<ServerClock> {
         let anchor = Arc::new(Mutex::new(sample(&pool)?));
         let weak: Weak<Mutex<Anchor>> = Arc::downgrade(&anchor);
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
         std::thread::Builder::new()
             .name("tickler-pg-clock".into())
             .spawn(move || loop {
-                std::thread::sleep(RESAMPLE);
+                if stopped.recv_timeout(RESAMPLE)
+                    != Err(crossbeam_channel::RecvTimeoutError::Timeout)
+                {
+                    return;
+                }
                 let Some(anchor) = weak.upgrade() else { return };
                 match sample(&pool) {
                     Ok(fresh) => *anchor.lock().unwrap_or_else(PoisonError::into_inner) = fresh,
@@ -51,7 +60,10 @@ impl ServerClock {
                 }
             })
             .map_err(|e| crate::Error::Config(format!("cannot start the clock thread: {e}")))?;
-        Ok(ServerClock { anchor })
+        Ok(ServerClock {
+            anchor,
+            _stop: stop,
+        })
     }
 }
 

@@ -43,6 +43,7 @@ pub(crate) struct StoreSettings<'a> {
     pub(crate) retry_window: Duration,
     pub(crate) listen: bool,
     pub(crate) fallback_poll: Duration,
+    pub(crate) max_payload_bytes: usize,
 }
 
 /// The connections of one opened `Queue` (shared by its clones).
@@ -223,6 +224,18 @@ pub(crate) struct Attempt {
 impl Store {
     /// Connects, migrates the schema and starts the server clock.
     pub(crate) fn open(settings: &StoreSettings<'_>) -> Result<Store> {
+        // PostgreSQL holds at most 1 GB in a value (and in a message): a
+        // larger limit would let payloads through that the server then
+        // refuses, so it is refused here, with SQLite's documented limit,
+        // which fits under it with the row's other columns.
+        if settings.max_payload_bytes > crate::queue::MAX_PAYLOAD_BYTES_LIMIT {
+            return Err(Error::Config(format!(
+                "max_payload_bytes is {}, but PostgreSQL stores at most 1 GB in a value, so \
+                 the largest payload limit is {} bytes (MAX_PAYLOAD_BYTES_LIMIT)",
+                settings.max_payload_bytes,
+                crate::queue::MAX_PAYLOAD_BYTES_LIMIT
+            )));
+        }
         let mut config: postgres::Config = settings
             .url
             .parse()
@@ -233,7 +246,17 @@ impl Store {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
         }
+        // r2d2's own helper threads would otherwise wait for the pool's
+        // next scheduled idle check (up to 30 s) after the pool is
+        // dropped, holding nothing but living on: an application that
+        // opens and drops queues would collect them.
+        let helpers = scheduled_thread_pool::ScheduledThreadPool::builder()
+            .num_threads(3)
+            .thread_name_pattern("tickler-pg-pool-{}")
+            .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
+            .build();
         let pool = r2d2::Pool::builder()
+            .thread_pool(Arc::new(helpers))
             .max_size(settings.max_connections.max(2))
             .min_idle(Some(1))
             .connection_timeout(Duration::from_secs(10))
