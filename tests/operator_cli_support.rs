@@ -149,10 +149,7 @@ fn wal_bytes_and_file_schema_version() {
         let queue = Queue::open(common::engine::target(&path)).unwrap();
         queue.enqueue(NewJob::new("a")).unwrap();
         assert_eq!(queue.wal_bytes(), 0);
-        assert!(matches!(
-            queue.checkpoint(),
-            Err(Error::Unsupported { .. })
-        ));
+        assert!(matches!(queue.checkpoint(), Err(Error::Unsupported { .. })));
         queue.sync().expect("sync is a no-op");
         return;
     }
