@@ -299,8 +299,11 @@ impl From<postgres::Error> for Error {
                 return Error::DiskFull;
             }
             // Unique conflicts are resolved in SQL (ON CONFLICT); any other
-            // integrity failure is a row or trigger written outside tickler.
-            if code.code().starts_with("23") && *code != SqlState::UNIQUE_VIOLATION {
+            // integrity failure, or an exception a trigger raised (class
+            // P0, as SQLite's RAISE(ABORT)), is a row or trigger written
+            // outside tickler.
+            let class = &code.code()[..2];
+            if (class == "23" && *code != SqlState::UNIQUE_VIOLATION) || class == "P0" {
                 let message = e
                     .as_db_error()
                     .map_or_else(|| e.to_string(), |db| db.message().to_owned());

@@ -294,6 +294,7 @@ impl QueueBuilder {
             retry_window: self.busy_timeout + self.busy_retry,
             listen: self.listen,
             fallback_poll: self.fallback_poll,
+            max_payload_bytes: self.max_payload_bytes,
         })?;
         Ok(Queue {
             inner: Arc::new(Inner {

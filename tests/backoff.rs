@@ -164,12 +164,11 @@ fn failing_attempt_ten_thousand_waits_the_cap() {
     let id = queue
         .enqueue(NewJob::new("flaky").max_attempts(20_000))
         .unwrap();
-    common::raw(&path)
-        .execute(
-            "UPDATE tickler_jobs SET attempts = 9999 WHERE id = ?1",
-            [id.0],
-        )
-        .unwrap();
+    common::engine::execute(
+        &path,
+        "UPDATE tickler_jobs SET attempts = 9999 WHERE id = ?1",
+        &[id.0.into()],
+    );
     let lease = claim_one(&queue);
     assert_eq!(lease.attempt, 10_000);
     let t = clock.now();

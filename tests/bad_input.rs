@@ -14,7 +14,7 @@ use tickler::{Durability, Error, JobState, NewJob, Queue};
 const PAYLOAD_LIMIT: usize = 1024;
 
 fn open(path: &Path) -> Queue {
-    Queue::builder(path)
+    Queue::builder(common::engine::target(path))
         .durability(Durability::Normal)
         .max_payload_bytes(PAYLOAD_LIMIT)
         .open()
@@ -281,7 +281,8 @@ fn racing_enqueues_of_one_unique_key_store_one_job() {
     let barrier = Arc::new(Barrier::new(THREADS));
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
-            // Own handle per thread: the race goes through SQLite, not a mutex.
+            // Own handle per thread: the race goes through the database,
+            // not a mutex.
             let queue = open(&path);
             let barrier = barrier.clone();
             std::thread::spawn(move || {
@@ -307,12 +308,10 @@ fn racing_enqueues_of_one_unique_key_store_one_job() {
         assert_eq!(ids.len(), 1, "key-{k}: threads got different ids {ids:?}");
     }
     assert_eq!(common::row_count(&path), KEYS as i64);
-    let per_key: i64 = common::raw(&path)
-        .query_row(
-            "SELECT max(n) FROM (SELECT count(*) AS n FROM tickler_jobs GROUP BY unique_key)",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let per_key = common::engine::query_int(
+        &path,
+        "SELECT max(n) FROM (SELECT count(*) AS n FROM tickler_jobs GROUP BY unique_key) AS k",
+        &[],
+    );
     assert_eq!(per_key, 1);
 }

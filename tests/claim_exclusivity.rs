@@ -36,7 +36,7 @@ struct Claimed {
 }
 
 fn open_normal(path: &Path) -> Queue {
-    Queue::builder(path)
+    Queue::builder(common::engine::target(path))
         .durability(Durability::Normal)
         .open()
         .expect("open queue")
@@ -153,14 +153,13 @@ fn check_exactly_once(path: &Path, ids: &[JobId], claims: &[Claimed]) {
         "a run_token is not a UUID v4"
     );
 
-    let conn = common::raw(path);
-    let (succeeded, once, total): (i64, i64, i64) = conn
-        .query_row(
-            "SELECT sum(status = 'succeeded'), sum(attempts = 1), count(*) FROM tickler_jobs",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .unwrap();
+    let row = common::engine::query_row(
+        path,
+        "SELECT count(*) FILTER (WHERE status = 'succeeded'),
+                count(*) FILTER (WHERE attempts = 1), count(*) FROM tickler_jobs",
+        &[],
+    );
+    let (succeeded, once, total) = (row[0].int(), row[1].int(), row[2].int());
     assert_eq!(total, JOBS as i64);
     assert_eq!(succeeded, JOBS as i64, "not every job succeeded");
     assert_eq!(once, JOBS as i64, "a job was attempted more than once");

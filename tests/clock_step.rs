@@ -5,6 +5,8 @@
 //! from the new time; a holder that is really gone is still taken back once
 //! the hold is over.
 
+mod common;
+
 use chrono::Utc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +24,7 @@ fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
 fn reaper_holds_off_after_a_forward_step_then_takes_only_the_silent_holder() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(Utc::now()));
-    let queue = Queue::builder(dir.path().join("step.db"))
+    let queue = Queue::builder(common::engine::target(&dir.path().join("step.db")))
         .durability(Durability::Normal)
         .clock(clock.clone())
         .open()
@@ -75,7 +77,7 @@ fn reaper_holds_off_after_a_forward_step_then_takes_only_the_silent_holder() {
 #[test]
 fn without_a_step_expired_leases_are_reaped_promptly() {
     let dir = tempfile::tempdir().unwrap();
-    let queue = Queue::builder(dir.path().join("nostep.db"))
+    let queue = Queue::builder(common::engine::target(&dir.path().join("nostep.db")))
         .durability(Durability::Normal)
         .open()
         .unwrap();

@@ -2,6 +2,8 @@
 //! losing, duplicating or mixing up any job: every caller gets the id of
 //! exactly its own job, and the job is in the file when the call returns.
 
+mod common;
+
 use std::sync::{Arc, Barrier};
 use tickler::{Durability, NewJob, Queue};
 
@@ -9,6 +11,7 @@ use tickler::{Durability, NewJob, Queue};
 fn concurrent_enqueues_each_get_their_own_committed_job() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("group.db");
+    let path = common::engine::target(&path);
     let queue = Queue::builder(&path)
         .durability(Durability::Full)
         .open()
@@ -19,6 +22,7 @@ fn concurrent_enqueues_each_get_their_own_committed_job() {
     let handles: Vec<_> = (0..THREADS)
         .map(|t| {
             let queue = queue.clone();
+            let path = path.clone();
             let start = Arc::clone(&start);
             std::thread::spawn(move || {
                 start.wait();
@@ -28,7 +32,7 @@ fn concurrent_enqueues_each_get_their_own_committed_job() {
                             .enqueue(NewJob::new("k").payload(serde_json::json!([t, i])))
                             .unwrap();
                         // Visible to another connection as soon as enqueue returns.
-                        let reader = Queue::open(queue.path()).unwrap();
+                        let reader = Queue::open(&path).unwrap();
                         assert_eq!(reader.get(id).unwrap().payload, serde_json::json!([t, i]));
                         (id, t, i)
                     })

@@ -16,7 +16,7 @@ use tickler::{Durability, JobState, ManualClock, Queue};
 fn a_forward_step_does_not_cost_a_live_holder_its_job() {
     let (_dir, path) = temp_db();
     let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
-    let queue = Queue::builder(&path)
+    let queue = Queue::builder(pool_common::engine::target(&path))
         .clock(clock.clone())
         .durability(Durability::Normal)
         .open()

@@ -5,7 +5,7 @@
 mod common;
 
 use chrono::{TimeZone, Utc};
-use common::{fixed_policy, manual_queue_with_policy, raw, secs, temp_db};
+use common::{engine, fixed_policy, manual_queue_with_policy, secs, temp_db};
 use tickler::{Error, JobState, NewJob, Outcome, ERROR_HISTORY_MAX, MAX_ERROR_BYTES};
 
 /// riverqueue/river#1302 (PR #1373): the rescuer overwrote a job that its
@@ -150,7 +150,13 @@ fn odd_error_texts_round_trip_and_keep_the_history_readable() {
     }
     let job = queue.get(id).unwrap();
     assert!(job.unreadable.is_none(), "{:?}", job.unreadable);
-    assert_eq!(job.errors[0].error, texts[0]);
+    if engine::on_postgres() {
+        // PostgreSQL's text and jsonb cannot hold NUL: the engine stores
+        // U+FFFD in its place, by design; the rest round-trips.
+        assert_eq!(job.errors[0].error, texts[0].replace('\0', "\u{FFFD}"));
+    } else {
+        assert_eq!(job.errors[0].error, texts[0]);
+    }
     assert!(job.errors[1].error.len() <= MAX_ERROR_BYTES);
     assert!(job.errors[1].error.starts_with("€😀"));
     assert!(job.errors[1].error.ends_with("€😀"));
@@ -203,11 +209,9 @@ fn a_very_long_heartbeat_stays_in_the_storable_range() {
 
 /// Bytes of the job's `errors` column as stored (JSON text).
 fn stored_history_bytes(path: &std::path::Path, id: tickler::JobId) -> i64 {
-    raw(path)
-        .query_row(
-            "SELECT length(errors) FROM tickler_jobs WHERE id = ?1",
-            [id.0],
-            |r| r.get(0),
-        )
-        .unwrap()
+    engine::query_int(
+        path,
+        "SELECT length(CAST(errors AS TEXT)) FROM tickler_jobs WHERE id = ?1",
+        &[id.0.into()],
+    )
 }

@@ -16,7 +16,7 @@ mod reliability_common;
 
 use proptest::prelude::*;
 use proptest::sample::Index;
-use reliability_common::temp_db;
+use reliability_common::{engine, temp_db};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -453,7 +453,7 @@ impl Real<'_> {
     fn open(&mut self) {
         self.queue = None;
         self.queue = Some(
-            Queue::builder(self.path)
+            Queue::builder(engine::target(self.path))
                 .clock(self.clock.clone())
                 .durability(Durability::Normal)
                 .retry_policy(POLICY)

@@ -11,7 +11,7 @@
 mod reliability_common;
 
 use reliability_common::{
-    child_output, expect_success, ms, secs, spawn_child, temp_db, wait_until,
+    child_output, engine, expect_success, ms, secs, spawn_child, temp_db, wait_until,
 };
 use std::path::PathBuf;
 use std::process::Child;
@@ -47,8 +47,20 @@ fn signal(child: &Child, sig: libc::c_int) {
     );
 }
 
-/// True if a write transaction can start on the file within 100 ms.
+/// True if no transaction of another connection is open: on SQLite, a
+/// write transaction can start on the file within 100 ms; on PostgreSQL,
+/// no other session of the database is inside a transaction (a holder
+/// frozen inside one would hold its row lock, which the reaper skips).
 fn write_lock_is_free(path: &std::path::Path) -> bool {
+    if engine::on_postgres() {
+        return engine::query_int(
+            path,
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()
+               AND state IN ('active', 'idle in transaction')",
+            &[],
+        ) == 0;
+    }
     let conn = rusqlite::Connection::open(path).expect("raw connection");
     conn.busy_timeout(ms(100)).expect("busy timeout");
     conn.execute_batch("BEGIN IMMEDIATE; ROLLBACK").is_ok()
@@ -67,7 +79,7 @@ fn child_results(out: &str) -> Vec<(String, String)> {
 fn a_holder_stopped_past_its_lease_gets_lease_lost_when_it_resumes() {
     let (dir, path) = temp_db();
     // Backoff of 1 ms: the reaped job is due again at once.
-    let queue = Queue::builder(&path)
+    let queue = Queue::builder(engine::target(&path))
         .durability(Durability::Normal)
         .retry_policy(RetryPolicy {
             base: ms(1),
@@ -99,7 +111,7 @@ fn a_holder_stopped_past_its_lease_gets_lease_lost_when_it_resumes() {
 
     // Freeze the holder (not inside one of its heartbeat transactions:
     // frozen there it would hold SQLite's write lock and stall every
-    // writer) and let its lease run out.
+    // writer, or PostgreSQL's row lock) and let its lease run out.
     loop {
         signal(&child.0, libc::SIGSTOP);
         if write_lock_is_free(&path) {
@@ -169,7 +181,7 @@ fn paused_holder_child() {
     let Some(db) = std::env::var_os(ENV_DB) else {
         return;
     };
-    let queue = Queue::builder(PathBuf::from(db))
+    let queue = Queue::builder(engine::target(&PathBuf::from(db)))
         .durability(Durability::Normal)
         .open()
         .unwrap();

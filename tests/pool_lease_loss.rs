@@ -25,7 +25,7 @@ use tickler::{
 /// A second handle on the file whose clock stands `ahead` of the real one.
 fn queue_from_the_future(path: &std::path::Path, ahead: Duration) -> Queue {
     let clock = ManualClock::new(Utc::now() + chrono::Duration::from_std(ahead).unwrap());
-    Queue::builder(path)
+    Queue::builder(pool_common::engine::target(path))
         .clock(std::sync::Arc::new(clock))
         .durability(Durability::Normal)
         .open()
@@ -225,7 +225,7 @@ fn a_stale_heartbeat_of_a_previous_run_does_not_cancel_the_next_run() {
     const JOBS: usize = 2;
     const RUNS: u32 = 300;
     let (_dir, path) = temp_db();
-    let queue = Queue::builder(&path)
+    let queue = Queue::builder(pool_common::engine::target(&path))
         .durability(Durability::Normal)
         .retry_policy(RetryPolicy {
             base: Duration::ZERO,

@@ -6,6 +6,8 @@
 //! (which trusts next_due before taking the write lock) sleeps instead of
 //! claiming the due job, until the clock catches up with the other job.
 
+mod common;
+
 use chrono::{Duration as CDuration, Utc};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +25,7 @@ fn setup() -> (
     let dir = tempfile::tempdir().unwrap();
     let start = Utc::now();
     let clock = Arc::new(ManualClock::new(start));
-    let queue = Queue::builder(dir.path().join("q.db"))
+    let queue = Queue::builder(common::engine::target(&dir.path().join("q.db")))
         .durability(Durability::Normal)
         .clock(clock.clone())
         .open()
@@ -63,7 +65,7 @@ fn pool_claims_a_due_lower_priority_job_after_a_backward_step() {
     let dir = tempfile::tempdir().unwrap();
     let start = Utc::now();
     let clock = Arc::new(ManualClock::new(start));
-    let queue = Queue::builder(dir.path().join("q.db"))
+    let queue = Queue::builder(common::engine::target(&dir.path().join("q.db")))
         .durability(Durability::Normal)
         .clock(clock.clone())
         .open()

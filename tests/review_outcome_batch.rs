@@ -14,6 +14,8 @@
 //!
 //! Contract 7: "Bad input gets a clear error and loses nothing."
 
+mod common;
+
 use chrono::{TimeZone, Utc};
 use crossbeam_channel::{bounded, Receiver};
 use std::sync::{Arc, Mutex};
@@ -39,7 +41,7 @@ fn far_future() -> chrono::DateTime<Utc> {
 #[test]
 fn a_bad_snooze_alone_leaves_its_job_running_without_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let queue = Queue::builder(dir.path().join("q.db"))
+    let queue = Queue::builder(common::engine::target(&dir.path().join("q.db")))
         .durability(Durability::Normal)
         .open()
         .unwrap();
@@ -75,10 +77,15 @@ fn a_bad_snooze_alone_leaves_its_job_running_without_a_clear_error() {
 
 #[test]
 fn a_bad_snooze_loses_the_outcome_of_a_job_that_succeeded_in_the_same_batch() {
+    // The batch is made by holding SQLite's write lock with complete_with;
+    // on PostgreSQL the bad snooze alone is the first test's case.
+    if common::engine::sqlite_only() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let start = Utc::now();
     let clock = Arc::new(ManualClock::new(start));
-    let queue = Queue::builder(dir.path().join("q.db"))
+    let queue = Queue::builder(common::engine::target(&dir.path().join("q.db")))
         .durability(Durability::Normal)
         .clock(clock.clone())
         .open()

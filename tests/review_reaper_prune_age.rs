@@ -7,13 +7,15 @@
 //!   and nothing is reaped any more, so jobs of dead workers stay `running`
 //!   for ever.
 
+mod common;
+
 use chrono::Utc;
 use std::sync::Arc;
 use std::time::Duration;
 use tickler::{Durability, JobState, ManualClock, NewJob, Queue, Reaper, ReaperConfig};
 
 fn queue(dir: &tempfile::TempDir, clock: Arc<ManualClock>) -> Queue {
-    Queue::builder(dir.path().join("q.db"))
+    Queue::builder(common::engine::target(&dir.path().join("q.db")))
         .durability(Durability::Normal)
         .clock(clock)
         .open()

@@ -7,6 +7,8 @@
 //! its cancellation reason still says Shutdown, not LeaseLost). Its result
 //! is then dropped as LeaseLost.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +17,7 @@ use tickler::{Durability, JobContext, JobError, JobState, NewJob, Queue, WorkerP
 #[test]
 fn a_handler_still_running_after_shutdown_keeps_its_lease() {
     let dir = tempfile::tempdir().unwrap();
-    let queue = Queue::builder(dir.path().join("q.db"))
+    let queue = Queue::builder(common::engine::target(&dir.path().join("q.db")))
         .durability(Durability::Normal)
         .open()
         .unwrap();

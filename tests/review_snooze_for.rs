@@ -4,6 +4,8 @@
 //! while") silently becomes zero, so the job is snoozed to *now* and runs
 //! again at once, in a hot loop, attempts given back each time.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +14,7 @@ use tickler::{Durability, JobContext, JobError, NewJob, Queue, WorkerPool};
 #[test]
 fn snooze_for_a_huge_delay_does_not_rerun_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let queue = Queue::builder(dir.path().join("q.db"))
+    let queue = Queue::builder(common::engine::target(&dir.path().join("q.db")))
         .durability(Durability::Normal)
         .open()
         .unwrap();

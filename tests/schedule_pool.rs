@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tickler::{Durability, JobContext, JobError, NewSchedule, Queue, WorkerPool};
 
 fn queue(path: &std::path::Path) -> Queue {
-    Queue::builder(path)
+    Queue::builder(schedule_common::engine::target(path))
         .durability(Durability::Normal)
         .open()
         .unwrap()

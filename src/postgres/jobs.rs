@@ -18,7 +18,7 @@ use crate::queue::*;
 use crate::retry::RetryPolicy;
 use crate::sqlite::rows::ClaimedRow;
 use chrono::{DateTime, Utc};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 /// Most scheduled jobs one claim transaction promotes to pending.
@@ -30,6 +30,30 @@ const PARALLEL_OUTCOMES: usize = 64;
 
 /// Most expired leases one reaper transaction takes back.
 const REAP_BATCH: i64 = 1_000;
+
+/// Time between two looks of [`crate::Queue::reap_at`] at an expired
+/// lease, as on SQLite.
+const REAP_SETTLE: Duration = Duration::from_millis(100);
+
+/// Most looks of one [`crate::Queue::reap_at`] call, as on SQLite.
+const REAP_MAX_LOOKS: u32 = 10;
+
+/// An expired lease as one reaper look saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ExpiredLease {
+    id: i64,
+    run_token: String,
+    expires_at: i64,
+}
+
+/// What one reaper look did.
+struct ReapLook {
+    taken: u64,
+    /// Expired and not taken back (not yet confirmed).
+    left: Vec<ExpiredLease>,
+    /// The look saw `REAP_BATCH` expired leases: there may be more.
+    batch_full: bool,
+}
 
 /// Most finished jobs one prune transaction deletes.
 const PRUNE_BATCH: i64 = 5_000;
@@ -423,17 +447,19 @@ fn insert_one(
 }
 
 /// The fenced statement of one outcome; returns the rows changed (0: the
-/// lease is lost).
+/// lease is lost). `note`, if given, is stored instead of a failure's
+/// error text.
 fn apply_outcome(
     tx: &mut Tx<'_>,
     lease: &Lease,
     outcome: &Outcome,
     now: i64,
     policy: &RetryPolicy,
+    note: Option<&str>,
 ) -> Result<u64> {
     let id = lease.job_id.0;
     let token = &lease.run_token.0;
-    let error_of = |error: &str| storable(&cut_error(error)).into_owned();
+    let error_of = |error: &str| storable(&cut_error(note.unwrap_or(error))).into_owned();
     match outcome {
         Outcome::Complete => tx.execute(COMPLETE_SQL, &[&now, &id, token]),
         Outcome::Fail(error) => {
@@ -505,10 +531,42 @@ fn record_in(
             }));
         }
     }
-    if apply_outcome(tx, lease, outcome, now, policy)? == 1 {
+    if apply_outcome(tx, lease, outcome, now, policy, None)? == 1 {
         Ok(Ok(()))
     } else {
         after_refused(tx, lease, attempt)
+    }
+}
+
+/// After the server refused an outcome's statement (`refused`): a
+/// failure is recorded again with a short note instead of its error text,
+/// which may be what was refused (a trigger's condition on it), so that
+/// the job is not left running until its lease runs out, as on SQLite.
+/// Anything else, or a note refused too, is `refused` for this outcome.
+fn record_noted(
+    tx: &mut Tx<'_>,
+    lease: &Lease,
+    outcome: &Outcome,
+    now: i64,
+    policy: &RetryPolicy,
+    refused: Error,
+) -> Result<Result<()>> {
+    let (Outcome::Fail(error) | Outcome::FailPermanently(error) | Outcome::TimedOut(error)) =
+        outcome
+    else {
+        return Ok(Err(refused));
+    };
+    let note = format!(
+        "the handler's error ({} bytes) could not be stored: {refused}",
+        error.len()
+    );
+    let noted = tx.isolated(|tx| apply_outcome(tx, lease, outcome, now, policy, Some(&note)))?;
+    match noted {
+        Ok(1) => Ok(Ok(())),
+        Ok(_) => Ok(Err(Error::LeaseLost {
+            job_id: lease.job_id,
+        })),
+        Err(_) => Ok(Err(refused)),
     }
 }
 
@@ -577,8 +635,10 @@ fn record_all(
         }
         let (lease, outcome) = &outcomes[i];
         results[i] = Some(if isolate {
-            tx.isolated(|tx| record_in(tx, lease, outcome, now, policy, attempt))?
-                .and_then(|r| r)
+            match tx.isolated(|tx| record_in(tx, lease, outcome, now, policy, attempt))? {
+                Ok(recorded) => recorded,
+                Err(refused) => record_noted(tx, lease, outcome, now, policy, refused)?,
+            }
         } else {
             record_in(tx, lease, outcome, now, policy, attempt)?
         });
@@ -783,7 +843,7 @@ impl Engine for Store {
         }
         let ids: Vec<i64> = leases.iter().map(|l| l.job_id.0).collect();
         let tokens: Vec<&str> = leases.iter().map(|l| l.run_token.0.as_str()).collect();
-        let (renewed, expires) = self.write(|tx, _| {
+        let batch = self.write(|tx, _| {
             let now = self.now_ms();
             let expires = now.saturating_add(extend_ms).min(MAX_TIMESTAMP_MS);
             tx.execute(LOCK_IN_ORDER_SQL, &[&ids])?;
@@ -800,7 +860,11 @@ impl Engine for Store {
                 .map(|r| (r.get(0), r.get(1)))
                 .collect();
             Ok((renewed, expires))
-        })?;
+        });
+        let (renewed, expires) = match batch {
+            Err(e) if statement_level(&e) => return self.heartbeat_each(leases, extend_ms),
+            other => other?,
+        };
         Ok(leases
             .iter()
             .map(|l| {
@@ -924,54 +988,11 @@ impl Engine for Store {
     }
 
     fn reap_expired_before(&self, cutoff: Option<i64>) -> Result<u64> {
-        let policy = self.retry_policy;
         let mut total = 0;
         loop {
-            let (taken, full) = self.write(|tx, _| {
-                let stepped_now = self.now_ms();
-                let margin = crate::reaper::BACKWARD_STEP_MARGIN.as_millis() as i64;
-                tx.execute(LEASE_STEP_SQL, &[&stepped_now, &margin])?;
-                tx.execute(CANCELLED_LEASE_STEP_SQL, &[&stepped_now, &margin])?;
-                let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
-                // Rows another transaction holds (a heartbeat landing right
-                // now) are skipped: the next look sees them again.
-                let expired = tx.query(
-                    "SELECT id, run_token, attempts, coalesce(claimed_by, '?') FROM tickler_jobs
-                     WHERE status = 'running' AND lease_expires_at < $1::bigint
-                     ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
-                    &[&now, &REAP_BATCH],
-                )?;
-                // Skipping here too: this transaction already holds the
-                // expired leases it took, and a pool recording outcomes or
-                // heartbeats holds some of these rows while it waits for
-                // those (a deadlock, broken after deadlock_timeout).
-                tx.execute(
-                    "UPDATE tickler_jobs SET lease_expires_at = NULL
-                     WHERE id = ANY(ARRAY(
-                         SELECT id FROM tickler_jobs
-                         WHERE status IN ('cancelled', 'dead') AND lease_expires_at < $1::bigint
-                         FOR UPDATE SKIP LOCKED))",
-                    &[&now],
-                )?;
-                let full = expired.len() as i64 >= REAP_BATCH;
-                let mut taken = 0u64;
-                for row in expired {
-                    let id: i64 = row.get(0);
-                    let token: String = row.get(1);
-                    let attempts: i64 = row.get(2);
-                    let worker: String = row.get(3);
-                    let attempt = u32::try_from(attempts.max(0)).unwrap_or(u32::MAX);
-                    let retry_at = retry_time(now, &policy, attempt);
-                    let error = format!(
-                        "lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time"
-                    );
-                    let error = storable(&cut_error(&error)).into_owned();
-                    taken += tx.execute(REAP_SQL, &[&now, &retry_at, &error, &id, &token, &now])?;
-                }
-                Ok((taken, full))
-            })?;
-            total += taken;
-            if !full {
+            let look = self.reap_look(cutoff, |_| true)?;
+            total += look.taken;
+            if !look.batch_full {
                 break;
             }
         }
@@ -981,14 +1002,34 @@ impl Engine for Store {
         Ok(total)
     }
 
-    /// On PostgreSQL a heartbeat never waits behind a lock on the whole
-    /// database, and the reaper skips rows another transaction holds, so
-    /// one look is enough.
+    /// As on SQLite, a lease is taken back only once two looks, at least
+    /// `REAP_SETTLE` apart, saw it expired with the same expiry: a
+    /// heartbeat or outcome that lands in between (its connection was
+    /// slow, its pool waited for a connection) wins. No look waits for a
+    /// lock on the whole database here, so every look counts as clean.
     fn reap_settled(&self, cutoff: i64) -> Result<u64> {
-        let taken = self.reap_expired_before(Some(cutoff))?;
+        let mut total = 0u64;
+        let mut seen: Option<HashSet<ExpiredLease>> = None;
+        for look in 1..=REAP_MAX_LOOKS {
+            let before = seen.take();
+            let result = self.reap_look(Some(cutoff), |lease| {
+                before.as_ref().is_some_and(|seen| seen.contains(lease))
+            })?;
+            total += result.taken;
+            if result.left.is_empty() && !result.batch_full {
+                break;
+            }
+            seen = Some(result.left.into_iter().collect());
+            if look < REAP_MAX_LOOKS {
+                std::thread::sleep(REAP_SETTLE);
+            }
+        }
+        if total > 0 {
+            self.notify_watchers();
+        }
         // The background reaper's round is also the jobs table's upkeep.
         self.maybe_vacuum();
-        Ok(taken)
+        Ok(total)
     }
 
     fn cancel(&self, id: JobId) -> Result<()> {
@@ -1285,6 +1326,111 @@ fn paused_in(tx: &mut Tx<'_>) -> Result<std::collections::BTreeSet<String>> {
 }
 
 impl Store {
+    /// [`Engine::heartbeat_many`] after the server refused the statement
+    /// that renews them all (a trigger, a damaged row): each lease in a
+    /// savepoint of its own (in id order, as the batch locks them), so the
+    /// refusal costs that lease alone.
+    fn heartbeat_each(
+        &self,
+        leases: &[&Lease],
+        extend_ms: i64,
+    ) -> Result<Vec<Result<DateTime<Utc>>>> {
+        let mut order: Vec<usize> = (0..leases.len()).collect();
+        order.sort_by_key(|&i| leases[i].job_id.0);
+        self.write(|tx, _| {
+            let now = self.now_ms();
+            let expires = now.saturating_add(extend_ms).min(MAX_TIMESTAMP_MS);
+            let mut results: Vec<Result<DateTime<Utc>>> = leases
+                .iter()
+                .map(|l| Err(Error::LeaseLost { job_id: l.job_id }))
+                .collect();
+            for &i in &order {
+                let lease = leases[i];
+                let renewed = tx.isolated(|tx| {
+                    tx.execute(
+                        "UPDATE tickler_jobs
+                         SET lease_expires_at = $1::bigint, lease_ms = $1::bigint - $2::bigint
+                         WHERE id = $3 AND run_token = $4 AND status = 'running'",
+                        &[&expires, &now, &lease.job_id.0, &lease.run_token.0],
+                    )
+                })?;
+                results[i] = match renewed {
+                    Ok(1) => Ok(ms_to_datetime(expires)),
+                    Ok(_) => Err(Error::LeaseLost {
+                        job_id: lease.job_id,
+                    }),
+                    Err(refused) => Err(refused),
+                };
+            }
+            Ok(results)
+        })
+    }
+
+    /// One reaper transaction: leases expired before `cutoff` (ms; `None`:
+    /// now), of which those `take` accepts are taken back and the others
+    /// left and reported. Rows another transaction holds (a heartbeat
+    /// landing right now) are skipped: the next look sees them again.
+    fn reap_look(
+        &self,
+        cutoff: Option<i64>,
+        take: impl Fn(&ExpiredLease) -> bool,
+    ) -> Result<ReapLook> {
+        let policy = self.retry_policy;
+        self.write(|tx, _| {
+            let stepped_now = self.now_ms();
+            let margin = crate::reaper::BACKWARD_STEP_MARGIN.as_millis() as i64;
+            tx.execute(LEASE_STEP_SQL, &[&stepped_now, &margin])?;
+            tx.execute(CANCELLED_LEASE_STEP_SQL, &[&stepped_now, &margin])?;
+            let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
+            let expired = tx.query(
+                "SELECT id, run_token, attempts, coalesce(claimed_by, '?'), lease_expires_at
+                 FROM tickler_jobs
+                 WHERE status = 'running' AND lease_expires_at < $1::bigint
+                 ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+                &[&now, &REAP_BATCH],
+            )?;
+            tx.execute(
+                "UPDATE tickler_jobs SET lease_expires_at = NULL
+                 WHERE id = ANY(ARRAY(
+                     SELECT id FROM tickler_jobs
+                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at < $1::bigint
+                     FOR UPDATE SKIP LOCKED))",
+                &[&now],
+            )?;
+            let batch_full = expired.len() as i64 >= REAP_BATCH;
+            let mut taken = 0u64;
+            let mut left = Vec::new();
+            for row in expired {
+                let lease = ExpiredLease {
+                    id: row.get(0),
+                    run_token: row.get(1),
+                    expires_at: row.get(4),
+                };
+                if !take(&lease) {
+                    left.push(lease);
+                    continue;
+                }
+                let attempts: i64 = row.get(2);
+                let worker: String = row.get(3);
+                let attempt = u32::try_from(attempts.max(0)).unwrap_or(u32::MAX);
+                let retry_at = retry_time(now, &policy, attempt);
+                let error = format!(
+                    "lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time"
+                );
+                let error = storable(&cut_error(&error)).into_owned();
+                taken += tx.execute(
+                    REAP_SQL,
+                    &[&now, &retry_at, &error, &lease.id, &lease.run_token, &now],
+                )?;
+            }
+            Ok(ReapLook {
+                taken,
+                left,
+                batch_full,
+            })
+        })
+    }
+
     /// Deletes finished jobs (of `state`, if given) that finished before
     /// `finished_before`, in short transactions.
     fn prune_where(&self, finished_before: DateTime<Utc>, state: Option<JobState>) -> Result<u64> {

@@ -43,6 +43,7 @@ pub(crate) struct StoreSettings<'a> {
     pub(crate) retry_window: Duration,
     pub(crate) listen: bool,
     pub(crate) fallback_poll: Duration,
+    pub(crate) max_payload_bytes: usize,
 }
 
 /// The connections of one opened `Queue` (shared by its clones).
@@ -223,6 +224,18 @@ pub(crate) struct Attempt {
 impl Store {
     /// Connects, migrates the schema and starts the server clock.
     pub(crate) fn open(settings: &StoreSettings<'_>) -> Result<Store> {
+        // PostgreSQL holds at most 1 GB in a value (and in a message): a
+        // larger limit would let payloads through that the server then
+        // refuses, so it is refused here, with SQLite's documented limit,
+        // which fits under it with the row's other columns.
+        if settings.max_payload_bytes > crate::queue::MAX_PAYLOAD_BYTES_LIMIT {
+            return Err(Error::Config(format!(
+                "max_payload_bytes is {}, but PostgreSQL stores at most 1 GB in a value, so \
+                 the largest payload limit is {} bytes (MAX_PAYLOAD_BYTES_LIMIT)",
+                settings.max_payload_bytes,
+                crate::queue::MAX_PAYLOAD_BYTES_LIMIT
+            )));
+        }
         let mut config: postgres::Config = settings
             .url
             .parse()
@@ -233,7 +246,16 @@ impl Store {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
         }
-        let pool = connection_pool(&config, settings.max_connections);
+        // r2d2's own helper threads would otherwise wait for the pool's
+        // next scheduled idle check (up to 30 s) after the pool is
+        // dropped, holding nothing but living on: an application that
+        // opens and drops queues would collect them.
+        let helpers = scheduled_thread_pool::ScheduledThreadPool::builder()
+            .num_threads(3)
+            .thread_name_pattern("tickler-pg-pool-{}")
+            .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
+            .build();
+        let pool = connection_pool(&config, settings.max_connections, helpers);
         let signals = listen::Signals::new(config, settings.listen, settings.fallback_poll);
         let mut store = Store {
             url: settings.url.to_owned(),
@@ -512,8 +534,13 @@ const VACUUM_DEAD_MIN: i64 = 10_000;
 
 /// The pool of a `Store`: at least two connections (a claim may run while
 /// an outcome commits), one kept open.
-fn connection_pool(config: &postgres::Config, max_connections: u32) -> r2d2::Pool<Manager> {
+fn connection_pool(
+    config: &postgres::Config,
+    max_connections: u32,
+    helpers: scheduled_thread_pool::ScheduledThreadPool,
+) -> r2d2::Pool<Manager> {
     r2d2::Pool::builder()
+        .thread_pool(Arc::new(helpers))
         .max_size(max_connections.max(2))
         .min_idle(Some(1))
         .connection_timeout(Duration::from_secs(10))

@@ -66,18 +66,17 @@ pub fn fixed_policy() -> RetryPolicy {
     }
 }
 
-/// A plain SQLite connection on the file, beside tickler's own.
+/// A plain SQLite connection on the file, beside tickler's own (SQLite-only
+/// tests; the others reach either engine through `engine::execute`).
 pub fn raw(path: &Path) -> rusqlite::Connection {
     let conn = rusqlite::Connection::open(path).expect("raw open");
     conn.busy_timeout(secs(10)).expect("busy timeout");
     conn
 }
 
-/// Number of rows in the jobs table, read with a raw connection.
+/// Number of rows in the jobs table, on either engine.
 pub fn row_count(path: &Path) -> i64 {
-    raw(path)
-        .query_row("SELECT count(*) FROM tickler_jobs", [], |r| r.get(0))
-        .expect("count rows")
+    engine::row_count(path)
 }
 
 /// True if `s` is a lowercase-or-uppercase hex UUID of version 4, RFC 4122 variant.

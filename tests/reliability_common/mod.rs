@@ -6,6 +6,11 @@
 //! `examples/torture.rs`.
 #![allow(dead_code)]
 
+// Test files may include several of these helper modules.
+#[allow(clippy::duplicate_mod)]
+#[path = "../engine/mod.rs"]
+pub mod engine;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
