@@ -40,8 +40,16 @@ fn delayed_job_starts_at_its_due_time() {
         (due - started).num_milliseconds()
     );
     let late = started - due;
+    // On PostgreSQL the claim that follows the wake-up is a few round
+    // trips and a commit on a server the tests share: a wider bound, still
+    // far below any poll interval.
+    let bound = if pool_common::engine::on_postgres() {
+        250
+    } else {
+        50
+    };
     assert!(
-        late <= chrono::Duration::milliseconds(50),
+        late <= chrono::Duration::milliseconds(bound),
         "started {} ms after its due time ({due})",
         late.num_milliseconds()
     );

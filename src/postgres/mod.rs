@@ -246,16 +246,7 @@ impl Store {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
         }
-        // r2d2's own helper threads would otherwise wait for the pool's
-        // next scheduled idle check (up to 30 s) after the pool is
-        // dropped, holding nothing but living on: an application that
-        // opens and drops queues would collect them.
-        let helpers = scheduled_thread_pool::ScheduledThreadPool::builder()
-            .num_threads(3)
-            .thread_name_pattern("tickler-pg-pool-{}")
-            .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
-            .build();
-        let pool = connection_pool(&config, settings.max_connections, helpers);
+        let pool = connection_pool(&config, settings.max_connections);
         let signals = listen::Signals::new(config, settings.listen, settings.fallback_poll);
         let mut store = Store {
             url: settings.url.to_owned(),
@@ -534,11 +525,16 @@ const VACUUM_DEAD_MIN: i64 = 10_000;
 
 /// The pool of a `Store`: at least two connections (a claim may run while
 /// an outcome commits), one kept open.
-fn connection_pool(
-    config: &postgres::Config,
-    max_connections: u32,
-    helpers: scheduled_thread_pool::ScheduledThreadPool,
-) -> r2d2::Pool<Manager> {
+fn connection_pool(config: &postgres::Config, max_connections: u32) -> r2d2::Pool<Manager> {
+    // r2d2's own helper threads would otherwise wait for the pool's
+    // next scheduled idle check (up to 30 s) after the pool is
+    // dropped, holding nothing but living on: an application that
+    // opens and drops queues would collect them.
+    let helpers = scheduled_thread_pool::ScheduledThreadPool::builder()
+        .num_threads(3)
+        .thread_name_pattern("tickler-pg-pool-{}")
+        .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
+        .build();
     r2d2::Pool::builder()
         .thread_pool(Arc::new(helpers))
         .max_size(max_connections.max(2))
