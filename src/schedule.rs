@@ -1416,6 +1416,40 @@ impl Fired {
     }
 }
 
+/// What a schedule written "after" now (the clock stepped back since it
+/// was last written) is moved to: `Ok(Some(_))` its next unhandled tick
+/// after now, when that is earlier than the one it has (logged); `Ok(None)`
+/// when it keeps its ticks (only its `updated_at` moves to now); `Err` when
+/// its expression cannot be read with this build (the engine pauses it).
+/// The same rule for every engine's `rebase_stepped_in`.
+pub(crate) fn stepped_back(
+    schedule: &Schedule,
+    handled: Handled,
+    now: i64,
+) -> Result<Option<Handled>> {
+    let ticks = Ticks::new(&schedule.cron, &schedule.time_zone)?;
+    let rebased = rebase(&ticks, now, handled);
+    // Only ever earlier: ticks already due stay due.
+    let earlier = match (rebased.next, handled.next) {
+        (Some(new), Some(old)) => new < old,
+        (Some(_), None) => true,
+        (None, _) => false,
+    };
+    if !earlier {
+        return Ok(None);
+    }
+    log::warn!(
+        "schedule {:?}: the clock stepped back (it was last written at {}, now is {}); next tick {}",
+        schedule.name,
+        schedule.updated_at,
+        crate::clock::ms_to_datetime(now),
+        rebased
+            .next
+            .map_or("none".to_owned(), |t| crate::clock::ms_to_datetime(t).to_string())
+    );
+    Ok(Some(rebased))
+}
+
 /// What firing a schedule asks of the engine, inside the transaction in
 /// which the engine holds the due schedules (SQLite: `BEGIN IMMEDIATE`).
 pub(crate) trait ScheduleTx {

@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
 use crate::queue::ValidJob;
 use crate::schedule::{
-    grace_ms, rebase, resume_point, Fired, Handled, NewSchedule, Schedule, ScheduleTx, Ticks,
+    grace_ms, rebase, resume_point, stepped_back, Fired, Handled, NewSchedule, Schedule,
+    ScheduleTx, Ticks,
 };
 use chrono::{DateTime, Utc};
 use std::cell::RefCell;
@@ -154,33 +155,15 @@ fn rebase_stepped_in(tx: &mut Tx<'_>, now: i64) -> Result<()> {
         .map(stored_from_row)
         .collect::<Result<Vec<_>>>()?;
     for (schedule, handled) in stepped {
-        let ticks = match Ticks::new(&schedule.cron, &schedule.time_zone) {
-            Ok(ticks) => ticks,
-            Err(e) => {
-                pause_broken(tx, &schedule, now, &e)?;
-                continue;
+        match stepped_back(&schedule, handled, now) {
+            Ok(Some(rebased)) => write_handled(tx, &schedule.name, &rebased, now)?,
+            Ok(None) => {
+                tx.execute(
+                    "UPDATE tickler_schedules SET updated_at = $1 WHERE name = $2",
+                    &[&now, &schedule.name],
+                )?;
             }
-        };
-        let rebased = rebase(&ticks, now, handled);
-        let earlier = match (rebased.next, handled.next) {
-            (Some(new), Some(old)) => new < old,
-            (Some(_), None) => true,
-            (None, _) => false,
-        };
-        if earlier {
-            log::warn!(
-                "schedule {:?}: the clock stepped back (it was last written at {}, now is {}); next tick {}",
-                schedule.name,
-                schedule.updated_at,
-                ms_to_datetime(now),
-                rebased.next.map_or("none".to_owned(), |t| ms_to_datetime(t).to_string())
-            );
-            write_handled(tx, &schedule.name, &rebased, now)?;
-        } else {
-            tx.execute(
-                "UPDATE tickler_schedules SET updated_at = $1 WHERE name = $2",
-                &[&now, &schedule.name],
-            )?;
+            Err(e) => pause_broken(tx, &schedule, now, &e)?,
         }
     }
     Ok(())

@@ -10,8 +10,8 @@ use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
 use crate::queue::ValidJob;
 use crate::schedule::{
-    grace_ms, rebase, resume_point, Fired, Handled, MisfirePolicy, NewSchedule, OverlapPolicy,
-    Schedule, ScheduleTx, Ticks,
+    grace_ms, rebase, resume_point, stepped_back, Fired, Handled, MisfirePolicy, NewSchedule,
+    OverlapPolicy, Schedule, ScheduleTx, Ticks,
 };
 use chrono::{DateTime, Utc};
 use rusqlite::{params, OptionalExtension};
@@ -251,32 +251,13 @@ fn rebase_stepped_in(tx: &rusqlite::Transaction<'_>, now: i64) -> Result<()> {
         .query_map([now], stored_from_row)?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     for (schedule, handled) in stepped {
-        let ticks = match Ticks::new(&schedule.cron, &schedule.time_zone) {
-            Ok(ticks) => ticks,
-            Err(e) => {
-                pause_broken(tx, &schedule, now, &e)?;
-                continue;
+        match stepped_back(&schedule, handled, now) {
+            Ok(Some(rebased)) => write_handled(tx, &schedule.name, &rebased, now)?,
+            Ok(None) => {
+                tx.prepare_cached("UPDATE tickler_schedules SET updated_at = ?1 WHERE name = ?2")?
+                    .execute(params![now, schedule.name])?;
             }
-        };
-        let rebased = rebase(&ticks, now, handled);
-        // Only ever earlier: ticks already due stay due.
-        let earlier = match (rebased.next, handled.next) {
-            (Some(new), Some(old)) => new < old,
-            (Some(_), None) => true,
-            (None, _) => false,
-        };
-        if earlier {
-            log::warn!(
-                "schedule {:?}: the wall clock stepped back (it was last written at {}, now is {}); next tick {}",
-                schedule.name,
-                schedule.updated_at,
-                ms_to_datetime(now),
-                rebased.next.map_or("none".to_owned(), |t| ms_to_datetime(t).to_string())
-            );
-            write_handled(tx, &schedule.name, &rebased, now)?;
-        } else {
-            tx.prepare_cached("UPDATE tickler_schedules SET updated_at = ?1 WHERE name = ?2")?
-                .execute(params![now, schedule.name])?;
+            Err(e) => pause_broken(tx, &schedule, now, &e)?,
         }
     }
     Ok(())
