@@ -763,6 +763,41 @@ fn settings_name(prefetch: Option<usize>) -> Value {
     }
 }
 
+/// One burn-down timed on a fresh file: `jobs` no-op jobs enqueued, then
+/// drained by the pool that `start` builds on the queue (its handlers
+/// count into the counter it is given). Timed from the pool's start until
+/// every handler ran; the CPU time also covers the pool's shutdown.
+fn timed_burn(
+    durability: Durability,
+    jobs: usize,
+    start: impl FnOnce(&Queue, Arc<AtomicUsize>) -> WorkerPool,
+) -> Burn {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, queue) = fresh(&dir, durability);
+    fill(&queue, jobs);
+    let done = Arc::new(AtomicUsize::new(0));
+    let cpu = cpu_time();
+    let started = Instant::now();
+    let mut pool = start(&queue, Arc::clone(&done));
+    let finished = wait_for(&done, jobs, Duration::from_secs(600));
+    let elapsed = started.elapsed();
+    pool.shutdown(Duration::from_secs(5));
+    let cpu = cpu_time() - cpu;
+    Burn {
+        finished,
+        jobs_per_s: jobs as f64 / elapsed.as_secs_f64(),
+        cpu_ms_per_1000_jobs: cpu.as_secs_f64() * 1e6 / jobs as f64,
+    }
+}
+
+/// What [`timed_burn`] measured.
+struct Burn {
+    /// Every handler ran within the time limit (600 s).
+    finished: bool,
+    jobs_per_s: f64,
+    cpu_ms_per_1000_jobs: f64,
+}
+
 fn burn_down(durability: Durability, sizes: &Sizes, baselines: Baselines) {
     let d = durability_name(durability);
     let runs: &[(usize, Option<usize>)] = &[
@@ -775,24 +810,16 @@ fn burn_down(durability: Durability, sizes: &Sizes, baselines: Baselines) {
     ];
     for &(threads, prefetch) in runs {
         let jobs = sizes.burn_jobs;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (_, queue) = fresh(&dir, durability);
-        fill(&queue, jobs);
-        let done = Arc::new(AtomicUsize::new(0));
-        let cpu = cpu_time();
-        let started = Instant::now();
-        let mut pool = noop_pool(&queue, threads, prefetch, Arc::clone(&done));
-        let finished = wait_for(&done, jobs, Duration::from_secs(600));
-        let elapsed = started.elapsed();
-        pool.shutdown(Duration::from_secs(5));
-        let cpu = cpu_time() - cpu;
-        let rate = jobs as f64 / elapsed.as_secs_f64();
+        let burn = timed_burn(durability, jobs, |queue, done| {
+            noop_pool(queue, threads, prefetch, done)
+        });
+        let rate = burn.jobs_per_s;
         emit(
             json!({"scenario": "burn_down", "durability": d, "processes": 1, "threads": threads,
-            "settings": settings_name(prefetch), "jobs": jobs, "finished": finished,
+            "settings": settings_name(prefetch), "jobs": jobs, "finished": burn.finished,
             "jobs_per_s": round(rate), "ratio_to_raw_batched": round(rate / baselines.batched),
             "ratio_to_raw_cycle": round(rate / baselines.cycle),
-            "cpu_ms_per_1000_jobs": round(cpu.as_secs_f64() * 1e6 / jobs as f64)}),
+            "cpu_ms_per_1000_jobs": round(burn.cpu_ms_per_1000_jobs)}),
         );
     }
     for prefetch in [None, Some(64)] {
@@ -1143,17 +1170,11 @@ fn async_burn(jobs: usize) {
         let d = durability_name(durability);
         for round_no in 0..3 {
             for handlers in ["sync", "async"] {
-                let dir = tempfile::tempdir().expect("tempdir");
-                let (_, queue) = fresh(&dir, durability);
-                fill(&queue, jobs);
-                let done = Arc::new(AtomicUsize::new(0));
-                let cpu = cpu_time();
-                let started = Instant::now();
-                let mut pool = if handlers == "sync" {
-                    noop_pool(&queue, 4, None, Arc::clone(&done))
-                } else {
-                    let done = Arc::clone(&done);
-                    WorkerPool::builder(&queue)
+                let burn = timed_burn(durability, jobs, |queue, done| {
+                    if handlers == "sync" {
+                        return noop_pool(queue, 4, None, done);
+                    }
+                    WorkerPool::builder(queue)
                         .threads(4)
                         .runtime(runtime.handle().clone())
                         .async_handler("noop", move |_: JobContext| {
@@ -1165,17 +1186,12 @@ fn async_burn(jobs: usize) {
                         })
                         .start()
                         .expect("start pool")
-                };
-                let finished = wait_for(&done, jobs, Duration::from_secs(600));
-                let elapsed = started.elapsed();
-                pool.shutdown(Duration::from_secs(5));
-                let cpu = cpu_time() - cpu;
-                let rate = jobs as f64 / elapsed.as_secs_f64();
+                });
                 emit(
                     json!({"scenario": "async_burn", "durability": d, "round": round_no + 1,
-                    "handlers": handlers, "threads": 4, "jobs": jobs, "finished": finished,
-                    "jobs_per_s": round(rate),
-                    "cpu_ms_per_1000_jobs": round(cpu.as_secs_f64() * 1e6 / jobs as f64)}),
+                    "handlers": handlers, "threads": 4, "jobs": jobs, "finished": burn.finished,
+                    "jobs_per_s": round(burn.jobs_per_s),
+                    "cpu_ms_per_1000_jobs": round(burn.cpu_ms_per_1000_jobs)}),
                 );
             }
         }
