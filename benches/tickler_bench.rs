@@ -7,6 +7,7 @@
 //! cargo bench --bench tickler_bench -- --only idle [--tickler-bin OLD_BINARY]
 //! .ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg_raw
 //! cargo bench --features tokio --bench tickler_bench -- --only async_burn
+//! cargo bench --bench tickler_bench -- --only events
 //! cargo bench --bench tickler_bench -- --only dashboard
 //! ```
 //!
@@ -36,7 +37,10 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{params, Connection, TransactionBehavior};
 use serde_json::{json, Value};
-use tickler::{Durability, JobContext, JobError, JobState, NewJob, Queue, WorkerPool};
+use tickler::{
+    Durability, JobContext, JobError, JobState, NewJob, Queue, Subscription, WorkerPool,
+    DEFAULT_EVENT_BUFFER,
+};
 
 struct Sizes {
     raw_jobs: usize,
@@ -186,6 +190,9 @@ fn main() {
         .is_some_and(|o| o.iter().any(|x| x == "pg_churn"))
     {
         pg_churn(quick);
+    }
+    if wants("events") {
+        events(sizes.burn_jobs);
     }
     if wants("async_burn") {
         async_burn(if quick { 5_000 } else { 50_000 });
@@ -766,7 +773,8 @@ fn settings_name(prefetch: Option<usize>) -> Value {
 /// One burn-down timed on a fresh file: `jobs` no-op jobs enqueued, then
 /// drained by the pool that `start` builds on the queue (its handlers
 /// count into the counter it is given). Timed from the pool's start until
-/// every handler ran; the CPU time also covers the pool's shutdown.
+/// every handler ran; the CPU time also covers the pool's shutdown, after
+/// which the succeeded jobs are counted.
 fn timed_burn(
     durability: Durability,
     jobs: usize,
@@ -787,6 +795,7 @@ fn timed_burn(
         finished,
         jobs_per_s: jobs as f64 / elapsed.as_secs_f64(),
         cpu_ms_per_1000_jobs: cpu.as_secs_f64() * 1e6 / jobs as f64,
+        succeeded: queue.count(JobState::Succeeded).expect("count"),
     }
 }
 
@@ -796,6 +805,8 @@ struct Burn {
     finished: bool,
     jobs_per_s: f64,
     cpu_ms_per_1000_jobs: f64,
+    /// Jobs `succeeded` in the file after the pool's shutdown.
+    succeeded: u64,
 }
 
 fn burn_down(durability: Durability, sizes: &Sizes, baselines: Baselines) {
@@ -849,6 +860,74 @@ fn burn_down(durability: Durability, sizes: &Sizes, baselines: Baselines) {
             "jobs_per_s": round(rate), "ratio_to_raw_batched": round(rate / baselines.batched),
             "ratio_to_raw_cycle": round(rate / baselines.cycle),
             "note": "includes starting the two processes"}),
+        );
+    }
+}
+
+/// `--only events`: what job events cost a pool whose subscribers never
+/// read (issue 18: at most 5 %). The 4-thread burn-down of `burn` (default
+/// settings, no-op handlers), alternated in one run: round A with no
+/// subscriber, round B with a `WorkerPool::subscribe` and a
+/// `Queue::subscribe` of `DEFAULT_EVENT_BUFFER` each, held and never read,
+/// so that past their first 4,096 events every event is built and dropped.
+/// Three of each, A B A B A B, under both durabilities; then a summary line
+/// per durability with the median of the three ratios B/A (each B over the
+/// A just before it).
+fn events(jobs: usize) {
+    for durability in [Durability::Normal, Durability::Full] {
+        let d = durability_name(durability);
+        let mut ratios = Vec::new();
+        let mut rates: [Vec<f64>; 2] = Default::default();
+        for round_no in 0..3 {
+            for subscribed in [false, true] {
+                let mut held: Vec<Subscription> = Vec::new();
+                let burn = timed_burn(durability, jobs, |queue, done| {
+                    if subscribed {
+                        held.push(queue.subscribe(DEFAULT_EVENT_BUFFER));
+                    }
+                    let pool = noop_pool(queue, 4, None, done);
+                    if subscribed {
+                        held.push(pool.subscribe(DEFAULT_EVENT_BUFFER));
+                    }
+                    pool
+                });
+                let dropped: Vec<u64> = held.iter().map(Subscription::dropped).collect();
+                let rate = burn.jobs_per_s;
+                emit(
+                    json!({"scenario": "events", "durability": d, "round": round_no + 1,
+                    "subscribers": if subscribed { "pool+queue, never read" } else { "none" },
+                    "threads": 4, "settings": "default", "jobs": jobs, "finished": burn.finished,
+                    "succeeded": burn.succeeded, "jobs_per_s": round(rate),
+                    "cpu_ms_per_1000_jobs": round(burn.cpu_ms_per_1000_jobs),
+                    "dropped": if subscribed { json!({"queue": dropped[0], "pool": dropped[1]}) } else { json!(null) }}),
+                );
+                assert_eq!(
+                    burn.succeeded,
+                    jobs as u64,
+                    "events round {}: succeeded jobs",
+                    round_no + 1
+                );
+                assert!(
+                    dropped.iter().all(|&n| n > 0),
+                    "events round {}: a subscriber that never reads was not full: dropped {dropped:?}",
+                    round_no + 1
+                );
+                if subscribed {
+                    ratios.push(rate / rates[0][round_no]);
+                }
+                rates[usize::from(subscribed)].push(rate);
+            }
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let [none, never_read] = rates;
+        emit(
+            json!({"scenario": "events_summary", "durability": d, "rounds": 3, "jobs": jobs,
+            "median_jobs_per_s": {"none": round(median(none)), "never_read": round(median(never_read))},
+            "median_ratio_b_to_a": (median(ratios) * 1000.0).round() / 1000.0, "target": ">= 0.95",
+            "note": "B: a pool and a queue subscription of DEFAULT_EVENT_BUFFER, never read; A: none; each ratio is a B round over the A round just before it"}),
         );
     }
 }
