@@ -1227,8 +1227,6 @@ fn footprint(n: usize) {
 
 // ------------------------------------------------ PostgreSQL raw baselines
 
-/// `--only pg_raw`: the raw PostgreSQL loops that the future engine's
-/// figures are set against (issue 16), on the server of
 /// `--only async_burn`: the same 4-thread pool (default settings, no-op
 /// handlers) burning down the same number of jobs with sync handlers and
 /// with async handlers (each a task on a 2-worker tokio runtime while a
@@ -1277,6 +1275,8 @@ fn async_burn(jobs: usize) {
     }
 }
 
+/// `--only pg_raw`: the raw PostgreSQL loops that the future engine's
+/// figures are set against (issue 16), on the server of
 /// `TICKLER_BENCH_DATABASE_URL` (`.ci/postgres` starts a throwaway one).
 /// Needs `--features postgres`.
 #[cfg(not(feature = "postgres"))]
