@@ -7,6 +7,7 @@
 //! cargo bench --bench tickler_bench -- --only idle [--tickler-bin OLD_BINARY]
 //! .ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg_raw
 //! cargo bench --features tokio --bench tickler_bench -- --only async_burn
+//! cargo bench --bench tickler_bench -- --only events
 //! cargo bench --bench tickler_bench -- --only dashboard
 //! ```
 //!
@@ -36,7 +37,10 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{params, Connection, TransactionBehavior};
 use serde_json::{json, Value};
-use tickler::{Durability, JobContext, JobError, JobState, NewJob, Queue, WorkerPool};
+use tickler::{
+    Durability, JobContext, JobError, JobState, NewJob, Queue, Subscription, WorkerPool,
+    DEFAULT_EVENT_BUFFER,
+};
 
 struct Sizes {
     raw_jobs: usize,
@@ -186,6 +190,9 @@ fn main() {
         .is_some_and(|o| o.iter().any(|x| x == "pg_churn"))
     {
         pg_churn(quick);
+    }
+    if wants("events") {
+        events(sizes.burn_jobs);
     }
     if wants("async_burn") {
         async_burn(if quick { 5_000 } else { 50_000 });
@@ -763,6 +770,45 @@ fn settings_name(prefetch: Option<usize>) -> Value {
     }
 }
 
+/// One burn-down timed on a fresh file: `jobs` no-op jobs enqueued, then
+/// drained by the pool that `start` builds on the queue (its handlers
+/// count into the counter it is given). Timed from the pool's start until
+/// every handler ran; the CPU time also covers the pool's shutdown, after
+/// which the succeeded jobs are counted.
+fn timed_burn(
+    durability: Durability,
+    jobs: usize,
+    start: impl FnOnce(&Queue, Arc<AtomicUsize>) -> WorkerPool,
+) -> Burn {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, queue) = fresh(&dir, durability);
+    fill(&queue, jobs);
+    let done = Arc::new(AtomicUsize::new(0));
+    let cpu = cpu_time();
+    let started = Instant::now();
+    let mut pool = start(&queue, Arc::clone(&done));
+    let finished = wait_for(&done, jobs, Duration::from_secs(600));
+    let elapsed = started.elapsed();
+    pool.shutdown(Duration::from_secs(5));
+    let cpu = cpu_time() - cpu;
+    Burn {
+        finished,
+        jobs_per_s: jobs as f64 / elapsed.as_secs_f64(),
+        cpu_ms_per_1000_jobs: cpu.as_secs_f64() * 1e6 / jobs as f64,
+        succeeded: queue.count(JobState::Succeeded).expect("count"),
+    }
+}
+
+/// What [`timed_burn`] measured.
+struct Burn {
+    /// Every handler ran within the time limit (600 s).
+    finished: bool,
+    jobs_per_s: f64,
+    cpu_ms_per_1000_jobs: f64,
+    /// Jobs `succeeded` in the file after the pool's shutdown.
+    succeeded: u64,
+}
+
 fn burn_down(durability: Durability, sizes: &Sizes, baselines: Baselines) {
     let d = durability_name(durability);
     let runs: &[(usize, Option<usize>)] = &[
@@ -775,24 +821,16 @@ fn burn_down(durability: Durability, sizes: &Sizes, baselines: Baselines) {
     ];
     for &(threads, prefetch) in runs {
         let jobs = sizes.burn_jobs;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (_, queue) = fresh(&dir, durability);
-        fill(&queue, jobs);
-        let done = Arc::new(AtomicUsize::new(0));
-        let cpu = cpu_time();
-        let started = Instant::now();
-        let mut pool = noop_pool(&queue, threads, prefetch, Arc::clone(&done));
-        let finished = wait_for(&done, jobs, Duration::from_secs(600));
-        let elapsed = started.elapsed();
-        pool.shutdown(Duration::from_secs(5));
-        let cpu = cpu_time() - cpu;
-        let rate = jobs as f64 / elapsed.as_secs_f64();
+        let burn = timed_burn(durability, jobs, |queue, done| {
+            noop_pool(queue, threads, prefetch, done)
+        });
+        let rate = burn.jobs_per_s;
         emit(
             json!({"scenario": "burn_down", "durability": d, "processes": 1, "threads": threads,
-            "settings": settings_name(prefetch), "jobs": jobs, "finished": finished,
+            "settings": settings_name(prefetch), "jobs": jobs, "finished": burn.finished,
             "jobs_per_s": round(rate), "ratio_to_raw_batched": round(rate / baselines.batched),
             "ratio_to_raw_cycle": round(rate / baselines.cycle),
-            "cpu_ms_per_1000_jobs": round(cpu.as_secs_f64() * 1e6 / jobs as f64)}),
+            "cpu_ms_per_1000_jobs": round(burn.cpu_ms_per_1000_jobs)}),
         );
     }
     for prefetch in [None, Some(64)] {
@@ -822,6 +860,74 @@ fn burn_down(durability: Durability, sizes: &Sizes, baselines: Baselines) {
             "jobs_per_s": round(rate), "ratio_to_raw_batched": round(rate / baselines.batched),
             "ratio_to_raw_cycle": round(rate / baselines.cycle),
             "note": "includes starting the two processes"}),
+        );
+    }
+}
+
+/// `--only events`: what job events cost a pool whose subscribers never
+/// read (issue 18: at most 5 %). The 4-thread burn-down of `burn` (default
+/// settings, no-op handlers), alternated in one run: round A with no
+/// subscriber, round B with a `WorkerPool::subscribe` and a
+/// `Queue::subscribe` of `DEFAULT_EVENT_BUFFER` each, held and never read,
+/// so that past their first 4,096 events every event is built and dropped.
+/// Three of each, A B A B A B, under both durabilities; then a summary line
+/// per durability with the median of the three ratios B/A (each B over the
+/// A just before it).
+fn events(jobs: usize) {
+    for durability in [Durability::Normal, Durability::Full] {
+        let d = durability_name(durability);
+        let mut ratios = Vec::new();
+        let mut rates: [Vec<f64>; 2] = Default::default();
+        for round_no in 0..3 {
+            for subscribed in [false, true] {
+                let mut held: Vec<Subscription> = Vec::new();
+                let burn = timed_burn(durability, jobs, |queue, done| {
+                    if subscribed {
+                        held.push(queue.subscribe(DEFAULT_EVENT_BUFFER));
+                    }
+                    let pool = noop_pool(queue, 4, None, done);
+                    if subscribed {
+                        held.push(pool.subscribe(DEFAULT_EVENT_BUFFER));
+                    }
+                    pool
+                });
+                let dropped: Vec<u64> = held.iter().map(Subscription::dropped).collect();
+                let rate = burn.jobs_per_s;
+                emit(
+                    json!({"scenario": "events", "durability": d, "round": round_no + 1,
+                    "subscribers": if subscribed { "pool+queue, never read" } else { "none" },
+                    "threads": 4, "settings": "default", "jobs": jobs, "finished": burn.finished,
+                    "succeeded": burn.succeeded, "jobs_per_s": round(rate),
+                    "cpu_ms_per_1000_jobs": round(burn.cpu_ms_per_1000_jobs),
+                    "dropped": if subscribed { json!({"queue": dropped[0], "pool": dropped[1]}) } else { json!(null) }}),
+                );
+                assert_eq!(
+                    burn.succeeded,
+                    jobs as u64,
+                    "events round {}: succeeded jobs",
+                    round_no + 1
+                );
+                assert!(
+                    dropped.iter().all(|&n| n > 0),
+                    "events round {}: a subscriber that never reads was not full: dropped {dropped:?}",
+                    round_no + 1
+                );
+                if subscribed {
+                    ratios.push(rate / rates[0][round_no]);
+                }
+                rates[usize::from(subscribed)].push(rate);
+            }
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let [none, never_read] = rates;
+        emit(
+            json!({"scenario": "events_summary", "durability": d, "rounds": 3, "jobs": jobs,
+            "median_jobs_per_s": {"none": round(median(none)), "never_read": round(median(never_read))},
+            "median_ratio_b_to_a": (median(ratios) * 1000.0).round() / 1000.0, "target": ">= 0.95",
+            "note": "B: a pool and a queue subscription of DEFAULT_EVENT_BUFFER, never read; A: none; each ratio is a B round over the A round just before it"}),
         );
     }
 }
@@ -1121,8 +1227,6 @@ fn footprint(n: usize) {
 
 // ------------------------------------------------ PostgreSQL raw baselines
 
-/// `--only pg_raw`: the raw PostgreSQL loops that the future engine's
-/// figures are set against (issue 16), on the server of
 /// `--only async_burn`: the same 4-thread pool (default settings, no-op
 /// handlers) burning down the same number of jobs with sync handlers and
 /// with async handlers (each a task on a 2-worker tokio runtime while a
@@ -1143,17 +1247,11 @@ fn async_burn(jobs: usize) {
         let d = durability_name(durability);
         for round_no in 0..3 {
             for handlers in ["sync", "async"] {
-                let dir = tempfile::tempdir().expect("tempdir");
-                let (_, queue) = fresh(&dir, durability);
-                fill(&queue, jobs);
-                let done = Arc::new(AtomicUsize::new(0));
-                let cpu = cpu_time();
-                let started = Instant::now();
-                let mut pool = if handlers == "sync" {
-                    noop_pool(&queue, 4, None, Arc::clone(&done))
-                } else {
-                    let done = Arc::clone(&done);
-                    WorkerPool::builder(&queue)
+                let burn = timed_burn(durability, jobs, |queue, done| {
+                    if handlers == "sync" {
+                        return noop_pool(queue, 4, None, done);
+                    }
+                    WorkerPool::builder(queue)
                         .threads(4)
                         .runtime(runtime.handle().clone())
                         .async_handler("noop", move |_: JobContext| {
@@ -1165,23 +1263,20 @@ fn async_burn(jobs: usize) {
                         })
                         .start()
                         .expect("start pool")
-                };
-                let finished = wait_for(&done, jobs, Duration::from_secs(600));
-                let elapsed = started.elapsed();
-                pool.shutdown(Duration::from_secs(5));
-                let cpu = cpu_time() - cpu;
-                let rate = jobs as f64 / elapsed.as_secs_f64();
+                });
                 emit(
                     json!({"scenario": "async_burn", "durability": d, "round": round_no + 1,
-                    "handlers": handlers, "threads": 4, "jobs": jobs, "finished": finished,
-                    "jobs_per_s": round(rate),
-                    "cpu_ms_per_1000_jobs": round(cpu.as_secs_f64() * 1e6 / jobs as f64)}),
+                    "handlers": handlers, "threads": 4, "jobs": jobs, "finished": burn.finished,
+                    "jobs_per_s": round(burn.jobs_per_s),
+                    "cpu_ms_per_1000_jobs": round(burn.cpu_ms_per_1000_jobs)}),
                 );
             }
         }
     }
 }
 
+/// `--only pg_raw`: the raw PostgreSQL loops that the future engine's
+/// figures are set against (issue 16), on the server of
 /// `TICKLER_BENCH_DATABASE_URL` (`.ci/postgres` starts a throwaway one).
 /// Needs `--features postgres`.
 #[cfg(not(feature = "postgres"))]
