@@ -162,6 +162,31 @@ pub(crate) trait Engine: ScheduleStore + Send + Sync {
     /// scheduled soonest due first, running soonest lease expiry first,
     /// finished newest first.
     fn list_in_queue(&self, state: JobState, queue: &str, limit: usize) -> Result<Vec<Job>>;
+
+    /// The jobs that finished at or after `from_ms` and before `to_ms`:
+    /// their number, counted through the finish-time index up to `cap`,
+    /// and up to `sample` of them, the last to finish first (for
+    /// `Queue::activity`).
+    fn finished_between(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        cap: u64,
+        sample: usize,
+    ) -> Result<(u64, Vec<FinishedSample>)>;
+}
+
+/// One finished job as `Queue::activity` reads it: what lateness and run
+/// time are computed from, without the payload.
+#[derive(Debug, Clone)]
+pub(crate) struct FinishedSample {
+    /// `None` for a status this build does not know (a newer writer).
+    pub state: Option<JobState>,
+    pub run_at_ms: i64,
+    /// Start of the attempt that finished; absent for a job cancelled
+    /// before it ever ran.
+    pub claimed_at_ms: Option<i64>,
+    pub finished_at_ms: i64,
 }
 
 /// The condition that selects `state` in words an index of that state

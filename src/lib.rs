@@ -341,10 +341,10 @@ pub use lease::Lease;
 pub use metrics::WriteLockWaits;
 pub use queue::{is_postgres_url, redacted_location};
 pub use queue::{
-    ChangeWatcher, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter, Outcome,
-    OutcomeSync, Queue, QueueBuilder, QueueCounts, Stats, Waker, ERROR_HISTORY_MAX,
-    MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES_LIMIT, MAX_PAYLOAD_DEPTH, MAX_TIMESTAMP_MS,
-    MAX_UNIQUE_KEY_BYTES,
+    ActivityBucket, ChangeWatcher, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter,
+    Outcome, OutcomeSync, Queue, QueueBuilder, QueueCounts, Stats, Waker, ACTIVITY_MAX_BUCKETS,
+    ACTIVITY_SAMPLE, ERROR_HISTORY_MAX, MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES_LIMIT,
+    MAX_PAYLOAD_DEPTH, MAX_TIMESTAMP_MS, MAX_UNIQUE_KEY_BYTES,
 };
 pub use reaper::{Reaper, ReaperConfig, BACKWARD_STEP_MARGIN};
 pub use retry::RetryPolicy;

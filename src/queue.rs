@@ -605,6 +605,82 @@ pub struct QueueCounts {
     pub capped: std::collections::BTreeSet<(String, JobState)>,
 }
 
+/// One slice of time from [`Queue::activity`]: how many jobs finished in
+/// it, and how late and how long a sample of them ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActivityBucket {
+    /// Start of the slice (inclusive).
+    pub start: DateTime<Utc>,
+    /// End of the slice (exclusive); the next slice's start.
+    pub end: DateTime<Utc>,
+    /// Jobs that reached a finished state (succeeded, dead, cancelled) in
+    /// the slice, counted up to the cap given to [`Queue::activity`].
+    pub finished: u64,
+    /// `finished` reached the cap: at least that many finished.
+    pub capped: bool,
+    /// How many of the slice's jobs the figures below are read from:
+    /// the last [`ACTIVITY_SAMPLE`] to finish, or all of them.
+    pub sampled: u64,
+    /// Dead jobs among the sampled ones.
+    pub sampled_dead: u64,
+    /// Median lateness of the sampled jobs that ran (succeeded or dead):
+    /// from the due time of the attempt that finished to its start.
+    /// `None` when none of them ran.
+    pub lateness_p50: Option<Duration>,
+    /// Largest such lateness.
+    pub lateness_max: Option<Duration>,
+    /// Median run time (start to finish) of the sampled jobs that ran.
+    pub run_time_p50: Option<Duration>,
+}
+
+/// Sums up one slice's sample (see [`Queue::activity`]).
+fn activity_bucket(
+    start: i64,
+    end: i64,
+    finished: u64,
+    capped: bool,
+    sample: &[crate::engine::FinishedSample],
+) -> ActivityBucket {
+    let ran = |s: &&crate::engine::FinishedSample| {
+        matches!(s.state, Some(JobState::Succeeded | JobState::Dead))
+    };
+    let ms = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    let mut lateness: Vec<i64> = sample
+        .iter()
+        .filter(ran)
+        .filter_map(|s| Some(s.claimed_at_ms? - s.run_at_ms))
+        .collect();
+    let mut run_time: Vec<i64> = sample
+        .iter()
+        .filter(ran)
+        .filter_map(|s| Some(s.finished_at_ms - s.claimed_at_ms?))
+        .collect();
+    lateness.sort_unstable();
+    run_time.sort_unstable();
+    let median = |v: &[i64]| (!v.is_empty()).then(|| ms(v[v.len() / 2]));
+    ActivityBucket {
+        start: crate::clock::ms_to_datetime(start),
+        end: crate::clock::ms_to_datetime(end),
+        finished,
+        capped,
+        sampled: sample.len() as u64,
+        sampled_dead: sample
+            .iter()
+            .filter(|s| s.state == Some(JobState::Dead))
+            .count() as u64,
+        lateness_p50: median(&lateness),
+        lateness_max: lateness.last().map(|&l| ms(l)),
+        run_time_p50: median(&run_time),
+    }
+}
+
+/// Most finished jobs of one [`ActivityBucket`] read for its lateness and
+/// run time.
+pub const ACTIVITY_SAMPLE: usize = 200;
+
+/// Most slices one [`Queue::activity`] call reads.
+pub const ACTIVITY_MAX_BUCKETS: usize = 10_000;
+
 impl Stats {
     /// Number of jobs in `state`, across queues.
     pub fn total(&self, state: JobState) -> u64 {
@@ -1354,6 +1430,75 @@ impl Queue {
         }
         jobs.truncate(limit);
         Ok(jobs)
+    }
+
+    /// Throughput and lateness over time, for a dashboard's plot: the time
+    /// from `since` to now (this queue's clock) cut into slices of `width`
+    /// (the last one ends at now), oldest first. Each slice counts the
+    /// jobs that finished in it through the index on the finish time, up
+    /// to `cap`, and reads at most [`ACTIVITY_SAMPLE`] of them for
+    /// lateness and run time, so the cost is bounded by the number of
+    /// slices, `cap` and the sample, not by the table. Pruned jobs are
+    /// gone from these figures. On PostgreSQL each slice is its own read:
+    /// the slices are not one snapshot.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero `width`, `since` after now,
+    /// or more than [`ACTIVITY_MAX_BUCKETS`] slices; [`Error::Sqlite`],
+    /// [`Error::Pool`], [`Error::Postgres`].
+    ///
+    /// # Example
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let queue = tickler::Queue::open(dir.path().join("q.db"))?;
+    /// use std::time::Duration;
+    /// let hour_ago = chrono::Utc::now() - chrono::Duration::hours(1);
+    /// let minutes = queue.activity(hour_ago, Duration::from_secs(60), 10_000)?;
+    /// assert_eq!(minutes.len(), 60);
+    /// assert!(minutes.iter().all(|m| m.finished == 0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn activity(
+        &self,
+        since: DateTime<Utc>,
+        width: Duration,
+        cap: u64,
+    ) -> Result<Vec<ActivityBucket>> {
+        let now = self.now_ms();
+        let width_ms = i64::try_from(width.as_millis()).unwrap_or(i64::MAX);
+        let since_ms = since.timestamp_millis();
+        if width_ms == 0 {
+            return Err(Error::InvalidArgument(
+                "activity: the slice width must be at least 1 ms".into(),
+            ));
+        }
+        if since_ms > now {
+            return Err(Error::InvalidArgument(format!(
+                "activity: since ({since}) is after now"
+            )));
+        }
+        let span = now - since_ms;
+        let slices = (span / width_ms + i64::from(span % width_ms != 0)).max(1);
+        if slices > ACTIVITY_MAX_BUCKETS as i64 {
+            return Err(Error::InvalidArgument(format!(
+                "activity: {slices} slices asked for, at most {ACTIVITY_MAX_BUCKETS}"
+            )));
+        }
+        let engine = self.engine();
+        let mut out = Vec::with_capacity(slices as usize);
+        for i in (0..slices).rev() {
+            let end = now - i * width_ms;
+            let start = end - width_ms;
+            let (finished, sample) = engine.finished_between(start, end, cap, ACTIVITY_SAMPLE)?;
+            out.push(activity_bucket(
+                start,
+                end,
+                finished,
+                finished >= cap,
+                &sample,
+            ));
+        }
+        Ok(out)
     }
 
     /// The queues with jobs in `state`, in byte order, one index step each.

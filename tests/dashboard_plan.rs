@@ -1,4 +1,5 @@
-//! The dashboard's reads (`Queue::counts_by_queue`, `Queue::list_state`)
+//! The dashboard's reads (`Queue::counts_by_queue`, `Queue::list_state`,
+//! `Queue::activity`)
 //! go through indexes: every statement they run on SQLite is recorded
 //! (sqlite3_trace_v2 through an `on_connection` hook) and its
 //! `EXPLAIN QUERY PLAN` must neither scan the jobs table nor sort. Their
@@ -69,6 +70,10 @@ fn dashboard_reads_use_indexes_and_match_the_file() {
     for state in JobState::ALL {
         lists.insert(state, queue.list_state(state, 20).unwrap());
     }
+    let hour_ago = chrono::Utc::now() - chrono::Duration::hours(1);
+    let minutes = queue
+        .activity(hour_ago, std::time::Duration::from_secs(60), 100_000)
+        .unwrap();
     RECORDING.store(false, Ordering::SeqCst);
 
     // What they ran, each statement once.
@@ -87,6 +92,27 @@ fn dashboard_reads_use_indexes_and_match_the_file() {
             );
             assert!(!line.contains("TEMP B-TREE"), "a sort in {sql}: {lines:?}");
         }
+    }
+
+    // The plot: the fill's finished jobs finished 1,000 s ago, one per
+    // ms, in one or two minutes; each ran 50 ms.
+    assert_eq!(minutes.len(), 60);
+    let busy: Vec<_> = minutes.iter().filter(|m| m.finished > 0).collect();
+    assert!((1..=2).contains(&busy.len()), "{minutes:#?}");
+    let finished: i64 = raw
+        .query_row(
+            "SELECT count(*) FROM tickler_jobs WHERE finished_at IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        busy.iter().map(|m| m.finished).sum::<u64>(),
+        finished as u64
+    );
+    for m in busy {
+        assert!(!m.capped);
+        assert_eq!(m.run_time_p50, Some(std::time::Duration::from_millis(50)));
     }
 
     // The counts: exact below the cap, marked capped at it.

@@ -10,7 +10,7 @@
 use super::rows::*;
 use super::{statement_level, storable, Attempt, Store, Tx};
 use crate::clock::ms_to_datetime;
-use crate::engine::Engine;
+use crate::engine::{Engine, FinishedSample};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
 use crate::lease::Lease;
@@ -1302,6 +1302,43 @@ impl Engine for Store {
         self.read(|tx| {
             let n: i64 = tx.query_one(&sql, &[&queue, &cap])?.get(0);
             Ok(n.unsigned_abs())
+        })
+    }
+
+    fn finished_between(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        cap: u64,
+        sample: usize,
+    ) -> Result<(u64, Vec<FinishedSample>)> {
+        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
+        let sample = i64::try_from(sample).unwrap_or(i64::MAX);
+        self.read(|tx| {
+            let n: i64 = tx
+                .query_one(
+                    "SELECT count(*) FROM
+                       (SELECT 1 FROM tickler_jobs
+                        WHERE finished_at >= $1 AND finished_at < $2 LIMIT $3) AS capped",
+                    &[&from_ms, &to_ms, &cap],
+                )?
+                .get(0);
+            let rows = tx
+                .query(
+                    "SELECT status, run_at, claimed_at, finished_at FROM tickler_jobs
+                     WHERE finished_at >= $1 AND finished_at < $2
+                     ORDER BY finished_at DESC LIMIT $3",
+                    &[&from_ms, &to_ms, &sample],
+                )?
+                .iter()
+                .map(|r| FinishedSample {
+                    state: r.get::<_, &str>(0).parse().ok(),
+                    run_at_ms: r.get(1),
+                    claimed_at_ms: r.get(2),
+                    finished_at_ms: r.get(3),
+                })
+                .collect();
+            Ok((n.unsigned_abs(), rows))
         })
     }
 

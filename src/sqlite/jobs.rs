@@ -4,7 +4,7 @@ use super::rows::*;
 use super::sql::*;
 use super::{Commit, Store};
 use crate::clock::ms_to_datetime;
-use crate::engine::Engine;
+use crate::engine::{Engine, FinishedSample};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
 use crate::lease::Lease;
@@ -563,6 +563,42 @@ impl Engine for Store {
                 ))?
                 .query_map(params![queue, limit], job_from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    fn finished_between(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        cap: u64,
+        sample: usize,
+    ) -> Result<(u64, Vec<FinishedSample>)> {
+        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
+        let sample = i64::try_from(sample).unwrap_or(i64::MAX);
+        self.read(|conn| {
+            let n: i64 = conn
+                .prepare_cached(
+                    "SELECT count(*) FROM
+                       (SELECT 1 FROM tickler_jobs
+                        WHERE finished_at >= ?1 AND finished_at < ?2 LIMIT ?3)",
+                )?
+                .query_row(params![from_ms, to_ms, cap], |r| r.get(0))?;
+            let rows = conn
+                .prepare_cached(
+                    "SELECT status, run_at, claimed_at, finished_at FROM tickler_jobs
+                     WHERE finished_at >= ?1 AND finished_at < ?2
+                     ORDER BY finished_at DESC LIMIT ?3",
+                )?
+                .query_map(params![from_ms, to_ms, sample], |r| {
+                    Ok(FinishedSample {
+                        state: r.get::<_, String>(0)?.parse().ok(),
+                        run_at_ms: r.get(1)?,
+                        claimed_at_ms: r.get(2)?,
+                        finished_at_ms: r.get(3)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok((u64::try_from(n).unwrap_or(0), rows))
         })
     }
 

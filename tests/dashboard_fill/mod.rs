@@ -4,7 +4,8 @@
 //!
 //! Of every 1,000 jobs, in three queues q0, q1, q2: 10 dead, 10
 //! cancelled, 20 pending, 10 scheduled (an hour ahead), 1 running (a lease
-//! an hour ahead), the rest succeeded.
+//! an hour ahead), the rest succeeded. Finished jobs finish one per
+//! millisecond from 1,000 s ago, each 50 ms after it started.
 
 /// Inserts `n` jobs into the tickler file open on `conn` (its schema
 /// must exist: open a `Queue` on it first).
@@ -30,7 +31,8 @@ pub fn fill(conn: &rusqlite::Connection, n: u64) -> rusqlite::Result<usize> {
              CASE st WHEN 'pending' THEN 0 WHEN 'scheduled' THEN 0 ELSE 1 END, 3,
              CASE st WHEN 'running' THEN 'tok' || i END,
              CASE st WHEN 'running' THEN 'w' END,
-             CASE st WHEN 'running' THEN ?2 END,
+             CASE WHEN st = 'running' THEN ?2
+                  WHEN st IN ('succeeded', 'dead') THEN ?2 - 1000050 + i END,
              CASE st WHEN 'running' THEN ?2 + 3600000 END,
              CASE st WHEN 'dead' THEN 'boom' END,
              ?2 - 7200000,

@@ -21,6 +21,10 @@ use tiny_http::{Header, Method, Request, Response, Server};
 /// Jobs listed per state on the page.
 const LISTED: usize = 20;
 
+/// Finished jobs counted per minute of the plot ("20000+" above): bounds
+/// the index range the plot reads on a busy file.
+const PLOT_CAP: u64 = 20_000;
+
 /// Counts on the page stop here ("100000+"), so that the page of a big
 /// file reads a bounded part of each index.
 const COUNT_CAP: u64 = 100_000;
@@ -290,6 +294,108 @@ fn button(csrf: &str, action: &str, field: &str, value: &str, label: &str) -> St
     )
 }
 
+/// Seconds with up to three significant digits, for the plot's labels.
+fn seconds(d: std::time::Duration) -> String {
+    let s = d.as_secs_f64();
+    if s >= 100.0 {
+        format!("{s:.0} s")
+    } else if s >= 1.0 {
+        format!("{s:.1} s")
+    } else {
+        format!("{:.0} ms", s * 1000.0)
+    }
+}
+
+/// The last hour, one column per minute, as inline SVG (no script, so the
+/// page's Content-Security-Policy stays `default-src 'none'`): jobs
+/// finished per minute (the dead share of each minute's sample in red),
+/// and below it the lateness of the jobs that ran (due → start), median
+/// as a line, the worst as dots. Each column's `<title>` gives its figures.
+fn plot(minutes: &[tickler::ActivityBucket]) -> String {
+    const W: f64 = 720.0;
+    const H: f64 = 110.0;
+    let n = minutes.len().max(1) as f64;
+    let col = W / n;
+    let top_count = minutes.iter().map(|m| m.finished).max().unwrap_or(0).max(1);
+    let top_late = minutes
+        .iter()
+        .filter_map(|m| m.lateness_max)
+        .max()
+        .unwrap_or_default()
+        .max(std::time::Duration::from_millis(1));
+    let total: u64 = minutes.iter().map(|m| m.finished).sum();
+    let capped = if minutes.iter().any(|m| m.capped) {
+        "+"
+    } else {
+        ""
+    };
+    let mut svg = format!(
+        "<h2>Last hour</h2><p>{total}{capped} jobs finished; lateness is due time → start of the attempt that finished.</p>\
+         <svg id=plot width={w} height={h} viewBox=\"0 0 {w} {h}\" role=img aria-label=\"jobs finished per minute and their lateness over the last hour\" \
+         style=\"font:11px sans-serif;background:#fafafa;border:1px solid #ccc\">\
+         <text x=4 y=12>finished per minute (max {top_count}{capped})</text>\
+         <text x=4 y={ly}>lateness: median line, worst dots (max {late})</text>",
+        w = W + 60.0,
+        h = 2.0 * H + 50.0,
+        ly = H + 32.0,
+        late = seconds(top_late),
+    );
+    let late_y =
+        |d: std::time::Duration| 2.0 * H + 40.0 - H * d.as_secs_f64() / top_late.as_secs_f64();
+    let mut median_line = Vec::new();
+    for (i, m) in minutes.iter().enumerate() {
+        let x = i as f64 * col;
+        let bar = H * m.finished as f64 / top_count as f64;
+        let dead = if m.sampled > 0 {
+            bar * m.sampled_dead as f64 / m.sampled as f64
+        } else {
+            0.0
+        };
+        let _ = write!(
+            svg,
+            "<g><title>{} – {}: {}{} finished, lateness median {} worst {}, run time median {}</title>\
+             <rect x={x:.1} y={y:.1} width={bw:.1} height={bar:.1} fill=\"#4a7\"/>\
+             <rect x={x:.1} y={dy:.1} width={bw:.1} height={dead:.1} fill=\"#c33\"/>",
+            m.start.format("%H:%M"),
+            m.end.format("%H:%M"),
+            m.finished,
+            if m.capped { "+" } else { "" },
+            m.lateness_p50.map_or("-".into(), seconds),
+            m.lateness_max.map_or("-".into(), seconds),
+            m.run_time_p50.map_or("-".into(), seconds),
+            y = H + 18.0 - bar,
+            dy = H + 18.0 - dead,
+            bw = (col - 1.0).max(1.0),
+        );
+        if let Some(worst) = m.lateness_max {
+            let _ = write!(
+                svg,
+                "<circle cx={:.1} cy={:.1} r=2 fill=\"#a50\"/>",
+                x + col / 2.0,
+                late_y(worst)
+            );
+        }
+        if let Some(p50) = m.lateness_p50 {
+            median_line.push(format!("{:.1},{:.1}", x + col / 2.0, late_y(p50)));
+        }
+        svg.push_str("</g>");
+    }
+    if !median_line.is_empty() {
+        let _ = write!(
+            svg,
+            "<polyline points=\"{}\" fill=none stroke=\"#36c\" stroke-width=1.5/>",
+            median_line.join(" ")
+        );
+    }
+    let _ = write!(
+        svg,
+        "<text x=0 y={b}>-60 min</text><text x={r} y={b} text-anchor=end>now</text></svg>",
+        b = 2.0 * H + 48.0,
+        r = W,
+    );
+    svg
+}
+
 fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
     let stats = queue.counts_by_queue(COUNT_CAP)?;
     let paused = queue.paused_queues()?;
@@ -331,7 +437,11 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
         };
         let _ = write!(html, "<td>{control}</td></tr>");
     }
-    html.push_str("</table><h2>Schedules</h2><table id=schedules><tr><th>name</th><th>cron</th><th>zone</th><th>next tick</th></tr>");
+    html.push_str("</table>");
+    let hour_ago = queue.clock().now() - chrono::Duration::hours(1);
+    let minutes = queue.activity(hour_ago, std::time::Duration::from_secs(60), PLOT_CAP)?;
+    html.push_str(&plot(&minutes));
+    html.push_str("<h2>Schedules</h2><table id=schedules><tr><th>name</th><th>cron</th><th>zone</th><th>next tick</th></tr>");
     for s in queue.list_schedules()? {
         let next = match (s.paused, s.next_tick_at) {
             (true, _) => "paused".to_owned(),
