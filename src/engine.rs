@@ -189,6 +189,22 @@ pub(crate) struct FinishedSample {
     pub finished_at_ms: i64,
 }
 
+/// Jobs per (queue, state) for `Queue::stats`, in one statement (one
+/// snapshot) on either engine: one part per state, each in the words of
+/// that state's partial index (see [`state_index`]), so that no part reads
+/// the table itself except for running jobs, which are few. A plain
+/// `GROUP BY queue, status` reads every row, payloads included.
+pub(crate) const STATS_COUNTS_SQL: &str =
+    "SELECT queue, 'pending', count(*) FROM tickler_jobs WHERE status = 'pending' GROUP BY queue
+     UNION ALL
+     SELECT queue, 'scheduled', count(*) FROM tickler_jobs WHERE status = 'scheduled' GROUP BY queue
+     UNION ALL
+     SELECT queue, 'running', count(*) FROM tickler_jobs WHERE status = 'running' GROUP BY queue
+     UNION ALL
+     SELECT queue, status, count(*) FROM tickler_jobs
+     WHERE status IN ('succeeded', 'dead', 'cancelled') AND finished_at IS NOT NULL
+     GROUP BY status, queue";
+
 /// The condition that selects `state` in words an index of that state
 /// matches (its partial index's WHERE clause), and the order of that index
 /// within one queue. Shared by the engines' dashboard reads.

@@ -1,5 +1,5 @@
 //! The dashboard's reads (`Queue::counts_by_queue`, `Queue::list_state`,
-//! `Queue::activity`)
+//! `Queue::activity`, and `Queue::stats` behind /metrics)
 //! go through indexes: every statement they run on SQLite is recorded
 //! (sqlite3_trace_v2 through an `on_connection` hook) and its
 //! `EXPLAIN QUERY PLAN` must neither scan the jobs table nor sort. Their
@@ -174,6 +174,28 @@ fn dashboard_reads_use_indexes_and_match_the_file() {
         pending.windows(2).all(|w| w[0] <= w[1]),
         "pending: claim order"
     );
+    // Queue::stats (the CLI's stats and /metrics): exact, and no statement
+    // of it reads the whole table (a GROUP BY over the few running jobs
+    // may sort).
+    SEEN.lock().unwrap().clear();
+    RECORDING.store(true, Ordering::SeqCst);
+    let stats = queue.stats().unwrap();
+    RECORDING.store(false, Ordering::SeqCst);
+    assert_eq!(stats.counts, exact);
+    let mut seen: Vec<String> = SEEN.lock().unwrap().clone();
+    seen.retain(|s| s.contains("tickler_jobs"));
+    assert!(seen.len() >= 2, "statements recorded: {seen:#?}");
+    for sql in &seen {
+        let lines = plan(&raw, sql);
+        println!("{sql}\n  -> {lines:?}");
+        for line in &lines {
+            assert!(
+                !line.starts_with("SCAN tickler_jobs") || line.contains("INDEX"),
+                "a full scan of the jobs table in {sql}: {lines:?}"
+            );
+        }
+    }
+
     // The newest dead job of the file is listed first.
     let newest_dead: i64 = raw
         .query_row(

@@ -10,7 +10,7 @@
 use super::rows::*;
 use super::{statement_level, storable, Attempt, Store, Tx};
 use crate::clock::ms_to_datetime;
-use crate::engine::{Engine, FinishedSample};
+use crate::engine::{Engine, FinishedSample, STATS_COUNTS_SQL};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
 use crate::lease::Lease;
@@ -1150,10 +1150,7 @@ impl Engine for Store {
         let now = self.now_ms();
         self.read(|tx| {
             let mut stats = Stats::default();
-            for r in tx.query(
-                "SELECT queue, status, count(*) FROM tickler_jobs GROUP BY queue, status",
-                &[],
-            )? {
+            for r in tx.query(STATS_COUNTS_SQL, &[])? {
                 let status: String = r.get(1);
                 stats.counts.insert(
                     (r.get(0), status.parse()?),
@@ -1162,13 +1159,18 @@ impl Engine for Store {
             }
             for r in tx.query(
                 "SELECT queue, priority, min(run_at) FROM tickler_jobs
-                 WHERE status = 'pending' OR (status = 'scheduled' AND run_at <= $1::bigint)
-                 GROUP BY queue, priority",
+                 WHERE status = 'pending' GROUP BY queue, priority
+                 UNION ALL
+                 SELECT queue, priority, min(run_at) FROM tickler_jobs
+                 WHERE status = 'scheduled' AND run_at <= $1::bigint GROUP BY queue, priority",
                 &[&now],
             )? {
-                stats
+                let at = ms_to_datetime(r.get(2));
+                let e = stats
                     .oldest_due_by_priority
-                    .insert((r.get(0), r.get(1)), ms_to_datetime(r.get(2)));
+                    .entry((r.get(0), r.get(1)))
+                    .or_insert(at);
+                *e = (*e).min(at);
             }
             stats.oldest_due = stats.oldest_due_by_priority.values().min().copied();
             Ok(stats)

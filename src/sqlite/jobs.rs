@@ -4,7 +4,7 @@ use super::rows::*;
 use super::sql::*;
 use super::{Commit, Store};
 use crate::clock::ms_to_datetime;
-use crate::engine::{Engine, FinishedSample};
+use crate::engine::{Engine, FinishedSample, STATS_COUNTS_SQL};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
 use crate::lease::Lease;
@@ -488,9 +488,7 @@ impl Engine for Store {
         let now = self.now_ms();
         self.read(|conn| {
             let mut stats = Stats::default();
-            let mut stmt = conn.prepare_cached(
-                "SELECT queue, status, count(*) FROM tickler_jobs GROUP BY queue, status",
-            )?;
+            let mut stmt = conn.prepare_cached(STATS_COUNTS_SQL)?;
             let rows = stmt.query_map([], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
@@ -506,8 +504,10 @@ impl Engine for Store {
             }
             let mut stmt = conn.prepare_cached(
                 "SELECT queue, priority, min(run_at) FROM tickler_jobs
-                 WHERE status = 'pending' OR (status = 'scheduled' AND run_at <= ?1)
-                 GROUP BY queue, priority",
+                 WHERE status = 'pending' GROUP BY queue, priority
+                 UNION ALL
+                 SELECT queue, priority, min(run_at) FROM tickler_jobs
+                 WHERE status = 'scheduled' AND run_at <= ?1 GROUP BY queue, priority",
             )?;
             let rows = stmt.query_map([now], |r| {
                 Ok((
@@ -518,9 +518,12 @@ impl Engine for Store {
             })?;
             for row in rows {
                 let (queue, priority, at) = row?;
-                stats
+                let at = ms_to_datetime(at);
+                let e = stats
                     .oldest_due_by_priority
-                    .insert((queue, priority), ms_to_datetime(at));
+                    .entry((queue, priority))
+                    .or_insert(at);
+                *e = (*e).min(at);
             }
             stats.oldest_due = stats.oldest_due_by_priority.values().min().copied();
             Ok(stats)

@@ -10,7 +10,6 @@
 
 use crate::cli::ServeArgs;
 use crate::error::CliError;
-use chrono::Utc;
 use std::fmt::Write as _;
 use std::io::Read;
 use std::net::SocketAddr;
@@ -74,6 +73,14 @@ fn check_exposure(
     }
 }
 
+/// Compares a given token with ours in time that does not depend on where
+/// they differ, so that timing the answers does not reveal the token a
+/// byte at a time (only its length can be learnt).
+fn same_secret(given: &str, token: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    given.as_bytes().ct_eq(token.as_bytes()).into()
+}
+
 fn header(name: &str, value: &str) -> Header {
     Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("a valid header")
 }
@@ -89,14 +96,15 @@ fn handle(
     let mut set_cookie = None;
     if let Some(token) = token {
         let given_query = form_value(query, "token");
+        let given = |v: Option<&str>| v.is_some_and(|v| same_secret(v, token));
         let authorized = request.headers().iter().any(|h| {
-            (h.field.equiv("Authorization") && h.value.as_str() == format!("Bearer {token}"))
+            (h.field.equiv("Authorization") && given(h.value.as_str().strip_prefix("Bearer ")))
                 || (h.field.equiv("Cookie")
                     && h.value
                         .as_str()
                         .split(';')
-                        .any(|c| c.trim() == format!("tickler_token={token}")))
-        }) || given_query.as_deref() == Some(token);
+                        .any(|c| given(c.trim().strip_prefix("tickler_token="))))
+        }) || given(given_query.as_deref());
         if !authorized {
             return request
                 .respond(Response::from_string("a token is needed\n").with_status_code(401));
@@ -212,7 +220,8 @@ fn label(s: &str) -> String {
 
 fn metrics(queue: &Queue) -> tickler::Result<String> {
     let stats = queue.stats()?;
-    let now = Utc::now();
+    // The queue's own clock: on PostgreSQL the server's, which due times use.
+    let now = queue.clock().now();
     let mut out = String::new();
     out.push_str("# HELP tickler_jobs Jobs in the queue file per queue and state.\n# TYPE tickler_jobs gauge\n");
     let queues: std::collections::BTreeSet<&String> = stats.counts.keys().map(|(q, _)| q).collect();
@@ -236,7 +245,8 @@ fn metrics(queue: &Queue) -> tickler::Result<String> {
     );
     let _ = writeln!(out, "tickler_dead_jobs {}", stats.total(JobState::Dead));
     out.push_str("# HELP tickler_oldest_due_lateness_seconds How long the oldest due job has waited, per queue.\n# TYPE tickler_oldest_due_lateness_seconds gauge\n");
-    let mut oldest: std::collections::BTreeMap<&String, chrono::DateTime<Utc>> = Default::default();
+    let mut oldest: std::collections::BTreeMap<&String, chrono::DateTime<chrono::Utc>> =
+        Default::default();
     for ((q, _), at) in &stats.oldest_due_by_priority {
         let e = oldest.entry(q).or_insert(*at);
         *e = (*e).min(*at);
