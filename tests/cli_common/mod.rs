@@ -1,6 +1,8 @@
 //! Helpers for the tests that run the `tickler` binary (tests/cli_*.rs).
 #![allow(dead_code)]
 
+pub mod serve;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

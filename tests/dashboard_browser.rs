@@ -1,0 +1,387 @@
+//! `tickler serve`'s dashboard in a real browser: headless Chromium driven
+//! over the DevTools protocol (feature `browser-tests`). Each test has its
+//! own queue file, server process and browser.
+//!
+//! Chromium is `TICKLER_CHROMIUM` if set, else Debian's `/usr/bin/chromium`
+//! (`apt-get install chromium`, as .ci/run does); a missing browser fails
+//! the tests rather than skipping them.
+
+mod cli_common;
+
+use cli_common::serve::{filled, serve, KillOnDrop};
+use cli_common::Env;
+use headless_chrome::protocol::cdp::{Emulation, Page};
+use headless_chrome::{Browser, LaunchOptions, Tab};
+use std::collections::BTreeSet;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tickler::{JobId, JobState, NewJob};
+
+/// Longest wait for anything the browser or a worker does.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Flags beyond headless_chrome's defaults (which already disable
+/// background networking, sync and the first-run UI): on a machine with no
+/// network, without these Chromium keeps trying to reach its services.
+const CHROMIUM_FLAGS: &[&str] = &[
+    "--disable-quic",
+    "--disable-component-update",
+    "--disable-background-networking",
+    "--disable-sync",
+    "--no-first-run",
+];
+
+/// A headless Chromium with a fresh profile, killed on drop.
+struct Chromium {
+    // Declared before the profile: dropped (the process killed) before
+    // the profile folder is removed.
+    browser: Browser,
+    _profile: tempfile::TempDir,
+}
+
+fn chromium() -> Chromium {
+    let path = std::env::var_os("TICKLER_CHROMIUM")
+        .map_or_else(|| PathBuf::from("/usr/bin/chromium"), PathBuf::from);
+    assert!(
+        path.is_file(),
+        "no Chromium at {}: install it (on Debian: apt-get install chromium chromium-driver) \
+         or set TICKLER_CHROMIUM to its path",
+        path.display()
+    );
+    let profile = tempfile::tempdir().unwrap();
+    let options = LaunchOptions {
+        path: Some(path.clone()),
+        headless: true,
+        // Root in CI and in containers, where Chromium's sandbox cannot
+        // start.
+        sandbox: false,
+        enable_gpu: false,
+        user_data_dir: Some(profile.path().to_owned()),
+        // Chromium picks a free port and prints it: no race with other
+        // tests for a port chosen here.
+        port: Some(0),
+        window_size: Some((1280, 900)),
+        // The pause test waits on a worker without talking to the browser.
+        idle_browser_timeout: Duration::from_secs(300),
+        args: CHROMIUM_FLAGS.iter().map(OsStr::new).collect(),
+        ..LaunchOptions::default()
+    };
+    let browser = Browser::new(options)
+        .unwrap_or_else(|e| panic!("starting Chromium at {}: {e:#}", path.display()));
+    Chromium {
+        browser,
+        _profile: profile,
+    }
+}
+
+impl Chromium {
+    /// A new tab showing `url`, loaded.
+    fn open(&self, url: &str) -> Arc<Tab> {
+        let tab = self.browser.new_tab().unwrap();
+        tab.set_default_timeout(WAIT);
+        tab.navigate_to(url).unwrap();
+        tab.wait_until_navigated().unwrap();
+        wait_for_page(&tab, "the dashboard", "true");
+        tab
+    }
+}
+
+/// `expression`'s value, as JSON (the page's own script is not involved:
+/// the dashboard's CSP allows none).
+fn eval(tab: &Tab, expression: &str) -> serde_json::Value {
+    let object = tab
+        .evaluate(&format!("JSON.stringify({expression})"), false)
+        .unwrap_or_else(|e| panic!("evaluating {expression}: {e:#}"));
+    let text = object
+        .value
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("{expression} gave no value: {:?}", object.description));
+    serde_json::from_str(&text).unwrap()
+}
+
+fn exists(tab: &Tab, selector: &str) -> bool {
+    eval(
+        tab,
+        &format!("document.querySelector({selector:?}) !== null"),
+    ) == true
+}
+
+/// Waits until the tab shows a loaded dashboard (the counts table), not
+/// the page marked by [`click_and_wait`], and `condition` (JS) holds.
+fn wait_for_page(tab: &Tab, what: &str, condition: &str) {
+    let check = format!(
+        "document.readyState === 'complete' && window.ticklerOldPage !== true \
+         && document.querySelector('table#counts') !== null && ({condition})"
+    );
+    let deadline = Instant::now() + WAIT;
+    loop {
+        // Evaluating while the page is replaced can fail: try again.
+        let ready = tab
+            .evaluate(&check, false)
+            .ok()
+            .and_then(|o| o.value)
+            .and_then(|v| v.as_bool());
+        if ready == Some(true) {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let text = tab
+                .evaluate("document.body ? document.body.innerText : ''", false)
+                .ok()
+                .and_then(|o| o.value);
+            panic!(
+                "timed out waiting for {what}: at {}, the page says {text:?}",
+                tab.get_url()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Clicks the element `selector` (a real mouse click at its middle) and
+/// waits for the page the click's form leads to.
+fn click_and_wait(tab: &Tab, selector: &str, condition: &str) {
+    eval(tab, "window.ticklerOldPage = true");
+    tab.find_element(selector)
+        .unwrap_or_else(|e| panic!("no {selector} on the page: {e:#}"))
+        .click()
+        .unwrap();
+    wait_for_page(
+        tab,
+        &format!("the page after clicking {selector}"),
+        condition,
+    );
+}
+
+#[test]
+fn the_counts_on_the_page_match_the_file() {
+    let env = filled();
+    let served = serve(&env, &[]);
+    let chromium = chromium();
+    let tab = chromium.open(&served.url("/"));
+
+    let cells: Vec<(String, String, String)> = serde_json::from_value(eval(
+        &tab,
+        "[...document.querySelectorAll('table#counts td[data-queue][data-state]')]\
+         .map(td => [td.dataset.queue, td.dataset.state, td.innerText.trim()])",
+    ))
+    .unwrap();
+    let stats = env.queue().stats().unwrap();
+    let mut shown = BTreeSet::new();
+    for (queue, state, text) in &cells {
+        let state: JobState = state.parse().unwrap();
+        let in_file = stats
+            .counts
+            .get(&(queue.clone(), state))
+            .copied()
+            .unwrap_or(0);
+        assert_eq!(
+            text,
+            &in_file.to_string(),
+            "the page's ({queue}, {state:?}) against the file's"
+        );
+        assert!(
+            shown.insert((queue.clone(), state)),
+            "({queue}, {state:?}) shown twice"
+        );
+    }
+    for ((queue, state), n) in &stats.counts {
+        assert!(
+            *n == 0 || shown.contains(&(queue.clone(), *state)),
+            "{n} {state:?} job(s) of {queue} in the file, not on the page: {cells:?}"
+        );
+    }
+}
+
+#[test]
+fn retrying_a_dead_job_from_the_page_makes_it_pending() {
+    let env = filled();
+    let served = serve(&env, &[]);
+    let chromium = chromium();
+    let tab = chromium.open(&served.url("/"));
+    let dead = env.in_state(JobState::Dead)[0].id;
+    let button = format!("table#jobs-dead #retry-{}", dead.0);
+    assert!(exists(&tab, &button), "no {button}");
+
+    click_and_wait(&tab, &button, "true");
+    assert_eq!(env.job(dead).state, JobState::Pending);
+    assert!(
+        !exists(&tab, &button),
+        "the retried job is still in the dead table"
+    );
+    let cancel = format!("table#jobs-pending #cancel-{}", dead.0);
+    assert!(
+        exists(&tab, &cancel),
+        "the retried job is not in the pending table"
+    );
+}
+
+/// `tickler work` on the env's file and queues, in its own process; its
+/// output goes to files in the env's folder (see [`worker_output`]).
+fn start_worker(env: &Env, queues: &[&str]) -> KillOnDrop {
+    let mut args = vec!["work", "--threads", "2"];
+    for q in queues {
+        args.extend(["--queue", q]);
+    }
+    let file = |name: &str| File::create(env.dir.path().join(name)).unwrap();
+    KillOnDrop(
+        env.command(&args)
+            .stdout(Stdio::from(file("work.stdout")))
+            .stderr(Stdio::from(file("work.stderr")))
+            .spawn()
+            .expect("spawn tickler work"),
+    )
+}
+
+fn worker_output(env: &Env) -> String {
+    let read = |f: &str| std::fs::read_to_string(env.dir.path().join(f)).unwrap_or_default();
+    format!("{}{}", read("work.stdout"), read("work.stderr"))
+}
+
+fn enqueue_true(env: &Env, queue: &str) -> JobId {
+    env.queue()
+        .enqueue(
+            NewJob::new("shell")
+                .queue(queue)
+                .payload(serde_json::json!({ "argv": ["true"] })),
+        )
+        .unwrap()
+}
+
+/// Waits until every job of `ids` has succeeded, the worker running all
+/// along.
+fn wait_done(env: &Env, worker: &mut KillOnDrop, ids: &[JobId], what: &str) {
+    let deadline = Instant::now() + WAIT;
+    while !ids
+        .iter()
+        .all(|&id| env.job(id).state == JobState::Succeeded)
+    {
+        if let Some(status) = worker.0.try_wait().unwrap() {
+            panic!("the worker exited ({status}): {}", worker_output(env));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {:?}; worker: {}",
+            ids.iter().map(|&id| env.job(id).state).collect::<Vec<_>>(),
+            worker_output(env)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn pausing_a_queue_on_the_page_stops_a_worker_pool_in_another_process() {
+    let env = filled();
+    let served = serve(&env, &[]);
+    let mut worker = start_worker(&env, &["mail", "reports"]);
+    let chromium = chromium();
+    let tab = chromium.open(&served.url("/"));
+
+    // The pool runs and claims from both queues before the pause.
+    let before = [enqueue_true(&env, "mail"), enqueue_true(&env, "reports")];
+    wait_done(&env, &mut worker, &before, "jobs before the pause");
+
+    click_and_wait(
+        &tab,
+        "#pause-mail",
+        "document.querySelector('#resume-mail') !== null",
+    );
+    assert_eq!(
+        env.queue().paused_queues().unwrap(),
+        vec!["mail".to_owned()]
+    );
+
+    let held: Vec<JobId> = (0..3).map(|_| enqueue_true(&env, "mail")).collect();
+    // Each job of reports done proves a claim over both queues after the
+    // held jobs were committed; a few rounds give the pool more chances
+    // to take one, and the short sleep a pool that would claim late.
+    for round in 0..3 {
+        let probe = enqueue_true(&env, "reports");
+        wait_done(
+            &env,
+            &mut worker,
+            &[probe],
+            &format!("reports round {round}"),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for &id in &held {
+        assert_eq!(
+            env.job(id).state,
+            JobState::Pending,
+            "the pool in the other process took a job of the paused queue; worker: {}",
+            worker_output(&env)
+        );
+    }
+
+    click_and_wait(
+        &tab,
+        "#resume-mail",
+        "document.querySelector('#pause-mail') !== null",
+    );
+    assert!(env.queue().paused_queues().unwrap().is_empty());
+    wait_done(&env, &mut worker, &held, "the resumed queue's jobs");
+}
+
+#[test]
+fn a_screenshot_of_the_whole_dashboard_is_saved() {
+    let env = filled();
+    let served = serve(&env, &[]);
+    let chromium = chromium();
+    let tab = chromium.open(&served.url("/"));
+
+    // The viewport made as tall as the page: one PNG of all of it.
+    let width = 1280;
+    let height: u32 = serde_json::from_value(eval(
+        &tab,
+        "Math.ceil(document.documentElement.scrollHeight)",
+    ))
+    .unwrap();
+    tab.call_method(Emulation::SetDeviceMetricsOverride {
+        width,
+        height,
+        device_scale_factor: 1.0,
+        mobile: false,
+        scale: None,
+        screen_width: None,
+        screen_height: None,
+        position_x: None,
+        position_y: None,
+        dont_set_visible_size: None,
+        screen_orientation: None,
+        viewport: None,
+        display_feature: None,
+        device_posture: None,
+    })
+    .unwrap();
+    let png = tab
+        .capture_screenshot(Page::CaptureScreenshotFormatOption::Png, None, None, true)
+        .unwrap();
+
+    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("CARGO_TARGET_TMPDIR is inside the target folder")
+        .to_owned();
+    let dir = target.join("browser-artifacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("dashboard.png");
+    std::fs::write(&path, &png).unwrap();
+    println!("screenshot: {}", path.display());
+
+    let saved = std::fs::read(&path).unwrap();
+    assert_eq!(&saved[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    assert_eq!(&saved[12..16], b"IHDR");
+    let be = |at: usize| u32::from_be_bytes(saved[at..at + 4].try_into().unwrap());
+    assert_eq!(
+        (be(16), be(20)),
+        (width, height),
+        "the PNG's size is not the page's"
+    );
+    // The page is tables of text: far from a blank image's few hundred
+    // bytes.
+    assert!(saved.len() > 20_000, "{} bytes", saved.len());
+}
