@@ -451,7 +451,7 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
     let hour_ago = queue.clock().now() - chrono::Duration::hours(1);
     let minutes = queue.activity(hour_ago, std::time::Duration::from_secs(60), PLOT_CAP)?;
     html.push_str(&plot(&minutes));
-    html.push_str("<h2>Schedules</h2><table id=schedules><tr><th>name</th><th>cron</th><th>zone</th><th>next tick</th></tr>");
+    html.push_str("<h2>Schedules</h2><table id=schedules><tr><th>name</th><th>cron</th><th>zone</th><th>queue</th><th>kind</th><th>next tick (in its zone)</th></tr>");
     for s in queue.list_schedules()? {
         let next = match (s.paused, s.next_tick_at) {
             (true, _) => "paused".to_owned(),
@@ -463,10 +463,12 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
         };
         let _ = write!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             esc(&s.name),
             esc(&s.cron),
             esc(&s.time_zone),
+            esc(&s.queue),
+            esc(&s.kind),
             esc(&next)
         );
     }
@@ -480,7 +482,7 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
         JobState::Succeeded,
     ] {
         let jobs = queue.list_state(state, LISTED)?;
-        let _ = write!(html, "<h2>{} ({} {LISTED})</h2><table id=jobs-{}><tr><th>id</th><th>queue</th><th>kind</th><th>attempts</th><th>due</th><th>errors</th><th></th></tr>", state.as_str(), if matches!(state, JobState::Pending | JobState::Scheduled | JobState::Running) { "first" } else { "newest" }, state.as_str());
+        let _ = write!(html, "<h2>{} ({} {LISTED})</h2><table id=jobs-{}><tr><th>id</th><th>queue</th><th>kind</th><th>attempts</th><th>when (UTC)</th><th>errors</th><th></th></tr>", state.as_str(), if matches!(state, JobState::Pending | JobState::Scheduled | JobState::Running) { "first" } else { "newest" }, state.as_str());
         for job in jobs {
             let errors: String = job
                 .errors
@@ -497,6 +499,21 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
                 }
                 JobState::Succeeded => String::new(),
             };
+            let at = |t: Option<chrono::DateTime<chrono::Utc>>| {
+                t.map_or_else(|| "-".to_owned(), |t| t.to_rfc3339())
+            };
+            let when = match state {
+                JobState::Scheduled | JobState::Pending => format!("due {}", at(Some(job.run_at))),
+                JobState::Running => format!(
+                    "started {} by {}, lease until {}",
+                    at(job.claimed_at),
+                    job.claimed_by.as_deref().unwrap_or("-"),
+                    at(job.lease_expires_at)
+                ),
+                JobState::Succeeded | JobState::Dead | JobState::Cancelled => {
+                    format!("finished {}", at(job.finished_at))
+                }
+            };
             let _ = write!(
                 html,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td class=n>{}/{}</td><td>{}</td><td class=err>{}</td><td>{actions}</td></tr>",
@@ -505,7 +522,7 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
                 esc(&job.kind),
                 job.attempts,
                 job.max_attempts,
-                job.run_at.to_rfc3339(),
+                esc(&when),
                 esc(&errors)
             );
         }
