@@ -202,6 +202,30 @@ impl EventHub {
         self.any.load(Ordering::Acquire)
     }
 
+    /// Whether an event emitted now would reach a subscriber: some live
+    /// subscriber has room. When none has, every full subscriber counts
+    /// the event as dropped here and the caller builds and emits nothing,
+    /// so a subscriber that stopped reading costs a check per event, not
+    /// an event built and thrown away. Call [`EventHub::emit`] after a
+    /// `true`; it counts any subscriber that filled up in between.
+    pub(crate) fn offer(&self) -> bool {
+        if !self.active() {
+            return false;
+        }
+        let subs = self
+            .subscribers
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let open = |state: &SubState| !state.closed.load(Ordering::Relaxed);
+        if subs.iter().any(|(tx, state)| open(state) && !tx.is_full()) {
+            return true;
+        }
+        for (_, state) in subs.iter().filter(|(_, state)| open(state)) {
+            state.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        false
+    }
+
     /// Sends `event` to every subscriber without waiting.
     pub(crate) fn emit(&self, event: Event) {
         let mut gone = false;
@@ -257,6 +281,16 @@ mod tests {
             hub.emit(event(n));
         }
         assert_eq!(sub.dropped(), 3);
+        assert_eq!(sub.drain().len(), 2);
+        // Through offer(): a full buffer counts without an event built.
+        let mut built = 0;
+        for n in 0..5 {
+            if hub.offer() {
+                built += 1;
+                hub.emit(event(n));
+            }
+        }
+        assert_eq!((built, sub.dropped()), (2, 6));
         assert_eq!(sub.drain().len(), 2);
         hub.emit(event(9));
         match sub.try_recv() {

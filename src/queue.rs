@@ -831,6 +831,9 @@ impl Queue {
     }
 
     fn emit_job(&self, what: JobEventKind, job_id: JobId, kind: String, queue: String) {
+        if !self.inner.events.offer() {
+            return;
+        }
         self.inner.events.emit(Event::Job(JobEvent {
             what,
             job_id,

@@ -1308,7 +1308,7 @@ struct Shared {
 
 impl Shared {
     /// Sends a job's event to this pool's and its queue's subscribers;
-    /// builds nothing when no one listens.
+    /// builds nothing when no one listens or every buffer is full.
     fn emit(
         &self,
         lease: &Lease,
@@ -1316,7 +1316,7 @@ impl Shared {
         queue_time: Option<Duration>,
         run_time: Option<Duration>,
     ) {
-        let (pool, queue) = (self.events.active(), self.queue.events().active());
+        let (pool, queue) = (self.events.offer(), self.queue.events().offer());
         if !pool && !queue {
             return;
         }
