@@ -4,66 +4,8 @@
 
 mod cli_common;
 
-use cli_common::Env;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Stdio};
+use cli_common::{csrf_of, http, serve, Env};
 use tickler::{JobState, NewJob};
-
-struct Served {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(env: &Env, extra: &[&str]) -> Served {
-    let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
-    args.extend_from_slice(extra);
-    let mut child = env.command(&args).stdout(Stdio::piped()).spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("first line: {line:?}"))
-        .trim_end_matches('/')
-        .to_owned();
-    Served { child, addr }
-}
-
-/// (status, headers, body) of one request.
-fn http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    headers: &[&str],
-    body: &str,
-) -> (u16, String, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    for h in headers {
-        req.push_str(h);
-        req.push_str("\r\n");
-    }
-    if method == "POST" {
-        req.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
-    }
-    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, head.to_owned(), body.to_owned())
-}
 
 fn filled() -> Env {
     let env = Env::new();
@@ -178,12 +120,7 @@ fn actions_need_the_csrf_token_of_the_page() {
     assert_eq!(status, 200);
     // Errors are shown escaped.
     assert!(page.contains("broken &lt;b&gt;html&lt;/b&gt;"));
-    let csrf = page
-        .split("name=csrf value=")
-        .nth(1)
-        .and_then(|rest| rest.split('>').next())
-        .unwrap()
-        .to_owned();
+    let csrf = csrf_of(&page);
 
     let (status, _, _) = http(&served.addr, "POST", "/retry", &[], &format!("id={dead}"));
     assert_eq!(status, 403);

@@ -1,6 +1,8 @@
 //! Helpers for the tests that run the `tickler` binary (tests/cli_*.rs).
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -102,7 +104,6 @@ impl Env {
 
     /// Runs the binary with `input` on stdin.
     pub fn run_with_stdin(&self, args: &[&str], input: &[u8]) -> Run {
-        use std::io::Write;
         let mut child = self
             .command(args)
             .stdin(Stdio::piped())
@@ -212,4 +213,82 @@ pub fn signal(child: &Child, signal: i32) {
 pub fn mode(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+// ------------------------------------------------------- tickler serve
+
+/// A running `tickler serve`, killed on drop.
+pub struct Served {
+    /// The server process.
+    pub child: Child,
+    /// The address it listens on (`IP:PORT`).
+    pub addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `tickler serve --listen 127.0.0.1:0 EXTRA…` on the queue file
+/// and waits for its "listening on" line.
+pub fn serve(env: &Env, extra: &[&str]) -> Served {
+    let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let mut child = env.command(&args).stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("first line: {line:?}"))
+        .trim_end_matches('/')
+        .to_owned();
+    Served { child, addr }
+}
+
+/// (status, headers, body) of one HTTP/1.1 request to `addr` (`Host` is
+/// `addr` unless `headers` has one).
+pub fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &str,
+) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers
+        .iter()
+        .any(|h| h.to_ascii_lowercase().starts_with("host:"))
+    {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for h in headers {
+        req.push_str(h);
+        req.push_str("\r\n");
+    }
+    if method == "POST" {
+        req.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, head.to_owned(), body.to_owned())
+}
+
+/// The CSRF token in the forms of a dashboard page.
+pub fn csrf_of(page: &str) -> String {
+    page.split("name=csrf value=")
+        .nth(1)
+        .and_then(|rest| rest.split('>').next())
+        .expect("a form with a CSRF token")
+        .to_owned()
 }
