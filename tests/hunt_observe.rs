@@ -40,7 +40,91 @@ fn claim_and_fail(queue: &Queue, name: &str, error: &str) -> JobId {
     lease.job_id
 }
 
+/// The port of a served address.
+fn port(addr: &str) -> &str {
+    addr.rsplit(':').next().unwrap()
+}
+
 // ------------------------------------------------------------- dashboard
+
+/// DNS rebinding, against a dashboard that has no auth of its own and
+/// relies on loopback (Flower #1217, CVE-2022-30034: Flower unauthenticated
+/// by default and without CSRF protection; rebinding reports against
+/// loopback dashboards generally): a page of attacker.example,
+/// whose name the attacker then points at 127.0.0.1, is same-origin with
+/// the dashboard in the victim's browser. The browser still sends `Host:
+/// attacker.example:PORT`; without a token, that must get neither the page
+/// (which holds the CSRF token) nor an action.
+#[test]
+fn dns_rebinding_another_host_name_gets_no_page_and_no_action() {
+    if sqlite_only() {
+        return;
+    }
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let queue = env.queue();
+    queue
+        .enqueue(NewJob::new("k").queue("mail").max_attempts(1))
+        .unwrap();
+    let dead = claim_and_fail(&queue, "mail", "boom");
+    let served = serve(&env, &[]);
+    let served_port = port(&served.addr);
+
+    // The real page, for its CSRF token.
+    let (status, _, page) = http(&served.addr, "GET", "/", &[], "");
+    assert_eq!(status, 200);
+    let csrf = csrf_of(&page);
+
+    let evil = format!("Host: attacker.example:{served_port}");
+    let (status, _, body) = http(&served.addr, "GET", "/", &[&evil], "");
+    assert_eq!(status, 403);
+    assert!(!body.contains("csrf"));
+    let (status, _, _) = http(&served.addr, "GET", "/metrics", &[&evil], "");
+    assert_eq!(status, 403);
+    let (status, _, _) = http(
+        &served.addr,
+        "POST",
+        "/retry",
+        &[&evil],
+        &format!("id={dead}&csrf={csrf}"),
+    );
+    assert_eq!(status, 403);
+    assert_eq!(env.job(dead).state, JobState::Dead);
+    let (status, _, _) = http(
+        &served.addr,
+        "POST",
+        "/pause",
+        &[&evil],
+        &format!("queue=mail&csrf={csrf}"),
+    );
+    assert_eq!(status, 403);
+    assert!(env.queue().paused_queues().unwrap().is_empty());
+
+    // Names no one else can point elsewhere still work.
+    for host in [
+        format!("127.0.0.1:{served_port}"),
+        format!("localhost:{served_port}"),
+        format!("LocalHost:{served_port}"),
+        format!("[::1]:{served_port}"),
+        "127.0.0.1".to_owned(),
+    ] {
+        let header = format!("Host: {host}");
+        let (status, _, _) = http(&served.addr, "GET", "/", &[&header], "");
+        assert_eq!(status, 200, "{host}");
+    }
+
+    // With a token the token is what protects (the rebinding page has
+    // neither it nor the cookie of the real origin): any name may be used,
+    // as through a reverse proxy.
+    let token = "0123456789abcdef0123";
+    let with_token = serve(&env, &["--token", token]);
+    let evil = format!("Host: jobs.example.com:{}", port(&with_token.addr));
+    let bearer = format!("Authorization: Bearer {token}");
+    let (status, _, _) = http(&with_token.addr, "GET", "/", &[&evil, &bearer], "");
+    assert_eq!(status, 200);
+    let (status, _, _) = http(&with_token.addr, "GET", "/", &[&evil], "");
+    assert_eq!(status, 401);
+}
 
 /// Hangfire #1441 (a `<script>` in an exception message ran in the
 /// dashboard), Sidekiq #1297 (HTML in a retry's error message), Sidekiq

@@ -5,8 +5,10 @@
 //! Safety rules: loopback addresses only, unless `--allow-remote` and a
 //! `--token` are both given; with a token every request must carry it
 //! (`Authorization: Bearer`, or the `tickler_token` cookie the page sets
-//! after `/?token=`). Every POST carries the CSRF token of this server's
-//! run in its form; a POST without it changes nothing.
+//! after `/?token=`). Without a token, only requests naming this server by
+//! an IP address or `localhost` are answered (DNS rebinding). Every POST
+//! carries the CSRF token of this server's run in its form; a POST without
+//! it changes nothing.
 
 use crate::cli::ServeArgs;
 use crate::error::CliError;
@@ -73,6 +75,28 @@ fn check_exposure(
     }
 }
 
+/// Without a token, a loopback server's only guard is that other machines
+/// cannot reach it, but a web page can, by DNS rebinding: a page of
+/// attacker.example whose name the attacker then points at 127.0.0.1 is
+/// same-origin with this server in the victim's browser, so it could read
+/// the dashboard (and its CSRF token) and post actions. The browser still
+/// names attacker.example in `Host`; IP literals and `localhost` are
+/// names no one else can point elsewhere. (No `Host` at all is no browser.)
+fn unrebindable_host(host: Option<&str>) -> bool {
+    let Some(host) = host else {
+        return true;
+    };
+    let name = match host.strip_prefix('[') {
+        // [IPv6]:port
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _port)| name),
+    };
+    let name = name.strip_suffix('.').unwrap_or(name);
+    name.parse::<std::net::IpAddr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || name.to_ascii_lowercase().ends_with(".localhost")
+}
+
 /// Compares a given token with ours in time that does not depend on where
 /// they differ, so that timing the answers does not reveal the token a
 /// byte at a time (only its length can be learnt).
@@ -93,6 +117,21 @@ fn handle(
 ) -> std::io::Result<()> {
     let url = request.url().to_owned();
     let (path, query) = url.split_once('?').unwrap_or((&url, ""));
+    if token.is_none() {
+        let host = request
+            .headers()
+            .iter()
+            .find(|h| h.field.equiv("Host"))
+            .map(|h| h.value.as_str().to_owned());
+        if !unrebindable_host(host.as_deref()) {
+            return request.respond(
+                Response::from_string(
+                    "without --token, open this server by its IP address or as localhost\n",
+                )
+                .with_status_code(403),
+            );
+        }
+    }
     let mut set_cookie = None;
     if let Some(token) = token {
         let given_query = form_value(query, "token");
