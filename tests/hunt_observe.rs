@@ -8,7 +8,7 @@ mod cli_common;
 mod pool_common;
 
 use cli_common::{csrf_of, http, serve, Env};
-use pool_common::{engine::sqlite_only, ms, open_queue, secs, temp_db, wait_until};
+use pool_common::{engine::sqlite_only, ms, open_queue, secs, temp_db, wait_until, Recorder};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -181,6 +181,122 @@ fn xss_through_errors_queue_names_kinds_schedules_and_urls_is_escaped() {
             "{body}"
         );
     }
+}
+
+/// riverui #622: retrying a discarded unique job while another live job
+/// holds its unique key answered HTTP 500 (the UI fell over); the retry must
+/// be refused without a duplicate, with an answer that says why. The same
+/// for a second press of a retry button (the job is pending by then) and a
+/// job that no longer exists.
+#[test]
+fn retry_refused_by_a_held_unique_key_is_a_conflict_not_a_server_error() {
+    if sqlite_only() {
+        return;
+    }
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let queue = env.queue();
+    queue
+        .enqueue(NewJob::new("k").unique_key("report-42").max_attempts(1))
+        .unwrap();
+    let dead = claim_and_fail(&queue, "default", "boom");
+    let holder = queue
+        .enqueue(NewJob::new("k").unique_key("report-42"))
+        .unwrap();
+    assert_ne!(holder, dead);
+    let served = serve(&env, &[]);
+    let (_, _, page) = http(&served.addr, "GET", "/", &[], "");
+    let csrf = csrf_of(&page);
+
+    let (status, _, body) = http(
+        &served.addr,
+        "POST",
+        "/retry",
+        &[],
+        &format!("id={dead}&csrf={csrf}"),
+    );
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("report-42"), "{body}");
+    assert_eq!(env.job(dead).state, JobState::Dead);
+    assert_eq!(env.in_state(JobState::Pending).len(), 1);
+
+    // The holder finishes; the retry goes through; a second press is
+    // refused as a conflict too.
+    env.queue().cancel(holder).unwrap();
+    let retry = format!("id={dead}&csrf={csrf}");
+    assert_eq!(http(&served.addr, "POST", "/retry", &[], &retry).0, 303);
+    let (status, _, body) = http(&served.addr, "POST", "/retry", &[], &retry);
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(env.in_state(JobState::Pending).len(), 1);
+    // No such job: 404; no id: 400.
+    let (status, _, _) = http(
+        &served.addr,
+        "POST",
+        "/retry",
+        &[],
+        &format!("id=999999&csrf={csrf}"),
+    );
+    assert_eq!(status, 404);
+    let (status, _, _) = http(
+        &served.addr,
+        "POST",
+        "/cancel",
+        &[],
+        &format!("csrf={csrf}"),
+    );
+    assert_eq!(status, 400);
+}
+
+/// Hangfire.Mongo #380 and Hangfire #2380: requeueing a job from the
+/// dashboard while it was still processing started a second run of it
+/// beside the first. A running job offers no retry button and a forged
+/// retry is refused; cancelled from the dashboard and then retried, it does
+/// not start again while its first run's lease lasts.
+#[test]
+fn retry_from_the_dashboard_never_runs_a_job_beside_its_running_self() {
+    if sqlite_only() {
+        return;
+    }
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let queue = env.queue();
+    let rec = Recorder::new();
+    let mut pool = WorkerPool::builder(&queue)
+        .threads(2)
+        .lease(secs(3))
+        .handler("script", rec.script())
+        .start()
+        .unwrap();
+    let id = queue
+        .enqueue(NewJob::new("script").payload(serde_json::json!({"block": true})))
+        .unwrap();
+    wait_until("the handler started", secs(10), || rec.started() == 1);
+    let served = serve(&env, &[]);
+    let (_, _, page) = http(&served.addr, "GET", "/", &[], "");
+    assert!(page.contains(&format!("id=\"cancel-{id}\"")), "{page}");
+    assert!(!page.contains(&format!("id=\"retry-{id}\"")), "{page}");
+    let csrf = csrf_of(&page);
+
+    let retry = format!("id={id}&csrf={csrf}");
+    assert_eq!(http(&served.addr, "POST", "/retry", &[], &retry).0, 409);
+    assert_eq!(env.job(id).state, JobState::Running);
+
+    let cancel = format!("id={id}&csrf={csrf}");
+    assert_eq!(http(&served.addr, "POST", "/cancel", &[], &cancel).0, 303);
+    assert_eq!(http(&served.addr, "POST", "/retry", &[], &retry).0, 303);
+    // The first run goes on (it ignores its cancellation) for a while; the
+    // other thread is free, yet the job does not start again.
+    std::thread::sleep(ms(700));
+    assert_eq!(rec.started(), 1);
+    rec.gate.open();
+    wait_until("the retried job ran", secs(15), || rec.started() == 2);
+    let runs = rec.runs_of(id);
+    let first_end = rec.ends_of(id)[0].ended;
+    assert!(
+        runs[1].started >= first_end,
+        "the second run started before the first ended"
+    );
+    pool.shutdown(secs(5));
 }
 
 /// rq-exporter #28, prometheus-prefect-exporter #84 (labels per worker or

@@ -97,6 +97,19 @@ fn unrebindable_host(host: Option<&str>) -> bool {
         || name.to_ascii_lowercase().ends_with(".localhost")
 }
 
+/// The HTTP status for a failed read or action: the operator's mistakes
+/// (a job that is gone, one in a state that refuses the action, a unique
+/// key another job holds) are not server errors (riverui #622 answered a
+/// retry refused by a unique key with a 500, and its UI fell over).
+fn status_of(e: &tickler::Error) -> u16 {
+    match e {
+        tickler::Error::NotFound(_) => 404,
+        tickler::Error::InvalidState { .. } | tickler::Error::UniqueKeyHeld { .. } => 409,
+        tickler::Error::InvalidArgument(_) | tickler::Error::EmptyQueue => 400,
+        _ => 500,
+    }
+}
+
 /// Compares a given token with ours in time that does not depend on where
 /// they differ, so that timing the answers does not reveal the token a
 /// byte at a time (only its length can be learnt).
@@ -196,7 +209,9 @@ fn handle(
     };
     match result {
         Ok(response) => request.respond(response),
-        Err(e) => request.respond(Response::from_string(format!("{e}\n")).with_status_code(500)),
+        Err(e) => {
+            request.respond(Response::from_string(format!("{e}\n")).with_status_code(status_of(&e)))
+        }
     }
 }
 
