@@ -299,6 +299,47 @@ fn retry_from_the_dashboard_never_runs_a_job_beside_its_running_self() {
     pool.shutdown(secs(5));
 }
 
+/// Sidekiq #1988 and #6832, mission_control-jobs #265, verk_web #35: long
+/// job arguments or backtraces made the list pages enormous (or not load).
+/// tickler shows no arguments, but each job's error history: 20 dead jobs
+/// of 20 attempts, each error at the 8 KiB limit, made a page of over 3 MB.
+/// A list shows each job's last error, shortened; the rest is one
+/// `tickler show` away.
+#[test]
+fn long_error_histories_keep_the_page_small() {
+    if sqlite_only() {
+        return;
+    }
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let queue = no_backoff(&env);
+    let ids = queue
+        .enqueue_batch(
+            (0..20)
+                .map(|_| NewJob::new("k").queue("big").max_attempts(20))
+                .collect(),
+        )
+        .unwrap();
+    for _ in 0..20 * ids.len() {
+        let lease = queue.claim("big", "hunt", 1, secs(30)).unwrap().remove(0);
+        let error = format!("attempt {} failed: {}", lease.attempt, "x".repeat(9000));
+        queue.fail(&lease, &error).unwrap();
+    }
+    assert_eq!(env.in_state(JobState::Dead).len(), 20);
+    let served = serve(&env, &[]);
+    let (status, _, page) = http(&served.addr, "GET", "/", &[], "");
+    assert_eq!(status, 200);
+    assert!(
+        page.len() < 200 * 1024,
+        "the page is {} bytes for 20 dead jobs",
+        page.len()
+    );
+    // The newest error's start, and where to find the rest.
+    assert!(page.contains("attempt 20 failed: xxx"));
+    assert!(!page.contains("attempt 19 failed"));
+    assert!(page.contains(&format!("tickler show {}", ids[0])), "{page}");
+}
+
 /// rq-exporter #28, prometheus-prefect-exporter #84 (labels per worker or
 /// run id: a new series per job, unbounded): /metrics has as many series
 /// for 1,000 jobs with distinct unique keys, errors and payloads as for

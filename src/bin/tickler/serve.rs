@@ -30,6 +30,12 @@ const PLOT_CAP: u64 = 20_000;
 /// file reads a bounded part of each index.
 const COUNT_CAP: u64 = 100_000;
 
+/// Of a listed job's error history the page shows the newest entry, cut
+/// to this many bytes: every entry of every listed job (up to 20 of 8 KiB
+/// each per job) made a page of over 3 MB for 20 dead jobs (as long
+/// arguments did to Sidekiq's, #1988). `tickler show ID` has them all.
+const ERROR_SHOWN: usize = 1000;
+
 pub fn serve(db: &Path, args: &ServeArgs) -> Result<(), CliError> {
     let addr: SocketAddr = args
         .listen
@@ -460,6 +466,34 @@ fn plot(minutes: &[tickler::ActivityBucket]) -> String {
     svg
 }
 
+/// A listed job's errors: the newest, cut to [`ERROR_SHOWN`] bytes, and
+/// how much more there is.
+fn error_cell(job: &tickler::Job) -> String {
+    let Some(last) = job.errors.last() else {
+        return String::new();
+    };
+    let mut text = format!("#{} {}: {}", last.attempt, last.at.to_rfc3339(), last.error);
+    let mut more = Vec::new();
+    if text.len() > ERROR_SHOWN {
+        let mut cut = ERROR_SHOWN;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        more.push(format!("{} more bytes", text.len() - cut));
+        text.truncate(cut);
+        text.push('…');
+    }
+    match job.errors.len() - 1 {
+        0 => {}
+        1 => more.push("1 earlier error".to_owned()),
+        n => more.push(format!("{n} earlier errors")),
+    }
+    if !more.is_empty() {
+        let _ = write!(text, "\n({}: tickler show {})", more.join(", "), job.id);
+    }
+    text
+}
+
 fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
     let stats = queue.counts_by_queue(COUNT_CAP)?;
     let paused = queue.paused_queues()?;
@@ -536,12 +570,7 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
         let jobs = queue.list_state(state, LISTED)?;
         let _ = write!(html, "<h2>{} ({} {LISTED})</h2><table id=jobs-{}><tr><th>id</th><th>queue</th><th>kind</th><th>attempts</th><th>due</th><th>errors</th><th></th></tr>", state.as_str(), if matches!(state, JobState::Pending | JobState::Scheduled | JobState::Running) { "first" } else { "newest" }, state.as_str());
         for job in jobs {
-            let errors: String = job
-                .errors
-                .iter()
-                .map(|e| format!("#{} {}: {}", e.attempt, e.at.to_rfc3339(), e.error))
-                .collect::<Vec<_>>()
-                .join("\n");
+            let errors = error_cell(&job);
             let actions = match state {
                 JobState::Dead | JobState::Cancelled => {
                     button(csrf, "retry", "id", &job.id.0.to_string(), "retry")
