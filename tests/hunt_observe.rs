@@ -340,6 +340,34 @@ fn long_error_histories_keep_the_page_small() {
     assert!(page.contains(&format!("tickler show {}", ids[0])), "{page}");
 }
 
+/// A dashboard token accepted as `?token=` stays in the address bar, the
+/// history and `Referer` headers (reported against dashboards in general,
+/// e.g. ThinkOffApp/CarWatch #12, librefang #3838; no job queue's report
+/// found): `/?token=` sets the cookie and redirects to a URL without the
+/// token, and pages send no referrer.
+#[test]
+fn a_token_in_the_url_is_swapped_for_the_cookie_and_a_clean_url() {
+    if sqlite_only() {
+        return;
+    }
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let token = "0123456789abcdef0123";
+    let served = serve(&env, &["--token", token]);
+    let (status, head, body) = http(&served.addr, "GET", &format!("/?token={token}"), &[], "");
+    assert_eq!(status, 303, "{head}");
+    assert!(head.contains("Location: /\r\n"), "{head}");
+    assert!(
+        head.contains(&format!("tickler_token={token}; HttpOnly")),
+        "{head}"
+    );
+    assert!(!body.contains(token));
+    let cookie = format!("Cookie: tickler_token={token}");
+    let (status, head, _) = http(&served.addr, "GET", "/", &[&cookie], "");
+    assert_eq!(status, 200);
+    assert!(head.contains("Referrer-Policy: no-referrer"), "{head}");
+}
+
 /// rq-exporter #28, prometheus-prefect-exporter #84 (labels per worker or
 /// run id: a new series per job, unbounded): /metrics has as many series
 /// for 1,000 jobs with distinct unique keys, errors and payloads as for

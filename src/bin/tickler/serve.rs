@@ -4,11 +4,11 @@
 //!
 //! Safety rules: loopback addresses only, unless `--allow-remote` and a
 //! `--token` are both given; with a token every request must carry it
-//! (`Authorization: Bearer`, or the `tickler_token` cookie the page sets
-//! after `/?token=`). Without a token, only requests naming this server by
-//! an IP address or `localhost` are answered (DNS rebinding). Every POST
-//! carries the CSRF token of this server's run in its form; a POST without
-//! it changes nothing.
+//! (`Authorization: Bearer`, or the `tickler_token` cookie set by
+//! `/?token=`, which then redirects to `/`). Without a token, only requests
+//! naming this server by an IP address or `localhost` are answered (DNS
+//! rebinding). Every POST carries the CSRF token of this server's run in
+//! its form; a POST without it changes nothing.
 
 use crate::cli::ServeArgs;
 use crate::error::CliError;
@@ -151,7 +151,6 @@ fn handle(
             );
         }
     }
-    let mut set_cookie = None;
     if let Some(token) = token {
         let given_query = form_value(query, "token");
         let given = |v: Option<&str>| v.is_some_and(|v| same_secret(v, token));
@@ -167,10 +166,17 @@ fn handle(
             return request
                 .respond(Response::from_string("a token is needed\n").with_status_code(401));
         }
-        if given_query.is_some() {
-            set_cookie = Some(format!(
-                "tickler_token={token}; HttpOnly; SameSite=Strict; Path=/"
-            ));
+        if given_query.is_some() && *request.method() == Method::Get && path == "/" {
+            // The token is swapped for the cookie at once, so that it stays
+            // in neither the address bar nor the history.
+            let cookie = format!("tickler_token={token}; HttpOnly; SameSite=Strict; Path=/");
+            return request.respond(
+                Response::from_string("")
+                    .with_status_code(303)
+                    .with_header(header("Location", "/"))
+                    .with_header(header("Set-Cookie", &cookie))
+                    .with_header(header("Referrer-Policy", "no-referrer")),
+            );
         }
     }
     let method = request.method().clone();
@@ -182,16 +188,13 @@ fn handle(
             ))
         }),
         (Method::Get, "/") => dashboard(queue, csrf).map(|html| {
-            let mut r = Response::from_string(html)
+            Response::from_string(html)
                 .with_header(header("Content-Type", "text/html; charset=utf-8"))
                 .with_header(header(
                     "Content-Security-Policy",
                     "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'",
-                ));
-            if let Some(c) = &set_cookie {
-                r = r.with_header(header("Set-Cookie", c));
-            }
-            r
+                ))
+                .with_header(header("Referrer-Policy", "no-referrer"))
         }),
         (Method::Post, "/retry" | "/cancel" | "/pause" | "/resume") => {
             let mut body = String::new();
