@@ -7,7 +7,7 @@
 mod cli_common;
 mod pool_common;
 
-use cli_common::{csrf_of, http, serve, Env};
+use cli_common::{csrf_of, http, serve, wait_for, Env};
 use pool_common::{engine::sqlite_only, ms, open_queue, secs, temp_db, wait_until, Recorder};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -366,6 +366,28 @@ fn a_token_in_the_url_is_swapped_for_the_cookie_and_a_clean_url() {
     let (status, head, _) = http(&served.addr, "GET", "/", &[&cookie], "");
     assert_eq!(status, 200);
     assert!(head.contains("Referrer-Policy: no-referrer"), "{head}");
+}
+
+/// Found on the way (no upstream report): a token with a character a
+/// header value cannot hold (`é`) made the answer to `/?token=` panic in
+/// the server's only thread, ending `tickler serve`; one with `;` or a
+/// space makes a cookie that never matches. Such a token is refused at
+/// start.
+#[test]
+fn a_token_that_cannot_be_a_cookie_is_refused_at_start() {
+    if sqlite_only() {
+        return;
+    }
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    for token in [
+        "très-secret-très-long",
+        "0123456789;abcdef",
+        "0123 4567 89ab cdef",
+    ] {
+        let child = env.spawn(&["serve", "--listen", "127.0.0.1:0", "--token", token]);
+        wait_for(child, secs(10)).fails(2, &["--token"]);
+    }
 }
 
 /// rq-exporter #28, prometheus-prefect-exporter #84 (labels per worker or

@@ -385,7 +385,8 @@ pub struct ServeArgs {
     /// Allow a non-loopback --listen address (needs --token).
     #[arg(long)]
     pub allow_remote: bool,
-    /// A secret every request must carry (at least 16 characters).
+    /// A secret every request must carry (visible ASCII without `"` `,`
+    /// `;` `\`; at least 16 characters beyond loopback).
     #[arg(long, env = "TICKLER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
 }

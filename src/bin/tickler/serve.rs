@@ -42,6 +42,9 @@ pub fn serve(db: &Path, args: &ServeArgs) -> Result<(), CliError> {
         .parse()
         .map_err(|e| CliError::Usage(format!("--listen {}: {e} (want IP:PORT)", args.listen)))?;
     check_exposure(&addr, args.allow_remote, args.token.as_deref())?;
+    if let Some(token) = args.token.as_deref() {
+        check_token(token)?;
+    }
     let queue = crate::ops::open(db, false)?;
     let server = Server::http(addr)
         .map_err(|e| CliError::failed(format!("cannot listen on {addr}: {e}")))?;
@@ -79,6 +82,22 @@ fn check_exposure(
              pass --allow-remote and --token (or TICKLER_TOKEN) to serve it anyway"
         ))),
     }
+}
+
+/// The token goes back to the browser as a cookie value: a character a
+/// header cannot hold (non-ASCII) made the answer to `/?token=` panic in
+/// the server's only thread, ending it, and `;`, `,`, `"`, `\` or a space
+/// make a cookie that never matches. Such a token is refused at start.
+fn check_token(token: &str) -> Result<(), CliError> {
+    let cookie_safe = |b: u8| b.is_ascii_graphic() && !matches!(b, b'"' | b',' | b';' | b'\\');
+    if !token.is_empty() && token.bytes().all(cookie_safe) {
+        return Ok(());
+    }
+    Err(CliError::Usage(
+        "--token may hold only visible ASCII characters other than \" , ; and \\ \
+         (it is sent back to the browser as a cookie)"
+            .into(),
+    ))
 }
 
 /// Without a token, a loopback server's only guard is that other machines
