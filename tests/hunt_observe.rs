@@ -390,6 +390,30 @@ fn a_token_that_cannot_be_a_cookie_is_refused_at_start() {
     }
 }
 
+/// Hangfire #702 and #1313 (dashboard times in a mix of GMT and local time,
+/// none saying which): the plot's minutes say their zone.
+#[test]
+fn the_plot_says_its_times_are_utc() {
+    if sqlite_only() {
+        return;
+    }
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let queue = env.queue();
+    queue.enqueue(NewJob::new("k")).unwrap();
+    let lease = queue.claim("default", "t", 1, secs(30)).unwrap().remove(0);
+    queue.complete(&lease).unwrap();
+    let served = serve(&env, &[]);
+    let (_, _, page) = http(&served.addr, "GET", "/", &[], "");
+    let titles: Vec<&str> = page
+        .split("<title>")
+        .skip(2) // the page's own title
+        .map(|t| t.split("</title>").next().unwrap())
+        .collect();
+    assert_eq!(titles.len(), 60, "{page}");
+    assert!(titles.iter().all(|t| t.contains("UTC")), "{titles:?}");
+}
+
 /// rq-exporter #28, prometheus-prefect-exporter #84 (labels per worker or
 /// run id: a new series per job, unbounded): /metrics has as many series
 /// for 1,000 jobs with distinct unique keys, errors and payloads as for

@@ -445,7 +445,7 @@ fn plot(minutes: &[tickler::ActivityBucket]) -> String {
         };
         let _ = write!(
             svg,
-            "<g><title>{} – {}: {}{} finished, lateness median {} worst {}, run time median {}</title>\
+            "<g><title>{} – {} UTC: {}{} finished, lateness median {} worst {}, run time median {}</title>\
              <rect x={x:.1} y={y:.1} width={bw:.1} height={bar:.1} fill=\"#4a7\"/>\
              <rect x={x:.1} y={dy:.1} width={bw:.1} height={dead:.1} fill=\"#c33\"/>",
             m.start.format("%H:%M"),
