@@ -52,7 +52,8 @@ pub fn serve(env: &Env, extra: &[&str]) -> Served {
     Served { child, addr }
 }
 
-/// (status, headers, body) of one request.
+/// (status, headers, body) of one HTTP/1.1 request to `addr` (`Host` is
+/// `addr` unless `headers` has one).
 pub fn http(
     addr: &str,
     method: &str,
@@ -61,7 +62,13 @@ pub fn http(
     body: &str,
 ) -> (u16, String, String) {
     let mut s = TcpStream::connect(addr).unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers
+        .iter()
+        .any(|h| h.to_ascii_lowercase().starts_with("host:"))
+    {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
     for h in headers {
         req.push_str(h);
         req.push_str("\r\n");
@@ -76,6 +83,15 @@ pub fn http(
     let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
     let status = head.split(' ').nth(1).unwrap().parse().unwrap();
     (status, head.to_owned(), body.to_owned())
+}
+
+/// The CSRF token in the forms of a dashboard page.
+pub fn csrf_of(page: &str) -> String {
+    page.split("name=csrf value=")
+        .nth(1)
+        .and_then(|rest| rest.split('>').next())
+        .expect("a form with a CSRF token")
+        .to_owned()
 }
 
 /// A queue file with jobs in every state over two queues, and a schedule:

@@ -372,7 +372,8 @@ const SERVE_HELP: &str = "Examples:
 lateness per queue, dead jobs, paused queues, schedules' next ticks. / is a dashboard
 with counts, jobs per state with their errors, retry and cancel buttons, schedules and
 pause/resume of queues. With --token, requests need `Authorization: Bearer TOKEN`
-(or open /?token=TOKEN once in a browser).";
+(or open /?token=TOKEN once in a browser). Without it, only requests that name the
+server by an IP address or localhost are answered.";
 
 /// `tickler serve`.
 #[cfg(feature = "serve")]
@@ -384,7 +385,8 @@ pub struct ServeArgs {
     /// Allow a non-loopback --listen address (needs --token).
     #[arg(long)]
     pub allow_remote: bool,
-    /// A secret every request must carry (at least 16 characters).
+    /// A secret every request must carry (visible ASCII without `"` `,`
+    /// `;` `\`; at least 16 characters beyond loopback).
     #[arg(long, env = "TICKLER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
 }

@@ -4,9 +4,11 @@
 //!
 //! Safety rules: loopback addresses only, unless `--allow-remote` and a
 //! `--token` are both given; with a token every request must carry it
-//! (`Authorization: Bearer`, or the `tickler_token` cookie the page sets
-//! after `/?token=`). Every POST carries the CSRF token of this server's
-//! run in its form; a POST without it changes nothing.
+//! (`Authorization: Bearer`, or the `tickler_token` cookie set by
+//! `/?token=`, which then redirects to `/`). Without a token, only requests
+//! naming this server by an IP address or `localhost` are answered (DNS
+//! rebinding). Every POST carries the CSRF token of this server's run in
+//! its form; a POST without it changes nothing.
 
 use crate::cli::ServeArgs;
 use crate::error::CliError;
@@ -28,12 +30,21 @@ const PLOT_CAP: u64 = 20_000;
 /// file reads a bounded part of each index.
 const COUNT_CAP: u64 = 100_000;
 
+/// Of a listed job's error history the page shows the newest entry, cut
+/// to this many bytes: every entry of every listed job (up to 20 of 8 KiB
+/// each per job) made a page of over 3 MB for 20 dead jobs (as long
+/// arguments did to Sidekiq's, #1988). `tickler show ID` has them all.
+const ERROR_SHOWN: usize = 1000;
+
 pub fn serve(db: &Path, args: &ServeArgs) -> Result<(), CliError> {
     let addr: SocketAddr = args
         .listen
         .parse()
         .map_err(|e| CliError::Usage(format!("--listen {}: {e} (want IP:PORT)", args.listen)))?;
     check_exposure(&addr, args.allow_remote, args.token.as_deref())?;
+    if let Some(token) = args.token.as_deref() {
+        check_token(token)?;
+    }
     let queue = crate::ops::open(db, false)?;
     let server = Server::http(addr)
         .map_err(|e| CliError::failed(format!("cannot listen on {addr}: {e}")))?;
@@ -73,6 +84,57 @@ fn check_exposure(
     }
 }
 
+/// The token goes back to the browser as a cookie value: a character a
+/// header cannot hold (non-ASCII) made the answer to `/?token=` panic in
+/// the server's only thread, ending it, and `;`, `,`, `"`, `\` or a space
+/// make a cookie that never matches. Such a token is refused at start.
+fn check_token(token: &str) -> Result<(), CliError> {
+    let cookie_safe = |b: u8| b.is_ascii_graphic() && !matches!(b, b'"' | b',' | b';' | b'\\');
+    if !token.is_empty() && token.bytes().all(cookie_safe) {
+        return Ok(());
+    }
+    Err(CliError::Usage(
+        "--token may hold only visible ASCII characters other than \" , ; and \\ \
+         (it is sent back to the browser as a cookie)"
+            .into(),
+    ))
+}
+
+/// Without a token, a loopback server's only guard is that other machines
+/// cannot reach it, but a web page can, by DNS rebinding: a page of
+/// attacker.example whose name the attacker then points at 127.0.0.1 is
+/// same-origin with this server in the victim's browser, so it could read
+/// the dashboard (and its CSRF token) and post actions. The browser still
+/// names attacker.example in `Host`; IP literals and `localhost` are
+/// names no one else can point elsewhere. (No `Host` at all is no browser.)
+fn unrebindable_host(host: Option<&str>) -> bool {
+    let Some(host) = host else {
+        return true;
+    };
+    let name = match host.strip_prefix('[') {
+        // [IPv6]:port
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _port)| name),
+    };
+    let name = name.strip_suffix('.').unwrap_or(name);
+    name.parse::<std::net::IpAddr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || name.to_ascii_lowercase().ends_with(".localhost")
+}
+
+/// The HTTP status for a failed read or action: the operator's mistakes
+/// (a job that is gone, one in a state that refuses the action, a unique
+/// key another job holds) are not server errors (riverui #622 answered a
+/// retry refused by a unique key with a 500, and its UI fell over).
+fn status_of(e: &tickler::Error) -> u16 {
+    match e {
+        tickler::Error::NotFound(_) => 404,
+        tickler::Error::InvalidState { .. } | tickler::Error::UniqueKeyHeld { .. } => 409,
+        tickler::Error::InvalidArgument(_) | tickler::Error::EmptyQueue => 400,
+        _ => 500,
+    }
+}
+
 /// Compares a given token with ours in time that does not depend on where
 /// they differ, so that timing the answers does not reveal the token a
 /// byte at a time (only its length can be learnt).
@@ -93,7 +155,21 @@ fn handle(
 ) -> std::io::Result<()> {
     let url = request.url().to_owned();
     let (path, query) = url.split_once('?').unwrap_or((&url, ""));
-    let mut set_cookie = None;
+    if token.is_none() {
+        let host = request
+            .headers()
+            .iter()
+            .find(|h| h.field.equiv("Host"))
+            .map(|h| h.value.as_str().to_owned());
+        if !unrebindable_host(host.as_deref()) {
+            return request.respond(
+                Response::from_string(
+                    "without --token, open this server by its IP address or as localhost\n",
+                )
+                .with_status_code(403),
+            );
+        }
+    }
     if let Some(token) = token {
         let given_query = form_value(query, "token");
         let given = |v: Option<&str>| v.is_some_and(|v| same_secret(v, token));
@@ -109,10 +185,17 @@ fn handle(
             return request
                 .respond(Response::from_string("a token is needed\n").with_status_code(401));
         }
-        if given_query.is_some() {
-            set_cookie = Some(format!(
-                "tickler_token={token}; HttpOnly; SameSite=Strict; Path=/"
-            ));
+        if given_query.is_some() && *request.method() == Method::Get && path == "/" {
+            // The token is swapped for the cookie at once, so that it stays
+            // in neither the address bar nor the history.
+            let cookie = format!("tickler_token={token}; HttpOnly; SameSite=Strict; Path=/");
+            return request.respond(
+                Response::from_string("")
+                    .with_status_code(303)
+                    .with_header(header("Location", "/"))
+                    .with_header(header("Set-Cookie", &cookie))
+                    .with_header(header("Referrer-Policy", "no-referrer")),
+            );
         }
     }
     let method = request.method().clone();
@@ -124,16 +207,13 @@ fn handle(
             ))
         }),
         (Method::Get, "/") => dashboard(queue, csrf).map(|html| {
-            let mut r = Response::from_string(html)
+            Response::from_string(html)
                 .with_header(header("Content-Type", "text/html; charset=utf-8"))
                 .with_header(header(
                     "Content-Security-Policy",
                     "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'",
-                ));
-            if let Some(c) = &set_cookie {
-                r = r.with_header(header("Set-Cookie", c));
-            }
-            r
+                ))
+                .with_header(header("Referrer-Policy", "no-referrer"))
         }),
         (Method::Post, "/retry" | "/cancel" | "/pause" | "/resume") => {
             let mut body = String::new();
@@ -157,7 +237,9 @@ fn handle(
     };
     match result {
         Ok(response) => request.respond(response),
-        Err(e) => request.respond(Response::from_string(format!("{e}\n")).with_status_code(500)),
+        Err(e) => {
+            request.respond(Response::from_string(format!("{e}\n")).with_status_code(status_of(&e)))
+        }
     }
 }
 
@@ -363,7 +445,7 @@ fn plot(minutes: &[tickler::ActivityBucket]) -> String {
         };
         let _ = write!(
             svg,
-            "<g><title>{} – {}: {}{} finished, lateness median {} worst {}, run time median {}</title>\
+            "<g><title>{} – {} UTC: {}{} finished, lateness median {} worst {}, run time median {}</title>\
              <rect x={x:.1} y={y:.1} width={bw:.1} height={bar:.1} fill=\"#4a7\"/>\
              <rect x={x:.1} y={dy:.1} width={bw:.1} height={dead:.1} fill=\"#c33\"/>",
             m.start.format("%H:%M"),
@@ -404,6 +486,34 @@ fn plot(minutes: &[tickler::ActivityBucket]) -> String {
         r = W,
     );
     svg
+}
+
+/// A listed job's errors: the newest, cut to [`ERROR_SHOWN`] bytes, and
+/// how much more there is.
+fn error_cell(job: &tickler::Job) -> String {
+    let Some(last) = job.errors.last() else {
+        return String::new();
+    };
+    let mut text = format!("#{} {}: {}", last.attempt, last.at.to_rfc3339(), last.error);
+    let mut more = Vec::new();
+    if text.len() > ERROR_SHOWN {
+        let mut cut = ERROR_SHOWN;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        more.push(format!("{} more bytes", text.len() - cut));
+        text.truncate(cut);
+        text.push('…');
+    }
+    match job.errors.len() - 1 {
+        0 => {}
+        1 => more.push("1 earlier error".to_owned()),
+        n => more.push(format!("{n} earlier errors")),
+    }
+    if !more.is_empty() {
+        let _ = write!(text, "\n({}: tickler show {})", more.join(", "), job.id);
+    }
+    text
 }
 
 fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
@@ -484,12 +594,7 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
         let jobs = queue.list_state(state, LISTED)?;
         let _ = write!(html, "<h2>{} ({} {LISTED})</h2><table id=jobs-{}><tr><th>id</th><th>queue</th><th>kind</th><th>attempts</th><th>when (UTC)</th><th>errors</th><th></th></tr>", state.as_str(), if matches!(state, JobState::Pending | JobState::Scheduled | JobState::Running) { "first" } else { "newest" }, state.as_str());
         for job in jobs {
-            let errors: String = job
-                .errors
-                .iter()
-                .map(|e| format!("#{} {}: {}", e.attempt, e.at.to_rfc3339(), e.error))
-                .collect::<Vec<_>>()
-                .join("\n");
+            let errors = error_cell(&job);
             let actions = match state {
                 JobState::Dead | JobState::Cancelled => {
                     button(csrf, "retry", "id", &job.id.0.to_string(), "retry")
