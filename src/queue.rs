@@ -1734,7 +1734,9 @@ impl Queue {
     /// Makes every dead job (of `queue`, if given) pending again, due now,
     /// with fresh attempts, as [`Queue::retry`] does one by one, in short
     /// transactions. A dead job whose unique_key is now held by an
-    /// unfinished job stays dead. Returns `(retried, left_dead)`.
+    /// unfinished job stays dead. Returns `(retried, left_dead)`. Unlike
+    /// [`Queue::retry`], it emits no [`JobEventKind::Retried`] events (it
+    /// may touch any number of jobs).
     ///
     /// # Errors
     /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]; jobs retried

@@ -10,6 +10,7 @@ use tickler::JobState;
 #[test]
 fn metrics_parse_as_prometheus_text_and_match_the_file() {
     let env = filled();
+    env.queue().pause_queue("mail").unwrap();
     let served = serve(&env, &[]);
     let (status, head, body) = http(&served.addr, "GET", "/metrics", &[], "");
     assert_eq!(status, 200, "{head}\n{body}");
@@ -35,6 +36,16 @@ fn metrics_parse_as_prometheus_text_and_match_the_file() {
     );
     assert_eq!(value("tickler_dead_jobs", &[]), Some(1.0));
     assert!(value("tickler_oldest_due_lateness_seconds", &[("queue", "mail")]).is_some());
+    // Paused and running queues both have a series, so an alert on a
+    // paused queue resolves when it is resumed.
+    assert_eq!(
+        value("tickler_queue_paused", &[("queue", "mail")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        value("tickler_queue_paused", &[("queue", "reports")]),
+        Some(0.0)
+    );
 }
 
 #[test]

@@ -342,10 +342,20 @@ fn metrics(queue: &Queue) -> tickler::Result<String> {
         );
     }
     out.push_str(
-        "# HELP tickler_queue_paused 1 for a paused queue.\n# TYPE tickler_queue_paused gauge\n",
+        "# HELP tickler_queue_paused 1 for a paused queue, 0 for one that runs.\n# TYPE tickler_queue_paused gauge\n",
     );
-    for q in queue.paused_queues()? {
-        let _ = writeln!(out, "tickler_queue_paused{{queue=\"{}\"}} 1", label(&q));
+    // 0 as well as 1, so that an alert on a queue left paused resolves
+    // when it is resumed rather than when its series goes stale.
+    let paused: std::collections::BTreeSet<String> = queue.paused_queues()?.into_iter().collect();
+    let every: std::collections::BTreeSet<&String> =
+        queues.iter().copied().chain(&paused).collect();
+    for q in every {
+        let _ = writeln!(
+            out,
+            "tickler_queue_paused{{queue=\"{}\"}} {}",
+            label(q),
+            u8::from(paused.contains(q))
+        );
     }
     out.push_str("# HELP tickler_schedule_next_tick_seconds Next tick of each schedule, Unix time.\n# TYPE tickler_schedule_next_tick_seconds gauge\n");
     for s in queue.list_schedules()? {
