@@ -304,8 +304,8 @@ fn retry_from_the_dashboard_never_runs_a_job_beside_its_running_self() {
 /// job arguments or backtraces made the list pages enormous (or not load).
 /// tickler shows no arguments, but each job's error history: 20 dead jobs
 /// of 20 attempts, each error at the 8 KiB limit, made a page of over 3 MB.
-/// A list shows each job's last error, shortened; the rest is one
-/// `tickler show` away.
+/// A list shows each job's last error shortened and the few before it a
+/// short line each; the rest is one `tickler show` away.
 #[test]
 fn long_error_histories_keep_the_page_small() {
     if sqlite_only() {
@@ -335,9 +335,12 @@ fn long_error_histories_keep_the_page_small() {
         "the page is {} bytes for 20 dead jobs",
         page.len()
     );
-    // The newest error's start, and where to find the rest.
+    // The newest error's start, the four before it, and where to find
+    // the rest.
     assert!(page.contains("attempt 20 failed: xxx"));
-    assert!(!page.contains("attempt 19 failed"));
+    assert!(page.contains("attempt 16 failed: xxx"));
+    assert!(!page.contains("attempt 15 failed"));
+    assert!(page.contains("15 earlier errors"), "{page}");
     assert!(page.contains(&format!("tickler show {}", ids[0])), "{page}");
 }
 

@@ -30,11 +30,16 @@ const PLOT_CAP: u64 = 20_000;
 /// file reads a bounded part of each index.
 const COUNT_CAP: u64 = 100_000;
 
-/// Of a listed job's error history the page shows the newest entry, cut
-/// to this many bytes: every entry of every listed job (up to 20 of 8 KiB
-/// each per job) made a page of over 3 MB for 20 dead jobs (as long
-/// arguments did to Sidekiq's, #1988). `tickler show ID` has them all.
+/// Of a listed job's error history the page shows the newest entry cut to
+/// this many bytes, and the [`EARLIER_SHOWN`] before it cut to
+/// [`EARLIER_BYTES`]: every entry in full (up to 20 of 8 KiB each per job)
+/// made a page of over 3 MB for 20 dead jobs (as long arguments did to
+/// Sidekiq's, #1988). `tickler show ID` has them all.
 const ERROR_SHOWN: usize = 1000;
+/// Earlier attempts listed under a job's newest error.
+const EARLIER_SHOWN: usize = 4;
+/// Bytes of each earlier attempt's line.
+const EARLIER_BYTES: usize = 160;
 
 pub fn serve(db: &Path, args: &ServeArgs) -> Result<(), CliError> {
     let addr: SocketAddr = args
@@ -498,24 +503,47 @@ fn plot(minutes: &[tickler::ActivityBucket]) -> String {
     svg
 }
 
-/// A listed job's errors: the newest, cut to [`ERROR_SHOWN`] bytes, and
-/// how much more there is.
+/// `text` cut to at most `max` bytes at a character boundary, with `…`
+/// and the bytes left out counted in `left` when it was cut.
+fn cut(text: &str, max: usize, left: &mut usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    *left += text.len() - end;
+    format!("{}…", &text[..end])
+}
+
+/// A listed job's attempt history, newest first: the newest error cut to
+/// [`ERROR_SHOWN`] bytes, up to [`EARLIER_SHOWN`] earlier ones a line each,
+/// and how much more there is.
 fn error_cell(job: &tickler::Job) -> String {
-    let Some(last) = job.errors.last() else {
+    let line =
+        |e: &tickler::AttemptError| format!("#{} {}: {}", e.attempt, e.at.to_rfc3339(), e.error);
+    let mut newest_first = job.errors.iter().rev();
+    let Some(last) = newest_first.next() else {
         return String::new();
     };
-    let mut text = format!("#{} {}: {}", last.attempt, last.at.to_rfc3339(), last.error);
-    let mut more = Vec::new();
-    if text.len() > ERROR_SHOWN {
-        let mut cut = ERROR_SHOWN;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
+    let mut left = 0;
+    let mut text = cut(&line(last), ERROR_SHOWN, &mut left);
+    let mut hidden = 0;
+    for (i, e) in newest_first.enumerate() {
+        if i < EARLIER_SHOWN {
+            text.push('\n');
+            let one_line = line(e).replace('\n', " ");
+            text.push_str(&cut(&one_line, EARLIER_BYTES, &mut left));
+        } else {
+            hidden += 1;
         }
-        more.push(format!("{} more bytes", text.len() - cut));
-        text.truncate(cut);
-        text.push('…');
     }
-    match job.errors.len() - 1 {
+    let mut more = Vec::new();
+    if left > 0 {
+        more.push(format!("{left} more bytes"));
+    }
+    match hidden {
         0 => {}
         1 => more.push("1 earlier error".to_owned()),
         n => more.push(format!("{n} earlier errors")),
