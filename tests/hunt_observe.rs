@@ -12,20 +12,28 @@ use cli_common::{wait_for, Env};
 use pool_common::{engine::sqlite_only, ms, open_queue, secs, temp_db, wait_until, Recorder};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tickler::{
     Event, JobContext, JobError, JobEventKind, JobId, JobState, NewJob, NewSchedule, Queue,
-    RetryPolicy, WorkerPool, DEFAULT_EVENT_BUFFER,
+    WorkerPool, DEFAULT_EVENT_BUFFER,
 };
+
+/// A fresh queue file made by `tickler init`, for the tests of the binary;
+/// `None` on PostgreSQL, where they do not apply (the binary runs on a
+/// file here).
+fn binary_env() -> Option<Env> {
+    if sqlite_only() {
+        return None;
+    }
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    Some(env)
+}
 
 /// A queue on the CLI test's file whose failed jobs are due again at once.
 fn no_backoff(env: &Env) -> Queue {
     Queue::builder(&env.db)
-        .retry_policy(RetryPolicy {
-            base: Duration::ZERO,
-            cap: Duration::ZERO,
-            jitter: false,
-        })
+        .retry_policy(pool_common::no_backoff())
         .open()
         .unwrap()
 }
@@ -58,11 +66,9 @@ fn port(addr: &str) -> &str {
 /// (which holds the CSRF token) nor an action.
 #[test]
 fn dns_rebinding_another_host_name_gets_no_page_and_no_action() {
-    if sqlite_only() {
+    let Some(env) = binary_env() else {
         return;
-    }
-    let env = Env::new();
-    env.run(&["init"]).ok();
+    };
     let queue = env.queue();
     queue
         .enqueue(NewJob::new("k").queue("mail").max_attempts(1))
@@ -135,11 +141,9 @@ fn dns_rebinding_another_host_name_gets_no_page_and_no_action() {
 /// and nothing of the request is echoed back.
 #[test]
 fn xss_through_errors_queue_names_kinds_schedules_and_urls_is_escaped() {
-    if sqlite_only() {
+    let Some(env) = binary_env() else {
         return;
-    }
-    let env = Env::new();
-    env.run(&["init"]).ok();
+    };
     let queue = env.queue();
     let nasty_queue = "q\"><img src=x onerror=alert(1)>' onmouseover='alert(2)";
     let nasty_kind = "<script>alert(3)</script>";
@@ -191,11 +195,9 @@ fn xss_through_errors_queue_names_kinds_schedules_and_urls_is_escaped() {
 /// job that no longer exists.
 #[test]
 fn retry_refused_by_a_held_unique_key_is_a_conflict_not_a_server_error() {
-    if sqlite_only() {
+    let Some(env) = binary_env() else {
         return;
-    }
-    let env = Env::new();
-    env.run(&["init"]).ok();
+    };
     let queue = env.queue();
     queue
         .enqueue(NewJob::new("k").unique_key("report-42").max_attempts(1))
@@ -255,11 +257,9 @@ fn retry_refused_by_a_held_unique_key_is_a_conflict_not_a_server_error() {
 /// not start again while its first run's lease lasts.
 #[test]
 fn retry_from_the_dashboard_never_runs_a_job_beside_its_running_self() {
-    if sqlite_only() {
+    let Some(env) = binary_env() else {
         return;
-    }
-    let env = Env::new();
-    env.run(&["init"]).ok();
+    };
     let queue = env.queue();
     let rec = Recorder::new();
     let mut pool = WorkerPool::builder(&queue)
@@ -308,11 +308,9 @@ fn retry_from_the_dashboard_never_runs_a_job_beside_its_running_self() {
 /// short line each; the rest is one `tickler show` away.
 #[test]
 fn long_error_histories_keep_the_page_small() {
-    if sqlite_only() {
+    let Some(env) = binary_env() else {
         return;
-    }
-    let env = Env::new();
-    env.run(&["init"]).ok();
+    };
     let queue = no_backoff(&env);
     let ids = queue
         .enqueue_batch(
@@ -351,11 +349,9 @@ fn long_error_histories_keep_the_page_small() {
 /// token, and pages send no referrer.
 #[test]
 fn a_token_in_the_url_is_swapped_for_the_cookie_and_a_clean_url() {
-    if sqlite_only() {
+    let Some(env) = binary_env() else {
         return;
-    }
-    let env = Env::new();
-    env.run(&["init"]).ok();
+    };
     let token = "0123456789abcdef0123";
     let served = serve(&env, &["--token", token]);
     let (status, head, body) = http(&served.addr, "GET", &format!("/?token={token}"), &[], "");
@@ -379,11 +375,9 @@ fn a_token_in_the_url_is_swapped_for_the_cookie_and_a_clean_url() {
 /// start.
 #[test]
 fn a_token_that_cannot_be_a_cookie_is_refused_at_start() {
-    if sqlite_only() {
+    let Some(env) = binary_env() else {
         return;
-    }
-    let env = Env::new();
-    env.run(&["init"]).ok();
+    };
     for token in [
         "très-secret-très-long",
         "0123456789;abcdef",
@@ -398,11 +392,9 @@ fn a_token_that_cannot_be_a_cookie_is_refused_at_start() {
 /// none saying which): the plot's minutes say their zone.
 #[test]
 fn the_plot_says_its_times_are_utc() {
-    if sqlite_only() {
+    let Some(env) = binary_env() else {
         return;
-    }
-    let env = Env::new();
-    env.run(&["init"]).ok();
+    };
     let queue = env.queue();
     queue.enqueue(NewJob::new("k")).unwrap();
     let lease = queue.claim("default", "t", 1, secs(30)).unwrap().remove(0);
@@ -425,11 +417,9 @@ fn the_plot_says_its_times_are_utc() {
 /// text format wants.
 #[test]
 fn metrics_series_do_not_grow_with_jobs_and_labels_are_escaped() {
-    if sqlite_only() {
+    let Some(env) = binary_env() else {
         return;
-    }
-    let env = Env::new();
-    env.run(&["init"]).ok();
+    };
     let queue = no_backoff(&env);
     let odd = "we\"ird\\queue\nname";
     let served = serve(&env, &[]);
@@ -474,11 +464,9 @@ fn metrics_series_do_not_grow_with_jobs_and_labels_are_escaped() {
 /// sends them, and no other queue is.
 #[test]
 fn pause_and_resume_buttons_work_for_any_queue_name() {
-    if sqlite_only() {
+    let Some(env) = binary_env() else {
         return;
-    }
-    let env = Env::new();
-    env.run(&["init"]).ok();
+    };
     let name = "a&b=c+d %20 \"é\"";
     env.queue().enqueue(NewJob::new("k").queue(name)).unwrap();
     env.queue().enqueue(NewJob::new("k").queue("a")).unwrap();
@@ -684,11 +672,7 @@ fn a_panicking_stalled_or_dropped_reader_harms_neither_pool_nor_other_readers() 
 fn every_job_has_exactly_one_final_event() {
     let (_dir, path) = temp_db();
     let queue = Queue::builder(pool_common::engine::target(&path))
-        .retry_policy(RetryPolicy {
-            base: Duration::ZERO,
-            cap: Duration::ZERO,
-            jitter: false,
-        })
+        .retry_policy(pool_common::no_backoff())
         .open()
         .unwrap();
     let sub = queue.subscribe(DEFAULT_EVENT_BUFFER);

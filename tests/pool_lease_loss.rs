@@ -220,18 +220,14 @@ fn heartbeats_keep_a_job_running_three_times_its_lease(flavor: &Flavor) {
 fn a_stale_heartbeat_of_a_previous_run_does_not_cancel_the_next_run() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
-    use tickler::{JobContext, JobError, RetryPolicy};
+    use tickler::{JobContext, JobError};
 
     const JOBS: usize = 2;
     const RUNS: u32 = 300;
     let (_dir, path) = temp_db();
     let queue = Queue::builder(pool_common::engine::target(&path))
         .durability(Durability::Normal)
-        .retry_policy(RetryPolicy {
-            base: Duration::ZERO,
-            cap: Duration::ZERO,
-            jitter: false,
-        })
+        .retry_policy(pool_common::no_backoff())
         .open()
         .unwrap();
     let lost: Arc<Mutex<Vec<(tickler::JobId, u32, tickler::RunToken)>>> = Arc::default();

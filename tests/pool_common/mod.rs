@@ -66,6 +66,15 @@ pub fn hour_backoff() -> RetryPolicy {
     }
 }
 
+/// No backoff: a failed job is due again at once.
+pub fn no_backoff() -> RetryPolicy {
+    RetryPolicy {
+        base: Duration::ZERO,
+        cap: Duration::ZERO,
+        jitter: false,
+    }
+}
+
 /// As [`open_queue`], with a one-hour fixed backoff ([`hour_backoff`]).
 pub fn open_queue_slow_retry(path: &Path) -> Queue {
     Queue::builder(engine::target(path))
