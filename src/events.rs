@@ -220,8 +220,20 @@ impl EventHub {
         if subs.iter().any(|(tx, state)| open(state) && !tx.is_full()) {
             return true;
         }
-        for (_, state) in subs.iter().filter(|(_, state)| open(state)) {
-            state.dropped.fetch_add(1, Ordering::Relaxed);
+        let mut gone = false;
+        for (_, state) in subs.iter() {
+            if open(state) {
+                state.dropped.fetch_add(1, Ordering::Relaxed);
+            } else {
+                gone = true;
+            }
+        }
+        drop(subs);
+        if gone {
+            // As emit does: without this, dropped subscriptions would
+            // stay (with the events in their buffers) as long as the
+            // others were full.
+            self.forget_closed();
         }
         false
     }
@@ -245,13 +257,18 @@ impl EventHub {
             }
         }
         if gone {
-            let mut subs = self
-                .subscribers
-                .write()
-                .unwrap_or_else(PoisonError::into_inner);
-            subs.retain(|(_, state)| !state.closed.load(Ordering::Relaxed));
-            self.any.store(!subs.is_empty(), Ordering::Release);
+            self.forget_closed();
         }
+    }
+
+    /// Drops the subscriptions whose reader is gone.
+    fn forget_closed(&self) {
+        let mut subs = self
+            .subscribers
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        subs.retain(|(_, state)| !state.closed.load(Ordering::Relaxed));
+        self.any.store(!subs.is_empty(), Ordering::Release);
     }
 }
 
@@ -297,6 +314,26 @@ mod tests {
             Some(Event::Job(e)) => assert_eq!(e.job_id, JobId(9)),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn offer_forgets_dropped_subscriptions_while_the_others_are_full() {
+        // Without it, a dropped full subscription would stay with its
+        // buffered events for as long as the others were full.
+        let hub = EventHub::default();
+        let full = hub.subscribe(1);
+        hub.emit(event(7));
+        let other = hub.subscribe(1);
+        hub.emit(event(8));
+        assert_eq!(full.dropped(), 1);
+        drop(full);
+        assert!(!hub.offer());
+        assert_eq!(other.dropped(), 1);
+        assert_eq!(hub.subscribers.read().unwrap().len(), 1);
+        drop(other);
+        assert!(!hub.offer());
+        assert!(!hub.active(), "no subscriber is left");
+        assert!(hub.subscribers.read().unwrap().is_empty());
     }
 
     #[test]

@@ -155,9 +155,10 @@
 //! retried at `info` (through `log`).
 //!
 //! For numbers read from the queue itself (every process's work):
-//! [`Queue::stats`], [`Queue::counts_by_queue`] and [`Queue::list_state`]
-//! (through indexes, capped, for big files), and [`Queue::activity`]
-//! (jobs finished per slice of time, with their lateness and run time).
+//! [`Queue::stats`] (exact, one snapshot, through the state indexes),
+//! [`Queue::counts_by_queue`] and [`Queue::list_state`] (capped, for big
+//! files), and [`Queue::activity`] (jobs finished per slice of time, with
+//! their lateness and run time).
 
 //! ## Typed jobs
 //!

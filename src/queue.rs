@@ -1435,19 +1435,18 @@ impl Queue {
         Ok(jobs)
     }
 
-    /// Throughput and lateness over time, for a dashboard's plot: the time
-    /// from `since` to now (this queue's clock) cut into slices of `width`
-    /// (the last one ends at now), oldest first. Each slice counts the
-    /// jobs that finished in it through the index on the finish time, up
-    /// to `cap`, and reads at most [`ACTIVITY_SAMPLE`] of them for
-    /// lateness and run time, so the cost is bounded by the number of
-    /// slices, `cap` and the sample, not by the table. Pruned jobs are
-    /// gone from these figures. On PostgreSQL each slice is its own read:
-    /// the slices are not one snapshot.
+    /// Throughput and lateness over time, for a dashboard's plot: the
+    /// last `slices` slices of time of `width` each, the last one ending at
+    /// now (this queue's clock), oldest first. Each slice counts the jobs
+    /// that finished in it through the index on the finish time, up to
+    /// `cap`, and reads at most [`ACTIVITY_SAMPLE`] of them for lateness
+    /// and run time, so the cost is bounded by `slices`, `cap` and the
+    /// sample, not by the table. Pruned jobs are gone from these figures.
+    /// Each slice is its own read: the slices are not one snapshot.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a zero `width`, `since` after now,
-    /// or more than [`ACTIVITY_MAX_BUCKETS`] slices; [`Error::Sqlite`],
+    /// [`Error::InvalidArgument`] for a `width` under 1 ms, no slice, or
+    /// more than [`ACTIVITY_MAX_BUCKETS`]; [`Error::Sqlite`],
     /// [`Error::Pool`], [`Error::Postgres`].
     ///
     /// # Example
@@ -1455,43 +1454,38 @@ impl Queue {
     /// # let dir = tempfile::tempdir()?;
     /// # let queue = tickler::Queue::open(dir.path().join("q.db"))?;
     /// use std::time::Duration;
-    /// let hour_ago = chrono::Utc::now() - chrono::Duration::hours(1);
-    /// let minutes = queue.activity(hour_ago, Duration::from_secs(60), 10_000)?;
+    /// // The last hour, a minute a slice.
+    /// let minutes = queue.activity(60, Duration::from_secs(60), 10_000)?;
     /// assert_eq!(minutes.len(), 60);
     /// assert!(minutes.iter().all(|m| m.finished == 0));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn activity(
         &self,
-        since: DateTime<Utc>,
+        slices: usize,
         width: Duration,
         cap: u64,
     ) -> Result<Vec<ActivityBucket>> {
         let now = self.now_ms();
         let width_ms = i64::try_from(width.as_millis()).unwrap_or(i64::MAX);
-        let since_ms = since.timestamp_millis();
         if width_ms == 0 {
             return Err(Error::InvalidArgument(
                 "activity: the slice width must be at least 1 ms".into(),
             ));
         }
-        if since_ms > now {
+        if slices == 0 || slices > ACTIVITY_MAX_BUCKETS {
             return Err(Error::InvalidArgument(format!(
-                "activity: since ({since}) is after now"
+                "activity: {slices} slices asked for, want 1 to {ACTIVITY_MAX_BUCKETS}"
             )));
         }
-        let span = now - since_ms;
-        let slices = (span / width_ms + i64::from(span % width_ms != 0)).max(1);
-        if slices > ACTIVITY_MAX_BUCKETS as i64 {
-            return Err(Error::InvalidArgument(format!(
-                "activity: {slices} slices asked for, at most {ACTIVITY_MAX_BUCKETS}"
-            )));
-        }
+        let slices = slices as i64;
         let engine = self.engine();
         let mut out = Vec::with_capacity(slices as usize);
         for i in (0..slices).rev() {
-            let end = now - i * width_ms;
-            let start = end - width_ms;
+            // Saturating: a manual clock may stand before 1970, and a
+            // width may be near Duration::MAX.
+            let end = now.saturating_sub(i.saturating_mul(width_ms));
+            let start = end.saturating_sub(width_ms);
             let (finished, sample) = engine.finished_between(start, end, cap, ACTIVITY_SAMPLE)?;
             out.push(activity_bucket(
                 start,

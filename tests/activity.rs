@@ -5,7 +5,7 @@
 mod common;
 
 use common::{manual_queue, ms, secs, t0, temp_db};
-use tickler::{Error, NewJob, ACTIVITY_SAMPLE};
+use tickler::{Error, NewJob, ACTIVITY_MAX_BUCKETS, ACTIVITY_SAMPLE};
 
 #[test]
 fn slices_count_finished_jobs_with_their_lateness_and_run_time() {
@@ -38,7 +38,7 @@ fn slices_count_finished_jobs_with_their_lateness_and_run_time() {
     queue.enqueue(NewJob::new("k")).unwrap();
     clock.set(t0() + chrono::Duration::seconds(180));
 
-    let slices = queue.activity(t0(), secs(60), 1_000).unwrap();
+    let slices = queue.activity(3, secs(60), 1_000).unwrap();
     assert_eq!(slices.len(), 3);
     assert_eq!(slices[0].start, t0());
     assert_eq!(slices[2].end, t0() + chrono::Duration::seconds(180));
@@ -74,7 +74,7 @@ fn a_slice_counts_up_to_the_cap_and_samples_at_most_the_sample_size() {
     }
     clock.advance(secs(1));
 
-    let whole = queue.activity(t0(), secs(10), 10_000).unwrap();
+    let whole = queue.activity(1, secs(10), 10_000).unwrap();
     assert_eq!(whole.len(), 1);
     assert_eq!(whole[0].finished, n as u64);
     assert!(!whole[0].capped);
@@ -82,7 +82,7 @@ fn a_slice_counts_up_to_the_cap_and_samples_at_most_the_sample_size() {
     assert_eq!(whole[0].lateness_max, Some(ms(1500)));
     assert_eq!(whole[0].run_time_p50, Some(ms(500)));
 
-    let capped = queue.activity(t0(), secs(10), 100).unwrap();
+    let capped = queue.activity(1, secs(10), 100).unwrap();
     assert_eq!((capped[0].finished, capped[0].capped), (100, true));
 }
 
@@ -91,20 +91,23 @@ fn bad_arguments_get_a_typed_error() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = manual_queue(&path);
     let cases = [
-        (t0(), secs(0), "at least 1 ms"),
-        (t0() + chrono::Duration::seconds(1), secs(1), "after now"),
-        (t0() - chrono::Duration::days(1), secs(1), "at most"),
+        (1, secs(0), "at least 1 ms"),
+        (1, std::time::Duration::from_micros(999), "at least 1 ms"),
+        (0, secs(1), "want 1 to"),
+        (ACTIVITY_MAX_BUCKETS + 1, secs(1), "want 1 to"),
     ];
-    for (since, width, needle) in cases {
-        match queue.activity(since, width, 10) {
+    for (slices, width, needle) in cases {
+        match queue.activity(slices, width, 10) {
             Err(Error::InvalidArgument(m)) => assert!(m.contains(needle), "{m}"),
-            other => panic!("{since} {width:?}: {other:?}"),
+            other => panic!("{slices} {width:?}: {other:?}"),
         }
     }
-    // A span that is not a whole number of slices gets one more.
-    let slices = queue
-        .activity(t0() - chrono::Duration::seconds(90), secs(60), 10)
-        .unwrap();
+    // The last slice ends at now, and extreme widths do not overflow.
+    let slices = queue.activity(2, secs(60), 10).unwrap();
     assert_eq!(slices.len(), 2);
     assert_eq!(slices[1].end, t0());
+    assert_eq!(slices[0].start, t0() - chrono::Duration::seconds(120));
+    let wide = queue.activity(3, std::time::Duration::MAX, 10).unwrap();
+    assert_eq!(wide.len(), 3);
+    assert!(wide.iter().all(|s| s.finished == 0));
 }

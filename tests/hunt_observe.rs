@@ -371,8 +371,8 @@ fn a_token_in_the_url_is_swapped_for_the_cookie_and_a_clean_url() {
 /// Found on the way (no upstream report): a token with a character a
 /// header value cannot hold (`é`) made the answer to `/?token=` panic in
 /// the server's only thread, ending `tickler serve`; one with `;` or a
-/// space makes a cookie that never matches. Such a token is refused at
-/// start.
+/// space makes a cookie that never matches, and one with `+`, `%`, `&` or
+/// `#` is changed or cut in `/?token=`. Such a token is refused at start.
 #[test]
 fn a_token_that_cannot_be_a_cookie_is_refused_at_start() {
     let Some(env) = binary_env() else {
@@ -382,6 +382,10 @@ fn a_token_that_cannot_be_a_cookie_is_refused_at_start() {
         "très-secret-très-long",
         "0123456789;abcdef",
         "0123 4567 89ab cdef",
+        "0123456789+abcdef",
+        "0123456789&abcdef",
+        "0123456789%2Fabcdef",
+        "0123456789#abcdef",
     ] {
         let child = env.spawn(&["serve", "--listen", "127.0.0.1:0", "--token", token]);
         wait_for(child, secs(10)).fails(2, &["--token"]);

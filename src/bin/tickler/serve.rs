@@ -60,7 +60,13 @@ pub fn serve(db: &Path, args: &ServeArgs) -> Result<(), CliError> {
     println!("listening on http://{bound}/");
     let csrf = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
     for request in server.incoming_requests() {
-        let response = handle(&queue, &csrf, args.token.as_deref(), request);
+        // One thread answers every request: a panic while answering one
+        // (a bug) must cost that request, not the server.
+        let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            handle(&queue, &csrf, args.token.as_deref(), request)
+        }));
+        let response =
+            answered.unwrap_or_else(|_| Err(std::io::Error::other("answering a request panicked")));
         if let Err(e) = response {
             log::warn!("answering a request failed: {e}");
         }
@@ -94,13 +100,16 @@ fn check_exposure(
 /// the server's only thread, ending it, and `;`, `,`, `"`, `\` or a space
 /// make a cookie that never matches. Such a token is refused at start.
 fn check_token(token: &str) -> Result<(), CliError> {
-    let cookie_safe = |b: u8| b.is_ascii_graphic() && !matches!(b, b'"' | b',' | b';' | b'\\');
+    // Also not what a query string would change or cut (`/?token=`).
+    let cookie_safe = |b: u8| {
+        b.is_ascii_graphic() && !matches!(b, b'"' | b',' | b';' | b'\\' | b'+' | b'%' | b'&' | b'#')
+    };
     if !token.is_empty() && token.bytes().all(cookie_safe) {
         return Ok(());
     }
     Err(CliError::Usage(
-        "--token may hold only visible ASCII characters other than \" , ; and \\ \
-         (it is sent back to the browser as a cookie)"
+        "--token may hold only visible ASCII characters other than \" , ; \\ + % & and # \
+         (it is sent back to the browser as a cookie, and given as /?token=)"
             .into(),
     ))
 }
@@ -193,7 +202,11 @@ fn handle(
         if given_query.is_some() && *request.method() == Method::Get && path == "/" {
             // The token is swapped for the cookie at once, so that it stays
             // in neither the address bar nor the history.
-            let cookie = format!("tickler_token={token}; HttpOnly; SameSite=Strict; Path=/");
+            // Lax, not Strict: the redirect that follows a link to
+            // /?token= from another page must carry it. Actions are POSTs,
+            // which a Lax cookie does not follow across sites, and carry
+            // the CSRF token besides.
+            let cookie = format!("tickler_token={token}; HttpOnly; SameSite=Lax; Path=/");
             return request.respond(
                 Response::from_string("")
                     .with_status_code(303)
@@ -226,7 +239,7 @@ fn handle(
                 .as_reader()
                 .take(64 * 1024)
                 .read_to_string(&mut body)?;
-            if form_value(&body, "csrf").as_deref() != Some(csrf) {
+            if !form_value(&body, "csrf").is_some_and(|given| same_secret(&given, csrf)) {
                 return request.respond(
                     Response::from_string("missing or wrong CSRF token: reload the page\n")
                         .with_status_code(403),
@@ -463,8 +476,8 @@ fn plot(minutes: &[tickler::ActivityBucket]) -> String {
             "<g><title>{} – {} UTC: {}{} finished, lateness median {} worst {}, run time median {}</title>\
              <rect x={x:.1} y={y:.1} width={bw:.1} height={bar:.1} fill=\"#4a7\"/>\
              <rect x={x:.1} y={dy:.1} width={bw:.1} height={dead:.1} fill=\"#c33\"/>",
-            m.start.format("%H:%M"),
-            m.end.format("%H:%M"),
+            m.start.format("%H:%M:%S"),
+            m.end.format("%H:%M:%S"),
             m.finished,
             if m.capped { "+" } else { "" },
             m.lateness_p50.map_or("-".into(), seconds),
@@ -596,8 +609,7 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
         let _ = write!(html, "<td>{control}</td></tr>");
     }
     html.push_str("</table>");
-    let hour_ago = queue.clock().now() - chrono::Duration::hours(1);
-    let minutes = queue.activity(hour_ago, std::time::Duration::from_secs(60), PLOT_CAP)?;
+    let minutes = queue.activity(60, std::time::Duration::from_secs(60), PLOT_CAP)?;
     html.push_str(&plot(&minutes));
     html.push_str("<h2>Schedules</h2><table id=schedules><tr><th>name</th><th>cron</th><th>zone</th><th>queue</th><th>kind</th><th>next tick (in its zone)</th></tr>");
     for s in queue.list_schedules()? {
