@@ -26,6 +26,10 @@ use tickler::{
 /// not 1 GB.
 const LENGTH_LIMIT: i32 = 2 * 1024 * 1024;
 
+/// Retries without jitter (`fixed_policy`, 1 s first): the default full
+/// jitter draws the first retry's delay from 0 to 1,000 ms, and a draw of
+/// 0 (1 in 1,001) makes the retry due at once, so the job is `pending`,
+/// not `scheduled` (seen once in a fresh clone's run).
 fn queue_with_length_limit(path: &std::path::Path) -> Queue {
     if common::engine::on_postgres() {
         // A text value holds up to 1 GB there and no limit can be lowered:
@@ -33,12 +37,14 @@ fn queue_with_length_limit(path: &std::path::Path) -> Queue {
         // must land.
         return Queue::builder(common::engine::target(path))
             .durability(Durability::Normal)
+            .retry_policy(common::fixed_policy())
             .max_payload_bytes(64 * 1024)
             .open()
             .expect("open");
     }
     Queue::builder(path)
         .durability(Durability::Normal)
+        .retry_policy(common::fixed_policy())
         .max_payload_bytes(64 * 1024)
         .on_connection(|conn: &rusqlite::Connection| {
             conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, LENGTH_LIMIT)?;
