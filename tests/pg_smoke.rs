@@ -4,14 +4,23 @@
 mod pg_common;
 
 use std::time::Duration;
-use tickler::{JobState, NewJob, Queue};
+use tickler::{JobState, NewJob, Queue, RetryPolicy};
 
 #[test]
 fn enqueue_claim_complete_fail_reap() {
     let Some(db) = pg_common::test_database() else {
         return;
     };
-    let queue = Queue::open(db.url()).expect("open");
+    // Without jitter: a full-jitter draw of 0 ms would make the failed job
+    // pending at once instead of scheduled.
+    let queue = Queue::builder(db.url())
+        .retry_policy(RetryPolicy {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(60),
+            jitter: false,
+        })
+        .open()
+        .expect("open");
     assert!(queue.is_postgres());
     let a = queue.enqueue(NewJob::new("a")).unwrap();
     let b = queue.enqueue(NewJob::new("b").unique_key("k")).unwrap();
