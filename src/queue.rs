@@ -35,7 +35,7 @@ use crate::lease::Lease;
 use crate::metrics::WriteLockWaits;
 use crate::retry::RetryPolicy;
 
-use crate::sqlite::{Store, StoreSettings};
+use crate::engine::sqlite::{Store, StoreSettings};
 pub use crate::watch::{ChangeWatcher, Waker};
 use chrono::{DateTime, Utc};
 use rusqlite::Connection;
@@ -286,7 +286,7 @@ impl QueueBuilder {
 impl QueueBuilder {
     #[cfg(feature = "postgres")]
     fn open_postgres(self, url: String) -> Result<Queue> {
-        let store = crate::postgres::Store::open(&crate::postgres::StoreSettings {
+        let store = crate::engine::postgres::Store::open(&crate::engine::postgres::StoreSettings {
             url: &url,
             max_connections: self.max_connections,
             clock: self.clock_set.then(|| Arc::clone(&self.clock)),
@@ -365,7 +365,7 @@ struct Inner {
 enum Backend {
     Sqlite(Store),
     #[cfg(feature = "postgres")]
-    Postgres(crate::postgres::Store),
+    Postgres(crate::engine::postgres::Store),
 }
 
 impl Inner {
@@ -380,7 +380,7 @@ impl Inner {
 
     /// The PostgreSQL engine, or [`Error::Unsupported`] for `what`.
     #[cfg(feature = "postgres")]
-    fn postgres(&self, what: &'static str) -> Result<&crate::postgres::Store> {
+    fn postgres(&self, what: &'static str) -> Result<&crate::engine::postgres::Store> {
         match &self.backend {
             Backend::Postgres(store) => Ok(store),
             Backend::Sqlite(_) => Err(Error::Unsupported {
@@ -751,7 +751,7 @@ impl Queue {
 
     /// The schema version this build writes (`PRAGMA user_version`).
     pub fn schema_version() -> i64 {
-        crate::sqlite::schema_version()
+        crate::engine::sqlite::schema_version()
     }
 
     /// The engine behind this queue.
@@ -1712,7 +1712,7 @@ impl Queue {
     /// [`Error::NotADatabase`] (not SQLite, or damaged), [`Error::ReadOnly`]
     /// (cannot be opened), [`Error::Sqlite`].
     pub fn file_schema_version(path: impl AsRef<Path>) -> Result<Option<i64>> {
-        crate::sqlite::file_schema_version(path.as_ref())
+        crate::engine::sqlite::file_schema_version(path.as_ref())
     }
 
     /// Checks `job` as [`Queue::enqueue`] would, without storing anything:
@@ -1774,7 +1774,7 @@ impl Queue {
         if self.is_postgres() {
             return 0;
         }
-        std::fs::metadata(crate::sqlite::wal_path(self.path())).map_or(0, |m| m.len())
+        std::fs::metadata(crate::engine::sqlite::wal_path(self.path())).map_or(0, |m| m.len())
     }
 }
 

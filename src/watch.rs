@@ -19,9 +19,9 @@ pub struct ChangeWatcher {
 
 #[derive(Debug)]
 enum Source {
-    Sqlite(crate::sqlite::FileWatcher),
+    Sqlite(crate::engine::sqlite::FileWatcher),
     #[cfg(feature = "postgres")]
-    Postgres(crate::postgres::NotifyWatcher),
+    Postgres(crate::engine::postgres::NotifyWatcher),
 }
 
 /// Wakes one [`ChangeWatcher`]; see [`ChangeWatcher::waker`].
@@ -36,7 +36,7 @@ impl Waker {
 }
 
 impl ChangeWatcher {
-    pub(crate) fn sqlite(watcher: crate::sqlite::FileWatcher) -> ChangeWatcher {
+    pub(crate) fn sqlite(watcher: crate::engine::sqlite::FileWatcher) -> ChangeWatcher {
         ChangeWatcher {
             wake_tx: watcher.wake_sender(),
             source: Source::Sqlite(watcher),
@@ -44,7 +44,7 @@ impl ChangeWatcher {
     }
 
     #[cfg(feature = "postgres")]
-    pub(crate) fn postgres(watcher: crate::postgres::NotifyWatcher) -> ChangeWatcher {
+    pub(crate) fn postgres(watcher: crate::engine::postgres::NotifyWatcher) -> ChangeWatcher {
         ChangeWatcher {
             wake_tx: watcher.wake_sender(),
             source: Source::Postgres(watcher),

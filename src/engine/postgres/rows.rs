@@ -6,7 +6,7 @@ use crate::clock::ms_to_datetime;
 use crate::job::{AttemptError, Job, JobId, JobState, RunToken};
 use crate::lease::Lease;
 use crate::schedule::{Handled, MisfirePolicy, OverlapPolicy, Schedule};
-use crate::sqlite::rows::{ClaimedRow, StoredAttemptError};
+use crate::engine::sqlite::rows::{ClaimedRow, StoredAttemptError};
 use postgres::Row;
 use std::time::Duration;
 

@@ -16,7 +16,7 @@ use crate::job::{Job, JobId, JobState};
 use crate::lease::Lease;
 use crate::queue::*;
 use crate::retry::RetryPolicy;
-use crate::sqlite::rows::ClaimedRow;
+use crate::engine::sqlite::rows::ClaimedRow;
 use chrono::{DateTime, Utc};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

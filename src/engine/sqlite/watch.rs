@@ -2,7 +2,7 @@
 //! file-change notifications of the `-wal` file and `PRAGMA data_version`.
 
 use crate::error::Result;
-use crate::file_events::FileEvents;
+use super::file_events::FileEvents;
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::Connection;
 use std::sync::Arc;

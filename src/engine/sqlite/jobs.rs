@@ -814,9 +814,9 @@ impl Store {
     ) -> Result<ReapLook> {
         let policy = self.retry_policy;
         let asked = Instant::now();
-        let busy_before = crate::sqlite::busy_waits();
+        let busy_before = crate::engine::sqlite::busy_waits();
         self.write_with(Commit::Lazy, |tx| {
-            let waited = crate::sqlite::busy_waits() != busy_before
+            let waited = crate::engine::sqlite::busy_waits() != busy_before
                 || asked.elapsed() > REAP_CLEAN_WAIT;
             // A backward step of the wall clock leaves leases that were
             // granted "in the future": one whose expiry lies further ahead

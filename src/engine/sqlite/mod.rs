@@ -4,6 +4,7 @@
 //! the group commit of concurrent enqueues, migrations, and wake-ups on
 //! commits (`FileWatcher`, behind [`crate::ChangeWatcher`]).
 
+mod file_events;
 mod jobs;
 pub(crate) mod rows;
 mod schedules;
@@ -15,7 +16,7 @@ pub(crate) use watch::FileWatcher;
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::file_events::FileEvents;
+use file_events::FileEvents;
 use crate::job::JobId;
 use crate::metrics::{WaitHistogram, WriteLockWaits};
 use crate::queue::{Checkpoint, ConnectionHook, Durability, ValidJob};
@@ -256,7 +257,7 @@ impl Store {
             .unwrap_or_else(PoisonError::into_inner)
             .push(tx.clone());
         self.file_events_started.call_once(|| {
-            crate::file_events::watch(&wal_path(&self.path), &self.file_events);
+            file_events::watch(&wal_path(&self.path), &self.file_events);
         });
         Ok(FileWatcher::new(conn, version, rx, tx, &self.file_events))
     }
@@ -481,7 +482,7 @@ impl Store {
 }
 
 /// The whole schema, split into migrations by `-- migration: N` lines.
-const SCHEMA_SQL: &str = include_str!("../../schema.sql");
+const SCHEMA_SQL: &str = include_str!("schema.sql");
 
 /// WAL size past which the write path runs a truncating checkpoint (16 MiB).
 const WAL_TRUNCATE_BYTES: u64 = 16 * 1024 * 1024;

@@ -9,6 +9,10 @@
 //! this trait assumes `UPDATE … RETURNING`: an engine may claim with a
 //! locking read followed by an update.
 
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+pub(crate) mod sqlite;
+
 use crate::error::Result;
 use crate::job::{Job, JobId, JobState};
 use crate::lease::Lease;
