@@ -334,6 +334,12 @@ pub use rusqlite;
 #[cfg(feature = "tokio")]
 pub use async_queue::AsyncQueue;
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use engine::types::{
+    Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter, Outcome, OutcomeSync, Stats,
+    BACKWARD_STEP_MARGIN, ERROR_HISTORY_MAX, MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES_LIMIT,
+    MAX_TIMESTAMP_MS,
+};
+pub use engine::{is_postgres_url, redacted_location};
 pub use error::{Error, Result};
 pub use events::{Event, JobEvent, JobEventKind, Subscription, TickEvent, DEFAULT_EVENT_BUFFER};
 pub use job::{
@@ -341,14 +347,11 @@ pub use job::{
 };
 pub use lease::Lease;
 pub use metrics::WriteLockWaits;
-pub use queue::{is_postgres_url, redacted_location};
 pub use queue::{
-    ActivityBucket, ChangeWatcher, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter,
-    Outcome, OutcomeSync, Queue, QueueBuilder, QueueCounts, Stats, Waker, ACTIVITY_MAX_BUCKETS,
-    ACTIVITY_SAMPLE, ERROR_HISTORY_MAX, MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES_LIMIT,
-    MAX_PAYLOAD_DEPTH, MAX_TIMESTAMP_MS, MAX_UNIQUE_KEY_BYTES,
+    ActivityBucket, ChangeWatcher, Queue, QueueBuilder, QueueCounts, Waker, ACTIVITY_MAX_BUCKETS,
+    ACTIVITY_SAMPLE, MAX_PAYLOAD_DEPTH, MAX_UNIQUE_KEY_BYTES,
 };
-pub use reaper::{Reaper, ReaperConfig, BACKWARD_STEP_MARGIN};
+pub use reaper::{Reaper, ReaperConfig};
 pub use retry::RetryPolicy;
 pub use schedule::{
     MisfirePolicy, NewSchedule, OverlapPolicy, Schedule, ScheduleRef, Tick, TickRun, UpcomingTicks,

@@ -34,7 +34,7 @@ pub struct ReaperConfig {
     /// granted before the step looks X longer. Each pass of
     /// [`Queue::reap`] therefore treats a lease whose expiry lies further
     /// ahead than its own length (the length of its claim or of its latest
-    /// heartbeat) plus [`BACKWARD_STEP_MARGIN`] (2 s) as expiring one lease
+    /// heartbeat) plus [`BACKWARD_STEP_MARGIN`](crate::BACKWARD_STEP_MARGIN) (2 s) as expiring one lease
     /// length from now: an abandoned job is taken back one lease length
     /// after the step (not X later), while a live holder's next heartbeat
     /// renews its lease from the new time as usual. Steps back of less
@@ -43,12 +43,6 @@ pub struct ReaperConfig {
     /// reaper started after the step (a reboot) applies it too.
     pub clock_step_hold: Duration,
 }
-
-/// Backward steps of the wall clock up to this are treated as noise by the
-/// reaper's lease rule (see [`ReaperConfig::clock_step_hold`]): a lease
-/// expiring more than its own length plus this margin from now is set to
-/// expire one length from now.
-pub const BACKWARD_STEP_MARGIN: Duration = Duration::from_secs(2);
 
 impl Default for ReaperConfig {
     fn default() -> Self {

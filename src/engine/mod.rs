@@ -16,10 +16,13 @@ pub(crate) mod sqlite;
 use crate::error::Result;
 use crate::job::{Job, JobId, JobState};
 use crate::lease::Lease;
-use crate::queue::{ClaimRequest, JobFilter, Outcome, OutcomeSync, Stats, ValidJob};
-use crate::schedule::{Fired, Handled, NewSchedule, Schedule, ScheduleTx, Ticks};
+pub(crate) mod types;
+
+use crate::error::Error;
+use crate::schedule::{Fired, Handled, NewSchedule, Schedule, Ticks};
 use chrono::{DateTime, Utc};
 use std::time::Duration;
+use types::{ClaimRequest, JobFilter, Outcome, OutcomeSync, Stats, ValidJob};
 
 /// Decides and applies one due schedule's firing through the engine's
 /// transaction (the schedule, its record of handled ticks, the engine's
@@ -230,4 +233,70 @@ pub(crate) fn state_index(state: JobState) -> (&'static str, &'static str) {
             "finished_at DESC, id DESC",
         ),
     }
+}
+/// Whether `location` names a PostgreSQL database (`postgres://…` or
+/// `postgresql://…`) rather than a file.
+pub fn is_postgres_url(location: &str) -> bool {
+    location.starts_with("postgres://") || location.starts_with("postgresql://")
+}
+
+/// `location` (a path or URL) as it may be shown in messages and logs: a
+/// password in a URL is replaced by `***`.
+pub fn redacted_location(location: &str) -> String {
+    let Some(scheme_end) = location.find("://").map(|i| i + 3) else {
+        return location.to_owned();
+    };
+    let rest = &location[scheme_end..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match (authority.rfind('@'), authority.find(':')) {
+        (Some(at), Some(colon)) if colon < at => format!(
+            "{}{}:***{}",
+            &location[..scheme_end],
+            &authority[..colon],
+            &rest[at..]
+        ),
+        _ => location.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_in_urls() {
+        assert_eq!(
+            redacted_location("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redacted_location("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redacted_location("./jobs.db"), "./jobs.db");
+    }
+}
+/// What firing a schedule asks of the engine, inside the transaction in
+/// which the engine holds the due schedules (SQLite: `BEGIN IMMEDIATE`).
+pub(crate) trait ScheduleTx {
+    /// The unfinished runs (tick jobs scheduled, pending or running) of
+    /// schedule `name`, oldest first.
+    fn unfinished_runs(&self, name: &str) -> Result<Vec<(JobId, JobState)>>;
+    /// A cancelled or dead run of schedule `name` whose lease, kept for
+    /// its handler, has not run out at `now`.
+    fn stopping_run(&self, name: &str, now: i64) -> Result<Option<(JobId, JobState)>>;
+    /// Pauses a schedule that cannot fire with this build, with `error` in
+    /// the log.
+    fn pause_broken(&self, schedule: &Schedule, now: i64, error: &Error) -> Result<()>;
+    /// Moves schedule `name` on to `after`, adding `skipped` skipped ticks,
+    /// if it is still active and still due at `first_due`; false if another
+    /// scheduler handled these ticks first.
+    fn advance(
+        &self,
+        name: &str,
+        first_due: i64,
+        after: &Handled,
+        skipped: u64,
+        now: i64,
+    ) -> Result<bool>;
+    /// Inserts the tick jobs (validated by the queue).
+    fn insert_jobs(&self, rows: &[ValidJob], now: i64) -> Result<Vec<JobId>>;
 }

@@ -10,13 +10,13 @@
 use super::rows::*;
 use super::{statement_level, storable, Attempt, Store, Tx};
 use crate::clock::ms_to_datetime;
+use crate::engine::types::*;
 use crate::engine::{Engine, FinishedSample, STATS_COUNTS_SQL};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
 use crate::lease::Lease;
-use crate::queue::*;
 use crate::retry::RetryPolicy;
-use crate::engine::sqlite::rows::ClaimedRow;
+
 use chrono::{DateTime, Utc};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -1422,7 +1422,7 @@ impl Store {
         let policy = self.retry_policy;
         self.write(|tx, _| {
             let stepped_now = self.now_ms();
-            let margin = crate::reaper::BACKWARD_STEP_MARGIN.as_millis() as i64;
+            let margin = crate::engine::types::BACKWARD_STEP_MARGIN.as_millis() as i64;
             tx.execute(LEASE_STEP_SQL, &[&stepped_now, &margin])?;
             tx.execute(CANCELLED_LEASE_STEP_SQL, &[&stepped_now, &margin])?;
             let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));

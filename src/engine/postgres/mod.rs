@@ -228,12 +228,12 @@ impl Store {
         // larger limit would let payloads through that the server then
         // refuses, so it is refused here, with SQLite's documented limit,
         // which fits under it with the row's other columns.
-        if settings.max_payload_bytes > crate::queue::MAX_PAYLOAD_BYTES_LIMIT {
+        if settings.max_payload_bytes > crate::engine::types::MAX_PAYLOAD_BYTES_LIMIT {
             return Err(Error::Config(format!(
                 "max_payload_bytes is {}, but PostgreSQL stores at most 1 GB in a value, so \
                  the largest payload limit is {} bytes (MAX_PAYLOAD_BYTES_LIMIT)",
                 settings.max_payload_bytes,
-                crate::queue::MAX_PAYLOAD_BYTES_LIMIT
+                crate::engine::types::MAX_PAYLOAD_BYTES_LIMIT
             )));
         }
         let mut config: postgres::Config = settings
@@ -277,7 +277,7 @@ impl Store {
 
     /// The URL without its password, for messages.
     pub(crate) fn describe(&self) -> String {
-        crate::queue::redacted_location(&self.url)
+        crate::engine::redacted_location(&self.url)
     }
 
     /// Runs `f` in a READ COMMITTED transaction on a pooled connection and

@@ -11,13 +11,12 @@ use super::jobs::{check_text, insert_valid};
 use super::rows::*;
 use super::{Store, Tx};
 use crate::clock::ms_to_datetime;
-use crate::engine::{FireTicks, ScheduleStore};
+use crate::engine::types::ValidJob;
+use crate::engine::{FireTicks, ScheduleStore, ScheduleTx};
 use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
-use crate::queue::ValidJob;
 use crate::schedule::{
-    grace_ms, rebase, resume_point, stepped_back, Fired, Handled, NewSchedule, Schedule,
-    ScheduleTx, Ticks,
+    grace_ms, rebase, resume_point, stepped_back, Fired, Handled, NewSchedule, Schedule, Ticks,
 };
 use chrono::{DateTime, Utc};
 use std::cell::RefCell;

@@ -4,11 +4,11 @@ use super::rows::*;
 use super::sql::*;
 use super::{Commit, Store};
 use crate::clock::ms_to_datetime;
+use crate::engine::types::*;
 use crate::engine::{Engine, FinishedSample, STATS_COUNTS_SQL};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
 use crate::lease::Lease;
-use crate::queue::*;
 use chrono::{DateTime, Utc};
 use rusqlite::{params, OptionalExtension};
 use std::collections::{HashMap, HashSet};
@@ -826,7 +826,7 @@ impl Store {
             // usual. Judged against the time inside this transaction: every
             // lease committed before it was granted at or before then.
             let stepped_now = self.now_ms();
-            let margin = crate::reaper::BACKWARD_STEP_MARGIN.as_millis() as i64;
+            let margin = crate::engine::types::BACKWARD_STEP_MARGIN.as_millis() as i64;
             tx.prepare_cached(LEASE_STEP_SQL)?
                 .execute(params![stepped_now, margin])?;
             // The same for a cancelled job's kept lease, which holds its

@@ -15,13 +15,13 @@ use watch::data_version;
 pub(crate) use watch::FileWatcher;
 
 use crate::clock::Clock;
+use crate::engine::types::{Checkpoint, ConnectionHook, Durability, ValidJob};
 use crate::error::{Error, Result};
-use file_events::FileEvents;
 use crate::job::JobId;
 use crate::metrics::{WaitHistogram, WriteLockWaits};
-use crate::queue::{Checkpoint, ConnectionHook, Durability, ValidJob};
 use crate::retry::RetryPolicy;
 use crossbeam_channel::Sender;
+use file_events::FileEvents;
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use std::cell::Cell;
@@ -120,7 +120,7 @@ impl Store {
             .map_err(|e| open_error(&path, e))?;
         // The hook may have lowered SQLite's length limit on this connection.
         let length_limit = writer.limit(rusqlite::limits::Limit::SQLITE_LIMIT_LENGTH)?;
-        crate::queue::check_payload_limit(
+        crate::engine::types::check_payload_limit(
             settings.max_payload_bytes,
             usize::try_from(length_limit).unwrap_or(0),
         )?;

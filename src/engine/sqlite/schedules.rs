@@ -5,13 +5,13 @@
 use super::sql::insert_valid;
 use super::Store;
 use crate::clock::ms_to_datetime;
-use crate::engine::{FireTicks, ScheduleStore};
+use crate::engine::types::ValidJob;
+use crate::engine::{FireTicks, ScheduleStore, ScheduleTx};
 use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
-use crate::queue::ValidJob;
 use crate::schedule::{
     grace_ms, rebase, resume_point, stepped_back, Fired, Handled, MisfirePolicy, NewSchedule,
-    OverlapPolicy, Schedule, ScheduleTx, Ticks,
+    OverlapPolicy, Schedule, Ticks,
 };
 use chrono::{DateTime, Utc};
 use rusqlite::{params, OptionalExtension};

@@ -2,10 +2,10 @@
 //! inside a write transaction: inserting, claiming, recording outcomes.
 
 use super::rows::*;
+use crate::engine::types::*;
 use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
 use crate::lease::Lease;
-use crate::queue::*;
 use crate::retry::RetryPolicy;
 use rusqlite::{params, OptionalExtension};
 use std::collections::HashMap;

@@ -1,8 +1,8 @@
 //! Wake-ups on commits: in-process at once, from other processes by
 //! file-change notifications of the `-wal` file and `PRAGMA data_version`.
 
-use crate::error::Result;
 use super::file_events::FileEvents;
+use crate::error::Result;
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::Connection;
 use std::sync::Arc;
