@@ -1,28 +1,46 @@
 //! The storage seam: what the engine-neutral [`crate::Queue`] asks of an
-//! engine. Each engine (today `crate::sqlite`) implements it with its own
-//! SQL; the worker pool, reaper, scheduler and CLI use only the `Queue`
-//! API above it.
+//! engine, and the one place where engines are named ([`open`]).
 //!
-//! Every write here runs in short transactions of the engine's own (one,
-//! or a few for the bulk operator actions); what a method promises (fencing by run_token, the reaper's conditions, unique
-//! keys) is documented on the `Queue` method of the same name. Nothing in
-//! this trait assumes `UPDATE … RETURNING`: an engine may claim with a
-//! locking read followed by an update.
+//! - `types.rs`: the types both sides share (validated jobs, outcomes,
+//!   claim requests, counts, limits and time arithmetic);
+//! - this file: the traits an engine implements ([`Engine`],
+//!   [`ScheduleStore`], [`ScheduleTx`], [`Watch`]) and [`open`], which
+//!   builds the engine a location names;
+//! - `sqlite/`, `postgres/`: one folder per engine, each with its own SQL
+//!   and schema.
+//!
+//! What differs between engines is a capability of [`Engine`] (durability
+//! and sync, checkpoints, write-lock waits, the file, the change watcher,
+//! the application's own transactions), never a match on the engine
+//! elsewhere. Every write runs in short transactions of the engine's own
+//! (one, or a few for the bulk operator actions); what a method promises
+//! (fencing by run_token, the reaper's conditions, unique keys) is
+//! documented on the `Queue` method of the same name. Nothing here assumes
+//! `UPDATE … RETURNING`: an engine may claim with a locking read followed
+//! by an update.
 
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod sqlite;
 
-use crate::error::Result;
-use crate::job::{Job, JobId, JobState};
-use crate::lease::Lease;
 pub(crate) mod types;
 
-use crate::error::Error;
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::job::{Job, JobId, JobState};
+use crate::lease::Lease;
+use crate::metrics::WriteLockWaits;
+use crate::retry::RetryPolicy;
 use crate::schedule::{Fired, Handled, NewSchedule, Schedule, Ticks};
 use chrono::{DateTime, Utc};
+use crossbeam_channel::Sender;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
-use types::{ClaimRequest, JobFilter, Outcome, OutcomeSync, Stats, ValidJob};
+use types::{
+    Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter, Outcome, OutcomeSync, Stats,
+    ValidJob,
+};
 
 /// Decides and applies one due schedule's firing through the engine's
 /// transaction (the schedule, its record of handled ticks, the engine's
@@ -80,9 +98,186 @@ pub(crate) trait ScheduleStore {
     ) -> Result<(Fired, bool, Option<DateTime<Utc>>)>;
 }
 
+/// What opening a queue's engine takes: the builder's settings (see
+/// [`crate::QueueBuilder`]). Each engine reads those it has a use for.
+pub(crate) struct OpenSettings<'a> {
+    /// A file's path, or a server's URL.
+    pub location: &'a Path,
+    pub durability: Durability,
+    pub busy_timeout: Duration,
+    pub busy_retry: Duration,
+    pub max_payload_bytes: usize,
+    pub retry_policy: RetryPolicy,
+    pub clock: Arc<dyn Clock>,
+    /// `clock` was set by the caller: a server engine uses it instead of
+    /// the server's clock.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub clock_set: bool,
+    pub read_connections: u32,
+    pub on_connection: Option<&'a ConnectionHook>,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub max_connections: u32,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub listen: bool,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub fallback_poll: Duration,
+}
+
+/// The engine that `settings.location` names: PostgreSQL for a
+/// `postgres://` URL, else the SQLite file at that path. The only place
+/// that chooses an engine.
+///
+/// # Errors
+/// The engine's errors on opening; [`Error::Config`] for a URL of an
+/// engine this build lacks the feature of.
+pub(crate) fn open(settings: &OpenSettings<'_>) -> Result<Box<dyn Engine>> {
+    if let Some(url) = settings.location.to_str().filter(|l| is_postgres_url(l)) {
+        #[cfg(feature = "postgres")]
+        return Ok(Box::new(postgres::Store::open(url, settings)?));
+        #[cfg(not(feature = "postgres"))]
+        return Err(Error::Config(format!(
+            "{} is a PostgreSQL URL, but tickler was built without its `postgres` feature",
+            redacted_location(url)
+        )));
+    }
+    Ok(Box::new(sqlite::Store::open(settings)?))
+}
+
+/// The schema version this build writes in a SQLite file (`PRAGMA
+/// user_version`).
+pub(crate) fn file_schema_version_written() -> i64 {
+    sqlite::schema_version()
+}
+
+/// The schema version of the SQLite file at `path`, read without changing
+/// it; `None` if there is no file.
+pub(crate) fn file_schema_version(path: &Path) -> Result<Option<i64>> {
+    sqlite::file_schema_version(path)
+}
+
+/// See [`crate::Queue::file_is_private`].
+pub(crate) fn file_is_private(path: &Path) -> Result<bool> {
+    sqlite::file_is_private(path)
+}
+
+/// The size of the `-wal` file of the SQLite file at `path` (0 if none).
+pub(crate) fn file_wal_bytes(path: &Path) -> u64 {
+    std::fs::metadata(sqlite::wal_path(path)).map_or(0, |m| m.len())
+}
+
+/// An engine's wake-ups when the queue may hold new work: the engine side
+/// of a [`crate::ChangeWatcher`] (SQLite: file notifications of the `-wal`
+/// file and `PRAGMA data_version`; PostgreSQL: `LISTEN`).
+pub(crate) trait Watch: Send + std::fmt::Debug {
+    /// See [`crate::ChangeWatcher::wait`].
+    fn wait(&mut self, timeout: Duration, poll: Duration) -> Result<bool>;
+    /// See [`crate::ChangeWatcher::changed`].
+    fn changed(&mut self) -> Result<bool>;
+    /// Wakes this watcher's `wait` from any thread.
+    fn wake_sender(&self) -> Sender<()>;
+}
+
+/// The error of an engine that lacks the capability `what`.
+fn unsupported(what: &'static str, engine: &'static str) -> Error {
+    Error::Unsupported { what, engine }
+}
+
+/// What an engine is and can do beyond the contract: its name, clock and
+/// location, durability and checkpoints, its change watcher, and the
+/// application's own transactions. A capability an engine lacks answers
+/// [`Error::Unsupported`] (or, where that is the truth, does nothing).
+pub(crate) trait Capabilities: Send + Sync {
+    /// The engine's name for messages ("SQLite", "PostgreSQL").
+    fn name(&self) -> &'static str;
+
+    /// Where "now" comes from: the builder's clock, or a server engine's
+    /// own clock unless one was set.
+    fn clock(&self) -> Arc<dyn Clock>;
+
+    /// Where the queue lives, for messages: a file's path, or a URL
+    /// without its password.
+    fn location(&self) -> String;
+
+    /// The file, for an engine that keeps the queue in one.
+    fn file(&self) -> Option<&Path> {
+        None
+    }
+
+    /// See [`crate::Queue::sync`]: nothing to do where every commit is
+    /// durable as the engine's settings make it.
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// See [`crate::Queue::checkpoint`].
+    fn checkpoint(&self) -> Result<Checkpoint> {
+        Err(unsupported("checkpoint", self.name()))
+    }
+
+    /// See [`crate::Queue::write_lock_waits`]: none where writers take no
+    /// lock on the whole queue.
+    fn write_lock_waits(&self) -> WriteLockWaits {
+        WriteLockWaits::default()
+    }
+
+    /// See [`crate::Queue::watcher`].
+    fn watcher(&self) -> Result<Box<dyn Watch>>;
+
+    /// See [`crate::Queue::open_connection`].
+    fn open_connection(&self) -> Result<rusqlite::Connection> {
+        Err(unsupported("open_connection", self.name()))
+    }
+
+    /// See [`crate::Queue::enqueue_batch_tx`].
+    fn enqueue_in_sqlite_tx(
+        &self,
+        _tx: &rusqlite::Transaction<'_>,
+        _rows: &[ValidJob],
+        _now: i64,
+    ) -> Result<Vec<JobId>> {
+        Err(unsupported(
+            "enqueue_tx with a rusqlite transaction",
+            self.name(),
+        ))
+    }
+
+    /// See [`crate::Queue::complete_with`]; `app_writes` may be called
+    /// again if the transaction is retried before it ran (it refuses then).
+    fn complete_with_sqlite(
+        &self,
+        _lease: &Lease,
+        _app_writes: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> Result<()>,
+    ) -> Result<()> {
+        Err(unsupported(
+            "complete_with with a rusqlite transaction",
+            self.name(),
+        ))
+    }
+
+    /// See [`crate::Queue::enqueue_batch_pg_tx`].
+    #[cfg(feature = "postgres")]
+    fn enqueue_in_pg_tx(
+        &self,
+        _tx: &mut ::postgres::Transaction<'_>,
+        _rows: &[ValidJob],
+    ) -> Result<Vec<JobId>> {
+        Err(unsupported("enqueue_pg_tx", self.name()))
+    }
+
+    /// See [`crate::Queue::complete_with_pg`].
+    #[cfg(feature = "postgres")]
+    fn complete_with_pg(
+        &self,
+        _lease: &Lease,
+        _app_writes: &mut dyn FnMut(&mut ::postgres::Transaction<'_>) -> Result<()>,
+    ) -> Result<()> {
+        Err(unsupported("complete_with_pg", self.name()))
+    }
+}
+
 /// An engine: where jobs are stored, claimed and fenced, and schedules
 /// fire.
-pub(crate) trait Engine: ScheduleStore + Send + Sync {
+pub(crate) trait Engine: Capabilities + ScheduleStore + Send + Sync {
     /// Stores validated jobs in one transaction (all or none) and wakes
     /// this process's fetchers; see [`crate::Queue::enqueue_batch`].
     fn enqueue(&self, rows: Vec<ValidJob>) -> Result<Vec<JobId>>;

@@ -29,7 +29,6 @@
 mod schedules;
 
 use crate::clock::{Clock, SystemClock};
-use crate::engine::is_postgres_url;
 use crate::engine::types::*;
 // What the worker pool imports from here (it moves to engine::types).
 pub(crate) use crate::engine::types::{ClaimRequest, Outcome, OutcomeSync};
@@ -41,7 +40,7 @@ use crate::lease::Lease;
 use crate::metrics::WriteLockWaits;
 use crate::retry::RetryPolicy;
 
-use crate::engine::sqlite::{Store, StoreSettings};
+use crate::engine::OpenSettings;
 pub use crate::watch::{ChangeWatcher, Waker};
 use chrono::{DateTime, Utc};
 use rusqlite::Connection;
@@ -199,73 +198,29 @@ impl QueueBuilder {
     /// [`Error::NotWal`], [`Error::PragmaMismatch`], [`Error::Io`],
     /// [`Error::Busy`].
     pub fn open(self) -> Result<Queue> {
-        if let Some(url) = self.path.to_str().filter(|p| is_postgres_url(p)) {
-            let url = url.to_owned();
-            return self.open_postgres(url);
-        }
-        let path = self.path.clone();
-        check_payload_limit(
-            self.max_payload_bytes,
-            MAX_PAYLOAD_BYTES_LIMIT + ROW_HEADROOM,
-        )?;
-        let store = Store::open(&StoreSettings {
-            path: &path,
+        let engine = crate::engine::open(&OpenSettings {
+            location: &self.path,
             durability: self.durability,
             busy_timeout: self.busy_timeout,
             busy_retry: self.busy_retry,
+            max_payload_bytes: self.max_payload_bytes,
+            retry_policy: self.retry_policy,
+            clock: Arc::clone(&self.clock),
+            clock_set: self.clock_set,
             read_connections: self.read_connections,
             on_connection: self.on_connection.as_ref(),
-            clock: Arc::clone(&self.clock),
-            retry_policy: self.retry_policy,
-            max_payload_bytes: self.max_payload_bytes,
+            max_connections: self.max_connections,
+            listen: self.listen,
+            fallback_poll: self.fallback_poll,
         })?;
-        let queue = Queue {
-            inner: Arc::new(Inner {
-                clock: Arc::clone(&self.clock),
-                config: self,
-                backend: Backend::Sqlite(store),
-                events: EventHub::default(),
-            }),
-        };
-        if let Ok(false) = Queue::file_is_private(&path) {
-            log::warn!(
-                "{}: other users can read (or write) this queue file or its -wal/-shm file, and so every job's payload; `chmod 600` them unless they are meant to be shared",
-                path.display()
-            );
-        }
-        Ok(queue)
-    }
-}
-
-impl QueueBuilder {
-    #[cfg(feature = "postgres")]
-    fn open_postgres(self, url: String) -> Result<Queue> {
-        let store =
-            crate::engine::postgres::Store::open(&crate::engine::postgres::StoreSettings {
-                url: &url,
-                max_connections: self.max_connections,
-                clock: self.clock_set.then(|| Arc::clone(&self.clock)),
-                retry_policy: self.retry_policy,
-                retry_window: self.busy_timeout + self.busy_retry,
-                listen: self.listen,
-                fallback_poll: self.fallback_poll,
-                max_payload_bytes: self.max_payload_bytes,
-            })?;
         Ok(Queue {
             inner: Arc::new(Inner {
-                clock: Arc::clone(store.clock()),
+                clock: engine.clock(),
                 config: self,
-                backend: Backend::Postgres(store),
+                engine,
                 events: EventHub::default(),
             }),
         })
-    }
-
-    #[cfg(not(feature = "postgres"))]
-    fn open_postgres(self, _url: String) -> Result<Queue> {
-        Err(Error::Config(
-            "this is a PostgreSQL URL, but tickler was built without its `postgres` feature".into(),
-        ))
     }
 }
 
@@ -283,61 +238,15 @@ struct Inner {
     /// (unless one was set) the server's.
     clock: Arc<dyn Clock>,
     /// The engine: connections, write transactions, wake-ups.
-    backend: Backend,
+    engine: Box<dyn Engine>,
     /// Subscribers to what this process does through this queue.
     events: EventHub,
-}
-
-/// The engine behind a [`Queue`]. One per opened queue (behind its
-/// `Arc`), so the size difference of the variants costs nothing.
-#[allow(clippy::large_enum_variant)]
-enum Backend {
-    Sqlite(Store),
-    #[cfg(feature = "postgres")]
-    Postgres(crate::engine::postgres::Store),
-}
-
-impl Inner {
-    /// The file, or the database's URL without its password.
-    fn location(&self) -> String {
-        match &self.backend {
-            Backend::Sqlite(store) => store.path().display().to_string(),
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(store) => store.describe(),
-        }
-    }
-
-    /// The PostgreSQL engine, or [`Error::Unsupported`] for `what`.
-    #[cfg(feature = "postgres")]
-    fn postgres(&self, what: &'static str) -> Result<&crate::engine::postgres::Store> {
-        match &self.backend {
-            Backend::Postgres(store) => Ok(store),
-            Backend::Sqlite(_) => Err(Error::Unsupported {
-                what,
-                engine: "SQLite",
-            }),
-        }
-    }
-
-    /// The SQLite engine, or [`Error::Unsupported`] for `what`.
-    fn sqlite(&self, what: &'static str) -> Result<&Store> {
-        #[cfg(not(feature = "postgres"))]
-        let _ = what;
-        match &self.backend {
-            Backend::Sqlite(store) => Ok(store),
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => Err(Error::Unsupported {
-                what,
-                engine: "PostgreSQL",
-            }),
-        }
-    }
 }
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Queue")
-            .field("location", &self.location())
+            .field("location", &self.engine.location())
             .field("durability", &self.config.durability)
             .finish()
     }
@@ -458,22 +367,18 @@ impl Queue {
     /// The file this queue works on; on PostgreSQL, an empty path (see
     /// [`Queue::location`]).
     pub fn path(&self) -> &Path {
-        match &self.inner.backend {
-            Backend::Sqlite(store) => store.path(),
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => Path::new(""),
-        }
+        self.inner.engine.file().unwrap_or(Path::new(""))
     }
 
     /// Where this queue lives, for messages: the file's path, or the
     /// PostgreSQL URL with its password replaced by `***`.
     pub fn location(&self) -> String {
-        self.inner.location()
+        self.inner.engine.location()
     }
 
     /// Whether this queue lives in PostgreSQL (rather than a SQLite file).
     pub fn is_postgres(&self) -> bool {
-        !matches!(self.inner.backend, Backend::Sqlite(_))
+        self.inner.engine.file().is_none()
     }
 
     /// The clock this queue reads "now" from: the builder's, or on
@@ -489,16 +394,12 @@ impl Queue {
 
     /// The schema version this build writes (`PRAGMA user_version`).
     pub fn schema_version() -> i64 {
-        crate::engine::sqlite::schema_version()
+        crate::engine::file_schema_version_written()
     }
 
     /// The engine behind this queue.
     pub(crate) fn engine(&self) -> &dyn Engine {
-        match &self.inner.backend {
-            Backend::Sqlite(store) => store,
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(store) => store,
-        }
+        &*self.inner.engine
     }
 
     pub(crate) fn now_ms(&self) -> i64 {
@@ -610,7 +511,7 @@ impl Queue {
     /// # Errors
     /// [`Error::Sqlite`], [`Error::NotWal`], [`Error::PragmaMismatch`].
     pub fn open_connection(&self) -> Result<Connection> {
-        self.inner.sqlite("open_connection")?.open_connection()
+        self.engine().open_connection()
     }
 
     /// Writes `job` inside the caller's own transaction `tx`, opened on a
@@ -652,9 +553,7 @@ impl Queue {
             .into_iter()
             .map(|job| self.validate(job, now))
             .collect::<Result<Vec<_>>>()?;
-        self.inner
-            .sqlite("enqueue_tx with a rusqlite transaction")?
-            .enqueue_tx(tx, &rows, now)
+        self.engine().enqueue_in_sqlite_tx(tx, &rows, now)
     }
 
     /// Runs `app_writes` and marks the job succeeded in one `BEGIN
@@ -687,9 +586,18 @@ impl Queue {
         lease: &Lease,
         app_writes: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>,
     ) -> Result<T> {
-        self.inner
-            .sqlite("complete_with with a rusqlite transaction")?
-            .complete_with(lease, app_writes)
+        let mut app_writes = Some(app_writes);
+        let mut value = None;
+        self.engine().complete_with_sqlite(lease, &mut |tx| {
+            let writes = app_writes.take().ok_or_else(|| {
+                Error::aborted(
+                    "the commit after app_writes was refused as busy; nothing was written",
+                )
+            })?;
+            value = Some(writes(tx)?);
+            Ok(())
+        })?;
+        value.ok_or_else(|| Error::aborted("app_writes did not run; nothing was written"))
     }
 
     pub(crate) fn validate(&self, job: NewJob, now: i64) -> Result<ValidJob> {
@@ -1259,12 +1167,7 @@ impl Queue {
     /// # Errors
     /// [`Error::Io`] if the log cannot be opened or synced.
     pub fn sync(&self) -> Result<()> {
-        match &self.inner.backend {
-            Backend::Sqlite(store) => store.sync(),
-            // Every commit is durable as the server's settings make it.
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => Ok(()),
-        }
+        self.engine().sync()
     }
 
     /// The durability this queue was opened with.
@@ -1291,17 +1194,13 @@ impl Queue {
     /// cannot grow to take the copied pages; [`Error::Sqlite`] for other
     /// SQLite failures.
     pub fn checkpoint(&self) -> Result<Checkpoint> {
-        self.inner.sqlite("checkpoint")?.checkpoint()
+        self.engine().checkpoint()
     }
 
     /// How long this process's write transactions (through any clone of
     /// this `Queue`) waited for the write lock so far.
     pub fn write_lock_waits(&self) -> WriteLockWaits {
-        match &self.inner.backend {
-            Backend::Sqlite(store) => store.write_lock_waits(),
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => WriteLockWaits::default(),
-        }
+        self.engine().write_lock_waits()
     }
 
     // ------------------------------------------------------- change watching
@@ -1318,11 +1217,7 @@ impl Queue {
     /// # Errors
     /// [`Error::Sqlite`] if its connection cannot be opened.
     pub fn watcher(&self) -> Result<ChangeWatcher> {
-        match &self.inner.backend {
-            Backend::Sqlite(store) => Ok(ChangeWatcher::sqlite(store.watcher()?)),
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(store) => Ok(ChangeWatcher::postgres(store.watcher())),
-        }
+        Ok(ChangeWatcher::new(self.engine().watcher()?))
     }
 
     /// Whether the queue file at `path` and its `-wal` and `-shm` files
@@ -1337,29 +1232,7 @@ impl Queue {
     /// [`Error::Io`] if `path` cannot be examined (it does not exist, or a
     /// folder on the way is not searchable).
     pub fn file_is_private(path: impl AsRef<Path>) -> Result<bool> {
-        let path = path.as_ref();
-        let meta = std::fs::metadata(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let shared = |m: &std::fs::Metadata| m.permissions().mode() & 0o077 != 0;
-            if shared(&meta) {
-                return Ok(false);
-            }
-            for suffix in ["-wal", "-shm"] {
-                let mut name = path.as_os_str().to_owned();
-                name.push(suffix);
-                if std::fs::metadata(PathBuf::from(name)).is_ok_and(|m| shared(&m)) {
-                    return Ok(false);
-                }
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = meta;
-        Ok(true)
+        crate::engine::file_is_private(path.as_ref())
     }
 
     /// [`Queue::file_is_private`] for this queue's file.
@@ -1367,10 +1240,10 @@ impl Queue {
     /// # Errors
     /// As [`Queue::file_is_private`].
     pub fn is_private(&self) -> Result<bool> {
-        if self.is_postgres() {
-            return Ok(true);
+        match self.inner.engine.file() {
+            Some(file) => Queue::file_is_private(file),
+            None => Ok(true),
         }
-        Queue::file_is_private(self.path())
     }
 }
 
@@ -1406,13 +1279,12 @@ impl Queue {
         tx: &mut postgres::Transaction<'_>,
         jobs: Vec<NewJob>,
     ) -> Result<Vec<JobId>> {
-        let store = self.inner.postgres("enqueue_pg_tx")?;
         let now = self.now_ms();
         let rows = jobs
             .into_iter()
             .map(|job| self.validate(job, now))
             .collect::<Result<Vec<_>>>()?;
-        store.enqueue_in(tx, &rows)
+        self.engine().enqueue_in_pg_tx(tx, &rows)
     }
 
     /// Runs `app_writes` and marks the job succeeded in one transaction on
@@ -1433,9 +1305,16 @@ impl Queue {
         lease: &Lease,
         app_writes: impl FnOnce(&mut postgres::Transaction<'_>) -> Result<T>,
     ) -> Result<T> {
-        self.inner
-            .postgres("complete_with_pg")?
-            .complete_with(lease, app_writes)
+        let mut app_writes = Some(app_writes);
+        let mut value = None;
+        self.engine().complete_with_pg(lease, &mut |tx| {
+            let writes = app_writes
+                .take()
+                .ok_or_else(|| Error::aborted("app_writes runs once; nothing more was written"))?;
+            value = Some(writes(tx)?);
+            Ok(())
+        })?;
+        value.ok_or_else(|| Error::aborted("app_writes did not run; nothing was written"))
     }
 }
 
@@ -1450,7 +1329,7 @@ impl Queue {
     /// [`Error::NotADatabase`] (not SQLite, or damaged), [`Error::ReadOnly`]
     /// (cannot be opened), [`Error::Sqlite`].
     pub fn file_schema_version(path: impl AsRef<Path>) -> Result<Option<i64>> {
-        crate::engine::sqlite::file_schema_version(path.as_ref())
+        crate::engine::file_schema_version(path.as_ref())
     }
 
     /// Checks `job` as [`Queue::enqueue`] would, without storing anything:
@@ -1509,10 +1388,10 @@ impl Queue {
 
     /// Size of the file's `-wal` file in bytes (0 if there is none).
     pub fn wal_bytes(&self) -> u64 {
-        if self.is_postgres() {
-            return 0;
-        }
-        std::fs::metadata(crate::engine::sqlite::wal_path(self.path())).map_or(0, |m| m.len())
+        self.inner
+            .engine
+            .file()
+            .map_or(0, crate::engine::file_wal_bytes)
     }
 }
 

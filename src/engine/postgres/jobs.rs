@@ -1537,15 +1537,15 @@ impl Store {
 
     /// See [`crate::Queue::complete_with_pg`]: one try, as `app_writes` runs
     /// once.
-    pub(crate) fn complete_with<T>(
+    pub(crate) fn complete_with(
         &self,
         lease: &Lease,
-        app_writes: impl FnOnce(&mut postgres::Transaction<'_>) -> Result<T>,
-    ) -> Result<T> {
+        app_writes: &mut dyn FnMut(&mut postgres::Transaction<'_>) -> Result<()>,
+    ) -> Result<()> {
         let mut conn = self.pooled()?;
         let conn = &mut *conn;
         let mut app = conn.client.transaction()?;
-        let value = app_writes(&mut app)?;
+        app_writes(&mut app)?;
         let changed = app.execute(
             COMPLETE_SQL,
             &[&self.now_ms(), &lease.job_id.0, &lease.run_token.0],
@@ -1557,6 +1557,6 @@ impl Store {
             });
         }
         app.commit()?;
-        Ok(value)
+        Ok(())
     }
 }

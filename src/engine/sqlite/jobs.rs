@@ -774,31 +774,24 @@ impl Store {
         Ok(ids)
     }
 
-    /// See [`crate::Queue::complete_with`].
-    pub(crate) fn complete_with<T>(
+    /// See [`crate::Queue::complete_with`]. Only a busy BEGIN is retried,
+    /// before `app_writes` ran; a busy error after it ran is the
+    /// application's (or, not expected under BEGIN IMMEDIATE, the
+    /// commit's): it rolls back and is returned as [`Error::Aborted`],
+    /// never retried (the caller's `app_writes` refuses a second call).
+    pub(crate) fn complete_with(
         &self,
         lease: &Lease,
-        app_writes: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>,
-    ) -> Result<T> {
-        let mut app_writes = Some(app_writes);
+        app_writes: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> Result<()>,
+    ) -> Result<()> {
         self.write(|tx| {
-            // Only a busy BEGIN is retried, before app_writes ran. A busy
-            // error after it ran is the application's (or, not expected
-            // under BEGIN IMMEDIATE, the commit's): it rolls back and is
-            // returned as it is, never retried.
-            let writes = app_writes.take().ok_or_else(|| {
-                Error::aborted(
-                    "the commit after app_writes was refused as busy; nothing was written",
-                )
-            })?;
-            let value = writes(tx).map_err(|e| if e.is_busy() { Error::aborted(e) } else { e })?;
+            app_writes(tx).map_err(|e| if e.is_busy() { Error::aborted(e) } else { e })?;
             let changed = tx.prepare_cached(COMPLETE_SQL)?.execute(params![
                 self.now_ms(),
                 lease.job_id.0,
                 lease.run_token.0
             ])?;
-            fenced(changed, lease)?;
-            Ok(value)
+            fenced(changed, lease)
         })
     }
 

@@ -144,3 +144,17 @@ pub(crate) fn data_version(conn: &Connection) -> Result<i64> {
         .prepare_cached("PRAGMA data_version")?
         .query_row([], |r| r.get(0))?)
 }
+
+impl crate::engine::Watch for FileWatcher {
+    fn wait(&mut self, timeout: Duration, poll: Duration) -> Result<bool> {
+        FileWatcher::wait(self, timeout, poll)
+    }
+
+    fn changed(&mut self) -> Result<bool> {
+        FileWatcher::changed(self)
+    }
+
+    fn wake_sender(&self) -> Sender<()> {
+        FileWatcher::wake_sender(self)
+    }
+}
