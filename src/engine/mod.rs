@@ -38,8 +38,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use types::{
-    Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter, Outcome, OutcomeSync, Stats,
-    ValidJob,
+    Checkpoint, ClaimRequest, ConnectionHook, Durability, ExpiredLease, JobFilter, Outcome,
+    OutcomeSync, ReapLook, RetryDeadBatch, Stats, ValidJob,
 };
 
 /// Decides and applies one due schedule's firing through the engine's
@@ -303,13 +303,29 @@ pub(crate) trait Engine: Capabilities + ScheduleStore + Send + Sync {
         sync: OutcomeSync,
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)>;
 
-    /// One look of [`crate::Queue::reap`]: leases expired before
-    /// `cutoff` (ms; `None`: now), taken back at once.
-    fn reap_expired_before(&self, cutoff: Option<i64>) -> Result<u64>;
+    /// One look of the reaper, in one write transaction: first moves
+    /// leases granted "in the future" by a backward step of the wall clock
+    /// to expire one lease length from now (their `lease_ms`, plus
+    /// `BACKWARD_STEP_MARGIN`), then finds up to `REAP_BATCH` leases
+    /// expired before `cutoff` (ms; or now, if earlier) and takes back
+    /// those `take` accepts, with the retry-or-dead rule and a
+    /// lease-expired error. `take` is also told whether getting the write
+    /// transaction had to wait for another connection (an engine without a
+    /// lock on the whole queue never waits). One row the engine refuses
+    /// costs that row alone.
+    fn reap_look(
+        &self,
+        cutoff: Option<i64>,
+        take: &mut dyn FnMut(&ExpiredLease, bool) -> bool,
+    ) -> Result<ReapLook>;
 
-    /// See [`crate::Queue::reap_at`]: `cutoff` is "now" in ms, as read
-    /// before waiting for the write lock.
-    fn reap_settled(&self, cutoff: i64) -> Result<u64>;
+    /// Wakes this process's watchers (other processes' watchers see the
+    /// commit) after jobs became claimable outside a claim or an outcome.
+    fn wake_watchers(&self);
+
+    /// The engine's upkeep, once per background reaper round (PostgreSQL:
+    /// a vacuum of the jobs table when it needs one).
+    fn upkeep(&self) {}
 
     /// See [`crate::Queue::cancel`].
     fn cancel(&self, id: JobId) -> Result<()>;
@@ -317,8 +333,11 @@ pub(crate) trait Engine: Capabilities + ScheduleStore + Send + Sync {
     /// See [`crate::Queue::retry`].
     fn retry(&self, id: JobId) -> Result<()>;
 
-    /// See [`crate::Queue::prune`].
-    fn prune(&self, finished_before: DateTime<Utc>) -> Result<u64>;
+    /// One transaction of [`crate::Queue::prune`] and
+    /// [`crate::Queue::prune_state`]: deletes up to `limit` finished jobs
+    /// (only of `state`, if given) that finished before `before` (ms).
+    /// Returns how many.
+    fn prune_batch(&self, before: i64, state: Option<JobState>, limit: i64) -> Result<u64>;
 
     /// See [`crate::Queue::get`].
     fn get(&self, id: JobId) -> Result<Job>;
@@ -332,11 +351,16 @@ pub(crate) trait Engine: Capabilities + ScheduleStore + Send + Sync {
     /// See [`crate::Queue::stats`].
     fn stats(&self) -> Result<Stats>;
 
-    /// See [`crate::Queue::retry_dead`].
-    fn retry_dead(&self, queue: Option<&str>) -> Result<(u64, u64)>;
-
-    /// See [`crate::Queue::prune_state`].
-    fn prune_state(&self, finished_before: DateTime<Utc>, state: JobState) -> Result<u64>;
+    /// One transaction of [`crate::Queue::retry_dead`]: up to `limit` dead
+    /// jobs (of `queue`, if given) with ids above `after_id`, in id order,
+    /// each made pending (due now, attempts 0) unless its unique_key is
+    /// held by an unfinished job.
+    fn retry_dead_batch(
+        &self,
+        queue: Option<&str>,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<RetryDeadBatch>;
 
     /// See [`crate::Queue::finished_since`].
     fn finished_since(&self, since: DateTime<Utc>) -> Result<u64>;

@@ -400,3 +400,48 @@ impl From<StoredAttemptError> for crate::job::AttemptError {
 /// expiring more than its own length plus this margin from now is set to
 /// expire one length from now.
 pub const BACKWARD_STEP_MARGIN: Duration = Duration::from_secs(2);
+
+/// Most expired leases one reaper look takes back.
+pub(crate) const REAP_BATCH: i64 = 1_000;
+
+/// Most finished jobs one prune transaction deletes, and most dead jobs
+/// one `retry_dead` transaction looks at.
+pub(crate) const PRUNE_BATCH: i64 = 5_000;
+
+/// Most scheduled jobs one claim transaction promotes to pending, so a
+/// million jobs falling due at once cannot make one claim transaction long.
+pub(crate) const PROMOTE_BATCH: i64 = 5_000;
+
+/// An expired lease as one reaper look saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ExpiredLease {
+    pub id: i64,
+    pub run_token: String,
+    pub expires_at: i64,
+}
+
+/// What one reaper look did.
+pub(crate) struct ReapLook {
+    pub taken: u64,
+    /// Expired and not taken back (not yet confirmed).
+    pub left: Vec<ExpiredLease>,
+    /// The look saw `REAP_BATCH` expired leases: there may be more.
+    pub batch_full: bool,
+}
+
+/// What one `retry_dead` transaction did.
+pub(crate) struct RetryDeadBatch {
+    pub retried: u64,
+    /// Dead jobs left dead: their unique_key is held by an unfinished job.
+    pub left_dead: u64,
+    /// The highest id looked at, and how many were looked at.
+    pub last_id: Option<i64>,
+    pub seen: usize,
+}
+
+/// The error a job taken back by the reaper keeps.
+pub(crate) fn lease_expired_error(worker: &str, attempts: impl std::fmt::Display) -> String {
+    format!(
+        "lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time"
+    )
+}

@@ -26,6 +26,7 @@
 //!   `src/schedule.rs` (`Queue::fire`), their SQL in
 //!   `src/sqlite/schedules.rs` (`ScheduleStore`, `ScheduleTx`).
 
+mod reap;
 mod schedules;
 
 use crate::clock::{Clock, SystemClock};
@@ -857,53 +858,6 @@ impl Queue {
         self.engine().record_and_claim(outcomes, claim, sync)
     }
 
-    // ----------------------------------------------------------------- reaper
-
-    /// Takes back jobs whose lease ran out (`lease_expires_at < now`): to
-    /// waiting with backoff if attempts are left, else `dead`, with
-    /// `last_error` saying the lease expired. Each update repeats the
-    /// condition (`status = 'running' AND run_token = ? AND lease_expires_at
-    /// < now`), so a heartbeat that landed first wins. Safe to run from any
-    /// number of processes. Returns how many jobs were taken back.
-    ///
-    /// A job whose worker dies on every attempt therefore ends `dead` after
-    /// `max_attempts` claims.
-    ///
-    /// This is one look, at once: for tests and one-off use. A holder whose
-    /// heartbeat is queued behind a write lock that another connection
-    /// held past its lease can lose its job to it. Background reaping
-    /// (the [`crate::Reaper`], `tickler reap`) uses [`Queue::reap_at`],
-    /// which waits for such heartbeats.
-    ///
-    /// # Errors
-    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`].
-    pub fn reap(&self) -> Result<u64> {
-        self.reap_expired_before(None)
-    }
-
-    /// [`Queue::reap`] as background reaping should do it: leases are
-    /// judged against `now` as read before waiting for the write lock (the
-    /// reaper thread passes the time its clock-step check saw, so a clock
-    /// step during the wait cannot make it take live leases), and a lease is
-    /// taken back only after two looks, 100 ms apart, each of which got the
-    /// write lock without waiting for another connection, saw it expired
-    /// with the same expiry. A holder whose heartbeat was stuck behind the
-    /// same lock (another process's long transaction, a slow disk) renews
-    /// in between and keeps its job. A holder that is really gone is taken
-    /// back in the second look; while the lock stays busy, at the latest in
-    /// the tenth (about 1 s plus the lock waits). Returns how many jobs
-    /// were taken back; takes at least 100 ms when any lease is expired.
-    ///
-    /// # Errors
-    /// As [`Queue::reap`].
-    pub fn reap_at(&self, now: DateTime<Utc>) -> Result<u64> {
-        self.engine().reap_settled(now.timestamp_millis())
-    }
-
-    fn reap_expired_before(&self, cutoff: Option<i64>) -> Result<u64> {
-        self.engine().reap_expired_before(cutoff)
-    }
-
     // ---------------------------------------------------------- paused queues
 
     /// Pauses a queue: from the moment this returns, no claim of any
@@ -988,7 +942,21 @@ impl Queue {
     /// # Errors
     /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`].
     pub fn prune(&self, finished_before: DateTime<Utc>) -> Result<u64> {
-        self.engine().prune(finished_before)
+        self.prune_where(finished_before, None)
+    }
+
+    /// Prunes in transactions of at most `PRUNE_BATCH` jobs, so that
+    /// writers of other processes wait for none of them long.
+    fn prune_where(&self, finished_before: DateTime<Utc>, state: Option<JobState>) -> Result<u64> {
+        let before = finished_before.timestamp_millis();
+        let mut total = 0u64;
+        loop {
+            let deleted = self.engine().prune_batch(before, state, PRUNE_BATCH)?;
+            total += deleted;
+            if (deleted as i64) < PRUNE_BATCH {
+                return Ok(total);
+            }
+        }
     }
 
     // ------------------------------------------------------------------ reads
@@ -1353,7 +1321,23 @@ impl Queue {
     /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]; jobs retried
     /// by earlier transactions stay retried.
     pub fn retry_dead(&self, queue: Option<&str>) -> Result<(u64, u64)> {
-        self.engine().retry_dead(queue)
+        let (mut retried, mut left_dead) = (0u64, 0u64);
+        let mut after_id = 0i64;
+        loop {
+            let batch = self
+                .engine()
+                .retry_dead_batch(queue, after_id, PRUNE_BATCH)?;
+            retried += batch.retried;
+            left_dead += batch.left_dead;
+            match batch.last_id {
+                Some(id) if (batch.seen as i64) >= PRUNE_BATCH => after_id = id,
+                _ => break,
+            }
+        }
+        if retried > 0 {
+            self.engine().wake_watchers();
+        }
+        Ok((retried, left_dead))
     }
 
     /// As [`Queue::prune`], but only jobs in `state` (succeeded, dead or
@@ -1363,7 +1347,12 @@ impl Queue {
     /// [`Error::InvalidArgument`] for a state that is not finished;
     /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`].
     pub fn prune_state(&self, finished_before: DateTime<Utc>, state: JobState) -> Result<u64> {
-        self.engine().prune_state(finished_before, state)
+        if !state.is_terminal() {
+            return Err(Error::InvalidArgument(format!(
+                "only finished jobs can be pruned (succeeded, dead, cancelled), not {state}"
+            )));
+        }
+        self.prune_where(finished_before, Some(state))
     }
 
     /// Number of jobs that reached a finished state (succeeded, dead,

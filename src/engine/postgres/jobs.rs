@@ -18,45 +18,12 @@ use crate::lease::Lease;
 use crate::retry::RetryPolicy;
 
 use chrono::{DateTime, Utc};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
-
-/// Most scheduled jobs one claim transaction promotes to pending.
-const PROMOTE_BATCH: i64 = 5_000;
 
 /// Outcomes from which [`Engine::record_and_claim`] records them in a
 /// transaction of their own beside the claim's, rather than in one.
 const PARALLEL_OUTCOMES: usize = 64;
-
-/// Most expired leases one reaper transaction takes back.
-const REAP_BATCH: i64 = 1_000;
-
-/// Time between two looks of [`crate::Queue::reap_at`] at an expired
-/// lease, as on SQLite.
-const REAP_SETTLE: Duration = Duration::from_millis(100);
-
-/// Most looks of one [`crate::Queue::reap_at`] call, as on SQLite.
-const REAP_MAX_LOOKS: u32 = 10;
-
-/// An expired lease as one reaper look saw it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct ExpiredLease {
-    id: i64,
-    run_token: String,
-    expires_at: i64,
-}
-
-/// What one reaper look did.
-struct ReapLook {
-    taken: u64,
-    /// Expired and not taken back (not yet confirmed).
-    left: Vec<ExpiredLease>,
-    /// The look saw `REAP_BATCH` expired leases: there may be more.
-    batch_full: bool,
-}
-
-/// Most finished jobs one prune transaction deletes.
-const PRUNE_BATCH: i64 = 5_000;
 
 /// Tries of an insert whose unique_key's holder finished between the
 /// insert and the read of its id.
@@ -992,49 +959,72 @@ impl Engine for Store {
         Ok((results, leases))
     }
 
-    fn reap_expired_before(&self, cutoff: Option<i64>) -> Result<u64> {
-        let mut total = 0;
-        loop {
-            let look = self.reap_look(cutoff, |_| true)?;
-            total += look.taken;
-            if !look.batch_full {
-                break;
+    fn reap_look(
+        &self,
+        cutoff: Option<i64>,
+        take: &mut dyn FnMut(&ExpiredLease, bool) -> bool,
+    ) -> Result<ReapLook> {
+        let policy = self.retry_policy;
+        self.write(|tx, _| {
+            let stepped_now = self.now_ms();
+            let margin = crate::engine::types::BACKWARD_STEP_MARGIN.as_millis() as i64;
+            tx.execute(LEASE_STEP_SQL, &[&stepped_now, &margin])?;
+            tx.execute(CANCELLED_LEASE_STEP_SQL, &[&stepped_now, &margin])?;
+            let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
+            let expired = tx.query(
+                "SELECT id, run_token, attempts, coalesce(claimed_by, '?'), lease_expires_at
+                 FROM tickler_jobs
+                 WHERE status = 'running' AND lease_expires_at < $1::bigint
+                 ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+                &[&now, &REAP_BATCH],
+            )?;
+            tx.execute(
+                "UPDATE tickler_jobs SET lease_expires_at = NULL
+                 WHERE id = ANY(ARRAY(
+                     SELECT id FROM tickler_jobs
+                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at < $1::bigint
+                     FOR UPDATE SKIP LOCKED))",
+                &[&now],
+            )?;
+            let batch_full = expired.len() as i64 >= REAP_BATCH;
+            let mut taken = 0u64;
+            let mut left = Vec::new();
+            for row in expired {
+                let lease = ExpiredLease {
+                    id: row.get(0),
+                    run_token: row.get(1),
+                    expires_at: row.get(4),
+                };
+                // No look waits for a lock on the whole database here.
+                if !take(&lease, false) {
+                    left.push(lease);
+                    continue;
+                }
+                let attempts: i64 = row.get(2);
+                let worker: String = row.get(3);
+                let attempt = u32::try_from(attempts.max(0)).unwrap_or(u32::MAX);
+                let retry_at = retry_time(now, &policy, attempt);
+                let error = lease_expired_error(&worker, attempts);
+                let error = storable(&cut_error(&error)).into_owned();
+                taken += tx.execute(
+                    REAP_SQL,
+                    &[&now, &retry_at, &error, &lease.id, &lease.run_token, &now],
+                )?;
             }
-        }
-        if total > 0 {
-            self.notify_watchers();
-        }
-        Ok(total)
+            Ok(ReapLook {
+                taken,
+                left,
+                batch_full,
+            })
+        })
     }
 
-    /// As on SQLite, a lease is taken back only once two looks, at least
-    /// `REAP_SETTLE` apart, saw it expired with the same expiry: a
-    /// heartbeat or outcome that lands in between (its connection was
-    /// slow, its pool waited for a connection) wins. No look waits for a
-    /// lock on the whole database here, so every look counts as clean.
-    fn reap_settled(&self, cutoff: i64) -> Result<u64> {
-        let mut total = 0u64;
-        let mut seen: Option<HashSet<ExpiredLease>> = None;
-        for look in 1..=REAP_MAX_LOOKS {
-            let before = seen.take();
-            let result = self.reap_look(Some(cutoff), |lease| {
-                before.as_ref().is_some_and(|seen| seen.contains(lease))
-            })?;
-            total += result.taken;
-            if result.left.is_empty() && !result.batch_full {
-                break;
-            }
-            seen = Some(result.left.into_iter().collect());
-            if look < REAP_MAX_LOOKS {
-                std::thread::sleep(REAP_SETTLE);
-            }
-        }
-        if total > 0 {
-            self.notify_watchers();
-        }
-        // The background reaper's round is also the jobs table's upkeep.
+    fn wake_watchers(&self) {
+        self.notify_watchers();
+    }
+
+    fn upkeep(&self) {
         self.maybe_vacuum();
-        Ok(total)
     }
 
     fn cancel(&self, id: JobId) -> Result<()> {
@@ -1100,8 +1090,18 @@ impl Engine for Store {
         Ok(())
     }
 
-    fn prune(&self, finished_before: DateTime<Utc>) -> Result<u64> {
-        self.prune_where(finished_before, None)
+    fn prune_batch(&self, before: i64, state: Option<JobState>, limit: i64) -> Result<u64> {
+        let state = state.map(JobState::as_str);
+        self.write(|tx, _| {
+            tx.execute(
+                "DELETE FROM tickler_jobs WHERE id = ANY(ARRAY(
+                     SELECT id FROM tickler_jobs
+                     WHERE finished_at IS NOT NULL AND finished_at < $1::bigint
+                       AND ($2::text IS NULL OR status = $2)
+                     LIMIT $3 FOR UPDATE SKIP LOCKED))",
+                &[&before, &state, &limit],
+            )
+        })
     }
 
     fn get(&self, id: JobId) -> Result<Job> {
@@ -1177,59 +1177,46 @@ impl Engine for Store {
         })
     }
 
-    fn retry_dead(&self, queue: Option<&str>) -> Result<(u64, u64)> {
-        let (mut retried, mut left_dead) = (0u64, 0u64);
-        let mut after_id = 0i64;
-        loop {
-            let (done, kept, last, seen) = self.write(|tx, _| {
-                let dead = tx.query(
-                    "SELECT id, unique_key FROM tickler_jobs
-                     WHERE status = 'dead' AND ($1::text IS NULL OR queue = $1) AND id > $2
-                     ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED",
-                    &[&queue, &after_id, &PRUNE_BATCH],
-                )?;
-                let now = self.now_ms();
-                let (mut done, mut kept) = (0u64, 0u64);
-                let mut last = None;
-                for r in &dead {
-                    let id: i64 = r.get(0);
-                    let key: Option<String> = r.get(1);
-                    last = Some(id);
-                    if let Some(key) = &key {
-                        if tx.query_opt(HELD_SQL, &[key])?.is_some() {
-                            kept += 1;
-                            continue;
-                        }
+    fn retry_dead_batch(
+        &self,
+        queue: Option<&str>,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<RetryDeadBatch> {
+        self.write(|tx, _| {
+            let dead = tx.query(
+                "SELECT id, unique_key FROM tickler_jobs
+                 WHERE status = 'dead' AND ($1::text IS NULL OR queue = $1) AND id > $2
+                 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED",
+                &[&queue, &after_id, &limit],
+            )?;
+            let now = self.now_ms();
+            let (mut retried, mut left_dead) = (0u64, 0u64);
+            let mut last_id = None;
+            for r in &dead {
+                let id: i64 = r.get(0);
+                let key: Option<String> = r.get(1);
+                last_id = Some(id);
+                if let Some(key) = &key {
+                    if tx.query_opt(HELD_SQL, &[key])?.is_some() {
+                        left_dead += 1;
+                        continue;
                     }
-                    done += tx.execute(
-                        "UPDATE tickler_jobs SET status = 'pending', attempts = 0,
-                             run_at = $1::bigint, finished_at = NULL, lease_expires_at = NULL
-                         WHERE id = $2 AND status = 'dead'",
-                        &[&now, &id],
-                    )?;
                 }
-                Ok((done, kept, last, dead.len()))
-            })?;
-            retried += done;
-            left_dead += kept;
-            match last {
-                Some(id) if (seen as i64) >= PRUNE_BATCH => after_id = id,
-                _ => break,
+                retried += tx.execute(
+                    "UPDATE tickler_jobs SET status = 'pending', attempts = 0,
+                         run_at = $1::bigint, finished_at = NULL, lease_expires_at = NULL
+                     WHERE id = $2 AND status = 'dead'",
+                    &[&now, &id],
+                )?;
             }
-        }
-        if retried > 0 {
-            self.notify_watchers();
-        }
-        Ok((retried, left_dead))
-    }
-
-    fn prune_state(&self, finished_before: DateTime<Utc>, state: JobState) -> Result<u64> {
-        if !state.is_terminal() {
-            return Err(Error::InvalidArgument(format!(
-                "only finished jobs can be pruned (succeeded, dead, cancelled), not {state}"
-            )));
-        }
-        self.prune_where(finished_before, Some(state))
+            Ok(RetryDeadBatch {
+                retried,
+                left_dead,
+                last_id,
+                seen: dead.len(),
+            })
+        })
     }
 
     fn finished_since(&self, since: DateTime<Utc>) -> Result<u64> {
@@ -1408,95 +1395,6 @@ impl Store {
             }
             Ok(results)
         })
-    }
-
-    /// One reaper transaction: leases expired before `cutoff` (ms; `None`:
-    /// now), of which those `take` accepts are taken back and the others
-    /// left and reported. Rows another transaction holds (a heartbeat
-    /// landing right now) are skipped: the next look sees them again.
-    fn reap_look(
-        &self,
-        cutoff: Option<i64>,
-        take: impl Fn(&ExpiredLease) -> bool,
-    ) -> Result<ReapLook> {
-        let policy = self.retry_policy;
-        self.write(|tx, _| {
-            let stepped_now = self.now_ms();
-            let margin = crate::engine::types::BACKWARD_STEP_MARGIN.as_millis() as i64;
-            tx.execute(LEASE_STEP_SQL, &[&stepped_now, &margin])?;
-            tx.execute(CANCELLED_LEASE_STEP_SQL, &[&stepped_now, &margin])?;
-            let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
-            let expired = tx.query(
-                "SELECT id, run_token, attempts, coalesce(claimed_by, '?'), lease_expires_at
-                 FROM tickler_jobs
-                 WHERE status = 'running' AND lease_expires_at < $1::bigint
-                 ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
-                &[&now, &REAP_BATCH],
-            )?;
-            tx.execute(
-                "UPDATE tickler_jobs SET lease_expires_at = NULL
-                 WHERE id = ANY(ARRAY(
-                     SELECT id FROM tickler_jobs
-                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at < $1::bigint
-                     FOR UPDATE SKIP LOCKED))",
-                &[&now],
-            )?;
-            let batch_full = expired.len() as i64 >= REAP_BATCH;
-            let mut taken = 0u64;
-            let mut left = Vec::new();
-            for row in expired {
-                let lease = ExpiredLease {
-                    id: row.get(0),
-                    run_token: row.get(1),
-                    expires_at: row.get(4),
-                };
-                if !take(&lease) {
-                    left.push(lease);
-                    continue;
-                }
-                let attempts: i64 = row.get(2);
-                let worker: String = row.get(3);
-                let attempt = u32::try_from(attempts.max(0)).unwrap_or(u32::MAX);
-                let retry_at = retry_time(now, &policy, attempt);
-                let error = format!(
-                    "lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time"
-                );
-                let error = storable(&cut_error(&error)).into_owned();
-                taken += tx.execute(
-                    REAP_SQL,
-                    &[&now, &retry_at, &error, &lease.id, &lease.run_token, &now],
-                )?;
-            }
-            Ok(ReapLook {
-                taken,
-                left,
-                batch_full,
-            })
-        })
-    }
-
-    /// Deletes finished jobs (of `state`, if given) that finished before
-    /// `finished_before`, in short transactions.
-    fn prune_where(&self, finished_before: DateTime<Utc>, state: Option<JobState>) -> Result<u64> {
-        let before = finished_before.timestamp_millis();
-        let state = state.map(JobState::as_str);
-        let mut total = 0u64;
-        loop {
-            let deleted = self.write(|tx, _| {
-                tx.execute(
-                    "DELETE FROM tickler_jobs WHERE id = ANY(ARRAY(
-                         SELECT id FROM tickler_jobs
-                         WHERE finished_at IS NOT NULL AND finished_at < $1::bigint
-                           AND ($2::text IS NULL OR status = $2)
-                         LIMIT $3 FOR UPDATE SKIP LOCKED))",
-                    &[&before, &state, &PRUNE_BATCH],
-                )
-            })?;
-            total += deleted;
-            if (deleted as i64) < PRUNE_BATCH {
-                return Ok(total);
-            }
-        }
     }
 }
 
