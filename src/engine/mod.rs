@@ -34,13 +34,61 @@ use crate::retry::RetryPolicy;
 use crate::schedule::{Fired, Handled, NewSchedule, Schedule, Ticks};
 use chrono::{DateTime, Utc};
 use crossbeam_channel::Sender;
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use types::{
-    Checkpoint, ClaimRequest, ConnectionHook, Durability, ExpiredLease, JobFilter, Outcome,
-    OutcomeSync, ReapLook, RetryDeadBatch, Stats, ValidJob,
+    Checkpoint, ClaimOrder, ClaimRequest, ClaimedRow, ConnectionHook, Durability, ExpiredLease,
+    JobFilter, Outcome, OutcomeSync, ReapLook, RetryDeadBatch, Stats, ValidJob,
 };
+
+/// A claim as the queue hands it to an engine: what to claim, and the
+/// rules that decide it (`crate::queue::claim`: paused queues, promoting
+/// due jobs, the fair share per queue and priority aging), which the
+/// engine runs inside its own transaction through a [`ClaimTx`].
+pub(crate) struct Claim<'a> {
+    pub request: &'a ClaimRequest<'a>,
+    pub rules: ClaimRules,
+}
+
+/// The claim's rules: given the engine's transaction, the request, now and
+/// the lease expiry (ms), the leases claimed, or `None` if a backlog of due
+/// jobs was promoted and the claim must come in a later transaction.
+pub(crate) type ClaimRules =
+    fn(&mut dyn ClaimTx, &ClaimRequest<'_>, i64, i64) -> Result<Option<Vec<Lease>>>;
+
+/// The statements of a claim, in the engine's own transaction, that the
+/// claim's rules are made of.
+pub(crate) trait ClaimTx {
+    /// The paused queues, read in this transaction (a pause committed
+    /// before it holds for this claim).
+    fn paused_queues(&mut self) -> Result<BTreeSet<String>>;
+
+    /// Makes up to `limit` scheduled jobs of `queue` that are due at `now`
+    /// pending, soonest due first; returns how many.
+    fn promote_due(&mut self, queue: &str, now: i64, limit: i64) -> Result<u64>;
+
+    /// Claims up to `want` pending jobs of `queue` (only of the request's
+    /// kinds) whose unique_key no stopping holder keeps, in `order`: each
+    /// gets a fresh run_token, an attempt and a lease until `expires`,
+    /// claimed by the request's worker. The rows come back in no promised
+    /// order; one that cannot be read comes back as
+    /// [`types::ClaimedRow::Unreadable`], still running.
+    fn claim_batch(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        queue: &str,
+        want: i64,
+        order: ClaimOrder,
+        now: i64,
+        expires: i64,
+    ) -> Result<Vec<ClaimedRow>>;
+
+    /// Makes a claimed job whose row cannot be read dead with `error`,
+    /// fenced by its run_token.
+    fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()>;
+}
 
 /// Decides and applies one due schedule's firing through the engine's
 /// transaction (the schedule, its record of handled ticks, the engine's
@@ -295,11 +343,14 @@ pub(crate) trait Engine: Capabilities + ScheduleStore + Send + Sync {
     /// See [`crate::Queue::leases_held`].
     fn leases_held(&self, leases: &[&Lease]) -> Result<Vec<bool>>;
 
-    /// See [`crate::Queue::record_and_claim`].
+    /// See [`crate::Queue::record_and_claim`]: records the outcomes, then,
+    /// in the same transaction, runs `claim.rules` through the engine's
+    /// [`ClaimTx`] (again in a later transaction while they say a backlog
+    /// was promoted).
     fn record_and_claim(
         &self,
         outcomes: &[(&Lease, Outcome)],
-        claim: Option<&ClaimRequest<'_>>,
+        claim: Option<&Claim<'_>>,
         sync: OutcomeSync,
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)>;
 

@@ -159,46 +159,6 @@ impl ClaimOrder {
     }
 }
 
-impl ClaimRequest<'_> {
-    /// Spreads the claim over the queues, calling `claim_from(queue, want,
-    /// order)` (which claims up to `want` jobs and returns how many it
-    /// took): a fair share per queue first (`max / queues`, rounded up, so
-    /// one busy queue cannot starve the others a pool serves), the oldest
-    /// due jobs first within it while `oldest_first` lasts (priority
-    /// aging); then whatever is left, queue by queue, from the queues that
-    /// gave all they were asked for.
-    pub(crate) fn spread(
-        &self,
-        mut claim_from: impl FnMut(&str, usize, ClaimOrder) -> Result<usize>,
-    ) -> Result<()> {
-        let mut claim = |queue: &str, want: usize, order| {
-            if want == 0 {
-                Ok(0)
-            } else {
-                claim_from(queue, want, order)
-            }
-        };
-        let share = self.max.div_ceil(self.queues.len().max(1));
-        let mut aged_left = self.oldest_first.min(self.max);
-        let mut taken = 0;
-        let mut may_have_more = Vec::new();
-        for queue in self.queues {
-            let room = share.min(self.max - taken);
-            let aged = claim(queue, aged_left.min(room), ClaimOrder::Oldest)?;
-            aged_left -= aged;
-            let rest = claim(queue, room - aged, ClaimOrder::Priority)?;
-            taken += aged + rest;
-            if aged + rest == room {
-                may_have_more.push(*queue);
-            }
-        }
-        for queue in may_have_more {
-            taken += claim(queue, self.max - taken, ClaimOrder::Priority)?;
-        }
-        Ok(())
-    }
-}
-
 /// Filter for [`Queue::list`](crate::Queue::list). `None` fields match everything.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobFilter {

@@ -26,6 +26,7 @@
 //!   `src/schedule.rs` (`Queue::fire`), their SQL in
 //!   `src/sqlite/schedules.rs` (`ScheduleStore`, `ScheduleTx`).
 
+mod claim;
 mod reap;
 mod schedules;
 
@@ -855,7 +856,12 @@ impl Queue {
         claim: Option<&ClaimRequest<'_>>,
         sync: OutcomeSync,
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
-        self.engine().record_and_claim(outcomes, claim, sync)
+        let claim = claim.map(|request| crate::engine::Claim {
+            request,
+            rules: claim::claim_in,
+        });
+        self.engine()
+            .record_and_claim(outcomes, claim.as_ref(), sync)
     }
 
     // ---------------------------------------------------------- paused queues

@@ -11,7 +11,7 @@ use super::rows::*;
 use super::{statement_level, storable, Attempt, Store, Tx};
 use crate::clock::ms_to_datetime;
 use crate::engine::types::*;
-use crate::engine::{Engine, FinishedSample, STATS_COUNTS_SQL};
+use crate::engine::{Claim, ClaimTx, Engine, FinishedSample, STATS_COUNTS_SQL};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
 use crate::lease::Lease;
@@ -618,83 +618,56 @@ fn record_all(
     Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
 }
 
-/// Claims per `request` in `tx`; `None` if a backlog of due scheduled
-/// jobs was promoted and the claim must come in a later transaction.
-fn claim_in(
-    tx: &mut Tx<'_>,
-    request: &ClaimRequest<'_>,
-    lease_ms: i64,
-    now: i64,
+/// A [`ClaimTx`] on an open PostgreSQL transaction: the claiming
+/// statements of this claim's kinds, and the id marking its rows (for a
+/// commit whose acknowledgement was lost).
+struct InTransaction<'a, 'b> {
+    tx: &'a mut Tx<'b>,
+    sql: &'a (String, String),
     claim_id: i64,
-) -> Result<Option<Vec<Lease>>> {
-    // Read by this transaction: under READ COMMITTED a pause committed
-    // before this statement began holds for this claim.
-    let paused = paused_in(tx)?;
-    let open: Vec<&str> = request
-        .queues
-        .iter()
-        .copied()
-        .filter(|q| !paused.contains(*q))
-        .collect();
-    let request = &ClaimRequest {
-        queues: &open,
-        ..*request
-    };
-    let mut backlog = false;
-    for queue in request.queues {
-        let promoted = tx.execute(PROMOTE_SQL, &[queue, &now, &PROMOTE_BATCH])?;
-        backlog |= promoted as i64 >= PROMOTE_BATCH;
+}
+
+impl ClaimTx for InTransaction<'_, '_> {
+    fn paused_queues(&mut self) -> Result<std::collections::BTreeSet<String>> {
+        paused_in(self.tx)
     }
-    if backlog {
-        return Ok(None);
+
+    fn promote_due(&mut self, queue: &str, now: i64, limit: i64) -> Result<u64> {
+        self.tx.execute(PROMOTE_SQL, &[&queue, &now, &limit])
     }
-    let expires = now.saturating_add(lease_ms).min(MAX_TIMESTAMP_MS);
-    let kinds: Option<Vec<&str>> = request.kinds.map(<[&str]>::to_vec);
-    let sql = (
-        claim_sql(kinds.is_some(), ClaimOrder::Priority),
-        claim_sql(kinds.is_some(), ClaimOrder::Oldest),
-    );
-    let mut leases = Vec::new();
-    let mut unreadable = Vec::new();
-    request.spread(|queue, want, order| {
-        let want = i64::try_from(want).unwrap_or(i64::MAX);
+
+    fn claim_batch(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        queue: &str,
+        want: i64,
+        order: ClaimOrder,
+        now: i64,
+        expires: i64,
+    ) -> Result<Vec<ClaimedRow>> {
         let sql = match order {
-            ClaimOrder::Priority => &sql.0,
-            ClaimOrder::Oldest => &sql.1,
+            ClaimOrder::Priority => &self.sql.0,
+            ClaimOrder::Oldest => &self.sql.1,
         };
         let worker = storable(request.worker_id);
-        let rows = match &kinds {
-            Some(kinds) => tx.query(
+        let claim_id = self.claim_id;
+        let rows = match request.kinds {
+            Some(kinds) => self.tx.query(
                 sql,
-                &[&worker, &now, &expires, &queue, &want, &claim_id, kinds],
+                &[&worker, &now, &expires, &queue, &want, &claim_id, &kinds],
             )?,
-            None => tx.query(sql, &[&worker, &now, &expires, &queue, &want, &claim_id])?,
+            None => self
+                .tx
+                .query(sql, &[&worker, &now, &expires, &queue, &want, &claim_id])?,
         };
-        let n = rows.len();
-        let mut claimed = Vec::with_capacity(n);
-        for row in &rows {
-            match claimed_from_row(row)? {
-                ClaimedRow::Readable(lease) => claimed.push(lease),
-                ClaimedRow::Unreadable {
-                    job_id,
-                    run_token,
-                    problems,
-                } => unreadable.push((job_id, run_token, problems)),
-            }
-        }
-        claimed.sort_by(|a, b| order.compare(a, b));
-        leases.extend(claimed);
-        Ok(n)
-    })?;
-    for (job_id, run_token, problems) in unreadable {
-        let error = format!(
-            "this job's row could not be read ({problems}); it was not run: \
-             fix or delete the row, then retry the job"
-        );
-        log::error!("job {job_id}: {error}");
-        tx.execute(DEAD_SQL, &[&now, &cut_error(&error), &job_id.0, &run_token])?;
+        rows.iter().map(claimed_from_row).collect()
     }
-    Ok(Some(leases))
+
+    fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()> {
+        self.tx
+            .execute(DEAD_SQL, &[&now, &error, &job_id.0, &run_token])?;
+        Ok(())
+    }
 }
 
 /// The jobs the claim `claim_id` took, whose commit was not acknowledged
@@ -871,10 +844,10 @@ impl Engine for Store {
     fn record_and_claim(
         &self,
         outcomes: &[(&Lease, Outcome)],
-        claim: Option<&ClaimRequest<'_>>,
+        claim: Option<&Claim<'_>>,
         _sync: OutcomeSync,
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
-        if let Some(c) = claim {
+        if let Some(Claim { request: c, .. }) = claim {
             for queue in c.queues {
                 check_text("queue", queue)?;
             }
@@ -883,15 +856,21 @@ impl Engine for Store {
             }
         }
         let claim = match claim {
-            Some(c) if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) => {
-                Some((c, duration_ms(c.lease, "lease")?))
+            Some(claim @ Claim { request: c, .. })
+                if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) =>
+            {
+                let sql = (
+                    claim_sql(c.kinds.is_some(), ClaimOrder::Priority),
+                    claim_sql(c.kinds.is_some(), ClaimOrder::Oldest),
+                );
+                Some((claim, duration_ms(c.lease, "lease")?, sql))
             }
             _ => None,
         };
         if outcomes.is_empty() && claim.is_none() {
             return Ok((Vec::new(), Vec::new()));
         }
-        if let (Some((request, _)), true) = (claim, outcomes.len() >= PARALLEL_OUTCOMES) {
+        if let (Some((request, _, _)), true) = (&claim, outcomes.len() >= PARALLEL_OUTCOMES) {
             // A pool finishing a large batch and taking the next: the
             // outcomes and the claim touch different rows, so they go in
             // two transactions at once on two connections (PostgreSQL
@@ -925,10 +904,12 @@ impl Engine for Store {
                         last_claim.set(None);
                         Some(adopt_claimed(tx, claim_id)?)
                     }
-                    (Some((request, lease_ms)), _) => {
+                    (Some((claim, lease_ms, sql)), _) => {
                         let claim_id = fastrand::i64(..);
                         last_claim.set(Some(claim_id));
-                        claim_in(tx, request, *lease_ms, now, claim_id)?
+                        let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
+                        let mut claim_tx = InTransaction { tx, sql, claim_id };
+                        (claim.rules)(&mut claim_tx, claim.request, now, expires)?
                     }
                     (None, _) => Some(Vec::new()),
                 };

@@ -5,7 +5,7 @@ use super::sql::*;
 use super::{Commit, Store};
 use crate::clock::ms_to_datetime;
 use crate::engine::types::*;
-use crate::engine::{Engine, FinishedSample, STATS_COUNTS_SQL};
+use crate::engine::{Claim, ClaimTx, Engine, FinishedSample, STATS_COUNTS_SQL};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
 use crate::lease::Lease;
@@ -146,16 +146,18 @@ impl Engine for Store {
     fn record_and_claim(
         &self,
         outcomes: &[(&Lease, Outcome)],
-        claim: Option<&ClaimRequest<'_>>,
+        claim: Option<&Claim<'_>>,
         sync: OutcomeSync,
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
         let claim = match claim {
-            Some(c) if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) => {
+            Some(claim @ Claim { request: c, .. })
+                if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) =>
+            {
                 let sql = (
                     claim_sql(c.kinds, ClaimOrder::Priority),
                     claim_sql(c.kinds, ClaimOrder::Oldest),
                 );
-                Some((c, duration_ms(c.lease, "lease")?, sql))
+                Some((claim, duration_ms(c.lease, "lease")?, sql))
             }
             _ => None,
         };
@@ -190,60 +192,13 @@ impl Engine for Store {
                         rest = after;
                     }
                 }
-                let Some((request, lease_ms, sql)) = &claim else {
+                let Some((claim, lease_ms, sql)) = &claim else {
                     return Ok((recorded, Some(Vec::new())));
                 };
-                // Read in this transaction, under the write lock: a pause
-                // committed before it holds for this claim.
-                let paused = paused_in(tx)?;
-                let open: Vec<&str> = request
-                    .queues
-                    .iter()
-                    .copied()
-                    .filter(|q| !paused.contains(*q))
-                    .collect();
-                let request = &ClaimRequest {
-                    queues: &open,
-                    ..**request
-                };
-                // Claim order (priority first) only holds if every due job
-                // is pending. A backlog larger than one promotion batch
-                // (a box that was off) is promoted over several short
-                // transactions before anything is claimed.
-                let mut backlog = false;
-                for queue in request.queues {
-                    let promoted = tx.prepare_cached(PROMOTE_SQL)?.execute(params![
-                        queue,
-                        now,
-                        PROMOTE_BATCH
-                    ])?;
-                    backlog |= promoted as i64 >= PROMOTE_BATCH;
-                }
-                if backlog {
-                    return Ok((recorded, None));
-                }
                 let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
-                let mut leases = Vec::new();
-                let claim_from = |queue: &str, want: usize, order: ClaimOrder| -> Result<usize> {
-                    let want = i64::try_from(want).unwrap_or(i64::MAX);
-                    let mut values: Vec<&dyn rusqlite::ToSql> =
-                        vec![&request.worker_id, &now, &expires, &queue, &want];
-                    if let Some(kinds) = request.kinds {
-                        values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
-                    }
-                    let sql = match order {
-                        ClaimOrder::Priority => &sql.0,
-                        ClaimOrder::Oldest => &sql.1,
-                    };
-                    let mut claimed = claim_rows(tx, sql, &values, now)?;
-                    // RETURNING gives rows in no promised order.
-                    claimed.sort_by(|a, b| order.compare(a, b));
-                    let n = claimed.len();
-                    leases.extend(claimed);
-                    Ok(n)
-                };
-                request.spread(claim_from)?;
-                Ok((recorded, Some(leases)))
+                let mut claim_tx = InTransaction { tx, sql };
+                let claimed = (claim.rules)(&mut claim_tx, claim.request, now, expires)?;
+                Ok((recorded, claimed))
             })?;
             results.extend(recorded);
             pending_outcomes = &[];
@@ -767,5 +722,66 @@ impl Store {
             ])?;
             fenced(changed, lease)
         })
+    }
+}
+
+/// A [`ClaimTx`] on an open SQLite write transaction, with the claiming
+/// statements of this claim's kinds in either order.
+struct InTransaction<'a, 'c> {
+    tx: &'a rusqlite::Transaction<'c>,
+    /// The claiming UPDATE by priority, and by age.
+    sql: &'a (String, String),
+}
+
+impl ClaimTx for InTransaction<'_, '_> {
+    fn paused_queues(&mut self) -> Result<std::collections::BTreeSet<String>> {
+        paused_in(self.tx)
+    }
+
+    fn promote_due(&mut self, queue: &str, now: i64, limit: i64) -> Result<u64> {
+        let promoted = self
+            .tx
+            .prepare_cached(PROMOTE_SQL)?
+            .execute(params![queue, now, limit])?;
+        Ok(promoted as u64)
+    }
+
+    fn claim_batch(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        queue: &str,
+        want: i64,
+        order: ClaimOrder,
+        now: i64,
+        expires: i64,
+    ) -> Result<Vec<ClaimedRow>> {
+        let mut values: Vec<&dyn rusqlite::ToSql> =
+            vec![&request.worker_id, &now, &expires, &queue, &want];
+        if let Some(kinds) = request.kinds {
+            values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
+        }
+        let sql = match order {
+            ClaimOrder::Priority => &self.sql.0,
+            ClaimOrder::Oldest => &self.sql.1,
+        };
+        let mut stmt = self.tx.prepare_cached(sql)?;
+        let rows = stmt
+            .query_map(values.as_slice(), claimed_from_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()> {
+        let tx = self.tx;
+        let dead = isolated(tx, || {
+            Ok(tx
+                .prepare_cached(DEAD_SQL)?
+                .execute(params![now, error, job_id.0, run_token])?)
+        })?;
+        if let Err(e) = dead {
+            // Left running: its lease runs out and the reaper tries again.
+            log::error!("job {job_id}: could not be made dead either: {e}");
+        }
+        Ok(())
     }
 }

@@ -1,7 +1,6 @@
 //! The jobs table's statements for SQLite, and the functions that run them
 //! inside a write transaction: inserting, claiming, recording outcomes.
 
-use super::rows::*;
 use crate::engine::types::*;
 use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
@@ -204,51 +203,6 @@ pub(crate) fn kind_filter(kinds: Option<&[&str]>, first: usize) -> String {
             format!("AND kind IN ({})", marks.join(", "))
         }
     }
-}
-
-/// Runs one claiming UPDATE (`claim_sql`) and returns its leases. A row
-/// that cannot be read costs its own job, not the claim: it is made dead
-/// with an error naming what could not be read.
-pub(crate) fn claim_rows(
-    tx: &rusqlite::Transaction<'_>,
-    sql: &str,
-    values: &[&dyn rusqlite::ToSql],
-    now: i64,
-) -> Result<Vec<Lease>> {
-    let mut leases = Vec::new();
-    let mut unreadable = Vec::new();
-    let mut stmt = tx.prepare_cached(sql)?;
-    for row in stmt.query_map(values, claimed_from_row)? {
-        match row? {
-            ClaimedRow::Readable(lease) => leases.push(lease),
-            ClaimedRow::Unreadable {
-                job_id,
-                run_token,
-                problems,
-            } => unreadable.push((job_id, run_token, problems)),
-        }
-    }
-    drop(stmt);
-    for (job_id, run_token, problems) in unreadable {
-        let error = format!(
-            "this job's row could not be read ({problems}); it was not run: \
-             fix or delete the row, then retry the job"
-        );
-        log::error!("job {job_id}: {error}");
-        let dead = isolated(tx, || {
-            Ok(tx.prepare_cached(DEAD_SQL)?.execute(params![
-                now,
-                cut_error(&error),
-                job_id.0,
-                &run_token
-            ])?)
-        })?;
-        if let Err(e) = dead {
-            // Left running: its lease runs out and the reaper tries again.
-            log::error!("job {job_id}: could not be made dead either: {e}");
-        }
-    }
-    Ok(leases)
 }
 
 /// The claiming UPDATE; ?1 worker_id, ?2 now, ?3 lease expiry, ?4 queue,
