@@ -74,10 +74,47 @@ macro_rules! append_error {
     };
 }
 
+/// The fence every write of a lease's holder ends in: the row is still
+/// that lease's (`id`, its `run_token`, still `running`). A lost lease
+/// matches no row and changes nothing.
+macro_rules! fence {
+    ($id:literal, $run_token:literal) => {
+        concat!(
+            "WHERE id = ",
+            $id,
+            " AND run_token = ",
+            $run_token,
+            " AND status = 'running'"
+        )
+    };
+}
+
+/// The retry-or-dead rule of a failed attempt: dead (finished at `$now`)
+/// once the attempts are used up, else waiting until `$retry_at`, pending
+/// at once if that is already due.
+macro_rules! retry_or_dead {
+    ($now:literal, $retry_at:literal) => {
+        concat!(
+            "status = CASE WHEN attempts >= max_attempts THEN 'dead' WHEN ",
+            $retry_at,
+            " <= ",
+            $now,
+            " THEN 'pending' ELSE 'scheduled' END, run_at = CASE WHEN attempts >= max_attempts \
+             THEN run_at ELSE ",
+            $retry_at,
+            " END, finished_at = CASE WHEN attempts >= max_attempts THEN ",
+            $now,
+            " END"
+        )
+    };
+}
+
 /// $1 now, $2 id, $3 run_token.
-const COMPLETE_SQL: &str = "UPDATE tickler_jobs
-    SET status = 'succeeded', finished_at = $1, lease_expires_at = NULL, last_error = NULL
-    WHERE id = $2 AND run_token = $3 AND status = 'running'";
+const COMPLETE_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'succeeded', finished_at = $1, lease_expires_at = NULL, last_error = NULL ",
+    fence!("$2", "$3")
+);
 
 /// Locks rows $1 in id order, so that two transactions updating several
 /// of the same rows (a pool's heartbeats and its outcomes) take them in
@@ -94,45 +131,35 @@ const COMPLETE_MANY_SQL: &str = "UPDATE tickler_jobs AS j
 
 /// $1 now, $2 retry time, $3 error, $4 id, $5 run_token.
 const FAIL_SQL: &str = concat!(
-    "UPDATE tickler_jobs
-    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
-                      WHEN $2::bigint <= $1::bigint THEN 'pending' ELSE 'scheduled' END,
-        run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE $2::bigint END,
-        finished_at = CASE WHEN attempts >= max_attempts THEN $1::bigint END,
-        last_error = $3, lease_expires_at = NULL, ",
+    "UPDATE tickler_jobs SET ",
+    retry_or_dead!("$1::bigint", "$2::bigint"),
+    ", last_error = $3, lease_expires_at = NULL, ",
     append_error!("$1", "$3"),
-    "
-    WHERE id = $4 AND run_token = $5 AND status = 'running'"
+    " ",
+    fence!("$4", "$5")
 );
 
 /// FAIL_SQL for a run still going past its timeout; see the SQLite engine.
 const TIMED_OUT_SQL: &str = concat!(
-    "UPDATE tickler_jobs
-    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
-                      WHEN greatest($2::bigint, lease_expires_at + 1) <= $1::bigint THEN 'pending'
-                      ELSE 'scheduled' END,
-        run_at = CASE WHEN attempts >= max_attempts THEN run_at
-                      ELSE greatest($2::bigint, lease_expires_at + 1) END,
-        finished_at = CASE WHEN attempts >= max_attempts THEN $1::bigint END,
-        last_error = $3,
+    "UPDATE tickler_jobs SET ",
+    retry_or_dead!("$1::bigint", "greatest($2::bigint, lease_expires_at + 1)"),
+    ", last_error = $3,
         lease_expires_at = CASE WHEN attempts >= max_attempts THEN lease_expires_at END, ",
     append_error!("$1", "$3"),
-    "
-    WHERE id = $4 AND run_token = $5 AND status = 'running'"
+    " ",
+    fence!("$4", "$5")
 );
 
 /// The reaper's FAIL_SQL, also conditional on the lease having run out
 /// before $6.
 const REAP_SQL: &str = concat!(
-    "UPDATE tickler_jobs
-    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
-                      WHEN $2::bigint <= $1::bigint THEN 'pending' ELSE 'scheduled' END,
-        run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE $2::bigint END,
-        finished_at = CASE WHEN attempts >= max_attempts THEN $1::bigint END,
-        last_error = $3, lease_expires_at = NULL, ",
+    "UPDATE tickler_jobs SET ",
+    retry_or_dead!("$1::bigint", "$2::bigint"),
+    ", last_error = $3, lease_expires_at = NULL, ",
     append_error!("$1", "$3"),
-    "
-    WHERE id = $4 AND run_token = $5 AND status = 'running' AND lease_expires_at < $6::bigint"
+    " ",
+    fence!("$4", "$5"),
+    " AND lease_expires_at < $6::bigint"
 );
 
 /// $1 now, $2 error, $3 id, $4 run_token.
@@ -140,19 +167,23 @@ const DEAD_SQL: &str = concat!(
     "UPDATE tickler_jobs
     SET status = 'dead', finished_at = $1, last_error = $2, lease_expires_at = NULL, ",
     append_error!("$1", "$2"),
-    "
-    WHERE id = $3 AND run_token = $4 AND status = 'running'"
+    " ",
+    fence!("$3", "$4")
 );
 
 /// $1 now, $2 until, $3 id, $4 run_token.
-const SNOOZE_SQL: &str = "UPDATE tickler_jobs
+const SNOOZE_SQL: &str = concat!(
+    "UPDATE tickler_jobs
     SET status = CASE WHEN $2::bigint <= $1::bigint THEN 'pending' ELSE 'scheduled' END,
-        run_at = $2::bigint, attempts = attempts - 1, lease_expires_at = NULL
-    WHERE id = $3 AND run_token = $4 AND status = 'running'";
+        run_at = $2::bigint, attempts = attempts - 1, lease_expires_at = NULL ",
+    fence!("$3", "$4")
+);
 
-const RELEASE_SQL: &str = "UPDATE tickler_jobs
-    SET status = 'pending', attempts = attempts - 1, lease_expires_at = NULL
-    WHERE id = $1 AND run_token = $2 AND status = 'running'";
+const RELEASE_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'pending', attempts = attempts - 1, lease_expires_at = NULL ",
+    fence!("$1", "$2")
+);
 
 /// $1 id, $2 run_token: the cancelled job's holder has stopped.
 const HOLDER_STOPPED_SQL: &str = "UPDATE tickler_jobs SET lease_expires_at = NULL
@@ -1360,9 +1391,11 @@ impl Store {
                 let lease = leases[i];
                 let renewed = tx.isolated(|tx| {
                     tx.execute(
-                        "UPDATE tickler_jobs
-                         SET lease_expires_at = $1::bigint, lease_ms = $1::bigint - $2::bigint
-                         WHERE id = $3 AND run_token = $4 AND status = 'running'",
+                        concat!(
+                            "UPDATE tickler_jobs
+                             SET lease_expires_at = $1::bigint, lease_ms = $1::bigint - $2::bigint ",
+                            fence!("$3", "$4")
+                        ),
                         &[&expires, &now, &lease.job_id.0, &lease.run_token.0],
                     )
                 })?;

@@ -100,10 +100,10 @@ impl Engine for Store {
             let now = self.now_ms();
             let expires = now.saturating_add(extend_ms).min(MAX_TIMESTAMP_MS);
             // lease_ms: the length granted, for the reaper's backward-step rule.
-            let mut stmt = tx.prepare_cached(
-                "UPDATE tickler_jobs SET lease_expires_at = ?1, lease_ms = ?1 - ?4
-                 WHERE id = ?2 AND run_token = ?3 AND status = 'running'",
-            )?;
+            let mut stmt = tx.prepare_cached(concat!(
+                "UPDATE tickler_jobs SET lease_expires_at = ?1, lease_ms = ?1 - ?4 ",
+                fence!("?2", "?3")
+            ))?;
             leases
                 .iter()
                 .map(|lease| {
