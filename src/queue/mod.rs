@@ -54,8 +54,6 @@ pub use validate::{MAX_PAYLOAD_DEPTH, MAX_UNIQUE_KEY_BYTES};
 
 use crate::clock::Clock;
 use crate::engine::types::*;
-// What the worker pool imports from here (it moves to engine::types).
-pub(crate) use crate::engine::types::{ClaimRequest, Outcome, OutcomeSync};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::events::{Event, EventHub, JobEvent, JobEventKind, Subscription};

@@ -8,6 +8,7 @@ use crate::clock::Clock;
 use crate::job::{JobId, RunToken};
 use crate::lease::Lease;
 use crate::queue::Queue;
+use crate::typed::JobArgs;
 use chrono::{DateTime, Utc};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -304,5 +305,25 @@ impl JobContext {
         // Longer than tickler can store means "until the end of its range".
         let latest = crate::clock::ms_to_datetime(crate::MAX_TIMESTAMP_MS);
         JobError::Snooze(until.map_or(latest, |until| until.min(latest)))
+    }
+}
+
+/// Typed payloads ([`JobArgs`]): the handler's view of its args.
+impl JobContext {
+    /// The payload read as `A`, the args of a typed job.
+    ///
+    /// # Errors
+    /// A [`JobError::Permanent`] naming the job's kind, the type and the
+    /// serde error when the payload does not fit `A` (retrying would not
+    /// help).
+    pub fn args<A: JobArgs>(&self) -> std::result::Result<A, JobError> {
+        serde_json::from_value(self.payload().clone()).map_err(|e| {
+            JobError::permanent(format!(
+                "payload of job {} (kind {:?}) does not fit {}: {e}",
+                self.job_id(),
+                self.kind(),
+                std::any::type_name::<A>()
+            ))
+        })
     }
 }

@@ -75,10 +75,10 @@ pub use context::{CancelReason, JobContext};
 pub use handler::{Handler, JobError};
 pub use testing::run_one;
 
+use crate::engine::types::Outcome;
 use crate::error::Error;
 use crate::events::{EventHub, Subscription};
 use crate::lease::Lease;
-use crate::queue::Outcome;
 use crate::reaper::Reaper;
 use crate::scheduler::Scheduler;
 use crossbeam_channel::Receiver;

@@ -5,11 +5,12 @@
 use super::context::CancelReason;
 use super::in_flight::{entry_of, remove_run};
 use super::shared::Shared;
+use crate::engine::types::{ClaimRequest, Outcome, OutcomeSync};
 use crate::error::Error;
 use crate::events::JobEventKind;
 use crate::job::JobId;
 use crate::lease::Lease;
-use crate::queue::{ClaimRequest, Outcome, OutcomeSync, Queue};
+use crate::queue::Queue;
 use crossbeam_channel::Receiver;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

@@ -4,10 +4,11 @@
 use super::handler::Handler;
 use super::in_flight::InFlight;
 use super::prefetch::RunTime;
+use crate::engine::types::Outcome;
 use crate::events::{Event, EventHub, JobEvent, JobEventKind};
 use crate::job::JobId;
 use crate::lease::Lease;
-use crate::queue::{Outcome, Queue, Waker};
+use crate::queue::{Queue, Waker};
 use crate::retry::RetryPolicy;
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::{HashMap, HashSet};

@@ -4,8 +4,9 @@
 use super::context::JobContext;
 use super::execute::outcome_of;
 use super::handler::Handler;
+use crate::engine::types::Outcome;
 use crate::job::JobId;
-use crate::queue::{Outcome, Queue};
+use crate::queue::Queue;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
