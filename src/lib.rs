@@ -3,7 +3,8 @@
 //! An embedded, durable job queue and scheduler on one SQLite file (WAL
 //! mode), for programs without a database server: desktop apps, Raspberry
 //! Pi and other edge boxes, single-binary services. Any number of threads
-//! and processes on one machine may share the file.
+//! and processes on one machine may share the file; programs that outgrow
+//! one machine point the same code at PostgreSQL (feature `postgres`).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -69,6 +70,26 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! ## Where things are
+//!
+//! - `src/queue/`: [`Queue`], the application's API and its contract,
+//!   engine-neutral, with the rules every engine shares: the claim's
+//!   (`queue/claim.rs`: paused queues, promotion, fair share, priority
+//!   aging), the reaper's (`queue/reap.rs`: two clean looks) and the
+//!   schedules' firing (`queue/schedules.rs`, `src/schedule/firing.rs`).
+//! - `src/engine/`: the storage seam, the only place an engine is named.
+//!   `engine/mod.rs` holds the traits an engine implements and
+//!   `engine::open`, which picks the engine a location names;
+//!   `engine/types.rs` the types both sides share. Each engine is a folder
+//!   with the same files (`sqlite/`, `postgres/`): `connection`,
+//!   `migrate` and `schema.sql`, `enqueue`, `claim` (the claim's
+//!   statements), `outcome` (the fenced outcome statements, built from one
+//!   `fence!` and one `retry_or_dead!` per dialect), `lease` (heartbeats,
+//!   the reaper's look), `admin`, `read`, `schedules`, `rows`, `watch`.
+//! - `src/worker/`: [`WorkerPool`]; `src/schedule/`: schedules and the tick
+//!   arithmetic; `src/clock.rs`: every read of "now" goes through a
+//!   [`Clock`].
 //!
 //! ## Job states
 //!

@@ -1,6 +1,8 @@
 //! The reaper thread: takes back jobs whose lease ran out and, if asked,
-//! prunes finished jobs. The SQL is [`Queue::reap`] and [`Queue::prune`];
-//! this module only runs them on a timer.
+//! prunes finished jobs. It calls [`Queue::reap_at`] (the two-look rule,
+//! with the time its clock-step check read) and [`Queue::prune`] on a
+//! timer, through the public API; the rules live with them in
+//! `src/queue/reap.rs`, the conditional updates in each engine.
 //!
 //! Any number of reapers, in any number of processes, may run on one file:
 //! each take-back is a conditional update, so a job is taken back once and a
@@ -66,7 +68,7 @@ pub struct Reaper {
 }
 
 impl Reaper {
-    /// Starts a thread that calls [`Queue::reap`] (and [`Queue::prune`] if
+    /// Starts a thread that calls [`Queue::reap_at`] (and [`Queue::prune`] if
     /// configured) every `config.interval`. Errors are logged and the next
     /// pass tries again.
     pub fn spawn(queue: Queue, config: ReaperConfig) -> Reaper {
