@@ -90,11 +90,12 @@ pub(crate) trait ClaimTx {
     fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()>;
 }
 
-/// Decides and applies one due schedule's firing through the engine's
-/// transaction (the schedule, its record of handled ticks, the engine's
-/// "now" in ms); see `Queue::fire`.
-pub(crate) type FireTicks<'a> =
-    dyn FnMut(&dyn ScheduleTx, &Schedule, Handled, i64) -> Result<Fired> + 'a;
+/// One round of firing due schedules, run by the engine in its write
+/// transaction with its "now" (ms): what was fired, whether the batch was
+/// full (more may be due), and the next tick of any active schedule. See
+/// `Queue::run_due_ticks`. May run again if the transaction is retried.
+pub(crate) type FireRound<'a> =
+    dyn FnMut(&dyn ScheduleTx, i64) -> Result<(Fired, bool, Option<DateTime<Utc>>)> + 'a;
 
 /// An engine's schedules: where they are stored, and the transaction in
 /// which due ticks fire. What to fire is decided by the queue
@@ -132,17 +133,12 @@ pub(crate) trait ScheduleStore {
     /// See [`crate::Queue::next_schedule_tick`].
     fn next_schedule_tick(&self) -> Result<Option<DateTime<Utc>>>;
 
-    /// One transaction of [`crate::Queue::run_due_ticks`]: moves schedules
-    /// written "after" now (a backward clock step) to their next unhandled
-    /// tick, then calls `fire` for each of up to `batch` due active
-    /// schedules, with the engine's "now" (ms). Returns what was fired,
-    /// whether the batch was full (more may be due), and the next tick of
-    /// any active schedule. Wakes this process's fetchers if jobs were
-    /// fired.
+    /// Runs `round` in one write transaction of the engine's, through its
+    /// [`ScheduleTx`], with the engine's "now" (ms); see
+    /// [`crate::Queue::run_due_ticks`].
     fn fire_due_schedules(
         &self,
-        batch: i64,
-        fire: &mut FireTicks<'_>,
+        round: &mut FireRound<'_>,
     ) -> Result<(Fired, bool, Option<DateTime<Utc>>)>;
 }
 
@@ -569,4 +565,14 @@ pub(crate) trait ScheduleTx {
     ) -> Result<bool>;
     /// Inserts the tick jobs (validated by the queue).
     fn insert_jobs(&self, rows: &[ValidJob], now: i64) -> Result<Vec<JobId>>;
+    /// Moves active schedules written "after" `now` (the wall clock was
+    /// stepped back since) to their next unhandled tick after `now`.
+    fn rebase_stepped(&self, now: i64) -> Result<()>;
+    /// Up to `batch` active schedules due at `now` with their record of
+    /// handled ticks, soonest due first; rows another transaction is
+    /// firing are left to it where the engine can tell.
+    fn due_schedules(&self, now: i64, batch: i64) -> Result<Vec<(Schedule, Handled)>>;
+    /// The next tick of any active schedule (now, if one was written
+    /// "after" `now`).
+    fn next_tick(&self, now: i64) -> Result<Option<DateTime<Utc>>>;
 }

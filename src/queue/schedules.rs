@@ -216,11 +216,19 @@ impl Queue {
         let mut run = TickRun::default();
         let mut replace = Vec::new();
         loop {
-            let (fired, full, next) = self
-                .engine()
-                .fire_due_schedules(SCHEDULE_BATCH, &mut |tx, schedule, handled, now| {
-                    self.fire(tx, schedule, handled, now)
-                })?;
+            let (fired, full, next) = self.engine().fire_due_schedules(&mut |tx, now| {
+                tx.rebase_stepped(now)?;
+                let due = tx.due_schedules(now, SCHEDULE_BATCH)?;
+                let mut fired = Fired::default();
+                for (schedule, handled) in &due {
+                    fired.add(self.fire(tx, schedule, *handled, now)?);
+                }
+                let full = due.len() as i64 >= SCHEDULE_BATCH;
+                Ok((fired, full, tx.next_tick(now)?))
+            })?;
+            if !fired.jobs.is_empty() {
+                self.engine().wake_watchers();
+            }
             run.jobs.extend(fired.jobs);
             run.skipped += fired.skipped;
             if self.events().active() {
