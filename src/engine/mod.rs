@@ -571,20 +571,6 @@ pub fn redacted_location(location: &str) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redacts_passwords_in_urls() {
-        assert_eq!(
-            redacted_location("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(redacted_location("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redacted_location("./jobs.db"), "./jobs.db");
-    }
-}
 /// What firing a schedule asks of the engine, inside the transaction in
 /// which the engine holds the due schedules (SQLite: `BEGIN IMMEDIATE`).
 pub(crate) trait ScheduleTx {
@@ -610,4 +596,19 @@ pub(crate) trait ScheduleTx {
     ) -> Result<bool>;
     /// Inserts the tick jobs (validated by the queue).
     fn insert_jobs(&self, rows: &[ValidJob], now: i64) -> Result<Vec<JobId>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_in_urls() {
+        assert_eq!(
+            redacted_location("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redacted_location("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redacted_location("./jobs.db"), "./jobs.db");
+    }
 }
