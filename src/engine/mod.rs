@@ -3,13 +3,22 @@
 //!
 //! - `types.rs`: the types both sides share (validated jobs, outcomes,
 //!   claim requests, counts, limits and time arithmetic);
-//! - this file: the traits an engine implements ([`Engine`],
-//!   [`ScheduleStore`], [`ScheduleTx`], [`Watch`]) and [`open`], which
-//!   builds the engine a location names;
+//! - this file: the traits an engine implements and [`open`], which
+//!   builds the engine a location names. [`Engine`] is made of one trait
+//!   per responsibility ([`Capabilities`], [`ScheduleStore`], [`Enqueue`],
+//!   [`Claims`], [`Leases`], [`Admin`], [`Reads`]), besides the
+//!   transactions the queue's rules run in ([`ClaimTx`], [`ScheduleTx`])
+//!   and the change watcher ([`Watch`]);
 //! - `sqlite/`, `postgres/`: one folder per engine, each with its own SQL
-//!   and schema.
+//!   and schema, and the same files in each, one per responsibility:
+//!   `connection.rs` (connections, transactions and their retries, and the
+//!   [`Capabilities`]), `migrate.rs` (with `schema.sql`), `enqueue.rs`,
+//!   `claim.rs` (with the [`ClaimTx`]), `outcome.rs`, `lease.rs`,
+//!   `admin.rs`, `read.rs`, `schedules.rs` (with the [`ScheduleTx`]),
+//!   `rows.rs` and `watch.rs`. An engine's own extras are files of their
+//!   own, named in its `mod.rs`.
 //!
-//! What differs between engines is a capability of [`Engine`] (durability
+//! What differs between engines is one of the [`Capabilities`] (durability
 //! and sync, checkpoints, write-lock waits, the file, the change watcher,
 //! the application's own transactions), never a match on the engine
 //! elsewhere. Every write runs in short transactions of the engine's own
@@ -319,25 +328,20 @@ pub(crate) trait Capabilities: Send + Sync {
     }
 }
 
-/// An engine: where jobs are stored, claimed and fenced, and schedules
-/// fire.
-pub(crate) trait Engine: Capabilities + ScheduleStore + Send + Sync {
+/// Storing new jobs (each engine's `enqueue.rs`; jobs in the
+/// application's own transactions are [`Capabilities`]).
+pub(crate) trait Enqueue {
     /// Stores validated jobs in one transaction (all or none) and wakes
     /// this process's fetchers; see [`crate::Queue::enqueue_batch`].
     fn enqueue(&self, rows: Vec<ValidJob>) -> Result<Vec<JobId>>;
+}
 
+/// Claiming jobs: when work is next due, and the transaction that records
+/// outcomes and claims the next jobs (each engine's `claim.rs`; the
+/// outcomes' statements are in its `outcome.rs`).
+pub(crate) trait Claims {
     /// See [`crate::Queue::next_due`].
     fn next_due(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<Option<DateTime<Utc>>>;
-
-    /// See [`crate::Queue::heartbeat_many`].
-    fn heartbeat_many(
-        &self,
-        leases: &[&Lease],
-        extend_by: Duration,
-    ) -> Result<Vec<Result<DateTime<Utc>>>>;
-
-    /// See [`crate::Queue::leases_held`].
-    fn leases_held(&self, leases: &[&Lease]) -> Result<Vec<bool>>;
 
     /// See [`crate::Queue::record_and_claim`]: records the outcomes, then,
     /// in the same transaction, runs `claim.rules` through the engine's
@@ -349,6 +353,21 @@ pub(crate) trait Engine: Capabilities + ScheduleStore + Send + Sync {
         claim: Option<&Claim<'_>>,
         sync: OutcomeSync,
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)>;
+}
+
+/// Claimed jobs' leases: heartbeats, whether they are still held, the
+/// reaper's look that takes expired ones back, and what the background
+/// rounds call besides (each engine's `lease.rs`).
+pub(crate) trait Leases {
+    /// See [`crate::Queue::heartbeat_many`].
+    fn heartbeat_many(
+        &self,
+        leases: &[&Lease],
+        extend_by: Duration,
+    ) -> Result<Vec<Result<DateTime<Utc>>>>;
+
+    /// See [`crate::Queue::leases_held`].
+    fn leases_held(&self, leases: &[&Lease]) -> Result<Vec<bool>>;
 
     /// One look of the reaper, in one write transaction: first moves
     /// leases granted "in the future" by a backward step of the wall clock
@@ -373,7 +392,11 @@ pub(crate) trait Engine: Capabilities + ScheduleStore + Send + Sync {
     /// The engine's upkeep, once per background reaper round (PostgreSQL:
     /// a vacuum of the jobs table when it needs one).
     fn upkeep(&self) {}
+}
 
+/// Operators' writes: cancelling and retrying jobs, pruning and reviving
+/// them in batches, pausing queues (each engine's `admin.rs`).
+pub(crate) trait Admin {
     /// See [`crate::Queue::cancel`].
     fn cancel(&self, id: JobId) -> Result<()>;
 
@@ -386,6 +409,28 @@ pub(crate) trait Engine: Capabilities + ScheduleStore + Send + Sync {
     /// Returns how many.
     fn prune_batch(&self, before: i64, state: Option<JobState>, limit: i64) -> Result<u64>;
 
+    /// One transaction of [`crate::Queue::retry_dead`]: up to `limit` dead
+    /// jobs (of `queue`, if given) with ids above `after_id`, in id order,
+    /// each made pending (due now, attempts 0) unless its unique_key is
+    /// held by an unfinished job.
+    fn retry_dead_batch(
+        &self,
+        queue: Option<&str>,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<RetryDeadBatch>;
+
+    /// See [`crate::Queue::pause_queue`] and [`crate::Queue::resume_queue`];
+    /// resuming wakes the watchers of every process.
+    fn set_queue_paused(&self, queue: &str, paused: bool) -> Result<()>;
+
+    /// See [`crate::Queue::paused_queues`].
+    fn paused_queues(&self) -> Result<Vec<String>>;
+}
+
+/// Reads of jobs and counts for operators, dashboards and pools; they
+/// write nothing (each engine's `read.rs`).
+pub(crate) trait Reads {
     /// See [`crate::Queue::get`].
     fn get(&self, id: JobId) -> Result<Job>;
 
@@ -398,29 +443,11 @@ pub(crate) trait Engine: Capabilities + ScheduleStore + Send + Sync {
     /// See [`crate::Queue::stats`].
     fn stats(&self) -> Result<Stats>;
 
-    /// One transaction of [`crate::Queue::retry_dead`]: up to `limit` dead
-    /// jobs (of `queue`, if given) with ids above `after_id`, in id order,
-    /// each made pending (due now, attempts 0) unless its unique_key is
-    /// held by an unfinished job.
-    fn retry_dead_batch(
-        &self,
-        queue: Option<&str>,
-        after_id: i64,
-        limit: i64,
-    ) -> Result<RetryDeadBatch>;
-
     /// See [`crate::Queue::finished_since`].
     fn finished_since(&self, since: DateTime<Utc>) -> Result<u64>;
 
     /// See [`crate::Queue::unfinished`].
     fn unfinished(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<u64>;
-
-    /// See [`crate::Queue::pause_queue`] and [`crate::Queue::resume_queue`];
-    /// resuming wakes the watchers of every process.
-    fn set_queue_paused(&self, queue: &str, paused: bool) -> Result<()>;
-
-    /// See [`crate::Queue::paused_queues`].
-    fn paused_queues(&self) -> Result<Vec<String>>;
 
     /// The first queue after `after` (byte order) with jobs in `state`: one
     /// step through an index of that state (for `counts_by_queue` and
@@ -447,6 +474,20 @@ pub(crate) trait Engine: Capabilities + ScheduleStore + Send + Sync {
         cap: u64,
         sample: usize,
     ) -> Result<(u64, Vec<FinishedSample>)>;
+}
+
+/// An engine: where jobs are stored, claimed and fenced, and schedules
+/// fire. Its parts are the traits above, one file of the engine's folder
+/// each, since a type has one impl block per trait; every type with all of
+/// them is an engine.
+pub(crate) trait Engine:
+    Capabilities + ScheduleStore + Enqueue + Claims + Leases + Admin + Reads + Send + Sync
+{
+}
+
+impl<T> Engine for T where
+    T: Capabilities + ScheduleStore + Enqueue + Claims + Leases + Admin + Reads + Send + Sync
+{
 }
 
 /// One finished job as `Queue::activity` reads it: what lateness and run
@@ -526,20 +567,6 @@ pub fn redacted_location(location: &str) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redacts_passwords_in_urls() {
-        assert_eq!(
-            redacted_location("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(redacted_location("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redacted_location("./jobs.db"), "./jobs.db");
-    }
-}
 /// What firing a schedule asks of the engine, inside the transaction in
 /// which the engine holds the due schedules (SQLite: `BEGIN IMMEDIATE`).
 pub(crate) trait ScheduleTx {
@@ -575,4 +602,19 @@ pub(crate) trait ScheduleTx {
     /// The next tick of any active schedule (now, if one was written
     /// "after" `now`).
     fn next_tick(&self, now: i64) -> Result<Option<DateTime<Utc>>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_in_urls() {
+        assert_eq!(
+            redacted_location("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redacted_location("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redacted_location("./jobs.db"), "./jobs.db");
+    }
 }

@@ -9,7 +9,7 @@
 //! wall clock does not move. The error is half a round trip plus the
 //! monotonic clock's drift since the last sample (parts per million).
 
-use super::Manager;
+use super::connection::Manager;
 use crate::clock::{ms_to_datetime, Clock};
 use crate::error::Result;
 use chrono::{DateTime, Utc};

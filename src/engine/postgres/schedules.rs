@@ -7,9 +7,10 @@
 //! tick it read, as on SQLite; the tick's job carries a unique_key per
 //! occurrence besides. One tick fires once.
 
-use super::jobs::{check_text, insert_valid};
+use super::connection::Tx;
+use super::enqueue::{check_text, insert_valid};
 use super::rows::*;
-use super::{Store, Tx};
+use super::Store;
 use crate::clock::ms_to_datetime;
 use crate::engine::types::ValidJob;
 use crate::engine::{FireRound, ScheduleStore, ScheduleTx};

@@ -8,6 +8,14 @@ use crate::lease::Lease;
 use chrono::{DateTime, Utc};
 use std::time::Duration;
 
+pub(crate) const LEASE_COLUMNS: &str =
+    "id, queue, kind, payload, priority, run_at, attempts, max_attempts, run_token, lease_expires_at, timeout_ms";
+
+pub(crate) const JOB_COLUMNS: &str =
+    "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
+    unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
+    created_at, finished_at, errors";
+
 pub(crate) fn claimed_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let job_id = JobId(r.get(0)?);
     let run_token: String = r.get(8)?;

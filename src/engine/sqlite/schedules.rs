@@ -2,7 +2,7 @@
 //! the [`ScheduleTx`] through which the queue's firing rules
 //! (`Queue::fire`) read and write inside the engine's transaction.
 
-use super::sql::insert_valid;
+use super::enqueue::insert_valid;
 use super::Store;
 use crate::clock::ms_to_datetime;
 use crate::engine::types::ValidJob;

@@ -1,11 +1,13 @@
 //! Wake-ups on commits: in-process at once, from other processes by
 //! file-change notifications of the `-wal` file and `PRAGMA data_version`.
 
-use super::file_events::FileEvents;
+use super::connection::{busy_handler, wal_path};
+use super::file_events::{self, FileEvents};
+use super::Store;
 use crate::error::Result;
 use crossbeam_channel::{Receiver, Sender};
-use rusqlite::Connection;
-use std::sync::Arc;
+use rusqlite::{Connection, OpenFlags};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The SQLite side of a [`crate::ChangeWatcher`]: commits through this
@@ -156,5 +158,34 @@ impl crate::engine::Watch for FileWatcher {
 
     fn wake_sender(&self) -> Sender<()> {
         FileWatcher::wake_sender(self)
+    }
+}
+
+impl Store {
+    /// See [`crate::Queue::watcher`].
+    pub(crate) fn watcher(&self) -> Result<FileWatcher> {
+        let conn = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_handler(Some(busy_handler))?;
+        let version = data_version(&conn)?;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.watchers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(tx.clone());
+        self.file_events_started.call_once(|| {
+            file_events::watch(&wal_path(&self.path), &self.file_events);
+        });
+        Ok(FileWatcher::new(conn, version, rx, tx, &self.file_events))
+    }
+
+    pub(crate) fn notify_watchers(&self) {
+        let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
+        watchers.retain(|w| match w.try_send(()) {
+            Ok(()) | Err(crossbeam_channel::TrySendError::Full(())) => true,
+            Err(crossbeam_channel::TrySendError::Disconnected(())) => false,
+        });
     }
 }

@@ -1,34 +1,15 @@
-//! The jobs table's statements for SQLite, and the functions that run them
-//! inside a write transaction: inserting, claiming, recording outcomes.
+//! Outcomes on SQLite: the fenced statements a lease's holder ends its run
+//! with (built from `fence!` and `retry_or_dead!`), recording one outcome
+//! or a run of successes in one statement, and `complete_with`.
 
+use super::connection::isolated;
+use super::Store;
 use crate::engine::types::*;
 use crate::error::{Error, Result};
-use crate::job::{JobId, JobState};
 use crate::lease::Lease;
 use crate::retry::RetryPolicy;
-use rusqlite::{params, OptionalExtension};
+use rusqlite::params;
 use std::collections::HashMap;
-
-/// A fresh random UUID (v4) per row, from SQLite's own CSPRNG
-/// (`random()`), so one claiming UPDATE can give each job its own
-/// run_token: 122 random bits, the version nibble 4 and the variant bits
-/// 10, in lowercase hex. One `printf` of six random numbers, rather than
-/// the five `randomblob`s, five `hex` and `lower` and the `substr`s and
-/// concatenations it used to take per claimed job.
-pub(crate) const RUN_TOKEN_SQL: &str = "printf('%08x-%04x-4%03x-%x%03x-%012x', \
-    random() & 0xffffffff, random() & 0xffff, random() & 0xfff, \
-    8 | (random() & 3), random() & 0xfff, random() & 0xffffffffffff)";
-
-/// Every `LIMIT` of a bound parameter in this file is written `LIMIT +?N`:
-/// SQLite (3.47 and later) reads a bare `LIMIT ?N` as a constant when it
-/// plans the statement, and then re-plans the whole statement (parse and
-/// code generation, ~100 times the cost of running a claim of one job)
-/// each time `?N` is bound again, i.e. on every execution. The unary plus
-/// keeps the limit a run-time value; the plan is the same.
-pub(crate) const PROMOTE_SQL: &str = "UPDATE tickler_jobs SET status = 'pending'
-    WHERE id IN (SELECT id FROM tickler_jobs
-                 WHERE status = 'scheduled' AND queue = ?1 AND run_at <= ?2
-                 ORDER BY run_at LIMIT +?3)";
 
 /// The fence every write of a lease's holder ends in: the row is still
 /// that lease's (`id`, its `run_token`, still `running`). A lost lease
@@ -133,19 +114,6 @@ pub(crate) const REAP_SQL: &str = concat!(
     " AND lease_expires_at < ?6"
 );
 
-/// ?1 now, ?2 margin (ms). See reap_look; leases granted before
-/// lease_ms existed count from their claim.
-pub(crate) const LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
-    SET lease_expires_at = ?1 + coalesce(lease_ms, lease_expires_at - claimed_at)
-    WHERE status = 'running' AND lease_expires_at > ?1 + ?2
-      AND lease_expires_at > ?1 + coalesce(lease_ms, lease_expires_at - claimed_at) + ?2";
-
-/// LEASE_STEP_SQL for cancelled jobs whose holder has not reported.
-pub(crate) const CANCELLED_LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
-    SET lease_expires_at = ?1 + coalesce(lease_ms, lease_expires_at - claimed_at)
-    WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
-      AND lease_expires_at > ?1 + coalesce(lease_ms, lease_expires_at - claimed_at) + ?2";
-
 /// ?1 now, ?2 error, ?3 id, ?4 run_token.
 pub(crate) const DEAD_SQL: &str = concat!(
     "UPDATE tickler_jobs
@@ -167,107 +135,6 @@ pub(crate) const RELEASE_SQL: &str = concat!(
     SET status = 'pending', attempts = attempts - 1, lease_expires_at = NULL ",
     fence!("?1", "?2")
 );
-
-pub(crate) const LEASE_COLUMNS: &str =
-    "id, queue, kind, payload, priority, run_at, attempts, max_attempts, run_token, lease_expires_at, timeout_ms";
-
-pub(crate) const JOB_COLUMNS: &str =
-    "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
-    unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
-    created_at, finished_at, errors";
-
-/// Inserts validated jobs in `tx`; a job whose unique_key is held by an
-/// unfinished job inserts nothing and yields that job's id.
-pub(crate) fn insert_valid(
-    tx: &rusqlite::Transaction<'_>,
-    rows: &[ValidJob],
-    now: i64,
-) -> Result<Vec<JobId>> {
-    let mut insert = tx.prepare_cached(
-        "INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at,
-             max_attempts, unique_key, timeout_ms, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
-         ON CONFLICT DO NOTHING",
-    )?;
-    let mut held = tx.prepare_cached(
-        "SELECT id FROM tickler_jobs WHERE unique_key = ?1
-           AND status IN ('scheduled', 'pending', 'running')",
-    )?;
-    let mut ids = Vec::with_capacity(rows.len());
-    for row in rows {
-        let job = &row.job;
-        let run_at = row.due.resolve(now)?;
-        let state = if run_at <= now {
-            JobState::Pending
-        } else {
-            JobState::Scheduled
-        };
-        let inserted = insert.execute(params![
-            job.queue,
-            job.kind,
-            row.payload,
-            state.as_str(),
-            job.priority,
-            run_at,
-            job.max_attempts,
-            job.unique_key,
-            row.timeout_ms,
-            now
-        ])?;
-        if inserted == 1 {
-            ids.push(JobId(tx.last_insert_rowid()));
-        } else {
-            ids.push(JobId(held.query_row([&job.unique_key], |r| r.get(0))?));
-        }
-    }
-    Ok(ids)
-}
-
-/// `AND kind IN (?first, ?first+1, …)` for `kinds`, or nothing when all
-/// kinds are wanted.
-pub(crate) fn kind_filter(kinds: Option<&[&str]>, first: usize) -> String {
-    match kinds {
-        None => String::new(),
-        Some(kinds) => {
-            let marks: Vec<String> = (0..kinds.len())
-                .map(|i| format!("?{}", first + i))
-                .collect();
-            format!("AND kind IN ({})", marks.join(", "))
-        }
-    }
-}
-
-/// The claiming UPDATE; ?1 worker_id, ?2 now, ?3 lease expiry, ?4 queue,
-/// ?5 limit, ?6… kinds.
-pub(crate) fn claim_sql(kinds: Option<&[&str]>, order: ClaimOrder) -> String {
-    let order = order.sql();
-    let kind_filter = kind_filter(kinds, 6);
-    let unblocked = unblocked("?2");
-    format!(
-        "UPDATE tickler_jobs
-         SET status = 'running', run_token = {RUN_TOKEN_SQL}, attempts = attempts + 1,
-             claimed_by = ?1, claimed_at = ?2, lease_expires_at = ?3, lease_ms = ?3 - ?2
-         WHERE id IN (SELECT id FROM tickler_jobs AS job
-                      WHERE status = 'pending' AND queue = ?4 {kind_filter} AND {unblocked}
-                      ORDER BY {order} LIMIT +?5)
-         RETURNING {LEASE_COLUMNS}"
-    )
-}
-
-/// A condition on `job` (a row aliased so): its unique_key is not held by
-/// a cancelled job whose holder may still be running (its lease, kept by
-/// the cancel, runs to `now` or later). A cancelled run keeps its key until
-/// its holder reports (its refused outcome clears the lease) or its lease
-/// runs out, so the next job with that key never runs beside it.
-pub(crate) fn unblocked(now: &str) -> String {
-    format!(
-        "(job.unique_key IS NULL OR NOT EXISTS (
-             SELECT 1 FROM tickler_jobs AS stopping
-             WHERE stopping.unique_key = job.unique_key
-               AND stopping.status IN ('cancelled', 'dead')
-               AND stopping.lease_expires_at >= {now}))"
-    )
-}
 
 /// One outcome, fenced by run_token. The outer error is the
 /// transaction's (it failed as a whole); the inner one is this outcome's
@@ -464,55 +331,37 @@ pub(crate) fn apply_outcome(
     })
 }
 
-/// Runs one statement of a batch (one outcome, one heartbeat). An error
-/// SQLite confined to that statement (a constraint or trigger, a value over
-/// its length limit) is that item's own, `Ok(Err(_))`: SQLite has undone
-/// the statement alone and the transaction goes on with the rest of the
-/// batch. Any other error, or one after which SQLite ended the
-/// transaction (disk full, I/O), fails the batch: `Err(_)`.
-pub(crate) fn isolated<T>(
-    tx: &rusqlite::Transaction<'_>,
-    statement: impl FnOnce() -> Result<T>,
-) -> Result<Result<T>> {
-    match statement() {
-        Ok(value) => Ok(Ok(value)),
-        Err(e) if statement_level(&e) && !tx.is_autocommit() => Ok(Err(e)),
-        Err(e) => Err(e),
-    }
-}
-
-pub(crate) fn statement_level(e: &Error) -> bool {
-    match e {
-        Error::ConstraintViolated { .. } => true,
-        Error::Sqlite(rusqlite::Error::SqliteFailure(f, _)) => matches!(
-            f.code,
-            rusqlite::ErrorCode::TooBig
-                // SQLITE_ERROR from a statement, e.g. a JSON function on a
-                // damaged value; `isolated` also checks the transaction is
-                // still open.
-                | rusqlite::ErrorCode::Unknown
-                | rusqlite::ErrorCode::ConstraintViolation
-                | rusqlite::ErrorCode::TypeMismatch
-                | rusqlite::ErrorCode::ParameterOutOfRange
-        ),
-        _ => false,
-    }
-}
-
-pub(crate) fn state_of(tx: &rusqlite::Transaction<'_>, id: JobId) -> Result<JobState> {
-    let status: Option<String> = tx
-        .prepare_cached("SELECT status FROM tickler_jobs WHERE id = ?1")?
-        .query_row([id.0], |r| r.get(0))
-        .optional()?;
-    status.ok_or(Error::NotFound(id))?.parse()
-}
-
 pub(crate) fn fenced(changed: usize, lease: &Lease) -> Result<()> {
     if changed == 1 {
         Ok(())
     } else {
         Err(Error::LeaseLost {
             job_id: lease.job_id,
+        })
+    }
+}
+
+/// Completing a job inside the application's own transaction on the
+/// same file, a part of the `Queue` API only SQLite has.
+impl Store {
+    /// See [`crate::Queue::complete_with`]. Only a busy BEGIN is retried,
+    /// before `app_writes` ran; a busy error after it ran is the
+    /// application's (or, not expected under BEGIN IMMEDIATE, the
+    /// commit's): it rolls back and is returned as [`Error::Aborted`],
+    /// never retried (the caller's `app_writes` refuses a second call).
+    pub(crate) fn complete_with(
+        &self,
+        lease: &Lease,
+        app_writes: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.write(|tx| {
+            app_writes(tx).map_err(|e| if e.is_busy() { Error::aborted(e) } else { e })?;
+            let changed = tx.prepare_cached(COMPLETE_SQL)?.execute(params![
+                self.now_ms(),
+                lease.job_id.0,
+                lease.run_token.0
+            ])?;
+            fenced(changed, lease)
         })
     }
 }

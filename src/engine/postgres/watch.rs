@@ -12,7 +12,8 @@
 //! commit and the notification leaves the job to be found by the fallback
 //! poll or the next notification.
 
-use super::{wake_all, Manager, WakeSenders};
+use super::connection::{with_cause, Manager};
+use super::Store;
 use crossbeam_channel::{Receiver, Sender};
 use postgres::fallible_iterator::FallibleIterator;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -160,7 +161,7 @@ fn listener(signals: &Weak<Signals>, config: &postgres::Config) {
             Err(e) => {
                 log::warn!(
                     "cannot listen for new jobs ({}); polling until it can",
-                    super::with_cause(&e)
+                    with_cause(&e)
                 );
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(RECONNECT_MAX);
@@ -199,14 +200,14 @@ fn listener(signals: &Weak<Signals>, config: &postgres::Config) {
                 return;
             }
             if let Some(e) = failed {
-                break super::with_cause(&e);
+                break with_cause(&e);
             }
             if client.is_closed() {
                 break "connection closed".to_owned();
             }
             if quiet_since.elapsed() >= LISTEN_CHECK {
                 if let Err(e) = client.is_valid(Duration::from_secs(10)) {
-                    break super::with_cause(&e);
+                    break with_cause(&e);
                 }
                 quiet_since = Instant::now();
             }
@@ -276,5 +277,34 @@ impl crate::engine::Watch for NotifyWatcher {
 
     fn wake_sender(&self) -> Sender<()> {
         NotifyWatcher::wake_sender(self)
+    }
+}
+
+/// Keeps this type's uses in one place for the listener.
+pub(crate) type WakeSenders = Mutex<Vec<Sender<()>>>;
+
+pub(crate) fn wake_all(senders: &WakeSenders) {
+    let mut senders = senders.lock().unwrap_or_else(PoisonError::into_inner);
+    senders.retain(|w| match w.try_send(()) {
+        Ok(()) | Err(crossbeam_channel::TrySendError::Full(())) => true,
+        Err(crossbeam_channel::TrySendError::Disconnected(())) => false,
+    });
+}
+
+impl Store {
+    /// Wakes this process's watchers now and, through `NOTIFY`, those of
+    /// every other process listening on the database.
+    pub(crate) fn notify_watchers(&self) {
+        self.signals.notify(&self.pool);
+    }
+
+    /// Wakes this process's watchers only.
+    pub(crate) fn notify_local(&self) {
+        self.signals.wake_local();
+    }
+
+    /// See [`crate::Queue::watcher`].
+    pub(crate) fn watcher(&self) -> NotifyWatcher {
+        self.signals.watcher()
     }
 }

@@ -1,0 +1,168 @@
+//! Operators' writes on PostgreSQL: cancel, retry, prune and retry dead
+//! jobs in batches (skipping rows another process holds), pause and resume
+//! queues; each wakes the watchers of every process where jobs may have
+//! become claimable.
+
+use super::claim::paused_in;
+use super::connection::Tx;
+use super::enqueue::HELD_SQL;
+use super::Store;
+use crate::engine::types::RetryDeadBatch;
+use crate::engine::Admin;
+use crate::error::{Error, Result};
+use crate::job::{JobId, JobState};
+
+impl Admin for Store {
+    fn cancel(&self, id: JobId) -> Result<()> {
+        self.write(|tx, _| {
+            let state = state_of(tx, id)?;
+            if state.is_terminal() {
+                return Err(Error::InvalidState {
+                    job_id: id,
+                    state,
+                    action: "cancel",
+                });
+            }
+            let now = self.now_ms();
+            tx.execute(
+                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = $1,
+                     lease_expires_at = CASE WHEN status = 'running' THEN lease_expires_at END
+                 WHERE id = $2",
+                &[&now, &id.0],
+            )?;
+            Ok(())
+        })?;
+        // A holder in another process notices at its next look.
+        self.notify_watchers();
+        Ok(())
+    }
+
+    fn retry(&self, id: JobId) -> Result<()> {
+        self.write(|tx, _| {
+            let state = state_of(tx, id)?;
+            if !matches!(state, JobState::Dead | JobState::Cancelled) {
+                return Err(Error::InvalidState {
+                    job_id: id,
+                    state,
+                    action: "retry",
+                });
+            }
+            let holder = tx.query_opt(
+                "SELECT held.unique_key, held.id FROM tickler_jobs AS job
+                 JOIN tickler_jobs AS held ON held.unique_key = job.unique_key
+                 WHERE job.id = $1 AND held.status IN ('scheduled', 'pending', 'running')",
+                &[&id.0],
+            )?;
+            if let Some(r) = holder {
+                return Err(Error::UniqueKeyHeld {
+                    job_id: id,
+                    unique_key: r.get(0),
+                    held_by: JobId(r.get(1)),
+                });
+            }
+            let now = self.now_ms();
+            tx.execute(
+                "UPDATE tickler_jobs
+                 SET status = CASE WHEN lease_expires_at >= $1::bigint THEN 'scheduled' ELSE 'pending' END,
+                     run_at = CASE WHEN lease_expires_at >= $1::bigint THEN lease_expires_at + 1
+                                   ELSE $1::bigint END,
+                     attempts = 0, finished_at = NULL, lease_expires_at = NULL
+                 WHERE id = $2",
+                &[&now, &id.0],
+            )?;
+            Ok(())
+        })?;
+        self.notify_watchers();
+        Ok(())
+    }
+
+    fn prune_batch(&self, before: i64, state: Option<JobState>, limit: i64) -> Result<u64> {
+        let state = state.map(JobState::as_str);
+        self.write(|tx, _| {
+            tx.execute(
+                "DELETE FROM tickler_jobs WHERE id = ANY(ARRAY(
+                     SELECT id FROM tickler_jobs
+                     WHERE finished_at IS NOT NULL AND finished_at < $1::bigint
+                       AND ($2::text IS NULL OR status = $2)
+                     LIMIT $3 FOR UPDATE SKIP LOCKED))",
+                &[&before, &state, &limit],
+            )
+        })
+    }
+
+    fn retry_dead_batch(
+        &self,
+        queue: Option<&str>,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<RetryDeadBatch> {
+        self.write(|tx, _| {
+            let dead = tx.query(
+                "SELECT id, unique_key FROM tickler_jobs
+                 WHERE status = 'dead' AND ($1::text IS NULL OR queue = $1) AND id > $2
+                 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED",
+                &[&queue, &after_id, &limit],
+            )?;
+            let now = self.now_ms();
+            let (mut retried, mut left_dead) = (0u64, 0u64);
+            let mut last_id = None;
+            for r in &dead {
+                let id: i64 = r.get(0);
+                let key: Option<String> = r.get(1);
+                last_id = Some(id);
+                if let Some(key) = &key {
+                    if tx.query_opt(HELD_SQL, &[key])?.is_some() {
+                        left_dead += 1;
+                        continue;
+                    }
+                }
+                retried += tx.execute(
+                    "UPDATE tickler_jobs SET status = 'pending', attempts = 0,
+                         run_at = $1::bigint, finished_at = NULL, lease_expires_at = NULL
+                     WHERE id = $2 AND status = 'dead'",
+                    &[&now, &id],
+                )?;
+            }
+            Ok(RetryDeadBatch {
+                retried,
+                left_dead,
+                last_id,
+                seen: dead.len(),
+            })
+        })
+    }
+
+    fn set_queue_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.write(|tx, _| {
+            let now = self.now_ms();
+            if paused {
+                tx.execute(
+                    "INSERT INTO tickler_paused_queues (queue, paused_at) VALUES ($1, $2)
+                     ON CONFLICT (queue) DO NOTHING",
+                    &[&queue, &now],
+                )?;
+            } else {
+                tx.execute(
+                    "DELETE FROM tickler_paused_queues WHERE queue = $1",
+                    &[&queue],
+                )?;
+            }
+            Ok(())
+        })?;
+        // NOTIFY: the pools of other processes wake up and look again.
+        self.notify_watchers();
+        Ok(())
+    }
+
+    fn paused_queues(&self) -> Result<Vec<String>> {
+        self.read(|tx| Ok(paused_in(tx)?.into_iter().collect()))
+    }
+}
+
+fn state_of(tx: &mut Tx<'_>, id: JobId) -> Result<JobState> {
+    let row = tx.query_opt(
+        "SELECT status FROM tickler_jobs WHERE id = $1 FOR UPDATE",
+        &[&id.0],
+    )?;
+    row.ok_or(Error::NotFound(id))?.get::<_, String>(0).parse()
+}

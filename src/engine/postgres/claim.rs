@@ -1,0 +1,306 @@
+//! Claiming on PostgreSQL: when work is next due, the claiming statement
+//! (`FOR UPDATE SKIP LOCKED`, the pause read in the same snapshot), and
+//! [`Claims::record_and_claim`], which records outcomes (`outcome.rs`) and
+//! claims through the [`ClaimTx`] the queue's claim rules run on, taking up
+//! the jobs of a claim whose COMMIT answer was lost.
+
+use super::connection::{statement_level, storable, Tx};
+use super::enqueue::check_text;
+use super::outcome::{record_all, DEAD_SQL};
+use super::rows::*;
+use super::Store;
+use crate::clock::ms_to_datetime;
+use crate::engine::types::*;
+use crate::engine::{Claim, ClaimTx, Claims};
+use crate::error::Result;
+use crate::job::JobId;
+use crate::lease::Lease;
+use chrono::{DateTime, Utc};
+
+/// Outcomes from which [`Claims::record_and_claim`] records them in a
+/// transaction of their own beside the claim's, rather than in one.
+const PARALLEL_OUTCOMES: usize = 64;
+
+const PROMOTE_SQL: &str = "UPDATE tickler_jobs SET status = 'pending'
+    WHERE id = ANY(ARRAY(
+        SELECT id FROM tickler_jobs
+        WHERE status = 'scheduled' AND queue = $1 AND run_at <= $2::bigint
+        ORDER BY run_at LIMIT $3 FOR UPDATE SKIP LOCKED))";
+
+/// A condition on `job`: its unique_key is not held by a cancelled run
+/// whose holder may still be running (see the SQLite engine's `unblocked`).
+const UNBLOCKED: &str = "(job.unique_key IS NULL OR NOT EXISTS (
+         SELECT 1 FROM tickler_jobs AS stopping
+         WHERE stopping.unique_key = job.unique_key
+           AND stopping.status IN ('cancelled', 'dead')
+           AND stopping.lease_expires_at >= $2::bigint))";
+
+/// The claiming UPDATE: $1 worker_id, $2 now, $3 lease expiry, $4 queue,
+/// $5 limit, $6 the claim's id, $7 kinds (if filtered). The queue's pause
+/// flag is read by the same statement, in its snapshot: read by an earlier
+/// statement, a pause and an enqueue both committed in between would let
+/// the claim take the new jobs of the paused queue. The outer update
+/// repeats no condition on `status`: the rows are locked by the inner
+/// select, and with one the planner may look the ids up through a partial
+/// index rather than the primary key (seen: 200 ms for 512 rows of a table
+/// not yet analyzed).
+fn claim_sql(kinds: bool, order: ClaimOrder) -> String {
+    let order = order.sql();
+    let kind_filter = if kinds { "AND kind = ANY($7)" } else { "" };
+    format!(
+        "UPDATE tickler_jobs
+         SET status = 'running', run_token = gen_random_uuid()::text, attempts = attempts + 1,
+             claimed_by = $1, claimed_at = $2::bigint, lease_expires_at = $3::bigint,
+             lease_ms = $3::bigint - $2::bigint, claim_id = $6::bigint
+         WHERE id = ANY(ARRAY(
+             SELECT id FROM tickler_jobs AS job
+             WHERE status = 'pending' AND queue = $4 {kind_filter} AND {UNBLOCKED}
+               AND NOT EXISTS (SELECT 1 FROM tickler_paused_queues AS paused
+                               WHERE paused.queue = job.queue)
+             ORDER BY {order} LIMIT $5 FOR UPDATE SKIP LOCKED))
+         RETURNING {LEASE_COLUMNS}"
+    )
+}
+
+/// A [`ClaimTx`] on an open PostgreSQL transaction: the claiming
+/// statements of this claim's kinds, and the id marking its rows (for a
+/// commit whose acknowledgement was lost).
+struct InTransaction<'a, 'b> {
+    tx: &'a mut Tx<'b>,
+    sql: &'a (String, String),
+    claim_id: i64,
+}
+
+impl ClaimTx for InTransaction<'_, '_> {
+    fn paused_queues(&mut self) -> Result<std::collections::BTreeSet<String>> {
+        paused_in(self.tx)
+    }
+
+    fn promote_due(&mut self, queue: &str, now: i64, limit: i64) -> Result<u64> {
+        self.tx.execute(PROMOTE_SQL, &[&queue, &now, &limit])
+    }
+
+    fn claim_batch(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        queue: &str,
+        want: i64,
+        order: ClaimOrder,
+        now: i64,
+        expires: i64,
+    ) -> Result<Vec<ClaimedRow>> {
+        let sql = match order {
+            ClaimOrder::Priority => &self.sql.0,
+            ClaimOrder::Oldest => &self.sql.1,
+        };
+        let worker = storable(request.worker_id);
+        let claim_id = self.claim_id;
+        let rows = match request.kinds {
+            Some(kinds) => self.tx.query(
+                sql,
+                &[&worker, &now, &expires, &queue, &want, &claim_id, &kinds],
+            )?,
+            None => self
+                .tx
+                .query(sql, &[&worker, &now, &expires, &queue, &want, &claim_id])?,
+        };
+        rows.iter().map(claimed_from_row).collect()
+    }
+
+    fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()> {
+        self.tx
+            .execute(DEAD_SQL, &[&now, &error, &job_id.0, &run_token])?;
+        Ok(())
+    }
+}
+
+/// The jobs the claim `claim_id` took, whose commit was not acknowledged
+/// (the connection was lost during COMMIT).
+fn adopt_claimed(tx: &mut Tx<'_>, claim_id: i64) -> Result<Vec<Lease>> {
+    let rows = tx.query(
+        &format!(
+            "SELECT {LEASE_COLUMNS} FROM tickler_jobs
+             WHERE status = 'running' AND claim_id = $1::bigint
+             ORDER BY priority DESC, run_at, id"
+        ),
+        &[&claim_id],
+    )?;
+    let mut leases = Vec::with_capacity(rows.len());
+    for row in &rows {
+        // Unreadable rows were made dead by the claim that committed.
+        if let ClaimedRow::Readable(lease) = claimed_from_row(row)? {
+            leases.push(lease);
+        }
+    }
+    if !leases.is_empty() {
+        log::warn!(
+            "took up {} jobs claimed by a transaction whose commit was not acknowledged",
+            leases.len()
+        );
+    }
+    Ok(leases)
+}
+
+impl Claims for Store {
+    fn next_due(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<Option<DateTime<Utc>>> {
+        let now = self.now_ms();
+        let kinds: Option<Vec<&str>> = kinds.map(<[&str]>::to_vec);
+        let kind_filter = if kinds.is_some() {
+            "AND kind = ANY($3)"
+        } else {
+            ""
+        };
+        let pending_sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM tickler_jobs AS job
+             WHERE status = 'pending' AND queue = $1 AND $2::bigint IS NOT NULL
+               {kind_filter} AND {UNBLOCKED})"
+        );
+        let scheduled_sql = format!(
+            "SELECT run_at FROM tickler_jobs WHERE status = 'scheduled' AND queue = $1
+               AND $2::bigint IS NOT NULL {kind_filter} ORDER BY run_at LIMIT 1"
+        );
+        let earliest = self.read(|tx| {
+            let mut earliest: Option<i64> = None;
+            let paused = paused_in(tx)?;
+            for queue in queues.iter().filter(|q| !paused.contains(**q)) {
+                let pending: bool = match &kinds {
+                    Some(k) => tx.query_one(&pending_sql, &[queue, &now, k])?,
+                    None => tx.query_one(&pending_sql, &[queue, &now])?,
+                }
+                .get(0);
+                if pending {
+                    return Ok(Some(now));
+                }
+                let scheduled = match &kinds {
+                    Some(k) => tx.query_opt(&scheduled_sql, &[queue, &now, k])?,
+                    None => tx.query_opt(&scheduled_sql, &[queue, &now])?,
+                };
+                if let Some(r) = scheduled {
+                    let at: i64 = r.get(0);
+                    earliest = Some(earliest.map_or(at, |e| e.min(at)));
+                }
+            }
+            let stopping: Option<i64> = tx
+                .query_one(
+                    "SELECT min(lease_expires_at) + 1 FROM tickler_jobs
+                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at >= $1::bigint
+                       AND unique_key IS NOT NULL",
+                    &[&now],
+                )?
+                .get(0);
+            if let Some(at) = stopping {
+                earliest = Some(earliest.map_or(at, |e| e.min(at)));
+            }
+            Ok(earliest)
+        })?;
+        Ok(earliest.map(ms_to_datetime))
+    }
+
+    fn record_and_claim(
+        &self,
+        outcomes: &[(&Lease, Outcome)],
+        claim: Option<&Claim<'_>>,
+        _sync: OutcomeSync,
+    ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
+        if let Some(Claim { request: c, .. }) = claim {
+            for queue in c.queues {
+                check_text("queue", queue)?;
+            }
+            for kind in c.kinds.unwrap_or_default() {
+                check_text("kind", kind)?;
+            }
+        }
+        let claim = match claim {
+            Some(claim @ Claim { request: c, .. })
+                if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) =>
+            {
+                let sql = (
+                    claim_sql(c.kinds.is_some(), ClaimOrder::Priority),
+                    claim_sql(c.kinds.is_some(), ClaimOrder::Oldest),
+                );
+                Some((claim, duration_ms(c.lease, "lease")?, sql))
+            }
+            _ => None,
+        };
+        if outcomes.is_empty() && claim.is_none() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        if let (Some((request, _, _)), true) = (&claim, outcomes.len() >= PARALLEL_OUTCOMES) {
+            // A pool finishing a large batch and taking the next: the
+            // outcomes and the claim touch different rows, so they go in
+            // two transactions at once on two connections (PostgreSQL
+            // works on both in parallel) rather than one after the other
+            // in one.
+            return std::thread::scope(|scope| {
+                // Every commit is durable here: `sync` changes nothing.
+                let recording =
+                    scope.spawn(|| self.record_and_claim(outcomes, None, OutcomeSync::Now));
+                let claimed = self.record_and_claim(&[], Some(request), OutcomeSync::Now);
+                let recorded = recording
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                Ok((recorded?.0, claimed?.1))
+            });
+        }
+        let policy = self.retry_policy;
+        let mut isolate = false;
+        let mut pending_outcomes = outcomes;
+        let mut results = Vec::with_capacity(outcomes.len());
+        // The id of the last try's claim: if its COMMIT was lost with the
+        // connection, the jobs it claimed may be ours already, and are
+        // taken up rather than left to run out their lease.
+        let last_claim = std::cell::Cell::new(None::<i64>);
+        let leases = loop {
+            let step = self.write(|tx, attempt| {
+                let now = self.now_ms();
+                let recorded = record_all(tx, pending_outcomes, now, &policy, attempt, isolate)?;
+                let claimed = match (&claim, last_claim.get()) {
+                    (Some(_), Some(claim_id)) if attempt.after_unknown_commit => {
+                        last_claim.set(None);
+                        Some(adopt_claimed(tx, claim_id)?)
+                    }
+                    (Some((claim, lease_ms, sql)), _) => {
+                        let claim_id = fastrand::i64(..);
+                        last_claim.set(Some(claim_id));
+                        let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
+                        let mut claim_tx = InTransaction { tx, sql, claim_id };
+                        (claim.rules)(&mut claim_tx, claim.request, now, expires)?
+                    }
+                    (None, _) => Some(Vec::new()),
+                };
+                Ok((recorded, claimed))
+            });
+            let (recorded, claimed) = match step {
+                Err(e) if !isolate && statement_level(&e) && !pending_outcomes.is_empty() => {
+                    // A statement the server refused rolled back the whole
+                    // transaction: again, each outcome in a savepoint, so
+                    // that the refusal stays with its own job.
+                    isolate = true;
+                    continue;
+                }
+                other => other?,
+            };
+            results.extend(recorded);
+            pending_outcomes = &[];
+            if let Some(claimed) = claimed {
+                break claimed;
+            }
+        };
+        if outcomes
+            .iter()
+            .any(|(_, o)| !matches!(o, Outcome::Complete | Outcome::FailPermanently(_)))
+        {
+            self.notify_watchers();
+        }
+        Ok((results, leases))
+    }
+}
+
+/// The paused queues, in byte order (a table of a few rows at most).
+pub(super) fn paused_in(tx: &mut Tx<'_>) -> Result<std::collections::BTreeSet<String>> {
+    Ok(tx
+        .query("SELECT queue FROM tickler_paused_queues", &[])?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}

@@ -1,0 +1,550 @@
+//! PostgreSQL's connections and transactions: the r2d2 pool, [`Tx`] (a
+//! transaction, or autocommit, with statements prepared once per
+//! connection, and savepoints for statements that may fail alone), the
+//! retry of a whole transaction through lost connections and restarts;
+//! and the engine's [`Capabilities`].
+
+use super::Store;
+use crate::clock::Clock;
+use crate::engine::types::ValidJob;
+use crate::engine::{Capabilities, Watch};
+use crate::error::{Error, Result};
+use crate::job::JobId;
+use crate::lease::Lease;
+use postgres::error::SqlState;
+use postgres::types::ToSql;
+use postgres::{Client, NoTls, Row, Statement};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Connections of the pool: the client, its prepared statements, and
+/// whether it must be dropped rather than reused.
+pub(crate) struct Conn {
+    pub(super) client: Client,
+    statements: HashMap<String, Statement>,
+    broken: bool,
+}
+
+/// Makes the pool's connections; a connection that failed in a way that
+/// makes it useless (closed, or on a server that became read-only after a
+/// failover) is dropped rather than given out again.
+pub(crate) struct Manager {
+    config: postgres::Config,
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Conn;
+    type Error = postgres::Error;
+
+    fn connect(&self) -> std::result::Result<Conn, postgres::Error> {
+        let client = self.config.connect(NoTls)?;
+        Ok(Conn {
+            client,
+            statements: HashMap::new(),
+            broken: false,
+        })
+    }
+
+    fn is_valid(&self, conn: &mut Conn) -> std::result::Result<(), postgres::Error> {
+        conn.client.simple_query("").map(|_| ())
+    }
+
+    fn has_broken(&self, conn: &mut Conn) -> bool {
+        conn.broken || conn.client.is_closed()
+    }
+}
+
+/// Where a [`Tx`]'s statements run.
+pub(crate) enum Session<'a> {
+    /// In a transaction (or savepoint).
+    Transaction(postgres::Transaction<'a>),
+    /// Each statement its own transaction (autocommit): one round trip
+    /// for a single-statement write.
+    Autocommit(&'a mut Client),
+}
+
+/// Statements in one transaction (or, for single-statement writes, in
+/// autocommit), prepared once per connection.
+pub(crate) struct Tx<'a> {
+    pub(super) tx: Session<'a>,
+    pub(super) statements: &'a mut HashMap<String, Statement>,
+}
+
+impl Tx<'_> {
+    fn statement(&mut self, sql: &str) -> Result<Statement> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        let prepared = match &mut self.tx {
+            Session::Transaction(tx) => tx.prepare(sql)?,
+            Session::Autocommit(client) => client.prepare(sql)?,
+        };
+        self.statements.insert(sql.to_owned(), prepared.clone());
+        Ok(prepared)
+    }
+
+    pub(crate) fn query(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+        let stmt = self.statement(sql)?;
+        Ok(match &mut self.tx {
+            Session::Transaction(tx) => tx.query(&stmt, params)?,
+            Session::Autocommit(client) => client.query(&stmt, params)?,
+        })
+    }
+
+    pub(crate) fn query_opt(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>> {
+        let stmt = self.statement(sql)?;
+        Ok(match &mut self.tx {
+            Session::Transaction(tx) => tx.query_opt(&stmt, params)?,
+            Session::Autocommit(client) => client.query_opt(&stmt, params)?,
+        })
+    }
+
+    pub(crate) fn query_one(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
+        let stmt = self.statement(sql)?;
+        Ok(match &mut self.tx {
+            Session::Transaction(tx) => tx.query_one(&stmt, params)?,
+            Session::Autocommit(client) => client.query_one(&stmt, params)?,
+        })
+    }
+
+    pub(crate) fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        let stmt = self.statement(sql)?;
+        Ok(match &mut self.tx {
+            Session::Transaction(tx) => tx.execute(&stmt, params)?,
+            Session::Autocommit(client) => client.execute(&stmt, params)?,
+        })
+    }
+
+    /// Runs statements given as text (no parameters, not prepared).
+    pub(crate) fn batch_execute(&mut self, sql: &str) -> Result<()> {
+        match &mut self.tx {
+            Session::Transaction(tx) => tx.batch_execute(sql)?,
+            Session::Autocommit(client) => client.batch_execute(sql)?,
+        }
+        Ok(())
+    }
+
+    /// Commits the transaction (nothing to do in autocommit).
+    pub(crate) fn commit(self) -> Result<()> {
+        if let Session::Transaction(tx) = self.tx {
+            tx.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Runs `f` inside a savepoint: an error of the database confined to
+    /// it (a constraint, a trigger's exception, a value the server refuses)
+    /// is `Ok(Err(_))` and undoes `f`'s statements alone. In autocommit
+    /// every statement is alone already.
+    pub(crate) fn isolated<T>(
+        &mut self,
+        f: impl FnOnce(&mut Tx<'_>) -> Result<T>,
+    ) -> Result<Result<T>> {
+        let Session::Transaction(tx) = &mut self.tx else {
+            return match f(self) {
+                Ok(value) => Ok(Ok(value)),
+                Err(e) if statement_level(&e) => Ok(Err(e)),
+                Err(e) => Err(e),
+            };
+        };
+        let mut inner = Tx {
+            tx: Session::Transaction(tx.savepoint("tickler_item")?),
+            statements: self.statements,
+        };
+        match f(&mut inner) {
+            Ok(value) => {
+                inner.commit()?;
+                Ok(Ok(value))
+            }
+            Err(e) if statement_level(&e) => {
+                if let Session::Transaction(savepoint) = inner.tx {
+                    savepoint.rollback()?;
+                }
+                Ok(Err(e))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// What a transaction run by [`Store::write`] is told about earlier tries.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Attempt {
+    /// An earlier try lost its connection during `COMMIT`: its writes may
+    /// have landed. Fenced outcomes use this to tell "already recorded by
+    /// me" from "lost".
+    pub(crate) after_unknown_commit: bool,
+}
+
+impl Store {
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// The URL without its password, for messages.
+    pub(crate) fn describe(&self) -> String {
+        crate::engine::redacted_location(&self.url)
+    }
+
+    /// Runs `f` in a READ COMMITTED transaction on a pooled connection and
+    /// commits. A connection lost (the server restarted or cut it), a
+    /// server that became read-only (a failover), a deadlock or a
+    /// serialization failure retries the whole transaction on another
+    /// connection with jittered backoff for up to the retry window; `f`
+    /// may therefore run more than once and must not have effects outside
+    /// the transaction.
+    pub(crate) fn write<T>(&self, f: impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>) -> Result<T> {
+        self.run(false, f)
+    }
+
+    /// [`Store::write`] for writes whose statements are each right on
+    /// their own (as under READ COMMITTED they would be anyway), in
+    /// autocommit: one round trip for one statement instead of three.
+    pub(crate) fn write_autocommit<T>(
+        &self,
+        f: impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>,
+    ) -> Result<T> {
+        self.run(true, f)
+    }
+
+    fn run<T>(
+        &self,
+        autocommit: bool,
+        mut f: impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>,
+    ) -> Result<T> {
+        let started = Instant::now();
+        let mut attempt = Attempt::default();
+        let mut pause = Duration::from_millis(10);
+        loop {
+            match self.try_once(&mut f, attempt, autocommit) {
+                Ok(value) => return Ok(value),
+                Err((e, phase)) => {
+                    if !retryable(&e) || started.elapsed() >= self.retry_window {
+                        return Err(e);
+                    }
+                    if phase == Phase::Commit {
+                        attempt.after_unknown_commit = true;
+                    }
+                    log::warn!(
+                        "PostgreSQL transaction failed ({e}); retrying for up to {:?}",
+                        self.retry_window.saturating_sub(started.elapsed())
+                    );
+                    let jitter = fastrand::u64(0..=pause.as_millis() as u64);
+                    std::thread::sleep(Duration::from_millis(jitter) + pause / 2);
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    /// A read in its own transaction (one snapshot), retried as [`Store::write`].
+    pub(crate) fn read<T>(&self, mut f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        self.write(|tx, _| f(tx))
+    }
+
+    fn try_once<T>(
+        &self,
+        f: &mut impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>,
+        attempt: Attempt,
+        autocommit: bool,
+    ) -> std::result::Result<T, (Error, Phase)> {
+        let mut conn = self
+            .pool
+            .get()
+            .map_err(|e| (Error::from(e), Phase::Begin))?;
+        let conn = &mut *conn;
+        let result = (|| {
+            let session = if autocommit {
+                Session::Autocommit(&mut conn.client)
+            } else {
+                Session::Transaction(
+                    conn.client
+                        .transaction()
+                        .map_err(|e| (e.into(), Phase::Begin))?,
+                )
+            };
+            let mut tx = Tx {
+                tx: session,
+                statements: &mut conn.statements,
+            };
+            let value = f(&mut tx, attempt).map_err(|e| {
+                // A statement that failed in autocommit may have failed
+                // after its commit: unknown, as with a failed COMMIT.
+                let phase = if autocommit {
+                    Phase::Commit
+                } else {
+                    Phase::Body
+                };
+                (e, phase)
+            })?;
+            tx.commit().map_err(|e| (e, Phase::Commit))?;
+            Ok(value)
+        })();
+        if let Err((e, _)) = &result {
+            if breaks_connection(e) {
+                conn.broken = true;
+            }
+        }
+        result
+    }
+
+    /// A connection of the pool, for the application's transactions.
+    pub(crate) fn pooled(&self) -> Result<r2d2::PooledConnection<Manager>> {
+        Ok(self.pool.get()?)
+    }
+}
+
+impl Capabilities for Store {
+    fn name(&self) -> &'static str {
+        "PostgreSQL"
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.clock)
+    }
+
+    fn location(&self) -> String {
+        self.describe()
+    }
+
+    fn watcher(&self) -> Result<Box<dyn Watch>> {
+        Ok(Box::new(Store::watcher(self)))
+    }
+
+    fn enqueue_in_pg_tx(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        rows: &[ValidJob],
+    ) -> Result<Vec<JobId>> {
+        self.enqueue_in(tx, rows)
+    }
+
+    fn complete_with_pg(
+        &self,
+        lease: &Lease,
+        app_writes: &mut dyn FnMut(&mut postgres::Transaction<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.complete_with(lease, app_writes)
+    }
+}
+
+/// The pool of a `Store`: at least two connections (a claim may run while
+/// an outcome commits), one kept open.
+pub(super) fn connection_pool(
+    config: &postgres::Config,
+    max_connections: u32,
+) -> r2d2::Pool<Manager> {
+    // r2d2's own helper threads would otherwise wait for the pool's
+    // next scheduled idle check (up to 30 s) after the pool is
+    // dropped, holding nothing but living on: an application that
+    // opens and drops queues would collect them.
+    let helpers = scheduled_thread_pool::ScheduledThreadPool::builder()
+        .num_threads(3)
+        .thread_name_pattern("tickler-pg-pool-{}")
+        .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
+        .build();
+    r2d2::Pool::builder()
+        .thread_pool(Arc::new(helpers))
+        .max_size(max_connections.max(2))
+        .min_idle(Some(1))
+        .connection_timeout(Duration::from_secs(10))
+        .error_handler(Box::new(ConnectFailed))
+        .build_unchecked(Manager {
+            config: config.clone(),
+        })
+}
+
+/// What the pool does with a connection it could not open. r2d2's default
+/// logs an ERROR reading only "db error" or "error connecting to server":
+/// alarming while the server restarts (the pool and `Store::write` retry
+/// through that), and silent on the cause when it does not come back.
+#[derive(Debug)]
+struct ConnectFailed;
+
+impl r2d2::HandleError<postgres::Error> for ConnectFailed {
+    fn handle_error(&self, error: postgres::Error) {
+        log::warn!(
+            "cannot open a PostgreSQL connection ({}); retrying",
+            with_cause(&error)
+        );
+    }
+}
+
+/// A PostgreSQL error with what its `Display` leaves out: the server's
+/// message and SQLSTATE, or the I/O error underneath.
+pub(crate) fn with_cause(e: &postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{}: {} ({})", db.severity(), db.message(), db.code().code());
+    }
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Begin,
+    Body,
+    Commit,
+}
+
+/// Errors after which the same transaction may succeed on another try: the
+/// connection or server went away, the server is starting or shutting
+/// down, it is read-only (a failover: the next connection may reach the
+/// new primary), a deadlock or serialization failure, too many
+/// connections for now, a lock not granted within the session's
+/// `lock_timeout` (a DBA's setting: contention of the moment), a prepared
+/// statement whose table changed under it (the connection is replaced),
+/// or no pooled connection within its timeout.
+pub(crate) fn retryable(e: &Error) -> bool {
+    match e {
+        Error::Pool(_) => true,
+        Error::Postgres(e) => {
+            if e.is_closed() || stale_plan(e) {
+                return true;
+            }
+            match e.code() {
+                None => e.as_db_error().is_none(),
+                Some(code) => {
+                    code.code().starts_with("08")
+                        || [
+                            SqlState::T_R_SERIALIZATION_FAILURE,
+                            SqlState::T_R_DEADLOCK_DETECTED,
+                            SqlState::ADMIN_SHUTDOWN,
+                            SqlState::CRASH_SHUTDOWN,
+                            SqlState::CANNOT_CONNECT_NOW,
+                            SqlState::TOO_MANY_CONNECTIONS,
+                            SqlState::READ_ONLY_SQL_TRANSACTION,
+                            SqlState::LOCK_NOT_AVAILABLE,
+                        ]
+                        .contains(code)
+                }
+            }
+        }
+        _ => false,
+    }
+}
+
+/// A statement prepared before its table's columns changed type (an
+/// operator's ALTER TABLE, a newer version's migration in a rolling
+/// deploy): PostgreSQL refuses it on every later use, so the connection
+/// and its prepared statements are dropped.
+fn stale_plan(e: &postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        *db.code() == SqlState::FEATURE_NOT_SUPPORTED
+            && db
+                .message()
+                .starts_with("cached plan must not change result type")
+    })
+}
+
+/// Errors after which the connection must not be reused.
+fn breaks_connection(e: &Error) -> bool {
+    match e {
+        Error::Postgres(e) => {
+            e.is_closed()
+                || stale_plan(e)
+                || e.code().is_some_and(|c| {
+                    c.code().starts_with("08")
+                        || *c == SqlState::READ_ONLY_SQL_TRANSACTION
+                        || *c == SqlState::ADMIN_SHUTDOWN
+                })
+                || (e.code().is_none() && e.as_db_error().is_none())
+        }
+        _ => false,
+    }
+}
+
+/// Errors confined to one statement (its data or a constraint), which
+/// [`Tx::isolated`] keeps from failing the rest of a batch.
+pub(crate) fn statement_level(e: &Error) -> bool {
+    match e {
+        Error::ConstraintViolated { .. } => true,
+        Error::Postgres(e) => e.code().is_some_and(|c| {
+            let class = &c.code()[..2];
+            // 22: data exception; 23: integrity constraint; P0: raised by
+            // a trigger.
+            class == "22" || class == "23" || class == "P0"
+        }),
+        _ => false,
+    }
+}
+
+/// Text PostgreSQL can store: its `text` type refuses the NUL character,
+/// which a handler's error message may contain.
+pub(crate) fn storable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        std::borrow::Cow::Owned(text.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("postgres::Store")
+            .field("url", &self.describe())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Mutex, PoisonError};
+
+    /// Every record logged in this test binary (no other test logs).
+    static LOGGED: Mutex<Vec<(log::Level, String)>> = Mutex::new(Vec::new());
+
+    struct Capture;
+
+    impl log::Log for Capture {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+        fn log(&self, record: &log::Record<'_>) {
+            LOGGED
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((record.level(), record.args().to_string()));
+        }
+        fn flush(&self) {}
+    }
+
+    /// A connection the pool cannot open (as while the server restarts)
+    /// is retried, by the pool and by `Store::write`'s window: it is a
+    /// warning that says why, not an error. (r2d2's own handler logged
+    /// each failed attempt as an ERROR reading only "db error".)
+    #[test]
+    fn failed_connection_attempts_are_warnings_that_say_why() {
+        if log::set_boxed_logger(Box::new(Capture)).is_ok() {
+            log::set_max_level(log::LevelFilter::Trace);
+        }
+        // Nothing listens on port 1.
+        let config: postgres::Config = "postgres://tickler@127.0.0.1:1/none".parse().unwrap();
+        let pool = connection_pool(&config, 2);
+        assert!(pool.get_timeout(Duration::from_millis(300)).is_err());
+        let logged = LOGGED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let attempts: Vec<_> = logged
+            .iter()
+            .filter(|(_, text)| text.contains("127.0.0.1:1") || text.contains("error"))
+            .collect();
+        assert!(!attempts.is_empty(), "nothing logged: {logged:?}");
+        for (level, text) in attempts {
+            assert_eq!(*level, log::Level::Warn, "{text}");
+            assert!(
+                text.contains("connection refused") || text.contains("Connection refused"),
+                "{text}"
+            );
+        }
+    }
+}

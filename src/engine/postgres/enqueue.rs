@@ -1,0 +1,307 @@
+//! Storing new jobs on PostgreSQL: validated jobs inserted with their
+//! unique keys (a batch without keys in one statement), found again after a
+//! COMMIT whose answer was lost, and jobs in the application's own
+//! transaction.
+
+use super::connection::{Attempt, Session, Tx};
+use super::watch::CHANNEL;
+use super::Store;
+use crate::engine::types::*;
+use crate::engine::Enqueue;
+use crate::error::{Error, Result};
+use crate::job::{JobId, JobState};
+use std::collections::HashMap;
+
+/// Tries of an insert whose unique_key's holder finished between the
+/// insert and the read of its id.
+const UNIQUE_TRIES: u32 = 10;
+
+const INSERT_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status, priority,
+         run_at, max_attempts, unique_key, timeout_ms, created_at, enqueue_batch, enqueue_seq)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+     ON CONFLICT DO NOTHING RETURNING id";
+
+/// Many jobs without a unique_key: $1 queues, $2 kinds, $3 payloads,
+/// $4 states, $5 priorities, $6 run_ats, $7 max_attempts, $8 timeouts,
+/// $9 now, $10 the batch's id, $11 each job's place in the batch. Rows are
+/// produced in input order (`ORDER BY ord`), so their ids ascend in that
+/// order.
+const INSERT_MANY_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status, priority,
+         run_at, max_attempts, timeout_ms, created_at, enqueue_batch, enqueue_seq)
+     SELECT queue, kind, payload, status, priority, run_at, max_attempts, timeout_ms, $9::bigint,
+            $10::bigint, seq
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bigint[],
+                 $7::bigint[], $8::bigint[], $11::int[])
+          WITH ORDINALITY AS t(queue, kind, payload, status, priority, run_at, max_attempts,
+                               timeout_ms, seq, ord)
+     ORDER BY ord
+     RETURNING id";
+
+pub(super) const HELD_SQL: &str = "SELECT id FROM tickler_jobs WHERE unique_key = $1
+       AND status IN ('scheduled', 'pending', 'running')";
+
+fn i64_of(n: u32) -> i64 {
+    i64::from(n)
+}
+
+/// Refuses text PostgreSQL cannot store in a name.
+pub(crate) fn check_text(what: &str, value: &str) -> Result<()> {
+    if value.contains('\0') {
+        return Err(Error::InvalidArgument(format!(
+            "{what} contains a NUL character, which PostgreSQL cannot store"
+        )));
+    }
+    Ok(())
+}
+
+/// Inserts validated jobs in `tx`; a job whose unique_key is held by an
+/// unfinished job inserts nothing and yields that job's id. Concurrent
+/// inserts of one key on several machines: the unique index makes one of
+/// them wait for the other's commit and then insert nothing.
+pub(crate) fn insert_valid(
+    tx: &mut Tx<'_>,
+    rows: &[ValidJob],
+    now: i64,
+    batch: i64,
+) -> Result<Vec<JobId>> {
+    let mut ids: Vec<Option<JobId>> = vec![None; rows.len()];
+    // Jobs without a unique_key go in with one statement per batch (one
+    // round trip, not one per job); a keyed one may meet its key's holder
+    // and is inserted on its own.
+    let mut bulk = Vec::new();
+    lock_keys_in_order(tx, rows)?;
+    for (i, row) in rows.iter().enumerate() {
+        let job = &row.job;
+        check_text("queue", &job.queue)?;
+        check_text("kind", &job.kind)?;
+        if let Some(key) = &job.unique_key {
+            check_text("unique_key", key)?;
+        }
+        let run_at = row.due.resolve(now)?;
+        if job.unique_key.is_none() && rows.len() > 1 {
+            bulk.push((i, run_at));
+            continue;
+        }
+        ids[i] = Some(insert_one(tx, row, run_at, now, (batch, i))?);
+    }
+    if !bulk.is_empty() {
+        let column = |f: &dyn Fn(&ValidJob, i64) -> String| -> Vec<String> {
+            bulk.iter().map(|&(i, at)| f(&rows[i], at)).collect()
+        };
+        let queues = column(&|r, _| r.job.queue.clone());
+        let kinds = column(&|r, _| r.job.kind.clone());
+        let payloads = column(&|r, _| r.payload.clone());
+        let states = column(&|_, at| state_for(at, now).as_str().to_owned());
+        let priorities: Vec<i32> = bulk.iter().map(|&(i, _)| rows[i].job.priority).collect();
+        let run_ats: Vec<i64> = bulk.iter().map(|&(_, at)| at).collect();
+        let max_attempts: Vec<i64> = bulk
+            .iter()
+            .map(|&(i, _)| i64_of(rows[i].job.max_attempts))
+            .collect();
+        let timeouts: Vec<Option<i64>> = bulk.iter().map(|&(i, _)| rows[i].timeout_ms).collect();
+        let seqs: Vec<i32> = bulk.iter().map(|&(i, _)| seq_of(i)).collect();
+        let mut inserted: Vec<i64> = tx
+            .query(
+                INSERT_MANY_SQL,
+                &[
+                    &queues,
+                    &kinds,
+                    &payloads,
+                    &states,
+                    &priorities,
+                    &run_ats,
+                    &max_attempts,
+                    &timeouts,
+                    &now,
+                    &batch,
+                    &seqs,
+                ],
+            )?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if inserted.len() != bulk.len() {
+            return Err(Error::Config(format!(
+                "inserted {} of {} jobs",
+                inserted.len(),
+                bulk.len()
+            )));
+        }
+        // The identity values are drawn as the rows come, in input order.
+        inserted.sort_unstable();
+        for ((i, _), id) in bulk.iter().zip(inserted) {
+            ids[*i] = Some(JobId(id));
+        }
+    }
+    Ok(ids.into_iter().map(|id| id.unwrap_or(JobId(0))).collect())
+}
+
+/// The ids of a batch whose earlier try committed after all (found by its
+/// mark; a job that try did not insert because its unique_key was held is
+/// looked up, or inserted, again), or `None` if it did not commit. Only
+/// after a lost COMMIT: the mark has no index, so this reads the table.
+fn committed_before(
+    tx: &mut Tx<'_>,
+    rows: &[ValidJob],
+    now: i64,
+    batch: i64,
+) -> Result<Option<Vec<JobId>>> {
+    let found = tx.query(
+        "SELECT enqueue_seq, id FROM tickler_jobs WHERE enqueue_batch = $1::bigint",
+        &[&batch],
+    )?;
+    if found.is_empty() {
+        return Ok(None);
+    }
+    let mut ids: Vec<Option<JobId>> = vec![None; rows.len()];
+    for r in &found {
+        let seq: i32 = r.get(0);
+        if let Some(slot) = usize::try_from(seq).ok().and_then(|i| ids.get_mut(i)) {
+            *slot = Some(JobId(r.get(1)));
+        }
+    }
+    let mut out = Vec::with_capacity(rows.len());
+    for (i, id) in ids.into_iter().enumerate() {
+        out.push(match id {
+            Some(id) => id,
+            None => insert_one(tx, &rows[i], rows[i].due.resolve(now)?, now, (batch, i))?,
+        });
+    }
+    Ok(Some(out))
+}
+
+/// Before a batch inserts several unique keys: takes a lock per key in key
+/// order. Each insert of a key waits for another transaction's
+/// uncommitted insert of it, so two batches holding keys in opposite
+/// orders would each wait for the other (a deadlock, broken only after
+/// `deadlock_timeout`); with the keys locked in one order, the second
+/// waits before it holds any. The jobs still go in in input order, so
+/// their ids ascend as given.
+fn lock_keys_in_order(tx: &mut Tx<'_>, rows: &[ValidJob]) -> Result<()> {
+    let mut keys: Vec<&str> = rows
+        .iter()
+        .filter_map(|r| r.job.unique_key.as_deref())
+        .filter(|k| !k.contains('\0'))
+        .collect();
+    if keys.len() < 2 {
+        return Ok(());
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    tx.execute(
+        "SELECT count(pg_advisory_xact_lock(hashtextextended(k, 7369401254420385313)))
+         FROM unnest($1::text[]) AS k",
+        &[&keys],
+    )?;
+    Ok(())
+}
+
+/// Scheduled if due after `now`, else pending.
+fn state_for(run_at: i64, now: i64) -> JobState {
+    if run_at <= now {
+        JobState::Pending
+    } else {
+        JobState::Scheduled
+    }
+}
+
+/// A job's place in its batch, as stored (`enqueue_seq`).
+fn seq_of(i: usize) -> i32 {
+    i32::try_from(i).unwrap_or(i32::MAX)
+}
+
+/// One job; with a unique_key held by an unfinished job, that job's id.
+fn insert_one(
+    tx: &mut Tx<'_>,
+    row: &ValidJob,
+    run_at: i64,
+    now: i64,
+    (batch, i): (i64, usize),
+) -> Result<JobId> {
+    let job = &row.job;
+    let state = state_for(run_at, now);
+    let max_attempts = i64_of(job.max_attempts);
+    for _ in 0..UNIQUE_TRIES {
+        let inserted = tx.query_opt(
+            INSERT_SQL,
+            &[
+                &job.queue,
+                &job.kind,
+                &row.payload,
+                &state.as_str(),
+                &job.priority,
+                &run_at,
+                &max_attempts,
+                &job.unique_key,
+                &row.timeout_ms,
+                &now,
+                &batch,
+                &seq_of(i),
+            ],
+        )?;
+        if let Some(r) = inserted {
+            return Ok(JobId(r.get(0)));
+        }
+        if let Some(r) = tx.query_opt(HELD_SQL, &[&job.unique_key])? {
+            return Ok(JobId(r.get(0)));
+        }
+    }
+    Err(Error::Config(format!(
+        "unique_key {:?} kept changing hands while a job with it was inserted",
+        job.unique_key
+    )))
+}
+
+impl Enqueue for Store {
+    fn enqueue(&self, rows: Vec<ValidJob>) -> Result<Vec<JobId>> {
+        // Marks this call's rows, so that a retry after a COMMIT whose
+        // answer was lost with the connection finds them instead of
+        // storing the jobs twice.
+        let batch = fastrand::i64(..);
+        let insert = |tx: &mut Tx<'_>, attempt: Attempt| {
+            let now = self.now_ms();
+            if attempt.after_unknown_commit {
+                if let Some(ids) = committed_before(tx, &rows, now, batch)? {
+                    return Ok(ids);
+                }
+            }
+            insert_valid(tx, &rows, now, batch)
+        };
+        // One job is one INSERT (and, if its key is held, one read of the
+        // holder's id): no transaction of its own needed.
+        let ids = if rows.len() == 1 {
+            self.write_autocommit(insert)?
+        } else {
+            self.write(insert)?
+        };
+        self.notify_watchers();
+        Ok(ids)
+    }
+}
+
+/// Jobs written inside the application's own PostgreSQL transactions.
+impl Store {
+    /// See [`crate::Queue::enqueue_batch_pg_tx`]. In a savepoint of the
+    /// caller's transaction, so that a refused job leaves the caller's
+    /// transaction usable; with a `NOTIFY` in it, which PostgreSQL delivers
+    /// when (and only if) the caller commits.
+    pub(crate) fn enqueue_in(
+        &self,
+        app: &mut postgres::Transaction<'_>,
+        rows: &[ValidJob],
+    ) -> Result<Vec<JobId>> {
+        let mut statements = HashMap::new();
+        let mut tx = Tx {
+            tx: Session::Transaction(app.savepoint("tickler_enqueue")?),
+            statements: &mut statements,
+        };
+        let now = self.now_ms();
+        let ids = insert_valid(&mut tx, rows, now, fastrand::i64(..))?;
+        tx.batch_execute(&format!("NOTIFY {}", CHANNEL))?;
+        tx.commit()?;
+        // This process's fetchers look once the caller commits (the
+        // notification wakes them again then).
+        self.notify_local();
+        Ok(ids)
+    }
+}

@@ -1,0 +1,254 @@
+//! Leases on PostgreSQL: heartbeats (all in one statement, each in a
+//! savepoint once the server refused that), whether leases are still held,
+//! the reaper's look (after moving leases a backward step of the clock left
+//! "in the future"), and the upkeep of the reaper's rounds: a vacuum of the
+//! jobs table when it needs one.
+
+use super::connection::{statement_level, storable};
+use super::outcome::{fence, LOCK_IN_ORDER_SQL, REAP_SQL};
+use super::Store;
+use crate::clock::ms_to_datetime;
+use crate::engine::types::*;
+use crate::engine::Leases;
+use crate::error::{Error, Result};
+use crate::lease::Lease;
+use chrono::{DateTime, Utc};
+use std::collections::HashMap;
+use std::sync::PoisonError;
+use std::time::{Duration, Instant};
+
+/// $1 now, $2 margin: leases granted "in the future" (a backward step of
+/// the clock) expire one lease length from now; see the SQLite engine.
+const LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
+    SET lease_expires_at = $1::bigint + coalesce(lease_ms, lease_expires_at - claimed_at)
+    WHERE status = 'running' AND lease_expires_at > $1::bigint + $2::bigint
+      AND lease_expires_at > $1::bigint + coalesce(lease_ms, lease_expires_at - claimed_at) + $2::bigint";
+
+const CANCELLED_LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
+    SET lease_expires_at = $1::bigint + coalesce(lease_ms, lease_expires_at - claimed_at)
+    WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
+      AND lease_expires_at > $1::bigint + coalesce(lease_ms, lease_expires_at - claimed_at) + $2::bigint";
+
+/// How often [`Store::maybe_vacuum`] looks at the dead row versions.
+const VACUUM_CHECK: Duration = Duration::from_secs(1);
+
+/// Dead row versions below which the jobs table is left to autovacuum.
+const VACUUM_DEAD_MIN: i64 = 10_000;
+
+impl Leases for Store {
+    fn heartbeat_many(
+        &self,
+        leases: &[&Lease],
+        extend_by: Duration,
+    ) -> Result<Vec<Result<DateTime<Utc>>>> {
+        let extend_ms = duration_ms(extend_by, "lease extension")?;
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = leases.iter().map(|l| l.job_id.0).collect();
+        let tokens: Vec<&str> = leases.iter().map(|l| l.run_token.0.as_str()).collect();
+        let batch = self.write(|tx, _| {
+            let now = self.now_ms();
+            let expires = now.saturating_add(extend_ms).min(MAX_TIMESTAMP_MS);
+            tx.execute(LOCK_IN_ORDER_SQL, &[&ids])?;
+            let renewed: HashMap<i64, String> = tx
+                .query(
+                    "UPDATE tickler_jobs AS j
+                     SET lease_expires_at = $1::bigint, lease_ms = $1::bigint - $2::bigint
+                     FROM unnest($3::bigint[], $4::text[]) AS h(id, run_token)
+                     WHERE j.id = h.id AND j.run_token = h.run_token AND j.status = 'running'
+                     RETURNING j.id, j.run_token",
+                    &[&expires, &now, &ids, &tokens],
+                )?
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            Ok((renewed, expires))
+        });
+        let (renewed, expires) = match batch {
+            Err(e) if statement_level(&e) => return self.heartbeat_each(leases, extend_ms),
+            other => other?,
+        };
+        Ok(leases
+            .iter()
+            .map(|l| {
+                if renewed.get(&l.job_id.0) == Some(&l.run_token.0) {
+                    Ok(ms_to_datetime(expires))
+                } else {
+                    Err(Error::LeaseLost { job_id: l.job_id })
+                }
+            })
+            .collect())
+    }
+
+    fn leases_held(&self, leases: &[&Lease]) -> Result<Vec<bool>> {
+        let ids: Vec<i64> = leases.iter().map(|l| l.job_id.0).collect();
+        let running: HashMap<i64, String> = self.read(|tx| {
+            Ok(tx
+                .query(
+                    "SELECT id, run_token FROM tickler_jobs
+                     WHERE id = ANY($1::bigint[]) AND status = 'running'",
+                    &[&ids],
+                )?
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect())
+        })?;
+        Ok(leases
+            .iter()
+            .map(|l| running.get(&l.job_id.0) == Some(&l.run_token.0))
+            .collect())
+    }
+
+    fn reap_look(
+        &self,
+        cutoff: Option<i64>,
+        take: &mut dyn FnMut(&ExpiredLease, bool) -> bool,
+    ) -> Result<ReapLook> {
+        let policy = self.retry_policy;
+        self.write(|tx, _| {
+            let stepped_now = self.now_ms();
+            let margin = crate::engine::types::BACKWARD_STEP_MARGIN.as_millis() as i64;
+            tx.execute(LEASE_STEP_SQL, &[&stepped_now, &margin])?;
+            tx.execute(CANCELLED_LEASE_STEP_SQL, &[&stepped_now, &margin])?;
+            let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
+            let expired = tx.query(
+                "SELECT id, run_token, attempts, coalesce(claimed_by, '?'), lease_expires_at
+                 FROM tickler_jobs
+                 WHERE status = 'running' AND lease_expires_at < $1::bigint
+                 ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+                &[&now, &REAP_BATCH],
+            )?;
+            tx.execute(
+                "UPDATE tickler_jobs SET lease_expires_at = NULL
+                 WHERE id = ANY(ARRAY(
+                     SELECT id FROM tickler_jobs
+                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at < $1::bigint
+                     FOR UPDATE SKIP LOCKED))",
+                &[&now],
+            )?;
+            let batch_full = expired.len() as i64 >= REAP_BATCH;
+            let mut taken = 0u64;
+            let mut left = Vec::new();
+            for row in expired {
+                let lease = ExpiredLease {
+                    id: row.get(0),
+                    run_token: row.get(1),
+                    expires_at: row.get(4),
+                };
+                // No look waits for a lock on the whole database here.
+                if !take(&lease, false) {
+                    left.push(lease);
+                    continue;
+                }
+                let attempts: i64 = row.get(2);
+                let worker: String = row.get(3);
+                let attempt = u32::try_from(attempts.max(0)).unwrap_or(u32::MAX);
+                let retry_at = retry_time(now, &policy, attempt);
+                let error = lease_expired_error(&worker, attempts);
+                let error = storable(&cut_error(&error)).into_owned();
+                taken += tx.execute(
+                    REAP_SQL,
+                    &[&now, &retry_at, &error, &lease.id, &lease.run_token, &now],
+                )?;
+            }
+            Ok(ReapLook {
+                taken,
+                left,
+                batch_full,
+            })
+        })
+    }
+
+    fn wake_watchers(&self) {
+        self.notify_watchers();
+    }
+
+    fn upkeep(&self) {
+        self.maybe_vacuum();
+    }
+}
+
+impl Store {
+    /// [`Leases::heartbeat_many`] after the server refused the statement
+    /// that renews them all (a trigger, a damaged row): each lease in a
+    /// savepoint of its own (in id order, as the batch locks them), so the
+    /// refusal costs that lease alone.
+    fn heartbeat_each(
+        &self,
+        leases: &[&Lease],
+        extend_ms: i64,
+    ) -> Result<Vec<Result<DateTime<Utc>>>> {
+        let mut order: Vec<usize> = (0..leases.len()).collect();
+        order.sort_by_key(|&i| leases[i].job_id.0);
+        self.write(|tx, _| {
+            let now = self.now_ms();
+            let expires = now.saturating_add(extend_ms).min(MAX_TIMESTAMP_MS);
+            let mut results: Vec<Result<DateTime<Utc>>> = leases
+                .iter()
+                .map(|l| Err(Error::LeaseLost { job_id: l.job_id }))
+                .collect();
+            for &i in &order {
+                let lease = leases[i];
+                let renewed = tx.isolated(|tx| {
+                    tx.execute(
+                        concat!(
+                            "UPDATE tickler_jobs
+                             SET lease_expires_at = $1::bigint, lease_ms = $1::bigint - $2::bigint ",
+                            fence!("$3", "$4")
+                        ),
+                        &[&expires, &now, &lease.job_id.0, &lease.run_token.0],
+                    )
+                })?;
+                results[i] = match renewed {
+                    Ok(1) => Ok(ms_to_datetime(expires)),
+                    Ok(_) => Err(Error::LeaseLost {
+                        job_id: lease.job_id,
+                    }),
+                    Err(refused) => Err(refused),
+                };
+            }
+            Ok(results)
+        })
+    }
+
+    /// Vacuums the jobs table when it holds many dead row versions, at most
+    /// one look per `VACUUM_CHECK`. Each job leaves three or four dead
+    /// versions behind (claimed, finished, pruned); a busy queue makes
+    /// tens of thousands a second, and autovacuum looks at a table at most
+    /// once per `autovacuum_naptime` (a minute by default), by which time
+    /// the table and its indexes have grown many times over (measured: 8x
+    /// in 12 s). The reaper thread calls this after each round; `SKIP_LOCKED`
+    /// leaves the table to a vacuum already under way (autovacuum's, or
+    /// another process's).
+    pub(crate) fn maybe_vacuum(&self) {
+        {
+            let mut checked = self
+                .vacuum_checked
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if checked.elapsed() < VACUUM_CHECK {
+                return;
+            }
+            *checked = Instant::now();
+        }
+        let result = (|| -> Result<bool> {
+            let mut conn = self.pool.get()?;
+            let row = conn.client.query_one(
+                "SELECT coalesce(n_live_tup, 0), coalesce(n_dead_tup, 0) FROM pg_stat_user_tables
+                 WHERE relid = 'tickler_jobs'::regclass",
+                &[],
+            )?;
+            let (live, dead): (i64, i64) = (row.get(0), row.get(1));
+            if dead < VACUUM_DEAD_MIN || dead < live / 5 {
+                return Ok(false);
+            }
+            conn.client
+                .batch_execute("VACUUM (SKIP_LOCKED, ANALYZE) tickler_jobs")?;
+            Ok(true)
+        })();
+        if let Err(e) = result {
+            log::warn!("could not vacuum the jobs table: {e}");
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! Outcomes on PostgreSQL: the fenced statements a lease's holder ends its
+//! run with (built from `fence!` and `retry_or_dead!`), recording them in
+//! id order (successes in one statement, each outcome in a savepoint once
+//! the server refused one), telling a lost lease from an outcome already
+//! recorded by a try whose COMMIT answer was lost, and `complete_with`.
+
+use super::connection::{storable, Attempt, Tx};
+use super::Store;
+use crate::engine::types::*;
+use crate::error::{Error, Result};
+use crate::lease::Lease;
+use crate::retry::RetryPolicy;
+use std::collections::HashMap;
+
+/// `errors` with one more entry for the current attempt (at `$at`, error
+/// `$error`), keeping the last `ERROR_HISTORY_MAX` (20).
+macro_rules! append_error {
+    ($at:literal, $error:literal) => {
+        concat!(
+            "errors = (CASE WHEN jsonb_array_length(errors) >= 20 THEN errors - 0 ELSE errors END)
+                 || jsonb_build_array(jsonb_build_object('attempt', attempts, 'at', ",
+            $at,
+            "::bigint, 'error', ",
+            $error,
+            "::text, 'worker', claimed_by))"
+        )
+    };
+}
+
+/// The fence every write of a lease's holder ends in: the row is still
+/// that lease's (`id`, its `run_token`, still `running`). A lost lease
+/// matches no row and changes nothing.
+macro_rules! fence {
+    ($id:literal, $run_token:literal) => {
+        concat!(
+            "WHERE id = ",
+            $id,
+            " AND run_token = ",
+            $run_token,
+            " AND status = 'running'"
+        )
+    };
+}
+pub(crate) use fence;
+
+/// The retry-or-dead rule of a failed attempt: dead (finished at `$now`)
+/// once the attempts are used up, else waiting until `$retry_at`, pending
+/// at once if that is already due.
+macro_rules! retry_or_dead {
+    ($now:literal, $retry_at:literal) => {
+        concat!(
+            "status = CASE WHEN attempts >= max_attempts THEN 'dead' WHEN ",
+            $retry_at,
+            " <= ",
+            $now,
+            " THEN 'pending' ELSE 'scheduled' END, run_at = CASE WHEN attempts >= max_attempts \
+             THEN run_at ELSE ",
+            $retry_at,
+            " END, finished_at = CASE WHEN attempts >= max_attempts THEN ",
+            $now,
+            " END"
+        )
+    };
+}
+
+/// $1 now, $2 id, $3 run_token.
+const COMPLETE_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'succeeded', finished_at = $1, lease_expires_at = NULL, last_error = NULL ",
+    fence!("$2", "$3")
+);
+
+/// Locks rows $1 in id order, so that two transactions updating several
+/// of the same rows (a pool's heartbeats and its outcomes) take them in
+/// the same order and never deadlock.
+pub(super) const LOCK_IN_ORDER_SQL: &str =
+    "SELECT 1 FROM tickler_jobs WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE";
+
+/// $1 now, $2 ids, $3 run_tokens (locked first, LOCK_IN_ORDER_SQL).
+const COMPLETE_MANY_SQL: &str = "UPDATE tickler_jobs AS j
+    SET status = 'succeeded', finished_at = $1, lease_expires_at = NULL, last_error = NULL
+    FROM unnest($2::bigint[], $3::text[]) AS done(id, run_token)
+    WHERE j.id = done.id AND j.run_token = done.run_token AND j.status = 'running'
+    RETURNING j.id, j.run_token";
+
+/// $1 now, $2 retry time, $3 error, $4 id, $5 run_token.
+const FAIL_SQL: &str = concat!(
+    "UPDATE tickler_jobs SET ",
+    retry_or_dead!("$1::bigint", "$2::bigint"),
+    ", last_error = $3, lease_expires_at = NULL, ",
+    append_error!("$1", "$3"),
+    " ",
+    fence!("$4", "$5")
+);
+
+/// FAIL_SQL for a run still going past its timeout; see the SQLite engine.
+const TIMED_OUT_SQL: &str = concat!(
+    "UPDATE tickler_jobs SET ",
+    retry_or_dead!("$1::bigint", "greatest($2::bigint, lease_expires_at + 1)"),
+    ", last_error = $3,
+        lease_expires_at = CASE WHEN attempts >= max_attempts THEN lease_expires_at END, ",
+    append_error!("$1", "$3"),
+    " ",
+    fence!("$4", "$5")
+);
+
+/// The reaper's FAIL_SQL, also conditional on the lease having run out
+/// before $6.
+pub(super) const REAP_SQL: &str = concat!(
+    "UPDATE tickler_jobs SET ",
+    retry_or_dead!("$1::bigint", "$2::bigint"),
+    ", last_error = $3, lease_expires_at = NULL, ",
+    append_error!("$1", "$3"),
+    " ",
+    fence!("$4", "$5"),
+    " AND lease_expires_at < $6::bigint"
+);
+
+/// $1 now, $2 error, $3 id, $4 run_token.
+pub(super) const DEAD_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'dead', finished_at = $1, last_error = $2, lease_expires_at = NULL, ",
+    append_error!("$1", "$2"),
+    " ",
+    fence!("$3", "$4")
+);
+
+/// $1 now, $2 until, $3 id, $4 run_token.
+const SNOOZE_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = CASE WHEN $2::bigint <= $1::bigint THEN 'pending' ELSE 'scheduled' END,
+        run_at = $2::bigint, attempts = attempts - 1, lease_expires_at = NULL ",
+    fence!("$3", "$4")
+);
+
+const RELEASE_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'pending', attempts = attempts - 1, lease_expires_at = NULL ",
+    fence!("$1", "$2")
+);
+
+/// $1 id, $2 run_token: the cancelled job's holder has stopped.
+const HOLDER_STOPPED_SQL: &str = "UPDATE tickler_jobs SET lease_expires_at = NULL
+    WHERE id = $1 AND run_token = $2 AND status IN ('cancelled', 'dead')
+      AND lease_expires_at IS NOT NULL";
+
+/// The fenced statement of one outcome; returns the rows changed (0: the
+/// lease is lost). `note`, if given, is stored instead of a failure's
+/// error text.
+fn apply_outcome(
+    tx: &mut Tx<'_>,
+    lease: &Lease,
+    outcome: &Outcome,
+    now: i64,
+    policy: &RetryPolicy,
+    note: Option<&str>,
+) -> Result<u64> {
+    let id = lease.job_id.0;
+    let token = &lease.run_token.0;
+    let error_of = |error: &str| storable(&cut_error(note.unwrap_or(error))).into_owned();
+    match outcome {
+        Outcome::Complete => tx.execute(COMPLETE_SQL, &[&now, &id, token]),
+        Outcome::Fail(error) => {
+            let retry_at = retry_time(now, policy, lease.attempt);
+            tx.execute(FAIL_SQL, &[&now, &retry_at, &error_of(error), &id, token])
+        }
+        Outcome::FailRetryAfter(error, delay) => {
+            let retry_at =
+                add_ms(now, *delay).map_or(MAX_TIMESTAMP_MS, |t| t.min(MAX_TIMESTAMP_MS));
+            tx.execute(FAIL_SQL, &[&now, &retry_at, &error_of(error), &id, token])
+        }
+        Outcome::FailPermanently(error) => {
+            tx.execute(DEAD_SQL, &[&now, &error_of(error), &id, token])
+        }
+        Outcome::TimedOut(error) => {
+            let retry_at = retry_time(now, policy, lease.attempt);
+            tx.execute(
+                TIMED_OUT_SQL,
+                &[&now, &retry_at, &error_of(error), &id, token],
+            )
+        }
+        Outcome::Snooze(until) => {
+            let until = match until.timestamp_millis() {
+                before_1970 if before_1970 < 0 => now,
+                until => until,
+            };
+            tx.execute(SNOOZE_SQL, &[&now, &until, &id, token])
+        }
+        Outcome::Release => tx.execute(RELEASE_SQL, &[&id, token]),
+    }
+}
+
+/// After a fenced statement changed nothing: a cancelled job's holder
+/// has stopped; and if an earlier try of this transaction may have
+/// committed, a row this lease already moved on counts as recorded.
+fn after_refused(tx: &mut Tx<'_>, lease: &Lease, attempt: Attempt) -> Result<Result<()>> {
+    let id = lease.job_id.0;
+    let token = &lease.run_token.0;
+    if attempt.after_unknown_commit
+        && tx
+            .query_opt(
+                "SELECT 1 FROM tickler_jobs WHERE id = $1 AND run_token = $2
+                   AND status <> 'running'",
+                &[&id, token],
+            )?
+            .is_some()
+    {
+        return Ok(Ok(()));
+    }
+    tx.execute(HOLDER_STOPPED_SQL, &[&id, token])?;
+    Ok(Err(Error::LeaseLost {
+        job_id: lease.job_id,
+    }))
+}
+
+/// One outcome, fenced by run_token.
+fn record_in(
+    tx: &mut Tx<'_>,
+    lease: &Lease,
+    outcome: &Outcome,
+    now: i64,
+    policy: &RetryPolicy,
+    attempt: Attempt,
+) -> Result<Result<()>> {
+    if let Outcome::Snooze(until) = outcome {
+        if until.timestamp_millis() > MAX_TIMESTAMP_MS {
+            return Ok(Err(Error::TimeOutOfRange {
+                what: "snooze time",
+            }));
+        }
+    }
+    if apply_outcome(tx, lease, outcome, now, policy, None)? == 1 {
+        Ok(Ok(()))
+    } else {
+        after_refused(tx, lease, attempt)
+    }
+}
+
+/// After the server refused an outcome's statement (`refused`): a
+/// failure is recorded again with a short note instead of its error text,
+/// which may be what was refused (a trigger's condition on it), so that
+/// the job is not left running until its lease runs out, as on SQLite.
+/// Anything else, or a note refused too, is `refused` for this outcome.
+fn record_noted(
+    tx: &mut Tx<'_>,
+    lease: &Lease,
+    outcome: &Outcome,
+    now: i64,
+    policy: &RetryPolicy,
+    refused: Error,
+) -> Result<Result<()>> {
+    let (Outcome::Fail(error) | Outcome::FailPermanently(error) | Outcome::TimedOut(error)) =
+        outcome
+    else {
+        return Ok(Err(refused));
+    };
+    let note = format!(
+        "the handler's error ({} bytes) could not be stored: {refused}",
+        error.len()
+    );
+    let noted = tx.isolated(|tx| apply_outcome(tx, lease, outcome, now, policy, Some(&note)))?;
+    match noted {
+        Ok(1) => Ok(Ok(())),
+        Ok(_) => Ok(Err(Error::LeaseLost {
+            job_id: lease.job_id,
+        })),
+        Err(_) => Ok(Err(refused)),
+    }
+}
+
+/// Many successes in one statement.
+fn complete_many(
+    tx: &mut Tx<'_>,
+    leases: &[&Lease],
+    now: i64,
+    attempt: Attempt,
+) -> Result<Vec<Result<()>>> {
+    let ids: Vec<i64> = leases.iter().map(|l| l.job_id.0).collect();
+    let tokens: Vec<&str> = leases.iter().map(|l| l.run_token.0.as_str()).collect();
+    tx.execute(LOCK_IN_ORDER_SQL, &[&ids])?;
+    let mut done: HashMap<i64, String> = tx
+        .query(COMPLETE_MANY_SQL, &[&now, &ids, &tokens])?
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut recorded = Vec::with_capacity(leases.len());
+    for lease in leases {
+        // A lease given twice completes once, as with two COMPLETE_SQL.
+        if done.get(&lease.job_id.0) == Some(&lease.run_token.0) {
+            done.remove(&lease.job_id.0);
+            recorded.push(Ok(()));
+        } else {
+            recorded.push(after_refused(tx, lease, attempt)?);
+        }
+    }
+    Ok(recorded)
+}
+
+/// Records every outcome (in id order, so that two transactions locking
+/// the same rows take them in the same order). With `isolate`, each in a
+/// savepoint of its own: a statement the server refuses costs that
+/// outcome alone.
+pub(super) fn record_all(
+    tx: &mut Tx<'_>,
+    outcomes: &[(&Lease, Outcome)],
+    now: i64,
+    policy: &RetryPolicy,
+    attempt: Attempt,
+    isolate: bool,
+) -> Result<Vec<Result<()>>> {
+    let mut results: Vec<Option<Result<()>>> = (0..outcomes.len()).map(|_| None).collect();
+    let mut order: Vec<usize> = (0..outcomes.len()).collect();
+    order.sort_by_key(|&i| outcomes[i].0.job_id.0);
+    if !isolate {
+        let completes: Vec<usize> = order
+            .iter()
+            .copied()
+            .filter(|&i| outcomes[i].1 == Outcome::Complete)
+            .collect();
+        if completes.len() > 1 {
+            let leases: Vec<&Lease> = completes.iter().map(|&i| outcomes[i].0).collect();
+            for (i, r) in completes
+                .iter()
+                .zip(complete_many(tx, &leases, now, attempt)?)
+            {
+                results[*i] = Some(r);
+            }
+        }
+    }
+    for i in order {
+        if results[i].is_some() {
+            continue;
+        }
+        let (lease, outcome) = &outcomes[i];
+        results[i] = Some(if isolate {
+            match tx.isolated(|tx| record_in(tx, lease, outcome, now, policy, attempt))? {
+                Ok(recorded) => recorded,
+                Err(refused) => record_noted(tx, lease, outcome, now, policy, refused)?,
+            }
+        } else {
+            record_in(tx, lease, outcome, now, policy, attempt)?
+        });
+    }
+    Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
+}
+
+/// Completing a job inside the application's own PostgreSQL transaction.
+impl Store {
+    /// See [`crate::Queue::complete_with_pg`]: one try, as `app_writes` runs
+    /// once.
+    pub(crate) fn complete_with(
+        &self,
+        lease: &Lease,
+        app_writes: &mut dyn FnMut(&mut postgres::Transaction<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let mut conn = self.pooled()?;
+        let conn = &mut *conn;
+        let mut app = conn.client.transaction()?;
+        app_writes(&mut app)?;
+        let changed = app.execute(
+            COMPLETE_SQL,
+            &[&self.now_ms(), &lease.job_id.0, &lease.run_token.0],
+        )?;
+        if changed != 1 {
+            // Dropping `app` rolls the application's writes back too.
+            return Err(Error::LeaseLost {
+                job_id: lease.job_id,
+            });
+        }
+        app.commit()?;
+        Ok(())
+    }
+}

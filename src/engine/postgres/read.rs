@@ -1,0 +1,189 @@
+//! Reads on PostgreSQL, each in a transaction of its own: jobs, counts,
+//! stats and the dashboard's readings, each through the index its question
+//! names.
+
+use super::enqueue::check_text;
+use super::rows::*;
+use super::Store;
+use crate::clock::ms_to_datetime;
+use crate::engine::types::*;
+use crate::engine::{FinishedSample, Reads, STATS_COUNTS_SQL};
+use crate::error::{Error, Result};
+use crate::job::{Job, JobId, JobState};
+use chrono::{DateTime, Utc};
+
+impl Reads for Store {
+    fn get(&self, id: JobId) -> Result<Job> {
+        let sql = format!("SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE id = $1");
+        self.read(|tx| match tx.query_opt(&sql, &[&id.0])? {
+            Some(r) => job_from_row(&r),
+            None => Err(Error::NotFound(id)),
+        })
+    }
+
+    fn list(&self, filter: &JobFilter) -> Result<Vec<Job>> {
+        for (what, value) in [("queue", &filter.queue), ("kind", &filter.kind)] {
+            if let Some(value) = value {
+                check_text(what, value)?;
+            }
+        }
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        let sql = format!(
+            "SELECT {JOB_COLUMNS} FROM tickler_jobs
+             WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR queue = $2)
+               AND ($3::text IS NULL OR kind = $3)
+             ORDER BY id LIMIT $4"
+        );
+        let state = filter.state.map(JobState::as_str);
+        self.read(|tx| {
+            tx.query(&sql, &[&state, &filter.queue, &filter.kind, &limit])?
+                .iter()
+                .map(job_from_row)
+                .collect()
+        })
+    }
+
+    fn count(&self, state: JobState) -> Result<u64> {
+        self.read(|tx| {
+            let n: i64 = tx
+                .query_one(
+                    "SELECT count(*) FROM tickler_jobs WHERE status = $1",
+                    &[&state.as_str()],
+                )?
+                .get(0);
+            Ok(n.unsigned_abs())
+        })
+    }
+
+    fn stats(&self) -> Result<Stats> {
+        let now = self.now_ms();
+        self.read(|tx| {
+            let mut stats = Stats::default();
+            for r in tx.query(STATS_COUNTS_SQL, &[])? {
+                let status: String = r.get(1);
+                stats.counts.insert(
+                    (r.get(0), status.parse()?),
+                    r.get::<_, i64>(2).unsigned_abs(),
+                );
+            }
+            for r in tx.query(
+                "SELECT queue, priority, min(run_at) FROM tickler_jobs
+                 WHERE status = 'pending' GROUP BY queue, priority
+                 UNION ALL
+                 SELECT queue, priority, min(run_at) FROM tickler_jobs
+                 WHERE status = 'scheduled' AND run_at <= $1::bigint GROUP BY queue, priority",
+                &[&now],
+            )? {
+                let at = ms_to_datetime(r.get(2));
+                let e = stats
+                    .oldest_due_by_priority
+                    .entry((r.get(0), r.get(1)))
+                    .or_insert(at);
+                *e = (*e).min(at);
+            }
+            stats.oldest_due = stats.oldest_due_by_priority.values().min().copied();
+            Ok(stats)
+        })
+    }
+
+    fn finished_since(&self, since: DateTime<Utc>) -> Result<u64> {
+        self.read(|tx| {
+            let n: i64 = tx
+                .query_one(
+                    "SELECT count(*) FROM tickler_jobs WHERE finished_at >= $1::bigint",
+                    &[&since.timestamp_millis()],
+                )?
+                .get(0);
+            Ok(n.unsigned_abs())
+        })
+    }
+
+    fn unfinished(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<u64> {
+        if queues.is_empty() || kinds.is_some_and(|k| k.is_empty()) {
+            return Ok(0);
+        }
+        let queues: Vec<&str> = queues.to_vec();
+        let kinds: Option<Vec<&str>> = kinds.map(<[&str]>::to_vec);
+        self.read(|tx| {
+            let n: i64 = tx
+                .query_one(
+                    "SELECT count(*) FROM tickler_jobs
+                     WHERE status IN ('scheduled', 'pending', 'running')
+                       AND queue = ANY($1) AND ($2::text[] IS NULL OR kind = ANY($2))",
+                    &[&queues, &kinds],
+                )?
+                .get(0);
+            Ok(n.unsigned_abs())
+        })
+    }
+
+    fn next_queue_in_state(&self, state: JobState, after: &str) -> Result<Option<String>> {
+        let (cond, _) = crate::engine::state_index(state);
+        let sql = format!("SELECT min(queue) FROM tickler_jobs WHERE {cond} AND queue > $1");
+        self.read(|tx| Ok(tx.query_one(&sql, &[&after])?.get(0)))
+    }
+
+    fn count_in_queue(&self, state: JobState, queue: &str, cap: u64) -> Result<u64> {
+        let (cond, _) = crate::engine::state_index(state);
+        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
+        let sql = format!(
+            "SELECT count(*) FROM (SELECT 1 FROM tickler_jobs WHERE {cond} AND queue = $1 LIMIT $2) AS capped"
+        );
+        self.read(|tx| {
+            let n: i64 = tx.query_one(&sql, &[&queue, &cap])?.get(0);
+            Ok(n.unsigned_abs())
+        })
+    }
+
+    fn list_in_queue(&self, state: JobState, queue: &str, limit: usize) -> Result<Vec<Job>> {
+        let (cond, order) = crate::engine::state_index(state);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let sql = format!(
+            "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE {cond} AND queue = $1
+             ORDER BY {order} LIMIT $2"
+        );
+        self.read(|tx| {
+            tx.query(&sql, &[&queue, &limit])?
+                .iter()
+                .map(job_from_row)
+                .collect()
+        })
+    }
+
+    fn finished_between(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        cap: u64,
+        sample: usize,
+    ) -> Result<(u64, Vec<FinishedSample>)> {
+        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
+        let sample = i64::try_from(sample).unwrap_or(i64::MAX);
+        self.read(|tx| {
+            let n: i64 = tx
+                .query_one(
+                    "SELECT count(*) FROM
+                       (SELECT 1 FROM tickler_jobs
+                        WHERE finished_at >= $1 AND finished_at < $2 LIMIT $3) AS capped",
+                    &[&from_ms, &to_ms, &cap],
+                )?
+                .get(0);
+            let rows = tx
+                .query(
+                    "SELECT status, run_at, claimed_at, finished_at FROM tickler_jobs
+                     WHERE finished_at >= $1 AND finished_at < $2
+                     ORDER BY finished_at DESC LIMIT $3",
+                    &[&from_ms, &to_ms, &sample],
+                )?
+                .iter()
+                .map(|r| FinishedSample {
+                    state: r.get::<_, &str>(0).parse().ok(),
+                    run_at_ms: r.get(1),
+                    claimed_at_ms: r.get(2),
+                    finished_at_ms: r.get(3),
+                })
+                .collect();
+            Ok((n.unsigned_abs(), rows))
+        })
+    }
+}

@@ -1,0 +1,179 @@
+//! Operators' writes on SQLite: cancel, retry, prune and retry dead jobs
+//! in batches, pause and resume queues.
+
+use super::claim::paused_in;
+use super::Store;
+use crate::engine::types::RetryDeadBatch;
+use crate::engine::Admin;
+use crate::error::{Error, Result};
+use crate::job::{JobId, JobState};
+use rusqlite::{params, OptionalExtension};
+
+impl Admin for Store {
+    fn cancel(&self, id: JobId) -> Result<()> {
+        self.write(|tx| {
+            let state = state_of(tx, id)?;
+            if state.is_terminal() {
+                return Err(Error::InvalidState {
+                    job_id: id,
+                    state,
+                    action: "cancel",
+                });
+            }
+            // A running job keeps its run_token and lease: until its holder
+            // has stopped (its outcome, refused, clears the lease) or the
+            // lease runs out, no other job with its unique_key starts.
+            tx.prepare_cached(
+                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = ?1,
+                     lease_expires_at = CASE WHEN status = 'running' THEN lease_expires_at END
+                 WHERE id = ?2",
+            )?
+            .execute(params![self.now_ms(), id.0])?;
+            Ok(())
+        })
+    }
+
+    fn retry(&self, id: JobId) -> Result<()> {
+        self.write(|tx| {
+            let state = state_of(tx, id)?;
+            if !matches!(state, JobState::Dead | JobState::Cancelled) {
+                return Err(Error::InvalidState {
+                    job_id: id,
+                    state,
+                    action: "retry",
+                });
+            }
+            let holder: Option<(String, i64)> = tx
+                .prepare_cached(
+                    "SELECT held.unique_key, held.id FROM tickler_jobs AS job
+                     JOIN tickler_jobs AS held ON held.unique_key = job.unique_key
+                     WHERE job.id = ?1 AND held.status IN ('scheduled', 'pending', 'running')",
+                )?
+                .query_row([id.0], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            if let Some((unique_key, held_by)) = holder {
+                return Err(Error::UniqueKeyHeld {
+                    job_id: id,
+                    unique_key,
+                    held_by: JobId(held_by),
+                });
+            }
+            // A cancelled job whose holder may still be running waits for
+            // its lease to run out, so the retry never runs beside it.
+            tx.prepare_cached(
+                "UPDATE tickler_jobs
+                 SET status = CASE WHEN lease_expires_at >= ?1 THEN 'scheduled' ELSE 'pending' END,
+                     run_at = CASE WHEN lease_expires_at >= ?1 THEN lease_expires_at + 1 ELSE ?1 END,
+                     attempts = 0, finished_at = NULL, lease_expires_at = NULL
+                 WHERE id = ?2",
+            )?
+            .execute(params![self.now_ms(), id.0])?;
+            Ok(())
+        })?;
+        self.notify_watchers();
+        Ok(())
+    }
+
+    fn prune_batch(&self, before: i64, state: Option<JobState>, limit: i64) -> Result<u64> {
+        let deleted = self.write(|tx| {
+            // Two statements, so that each keeps the plan of its index.
+            Ok(match state {
+                None => tx
+                    .prepare_cached(
+                        "DELETE FROM tickler_jobs WHERE id IN (
+                             SELECT id FROM tickler_jobs WHERE finished_at IS NOT NULL AND finished_at < ?1
+                             LIMIT +?2)",
+                    )?
+                    .execute(params![before, limit])?,
+                Some(state) => tx
+                    .prepare_cached(
+                        "DELETE FROM tickler_jobs WHERE id IN (
+                             SELECT id FROM tickler_jobs
+                             WHERE finished_at IS NOT NULL AND finished_at < ?1 AND status = ?2
+                             LIMIT +?3)",
+                    )?
+                    .execute(params![before, state.as_str(), limit])?,
+            })
+        })?;
+        Ok(deleted as u64)
+    }
+
+    fn retry_dead_batch(
+        &self,
+        queue: Option<&str>,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<RetryDeadBatch> {
+        self.write(|tx| {
+            let dead: Vec<(i64, Option<String>)> = tx
+                .prepare_cached(
+                    "SELECT id, unique_key FROM tickler_jobs
+                     WHERE status = 'dead' AND (?1 IS NULL OR queue = ?1) AND id > ?2
+                     ORDER BY id LIMIT +?3",
+                )?
+                .query_map(params![queue, after_id, limit], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut held = tx.prepare_cached(
+                "SELECT 1 FROM tickler_jobs WHERE unique_key = ?1
+                   AND status IN ('scheduled', 'pending', 'running')",
+            )?;
+            let mut revive = tx.prepare_cached(
+                "UPDATE tickler_jobs SET status = 'pending', attempts = 0, run_at = ?1,
+                     finished_at = NULL, lease_expires_at = NULL
+                 WHERE id = ?2 AND status = 'dead'",
+            )?;
+            let now = self.now_ms();
+            let (mut retried, mut left_dead) = (0u64, 0u64);
+            for (id, key) in &dead {
+                if let Some(key) = key {
+                    if held.exists([key])? {
+                        left_dead += 1;
+                        continue;
+                    }
+                }
+                retried += revive.execute(params![now, id])? as u64;
+            }
+            Ok(RetryDeadBatch {
+                retried,
+                left_dead,
+                last_id: dead.last().map(|(id, _)| *id),
+                seen: dead.len(),
+            })
+        })
+    }
+
+    fn set_queue_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        let now = self.now_ms();
+        self.write(|tx| {
+            if paused {
+                tx.prepare_cached(
+                    "INSERT INTO tickler_paused_queues (queue, paused_at) VALUES (?1, ?2)
+                     ON CONFLICT (queue) DO NOTHING",
+                )?
+                .execute(params![queue, now])?;
+            } else {
+                tx.prepare_cached("DELETE FROM tickler_paused_queues WHERE queue = ?1")?
+                    .execute([queue])?;
+            }
+            Ok(())
+        })?;
+        // Other processes see the commit (a change of the -wal file); this
+        // process's fetchers are woken here.
+        self.notify_watchers();
+        Ok(())
+    }
+
+    fn paused_queues(&self) -> Result<Vec<String>> {
+        self.read(|conn| Ok(paused_in(conn)?.into_iter().collect()))
+    }
+}
+
+pub(crate) fn state_of(tx: &rusqlite::Transaction<'_>, id: JobId) -> Result<JobState> {
+    let status: Option<String> = tx
+        .prepare_cached("SELECT status FROM tickler_jobs WHERE id = ?1")?
+        .query_row([id.0], |r| r.get(0))
+        .optional()?;
+    status.ok_or(Error::NotFound(id))?.parse()
+}

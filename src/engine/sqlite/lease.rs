@@ -1,0 +1,180 @@
+//! Leases on SQLite: heartbeats, whether leases are still held, and the
+//! reaper's look, which takes back expired leases (after moving those a
+//! backward step of the clock left "in the future").
+
+use super::connection::{busy_waits, isolated, Commit};
+use super::outcome::{fence, fenced, REAP_SQL};
+use super::Store;
+use crate::clock::ms_to_datetime;
+use crate::engine::types::*;
+use crate::engine::Leases;
+use crate::error::Result;
+use crate::lease::Lease;
+use chrono::{DateTime, Utc};
+use rusqlite::params;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// A reaper look that got the write lock within this got it "without
+/// waiting" (in-process writers are short; another connection's hold is
+/// seen by the busy handler being called at all).
+const REAP_CLEAN_WAIT: Duration = Duration::from_millis(2);
+
+/// ?1 now, ?2 margin (ms). See reap_look; leases granted before
+/// lease_ms existed count from their claim.
+pub(crate) const LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
+    SET lease_expires_at = ?1 + coalesce(lease_ms, lease_expires_at - claimed_at)
+    WHERE status = 'running' AND lease_expires_at > ?1 + ?2
+      AND lease_expires_at > ?1 + coalesce(lease_ms, lease_expires_at - claimed_at) + ?2";
+
+/// LEASE_STEP_SQL for cancelled jobs whose holder has not reported.
+pub(crate) const CANCELLED_LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
+    SET lease_expires_at = ?1 + coalesce(lease_ms, lease_expires_at - claimed_at)
+    WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
+      AND lease_expires_at > ?1 + coalesce(lease_ms, lease_expires_at - claimed_at) + ?2";
+
+impl Leases for Store {
+    fn heartbeat_many(
+        &self,
+        leases: &[&Lease],
+        extend_by: Duration,
+    ) -> Result<Vec<Result<DateTime<Utc>>>> {
+        let extend_ms = duration_ms(extend_by, "lease extension")?;
+        self.write_with(Commit::Lazy, |tx| {
+            let now = self.now_ms();
+            let expires = now.saturating_add(extend_ms).min(MAX_TIMESTAMP_MS);
+            // lease_ms: the length granted, for the reaper's backward-step rule.
+            let mut stmt = tx.prepare_cached(concat!(
+                "UPDATE tickler_jobs SET lease_expires_at = ?1, lease_ms = ?1 - ?4 ",
+                fence!("?2", "?3")
+            ))?;
+            leases
+                .iter()
+                .map(|lease| {
+                    let renewed = isolated(tx, || {
+                        Ok(stmt.execute(params![
+                            expires,
+                            lease.job_id.0,
+                            lease.run_token.0,
+                            now
+                        ])?)
+                    })?;
+                    Ok(renewed.and_then(|changed| {
+                        fenced(changed, lease).map(|()| ms_to_datetime(expires))
+                    }))
+                })
+                .collect()
+        })
+    }
+
+    fn leases_held(&self, leases: &[&Lease]) -> Result<Vec<bool>> {
+        let ids = serde_json::to_string(&leases.iter().map(|l| l.job_id.0).collect::<Vec<_>>())?;
+        // One statement, so one read transaction, for all of them: a pool
+        // asks this ten times a second while it works.
+        let running: HashMap<i64, String> = self.read(|conn| {
+            let rows = conn
+                .prepare_cached(
+                    "SELECT id, run_token FROM tickler_jobs
+                     WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'running'",
+                )?
+                .query_map([ids], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok(rows)
+        })?;
+        Ok(leases
+            .iter()
+            .map(|l| running.get(&l.job_id.0) == Some(&l.run_token.0))
+            .collect())
+    }
+
+    fn reap_look(
+        &self,
+        cutoff: Option<i64>,
+        take: &mut dyn FnMut(&ExpiredLease, bool) -> bool,
+    ) -> Result<ReapLook> {
+        let policy = self.retry_policy;
+        let asked = Instant::now();
+        let busy_before = busy_waits();
+        self.write_with(Commit::Lazy, |tx| {
+            let waited = busy_waits() != busy_before || asked.elapsed() > REAP_CLEAN_WAIT;
+            // A backward step of the wall clock leaves leases that were
+            // granted "in the future": one whose expiry lies further ahead
+            // than its length (lease_ms, plus a margin for noise) is set to
+            // expire one length from now, so an abandoned job is taken back
+            // on time while a live holder's next heartbeat renews it as
+            // usual. Judged against the time inside this transaction: every
+            // lease committed before it was granted at or before then.
+            let stepped_now = self.now_ms();
+            let margin = crate::engine::types::BACKWARD_STEP_MARGIN.as_millis() as i64;
+            tx.prepare_cached(LEASE_STEP_SQL)?
+                .execute(params![stepped_now, margin])?;
+            // The same for a cancelled job's kept lease, which holds its
+            // unique_key (a separate statement: each uses its own index).
+            tx.prepare_cached(CANCELLED_LEASE_STEP_SQL)?
+                .execute(params![stepped_now, margin])?;
+            let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
+            let expired: Vec<(ExpiredLease, u32, String)> = tx
+                .prepare_cached(
+                    "SELECT id, run_token, lease_expires_at, attempts, coalesce(claimed_by, '?')
+                     FROM tickler_jobs
+                     WHERE status = 'running' AND lease_expires_at < ?1
+                     ORDER BY lease_expires_at LIMIT +?2",
+                )?
+                .query_map(params![now, REAP_BATCH], |r| {
+                    Ok((
+                        ExpiredLease {
+                            id: r.get(0)?,
+                            run_token: r.get(1)?,
+                            expires_at: r.get(2)?,
+                        },
+                        r.get(3)?,
+                        r.get(4)?,
+                    ))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            // A cancelled job's holder that never reported is gone once its
+            // lease ran out: its unique_key no longer waits for it.
+            tx.prepare_cached(
+                "UPDATE tickler_jobs SET lease_expires_at = NULL
+                 WHERE status IN ('cancelled', 'dead') AND lease_expires_at < ?1",
+            )?
+            .execute([now])?;
+            let batch_full = expired.len() as i64 >= REAP_BATCH;
+            let mut taken = 0u64;
+            let mut left = Vec::new();
+            let mut reap = tx.prepare_cached(REAP_SQL)?;
+            for (lease, attempts, worker) in expired {
+                if !take(&lease, waited) {
+                    left.push(lease);
+                    continue;
+                }
+                let retry_at = retry_time(now, &policy, attempts);
+                let error = lease_expired_error(&worker, attempts);
+                // One row SQLite refuses (a trigger, damage) must not keep
+                // every other expired lease from being taken back.
+                match isolated(tx, || {
+                    Ok(reap.execute(params![
+                        now,
+                        retry_at,
+                        cut_error(&error),
+                        lease.id,
+                        lease.run_token,
+                        now
+                    ])?)
+                })? {
+                    Ok(n) => taken += n as u64,
+                    Err(e) => log::error!("reaper could not take back job {}: {e}", lease.id),
+                }
+            }
+            Ok(ReapLook {
+                taken,
+                left,
+                batch_full,
+            })
+        })
+    }
+
+    fn wake_watchers(&self) {
+        self.notify_watchers();
+    }
+}

@@ -1,0 +1,226 @@
+//! Reads on SQLite, on the pool's read connections: jobs, counts, stats
+//! and the dashboard's readings, each through the index its question
+//! names.
+
+use super::claim::kind_filter;
+use super::rows::*;
+use super::Store;
+use crate::clock::ms_to_datetime;
+use crate::engine::types::*;
+use crate::engine::{FinishedSample, Reads, STATS_COUNTS_SQL};
+use crate::error::{Error, Result};
+use crate::job::{Job, JobId, JobState};
+use chrono::{DateTime, Utc};
+use rusqlite::{params, OptionalExtension};
+
+impl Reads for Store {
+    fn get(&self, id: JobId) -> Result<Job> {
+        self.read(|conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE id = ?1"
+            ))?
+            .query_row([id.0], job_from_row)
+            .optional()?
+            .ok_or(Error::NotFound(id))
+        })
+    }
+
+    fn list(&self, filter: &JobFilter) -> Result<Vec<Job>> {
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        self.read(|conn| {
+            let rows = conn
+                .prepare_cached(&format!(
+                    "SELECT {JOB_COLUMNS} FROM tickler_jobs
+                     WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR queue = ?2)
+                       AND (?3 IS NULL OR kind = ?3)
+                     ORDER BY id LIMIT +?4"
+                ))?
+                .query_map(
+                    params![
+                        filter.state.map(JobState::as_str),
+                        filter.queue,
+                        filter.kind,
+                        limit
+                    ],
+                    job_from_row,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+
+    fn count(&self, state: JobState) -> Result<u64> {
+        self.read(|conn| {
+            let n: i64 = conn
+                .prepare_cached(&format!(
+                    "SELECT count(*) FROM tickler_jobs WHERE status = '{}'",
+                    state.as_str()
+                ))?
+                .query_row([], |r| r.get(0))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+
+    fn stats(&self) -> Result<Stats> {
+        let now = self.now_ms();
+        self.read(|conn| {
+            let mut stats = Stats::default();
+            let mut stmt = conn.prepare_cached(STATS_COUNTS_SQL)?;
+            let rows = stmt.query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })?;
+            for row in rows {
+                let (queue, status, count) = row?;
+                stats
+                    .counts
+                    .insert((queue, status.parse()?), u64::try_from(count).unwrap_or(0));
+            }
+            let mut stmt = conn.prepare_cached(
+                "SELECT queue, priority, min(run_at) FROM tickler_jobs
+                 WHERE status = 'pending' GROUP BY queue, priority
+                 UNION ALL
+                 SELECT queue, priority, min(run_at) FROM tickler_jobs
+                 WHERE status = 'scheduled' AND run_at <= ?1 GROUP BY queue, priority",
+            )?;
+            let rows = stmt.query_map([now], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i32>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })?;
+            for row in rows {
+                let (queue, priority, at) = row?;
+                let at = ms_to_datetime(at);
+                let e = stats
+                    .oldest_due_by_priority
+                    .entry((queue, priority))
+                    .or_insert(at);
+                *e = (*e).min(at);
+            }
+            stats.oldest_due = stats.oldest_due_by_priority.values().min().copied();
+            Ok(stats)
+        })
+    }
+
+    fn finished_since(&self, since: DateTime<Utc>) -> Result<u64> {
+        self.read(|conn| {
+            let n: i64 = conn
+                .prepare_cached("SELECT count(*) FROM tickler_jobs WHERE finished_at >= ?1")?
+                .query_row([since.timestamp_millis()], |r| r.get(0))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+
+    fn unfinished(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<u64> {
+        if queues.is_empty() || kinds.is_some_and(|k| k.is_empty()) {
+            return Ok(0);
+        }
+        let queue_marks: Vec<String> = (1..=queues.len()).map(|i| format!("?{i}")).collect();
+        let kind_filter = kind_filter(kinds, queues.len() + 1);
+        // One subquery per state, so each can use that state's partial index.
+        let count = |status: &str| {
+            format!(
+                "(SELECT count(*) FROM tickler_jobs WHERE status = '{status}'
+                  AND queue IN ({}) {kind_filter})",
+                queue_marks.join(", ")
+            )
+        };
+        let sql = format!(
+            "SELECT {} + {} + {}",
+            count("scheduled"),
+            count("pending"),
+            count("running")
+        );
+        self.read(|conn| {
+            let mut values: Vec<&dyn rusqlite::ToSql> =
+                queues.iter().map(|q| q as &dyn rusqlite::ToSql).collect();
+            if let Some(kinds) = kinds {
+                values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
+            }
+            let n: i64 = conn
+                .prepare_cached(&sql)?
+                .query_row(values.as_slice(), |r| r.get(0))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+
+    fn next_queue_in_state(&self, state: JobState, after: &str) -> Result<Option<String>> {
+        let (cond, _) = crate::engine::state_index(state);
+        self.read(|conn| {
+            Ok(conn
+                .prepare_cached(&format!(
+                    "SELECT min(queue) FROM tickler_jobs WHERE {cond} AND queue > ?1"
+                ))?
+                .query_row([after], |r| r.get(0))?)
+        })
+    }
+
+    fn count_in_queue(&self, state: JobState, queue: &str, cap: u64) -> Result<u64> {
+        let (cond, _) = crate::engine::state_index(state);
+        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
+        self.read(|conn| {
+            let n: i64 = conn
+                .prepare_cached(&format!(
+                    "SELECT count(*) FROM
+                       (SELECT 1 FROM tickler_jobs WHERE {cond} AND queue = ?1 LIMIT ?2)"
+                ))?
+                .query_row(params![queue, cap], |r| r.get(0))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+
+    fn list_in_queue(&self, state: JobState, queue: &str, limit: usize) -> Result<Vec<Job>> {
+        let (cond, order) = crate::engine::state_index(state);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read(|conn| {
+            Ok(conn
+                .prepare_cached(&format!(
+                    "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE {cond} AND queue = ?1
+                     ORDER BY {order} LIMIT ?2"
+                ))?
+                .query_map(params![queue, limit], job_from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    fn finished_between(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        cap: u64,
+        sample: usize,
+    ) -> Result<(u64, Vec<FinishedSample>)> {
+        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
+        let sample = i64::try_from(sample).unwrap_or(i64::MAX);
+        self.read(|conn| {
+            let n: i64 = conn
+                .prepare_cached(
+                    "SELECT count(*) FROM
+                       (SELECT 1 FROM tickler_jobs
+                        WHERE finished_at >= ?1 AND finished_at < ?2 LIMIT ?3)",
+                )?
+                .query_row(params![from_ms, to_ms, cap], |r| r.get(0))?;
+            let rows = conn
+                .prepare_cached(
+                    "SELECT status, run_at, claimed_at, finished_at FROM tickler_jobs
+                     WHERE finished_at >= ?1 AND finished_at < ?2
+                     ORDER BY finished_at DESC LIMIT ?3",
+                )?
+                .query_map(params![from_ms, to_ms, sample], |r| {
+                    Ok(FinishedSample {
+                        state: r.get::<_, String>(0)?.parse().ok(),
+                        run_at_ms: r.get(1)?,
+                        claimed_at_ms: r.get(2)?,
+                        finished_at_ms: r.get(3)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok((u64::try_from(n).unwrap_or(0), rows))
+        })
+    }
+}
