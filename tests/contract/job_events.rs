@@ -254,3 +254,132 @@ fn events_are_this_queue_handles_only() {
     assert!(sub.recv_timeout(ms(200)).is_some());
 }
 }
+
+/// Failures reported against other job queues' dashboards, metrics
+/// endpoints, job events and queue pauses, tried on tickler: they pass and
+/// stay as regression tests, each naming the report it follows.
+mod other_queues_reports {
+    use crate::support::pool;
+    use pool::{open_queue, secs, temp_db, wait_until};
+    use std::time::Instant;
+    use tickler::{
+        Event, JobContext, JobError, JobEventKind, JobId, JobState, NewJob, Queue, WorkerPool,
+        DEFAULT_EVENT_BUFFER,
+    };
+
+    contract! {
+    /// The bug it guards (from a hunt through other queues' reports):
+    /// sentry-elixir #805, error-tracker #63 and firezone #13764 (a telemetry
+    /// handler that raised was detached: every later event was lost, silently)
+    /// and graphile-worker #155 (a throwing event handler could leave the
+    /// queue in an unexpected state): a reader that panics, one that never
+    /// reads and one that is dropped neither slow nor stop the pool, and a
+    /// reader that keeps reading gets every event.
+    fn a_panicking_stalled_or_dropped_reader_harms_neither_pool_nor_other_readers() {
+        let (_dir, path) = temp_db();
+        let queue = open_queue(&path);
+        let mut pool = WorkerPool::builder(&queue)
+            .threads(4)
+            .handler("k", |_: &JobContext| Ok(()))
+            .start()
+            .unwrap();
+        let good = pool.subscribe(DEFAULT_EVENT_BUFFER);
+        let stalled = pool.subscribe(1);
+        drop(queue.subscribe(8));
+        let panicking = queue.subscribe(DEFAULT_EVENT_BUFFER);
+        let reader = std::thread::spawn(move || {
+            let _first = panicking.recv_timeout(secs(30));
+            panic!("a reader's own bug");
+        });
+        let n = 500;
+        queue
+            .enqueue_batch((0..n).map(|_| NewJob::new("k")).collect())
+            .unwrap();
+        assert!(reader.join().is_err());
+        wait_until("every job ran", secs(30), || {
+            queue.count(JobState::Succeeded).unwrap() == n as u64
+        });
+        pool.shutdown(secs(5));
+        let succeeded = good
+            .drain()
+            .into_iter()
+            .filter(|e| matches!(e, Event::Job(j) if j.what == JobEventKind::Succeeded))
+            .count();
+        assert_eq!(succeeded, n);
+        assert_eq!(good.dropped(), 0);
+        assert_eq!(stalled.dropped(), 2 * n as u64 - 1);
+    }
+    }
+
+    contract! {
+    /// The bug it guards (from a hunt through other queues' reports):
+    /// BullMQ #2517 and #2139 (QueueEvents missed some completed events under
+    /// concurrency, so a monitor counting them waited forever): with room in
+    /// its buffer a reader gets, per job, exactly one enqueued, one started
+    /// per attempt and one final event, none lost or doubled, across threads,
+    /// retries and dead jobs.
+    fn every_job_has_exactly_one_final_event() {
+        let (_dir, path) = temp_db();
+        let queue = Queue::builder(pool::engine::target(&path))
+            .retry_policy(pool::no_backoff())
+            .open()
+            .unwrap();
+        let sub = queue.subscribe(DEFAULT_EVENT_BUFFER);
+        let mut pool = WorkerPool::builder(&queue)
+            .threads(4)
+            .handler("k", |ctx: &JobContext| {
+                let n = ctx.job_id().0;
+                match (n % 3, ctx.attempt()) {
+                    // Fails once, then succeeds.
+                    (1, 1) => Err(JobError::Retry("once".into())),
+                    // Never succeeds: dead after its 2 attempts.
+                    (2, _) => Err(JobError::Retry("always".into())),
+                    _ => Ok(()),
+                }
+            })
+            .start()
+            .unwrap();
+        let n = 600;
+        let ids = queue
+            .enqueue_batch((0..n).map(|_| NewJob::new("k").max_attempts(2)).collect())
+            .unwrap();
+        wait_until("every job finished", secs(60), || {
+            queue.count(JobState::Succeeded).unwrap() + queue.count(JobState::Dead).unwrap() == n as u64
+        });
+        pool.shutdown(secs(5));
+        let deadline = Instant::now() + secs(2);
+        let mut per_job: std::collections::HashMap<JobId, Vec<JobEventKind>> = Default::default();
+        while let Some(Event::Job(e)) = sub.recv_timeout(
+            deadline
+                .checked_duration_since(Instant::now())
+                .unwrap_or_default(),
+        ) {
+            per_job.entry(e.job_id).or_default().push(e.what);
+        }
+        assert_eq!(sub.dropped(), 0);
+        for id in ids {
+            let seen = &per_job[&id];
+            let count = |f: fn(&JobEventKind) -> bool| seen.iter().filter(|k| f(k)).count();
+            let attempts = if id.0 % 3 == 0 { 1 } else { 2 };
+            assert_eq!(count(|k| *k == JobEventKind::Enqueued), 1, "{id}: {seen:?}");
+            assert_eq!(
+                count(|k| matches!(k, JobEventKind::Started { .. })),
+                attempts,
+                "{id}: {seen:?}"
+            );
+            assert_eq!(
+                count(|k| matches!(k, JobEventKind::Failed { .. })),
+                attempts - 1,
+                "{id}: {seen:?}"
+            );
+            let finals = count(|k| matches!(k, JobEventKind::Succeeded | JobEventKind::Dead { .. }));
+            assert_eq!(finals, 1, "{id}: {seen:?}");
+            let last = seen.last().unwrap();
+            match id.0 % 3 {
+                2 => assert!(matches!(last, JobEventKind::Dead { .. }), "{id}: {seen:?}"),
+                _ => assert_eq!(*last, JobEventKind::Succeeded, "{id}: {seen:?}"),
+            }
+        }
+    }
+    }
+}

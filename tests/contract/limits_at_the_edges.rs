@@ -106,3 +106,61 @@ fn a_unique_key_over_the_cap_is_a_typed_error_and_stores_nothing() {
         .expect("a key at the cap is stored");
 }
 }
+
+/// Failures reported against other job queues, tried on tickler: they pass
+/// and stay as regression tests, each naming the report it follows.
+mod other_queues_reports {
+    use crate::support::common;
+    use chrono::{TimeZone, Utc};
+    use common::{fixed_policy, manual_queue_with_policy, secs, temp_db};
+    use tickler::{Error, NewJob};
+
+    contract! {
+    /// The bug it guards (from a hunt through other queues' reports):
+    /// enioka-Haute-Couture/jqm#361 (no run_after past 2038) and timestamp
+    /// range reports: far-future and pre-1970 due times.
+    fn due_times_at_the_ends_of_the_calendar() {
+        let (_dir, path) = temp_db();
+        let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+        let y2100 = Utc.with_ymd_and_hms(2100, 1, 1, 0, 0, 0).unwrap();
+        let last = Utc.timestamp_millis_opt(tickler::MAX_TIMESTAMP_MS).unwrap();
+        let a = queue.enqueue(NewJob::new("k").run_at(y2100)).unwrap();
+        let b = queue.enqueue(NewJob::new("k").run_at(last)).unwrap();
+        assert_eq!(queue.get(a).unwrap().run_at, y2100);
+        assert_eq!(queue.get(b).unwrap().run_at, last);
+        let after = last + chrono::Duration::milliseconds(1);
+        assert!(matches!(
+            queue.enqueue(NewJob::new("k").run_at(after)),
+            Err(Error::TimeOutOfRange { .. })
+        ));
+        assert!(matches!(
+            queue.enqueue(NewJob::new("k").delay(std::time::Duration::MAX)),
+            Err(Error::TimeOutOfRange { .. })
+        ));
+        let early = queue
+            .enqueue(NewJob::new("k").run_at(chrono::DateTime::<Utc>::MIN_UTC))
+            .unwrap();
+        let claimed = queue.claim("default", "w", 10, secs(30)).unwrap();
+        assert_eq!(claimed.len(), 1);
+        assert_eq!(claimed[0].job_id, early);
+    }
+    }
+
+    contract! {
+    /// The bug it guards (from a hunt through other queues' reports):
+    /// Time edges, the lease side: a claim clamps its lease to the storable
+    /// range (9999-12-31); a heartbeat asked for a very long extension
+    /// should too.
+    fn a_very_long_heartbeat_stays_in_the_storable_range() {
+        let (_dir, path) = temp_db();
+        let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+        queue.enqueue(NewJob::new("k")).unwrap();
+        let huge = std::time::Duration::from_millis(tickler::MAX_TIMESTAMP_MS as u64);
+        let lease = queue.claim("default", "w", 1, huge).unwrap().remove(0);
+        let last = Utc.timestamp_millis_opt(tickler::MAX_TIMESTAMP_MS).unwrap();
+        assert!(lease.lease_expires_at <= last);
+        let renewed = queue.heartbeat(&lease, huge).unwrap();
+        assert!(renewed <= last, "heartbeat granted a lease until {renewed}");
+    }
+    }
+}

@@ -18,8 +18,6 @@ mod fencing;
 mod paused_holder;
 mod poison_job;
 mod reaper;
-mod review_next_due;
-mod review_reaper_prune_age;
 
 // Bad input, limits, one bad job fails alone, operator actions.
 mod bad_input;
@@ -45,9 +43,6 @@ mod pool_slots;
 mod pool_two_processes;
 mod pool_wakeup;
 mod prefetch_by_time;
-mod review_outcome_batch;
-mod review_shutdown_lease;
-mod review_snooze_for;
 mod timeout_enforced;
 
 // Schedules.
@@ -60,15 +55,7 @@ mod schedule_pool;
 mod schedule_props;
 mod schedule_two_processes;
 
-// Regressions found by the hunts through other queues' reports, and the
-// model of the state machine.
-mod hunt_forward_step;
-mod hunt_observe;
-mod hunt_pool_regressions;
-mod hunt_prefetch;
-mod hunt_regressions;
-mod hunt_schedule_cancel_overlap;
-mod hunt_stuck_handlers;
+// The model of the state machine.
 mod model;
 
 // Paused queues, the dashboard's plot, events, typed jobs, the testing

@@ -593,3 +593,66 @@ fn priority_holds_when_more_than_a_promote_batch_falls_due_at_once() {
     );
 }
 }
+
+/// Failures reported against other job queues, tried on tickler: they pass
+/// and stay as regression tests, each naming the report it follows.
+mod other_queues_reports {
+    use crate::support::common;
+    use common::{fixed_policy, manual_queue_with_policy, secs, temp_db};
+    use tickler::{Error, JobState, NewJob, Outcome};
+
+    contract! {
+    /// The bug it guards (from a hunt through other queues' reports):
+    /// riverqueue/riverui#622, procrastinate#1446: retrying a discarded unique
+    /// job while another live job holds the key hit the unique index (500).
+    fn retrying_a_dead_job_whose_key_is_taken_is_a_typed_refusal() {
+        let (_dir, path) = temp_db();
+        let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+        let dead = queue
+            .enqueue(NewJob::new("k").unique_key("u").max_attempts(1))
+            .unwrap();
+        let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+        queue.fail(&lease, "boom").unwrap();
+        assert_eq!(queue.get(dead).unwrap().state, JobState::Dead);
+        let live = queue.enqueue(NewJob::new("k").unique_key("u")).unwrap();
+        assert_ne!(dead, live);
+        let err = queue.retry(dead).unwrap_err();
+        assert!(
+            matches!(err, Error::UniqueKeyHeld { held_by, .. } if held_by == live),
+            "{err:?}"
+        );
+        assert_eq!(queue.retry_dead(None).unwrap(), (0, 1));
+        assert_eq!(queue.get(dead).unwrap().state, JobState::Dead);
+        assert_eq!(queue.get(live).unwrap().state, JobState::Pending);
+    }
+    }
+
+    contract! {
+    /// The bug it guards (from a hunt through other queues' reports):
+    /// rq/rq#1408, OCA/queue#773: a job cancelled while running was retried
+    /// when its handler then failed.
+    fn a_job_cancelled_while_running_is_never_retried() {
+        let (_dir, path) = temp_db();
+        let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
+        let id = queue.enqueue(NewJob::new("k").max_attempts(5)).unwrap();
+        let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+        queue.cancel(id).unwrap();
+        let results = queue
+            .record_outcomes(&[(&lease, Outcome::Fail("failed after cancel".into()))])
+            .unwrap();
+        assert!(
+            matches!(results[0], Err(Error::LeaseLost { .. })),
+            "{results:?}"
+        );
+        clock.advance(secs(3600));
+        assert_eq!(queue.reap().unwrap(), 0);
+        assert!(queue
+            .claim("default", "w", 10, secs(30))
+            .unwrap()
+            .is_empty());
+        let job = queue.get(id).unwrap();
+        assert_eq!(job.state, JobState::Cancelled);
+        assert!(job.errors.is_empty());
+    }
+    }
+}

@@ -268,3 +268,135 @@ fn the_cli_pauses_lists_and_resumes_queues() {
         .fails(1, &["queue name is empty"]);
 }
 }
+
+/// Failures reported against other job queues' dashboards, metrics
+/// endpoints, job events and queue pauses, tried on tickler: they pass and
+/// stay as regression tests, each naming the report it follows.
+mod other_queues_reports {
+    use crate::support::pool;
+    use pool::{ms, open_queue, secs, temp_db, wait_until};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tickler::{JobContext, JobState, NewJob, WorkerPool};
+
+    contract! {
+    /// The bug it guards (from a hunt through other queues' reports):
+    /// bull #447 (jobs still processed after a local pause, fetched by a poll
+    /// already under way) and sidekiq-limit_fetch #81 (a pause not effective
+    /// at once): a busy pool that claims ahead stops starting a paused queue's
+    /// jobs within its prefetch hold, and an idle pool never starts a job
+    /// enqueued after the pause.
+    fn a_pause_stops_a_busy_prefetching_pool_at_once() {
+        let (_dir, path) = temp_db();
+        let queue = open_queue(&path);
+        let started = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&started);
+        let mut pool = WorkerPool::builder(&queue)
+            .queue("mail")
+            .threads(2)
+            .handler("k", move |_: &JobContext| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(ms(1));
+                Ok(())
+            })
+            .start()
+            .unwrap();
+        queue
+            .enqueue_batch((0..3000).map(|_| NewJob::new("k").queue("mail")).collect())
+            .unwrap();
+        // Short jobs: the pool claims ahead of its threads by now.
+        wait_until("the pool is busy", secs(30), || {
+            started.load(Ordering::SeqCst) >= 300
+        });
+        queue.pause_queue("mail").unwrap();
+        let at_pause = started.load(Ordering::SeqCst);
+        // Claimed before the pause, run or handed back within the hold.
+        std::thread::sleep(ms(300));
+        let settled = started.load(Ordering::SeqCst);
+        std::thread::sleep(ms(700));
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            settled,
+            "started after pause"
+        );
+        assert!(
+            settled - at_pause <= 64,
+            "{} jobs started after the pause returned",
+            settled - at_pause
+        );
+        let left = queue.count(JobState::Pending).unwrap();
+        assert!(left >= 1000, "{left} pending");
+        assert_eq!(queue.count(JobState::Running).unwrap(), 0);
+
+        // Idle now: a job enqueued into the paused queue waits too.
+        let late = queue.enqueue(NewJob::new("k").queue("mail")).unwrap();
+        std::thread::sleep(ms(500));
+        assert_eq!(queue.get(late).unwrap().state, JobState::Pending);
+        queue.resume_queue("mail").unwrap();
+        wait_until("the rest ran", secs(60), || {
+            queue.count(JobState::Succeeded).unwrap() == 3001
+        });
+        pool.shutdown(secs(5));
+    }
+    }
+
+    contract! {
+    /// The bug it guards (from a hunt through other queues' reports):
+    /// lavinmq #446 (a paused queue resumed on restart), bull #247 (jobs
+    /// recovered at start ran although the queue was paused) and bull #1087
+    /// (a paused queue ran its delayed jobs once due): after a restart the
+    /// pause holds, also for a job whose worker died (taken back by the
+    /// reaper) and a delayed job that fell due.
+    fn a_pause_holds_across_restarts_for_recovered_and_delayed_jobs() {
+        let (_dir, path) = temp_db();
+        let (crashed, delayed) = {
+            let queue = open_queue(&path);
+            queue.pause_queue("mail").unwrap();
+            queue.enqueue(NewJob::new("k").queue("mail")).unwrap();
+            queue.resume_queue("mail").unwrap();
+            // A worker claims it and dies: its lease runs out unrenewed.
+            let lease = queue.claim("mail", "gone", 1, ms(200)).unwrap().remove(0);
+            queue.pause_queue("mail").unwrap();
+            let delayed = queue
+                .enqueue(NewJob::new("k").queue("mail").delay(ms(300)))
+                .unwrap();
+            (lease.job_id, delayed)
+        };
+        // The process restarts.
+        let queue = open_queue(&path);
+        assert_eq!(queue.paused_queues().unwrap(), vec!["mail".to_owned()]);
+        let ran = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&ran);
+        let mut pool = WorkerPool::builder(&queue)
+            .queue("mail")
+            .threads(2)
+            .handler("k", move |_: &JobContext| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            })
+            .start()
+            .unwrap();
+        wait_until(
+            "the reaper took the dead worker's job back",
+            secs(10),
+            || queue.get(crashed).unwrap().state != JobState::Running,
+        );
+        // Past the retry delay of the taken-back job and the delayed job's
+        // due time.
+        std::thread::sleep(ms(1500));
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        for id in [crashed, delayed] {
+            let state = queue.get(id).unwrap().state;
+            assert!(
+                matches!(state, JobState::Pending | JobState::Scheduled),
+                "{id}: {state:?}"
+            );
+        }
+        queue.resume_queue("mail").unwrap();
+        wait_until("both ran once resumed", secs(10), || {
+            ran.load(Ordering::SeqCst) == 2
+        });
+        pool.shutdown(secs(5));
+    }
+    }
+}

@@ -115,7 +115,7 @@ fn enqueue_args_stores_the_kind_payload_and_defaults_of_the_type() {
 }
 
 contract! {
-fn enqueue_args_batch_and_tx_forms() {
+fn enqueue_args_batch() {
     let (_dir, path) = temp_db();
     let queue = open_queue_slow_retry(&path);
     let ids = queue
@@ -126,7 +126,15 @@ fn enqueue_args_batch_and_tx_forms() {
         .map(|id| queue.get(*id).unwrap().payload["n"].as_u64().unwrap())
         .collect();
     assert_eq!(ns, [1, 2, 3]);
+}
+}
 
+contract! { sqlite_only:
+/// SQLite only: the `_tx` forms take the application's rusqlite
+/// transaction (`Queue::open_connection` is SQLite's).
+fn enqueue_args_tx_forms() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue_slow_retry(&path);
     let mut conn = queue.open_connection().unwrap();
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)

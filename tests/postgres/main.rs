@@ -14,23 +14,15 @@ mod torture;
 
 /// The application's own `postgres` transactions.
 mod app_tx;
-/// The engine's own behaviour: LISTEN/NOTIFY, the server's clock, restarts.
+/// The engine's own behaviour: LISTEN/NOTIFY, the server's clock,
+/// restarts; and the regressions from other queues' PostgreSQL reports
+/// (connections, cron on the server's clock, a DBA's settings, failover,
+/// locks, NUL bytes, plans, unique indexes).
 mod engine;
 /// An enqueue whose commit reply is lost on the wire.
 mod enqueue_lost_commit;
 /// The test harness's databases of their own.
 mod harness;
-/// Regressions from other queues' PostgreSQL reports: connections, cron
-/// on the server's clock, a DBA's settings, failover, locks, NUL bytes,
-/// plans, unique indexes.
-mod hunt_connections;
-mod hunt_cron;
-mod hunt_dba;
-mod hunt_failover;
-mod hunt_locks;
-mod hunt_nul;
-mod hunt_plans;
-mod hunt_unique;
 /// A job's whole life on a server.
 mod smoke;
 /// Kills, cut connections and a server restart.

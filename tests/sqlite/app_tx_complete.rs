@@ -313,3 +313,121 @@ fn queue_writes_inside_the_closure_fail_instead_of_deadlocking() {
     assert_eq!(queue.count(JobState::Running).unwrap(), 1);
     assert_eq!(queue.count(JobState::Pending).unwrap(), 0);
 }
+
+/// A regression test from a review: its doc says the bug it guards.
+mod a_locked_error_in_app_writes {
+    use std::time::{Duration, Instant};
+    use tickler::{Durability, Error, NewJob, Queue};
+
+    #[test]
+    /// The bug it guards (from a review):
+    /// `Queue::complete_with` says "Only a busy BEGIN is retried, before
+    /// app_writes ran; a busy later on ... fails the call." In fact a busy-class
+    /// error (SQLITE_BUSY / SQLITE_LOCKED) returned from inside `app_writes`
+    /// makes `write_locked` retry the closure; the second run finds
+    /// `app_writes` already taken and returns `Error::Busy { waited_ms: 0 }`,
+    /// which is itself `is_busy()`, so the loop spins with backoff for the whole
+    /// busy_timeout + busy_retry window (30 s by default) and finally returns
+    /// `Error::Busy`, hiding the application's real error.
+    fn locked_error_inside_app_writes_is_reported_at_once_not_after_the_busy_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = Queue::builder(dir.path().join("q.db"))
+            .durability(Durability::Normal)
+            .busy_timeout(Duration::from_millis(200))
+            .busy_retry(Duration::from_secs(3))
+            .open()
+            .unwrap();
+        let conn = queue.open_connection().unwrap();
+        conn.execute_batch("CREATE TABLE app (x INTEGER); INSERT INTO app VALUES (1), (2);")
+            .unwrap();
+        drop(conn);
+        queue.enqueue(NewJob::new("k")).unwrap();
+        let lease = queue
+            .claim("default", "w", 1, Duration::from_secs(60))
+            .unwrap()
+            .remove(0);
+
+        let started = Instant::now();
+        let result = queue.complete_with(&lease, |tx| {
+            // An ordinary SQLite error from application code: DROP TABLE while a
+            // statement on it is still active gives SQLITE_LOCKED
+            // ("database table is locked").
+            let mut stmt = tx.prepare("SELECT x FROM app")?;
+            let mut rows = stmt.query([])?;
+            let _ = rows.next()?;
+            tx.execute("DROP TABLE app", [])?;
+            Ok(())
+        });
+        let took = started.elapsed();
+        eprintln!("complete_with returned after {took:?}: {result:?}");
+        assert!(
+            !matches!(result, Err(Error::Busy { .. })),
+            "the application's own error was replaced by Error::Busy: {result:?}"
+        );
+        assert!(
+            took < Duration::from_secs(1),
+            "complete_with spun for {took:?} before returning"
+        );
+    }
+}
+
+/// A regression test from a review: its doc says the bug it guards.
+mod enqueue_inside_complete_with {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    use tickler::{Durability, NewJob, Queue};
+
+    #[test]
+    /// The bug it guards (from a review):
+    /// `complete_with` runs `app_writes` while holding the process's
+    /// write mutex (and SQLite's write lock). Calling any other write of the
+    /// same `Queue` from inside it, e.g. the natural "complete this job and
+    /// enqueue the next step" with `queue.enqueue` instead of `enqueue_tx`,
+    /// re-locks the std Mutex on the same thread: the thread hangs for ever
+    /// (no error, no panic), and since the enqueue became the EnqueueGroup
+    /// leader, every later `enqueue` of the process waits behind it too.
+    /// Nothing in the docs of `complete_with` warns against it (only against
+    /// "opening its own transaction").
+    fn enqueue_inside_complete_with_returns_instead_of_hanging() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = Queue::builder(dir.path().join("q.db"))
+            .durability(Durability::Normal)
+            .open()
+            .unwrap();
+        queue.enqueue(NewJob::new("step1")).unwrap();
+        let lease = queue
+            .claim("default", "w", 1, Duration::from_secs(60))
+            .unwrap()
+            .remove(0);
+
+        let (done_tx, done_rx) = mpsc::channel();
+        {
+            let queue = queue.clone();
+            std::thread::spawn(move || {
+                let r = queue.complete_with(&lease, |_tx| queue.enqueue(NewJob::new("step2")));
+                let _ = done_tx.send(format!("{r:?}"));
+            });
+        }
+        let first = done_rx.recv_timeout(Duration::from_secs(3));
+
+        // Meanwhile an unrelated thread's enqueue also hangs.
+        let (other_tx, other_rx) = mpsc::channel();
+        {
+            let queue = queue.clone();
+            std::thread::spawn(move || {
+                let r = queue.enqueue(NewJob::new("unrelated"));
+                let _ = other_tx.send(format!("{r:?}"));
+            });
+        }
+        let second = other_rx.recv_timeout(Duration::from_secs(2));
+        eprintln!("complete_with: {first:?}; unrelated enqueue: {second:?}");
+        assert!(
+            first.is_ok(),
+            "complete_with + enqueue hung (self-deadlock on the writer mutex)"
+        );
+        assert!(
+            second.is_ok(),
+            "an unrelated enqueue in another thread hung too"
+        );
+    }
+}

@@ -10,7 +10,8 @@ mod support;
 mod torture;
 
 /// Jobs in the application's own rusqlite transactions (`*_with(&tx)`):
-/// a rusqlite `Transaction` exists only on SQLite.
+/// a rusqlite `Transaction` exists only on SQLite (and `complete_with`
+/// holds SQLite's write lock while the application writes).
 mod app_tx_complete;
 mod app_tx_connection;
 mod app_tx_crash;
@@ -19,18 +20,13 @@ mod app_tx_pool;
 mod app_tx_schema;
 /// The dashboard's queries read through SQLite's query plans.
 mod dashboard_plan;
-/// File modes, a full disk, damaged files: faults of a file.
+/// File modes, a full disk, damaged files (among them an error history
+/// damaged past a CHECK constraint, which PostgreSQL's jsonb refuses to
+/// store in the first place): faults of a file.
 mod faults;
-/// A history damaged past a CHECK constraint, which PostgreSQL's jsonb
-/// refuses to store in the first place.
-mod hunt_damaged_error_history;
-/// SQLite's write lock held by another process while leases run.
+/// SQLite's write lock held by another process while leases run and the
+/// reaper waits for it.
 mod lock_stall_keeps_live_leases;
-/// `complete_with` holding SQLite's write lock while a pool reports.
-mod review_complete_with_busy;
-mod review_complete_with_reentry;
-/// The reaper's step while SQLite's write lock is held by `complete_with`.
-mod review_reaper_step;
 /// The file's schema version (`user_version`), WAL mode, a non-SQLite file.
 mod schema;
 /// kill -9 against processes on one file: the WAL and `integrity_check`.
