@@ -25,7 +25,7 @@
 //! transaction with batched completion (4 threads), and single-row inserts
 //! from 16 threads. Without the feature or the URL it is skipped with a note.
 
-#[path = "../tests/dashboard_fill/mod.rs"]
+#[path = "../tests/support/dashboard_fill.rs"]
 mod dashboard_fill;
 
 use std::collections::HashMap;

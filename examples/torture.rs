@@ -20,7 +20,7 @@
 //! (`--cut-every-ms`) and restarts the server `--restarts` times (default 3)
 //! with the shell command in `TICKLER_TEST_PG_CTL` (`--pg-ctl CMD`), if any.
 
-#[path = "../tests/reliability_common/torture.rs"]
+#[path = "../tests/support/torture.rs"]
 mod torture;
 
 use std::path::PathBuf;

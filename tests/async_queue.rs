@@ -3,9 +3,12 @@
 //! thread does. The pool guarantees (exactly-once, lease loss, panics,
 //! shutdown) run for async handlers in the `pool_*` tests' `tokio` cases.
 
-mod pool_common;
+#[path = "support/mod.rs"]
+mod support;
 
-use pool_common::{open_queue_slow_retry, secs, temp_db};
+use support::pool;
+
+use pool::{open_queue_slow_retry, secs, temp_db};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

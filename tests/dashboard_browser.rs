@@ -6,10 +6,13 @@
 //! (`apt-get install chromium`, as .ci/run does); a missing browser fails
 //! the tests rather than skipping them.
 
-mod cli_common;
+#[path = "support/mod.rs"]
+mod support;
 
-use cli_common::serve::{filled, serve, KillOnDrop};
-use cli_common::Env;
+use support::cli;
+
+use cli::serve::{filled, serve, KillOnDrop};
+use cli::Env;
 use headless_chrome::protocol::cdp::{Emulation, Page};
 use headless_chrome::{Browser, LaunchOptions, Tab};
 use std::collections::BTreeSet;

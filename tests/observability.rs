@@ -3,10 +3,13 @@
 //! `metrics` facade; and the log lines of dead and retried jobs. One test
 //! (the recorder, subscriber and logger are process-wide).
 
-mod pool_common;
+#[path = "support/mod.rs"]
+mod support;
+
+use support::pool;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use pool_common::{open_queue_slow_retry, secs, temp_db, wait_until};
+use pool::{open_queue_slow_retry, secs, temp_db, wait_until};
 use std::sync::{Arc, Mutex};
 use tickler::{JobContext, JobError, JobState, NewJob, WorkerPool};
 use tracing::span::{Attributes, Id, Record};

@@ -1,0 +1,116 @@
+//! `Queue::activity`: finished jobs per slice of time with their lateness
+//! and run time (the dashboard's plot). Runs on either engine
+//! (`contract!`, tests/support/engine.rs); time moves by a manual clock.
+
+use crate::support::common;
+
+use common::{manual_queue, ms, secs, t0, temp_db};
+use tickler::{Error, NewJob, ACTIVITY_MAX_BUCKETS, ACTIVITY_SAMPLE};
+
+contract! {
+fn slices_count_finished_jobs_with_their_lateness_and_run_time() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = manual_queue(&path);
+    // Minute 0: two jobs due at t0, started 5 s and 20 s late, running
+    // 2 s and 4 s; one of them dies.
+    let ids = queue
+        .enqueue_batch(vec![
+            NewJob::new("k").max_attempts(1),
+            NewJob::new("k").max_attempts(1),
+        ])
+        .unwrap();
+    clock.advance(secs(5));
+    let first = queue.claim("default", "w", 1, secs(60)).unwrap().remove(0);
+    clock.advance(secs(2));
+    queue.complete(&first).unwrap();
+    clock.advance(secs(13));
+    let second = queue.claim("default", "w", 1, secs(60)).unwrap().remove(0);
+    assert_ne!(first.job_id, second.job_id);
+    assert!(ids.contains(&second.job_id));
+    clock.advance(secs(4));
+    queue.fail(&second, "boom").unwrap();
+    // Minute 2: a job cancelled before it ran counts as finished but has
+    // no lateness or run time.
+    let cancelled = queue.enqueue(NewJob::new("k")).unwrap();
+    clock.set(t0() + chrono::Duration::seconds(150));
+    queue.cancel(cancelled).unwrap();
+    // A pending job never shows up.
+    queue.enqueue(NewJob::new("k")).unwrap();
+    clock.set(t0() + chrono::Duration::seconds(180));
+
+    let slices = queue.activity(3, secs(60), 1_000).unwrap();
+    assert_eq!(slices.len(), 3);
+    assert_eq!(slices[0].start, t0());
+    assert_eq!(slices[2].end, t0() + chrono::Duration::seconds(180));
+    let m0 = &slices[0];
+    assert_eq!((m0.finished, m0.capped), (2, false));
+    assert_eq!((m0.sampled, m0.sampled_dead), (2, 1));
+    // The median of two is the upper one (index len/2).
+    assert_eq!(m0.lateness_p50, Some(secs(20)));
+    assert_eq!(m0.lateness_max, Some(secs(20)));
+    assert_eq!(m0.run_time_p50, Some(secs(4)));
+    let m1 = &slices[1];
+    assert_eq!((m1.finished, m1.sampled), (0, 0));
+    assert_eq!(m1.lateness_p50, None);
+    let m2 = &slices[2];
+    assert_eq!((m2.finished, m2.sampled, m2.sampled_dead), (1, 1, 0));
+    assert_eq!((m2.lateness_p50, m2.run_time_p50), (None, None));
+}
+}
+
+contract! {
+fn a_slice_counts_up_to_the_cap_and_samples_at_most_the_sample_size() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = manual_queue(&path);
+    let n = ACTIVITY_SAMPLE + 50;
+    queue
+        .enqueue_batch((0..n).map(|_| NewJob::new("k")).collect())
+        .unwrap();
+    clock.advance(ms(1500));
+    let leases = queue.claim("default", "w", n, secs(60)).unwrap();
+    assert_eq!(leases.len(), n);
+    clock.advance(ms(500));
+    for lease in &leases {
+        queue.complete(lease).unwrap();
+    }
+    clock.advance(secs(1));
+
+    let whole = queue.activity(1, secs(10), 10_000).unwrap();
+    assert_eq!(whole.len(), 1);
+    assert_eq!(whole[0].finished, n as u64);
+    assert!(!whole[0].capped);
+    assert_eq!(whole[0].sampled, ACTIVITY_SAMPLE as u64);
+    assert_eq!(whole[0].lateness_max, Some(ms(1500)));
+    assert_eq!(whole[0].run_time_p50, Some(ms(500)));
+
+    let capped = queue.activity(1, secs(10), 100).unwrap();
+    assert_eq!((capped[0].finished, capped[0].capped), (100, true));
+}
+}
+
+contract! {
+fn bad_arguments_get_a_typed_error() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue(&path);
+    let cases = [
+        (1, secs(0), "at least 1 ms"),
+        (1, std::time::Duration::from_micros(999), "at least 1 ms"),
+        (0, secs(1), "want 1 to"),
+        (ACTIVITY_MAX_BUCKETS + 1, secs(1), "want 1 to"),
+    ];
+    for (slices, width, needle) in cases {
+        match queue.activity(slices, width, 10) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains(needle), "{m}"),
+            other => panic!("{slices} {width:?}: {other:?}"),
+        }
+    }
+    // The last slice ends at now, and extreme widths do not overflow.
+    let slices = queue.activity(2, secs(60), 10).unwrap();
+    assert_eq!(slices.len(), 2);
+    assert_eq!(slices[1].end, t0());
+    assert_eq!(slices[0].start, t0() - chrono::Duration::seconds(120));
+    let wide = queue.activity(3, std::time::Duration::MAX, 10).unwrap();
+    assert_eq!(wide.len(), 3);
+    assert!(wide.iter().all(|s| s.finished == 0));
+}
+}

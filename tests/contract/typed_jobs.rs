@@ -1,0 +1,259 @@
+//! Typed jobs (issue 17): `JobArgs` ties a payload type to its kind and
+//! defaults; `enqueue_args` (and its batch and `_tx` forms) stores them; a
+//! `handler_for` handler gets them deserialized, a payload that does not
+//! fit is a permanent failure naming the kind and the serde error, and a
+//! kind's retry policy is the one its failures wait for.
+
+use crate::support::pool;
+
+use pool::{open_queue_slow_retry, secs, temp_db, wait_until};
+use serde::{Deserialize, Serialize};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tickler::{JobArgs, JobContext, JobError, JobState, NewJob, RetryPolicy, WorkerPool};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct SendEmail {
+    user_id: u64,
+    template: String,
+}
+
+impl JobArgs for SendEmail {
+    const KIND: &'static str = "send_email";
+
+    fn queue(&self) -> String {
+        "mail".into()
+    }
+
+    fn priority(&self) -> i32 {
+        7
+    }
+
+    fn max_attempts(&self) -> u32 {
+        3
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(secs(90))
+    }
+
+    fn unique_key(&self) -> Option<String> {
+        Some(format!("email:{}:{}", self.template, self.user_id))
+    }
+}
+
+/// Only the kind: every default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Plain {
+    n: u32,
+}
+
+impl JobArgs for Plain {
+    const KIND: &'static str = "plain";
+}
+
+/// Fails every time; its own backoff is two hours, without jitter.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Flaky {
+    n: u32,
+}
+
+impl JobArgs for Flaky {
+    const KIND: &'static str = "flaky";
+
+    fn retry_policy() -> Option<RetryPolicy> {
+        Some(RetryPolicy {
+            base: secs(7200),
+            cap: secs(7200),
+            jitter: false,
+        })
+    }
+}
+
+fn email(user_id: u64) -> SendEmail {
+    SendEmail {
+        user_id,
+        template: "welcome".into(),
+    }
+}
+
+contract! {
+fn enqueue_args_stores_the_kind_payload_and_defaults_of_the_type() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue_slow_retry(&path);
+    let id = queue.enqueue_args(&email(42)).unwrap();
+    let job = queue.get(id).unwrap();
+    assert_eq!(job.kind, "send_email");
+    assert_eq!(
+        job.payload,
+        serde_json::json!({"user_id": 42, "template": "welcome"})
+    );
+    assert_eq!(job.queue, "mail");
+    assert_eq!(job.priority, 7);
+    assert_eq!(job.max_attempts, 3);
+    assert_eq!(job.timeout, Some(secs(90)));
+    assert_eq!(job.unique_key.as_deref(), Some("email:welcome:42"));
+    // The unique key computed from the args deduplicates.
+    assert_eq!(queue.enqueue_args(&email(42)).unwrap(), id);
+
+    let plain = queue
+        .get(queue.enqueue_args(&Plain { n: 1 }).unwrap())
+        .unwrap();
+    assert_eq!(plain.kind, "plain");
+    assert_eq!(plain.queue, tickler::DEFAULT_QUEUE);
+    assert_eq!(plain.priority, 0);
+    assert_eq!(plain.max_attempts, tickler::DEFAULT_MAX_ATTEMPTS);
+    assert_eq!(plain.timeout, None);
+    assert_eq!(plain.unique_key, None);
+
+    // from_args gives a NewJob whose setters still apply.
+    let delayed = queue
+        .enqueue(NewJob::from_args(&Plain { n: 2 }).unwrap().delay(secs(600)))
+        .unwrap();
+    assert_eq!(queue.get(delayed).unwrap().state, JobState::Scheduled);
+}
+}
+
+contract! {
+fn enqueue_args_batch() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue_slow_retry(&path);
+    let ids = queue
+        .enqueue_args_batch(&[Plain { n: 1 }, Plain { n: 2 }, Plain { n: 3 }])
+        .unwrap();
+    let ns: Vec<u64> = ids
+        .iter()
+        .map(|id| queue.get(*id).unwrap().payload["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ns, [1, 2, 3]);
+}
+}
+
+contract! { sqlite_only:
+/// SQLite only: the `_tx` forms take the application's rusqlite
+/// transaction (`Queue::open_connection` is SQLite's).
+fn enqueue_args_tx_forms() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue_slow_retry(&path);
+    let mut conn = queue.open_connection().unwrap();
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    let kept = queue.enqueue_args_tx(&tx, &Plain { n: 4 }).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(queue.get(kept).unwrap().payload["n"], 4);
+
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    let gone = queue
+        .enqueue_args_batch_tx(&tx, &[Plain { n: 5 }, Plain { n: 6 }])
+        .unwrap();
+    tx.rollback().unwrap();
+    for id in gone {
+        assert!(
+            matches!(queue.get(id), Err(tickler::Error::NotFound(_))),
+            "{id}"
+        );
+    }
+}
+}
+
+contract! {
+fn typed_handler_gets_its_args_and_a_misfit_payload_fails_permanently() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue_slow_retry(&path);
+    let seen: Arc<Mutex<Vec<Plain>>> = Arc::default();
+    let ok = queue.enqueue_args(&Plain { n: 9 }).unwrap();
+    // The right kind, a payload of the wrong shape (hand-written).
+    let misfit = queue
+        .enqueue(NewJob::new("plain").payload(serde_json::json!({"n": "nine"})))
+        .unwrap();
+    let mut pool = {
+        let seen = Arc::clone(&seen);
+        WorkerPool::builder(&queue)
+            .threads(1)
+            .handler_for(move |ctx: &JobContext, args: Plain| {
+                assert_eq!(ctx.kind(), "plain");
+                seen.lock().unwrap().push(args);
+                Ok::<(), JobError>(())
+            })
+            .start()
+            .unwrap()
+    };
+    wait_until("both jobs finished", secs(15), || {
+        queue.get(ok).unwrap().state == JobState::Succeeded
+            && queue.get(misfit).unwrap().state == JobState::Dead
+    });
+    pool.shutdown(secs(5));
+    assert_eq!(*seen.lock().unwrap(), [Plain { n: 9 }]);
+    let dead = queue.get(misfit).unwrap();
+    assert_eq!(dead.attempts, 1, "a misfit is not retried");
+    let error = dead.last_error.unwrap();
+    assert!(error.contains("\"plain\""), "names the kind: {error}");
+    assert!(error.contains("Plain"), "names the type: {error}");
+    assert!(
+        error.contains("invalid type: string \"nine\", expected u32"),
+        "carries the serde error: {error}"
+    );
+}
+}
+
+contract! {
+fn a_kinds_retry_policy_decides_its_backoff_other_kinds_keep_the_queues() {
+    let (_dir, path) = temp_db();
+    // The queue's own policy: one hour, no jitter.
+    let queue = open_queue_slow_retry(&path);
+    let typed = queue.enqueue_args(&Flaky { n: 1 }).unwrap();
+    let untyped = queue
+        .enqueue(NewJob::new("untyped_flaky").max_attempts(5))
+        .unwrap();
+    let by_hand = queue
+        .enqueue(NewJob::new("by_hand").max_attempts(5))
+        .unwrap();
+    let started = chrono::Utc::now();
+    let mut pool = WorkerPool::builder(&queue)
+        .threads(2)
+        .handler_for(|_: &JobContext, _: Flaky| Err(JobError::retry("flaky says no")))
+        .handler("untyped_flaky", |_: &JobContext| {
+            Err::<(), _>(JobError::retry("untyped says no"))
+        })
+        .handler("by_hand", |_: &JobContext| -> Result<(), JobError> {
+            panic!("by hand panics")
+        })
+        .retry_policy_for(
+            "by_hand",
+            RetryPolicy {
+                base: secs(300),
+                cap: secs(300),
+                jitter: false,
+            },
+        )
+        .start()
+        .unwrap();
+    wait_until("all three failed once", secs(15), || {
+        [typed, untyped, by_hand]
+            .iter()
+            .all(|id| queue.get(*id).unwrap().state == JobState::Scheduled)
+    });
+    pool.shutdown(secs(5));
+    let wait_of = |id| {
+        let job = queue.get(id).unwrap();
+        assert_eq!(job.attempts, 1);
+        (job.run_at - started).num_seconds()
+    };
+    let near = |got: i64, want: i64| (want - 20..=want + 20).contains(&got);
+    let typed_wait = wait_of(typed);
+    assert!(near(typed_wait, 7200), "typed kind waited {typed_wait} s");
+    let untyped_wait = wait_of(untyped);
+    assert!(near(untyped_wait, 3600), "untyped waited {untyped_wait} s");
+    let by_hand_wait = wait_of(by_hand);
+    assert!(near(by_hand_wait, 300), "by_hand waited {by_hand_wait} s");
+    assert!(queue
+        .get(by_hand)
+        .unwrap()
+        .last_error
+        .unwrap()
+        .contains("by hand panics"));
+}
+}

@@ -1,0 +1,144 @@
+//! Jobs inside the application's own PostgreSQL transactions: enqueued if
+//! and only if the caller commits; completed together with the handler's
+//! writes, or neither when the lease was lost.
+#![cfg(feature = "postgres")]
+
+use crate::support::pg;
+
+use std::time::Duration;
+use tickler::{Error, JobState, NewJob, Queue};
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn orders(client: &mut postgres::Client) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM orders", &[])
+        .unwrap()
+        .get(0)
+}
+
+#[test]
+fn a_job_enqueued_in_the_callers_transaction_exists_only_if_it_commits() {
+    let Some(db) = pg::test_database() else {
+        return;
+    };
+    let queue = Queue::open(db.url()).expect("open");
+    let mut app = db.connect();
+    app.batch_execute("CREATE TABLE orders (id bigint)")
+        .unwrap();
+
+    let mut tx = app.transaction().unwrap();
+    tx.execute("INSERT INTO orders VALUES (1)", &[]).unwrap();
+    let kept = queue.enqueue_pg_tx(&mut tx, NewJob::new("mail")).unwrap();
+    tx.commit().unwrap();
+
+    let mut tx = app.transaction().unwrap();
+    tx.execute("INSERT INTO orders VALUES (2)", &[]).unwrap();
+    let dropped = queue.enqueue_pg_tx(&mut tx, NewJob::new("mail")).unwrap();
+    tx.rollback().unwrap();
+
+    assert_eq!(queue.get(kept).unwrap().state, JobState::Pending);
+    assert!(matches!(queue.get(dropped), Err(Error::NotFound(_))));
+    assert_eq!(orders(&mut app), 1);
+}
+
+#[test]
+fn a_refused_job_leaves_the_callers_transaction_usable() {
+    let Some(db) = pg::test_database() else {
+        return;
+    };
+    let queue = Queue::open(db.url()).expect("open");
+    let mut app = db.connect();
+    app.batch_execute(
+        "CREATE TABLE orders (id bigint);
+         CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.kind = 'refused' THEN RAISE EXCEPTION 'no such jobs here'; END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse BEFORE INSERT ON tickler_jobs
+             FOR EACH ROW EXECUTE FUNCTION refuse();",
+    )
+    .unwrap();
+    let mut tx = app.transaction().unwrap();
+    tx.execute("INSERT INTO orders VALUES (1)", &[]).unwrap();
+    let refused = queue.enqueue_pg_tx(&mut tx, NewJob::new("mail").queue("a\0b"));
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument(_))),
+        "{refused:?}"
+    );
+    let refused = queue.enqueue_pg_tx(&mut tx, NewJob::new(""));
+    assert!(matches!(refused, Err(Error::EmptyKind)), "{refused:?}");
+    // Refused by the server (a trigger of the application's): the insert
+    // ran in a savepoint, so the transaction goes on.
+    let refused = queue.enqueue_pg_tx(&mut tx, NewJob::new("refused"));
+    assert!(refused.is_err(), "{refused:?}");
+    tx.execute("INSERT INTO orders VALUES (2)", &[]).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(orders(&mut app), 2);
+}
+
+#[test]
+fn completion_commits_with_the_handlers_writes_or_not_at_all() {
+    let Some(db) = pg::test_database() else {
+        return;
+    };
+    let queue = Queue::open(db.url()).expect("open");
+    let mut app = db.connect();
+    app.batch_execute("CREATE TABLE orders (id bigint)")
+        .unwrap();
+    let id = queue.enqueue(NewJob::new("charge")).unwrap();
+    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+
+    // The lease is lost (cancelled): the handler's write rolls back too.
+    let other = queue.enqueue(NewJob::new("charge")).unwrap();
+    let lost_lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    assert_eq!(lost_lease.job_id, other);
+    queue.cancel(other).unwrap();
+    let lost = queue.complete_with_pg(&lost_lease, |tx| {
+        tx.execute("INSERT INTO orders VALUES (99)", &[])?;
+        Ok(())
+    });
+    assert!(matches!(lost, Err(Error::LeaseLost { .. })), "{lost:?}");
+
+    // An error of the application's: nothing written, the job still held.
+    let aborted: tickler::Result<()> = queue.complete_with_pg(&lease, |tx| {
+        tx.execute("INSERT INTO orders VALUES (7)", &[])?;
+        Err(Error::aborted("no stock"))
+    });
+    assert!(matches!(aborted, Err(Error::Aborted(_))));
+    assert_eq!(queue.get(id).unwrap().state, JobState::Running);
+
+    let n = queue
+        .complete_with_pg(&lease, |tx| {
+            tx.execute("INSERT INTO orders VALUES (1)", &[])?;
+            Ok(5)
+        })
+        .unwrap();
+    assert_eq!(n, 5);
+    assert_eq!(queue.get(id).unwrap().state, JobState::Succeeded);
+    assert_eq!(orders(&mut app), 1);
+}
+
+#[test]
+fn rusqlite_forms_are_refused_on_postgres_and_postgres_forms_on_sqlite() {
+    let Some(db) = pg::test_database() else {
+        return;
+    };
+    let queue = Queue::open(db.url()).expect("open");
+    assert!(matches!(
+        queue.open_connection(),
+        Err(Error::Unsupported { .. })
+    ));
+    assert!(matches!(queue.checkpoint(), Err(Error::Unsupported { .. })));
+    let dir = tempfile::tempdir().unwrap();
+    let file = Queue::open(dir.path().join("q.db")).unwrap();
+    let mut app = db.connect();
+    let mut tx = app.transaction().unwrap();
+    assert!(matches!(
+        file.enqueue_pg_tx(&mut tx, NewJob::new("x")),
+        Err(Error::Unsupported { .. })
+    ));
+}

@@ -1,0 +1,222 @@
+//! The dashboard's reads (`Queue::counts_by_queue`, `Queue::list_state`,
+//! `Queue::activity`, and `Queue::stats` behind /metrics)
+//! go through indexes: every statement they run on SQLite is recorded
+//! (sqlite3_trace_v2 through an `on_connection` hook) and its
+//! `EXPLAIN QUERY PLAN` must neither scan the jobs table nor sort. Their
+//! answers agree with a plain count of the file.
+
+use crate::support::common;
+use crate::support::dashboard_fill;
+
+use rusqlite::ffi;
+use std::collections::BTreeMap;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use tickler::{JobState, Queue};
+
+static RECORDING: AtomicBool = AtomicBool::new(false);
+static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn on_statement(
+    _event: c_uint,
+    _ctx: *mut c_void,
+    _stmt: *mut c_void,
+    sql: *mut c_void,
+) -> c_int {
+    if RECORDING.load(Ordering::SeqCst) && !sql.is_null() {
+        // SQLITE_TRACE_STMT: X is the statement's text, unexpanded.
+        let text = unsafe { CStr::from_ptr(sql as *const c_char) }
+            .to_string_lossy()
+            .into_owned();
+        SEEN.lock().unwrap().push(text);
+    }
+    0
+}
+
+fn plan(conn: &rusqlite::Connection, sql: &str) -> Vec<String> {
+    let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+    let nulls = vec![rusqlite::types::Null; stmt.parameter_count()];
+    stmt.query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap()
+}
+
+/// Fails on a statement of `seen` whose plan scans the jobs table, or
+/// sorts in a temporary b-tree unless `sorts_allowed`.
+fn check_plans(raw: &rusqlite::Connection, seen: &[String], sorts_allowed: bool) {
+    for sql in seen {
+        let lines = plan(raw, sql);
+        println!("{sql}\n  -> {lines:?}");
+        for line in &lines {
+            assert!(
+                !line.starts_with("SCAN tickler_jobs") || line.contains("INDEX"),
+                "a full scan of the jobs table in {sql}: {lines:?}"
+            );
+            assert!(
+                sorts_allowed || !line.contains("TEMP B-TREE"),
+                "a sort in {sql}: {lines:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn dashboard_reads_use_indexes_and_match_the_file() {
+    let (_dir, path) = common::temp_db();
+    let queue = Queue::builder(&path)
+        .on_connection(|conn| {
+            let rc = unsafe {
+                ffi::sqlite3_trace_v2(
+                    conn.handle(),
+                    ffi::SQLITE_TRACE_STMT as c_uint,
+                    Some(on_statement),
+                    std::ptr::null_mut(),
+                )
+            };
+            assert_eq!(rc, ffi::SQLITE_OK);
+            Ok(())
+        })
+        .open()
+        .unwrap();
+    let raw = common::raw(&path);
+    dashboard_fill::fill(&raw, 20_000).unwrap();
+
+    RECORDING.store(true, Ordering::SeqCst);
+    let counts = queue.counts_by_queue(1_000).unwrap();
+    let mut lists = BTreeMap::new();
+    for state in JobState::ALL {
+        lists.insert(state, queue.list_state(state, 20).unwrap());
+    }
+    let minutes = queue
+        .activity(60, std::time::Duration::from_secs(60), 100_000)
+        .unwrap();
+    RECORDING.store(false, Ordering::SeqCst);
+
+    // What they ran, each statement once.
+    let mut seen: Vec<String> = SEEN.lock().unwrap().clone();
+    seen.retain(|s| s.contains("tickler_jobs"));
+    seen.sort();
+    seen.dedup();
+    assert!(seen.len() >= 4, "statements recorded: {seen:#?}");
+    check_plans(&raw, &seen, false);
+    // The plot's statements read a range of the finish-time index, not the
+    // whole index (which holds 97 % of the rows here).
+    let ranged: Vec<&String> = seen
+        .iter()
+        .filter(|sql| sql.contains("finished_at >= ?1 AND finished_at < ?2"))
+        .collect();
+    assert_eq!(ranged.len(), 2, "the activity statements: {seen:#?}");
+    for sql in ranged {
+        let lines = plan(&raw, sql);
+        assert!(
+            lines.iter().any(|l| l.starts_with("SEARCH tickler_jobs")
+                && l.contains("(finished_at>? AND finished_at<?)")),
+            "{sql}: {lines:?}"
+        );
+    }
+
+    // The plot: the fill's finished jobs finished 1,000 s ago, one per
+    // ms, in one or two minutes; each ran 50 ms.
+    assert_eq!(minutes.len(), 60);
+    let busy: Vec<_> = minutes.iter().filter(|m| m.finished > 0).collect();
+    assert!((1..=2).contains(&busy.len()), "{minutes:#?}");
+    let finished: i64 = raw
+        .query_row(
+            "SELECT count(*) FROM tickler_jobs WHERE finished_at IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        busy.iter().map(|m| m.finished).sum::<u64>(),
+        finished as u64
+    );
+    for m in busy {
+        assert!(!m.capped);
+        assert_eq!(m.run_time_p50, Some(std::time::Duration::from_millis(50)));
+    }
+
+    // The counts: exact below the cap, marked capped at it.
+    let mut exact: BTreeMap<(String, JobState), u64> = BTreeMap::new();
+    let mut stmt = raw
+        .prepare("SELECT queue, status, count(*) FROM tickler_jobs GROUP BY queue, status")
+        .unwrap();
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })
+        .unwrap();
+    for row in rows {
+        let (q, s, n) = row.unwrap();
+        exact.insert((q, s.parse().unwrap()), n as u64);
+    }
+    assert_eq!(
+        counts.counts.keys().collect::<Vec<_>>(),
+        exact.keys().collect::<Vec<_>>()
+    );
+    for (key, n) in &exact {
+        let shown = counts.counts[key];
+        if *n >= 1_000 {
+            assert_eq!(shown, 1_000, "{key:?}");
+            assert!(counts.capped.contains(key), "{key:?} not marked capped");
+        } else {
+            assert_eq!(shown, *n, "{key:?}");
+            assert!(!counts.capped.contains(key), "{key:?} marked capped");
+        }
+    }
+
+    // The lists: 20 jobs of the state each, in the state's order.
+    for (state, jobs) in &lists {
+        assert_eq!(jobs.len(), 20, "{state:?}");
+        assert!(jobs.iter().all(|j| j.state == *state), "{state:?}");
+    }
+    let finished = |s| -> Vec<_> { lists[&s].iter().map(|j| j.finished_at).collect() };
+    for s in [JobState::Succeeded, JobState::Dead, JobState::Cancelled] {
+        let f = finished(s);
+        assert!(f.windows(2).all(|w| w[0] >= w[1]), "{s:?}: newest first");
+    }
+    let due: Vec<_> = lists[&JobState::Scheduled]
+        .iter()
+        .map(|j| j.run_at)
+        .collect();
+    assert!(
+        due.windows(2).all(|w| w[0] <= w[1]),
+        "scheduled: soonest first"
+    );
+    let pending: Vec<_> = lists[&JobState::Pending]
+        .iter()
+        .map(|j| (-j.priority, j.run_at, j.id))
+        .collect();
+    assert!(
+        pending.windows(2).all(|w| w[0] <= w[1]),
+        "pending: claim order"
+    );
+    // Queue::stats (the CLI's stats and /metrics): exact, and no statement
+    // of it reads the whole table (a GROUP BY over the few running jobs
+    // may sort).
+    SEEN.lock().unwrap().clear();
+    RECORDING.store(true, Ordering::SeqCst);
+    let stats = queue.stats().unwrap();
+    RECORDING.store(false, Ordering::SeqCst);
+    assert_eq!(stats.counts, exact);
+    let mut seen: Vec<String> = SEEN.lock().unwrap().clone();
+    seen.retain(|s| s.contains("tickler_jobs"));
+    assert!(seen.len() >= 2, "statements recorded: {seen:#?}");
+    check_plans(&raw, &seen, true);
+
+    // The newest dead job of the file is listed first.
+    let newest_dead: i64 = raw
+        .query_row(
+            "SELECT id FROM tickler_jobs WHERE status = 'dead' ORDER BY finished_at DESC LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(lists[&JobState::Dead][0].id.0, newest_dead);
+}

@@ -1,0 +1,296 @@
+//! The file format: a fresh file is at the current schema version, in WAL
+//! mode and private to its owner; a newer or foreign file is refused with a
+//! typed error and left untouched; the table's CHECK constraints reject rows
+//! that no tickler state allows, whoever writes them.
+
+use crate::support::common;
+
+use std::path::Path;
+use tickler::{Error, NewJob, Queue};
+
+fn user_version(path: &Path) -> i64 {
+    common::raw(path)
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap()
+}
+
+#[test]
+fn fresh_file_has_current_schema_version_and_wal() {
+    let (_dir, path) = common::temp_db();
+    let queue = Queue::open(&path).unwrap();
+    assert!(Queue::schema_version() >= 1);
+
+    let conn = common::raw(&path);
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, Queue::schema_version());
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode.to_lowercase(), "wal");
+    let tables: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'tickler_jobs'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(tables, 1);
+    drop(conn);
+
+    // Reopening migrates nothing and keeps the data.
+    let id = queue.enqueue(NewJob::new("k")).unwrap();
+    drop(queue);
+    let again = Queue::open(&path).unwrap();
+    assert_eq!(user_version(&path), Queue::schema_version());
+    assert_eq!(again.get(id).unwrap().kind, "k");
+}
+
+#[cfg(unix)]
+#[test]
+fn new_file_is_private_to_its_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_dir, path) = common::temp_db();
+    let queue = Queue::open(&path).unwrap();
+    queue.enqueue(NewJob::new("secret")).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "database file mode {mode:o}");
+    // SQLite gives the -wal and -shm files the database file's mode: they
+    // hold the same data.
+    for suffix in ["-wal", "-shm"] {
+        let side = path.with_file_name(format!("jobs.db{suffix}"));
+        let meta = std::fs::metadata(&side)
+            .unwrap_or_else(|e| panic!("{suffix} file missing while the queue is open: {e}"));
+        let mode = meta.permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{suffix} file mode {mode:o}");
+    }
+}
+
+#[test]
+fn newer_schema_is_refused_and_left_unchanged() {
+    let (_dir, path) = common::temp_db();
+    let id = {
+        let queue = Queue::open(&path).unwrap();
+        queue.enqueue(NewJob::new("from-the-future")).unwrap()
+    };
+    let newer = Queue::schema_version() + 1;
+    common::raw(&path)
+        .execute_batch(&format!("PRAGMA user_version = {newer}"))
+        .unwrap();
+    let bytes_before = std::fs::read(&path).unwrap();
+
+    match Queue::open(&path) {
+        Err(Error::SchemaTooNew { found, supported }) => {
+            assert_eq!(found, newer);
+            assert_eq!(supported, Queue::schema_version());
+        }
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+    assert_eq!(user_version(&path), newer, "user_version was changed");
+    assert_eq!(common::row_count(&path), 1);
+    let kind: String = common::raw(&path)
+        .query_row("SELECT kind FROM tickler_jobs WHERE id = ?1", [id.0], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(kind, "from-the-future");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        bytes_before,
+        "refused file was written"
+    );
+}
+
+#[test]
+fn foreign_database_with_newer_user_version_is_refused() {
+    let (_dir, path) = common::temp_db();
+    common::raw(&path)
+        .execute_batch("CREATE TABLE mine (x INTEGER); PRAGMA user_version = 1000;")
+        .unwrap();
+    let err = Queue::open(&path).unwrap_err();
+    assert!(
+        matches!(err, Error::SchemaTooNew { found: 1000, .. }),
+        "{err:?}"
+    );
+    assert_eq!(user_version(&path), 1000);
+    let tickler_tables: i64 = common::raw(&path)
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name LIKE 'tickler_%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(tickler_tables, 0, "schema was added to a refused file");
+}
+
+fn garbage(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..len).map(|_| rng.u8(..)).collect()
+}
+
+#[test]
+fn garbage_file_is_not_a_database_and_left_unchanged() {
+    let (dir, _) = common::temp_db();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("random.db", garbage(16 * 1024, 1)),
+        ("small.db", garbage(300, 2)),
+        (
+            "text.db",
+            b"these are my notes, not a database\n".repeat(200),
+        ),
+    ];
+    for (name, bytes) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, &bytes).unwrap();
+        match Queue::open(&path) {
+            Err(Error::NotADatabase { path: reported }) => assert_eq!(reported, path),
+            other => panic!("{name}: expected NotADatabase, got {other:?}"),
+        }
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            bytes,
+            "{name}: the file was modified"
+        );
+    }
+}
+
+/// Inserts one row with raw SQL: a valid pending job, with some columns
+/// replaced by SQL literals.
+fn insert_raw(conn: &rusqlite::Connection, overrides: &[(&str, &str)]) -> rusqlite::Result<usize> {
+    let mut columns: Vec<(&str, String)> = vec![
+        ("queue", "'default'".into()),
+        ("kind", "'k'".into()),
+        ("payload", "'null'".into()),
+        ("status", "'pending'".into()),
+        ("priority", "0".into()),
+        ("run_at", "1000".into()),
+        ("attempts", "0".into()),
+        ("max_attempts", "3".into()),
+        ("created_at", "1000".into()),
+    ];
+    for (name, value) in overrides {
+        match columns.iter_mut().find(|(c, _)| c == name) {
+            Some(slot) => slot.1 = (*value).to_owned(),
+            None => columns.push((name, (*value).to_owned())),
+        }
+    }
+    let names: Vec<&str> = columns.iter().map(|(c, _)| *c).collect();
+    let values: Vec<&str> = columns.iter().map(|(_, v)| v.as_str()).collect();
+    conn.execute(
+        &format!(
+            "INSERT INTO tickler_jobs ({}) VALUES ({})",
+            names.join(", "),
+            values.join(", ")
+        ),
+        [],
+    )
+}
+
+#[test]
+fn check_constraints_reject_impossible_rows() {
+    let (_dir, path) = common::temp_db();
+    drop(Queue::open(&path).unwrap());
+    let conn = common::raw(&path);
+
+    // Controls: rows that tickler states allow go in.
+    let valid: &[&[(&str, &str)]] = &[
+        &[],
+        &[
+            ("status", "'running'"),
+            ("run_token", "'t'"),
+            ("claimed_at", "1000"),
+            ("lease_expires_at", "2000"),
+            ("attempts", "1"),
+        ],
+        &[("status", "'succeeded'"), ("finished_at", "2000")],
+        &[("status", "'scheduled'"), ("unique_key", "'u'")],
+        &[
+            ("status", "'dead'"),
+            ("finished_at", "2000"),
+            ("unique_key", "'u'"),
+        ],
+    ];
+    for row in valid {
+        insert_raw(&conn, row).unwrap_or_else(|e| panic!("valid row {row:?} refused: {e}"));
+    }
+    let count = common::row_count(&path);
+
+    let impossible: &[(&str, &[(&str, &str)])] = &[
+        ("unknown status", &[("status", "'paused'")]),
+        ("max_attempts 0", &[("max_attempts", "0")]),
+        ("negative attempts", &[("attempts", "-1")]),
+        (
+            "running without run_token",
+            &[
+                ("status", "'running'"),
+                ("claimed_at", "1000"),
+                ("lease_expires_at", "2000"),
+            ],
+        ),
+        (
+            "running without lease",
+            &[
+                ("status", "'running'"),
+                ("run_token", "'t'"),
+                ("claimed_at", "1000"),
+            ],
+        ),
+        (
+            "succeeded without finished_at",
+            &[("status", "'succeeded'")],
+        ),
+        ("dead without finished_at", &[("status", "'dead'")]),
+        (
+            "cancelled without finished_at",
+            &[("status", "'cancelled'")],
+        ),
+        ("pending with finished_at", &[("finished_at", "2000")]),
+        ("empty kind", &[("kind", "''")]),
+        ("empty queue", &[("queue", "''")]),
+        ("payload not JSON", &[("payload", "'{not json'")]),
+        ("zero timeout", &[("timeout_ms", "0")]),
+        ("text run_at (STRICT)", &[("run_at", "'tomorrow'")]),
+        (
+            "second unfinished holder of a unique_key",
+            &[("unique_key", "'u'")],
+        ),
+    ];
+    for (what, row) in impossible {
+        match insert_raw(&conn, row) {
+            Err(rusqlite::Error::SqliteFailure(e, msg)) => assert_eq!(
+                e.code,
+                rusqlite::ErrorCode::ConstraintViolation,
+                "{what}: {msg:?}"
+            ),
+            other => panic!("{what}: row was not rejected: {other:?}"),
+        }
+    }
+    assert_eq!(common::row_count(&path), count, "a rejected row was stored");
+}
+
+#[test]
+fn concurrent_first_opens_of_a_new_file_all_succeed() {
+    const THREADS: usize = 8;
+    for round in 0..5 {
+        let (_dir, path) = common::temp_db();
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let path = path.clone();
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let queue = Queue::open(&path)
+                        .unwrap_or_else(|e| panic!("round {round}, thread {t}: open failed: {e}"));
+                    queue.enqueue(NewJob::new("k")).unwrap();
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("opener panicked");
+        }
+        assert_eq!(user_version(&path), Queue::schema_version());
+        assert_eq!(common::row_count(&path), THREADS as i64);
+    }
+}

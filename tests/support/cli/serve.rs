@@ -1,0 +1,147 @@
+//! `tickler serve` in a child process, plain HTTP requests to it, and a
+//! queue file worth showing (tests/cli/serve.rs, tests/dashboard_browser.rs).
+
+use super::Env;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+use tickler::{JobState, NewJob, NewSchedule};
+
+/// A child process killed when this is dropped, so that a failing test
+/// leaves no server or worker behind.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A running `tickler serve`.
+pub struct Served {
+    pub child: KillOnDrop,
+    /// `IP:PORT` it listens on.
+    pub addr: String,
+}
+
+impl Served {
+    /// `http://IP:PORT` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+/// Starts `tickler serve` on a free loopback port, with `extra` arguments,
+/// and waits until it listens.
+pub fn serve(env: &Env, extra: &[&str]) -> Served {
+    let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let mut child = KillOnDrop(env.command(&args).stdout(Stdio::piped()).spawn().unwrap());
+    let mut line = String::new();
+    BufReader::new(child.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("first line: {line:?}"))
+        .trim_end_matches('/')
+        .to_owned();
+    Served { child, addr }
+}
+
+/// (status, headers, body) of one HTTP/1.1 request to `addr` (`Host` is
+/// `addr` unless `headers` has one).
+pub fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &str,
+) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers
+        .iter()
+        .any(|h| h.to_ascii_lowercase().starts_with("host:"))
+    {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for h in headers {
+        req.push_str(h);
+        req.push_str("\r\n");
+    }
+    if method == "POST" {
+        req.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, head.to_owned(), body.to_owned())
+}
+
+/// The CSRF token in the forms of a dashboard page.
+pub fn csrf_of(page: &str) -> String {
+    page.split("name=csrf value=")
+        .nth(1)
+        .and_then(|rest| rest.split('>').next())
+        .expect("a form with a CSRF token")
+        .to_owned()
+}
+
+/// A queue file with jobs in every state over two queues, and a schedule:
+///
+/// - mail: 3 pending, 1 scheduled (due in an hour), 1 running (leased
+///   for an hour), 1 succeeded;
+/// - reports: 1 dead (its error holds HTML), 1 cancelled;
+/// - schedule `yearly` (kind `k`, queue reports): it ticks on 1 January
+///   only, so no tick adds a job during a test.
+///
+/// Every job is of kind `k`, which `tickler work` (shell jobs only) leaves
+/// alone.
+pub fn filled() -> Env {
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let queue = env.queue();
+    let hour = Duration::from_secs(3600);
+    let claim_one = |name: &str| {
+        let mut leases = queue.claim(name, "t", 1, hour).unwrap();
+        assert_eq!(leases.len(), 1, "one job to claim in {name}");
+        leases.remove(0)
+    };
+
+    let dead = queue
+        .enqueue(NewJob::new("k").queue("reports").max_attempts(1))
+        .unwrap();
+    let lease = claim_one("reports");
+    assert_eq!(lease.job_id, dead);
+    queue.fail(&lease, "broken <b>html</b>").unwrap();
+    let cancelled = queue.enqueue(NewJob::new("k").queue("reports")).unwrap();
+    queue.cancel(cancelled).unwrap();
+
+    queue.enqueue(NewJob::new("k").queue("mail")).unwrap();
+    queue.complete(&claim_one("mail")).unwrap();
+    let running = queue.enqueue(NewJob::new("k").queue("mail")).unwrap();
+    assert_eq!(claim_one("mail").job_id, running);
+    queue
+        .enqueue_batch((0..3).map(|_| NewJob::new("k").queue("mail")).collect())
+        .unwrap();
+    queue
+        .enqueue(NewJob::new("k").queue("mail").delay(hour))
+        .unwrap();
+
+    queue
+        .upsert_schedule(NewSchedule::new("yearly", "0 0 1 1 *", "k").queue("reports"))
+        .unwrap();
+
+    let stats = queue.stats().unwrap();
+    for state in JobState::ALL {
+        assert!(stats.total(state) > 0, "no {state:?} job: {stats:?}");
+    }
+    env
+}

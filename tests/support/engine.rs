@@ -1,0 +1,482 @@
+//! Which engine a test runs on, and the harness that runs one contract
+//! body on every engine.
+//!
+//! [`contract!`] turns `fn name() { … }` into the body `name` and a module
+//! `name` with one test case per engine (`name::sqlite`, `name::postgres`),
+//! so that a guarantee is written once and checked on each engine. The
+//! sqlite and postgres cases of one body run in the same process, in
+//! parallel threads: the engine is a thread-local that the generated case
+//! sets before it calls the body, not a process-wide variable. Threads a
+//! body spawns do not inherit thread-locals, so [`temp_db`] also records
+//! the engine of the directory it makes, and [`target`] reads it from the
+//! path first.
+//!
+//! A test opens its queue at `target(path)` instead of `path`: on SQLite
+//! that is the path; on PostgreSQL it is the URL of a database of its own,
+//! named after the path, so opening the same path again (a restarted
+//! process, a second process) reaches the same database. The server is a
+//! throwaway one (`.ci/postgres`): the databases are left for it to take
+//! away.
+//!
+//! A child process (this test binary run again for one case, the `tickler`
+//! binary, an example) learns its engine from [`ENGINE_VAR`], set on its
+//! `Command` only ([`Engine::pass_to`]).
+//!
+//! [`temp_db`]: super::common::temp_db
+#![allow(dead_code)]
+
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The variable that names the engine of a child process.
+pub const ENGINE_VAR: &str = "TICKLER_TEST_ENGINE";
+
+/// An engine the contract runs on. A new engine is a variant here (its
+/// name and URL variable in the two tables below) and one case line in
+/// [`engine_cases!`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+    // Mysql, (feature `mysql`, TICKLER_TEST_MYSQL_URL)
+}
+
+impl Engine {
+    /// The name of its test case, and of its value of [`ENGINE_VAR`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Sqlite => "sqlite",
+            Engine::Postgres => "postgres",
+        }
+    }
+
+    /// The variable holding the URL of its server (`None`: embedded).
+    pub fn url_var(self) -> Option<&'static str> {
+        match self {
+            Engine::Sqlite => None,
+            Engine::Postgres => Some("TICKLER_TEST_DATABASE_URL"),
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Engine> {
+        [Engine::Sqlite, Engine::Postgres]
+            .into_iter()
+            .find(|e| e.name().eq_ignore_ascii_case(name))
+    }
+
+    /// Tells a child process which engine it runs on.
+    pub fn pass_to(self, cmd: &mut std::process::Command) {
+        cmd.env(ENGINE_VAR, self.name());
+    }
+}
+
+thread_local! {
+    static CURRENT: Cell<Option<Engine>> = const { Cell::new(None) };
+}
+
+/// Directories made by `temp_db` and the engine of the case that made them.
+static DIRS: Mutex<Vec<(PathBuf, Engine)>> = Mutex::new(Vec::new());
+
+/// The engine of this thread's test case; else the one a parent process
+/// passed in [`ENGINE_VAR`]; else SQLite.
+pub fn current() -> Engine {
+    if let Some(engine) = CURRENT.with(Cell::get) {
+        return engine;
+    }
+    match std::env::var(ENGINE_VAR) {
+        Ok(name) => Engine::from_name(&name)
+            .unwrap_or_else(|| panic!("{ENGINE_VAR}={name} names no engine of the tests")),
+        Err(_) => Engine::Sqlite,
+    }
+}
+
+/// Records that `dir` belongs to the current case (see the module doc).
+pub fn claim_dir(dir: &Path) {
+    let mut dirs = DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    dirs.retain(|(d, _)| d.exists());
+    dirs.push((dir.to_path_buf(), current()));
+}
+
+/// The engine of the queue whose file would be `path`.
+pub fn engine_of(path: &Path) -> Engine {
+    let dirs = DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    dirs.iter()
+        .find(|(d, _)| path.starts_with(d))
+        .map(|(_, e)| *e)
+        .unwrap_or_else(current)
+}
+
+/// True when this thread's case runs on PostgreSQL.
+pub fn on_postgres() -> bool {
+    current() == Engine::Postgres
+}
+
+/// `CI=true`: a case that cannot run fails rather than skips.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+/// Runs `body` as the case of `engine`: skips it with a note when the
+/// engine's server is not configured on a developer machine, and fails
+/// then under CI, which must never skip silently.
+pub fn run(engine: Engine, body: fn()) {
+    if let Some(var) = engine.url_var() {
+        if std::env::var(var).map_or(true, |v| v.trim().is_empty()) {
+            let case = std::thread::current().name().unwrap_or("a case").to_owned();
+            assert!(
+                !in_ci(),
+                "{case}: {var} is not set (CI must run every engine; .ci/postgres sets it)"
+            );
+            eprintln!(
+                "note: {case} skipped: {var} is not set \
+                 (`.ci/postgres cargo test --release --features postgres --test contract` runs it)"
+            );
+            return;
+        }
+    }
+    struct Reset(Option<Engine>);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            CURRENT.with(|c| c.set(self.0));
+        }
+    }
+    let _reset = Reset(CURRENT.with(|c| c.replace(Some(engine))));
+    body();
+}
+
+/// The name libtest gives the test `f` of the module `module_path`
+/// (`module_path!()`, whose first segment is the target's crate).
+pub fn test_path(module_path: &str, f: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_, inner)) => format!("{inner}::{f}"),
+        None => f.to_owned(),
+    }
+}
+
+/// The name of the current engine's case of the contract body `f` of
+/// `module_path`: what a child process runs to be that case again.
+pub fn case_name(module_path: &str, f: &str) -> String {
+    format!("{}::{}", test_path(module_path, f), current().name())
+}
+
+/// The test cases of one body, one per engine: `$body` is the path of a
+/// `fn()`. The PostgreSQL case is compiled with the `postgres` feature.
+#[macro_export]
+macro_rules! engine_cases {
+    ($body:path) => {
+        #[test]
+        fn sqlite() {
+            $crate::support::engine::run($crate::support::engine::Engine::Sqlite, $body);
+        }
+
+        #[cfg(feature = "postgres")]
+        #[test]
+        fn postgres() {
+            $crate::support::engine::run($crate::support::engine::Engine::Postgres, $body);
+        }
+
+        // The next engine is one line here (and a variant of `Engine`):
+        // #[cfg(feature = "mysql")] #[test] fn mysql() { $crate::support::engine::run($crate::support::engine::Engine::Mysql, $body); }
+    };
+}
+
+/// One contract body, run on every engine: `contract! { /// doc
+/// fn name() { … } }` keeps `name` as it is and adds the module `name`
+/// with a case per engine ([`engine_cases!`]).
+///
+/// `contract! { sqlite_only: … }` generates the SQLite case alone; its doc
+/// must say why the guarantee is SQLite's alone.
+#[macro_export]
+macro_rules! contract {
+    ($(#[$meta:meta])* fn $name:ident() $body:block) => {
+        $(#[$meta])*
+        fn $name() $body
+
+        mod $name {
+            $crate::engine_cases!(super::$name);
+        }
+    };
+    (sqlite_only: $(#[$meta:meta])* fn $name:ident() $body:block) => {
+        $(#[$meta])*
+        fn $name() $body
+
+        mod $name {
+            #[test]
+            fn sqlite() {
+                $crate::support::engine::run($crate::support::engine::Engine::Sqlite, super::$name);
+            }
+        }
+    };
+}
+
+/// Where the queue of a test whose file would be `path` lives.
+pub fn target(path: &Path) -> PathBuf {
+    // A path made without `temp_db` still tells the threads its case
+    // spawns which engine it is on, once the case has used it.
+    if CURRENT.with(Cell::get).is_some() {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            let known = DIRS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .any(|(d, _)| dir.starts_with(d));
+            if !known {
+                claim_dir(dir);
+            }
+        }
+    }
+    match engine_of(path) {
+        Engine::Sqlite => path.to_path_buf(),
+        Engine::Postgres => postgres_target(path),
+    }
+}
+
+#[cfg(feature = "postgres")]
+fn postgres_target(path: &Path) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let server = std::env::var("TICKLER_TEST_DATABASE_URL")
+        .expect("a PostgreSQL case needs TICKLER_TEST_DATABASE_URL (.ci/postgres sets it)");
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    path.hash(&mut hasher);
+    let name = format!("tickler_c_{:016x}", hasher.finish());
+    let mut admin = postgres::Client::connect(&server, postgres::NoTls)
+        .unwrap_or_else(|e| panic!("cannot connect to {server}: {e}"));
+    match admin.batch_execute(&format!("CREATE DATABASE \"{name}\" TEMPLATE template0")) {
+        Ok(()) => {}
+        Err(e) if e.code() == Some(&postgres::error::SqlState::DUPLICATE_DATABASE) => {}
+        Err(e) => panic!("CREATE DATABASE {name}: {e:?}"),
+    }
+    PathBuf::from(super::pg::with_dbname(&server, &name))
+}
+
+#[cfg(not(feature = "postgres"))]
+fn postgres_target(_path: &Path) -> PathBuf {
+    panic!("a PostgreSQL case needs the `postgres` feature (--features postgres)")
+}
+
+/// A value bound to, or read from, a statement of [`execute`] and
+/// [`query_row`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    Null,
+    Int(i64),
+    Text(String),
+}
+
+impl Value {
+    /// The integer, or a panic naming what was there instead.
+    pub fn int(&self) -> i64 {
+        match self {
+            Value::Int(n) => *n,
+            other => panic!("expected an integer, found {other:?}"),
+        }
+    }
+
+    /// The text, or a panic naming what was there instead.
+    pub fn text(&self) -> &str {
+        match self {
+            Value::Text(s) => s,
+            other => panic!("expected text, found {other:?}"),
+        }
+    }
+}
+
+impl From<i64> for Value {
+    fn from(n: i64) -> Self {
+        Value::Int(n)
+    }
+}
+
+impl From<&str> for Value {
+    fn from(s: &str) -> Self {
+        Value::Text(s.to_owned())
+    }
+}
+
+impl From<String> for Value {
+    fn from(s: String) -> Self {
+        Value::Text(s)
+    }
+}
+
+impl From<Option<i64>> for Value {
+    fn from(n: Option<i64>) -> Self {
+        n.map_or(Value::Null, Value::Int)
+    }
+}
+
+/// Runs one statement on the queue of a test whose file would be `path`,
+/// beside tickler's own connections, and returns the rows it changed: the
+/// way a test sets up a state the API cannot reach (an attempt count of
+/// 9,999, a row changed by hand). `sql` is written once for both engines,
+/// with `?1`, `?2`… placeholders (`$1`, `$2`… on PostgreSQL).
+pub fn execute(path: &Path, sql: &str, params: &[Value]) -> u64 {
+    if engine_of(path) == Engine::Postgres {
+        return pg::execute(&target(path), sql, params);
+    }
+    let conn = sqlite(path);
+    let params: Vec<&dyn rusqlite::ToSql> = params.iter().map(sqlite_param).collect();
+    conn.execute(sql, params.as_slice())
+        .unwrap_or_else(|e| panic!("{sql}: {e}")) as u64
+}
+
+/// Runs statements without parameters, such as a trigger a test installs
+/// (whose SQL differs between the engines).
+pub fn execute_batch(path: &Path, sql: &str) {
+    if engine_of(path) == Engine::Postgres {
+        return pg::execute_batch(&target(path), sql);
+    }
+    sqlite(path)
+        .execute_batch(sql)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// The first row of a query written as for [`execute`]; columns must be
+/// integers (bool on PostgreSQL counts as one), text or NULL.
+pub fn query_row(path: &Path, sql: &str, params: &[Value]) -> Vec<Value> {
+    if engine_of(path) == Engine::Postgres {
+        return pg::query_row(&target(path), sql, params);
+    }
+    let conn = sqlite(path);
+    let params: Vec<&dyn rusqlite::ToSql> = params.iter().map(sqlite_param).collect();
+    conn.query_row(sql, params.as_slice(), |r| {
+        (0..r.as_ref().column_count())
+            .map(|i| {
+                Ok(match r.get_ref(i)? {
+                    rusqlite::types::ValueRef::Null => Value::Null,
+                    rusqlite::types::ValueRef::Integer(n) => Value::Int(n),
+                    rusqlite::types::ValueRef::Text(t) => {
+                        Value::Text(String::from_utf8_lossy(t).into_owned())
+                    }
+                    other => panic!("{sql}: column {i} is {other:?}"),
+                })
+            })
+            .collect()
+    })
+    .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// One integer read by [`query_row`] (a count, a length).
+pub fn query_int(path: &Path, sql: &str, params: &[Value]) -> i64 {
+    query_row(path, sql, params)[0].int()
+}
+
+/// Rows in the jobs table.
+pub fn row_count(path: &Path) -> i64 {
+    query_int(path, "SELECT count(*) FROM tickler_jobs", &[])
+}
+
+fn sqlite(path: &Path) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(path).expect("open the queue file");
+    // tickler's own connections may hold the write lock for a moment.
+    conn.busy_timeout(std::time::Duration::from_secs(10))
+        .expect("busy timeout");
+    conn
+}
+
+fn sqlite_param(v: &Value) -> &dyn rusqlite::ToSql {
+    match v {
+        Value::Null => &rusqlite::types::Null,
+        Value::Int(n) => n,
+        Value::Text(s) => s,
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod pg {
+    use super::Value;
+    use postgres::types::{ToSql, Type};
+    use std::path::Path;
+
+    /// `?N` placeholders as PostgreSQL writes them (`$N`); a `?` inside a
+    /// quoted string is left alone.
+    fn placeholders(sql: &str) -> String {
+        let mut out = String::with_capacity(sql.len());
+        let mut quoted = false;
+        for c in sql.chars() {
+            match c {
+                '\'' => {
+                    quoted = !quoted;
+                    out.push(c);
+                }
+                '?' if !quoted => out.push('$'),
+                _ => out.push(c),
+            }
+        }
+        out
+    }
+
+    fn connect(url: &Path) -> postgres::Client {
+        let url = url.to_str().expect("a URL");
+        postgres::Client::connect(url, postgres::NoTls)
+            .unwrap_or_else(|e| panic!("cannot connect to the test database: {e}"))
+    }
+
+    fn param(v: &Value) -> &(dyn ToSql + Sync) {
+        match v {
+            Value::Null => &None::<i64>,
+            Value::Int(n) => n,
+            Value::Text(s) => s,
+        }
+    }
+
+    pub(super) fn execute(url: &Path, sql: &str, params: &[Value]) -> u64 {
+        let sql = placeholders(sql);
+        let params: Vec<_> = params.iter().map(param).collect();
+        connect(url)
+            .execute(sql.as_str(), &params)
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+    }
+
+    pub(super) fn execute_batch(url: &Path, sql: &str) {
+        connect(url)
+            .batch_execute(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    }
+
+    pub(super) fn query_row(url: &Path, sql: &str, params: &[Value]) -> Vec<Value> {
+        let sql = placeholders(sql);
+        let params: Vec<_> = params.iter().map(param).collect();
+        let row = connect(url)
+            .query_one(sql.as_str(), &params)
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        (0..row.len())
+            .map(|i| {
+                let ty = row.columns()[i].type_().clone();
+                let value = if ty == Type::INT8 {
+                    row.get::<_, Option<i64>>(i).map(Value::Int)
+                } else if ty == Type::INT4 {
+                    row.get::<_, Option<i32>>(i).map(|n| Value::Int(n.into()))
+                } else if ty == Type::INT2 {
+                    row.get::<_, Option<i16>>(i).map(|n| Value::Int(n.into()))
+                } else if ty == Type::BOOL {
+                    row.get::<_, Option<bool>>(i).map(|b| Value::Int(b.into()))
+                } else if ty == Type::TEXT || ty == Type::VARCHAR {
+                    row.get::<_, Option<String>>(i).map(Value::Text)
+                } else {
+                    panic!("{sql}: column {i} is of type {ty}")
+                };
+                value.unwrap_or(Value::Null)
+            })
+            .collect()
+    }
+}
+
+#[cfg(not(feature = "postgres"))]
+mod pg {
+    use super::Value;
+    use std::path::Path;
+
+    pub(super) fn execute(_: &Path, _: &str, _: &[Value]) -> u64 {
+        unreachable!("target() refuses PostgreSQL without the feature")
+    }
+
+    pub(super) fn execute_batch(_: &Path, _: &str) {
+        unreachable!("target() refuses PostgreSQL without the feature")
+    }
+
+    pub(super) fn query_row(_: &Path, _: &str, _: &[Value]) -> Vec<Value> {
+        unreachable!("target() refuses PostgreSQL without the feature")
+    }
+}
