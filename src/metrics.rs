@@ -1,7 +1,7 @@
 //! How long write transactions waited for the write lock.
 //!
 //! Every write goes through one path (`Store::write_locked`, in
-//! `src/sqlite/mod.rs`); it records
+//! `src/engine/sqlite/connection.rs`); it records
 //! the time from asking SQLite for the write lock (`BEGIN IMMEDIATE`, after
 //! the process's own write mutex) to holding it: the wait for other
 //! processes, including busy-handler sleeps. Kept as a log-scale histogram (four buckets per doubling, so a

@@ -1,5 +1,5 @@
 //! The scheduler thread: fires schedules' due ticks. The SQL and the tick
-//! rules are in [`Queue::run_due_ticks`] (src/schedule.rs); this module
+//! rules are in [`Queue::run_due_ticks`] (src/queue/schedules.rs); this module
 //! only decides when to call it.
 //!
 //! It sleeps until the earliest `next_tick_at` of the active schedules (not

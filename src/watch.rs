@@ -4,7 +4,7 @@
 //! signal, behind the seam's `Watch` (SQLite: file-change notifications
 //! of the `-wal` file and `PRAGMA data_version`,
 //! `src/engine/sqlite/watch.rs`; PostgreSQL: `LISTEN`,
-//! `src/engine/postgres/listen.rs`).
+//! `src/engine/postgres/watch.rs`).
 
 use crate::engine::Watch;
 use crate::error::Result;

@@ -1,5 +1,5 @@
 //! The claim's rules, written once for every engine and run by each inside
-//! its own transaction through its `ClaimTx` (see `Engine::record_and_claim`):
+//! its own transaction through its `ClaimTx` (see `Claims::record_and_claim`):
 //! paused queues give nothing, due scheduled jobs are promoted first (a
 //! backlog over several transactions), and the claim is spread over the
 //! queues with a fair share each and the oldest due jobs first while

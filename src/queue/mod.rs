@@ -16,22 +16,22 @@
 //! - choosing the engine: `engine::open` (`src/engine/mod.rs`), the one
 //!   place a location names an engine;
 //! - claiming: the rules in `claim.rs`, each engine's statements in its
-//!   `ClaimTx` (`src/engine/sqlite/jobs.rs`: `BEGIN IMMEDIATE` and one
-//!   `UPDATE … RETURNING` per queue and order, built by `claim_sql` in
-//!   `sql.rs`; `src/engine/postgres/jobs.rs`: `FOR UPDATE SKIP LOCKED`);
+//!   `ClaimTx` (each engine's `claim.rs`: on SQLite
+//!   `BEGIN IMMEDIATE` and one `UPDATE … RETURNING` per queue and order,
+//!   built by `claim_sql`; on PostgreSQL `FOR UPDATE SKIP LOCKED`);
 //! - fencing by run_token: each dialect's `fence!` (`id AND run_token AND
 //!   status = 'running'`), which every outcome and heartbeat statement
-//!   ends in (`src/engine/sqlite/sql.rs`, `src/engine/postgres/jobs.rs`);
+//!   ends in (each engine's `outcome.rs`);
 //! - the reaper: the rule in `reap.rs`, the conditional update in each
 //!   engine's `reap_look` and `REAP_SQL`;
 //! - reading "now": through the queue's [`Clock`] (`Queue::now_ms` for
 //!   validation and schedules, the engine's `now_ms` inside its
 //!   transactions; on PostgreSQL the server's clock unless one was set);
 //! - the SQLite write path: `Store::write_with` in
-//!   `src/engine/sqlite/mod.rs`, one mutex-guarded write connection per
+//!   `src/engine/sqlite/connection.rs`, one mutex-guarded write connection per
 //!   opened `Queue`, `BEGIN IMMEDIATE`, bounded jittered retry on
 //!   `SQLITE_BUSY`, group commit of concurrent enqueues, the bound on the
-//!   WAL; PostgreSQL's: `Store::write` in `src/engine/postgres/mod.rs`,
+//!   WAL; PostgreSQL's: `Store::write` in `src/engine/postgres/connection.rs`,
 //!   retried through lost connections and restarts;
 //! - wake-ups on commits: the seam's `Watch`, behind [`ChangeWatcher`];
 //! - row decoding: each engine's `rows.rs`;

@@ -1,7 +1,7 @@
 //! Taking back expired leases: [`Queue::reap`] (one look) and
 //! [`Queue::reap_at`] (the background reaper's rule: two clean looks). The
 //! looks themselves (the conditional update, fenced by run_token and the
-//! expiry) are each engine's `Engine::reap_look`.
+//! expiry) are each engine's `Leases::reap_look`.
 
 use super::Queue;
 use crate::engine::types::ExpiredLease;
