@@ -59,8 +59,9 @@
 //! [`QueueBuilder::listen`], [`QueueBuilder::fallback_poll`]); lost
 //! connections and server restarts are retried for the builder's
 //! `busy_timeout + busy_retry` before `Error::Postgres` reaches the
-//! caller. The application's own transactions: `Queue::enqueue_pg_tx`,
-//! `Queue::complete_with_pg`. The README's "PostgreSQL" section has the
+//! caller. The application's own transactions: [`Queue::enqueue_tx`] with
+//! a `&mut postgres::Transaction` (the same call as on SQLite, over
+//! [`AppTx`]), `Queue::complete_with_pg`. The README's "PostgreSQL" section has the
 //! details.
 //!
 //! ```no_run
@@ -356,9 +357,9 @@ pub use rusqlite;
 pub use async_queue::AsyncQueue;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::types::{
-    Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter, Outcome, OutcomeSync, Stats,
-    BACKWARD_STEP_MARGIN, ERROR_HISTORY_MAX, MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES_LIMIT,
-    MAX_TIMESTAMP_MS,
+    AppTx, AppTxRef, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter, Outcome,
+    OutcomeSync, Stats, BACKWARD_STEP_MARGIN, ERROR_HISTORY_MAX, MAX_ERROR_BYTES,
+    MAX_PAYLOAD_BYTES_LIMIT, MAX_TIMESTAMP_MS,
 };
 pub use engine::{is_postgres_url, redacted_location};
 pub use error::{Error, Result};

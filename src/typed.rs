@@ -5,6 +5,7 @@
 //! Everything here goes through the public [`Queue`] API, so it works the
 //! same on every engine.
 
+use crate::engine::types::AppTx;
 use crate::error::Result;
 use crate::job::{JobId, NewJob, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
 use crate::queue::Queue;
@@ -148,9 +149,9 @@ impl Queue {
     /// # Errors
     /// As [`Queue::enqueue_tx`], and [`crate::Error::Json`] if `args`
     /// cannot be serialized (nothing written, the transaction usable).
-    pub fn enqueue_args_tx<A: JobArgs>(
+    pub fn enqueue_args_tx<'a, 'b: 'a, A: JobArgs>(
         &self,
-        tx: &rusqlite::Transaction<'_>,
+        tx: impl AppTx<'a, 'b>,
         args: &A,
     ) -> Result<JobId> {
         self.enqueue_tx(tx, NewJob::from_args(args)?)
@@ -161,9 +162,9 @@ impl Queue {
     ///
     /// # Errors
     /// As [`Queue::enqueue_args_tx`].
-    pub fn enqueue_args_batch_tx<A: JobArgs>(
+    pub fn enqueue_args_batch_tx<'a, 'b: 'a, A: JobArgs>(
         &self,
-        tx: &rusqlite::Transaction<'_>,
+        tx: impl AppTx<'a, 'b>,
         args: &[A],
     ) -> Result<Vec<JobId>> {
         let jobs = args.iter().map(NewJob::from_args).collect::<Result<_>>()?;

@@ -230,6 +230,18 @@ pub(crate) trait Watch: Send + std::fmt::Debug {
     fn wake_sender(&self) -> Sender<()>;
 }
 
+/// The error for an application transaction `tx` of another engine than
+/// the queue's (`engine`).
+pub(crate) fn wrong_app_tx(tx: &types::AppTxKind<'_, '_>, engine: &'static str) -> Error {
+    Error::Unsupported {
+        what: match tx.engine() {
+            "SQLite" => "a rusqlite transaction (enqueue_tx)",
+            _ => "a postgres transaction (enqueue_tx)",
+        },
+        engine,
+    }
+}
+
 /// The error of an engine that lacks the capability `what`.
 fn unsupported(what: &'static str, engine: &'static str) -> Error {
     Error::Unsupported { what, engine }
@@ -281,17 +293,17 @@ pub(crate) trait Capabilities: Send + Sync {
         Err(unsupported("open_connection", self.name()))
     }
 
-    /// See [`crate::Queue::enqueue_batch_tx`].
-    fn enqueue_in_sqlite_tx(
+    /// See [`crate::Queue::enqueue_batch_tx`]: `rows` inserted in the
+    /// application's transaction `tx`, if it is this engine's; a
+    /// transaction of another engine is refused with
+    /// [`Error::Unsupported`].
+    fn enqueue_in_app_tx(
         &self,
-        _tx: &rusqlite::Transaction<'_>,
+        tx: types::AppTxKind<'_, '_>,
         _rows: &[ValidJob],
         _now: i64,
     ) -> Result<Vec<JobId>> {
-        Err(unsupported(
-            "enqueue_tx with a rusqlite transaction",
-            self.name(),
-        ))
+        Err(wrong_app_tx(&tx, self.name()))
     }
 
     /// See [`crate::Queue::complete_with`]; `app_writes` may be called
@@ -305,16 +317,6 @@ pub(crate) trait Capabilities: Send + Sync {
             "complete_with with a rusqlite transaction",
             self.name(),
         ))
-    }
-
-    /// See [`crate::Queue::enqueue_batch_pg_tx`].
-    #[cfg(feature = "postgres")]
-    fn enqueue_in_pg_tx(
-        &self,
-        _tx: &mut ::postgres::Transaction<'_>,
-        _rows: &[ValidJob],
-    ) -> Result<Vec<JobId>> {
-        Err(unsupported("enqueue_pg_tx", self.name()))
     }
 
     /// See [`crate::Queue::complete_with_pg`].

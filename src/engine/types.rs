@@ -405,3 +405,64 @@ pub(crate) fn lease_expired_error(worker: &str, attempts: impl std::fmt::Display
         "lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time"
     )
 }
+
+/// A transaction of the application's own, on a connection to the queue's
+/// database, in which [`Queue::enqueue_tx`](crate::Queue::enqueue_tx) and
+/// its forms write jobs: the job exists if and only if the caller commits.
+/// Implemented for each engine's transaction type, and only for those:
+///
+/// | engine | pass | open it on |
+/// | --- | --- | --- |
+/// | SQLite | `&rusqlite::Transaction` | [`Queue::open_connection`](crate::Queue::open_connection) (or any connection to the file) |
+/// | PostgreSQL (feature `postgres`) | `&mut postgres::Transaction` | any connection to the queue's database |
+///
+/// A transaction of another engine than the queue's is refused with
+/// [`Error::Unsupported`], and nothing is written.
+pub trait AppTx<'a, 'b: 'a>: sealed::Sealed {
+    /// The engine's view of the transaction.
+    #[doc(hidden)]
+    fn into_app_tx(self) -> AppTxRef<'a, 'b>;
+}
+
+/// An application transaction as an engine receives it; see [`AppTx`].
+#[doc(hidden)]
+pub struct AppTxRef<'a, 'b: 'a>(pub(crate) AppTxKind<'a, 'b>);
+
+/// Which engine's transaction an [`AppTx`] is.
+pub(crate) enum AppTxKind<'a, 'b: 'a> {
+    Sqlite(&'a rusqlite::Transaction<'b>),
+    #[cfg(feature = "postgres")]
+    Postgres(&'a mut ::postgres::Transaction<'b>),
+}
+
+impl AppTxKind<'_, '_> {
+    /// The engine the transaction belongs to, for messages.
+    pub(crate) fn engine(&self) -> &'static str {
+        match self {
+            AppTxKind::Sqlite(_) => "SQLite",
+            #[cfg(feature = "postgres")]
+            AppTxKind::Postgres(_) => "PostgreSQL",
+        }
+    }
+}
+
+mod sealed {
+    /// Only tickler implements [`super::AppTx`].
+    pub trait Sealed {}
+    impl Sealed for &rusqlite::Transaction<'_> {}
+    #[cfg(feature = "postgres")]
+    impl Sealed for &mut ::postgres::Transaction<'_> {}
+}
+
+impl<'a, 'b> AppTx<'a, 'b> for &'a rusqlite::Transaction<'b> {
+    fn into_app_tx(self) -> AppTxRef<'a, 'b> {
+        AppTxRef(AppTxKind::Sqlite(self))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl<'a, 'b> AppTx<'a, 'b> for &'a mut ::postgres::Transaction<'b> {
+    fn into_app_tx(self) -> AppTxRef<'a, 'b> {
+        AppTxRef(AppTxKind::Postgres(self))
+    }
+}

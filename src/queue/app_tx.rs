@@ -3,6 +3,7 @@
 //! (`complete_with`), on the engine's own connections.
 
 use super::Queue;
+use crate::engine::types::AppTx;
 use crate::error::{Error, Result};
 use crate::job::{JobId, NewJob};
 use crate::lease::Lease;
@@ -27,27 +28,49 @@ impl Queue {
         self.engine().open_connection()
     }
 
-    /// Writes `job` inside the caller's own transaction `tx`, opened on a
-    /// connection to this queue's file (see [`Queue::open_connection`]): the
-    /// job exists if and only if the caller commits. Closes the gap where an
-    /// application commits its data and crashes before enqueueing.
+    /// Writes `job` inside the caller's own transaction `tx` (an
+    /// [`AppTx`]: `&rusqlite::Transaction` on SQLite, `&mut
+    /// postgres::Transaction` on PostgreSQL): the job exists if and only if
+    /// the caller commits. Closes the gap where an application commits its
+    /// data and crashes before enqueueing.
     ///
     /// Same validation, errors and unique_key behaviour as
     /// [`Queue::enqueue`]. Durability is the caller's commit's. Worker pools
     /// in any process see the job once the caller commits (their watchers
-    /// notice commits from every connection).
+    /// notice commits from every connection on SQLite; on PostgreSQL the
+    /// transaction also gets a `NOTIFY`, which the server delivers at
+    /// commit).
     ///
-    /// Call it only through `tx`: a plain [`Queue::enqueue`] from the thread
-    /// that holds an open write transaction on another connection waits for
-    /// that transaction (and ends in [`Error::Busy`]).
+    /// On SQLite, open `tx` on [`Queue::open_connection`] with
+    /// `transaction_with_behavior(TransactionBehavior::Immediate)`, and
+    /// call only through `tx`: a plain [`Queue::enqueue`] from the thread
+    /// that holds an open write transaction on another connection waits
+    /// for that transaction (and ends in [`Error::Busy`]). On PostgreSQL
+    /// the insert runs in a savepoint, so a refused job leaves `tx` usable.
+    ///
+    /// ```no_run
+    /// # fn main() -> tickler::Result<()> {
+    /// use tickler::rusqlite::TransactionBehavior;
+    /// let queue = tickler::Queue::open("app.db")?;
+    /// let mut conn = queue.open_connection()?;
+    /// let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    /// tx.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY)", [])?;
+    /// tx.execute("INSERT INTO orders DEFAULT VALUES", [])?;
+    /// queue.enqueue_tx(&tx, tickler::NewJob::new("send_receipt"))?;
+    /// tx.commit()?; // the order and its job, or neither
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
-    /// As [`Queue::enqueue`]. On a validation error nothing was written and
-    /// the caller's transaction is open and usable. On [`Error::DiskFull`]
-    /// SQLite has already rolled back the caller's whole transaction
-    /// (nothing of it lands; its commit fails with "no transaction is
-    /// active").
-    pub fn enqueue_tx(&self, tx: &rusqlite::Transaction<'_>, job: NewJob) -> Result<JobId> {
+    /// As [`Queue::enqueue`]; [`Error::Unsupported`] for a transaction of
+    /// another engine than the queue's. On a validation error nothing was
+    /// written and the caller's transaction is open and usable. On SQLite's
+    /// [`Error::DiskFull`] SQLite has already rolled back the caller's whole
+    /// transaction (nothing of it lands; its commit fails with "no
+    /// transaction is active"). On PostgreSQL, [`Error::Postgres`] for the
+    /// server's errors (not retried: the transaction is the caller's).
+    pub fn enqueue_tx<'a, 'b: 'a>(&self, tx: impl AppTx<'a, 'b>, job: NewJob) -> Result<JobId> {
         Ok(self.enqueue_batch_tx(tx, vec![job])?.remove(0))
     }
 
@@ -56,17 +79,18 @@ impl Queue {
     ///
     /// # Errors
     /// As [`Queue::enqueue_batch`].
-    pub fn enqueue_batch_tx(
+    pub fn enqueue_batch_tx<'a, 'b: 'a>(
         &self,
-        tx: &rusqlite::Transaction<'_>,
+        tx: impl AppTx<'a, 'b>,
         jobs: Vec<NewJob>,
     ) -> Result<Vec<JobId>> {
+        let tx = tx.into_app_tx().0;
         let now = self.now_ms();
         let rows = jobs
             .into_iter()
             .map(|job| self.validate(job, now))
             .collect::<Result<Vec<_>>>()?;
-        self.engine().enqueue_in_sqlite_tx(tx, &rows, now)
+        self.engine().enqueue_in_app_tx(tx, &rows, now)
     }
 
     /// Runs `app_writes` and marks the job succeeded in one `BEGIN
@@ -120,40 +144,6 @@ impl Queue {
 /// [`Queue::complete_with`].
 #[cfg(feature = "postgres")]
 impl Queue {
-    /// Writes `job` inside the caller's own transaction `tx`, on a
-    /// connection to this queue's database: the job exists if and only if
-    /// the caller commits. Same validation, errors and unique_key behaviour
-    /// as [`Queue::enqueue`]; a refused job (a validation error, or a
-    /// statement the server refused) leaves `tx` usable (the insert runs in
-    /// a savepoint). The transaction also gets a `NOTIFY`, which PostgreSQL
-    /// delivers at commit: worker pools on every machine wake then.
-    ///
-    /// # Errors
-    /// As [`Queue::enqueue`]; [`Error::Unsupported`] on a SQLite queue;
-    /// [`Error::Postgres`] for the server's errors (not retried: the
-    /// transaction is the caller's).
-    pub fn enqueue_pg_tx(&self, tx: &mut postgres::Transaction<'_>, job: NewJob) -> Result<JobId> {
-        Ok(self.enqueue_batch_pg_tx(tx, vec![job])?.remove(0))
-    }
-
-    /// [`Queue::enqueue_pg_tx`] for several jobs: all or none, in the
-    /// caller's transaction. Returns ids in input order.
-    ///
-    /// # Errors
-    /// As [`Queue::enqueue_pg_tx`].
-    pub fn enqueue_batch_pg_tx(
-        &self,
-        tx: &mut postgres::Transaction<'_>,
-        jobs: Vec<NewJob>,
-    ) -> Result<Vec<JobId>> {
-        let now = self.now_ms();
-        let rows = jobs
-            .into_iter()
-            .map(|job| self.validate(job, now))
-            .collect::<Result<Vec<_>>>()?;
-        self.engine().enqueue_in_pg_tx(tx, &rows)
-    }
-
     /// Runs `app_writes` and marks the job succeeded in one transaction on
     /// one of tickler's connections: the handler's writes to the database
     /// and the job's completion commit together or not at all. If the

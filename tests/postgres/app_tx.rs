@@ -31,12 +31,12 @@ fn a_job_enqueued_in_the_callers_transaction_exists_only_if_it_commits() {
 
     let mut tx = app.transaction().unwrap();
     tx.execute("INSERT INTO orders VALUES (1)", &[]).unwrap();
-    let kept = queue.enqueue_pg_tx(&mut tx, NewJob::new("mail")).unwrap();
+    let kept = queue.enqueue_tx(&mut tx, NewJob::new("mail")).unwrap();
     tx.commit().unwrap();
 
     let mut tx = app.transaction().unwrap();
     tx.execute("INSERT INTO orders VALUES (2)", &[]).unwrap();
-    let dropped = queue.enqueue_pg_tx(&mut tx, NewJob::new("mail")).unwrap();
+    let dropped = queue.enqueue_tx(&mut tx, NewJob::new("mail")).unwrap();
     tx.rollback().unwrap();
 
     assert_eq!(queue.get(kept).unwrap().state, JobState::Pending);
@@ -64,16 +64,16 @@ fn a_refused_job_leaves_the_callers_transaction_usable() {
     .unwrap();
     let mut tx = app.transaction().unwrap();
     tx.execute("INSERT INTO orders VALUES (1)", &[]).unwrap();
-    let refused = queue.enqueue_pg_tx(&mut tx, NewJob::new("mail").queue("a\0b"));
+    let refused = queue.enqueue_tx(&mut tx, NewJob::new("mail").queue("a\0b"));
     assert!(
         matches!(refused, Err(Error::InvalidArgument(_))),
         "{refused:?}"
     );
-    let refused = queue.enqueue_pg_tx(&mut tx, NewJob::new(""));
+    let refused = queue.enqueue_tx(&mut tx, NewJob::new(""));
     assert!(matches!(refused, Err(Error::EmptyKind)), "{refused:?}");
     // Refused by the server (a trigger of the application's): the insert
     // ran in a savepoint, so the transaction goes on.
-    let refused = queue.enqueue_pg_tx(&mut tx, NewJob::new("refused"));
+    let refused = queue.enqueue_tx(&mut tx, NewJob::new("refused"));
     assert!(refused.is_err(), "{refused:?}");
     tx.execute("INSERT INTO orders VALUES (2)", &[]).unwrap();
     tx.commit().unwrap();
@@ -123,7 +123,7 @@ fn completion_commits_with_the_handlers_writes_or_not_at_all() {
 }
 
 #[test]
-fn rusqlite_forms_are_refused_on_postgres_and_postgres_forms_on_sqlite() {
+fn a_transaction_of_the_other_engine_is_refused() {
     let Some(db) = pg::test_database() else {
         return;
     };
@@ -138,7 +138,23 @@ fn rusqlite_forms_are_refused_on_postgres_and_postgres_forms_on_sqlite() {
     let mut app = db.connect();
     let mut tx = app.transaction().unwrap();
     assert!(matches!(
-        file.enqueue_pg_tx(&mut tx, NewJob::new("x")),
+        file.enqueue_tx(&mut tx, NewJob::new("x")),
         Err(Error::Unsupported { .. })
     ));
+    drop(tx);
+    assert_eq!(file.count(JobState::Pending).unwrap(), 0);
+    // The one enqueue_tx, given a rusqlite transaction on a PostgreSQL
+    // queue, refuses it and writes nothing anywhere.
+    let mut conn = file.open_connection().unwrap();
+    let sqlite_tx = conn.transaction().unwrap();
+    assert!(matches!(
+        queue.enqueue_tx(&sqlite_tx, NewJob::new("x")),
+        Err(Error::Unsupported {
+            engine: "PostgreSQL",
+            ..
+        })
+    ));
+    sqlite_tx.commit().unwrap();
+    assert_eq!(file.count(JobState::Pending).unwrap(), 0);
+    assert_eq!(queue.count(JobState::Pending).unwrap(), 0);
 }

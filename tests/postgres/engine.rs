@@ -1046,7 +1046,7 @@ mod unique {
         let mut app = db.connect();
         let mut tx = app.transaction().expect("begin");
         let held = queue
-            .enqueue_pg_tx(&mut tx, NewJob::new("work").unique_key("k"))
+            .enqueue_tx(&mut tx, NewJob::new("work").unique_key("k"))
             .expect("enqueue in the app's transaction");
         let other = queue.clone();
         let waiter = std::thread::spawn(move || other.enqueue(NewJob::new("work").unique_key("k")));
@@ -1084,7 +1084,7 @@ mod unique {
         let mut app = db.connect();
         let mut tx = app.transaction().expect("begin");
         let held = queue
-            .enqueue_pg_tx(&mut tx, NewJob::new("work").unique_key("k"))
+            .enqueue_tx(&mut tx, NewJob::new("work").unique_key("k"))
             .expect("enqueue in the app's transaction");
         let other = queue.clone();
         let waiter = std::thread::spawn(move || other.enqueue(NewJob::new("work").unique_key("k")));

@@ -6,7 +6,7 @@
 
 use super::Store;
 use crate::clock::Clock;
-use crate::engine::types::ValidJob;
+use crate::engine::types::{AppTxKind, ValidJob};
 use crate::engine::{Capabilities, Watch};
 use crate::error::{Error, Result};
 use crate::job::JobId;
@@ -316,12 +316,16 @@ impl Capabilities for Store {
         Ok(Box::new(Store::watcher(self)))
     }
 
-    fn enqueue_in_pg_tx(
+    fn enqueue_in_app_tx(
         &self,
-        tx: &mut postgres::Transaction<'_>,
+        tx: AppTxKind<'_, '_>,
         rows: &[ValidJob],
+        _now: i64,
     ) -> Result<Vec<JobId>> {
-        self.enqueue_in(tx, rows)
+        match tx {
+            AppTxKind::Postgres(tx) => self.enqueue_in(tx, rows),
+            other => Err(crate::engine::wrong_app_tx(&other, "PostgreSQL")),
+        }
     }
 
     fn complete_with_pg(

@@ -281,7 +281,7 @@ impl Enqueue for Store {
 
 /// Jobs written inside the application's own PostgreSQL transactions.
 impl Store {
-    /// See [`crate::Queue::enqueue_batch_pg_tx`]. In a savepoint of the
+    /// See [`crate::Queue::enqueue_batch_tx`]. In a savepoint of the
     /// caller's transaction, so that a refused job leaves the caller's
     /// transaction usable; with a `NOTIFY` in it, which PostgreSQL delivers
     /// when (and only if) the caller commits.

@@ -6,7 +6,7 @@
 
 use super::Store;
 use crate::clock::Clock;
-use crate::engine::types::{Checkpoint, ConnectionHook, Durability, ValidJob};
+use crate::engine::types::{AppTxKind, Checkpoint, ConnectionHook, Durability, ValidJob};
 use crate::engine::{Capabilities, Watch};
 use crate::error::{Error, Result};
 use crate::job::JobId;
@@ -322,13 +322,17 @@ impl Capabilities for Store {
         Store::open_connection(self)
     }
 
-    fn enqueue_in_sqlite_tx(
+    fn enqueue_in_app_tx(
         &self,
-        tx: &rusqlite::Transaction<'_>,
+        tx: AppTxKind<'_, '_>,
         rows: &[ValidJob],
         now: i64,
     ) -> Result<Vec<JobId>> {
-        self.enqueue_tx(tx, rows, now)
+        match tx {
+            AppTxKind::Sqlite(tx) => self.enqueue_tx(tx, rows, now),
+            #[cfg(feature = "postgres")]
+            other => Err(crate::engine::wrong_app_tx(&other, "SQLite")),
+        }
     }
 
     fn complete_with_sqlite(
