@@ -333,7 +333,7 @@ fn idle_child(args: &[String]) {
     };
     let jobs: usize = jobs.parse().expect("jobs");
     let queue = Queue::builder(db)
-        .durability(Durability::Full)
+        .sqlite(|o| o.durability(Durability::Full))
         .open()
         .expect("child open");
     let late = Arc::new(Mutex::new(Vec::<f64>::new()));
@@ -513,7 +513,7 @@ fn peak_rss_kib() -> i64 {
 fn fresh(dir: &tempfile::TempDir, durability: Durability) -> (PathBuf, Queue) {
     let path = dir.path().join("bench.db");
     let queue = Queue::builder(&path)
-        .durability(durability)
+        .sqlite(|o| o.durability(durability))
         .open()
         .expect("open bench queue");
     (path, queue)
@@ -968,7 +968,7 @@ fn child(args: &[String]) {
     };
     assert_eq!(what, "drain");
     let queue = Queue::builder(db)
-        .durability(parse_durability(durability))
+        .sqlite(|o| o.durability(parse_durability(durability)))
         .open()
         .expect("child open");
     let done = Arc::new(AtomicUsize::new(0));
@@ -1150,7 +1150,7 @@ fn depth(n: usize, shape: &str, measured: usize) {
     }
     for durability in [Durability::Normal, Durability::Full] {
         let queue = Queue::builder(&path)
-            .durability(durability)
+            .sqlite(|o| o.durability(durability))
             .open()
             .expect("open");
         let started = Instant::now();
@@ -1531,7 +1531,7 @@ mod pg_bench {
         // connections as the raw loop has (the default pool is 10).
         let url = fresh_database(&server);
         let queue = Queue::builder(&url)
-            .max_connections(INSERT_THREADS as u32 + 1)
+            .postgres(|o| o.max_connections(INSERT_THREADS as u32 + 1))
             .open()
             .expect("open");
         let start = Arc::new(Barrier::new(INSERT_THREADS + 1));
@@ -1563,7 +1563,7 @@ mod pg_bench {
         // on an idle pool.
         let url = fresh_database(&server);
         let worker = Queue::builder(&url)
-            .fallback_poll(Duration::from_secs(30))
+            .postgres(|o| o.fallback_poll(Duration::from_secs(30)))
             .open()
             .expect("open");
         let started_at: Arc<Mutex<Vec<Instant>>> = Arc::default();

@@ -39,7 +39,7 @@ fn main() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let queue = Queue::builder(dir.path().join("probe.db"))
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .expect("open");
     let mut left = jobs;

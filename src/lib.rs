@@ -56,7 +56,7 @@
 //! READ COMMITTED transactions; due times and leases are judged by the
 //! database server's clock (unless [`QueueBuilder::clock`] sets one);
 //! other processes' work wakes watchers by `LISTEN`/`NOTIFY` (or a poll,
-//! [`QueueBuilder::listen`], [`QueueBuilder::fallback_poll`]); lost
+//! [`PostgresOptions::listen`], [`PostgresOptions::fallback_poll`]); lost
 //! connections and server restarts are retried for the builder's
 //! `busy_timeout + busy_retry` before `Error::Postgres` reaches the
 //! caller. The application's own transactions: [`Queue::enqueue_tx`] with
@@ -347,7 +347,7 @@ mod watch;
 mod worker;
 
 /// The `rusqlite` this crate is built with: its types appear in the public
-/// API ([`QueueBuilder::on_connection`], [`Queue::open_connection`],
+/// API ([`SqliteOptions::on_connection`], [`Queue::open_connection`],
 /// [`Queue::enqueue_tx`], [`JobContext::complete_with`]). Use
 /// `tickler::rusqlite` rather than a `rusqlite` dependency of your own, so
 /// the versions always match.
@@ -358,8 +358,8 @@ pub use async_queue::AsyncQueue;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::types::{
     AppTx, AppTxRef, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter, Outcome,
-    OutcomeSync, Stats, BACKWARD_STEP_MARGIN, ERROR_HISTORY_MAX, MAX_ERROR_BYTES,
-    MAX_PAYLOAD_BYTES_LIMIT, MAX_TIMESTAMP_MS,
+    OutcomeSync, PostgresOptions, SqliteOptions, Stats, BACKWARD_STEP_MARGIN, ERROR_HISTORY_MAX,
+    MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES_LIMIT, MAX_TIMESTAMP_MS,
 };
 pub use engine::{is_postgres_url, redacted_location};
 pub use error::{Error, Result};

@@ -52,7 +52,7 @@ impl ChangeWatcher {
     /// On PostgreSQL, commits by other processes are seen through `LISTEN`
     /// (a notification sent after each commit that may make work
     /// claimable). While the listening connection is down, or when
-    /// listening is turned off ([`crate::QueueBuilder::listen`]), `wait`
+    /// listening is turned off ([`crate::PostgresOptions::listen`]), `wait`
     /// returns true every `poll` or the builder's fallback poll, whichever
     /// is longer, so that callers look again.
     ///

@@ -268,6 +268,11 @@ pub(crate) trait Capabilities: Send + Sync {
         None
     }
 
+    /// See [`crate::Queue::durability`].
+    fn durability(&self) -> Durability {
+        Durability::Full
+    }
+
     /// See [`crate::Queue::sync`]: nothing to do where every commit is
     /// durable as the engine's settings make it.
     fn sync(&self) -> Result<()> {

@@ -64,7 +64,7 @@ impl Durability {
 }
 
 /// Extra set-up run on every connection tickler opens; see
-/// [`QueueBuilder::on_connection`](crate::QueueBuilder::on_connection).
+/// [`SqliteOptions::on_connection`].
 pub type ConnectionHook = Arc<dyn Fn(&Connection) -> rusqlite::Result<()> + Send + Sync>;
 
 /// What to record for a claimed job; see [`Queue::record_outcomes`](crate::Queue::record_outcomes).
@@ -464,5 +464,116 @@ impl<'a, 'b> AppTx<'a, 'b> for &'a rusqlite::Transaction<'b> {
 impl<'a, 'b> AppTx<'a, 'b> for &'a mut ::postgres::Transaction<'b> {
     fn into_app_tx(self) -> AppTxRef<'a, 'b> {
         AppTxRef(AppTxKind::Postgres(self))
+    }
+}
+
+/// Settings only the SQLite engine has, given with
+/// [`QueueBuilder::sqlite`](crate::QueueBuilder::sqlite). A builder may
+/// carry these and [`PostgresOptions`] both: the options of the engine the
+/// location names apply, the others are for the other engine (the same
+/// code can open either).
+#[derive(Clone)]
+pub struct SqliteOptions {
+    pub(crate) durability: Durability,
+    pub(crate) read_connections: u32,
+    pub(crate) on_connection: Option<ConnectionHook>,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            durability: Durability::default(),
+            read_connections: 4,
+            on_connection: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for SqliteOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteOptions")
+            .field("durability", &self.durability)
+            .field("read_connections", &self.read_connections)
+            .field("on_connection", &self.on_connection.is_some())
+            .finish()
+    }
+}
+
+impl SqliteOptions {
+    /// [`Durability::Full`] (default: every commit fsynced) or
+    /// [`Durability::Normal`] (survives a crash of the process, not a power
+    /// loss). On PostgreSQL durability is the server's
+    /// (`synchronous_commit`).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Size of the pool of read connections (default 4, at least 1).
+    pub fn read_connections(mut self, n: u32) -> Self {
+        self.read_connections = n.max(1);
+        self
+    }
+
+    /// Runs `hook` on every connection tickler opens on the file (the
+    /// writer, readers and [`Queue::open_connection`](crate::Queue::open_connection)),
+    /// after tickler's own pragmas: for settings such as `cache_size` or
+    /// `mmap_size`. Must not change `journal_mode` or `synchronous` (they are
+    /// read back, and a change is [`Error::PragmaMismatch`]).
+    pub fn on_connection(
+        mut self,
+        hook: impl Fn(&Connection) -> rusqlite::Result<()> + Send + Sync + 'static,
+    ) -> Self {
+        self.on_connection = Some(Arc::new(hook));
+        self
+    }
+}
+
+/// Settings only the PostgreSQL engine (feature `postgres`) has, given
+/// with [`QueueBuilder::postgres`](crate::QueueBuilder::postgres); see
+/// [`SqliteOptions`] for a builder that carries both.
+#[derive(Debug, Clone)]
+pub struct PostgresOptions {
+    pub(crate) max_connections: u32,
+    pub(crate) listen: bool,
+    pub(crate) fallback_poll: Duration,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        PostgresOptions {
+            max_connections: 10,
+            listen: true,
+            fallback_poll: Duration::from_secs(1),
+        }
+    }
+}
+
+impl PostgresOptions {
+    /// Most connections this `Queue` (and its clones) keeps in its pool
+    /// (default 10, at least 2). A worker pool uses about two (claims and
+    /// outcomes, heartbeats) plus one per enqueueing thread at a time; the
+    /// listening connection comes on top.
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(2);
+        self
+    }
+
+    /// Whether watchers `LISTEN` for other processes' commits (default
+    /// true). Turn it off behind a connection pooler in transaction mode
+    /// (PgBouncer's `pool_mode = transaction`), where `LISTEN` does not
+    /// work: watchers then look for work every
+    /// [`PostgresOptions::fallback_poll`].
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
+        self
+    }
+
+    /// How often a watcher looks for other processes' work while it cannot
+    /// listen (listening turned off, or its connection lost and not yet
+    /// back); default 1 s, at least 1 ms.
+    pub fn fallback_poll(mut self, every: Duration) -> Self {
+        self.fallback_poll = every.max(Duration::from_millis(1));
+        self
     }
 }

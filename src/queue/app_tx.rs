@@ -12,7 +12,7 @@ use rusqlite::Connection;
 impl Queue {
     /// Opens a new connection to this queue's file with the settings tickler
     /// uses (WAL, `synchronous` per [`Durability`], tickler's busy handler,
-    /// `foreign_keys`, and any [`QueueBuilder::on_connection`] hook), for
+    /// `foreign_keys`, and any [`crate::SqliteOptions::on_connection`] hook), for
     /// the application's own tables and for [`Queue::enqueue_tx`]. Using it
     /// keeps the application and tickler from disagreeing about the journal
     /// mode or durability of the shared file.

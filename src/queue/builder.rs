@@ -10,7 +10,6 @@ use crate::engine::OpenSettings;
 use crate::error::Result;
 use crate::events::EventHub;
 use crate::retry::RetryPolicy;
-use rusqlite::Connection;
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,46 +19,49 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct QueueBuilder {
     pub(super) path: PathBuf,
-    pub(super) durability: Durability,
     pub(super) busy_timeout: Duration,
     pub(super) busy_retry: Duration,
     pub(super) max_payload_bytes: usize,
     pub(super) retry_policy: RetryPolicy,
     pub(super) clock: Arc<dyn Clock>,
-    pub(super) read_connections: u32,
-    pub(super) on_connection: Option<ConnectionHook>,
     /// `clock` was set by the caller (on PostgreSQL it then replaces the
     /// server's clock).
     pub(super) clock_set: bool,
-    pub(super) max_connections: u32,
-    pub(super) listen: bool,
-    pub(super) fallback_poll: Duration,
+    pub(super) sqlite: SqliteOptions,
+    pub(super) postgres: PostgresOptions,
 }
 
 impl std::fmt::Debug for QueueBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueueBuilder")
             .field("path", &self.path)
-            .field("durability", &self.durability)
             .field("busy_timeout", &self.busy_timeout)
             .field("busy_retry", &self.busy_retry)
             .field("max_payload_bytes", &self.max_payload_bytes)
             .field("retry_policy", &self.retry_policy)
             .field("clock", &self.clock)
-            .field("read_connections", &self.read_connections)
-            .field("on_connection", &self.on_connection.is_some())
             .field("clock_set", &self.clock_set)
-            .field("max_connections", &self.max_connections)
-            .field("listen", &self.listen)
-            .field("fallback_poll", &self.fallback_poll)
+            .field("sqlite", &self.sqlite)
+            .field("postgres", &self.postgres)
             .finish()
     }
 }
 
 impl QueueBuilder {
-    /// [`Durability::Full`] (default) or [`Durability::Normal`].
-    pub fn durability(mut self, durability: Durability) -> Self {
-        self.durability = durability;
+    /// SQLite's own settings (durability, read connections, a hook on
+    /// every connection), applied when the location is a file:
+    /// `builder.sqlite(|o| o.durability(Durability::Normal))`. Calls add
+    /// up.
+    pub fn sqlite(mut self, set: impl FnOnce(SqliteOptions) -> SqliteOptions) -> Self {
+        self.sqlite = set(self.sqlite);
+        self
+    }
+
+    /// PostgreSQL's own settings (pool size, `LISTEN`, the fallback poll),
+    /// applied when the location is a `postgres://` URL:
+    /// `builder.postgres(|o| o.max_connections(20))`. Calls add up.
+    pub fn postgres(mut self, set: impl FnOnce(PostgresOptions) -> PostgresOptions) -> Self {
+        self.postgres = set(self.postgres);
         self
     }
 
@@ -99,51 +101,6 @@ impl QueueBuilder {
         self
     }
 
-    /// PostgreSQL: most connections this `Queue` (and its clones) keeps in
-    /// its pool (default 10, at least 2). A worker pool uses about two
-    /// (claims and outcomes, heartbeats) plus one per enqueueing thread at
-    /// a time; the listening connection comes on top. Ignored on SQLite.
-    pub fn max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n.max(2);
-        self
-    }
-
-    /// PostgreSQL: whether watchers `LISTEN` for other processes' commits
-    /// (default true). Turn it off behind a connection pooler in
-    /// transaction mode (PgBouncer's `pool_mode = transaction`), where
-    /// `LISTEN` does not work: watchers then look for work every
-    /// [`QueueBuilder::fallback_poll`]. Ignored on SQLite.
-    pub fn listen(mut self, listen: bool) -> Self {
-        self.listen = listen;
-        self
-    }
-
-    /// PostgreSQL: how often a watcher looks for other processes' work
-    /// while it cannot listen (listening turned off, or its connection
-    /// lost and not yet back); default 1 s. Ignored on SQLite.
-    pub fn fallback_poll(mut self, every: Duration) -> Self {
-        self.fallback_poll = every.max(Duration::from_millis(1));
-        self
-    }
-
-    /// Size of the pool of read connections (default 4, at least 1).
-    pub fn read_connections(mut self, n: u32) -> Self {
-        self.read_connections = n.max(1);
-        self
-    }
-
-    /// Runs `hook` on every connection tickler opens on the file (the
-    /// writer, readers and [`Queue::open_connection`]), after
-    /// tickler's own pragmas: for settings such as `cache_size` or
-    /// `mmap_size`. Must not change `journal_mode` or `synchronous`.
-    pub fn on_connection(
-        mut self,
-        hook: impl Fn(&Connection) -> rusqlite::Result<()> + Send + Sync + 'static,
-    ) -> Self {
-        self.on_connection = Some(Arc::new(hook));
-        self
-    }
-
     /// Opens (creating if needed) the file and migrates its schema.
     ///
     /// A new file is created readable and writable by its owner only (0600).
@@ -158,18 +115,18 @@ impl QueueBuilder {
     pub fn open(self) -> Result<Queue> {
         let engine = crate::engine::open(&OpenSettings {
             location: &self.path,
-            durability: self.durability,
+            durability: self.sqlite.durability,
             busy_timeout: self.busy_timeout,
             busy_retry: self.busy_retry,
             max_payload_bytes: self.max_payload_bytes,
             retry_policy: self.retry_policy,
             clock: Arc::clone(&self.clock),
             clock_set: self.clock_set,
-            read_connections: self.read_connections,
-            on_connection: self.on_connection.as_ref(),
-            max_connections: self.max_connections,
-            listen: self.listen,
-            fallback_poll: self.fallback_poll,
+            read_connections: self.sqlite.read_connections,
+            on_connection: self.sqlite.on_connection.as_ref(),
+            max_connections: self.postgres.max_connections,
+            listen: self.postgres.listen,
+            fallback_poll: self.postgres.fallback_poll,
         })?;
         Ok(Queue {
             inner: Arc::new(Inner {
@@ -191,18 +148,14 @@ impl Queue {
     pub fn builder(path: impl AsRef<Path>) -> QueueBuilder {
         QueueBuilder {
             path: path.as_ref().to_path_buf(),
-            durability: Durability::default(),
             busy_timeout: Duration::from_secs(5),
             busy_retry: Duration::from_secs(25),
             max_payload_bytes: 1024 * 1024,
             retry_policy: RetryPolicy::default(),
             clock: Arc::new(SystemClock),
-            read_connections: 4,
-            on_connection: None,
             clock_set: false,
-            max_connections: 10,
-            listen: true,
-            fallback_poll: Duration::from_secs(1),
+            sqlite: SqliteOptions::default(),
+            postgres: PostgresOptions::default(),
         }
     }
 }

@@ -89,7 +89,7 @@ impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Queue")
             .field("location", &self.engine.location())
-            .field("durability", &self.config.durability)
+            .field("durability", &self.engine.durability())
             .finish()
     }
 }

@@ -58,9 +58,12 @@ impl Queue {
         self.engine().sync()
     }
 
-    /// The durability this queue was opened with.
+    /// The durability of this queue's commits: on SQLite the one it was
+    /// opened with ([`SqliteOptions::durability`]); on PostgreSQL
+    /// [`Durability::Full`], as the server's settings make every commit
+    /// durable before it is acknowledged.
     pub fn durability(&self) -> Durability {
-        self.inner.config.durability
+        self.engine().durability()
     }
 
     /// Copies the WAL into the database file and truncates the WAL: up to

@@ -15,7 +15,7 @@ const PAYLOAD_LIMIT: usize = 1024;
 
 fn open(path: &Path) -> Queue {
     Queue::builder(common::engine::target(path))
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .max_payload_bytes(PAYLOAD_LIMIT)
         .open()
         .unwrap()

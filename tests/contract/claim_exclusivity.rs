@@ -38,7 +38,7 @@ struct Claimed {
 
 fn open_normal(path: &Path) -> Queue {
     Queue::builder(common::engine::target(path))
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .expect("open queue")
 }

@@ -25,7 +25,7 @@ fn reaper_holds_off_after_a_forward_step_then_takes_only_the_silent_holder() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(Utc::now()));
     let queue = Queue::builder(common::engine::target(&dir.path().join("step.db")))
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .clock(clock.clone())
         .open()
         .unwrap();
@@ -79,7 +79,7 @@ contract! {
 fn without_a_step_expired_leases_are_reaped_promptly() {
     let dir = tempfile::tempdir().unwrap();
     let queue = Queue::builder(common::engine::target(&dir.path().join("nostep.db")))
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .unwrap();
     let id = queue.enqueue(NewJob::new("k")).unwrap();
@@ -129,7 +129,7 @@ mod a_forward_step_and_a_pools_reaper {
         let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
         let queue = Queue::builder(pool::engine::target(&path))
             .clock(clock.clone())
-            .durability(Durability::Normal)
+            .sqlite(|o| o.durability(Durability::Normal))
             .open()
             .unwrap();
         let rec = Recorder::new();

@@ -350,7 +350,7 @@ mod next_due_after_a_backward_step {
         let start = Utc::now();
         let clock = Arc::new(ManualClock::new(start));
         let queue = Queue::builder(common::engine::target(&dir.path().join("q.db")))
-            .durability(Durability::Normal)
+            .sqlite(|o| o.durability(Durability::Normal))
             .clock(clock.clone())
             .open()
             .unwrap();
@@ -393,7 +393,7 @@ mod next_due_after_a_backward_step {
         let start = Utc::now();
         let clock = Arc::new(ManualClock::new(start));
         let queue = Queue::builder(common::engine::target(&dir.path().join("q.db")))
-            .durability(Durability::Normal)
+            .sqlite(|o| o.durability(Durability::Normal))
             .clock(clock.clone())
             .open()
             .unwrap();

@@ -32,7 +32,7 @@ fn child_enqueuer() {
         other => panic!("bad mode {other:?}"),
     };
     let queue = Queue::builder(common::engine::target(Path::new(&db)))
-        .durability(durability)
+        .sqlite(|o| o.durability(durability))
         .open()
         .expect("child open");
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -147,5 +147,29 @@ fn acknowledged_enqueues_survive_sigkill_with_full_durability() {
 contract! {
 fn acknowledged_enqueues_survive_sigkill_with_normal_durability() {
     enqueue_then_kill("normal");
+}
+}
+
+contract! {
+/// The durability a queue reports is the one its engine keeps. One builder
+/// carries each engine's options (the same code opens either), and only
+/// the engine the location names applies its own: SQLite's `Normal` on a
+/// file; on PostgreSQL the server's (every acknowledged commit is durable),
+/// whatever the SQLite options say.
+fn the_reported_durability_is_the_one_the_engine_keeps() {
+    let (_dir, path) = common::temp_db();
+    let queue = Queue::builder(common::engine::target(&path))
+        .sqlite(|o| o.durability(Durability::Normal).read_connections(2))
+        .postgres(|o| o.max_connections(3))
+        .open()
+        .expect("open");
+    let expected = if common::engine::on_postgres() {
+        Durability::Full
+    } else {
+        Durability::Normal
+    };
+    assert_eq!(queue.durability(), expected);
+    let id = queue.enqueue(NewJob::new("k")).expect("enqueue");
+    assert_eq!(queue.get(id).expect("get").state, JobState::Pending);
 }
 }

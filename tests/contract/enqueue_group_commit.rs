@@ -13,7 +13,7 @@ fn concurrent_enqueues_each_get_their_own_committed_job() {
     let path = dir.path().join("group.db");
     let path = common::engine::target(&path);
     let queue = Queue::builder(&path)
-        .durability(Durability::Full)
+        .sqlite(|o| o.durability(Durability::Full))
         .open()
         .unwrap();
     const THREADS: usize = 16;

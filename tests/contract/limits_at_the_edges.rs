@@ -69,13 +69,13 @@ contract! { sqlite_only:
 fn a_payload_limit_over_a_lowered_row_limit_is_refused_before_the_file_is_migrated() {
     let (_dir, path) = temp_db();
     let err = Queue::builder(&path)
-        .on_connection(|conn| {
+        .sqlite(|o| o.on_connection(|conn| {
             conn.set_limit(
                 tickler::rusqlite::limits::Limit::SQLITE_LIMIT_LENGTH,
                 1_500_000,
             )?;
             Ok(())
-        })
+        }))
         .max_payload_bytes(1_000_000)
         .open()
         .expect_err("a row of 1,500,000 bytes cannot hold a payload of 1,000,000 and the rest");

@@ -455,7 +455,7 @@ impl Real<'_> {
         self.queue = Some(
             Queue::builder(engine::target(self.path))
                 .clock(self.clock.clone())
-                .durability(Durability::Normal)
+                .sqlite(|o| o.durability(Durability::Normal))
                 .retry_policy(POLICY)
                 .open()
                 .expect("open queue"),

@@ -36,19 +36,21 @@ fn queue_with_length_limit(path: &std::path::Path) -> Queue {
         // the error is cut to MAX_ERROR_BYTES all the same, and its batch
         // must land.
         return Queue::builder(common::engine::target(path))
-            .durability(Durability::Normal)
+            .sqlite(|o| o.durability(Durability::Normal))
             .retry_policy(common::fixed_policy())
             .max_payload_bytes(64 * 1024)
             .open()
             .expect("open");
     }
     Queue::builder(path)
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .retry_policy(common::fixed_policy())
         .max_payload_bytes(64 * 1024)
-        .on_connection(|conn: &rusqlite::Connection| {
-            conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, LENGTH_LIMIT)?;
-            Ok(())
+        .sqlite(|o| {
+            o.on_connection(|conn: &rusqlite::Connection| {
+                conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, LENGTH_LIMIT)?;
+                Ok(())
+            })
         })
         .open()
         .expect("open with a lowered length limit")
@@ -321,7 +323,7 @@ mod a_bad_snooze_in_an_outcome_batch {
     fn a_bad_snooze_alone_leaves_its_job_running_without_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
         let queue = Queue::builder(common::engine::target(&dir.path().join("q.db")))
-            .durability(Durability::Normal)
+            .sqlite(|o| o.durability(Durability::Normal))
             .open()
             .unwrap();
         let id = queue.enqueue(NewJob::new("bad")).unwrap();
@@ -365,7 +367,7 @@ mod a_bad_snooze_in_an_outcome_batch {
         let start = Utc::now();
         let clock = Arc::new(ManualClock::new(start));
         let queue = Queue::builder(common::engine::target(&dir.path().join("q.db")))
-            .durability(Durability::Normal)
+            .sqlite(|o| o.durability(Durability::Normal))
             .clock(clock.clone())
             .open()
             .unwrap();

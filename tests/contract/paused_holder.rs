@@ -80,7 +80,7 @@ fn a_holder_stopped_past_its_lease_gets_lease_lost_when_it_resumes() {
     let (dir, path) = temp_db();
     // Backoff of 1 ms: the reaped job is due again at once.
     let queue = Queue::builder(engine::target(&path))
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .retry_policy(RetryPolicy {
             base: ms(1),
             cap: ms(1),
@@ -183,7 +183,7 @@ fn paused_holder_child() {
         return;
     };
     let queue = Queue::builder(engine::target(&PathBuf::from(db)))
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .unwrap();
     let leases = queue

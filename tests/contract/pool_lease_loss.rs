@@ -27,7 +27,7 @@ fn queue_from_the_future(path: &std::path::Path, ahead: Duration) -> Queue {
     let clock = ManualClock::new(Utc::now() + chrono::Duration::from_std(ahead).unwrap());
     Queue::builder(pool::engine::target(path))
         .clock(std::sync::Arc::new(clock))
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .unwrap()
 }
@@ -226,7 +226,7 @@ fn a_stale_heartbeat_of_a_previous_run_does_not_cancel_the_next_run() {
     const RUNS: u32 = 300;
     let (_dir, path) = temp_db();
     let queue = Queue::builder(pool::engine::target(&path))
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .retry_policy(pool::no_backoff())
         .open()
         .unwrap();

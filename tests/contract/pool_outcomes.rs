@@ -254,7 +254,7 @@ mod snooze_for_a_huge_delay {
     fn snooze_for_a_huge_delay_does_not_rerun_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let queue = Queue::builder(common::engine::target(&dir.path().join("q.db")))
-            .durability(Durability::Normal)
+            .sqlite(|o| o.durability(Durability::Normal))
             .open()
             .unwrap();
         let id = queue.enqueue(NewJob::new("k")).unwrap();

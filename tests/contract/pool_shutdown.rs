@@ -216,7 +216,7 @@ mod leases_of_handlers_running_after_shutdown {
     fn a_handler_still_running_after_shutdown_keeps_its_lease() {
         let dir = tempfile::tempdir().unwrap();
         let queue = Queue::builder(common::engine::target(&dir.path().join("q.db")))
-            .durability(Durability::Normal)
+            .sqlite(|o| o.durability(Durability::Normal))
             .open()
             .unwrap();
         let id = queue.enqueue(NewJob::new("slow")).unwrap();

@@ -189,7 +189,7 @@ mod prune_ages_past_the_calendar {
 
     fn queue(dir: &tempfile::TempDir, clock: Arc<ManualClock>) -> Queue {
         Queue::builder(common::engine::target(&dir.path().join("q.db")))
-            .durability(Durability::Normal)
+            .sqlite(|o| o.durability(Durability::Normal))
             .clock(clock)
             .open()
             .unwrap()

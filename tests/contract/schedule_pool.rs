@@ -9,7 +9,7 @@ use tickler::{Durability, JobContext, JobError, NewSchedule, Queue, WorkerPool};
 
 fn queue(path: &std::path::Path) -> Queue {
     Queue::builder(schedule::engine::target(path))
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .unwrap()
 }

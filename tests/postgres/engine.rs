@@ -169,7 +169,7 @@ fn a_server_restart_in_the_middle_of_work_reaches_no_user_code() {
 fn a_job_from_another_process_wakes_an_idle_pool_by_listen() {
     let Some(db) = test_database() else { return };
     let worker_side = Queue::builder(db.url())
-        .fallback_poll(secs(30))
+        .postgres(|o| o.fallback_poll(secs(30)))
         .open()
         .expect("open");
     let runs: Runs = Arc::default();
@@ -210,8 +210,8 @@ fn a_job_from_another_process_wakes_an_idle_pool_by_listen() {
 fn without_listen_an_idle_pool_polls_at_the_fallback_interval() {
     let Some(db) = test_database() else { return };
     let worker_side = Queue::builder(db.url())
-        .listen(false)
-        .fallback_poll(Duration::from_millis(200))
+        .postgres(|o| o.listen(false))
+        .postgres(|o| o.fallback_poll(Duration::from_millis(200)))
         .open()
         .expect("open");
     let runs: Runs = Arc::default();
@@ -893,7 +893,7 @@ mod plans {
     fn a_column_type_changed_under_a_running_queue_is_replanned() {
         let Some(db) = test_database() else { return };
         let queue = Queue::builder(db.url())
-            .max_connections(2)
+            .postgres(|o| o.max_connections(2))
             .open()
             .expect("open");
         let id = queue.enqueue(NewJob::new("work")).expect("enqueue");

@@ -86,7 +86,7 @@ fn an_enqueue_whose_commit_reply_was_lost_is_not_inserted_twice() {
     let port = proxy(server.clone(), armed.clone(), cut.clone());
     let via_proxy = url.replacen(&server, &format!("127.0.0.1:{port}"), 1);
     let queue = Queue::builder(&via_proxy)
-        .listen(false)
+        .postgres(|o| o.listen(false))
         .open()
         .expect("open through the proxy");
 

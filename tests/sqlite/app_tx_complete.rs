@@ -253,7 +253,7 @@ fn a_follow_up_job_enqueued_in_the_closure_exists_iff_the_completion_commits() {
 fn a_busy_error_from_the_closure_is_returned_at_once() {
     let (_dir, path) = temp_db();
     let queue = tickler::Queue::builder(&path)
-        .durability(tickler::Durability::Normal)
+        .sqlite(|o| o.durability(tickler::Durability::Normal))
         .busy_timeout(std::time::Duration::from_millis(500))
         .busy_retry(std::time::Duration::from_millis(1500))
         .open()
@@ -332,7 +332,7 @@ mod a_locked_error_in_app_writes {
     fn locked_error_inside_app_writes_is_reported_at_once_not_after_the_busy_window() {
         let dir = tempfile::tempdir().unwrap();
         let queue = Queue::builder(dir.path().join("q.db"))
-            .durability(Durability::Normal)
+            .sqlite(|o| o.durability(Durability::Normal))
             .busy_timeout(Duration::from_millis(200))
             .busy_retry(Duration::from_secs(3))
             .open()
@@ -391,7 +391,7 @@ mod enqueue_inside_complete_with {
     fn enqueue_inside_complete_with_returns_instead_of_hanging() {
         let dir = tempfile::tempdir().unwrap();
         let queue = Queue::builder(dir.path().join("q.db"))
-            .durability(Durability::Normal)
+            .sqlite(|o| o.durability(Durability::Normal))
             .open()
             .unwrap();
         queue.enqueue(NewJob::new("step1")).unwrap();

@@ -26,7 +26,10 @@ fn journal_mode(conn: &rusqlite::Connection) -> String {
 fn open_connection_uses_wal_and_the_queues_synchronous_level() {
     for (durability, level) in [(Durability::Full, 2), (Durability::Normal, 1)] {
         let (_dir, path) = temp_db();
-        let queue = Queue::builder(&path).durability(durability).open().unwrap();
+        let queue = Queue::builder(&path)
+            .sqlite(|o| o.durability(durability))
+            .open()
+            .unwrap();
         let conn = queue.open_connection().unwrap();
         assert_eq!(journal_mode(&conn), "wal", "{durability:?}");
         assert_eq!(pragma_i64(&conn, "synchronous"), level, "{durability:?}");
@@ -46,9 +49,11 @@ fn the_on_connection_hook_runs_on_open_connection() {
     let calls = Arc::new(AtomicUsize::new(0));
     let hook_calls = Arc::clone(&calls);
     let queue = Queue::builder(&path)
-        .on_connection(move |conn| {
-            hook_calls.fetch_add(1, Ordering::SeqCst);
-            conn.execute_batch("PRAGMA cache_size = -12345; PRAGMA temp_store = MEMORY;")
+        .sqlite(|o| {
+            o.on_connection(move |conn| {
+                hook_calls.fetch_add(1, Ordering::SeqCst);
+                conn.execute_batch("PRAGMA cache_size = -12345; PRAGMA temp_store = MEMORY;")
+            })
         })
         .open()
         .unwrap();
@@ -76,12 +81,14 @@ fn a_failing_hook_fails_open_connection() {
     let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let hook_fail = Arc::clone(&fail);
     let queue = Queue::builder(&path)
-        .on_connection(move |conn| {
-            if hook_fail.load(Ordering::SeqCst) {
-                conn.execute_batch("INSERT INTO no_such_table VALUES (1)")
-            } else {
-                Ok(())
-            }
+        .sqlite(|o| {
+            o.on_connection(move |conn| {
+                if hook_fail.load(Ordering::SeqCst) {
+                    conn.execute_batch("INSERT INTO no_such_table VALUES (1)")
+                } else {
+                    Ok(())
+                }
+            })
         })
         .open()
         .unwrap();
@@ -138,8 +145,8 @@ fn open_connection_waits_for_a_write_lock_held_briefly_elsewhere() {
 fn a_hook_cannot_silently_weaken_durability() {
     let (_dir, path) = temp_db();
     let opened = Queue::builder(&path)
-        .durability(Durability::Full)
-        .on_connection(|conn| conn.execute_batch("PRAGMA synchronous = OFF"))
+        .sqlite(|o| o.durability(Durability::Full))
+        .sqlite(|o| o.on_connection(|conn| conn.execute_batch("PRAGMA synchronous = OFF")))
         .open();
     match opened {
         Err(Error::PragmaMismatch { .. }) => {}

@@ -84,7 +84,7 @@ fn a_rolled_back_transaction_leaves_neither_the_job_nor_the_app_row() {
 fn a_committed_transaction_leaves_both_and_an_idle_pool_in_another_process_runs_the_job() {
     let (dir, path) = temp_db();
     let queue = Queue::builder(&path)
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .unwrap();
     let mut conn = queue.open_connection().unwrap();
@@ -208,7 +208,7 @@ fn pool_child_process() {
         return;
     };
     let queue = Queue::builder(PathBuf::from(db))
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .expect("child: open queue");
     let mut pool = WorkerPool::builder(&queue)

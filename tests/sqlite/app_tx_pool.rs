@@ -96,7 +96,7 @@ fn logged() -> Vec<String> {
 fn queue_with_effects() -> (tempfile::TempDir, Queue, rusqlite::Connection) {
     let (dir, path) = temp_db();
     let queue = Queue::builder(&path)
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .unwrap();
     let app = queue.open_connection().unwrap();

@@ -66,17 +66,19 @@ fn check_plans(raw: &rusqlite::Connection, seen: &[String], sorts_allowed: bool)
 fn dashboard_reads_use_indexes_and_match_the_file() {
     let (_dir, path) = common::temp_db();
     let queue = Queue::builder(&path)
-        .on_connection(|conn| {
-            let rc = unsafe {
-                ffi::sqlite3_trace_v2(
-                    conn.handle(),
-                    ffi::SQLITE_TRACE_STMT as c_uint,
-                    Some(on_statement),
-                    std::ptr::null_mut(),
-                )
-            };
-            assert_eq!(rc, ffi::SQLITE_OK);
-            Ok(())
+        .sqlite(|o| {
+            o.on_connection(|conn| {
+                let rc = unsafe {
+                    ffi::sqlite3_trace_v2(
+                        conn.handle(),
+                        ffi::SQLITE_TRACE_STMT as c_uint,
+                        Some(on_statement),
+                        std::ptr::null_mut(),
+                    )
+                };
+                assert_eq!(rc, ffi::SQLITE_OK);
+                Ok(())
+            })
         })
         .open()
         .unwrap();

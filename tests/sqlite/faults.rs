@@ -23,7 +23,7 @@ use tickler::{Durability, Error, JobFilter, JobId, JobState, NewJob, Queue};
 
 fn open(path: &Path) -> Queue {
     Queue::builder(path)
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .expect("open queue")
 }
@@ -31,8 +31,8 @@ fn open(path: &Path) -> Queue {
 /// A queue whose every connection may grow the file to at most `pages`.
 fn open_limited(path: &Path, pages: i64) -> Queue {
     Queue::builder(path)
-        .durability(Durability::Normal)
-        .on_connection(move |c| c.pragma_update(None, "max_page_count", pages))
+        .sqlite(|o| o.durability(Durability::Normal))
+        .sqlite(|o| o.on_connection(move |c| c.pragma_update(None, "max_page_count", pages)))
         .open()
         .expect("open queue with max_page_count")
 }

@@ -36,7 +36,7 @@ const ROUNDS: usize = 5;
 
 fn open(path: &Path) -> Queue {
     Queue::builder(path)
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .expect("open queue")
 }
@@ -210,7 +210,7 @@ mod a_step_during_the_reapers_lock_wait {
         let dir = tempfile::tempdir().unwrap();
         let clock = Arc::new(ManualClock::new(Utc::now()));
         let queue = Queue::builder(dir.path().join("q.db"))
-            .durability(Durability::Normal)
+            .sqlite(|o| o.durability(Durability::Normal))
             .clock(clock.clone())
             .open()
             .unwrap();

@@ -21,7 +21,7 @@ const MIB: u64 = 1024 * 1024;
 
 fn open(path: &Path) -> Queue {
     Queue::builder(path)
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .expect("open queue")
 }

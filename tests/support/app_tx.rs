@@ -26,7 +26,7 @@ pub fn manual_queue(path: &Path) -> (Queue, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(t0()));
     let queue = Queue::builder(path)
         .clock(clock.clone())
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .retry_policy(fixed_policy())
         .open()
         .expect("open queue");

@@ -58,7 +58,7 @@ pub fn manual_queue(path: &Path) -> (Queue, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(t0()));
     let queue = Queue::builder(engine::target(path))
         .clock(clock.clone())
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .expect("open queue");
     (queue, clock)
@@ -69,7 +69,7 @@ pub fn manual_queue_with_policy(path: &Path, policy: RetryPolicy) -> (Queue, Arc
     let clock = Arc::new(ManualClock::new(t0()));
     let queue = Queue::builder(engine::target(path))
         .clock(clock.clone())
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .retry_policy(policy)
         .open()
         .expect("open queue");

@@ -32,7 +32,7 @@ use tickler::{
 /// A queue on `path` with the system clock and `Durability::Normal`.
 pub fn open_queue(path: &Path) -> Queue {
     Queue::builder(engine::target(path))
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .expect("open queue")
 }
@@ -59,7 +59,7 @@ pub fn no_backoff() -> RetryPolicy {
 /// As [`open_queue`], with a one-hour fixed backoff ([`hour_backoff`]).
 pub fn open_queue_slow_retry(path: &Path) -> Queue {
     Queue::builder(engine::target(path))
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .retry_policy(hour_backoff())
         .open()
         .expect("open queue")

@@ -23,7 +23,7 @@ pub fn queue_at(path: &Path, start: DateTime<Utc>) -> (Queue, Arc<ManualClock>) 
     let clock = Arc::new(ManualClock::new(start));
     let queue = Queue::builder(engine::target(path))
         .clock(clock.clone())
-        .durability(Durability::Normal)
+        .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .expect("open queue");
     (queue, clock)

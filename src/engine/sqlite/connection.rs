@@ -302,6 +302,10 @@ impl Capabilities for Store {
         Some(&self.path)
     }
 
+    fn durability(&self) -> Durability {
+        self.durability
+    }
+
     fn sync(&self) -> Result<()> {
         Store::sync(self)
     }
