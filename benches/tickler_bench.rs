@@ -982,7 +982,7 @@ fn child(args: &[String]) {
         std::thread::sleep(Duration::from_millis(20));
     }
     pool.shutdown(Duration::from_secs(5));
-    let waits = queue.write_lock_waits();
+    let waits = queue.ops().write_lock_waits();
     println!(
         "{}",
         json!({"jobs": done.load(Ordering::Relaxed),
@@ -1157,12 +1157,13 @@ fn depth(n: usize, shape: &str, measured: usize) {
         let mut done = 0;
         while done < measured {
             let leases = queue
+                .manual()
                 .claim("default", "bench", 1, Duration::from_secs(60))
                 .expect("claim");
             let Some(lease) = leases.first() else {
                 break;
             };
-            queue.complete(lease).expect("complete");
+            queue.manual().complete(lease).expect("complete");
             done += 1;
         }
         let us = started.elapsed().as_secs_f64() * 1e6 / done.max(1) as f64;
@@ -1212,7 +1213,7 @@ fn footprint(n: usize) {
     let (path, queue) = fresh(&dir, Durability::Normal);
     let empty = file_size(&path) + file_size(&wal_path(&path));
     fill(&queue, n);
-    queue.checkpoint().expect("checkpoint");
+    queue.ops().checkpoint().expect("checkpoint");
     let pending_bytes = file_size(&path).saturating_sub(empty) as f64 / n as f64;
     let child = spawn_child(&[
         "drain",
@@ -1223,7 +1224,7 @@ fn footprint(n: usize) {
     ]);
     let report = child_report(child);
     let wal_after = file_size(&wal_path(&path));
-    queue.checkpoint().expect("checkpoint");
+    queue.ops().checkpoint().expect("checkpoint");
     let finished_bytes = file_size(&path).saturating_sub(empty) as f64 / n as f64;
     emit(
         json!({"scenario": "footprint", "durability": "normal", "jobs": n,
@@ -1639,10 +1640,11 @@ mod pg_bench {
                     let started = Instant::now();
                     for _ in 0..measured {
                         let leases = queue
+                            .manual()
                             .claim("default", "bench", 1, Duration::from_secs(60))
                             .expect("claim");
                         assert_eq!(leases.len(), 1, "a due job");
-                        queue.complete(&leases[0]).expect("complete");
+                        queue.manual().complete(&leases[0]).expect("complete");
                     }
                     let us = started.elapsed().as_secs_f64() * 1e6 / measured as f64;
                     emit(json!({"scenario": "pg_depth", "shape": shape, "waiting": n,

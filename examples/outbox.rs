@@ -509,7 +509,7 @@ fn supervise(settings: &Settings) -> AnyResult<bool> {
         )?;
         // Every job finished (with --no-tx, orders without a job stay
         // unconfirmed; the checks below report them).
-        if fleet.producer_done && queue.unfinished(&["default"], None)? == 0 {
+        if fleet.producer_done && queue.ops().unfinished(&["default"], None)? == 0 {
             break;
         }
         if Instant::now() > deadline {

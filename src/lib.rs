@@ -13,9 +13,9 @@
 //! # fn main() -> tickler::Result<()> {
 //! let queue = Queue::open("jobs.db")?;
 //! queue.enqueue(NewJob::new("send_email").payload(serde_json::json!({"to": "ada@example.com"})))?;
-//! for lease in queue.claim("default", "worker-1", 10, Duration::from_secs(30))? {
+//! for lease in queue.manual().claim("default", "worker-1", 10, Duration::from_secs(30))? {
 //!     // ... do the work, outside any transaction ...
-//!     queue.complete(&lease)?;
+//!     queue.manual().complete(&lease)?;
 //! }
 //! # Ok(())
 //! # }
@@ -67,7 +67,7 @@
 //! ```no_run
 //! # fn main() -> tickler::Result<()> {
 //! let queue = tickler::Queue::open("postgres://app@db.internal/jobs")?;
-//! assert!(queue.is_postgres());
+//! assert!(queue.ops().is_postgres());
 //! # Ok(())
 //! # }
 //! ```
@@ -370,8 +370,8 @@ pub use job::{
 pub use lease::Lease;
 pub use metrics::WriteLockWaits;
 pub use queue::{
-    ActivityBucket, ChangeWatcher, Queue, QueueBuilder, QueueCounts, Waker, ACTIVITY_MAX_BUCKETS,
-    ACTIVITY_SAMPLE, MAX_PAYLOAD_DEPTH, MAX_UNIQUE_KEY_BYTES,
+    ActivityBucket, ChangeWatcher, Manual, Ops, Queue, QueueBuilder, QueueCounts, Waker,
+    ACTIVITY_MAX_BUCKETS, ACTIVITY_SAMPLE, MAX_PAYLOAD_DEPTH, MAX_UNIQUE_KEY_BYTES,
 };
 pub use reaper::{Reaper, ReaperConfig};
 pub use retry::RetryPolicy;

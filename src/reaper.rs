@@ -123,7 +123,7 @@ fn run(queue: &Queue, config: ReaperConfig, stop: &AtomicBool) {
             // Judged against the time the step check saw, not a time read
             // after waiting for the write lock (a step in between would
             // otherwise go unseen for this pass).
-            match queue.reap_at(crate::clock::ms_to_datetime(now.0)) {
+            match queue.manual().reap_at(crate::clock::ms_to_datetime(now.0)) {
                 Ok(0) => {}
                 Ok(n) => log::info!("reaper took back {n} job(s) with expired leases"),
                 Err(e) => log::error!("reaper pass failed: {e}"),

@@ -69,7 +69,7 @@ impl Scheduler {
     /// [`Error::Sqlite`](crate::Error::Sqlite) if its watcher connection
     /// cannot be opened.
     pub fn spawn(queue: Queue, config: SchedulerConfig) -> Result<Scheduler> {
-        let watcher = queue.watcher()?;
+        let watcher = queue.manual().watcher()?;
         let waker = watcher.waker();
         let stop = Arc::new(AtomicBool::new(false));
         let stop_flag = Arc::clone(&stop);
@@ -105,7 +105,7 @@ fn run(queue: &Queue, config: SchedulerConfig, mut watcher: ChangeWatcher, stop:
     let max_idle = config.max_idle.max(Duration::from_millis(1));
     let mut error_pause = Duration::from_millis(50);
     while !stop.load(Ordering::SeqCst) {
-        let next = match queue.next_schedule_tick() {
+        let next = match queue.manual().next_schedule_tick() {
             Ok(next) => next,
             Err(e) => {
                 log::error!("scheduler: reading the next tick failed: {e}");
@@ -115,7 +115,7 @@ fn run(queue: &Queue, config: SchedulerConfig, mut watcher: ChangeWatcher, stop:
         };
         let now = queue.clock().now();
         if next.is_some_and(|next| next <= now) {
-            match queue.run_due_ticks() {
+            match queue.manual().run_due_ticks() {
                 Ok(run) => {
                     error_pause = Duration::from_millis(50);
                     if !run.jobs.is_empty() {

@@ -42,6 +42,8 @@
 mod app_tx;
 mod builder;
 mod claim;
+mod manual;
+mod ops;
 mod readings;
 mod reap;
 mod schedules;
@@ -49,6 +51,8 @@ mod storage;
 mod validate;
 
 pub use builder::QueueBuilder;
+pub use manual::Manual;
+pub use ops::Ops;
 pub use readings::{ActivityBucket, QueueCounts, ACTIVITY_MAX_BUCKETS, ACTIVITY_SAMPLE};
 pub use validate::{MAX_PAYLOAD_DEPTH, MAX_UNIQUE_KEY_BYTES};
 
@@ -207,8 +211,8 @@ impl Queue {
 
     // ------------------------------------------------------------------ claim
 
-    /// Claims up to `max` due jobs of `queue`, of any kind; see [`Queue::claim_kinds`].
-    pub fn claim(
+    /// See [`Manual::claim`](crate::Manual::claim).
+    pub(crate) fn claim(
         &self,
         queue: &str,
         worker_id: &str,
@@ -218,21 +222,8 @@ impl Queue {
         self.claim_kinds(queue, worker_id, max, lease, None)
     }
 
-    /// Claims up to `max` due jobs of `queue` (only of `kinds`, if given) for
-    /// `worker_id`, each with a fresh run_token and a lease of `lease` from now.
-    ///
-    /// One `BEGIN IMMEDIATE` transaction: scheduled jobs that fell due are
-    /// promoted to pending, then one `UPDATE … WHERE id IN (SELECT … ORDER BY
-    /// priority DESC, run_at, id LIMIT max) RETURNING …` takes them. Holding
-    /// the write lock from the start, no other claimer can read the same
-    /// pending rows. Each claim consumes an attempt (`attempts + 1`).
-    /// Returns leases in claim order (priority, then due time, then id).
-    /// A paused queue ([`Queue::pause_queue`]) gives nothing.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a lease under 1 ms, [`Error::Busy`],
-    /// [`Error::DiskFull`], [`Error::Sqlite`].
-    pub fn claim_kinds(
+    /// See [`Manual::claim_kinds`](crate::Manual::claim_kinds).
+    pub(crate) fn claim_kinds(
         &self,
         queue: &str,
         worker_id: &str,
@@ -254,13 +245,8 @@ impl Queue {
             .1)
     }
 
-    /// When the next job of these queues (only of `kinds`, if given) is
-    /// due: now if one is already due, `None` if nothing is waiting. For
-    /// fetchers that sleep until work is due.
-    ///
-    /// # Errors
-    /// [`Error::Sqlite`], [`Error::Pool`].
-    pub fn next_due(
+    /// See [`Manual::next_due`](crate::Manual::next_due).
+    pub(crate) fn next_due(
         &self,
         queues: &[&str],
         kinds: Option<&[&str]>,
@@ -270,24 +256,13 @@ impl Queue {
 
     // ------------------------------------------------------- leases, fenced
 
-    /// Extends the lease to `extend_by` from now.
-    /// Returns the new expiry (UTC).
-    ///
-    /// # Errors
-    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed).
-    pub fn heartbeat(&self, lease: &Lease, extend_by: Duration) -> Result<DateTime<Utc>> {
+    /// See [`Manual::heartbeat`](crate::Manual::heartbeat).
+    pub(crate) fn heartbeat(&self, lease: &Lease, extend_by: Duration) -> Result<DateTime<Utc>> {
         self.heartbeat_many(&[lease], extend_by)?.remove(0)
     }
 
-    /// Extends many leases in one transaction, each to `extend_by` from now
-    /// and each fenced by its run_token. The outer `Result` is the
-    /// transaction; the inner ones say per lease whether it was still held
-    /// (new expiry) or lost ([`Error::LeaseLost`]).
-    ///
-    /// # Errors
-    /// Outer: [`Error::InvalidArgument`] (extension under 1 ms), [`Error::Busy`],
-    /// [`Error::DiskFull`], [`Error::Sqlite`].
-    pub fn heartbeat_many(
+    /// See [`Manual::heartbeat_many`](crate::Manual::heartbeat_many).
+    pub(crate) fn heartbeat_many(
         &self,
         leases: &[&Lease],
         extend_by: Duration,
@@ -295,55 +270,33 @@ impl Queue {
         self.engine().heartbeat_many(leases, extend_by)
     }
 
-    /// Whether each lease is still held (the job is `running` under its
-    /// run_token), without writing: a cheap read that lets a worker pool
-    /// notice a cancelled or reaped job between heartbeats.
-    ///
-    /// # Errors
-    /// [`Error::Sqlite`], [`Error::Pool`].
-    pub fn leases_held(&self, leases: &[&Lease]) -> Result<Vec<bool>> {
+    /// See [`Manual::leases_held`](crate::Manual::leases_held).
+    pub(crate) fn leases_held(&self, leases: &[&Lease]) -> Result<Vec<bool>> {
         self.engine().leases_held(leases)
     }
 
-    /// Marks the job succeeded.
-    ///
-    /// # Errors
-    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed).
-    pub fn complete(&self, lease: &Lease) -> Result<()> {
+    /// See [`Manual::complete`](crate::Manual::complete).
+    pub(crate) fn complete(&self, lease: &Lease) -> Result<()> {
         self.record_one(lease, Outcome::Complete)
     }
 
-    /// Records a failed attempt: back to waiting for `now + backoff(attempt)`
-    /// if attempts are left, otherwise `dead`. `error` is kept as `last_error`.
-    ///
-    /// # Errors
-    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed).
-    pub fn fail(&self, lease: &Lease, error: &str) -> Result<()> {
+    /// See [`Manual::fail`](crate::Manual::fail).
+    pub(crate) fn fail(&self, lease: &Lease, error: &str) -> Result<()> {
         self.record_one(lease, Outcome::Fail(error.to_owned()))
     }
 
-    /// Marks the job dead at once, keeping `error` as `last_error`.
-    ///
-    /// # Errors
-    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed).
-    pub fn fail_permanently(&self, lease: &Lease, error: &str) -> Result<()> {
+    /// See [`Manual::fail_permanently`](crate::Manual::fail_permanently).
+    pub(crate) fn fail_permanently(&self, lease: &Lease, error: &str) -> Result<()> {
         self.record_one(lease, Outcome::FailPermanently(error.to_owned()))
     }
 
-    /// Puts the job back to wait until `until` without consuming the attempt.
-    ///
-    /// # Errors
-    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed);
-    /// [`Error::TimeOutOfRange`].
-    pub fn snooze(&self, lease: &Lease, until: DateTime<Utc>) -> Result<()> {
+    /// See [`Manual::snooze`](crate::Manual::snooze).
+    pub(crate) fn snooze(&self, lease: &Lease, until: DateTime<Utc>) -> Result<()> {
         self.record_one(lease, Outcome::Snooze(until))
     }
 
-    /// Hands an unstarted job back: pending at once, attempt not consumed.
-    ///
-    /// # Errors
-    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed).
-    pub fn release(&self, lease: &Lease) -> Result<()> {
+    /// See [`Manual::release`](crate::Manual::release).
+    pub(crate) fn release(&self, lease: &Lease) -> Result<()> {
         self.record_one(lease, Outcome::Release)
     }
 
@@ -351,41 +304,16 @@ impl Queue {
         self.record_outcomes(&[(lease, outcome)])?.remove(0)
     }
 
-    /// Records many outcomes in one `BEGIN IMMEDIATE` transaction (group
-    /// commit: one fsync for the batch). Each is one statement fenced by
-    /// `id AND run_token AND status = 'running'`; a lost lease makes that
-    /// outcome `Err(LeaseLost)`, a snooze time past the storable range
-    /// `Err(TimeOutOfRange)`, and a statement SQLite refuses (a trigger or
-    /// constraint) `Err(ConstraintViolated)`, changing nothing for it,
-    /// without rolling back the others. Error texts are cut to
-    /// [`MAX_ERROR_BYTES`] (the first 6 KiB and the end, with a note of
-    /// how much was cut); a failure whose error text SQLite still refuses is
-    /// recorded with a short note in its place. Each failure also appends
-    /// to the job's error history ([`Job::errors`], the last
-    /// [`ERROR_HISTORY_MAX`]).
-    ///
-    /// # Errors
-    /// Outer: the transaction failed and nothing was recorded
-    /// ([`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]).
-    pub fn record_outcomes(&self, outcomes: &[(&Lease, Outcome)]) -> Result<Vec<Result<()>>> {
+    /// See [`Manual::record_outcomes`](crate::Manual::record_outcomes).
+    pub(crate) fn record_outcomes(
+        &self,
+        outcomes: &[(&Lease, Outcome)],
+    ) -> Result<Vec<Result<()>>> {
         Ok(self.record_and_claim(outcomes, None, OutcomeSync::Now)?.0)
     }
 
-    /// Records `outcomes` (as [`Queue::record_outcomes`]) and then claims
-    /// (as [`Queue::claim_kinds`], over `claim.queues` in order until
-    /// `claim.max` jobs) in one `BEGIN IMMEDIATE` transaction: a worker pool
-    /// finishes one batch and takes the next with one commit, one fsync.
-    ///
-    /// With [`OutcomeSync::Now`] the commit is durable per the queue's
-    /// [`Durability`] when there are outcomes; with [`OutcomeSync::Deferred`]
-    /// it is not fsynced and the caller promises to call [`Queue::sync`]
-    /// soon. A claim alone never waits for an fsync of its own
-    /// (`synchronous=NORMAL`): if power fails before a later synced commit,
-    /// the claim is undone and the job is simply pending again.
-    ///
-    /// # Errors
-    /// As both; on error nothing was recorded and nothing claimed.
-    pub fn record_and_claim(
+    /// See [`Manual::record_and_claim`](crate::Manual::record_and_claim).
+    pub(crate) fn record_and_claim(
         &self,
         outcomes: &[(&Lease, Outcome)],
         claim: Option<&ClaimRequest<'_>>,

@@ -96,16 +96,8 @@ pub const ACTIVITY_SAMPLE: usize = 200;
 /// Most slices one [`Queue::activity`] call reads.
 pub const ACTIVITY_MAX_BUCKETS: usize = 10_000;
 impl Queue {
-    /// Jobs per queue and state for a dashboard, each counted through an
-    /// index of its state up to `cap`: the cost grows with the queues and
-    /// `cap`, not with the table. A count that reached `cap` is in
-    /// [`QueueCounts::capped`] (there are at least that many). Unlike
-    /// [`Queue::stats`], not one snapshot: each (queue, state) is read on
-    /// its own.
-    ///
-    /// # Errors
-    /// [`Error::Sqlite`], [`Error::Pool`].
-    pub fn counts_by_queue(&self, cap: u64) -> Result<QueueCounts> {
+    /// See [`Ops::counts_by_queue`](crate::Ops::counts_by_queue).
+    pub(crate) fn counts_by_queue(&self, cap: u64) -> Result<QueueCounts> {
         let engine = self.engine();
         let mut out = QueueCounts::default();
         for state in JobState::ALL {
@@ -123,14 +115,8 @@ impl Queue {
         Ok(out)
     }
 
-    /// Up to `limit` jobs in `state`, through that state's index (at most
-    /// `limit` jobs read per queue): pending in claim order (priority,
-    /// due time, id), scheduled soonest due first, running soonest lease
-    /// expiry first, succeeded, dead and cancelled newest first.
-    ///
-    /// # Errors
-    /// [`Error::Sqlite`], [`Error::Pool`].
-    pub fn list_state(&self, state: JobState, limit: usize) -> Result<Vec<Job>> {
+    /// See [`Ops::list_state`](crate::Ops::list_state).
+    pub(crate) fn list_state(&self, state: JobState, limit: usize) -> Result<Vec<Job>> {
         let engine = self.engine();
         let mut jobs = Vec::new();
         for queue in self.queues_in_state(state)? {
@@ -150,32 +136,8 @@ impl Queue {
         Ok(jobs)
     }
 
-    /// Throughput and lateness over time, for a dashboard's plot: the
-    /// last `slices` slices of time of `width` each, the last one ending at
-    /// now (this queue's clock), oldest first. Each slice counts the jobs
-    /// that finished in it through the index on the finish time, up to
-    /// `cap`, and reads at most [`ACTIVITY_SAMPLE`] of them for lateness
-    /// and run time, so the cost is bounded by `slices`, `cap` and the
-    /// sample, not by the table. Pruned jobs are gone from these figures.
-    /// Each slice is its own read: the slices are not one snapshot.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a `width` under 1 ms, no slice, or
-    /// more than [`ACTIVITY_MAX_BUCKETS`]; [`Error::Sqlite`],
-    /// [`Error::Pool`], [`Error::Postgres`].
-    ///
-    /// # Example
-    /// ```
-    /// # let dir = tempfile::tempdir()?;
-    /// # let queue = tickler::Queue::open(dir.path().join("q.db"))?;
-    /// use std::time::Duration;
-    /// // The last hour, a minute a slice.
-    /// let minutes = queue.activity(60, Duration::from_secs(60), 10_000)?;
-    /// assert_eq!(minutes.len(), 60);
-    /// assert!(minutes.iter().all(|m| m.finished == 0));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn activity(
+    /// See [`Ops::activity`](crate::Ops::activity).
+    pub(crate) fn activity(
         &self,
         slices: usize,
         width: Duration,
@@ -225,23 +187,13 @@ impl Queue {
         Ok(queues)
     }
 
-    /// Number of jobs that reached a finished state (succeeded, dead,
-    /// cancelled) at or after `since`; uses the index on the finish time.
-    ///
-    /// # Errors
-    /// [`Error::Sqlite`], [`Error::Pool`].
-    pub fn finished_since(&self, since: DateTime<Utc>) -> Result<u64> {
+    /// See [`Ops::finished_since`](crate::Ops::finished_since).
+    pub(crate) fn finished_since(&self, since: DateTime<Utc>) -> Result<u64> {
         self.engine().finished_since(since)
     }
 
-    /// Number of unfinished (scheduled, pending or running) jobs of these
-    /// queues, only of `kinds` if given, counted in one statement (one
-    /// snapshot), so a caller waiting for a batch to drain never sees a job
-    /// between two states.
-    ///
-    /// # Errors
-    /// [`Error::Sqlite`], [`Error::Pool`].
-    pub fn unfinished(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<u64> {
+    /// See [`Ops::unfinished`](crate::Ops::unfinished).
+    pub(crate) fn unfinished(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<u64> {
         self.engine().unfinished(queues, kinds)
     }
 }

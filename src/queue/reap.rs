@@ -23,44 +23,13 @@ const REAP_SETTLE: Duration = Duration::from_millis(100);
 const REAP_MAX_LOOKS: u32 = 10;
 
 impl Queue {
-    /// Takes back jobs whose lease ran out (`lease_expires_at < now`): to
-    /// waiting with backoff if attempts are left, else `dead`, with
-    /// `last_error` saying the lease expired. Each update repeats the
-    /// condition (`status = 'running' AND run_token = ? AND lease_expires_at
-    /// < now`), so a heartbeat that landed first wins. Safe to run from any
-    /// number of processes. Returns how many jobs were taken back.
-    ///
-    /// A job whose worker dies on every attempt therefore ends `dead` after
-    /// `max_attempts` claims.
-    ///
-    /// This is one look, at once: for tests and one-off use. A holder whose
-    /// heartbeat is queued behind a write lock that another connection
-    /// held past its lease can lose its job to it. Background reaping
-    /// (the [`crate::Reaper`], `tickler reap`) uses [`Queue::reap_at`],
-    /// which waits for such heartbeats.
-    ///
-    /// # Errors
-    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`].
-    pub fn reap(&self) -> Result<u64> {
+    /// See [`Manual::reap`](crate::Manual::reap).
+    pub(crate) fn reap(&self) -> Result<u64> {
         self.reap_expired_before(None)
     }
 
-    /// [`Queue::reap`] as background reaping should do it: leases are
-    /// judged against `now` as read before waiting for the write lock (the
-    /// reaper thread passes the time its clock-step check saw, so a clock
-    /// step during the wait cannot make it take live leases), and a lease is
-    /// taken back only after two looks, 100 ms apart, each of which got the
-    /// write lock without waiting for another connection, saw it expired
-    /// with the same expiry. A holder whose heartbeat was stuck behind the
-    /// same lock (another process's long transaction, a slow disk) renews
-    /// in between and keeps its job. A holder that is really gone is taken
-    /// back in the second look; while the lock stays busy, at the latest in
-    /// the tenth (about 1 s plus the lock waits). Returns how many jobs
-    /// were taken back; takes at least 100 ms when any lease is expired.
-    ///
-    /// # Errors
-    /// As [`Queue::reap`].
-    pub fn reap_at(&self, now: DateTime<Utc>) -> Result<u64> {
+    /// See [`Manual::reap_at`](crate::Manual::reap_at).
+    pub(crate) fn reap_at(&self, now: DateTime<Utc>) -> Result<u64> {
         let engine = self.engine();
         let cutoff = now.timestamp_millis();
         let mut total = 0u64;

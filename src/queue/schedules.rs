@@ -182,37 +182,13 @@ impl Queue {
         Ok(UpcomingTicks { ticks, cursor })
     }
 
-    /// When the next tick of an active schedule is due (UTC); `None` with
-    /// no active schedule. Now, if the wall clock stepped back since an
-    /// active schedule was last written ([`Queue::run_due_ticks`] then moves
-    /// it to its next tick after the new now). Two indexed reads; for
-    /// schedulers that sleep until then.
-    ///
-    /// # Errors
-    /// [`Error::Sqlite`], [`Error::Pool`].
-    pub fn next_schedule_tick(&self) -> Result<Option<DateTime<Utc>>> {
+    /// See [`Manual::next_schedule_tick`](crate::Manual::next_schedule_tick).
+    pub(crate) fn next_schedule_tick(&self) -> Result<Option<DateTime<Utc>>> {
         self.engine().next_schedule_tick()
     }
 
-    /// Fires every due tick of every active schedule: each becomes one job
-    /// (the schedule's template, run_at = the tick's instant, unique_key
-    /// `tickler:schedule:<name>:<tick ms>`), missed ticks per the schedule's
-    /// [`MisfirePolicy`], and the schedule's `next_tick_at` moves to its
-    /// first tick after now, in the same `BEGIN IMMEDIATE` transaction
-    /// (batches of 100 schedules per transaction). Safe to call from any
-    /// number of threads and processes: a tick is enqueued once.
-    ///
-    /// The rules for DST nights, misfires and clock steps are on
-    /// [`NewSchedule`].
-    ///
-    /// A schedule whose stored expression or template no longer validates
-    /// with this build (a time zone dropped from the database, a payload
-    /// over this queue's limit) is paused with an error in the log.
-    ///
-    /// # Errors
-    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]; ticks of
-    /// earlier transactions stay fired.
-    pub fn run_due_ticks(&self) -> Result<TickRun> {
+    /// See [`Manual::run_due_ticks`](crate::Manual::run_due_ticks).
+    pub(crate) fn run_due_ticks(&self) -> Result<TickRun> {
         let mut run = TickRun::default();
         let mut replace = Vec::new();
         loop {

@@ -120,7 +120,7 @@ pub(super) fn dispatch_loop(
             0
         };
         if want > 0 && !more_may_be_due {
-            match shared.queue.next_due(&queues, Some(&kinds)) {
+            match shared.queue.manual().next_due(&queues, Some(&kinds)) {
                 Ok(Some(due)) if due <= shared.queue.clock().now() => more_may_be_due = true,
                 Ok(next) => {
                     want = 0;

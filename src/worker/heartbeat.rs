@@ -135,7 +135,7 @@ pub(super) fn heartbeat_loop(shared: &Arc<Shared>, interval: Duration, mut watch
             continue;
         }
         let refs: Vec<&Lease> = leases.iter().collect();
-        match shared.queue.heartbeat_many(&refs, shared.lease) {
+        match shared.queue.manual().heartbeat_many(&refs, shared.lease) {
             Ok(results) => {
                 let mut in_flight = shared.lock_in_flight();
                 for (lease, result) in leases.iter().zip(results) {
@@ -188,7 +188,7 @@ fn notice_lost_leases(shared: &Shared, watcher: &mut ChangeWatcher) {
         .map(|job| job.lease.clone())
         .collect();
     let refs: Vec<&Lease> = leases.iter().collect();
-    match shared.queue.leases_held(&refs) {
+    match shared.queue.manual().leases_held(&refs) {
         Ok(held) => {
             let mut in_flight = shared.lock_in_flight();
             for (lease, held) in leases.iter().zip(held) {

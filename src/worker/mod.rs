@@ -210,7 +210,7 @@ impl WorkerPoolBuilder {
         // Unbounded: the dispatcher sends no more than it has slots for.
         let (job_tx, job_rx) = crossbeam_channel::unbounded::<Lease>();
         let (outcome_tx, outcome_rx) = crossbeam_channel::unbounded::<(Lease, Outcome)>();
-        let watcher = self.queue.watcher()?;
+        let watcher = self.queue.manual().watcher()?;
         let scheduler = match self.scheduler {
             Some(config) => Some(Scheduler::spawn(self.queue.clone(), config)?),
             None => None,
@@ -268,7 +268,7 @@ impl WorkerPoolBuilder {
         };
         let heartbeat = {
             let shared = Arc::clone(&shared);
-            let watcher = self.queue.watcher()?;
+            let watcher = self.queue.manual().watcher()?;
             spawn("tickler-heartbeat", move || {
                 heartbeat_loop(&shared, heartbeat_interval, watcher)
             })
@@ -389,7 +389,7 @@ impl WorkerPool {
         if !unstarted.is_empty() {
             let outcomes: Vec<(&Lease, Outcome)> =
                 unstarted.iter().map(|l| (l, Outcome::Release)).collect();
-            if let Err(e) = shared.queue.record_outcomes(&outcomes) {
+            if let Err(e) = shared.queue.manual().record_outcomes(&outcomes) {
                 log::error!(
                     "could not hand back {released} unstarted job(s): {e}; the reaper will"
                 );

@@ -140,6 +140,7 @@ pub(super) fn record(
     let result = loop {
         match shared
             .queue
+            .manual()
             .record_and_claim(&outcomes, claim, OutcomeSync::Deferred)
         {
             Err(e) if tries < 5 && (e.is_busy() || matches!(e, Error::DiskFull)) => {

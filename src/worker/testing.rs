@@ -59,6 +59,7 @@ pub fn run_one(
     handler: &dyn Handler,
 ) -> crate::Result<Option<(JobId, Outcome)>> {
     let lease = queue
+        .manual()
         .claim_kinds(
             queue_name,
             "run_one",
@@ -84,6 +85,7 @@ pub fn run_one(
     }
     let outcome = outcome_of(result, None, ctx.lease.attempt);
     queue
+        .manual()
         .record_outcomes(&[(&ctx.lease, outcome.clone())])?
         .remove(0)?;
     Ok(Some((id, outcome)))

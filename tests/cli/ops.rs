@@ -48,7 +48,7 @@ fn every_subcommand_has_help_with_an_example() {
 #[test]
 fn init_creates_an_owner_only_file_and_reports_the_schema_version() {
     let env = Env::new();
-    let version = Queue::schema_version();
+    let version = tickler::Ops::schema_version();
     let out = env.run(&["init"]).ok();
     assert_eq!(
         out.trim(),
@@ -71,7 +71,10 @@ fn init_creates_an_owner_only_file_and_reports_the_schema_version() {
     std::fs::set_permissions(&old, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let out = env.run(&["--db", old.to_str().unwrap(), "init"]).ok();
     assert!(out.contains(&format!("schema version {version}")), "{out}");
-    assert_eq!(Queue::file_schema_version(&old).unwrap(), Some(version));
+    assert_eq!(
+        tickler::Ops::file_schema_version(&old).unwrap(),
+        Some(version)
+    );
 }
 
 #[test]
@@ -203,10 +206,12 @@ fn show_prints_the_last_error_and_attempts() {
     let queue = env.queue();
     let id = queue.enqueue(NewJob::new("flaky").max_attempts(1)).unwrap();
     let lease = queue
+        .manual()
         .claim("default", "w", 1, Duration::from_secs(30))
         .unwrap()
         .remove(0);
     queue
+        .manual()
         .fail(&lease, "boom: the mail server said no\nsecond line")
         .unwrap();
     let shown = env.run(&["show", &id.to_string()]).ok();
@@ -259,11 +264,12 @@ fn dead_job(queue: &Queue, kind: &str, queue_name: &str) -> JobId {
         .enqueue(NewJob::new(kind).queue(queue_name).max_attempts(1))
         .unwrap();
     let lease = queue
+        .manual()
         .claim(queue_name, "w", 1, Duration::from_secs(30))
         .unwrap()
         .remove(0);
     assert_eq!(lease.job_id, id);
-    queue.fail_permanently(&lease, "broken").unwrap();
+    queue.manual().fail_permanently(&lease, "broken").unwrap();
     id
 }
 
@@ -332,11 +338,12 @@ fn prune_finished_jobs_by_age_and_state() {
     let waiting = env.enqueue(&["c"]);
     let queue = env.queue();
     let lease = queue
+        .manual()
         .claim("default", "w", 1, Duration::from_secs(30))
         .unwrap()
         .remove(0);
     assert_eq!(lease.job_id, done);
-    queue.complete(&lease).unwrap();
+    queue.manual().complete(&lease).unwrap();
     queue.cancel(cancelled).unwrap();
     drop(queue);
 
@@ -372,6 +379,7 @@ fn reap_takes_back_expired_leases() {
     let id = env.enqueue(&["a"]);
     let queue = env.queue();
     let lease = queue
+        .manual()
         .claim("default", "crashed-worker", 1, Duration::from_millis(1))
         .unwrap()
         .remove(0);
@@ -397,7 +405,7 @@ fn checkpoint_reports_the_wal_size() {
             .enqueue(NewJob::new("a").payload(serde_json::json!(i)))
             .unwrap();
     }
-    assert!(queue.wal_bytes() > 0);
+    assert!(queue.ops().wal_bytes() > 0);
     let out = env.run(&["checkpoint"]).ok();
     assert!(out.starts_with("WAL file: "), "{out}");
     assert!(out.trim().ends_with("before, 0 B after"), "{out}");
@@ -469,7 +477,10 @@ fn failures_exit_1_with_one_line_that_says_what_to_do() {
         1,
         &[
             &format!("database {newer_arg} was written by a newer tickler"),
-            &format!("schema 999, this build knows {}", Queue::schema_version()),
+            &format!(
+                "schema 999, this build knows {}",
+                tickler::Ops::schema_version()
+            ),
             "upgrade tickler",
         ],
     );

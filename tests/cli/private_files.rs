@@ -30,7 +30,7 @@ fn files_tickler_creates_are_owner_only_with_their_wal_and_shm() {
     for path in [env.db.clone(), side(&env.db, "-wal"), side(&env.db, "-shm")] {
         assert_eq!(mode(&path), 0o600, "{}", path.display());
     }
-    assert!(Queue::file_is_private(&env.db).unwrap());
+    assert!(tickler::Ops::file_is_private(&env.db).unwrap());
     drop(queue);
 
     // Through the library too.
@@ -54,7 +54,7 @@ fn init_refuses_a_file_others_can_read_and_says_how_to_fix_it() {
             "--allow-shared-db",
         ],
     );
-    assert!(!Queue::file_is_private(&env.db).unwrap());
+    assert!(!tickler::Ops::file_is_private(&env.db).unwrap());
     assert_eq!(
         std::fs::metadata(&env.db).unwrap().len(),
         0,
@@ -66,7 +66,7 @@ fn init_refuses_a_file_others_can_read_and_says_how_to_fix_it() {
     assert!(run.stderr.contains("warning: "), "{run:#?}");
 
     chmod(&env.db, 0o600);
-    assert!(Queue::file_is_private(&env.db).unwrap());
+    assert!(tickler::Ops::file_is_private(&env.db).unwrap());
     env.run(&["init"]).ok();
 }
 
@@ -95,12 +95,12 @@ fn the_library_check_looks_at_the_wal_and_shm_too() {
     let env = Env::new();
     env.run(&["init"]).ok();
     let queue = env.queue();
-    assert!(queue.is_private().unwrap());
+    assert!(queue.ops().is_private().unwrap());
     chmod(&side(&env.db, "-wal"), 0o644);
-    assert!(!Queue::file_is_private(&env.db).unwrap());
-    assert!(!queue.is_private().unwrap());
+    assert!(!tickler::Ops::file_is_private(&env.db).unwrap());
+    assert!(!queue.ops().is_private().unwrap());
     chmod(&side(&env.db, "-wal"), 0o600);
-    assert!(queue.is_private().unwrap());
+    assert!(queue.ops().is_private().unwrap());
     // A missing file is an error, not "private".
-    assert!(Queue::file_is_private(env.dir.path().join("nope.db")).is_err());
+    assert!(tickler::Ops::file_is_private(env.dir.path().join("nope.db")).is_err());
 }

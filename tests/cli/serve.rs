@@ -188,11 +188,12 @@ mod other_queues_dashboard_reports {
     /// Claims the next job of `queue` and fails it with `error`.
     fn claim_and_fail(queue: &Queue, name: &str, error: &str) -> JobId {
         let lease = queue
+            .manual()
             .claim(name, "hunt", 1, secs(30))
             .unwrap()
             .pop()
             .expect("a due job");
-        queue.fail(&lease, error).unwrap();
+        queue.manual().fail(&lease, error).unwrap();
         lease.job_id
     }
 
@@ -463,9 +464,13 @@ mod other_queues_dashboard_reports {
             )
             .unwrap();
         for _ in 0..20 * ids.len() {
-            let lease = queue.claim("big", "hunt", 1, secs(30)).unwrap().remove(0);
+            let lease = queue
+                .manual()
+                .claim("big", "hunt", 1, secs(30))
+                .unwrap()
+                .remove(0);
             let error = format!("attempt {} failed: {}", lease.attempt, "x".repeat(9000));
-            queue.fail(&lease, &error).unwrap();
+            queue.manual().fail(&lease, &error).unwrap();
         }
         assert_eq!(env.in_state(JobState::Dead).len(), 20);
         let served = serve(&env, &[]);
@@ -541,8 +546,12 @@ mod other_queues_dashboard_reports {
         let env = binary_env();
         let queue = env.queue();
         queue.enqueue(NewJob::new("k")).unwrap();
-        let lease = queue.claim("default", "t", 1, secs(30)).unwrap().remove(0);
-        queue.complete(&lease).unwrap();
+        let lease = queue
+            .manual()
+            .claim("default", "t", 1, secs(30))
+            .unwrap()
+            .remove(0);
+        queue.manual().complete(&lease).unwrap();
         let served = serve(&env, &[]);
         let (_, _, page) = http(&served.addr, "GET", "/", &[], "");
         let titles: Vec<&str> = page

@@ -20,15 +20,15 @@ fn slices_count_finished_jobs_with_their_lateness_and_run_time() {
         ])
         .unwrap();
     clock.advance(secs(5));
-    let first = queue.claim("default", "w", 1, secs(60)).unwrap().remove(0);
+    let first = queue.manual().claim("default", "w", 1, secs(60)).unwrap().remove(0);
     clock.advance(secs(2));
-    queue.complete(&first).unwrap();
+    queue.manual().complete(&first).unwrap();
     clock.advance(secs(13));
-    let second = queue.claim("default", "w", 1, secs(60)).unwrap().remove(0);
+    let second = queue.manual().claim("default", "w", 1, secs(60)).unwrap().remove(0);
     assert_ne!(first.job_id, second.job_id);
     assert!(ids.contains(&second.job_id));
     clock.advance(secs(4));
-    queue.fail(&second, "boom").unwrap();
+    queue.manual().fail(&second, "boom").unwrap();
     // Minute 2: a job cancelled before it ran counts as finished but has
     // no lateness or run time.
     let cancelled = queue.enqueue(NewJob::new("k")).unwrap();
@@ -38,7 +38,7 @@ fn slices_count_finished_jobs_with_their_lateness_and_run_time() {
     queue.enqueue(NewJob::new("k")).unwrap();
     clock.set(t0() + chrono::Duration::seconds(180));
 
-    let slices = queue.activity(3, secs(60), 1_000).unwrap();
+    let slices = queue.ops().activity(3, secs(60), 1_000).unwrap();
     assert_eq!(slices.len(), 3);
     assert_eq!(slices[0].start, t0());
     assert_eq!(slices[2].end, t0() + chrono::Duration::seconds(180));
@@ -67,15 +67,15 @@ fn a_slice_counts_up_to_the_cap_and_samples_at_most_the_sample_size() {
         .enqueue_batch((0..n).map(|_| NewJob::new("k")).collect())
         .unwrap();
     clock.advance(ms(1500));
-    let leases = queue.claim("default", "w", n, secs(60)).unwrap();
+    let leases = queue.manual().claim("default", "w", n, secs(60)).unwrap();
     assert_eq!(leases.len(), n);
     clock.advance(ms(500));
     for lease in &leases {
-        queue.complete(lease).unwrap();
+        queue.manual().complete(lease).unwrap();
     }
     clock.advance(secs(1));
 
-    let whole = queue.activity(1, secs(10), 10_000).unwrap();
+    let whole = queue.ops().activity(1, secs(10), 10_000).unwrap();
     assert_eq!(whole.len(), 1);
     assert_eq!(whole[0].finished, n as u64);
     assert!(!whole[0].capped);
@@ -83,7 +83,7 @@ fn a_slice_counts_up_to_the_cap_and_samples_at_most_the_sample_size() {
     assert_eq!(whole[0].lateness_max, Some(ms(1500)));
     assert_eq!(whole[0].run_time_p50, Some(ms(500)));
 
-    let capped = queue.activity(1, secs(10), 100).unwrap();
+    let capped = queue.ops().activity(1, secs(10), 100).unwrap();
     assert_eq!((capped[0].finished, capped[0].capped), (100, true));
 }
 }
@@ -99,17 +99,17 @@ fn bad_arguments_get_a_typed_error() {
         (ACTIVITY_MAX_BUCKETS + 1, secs(1), "want 1 to"),
     ];
     for (slices, width, needle) in cases {
-        match queue.activity(slices, width, 10) {
+        match queue.ops().activity(slices, width, 10) {
             Err(Error::InvalidArgument(m)) => assert!(m.contains(needle), "{m}"),
             other => panic!("{slices} {width:?}: {other:?}"),
         }
     }
     // The last slice ends at now, and extreme widths do not overflow.
-    let slices = queue.activity(2, secs(60), 10).unwrap();
+    let slices = queue.ops().activity(2, secs(60), 10).unwrap();
     assert_eq!(slices.len(), 2);
     assert_eq!(slices[1].end, t0());
     assert_eq!(slices[0].start, t0() - chrono::Duration::seconds(120));
-    let wide = queue.activity(3, std::time::Duration::MAX, 10).unwrap();
+    let wide = queue.ops().activity(3, std::time::Duration::MAX, 10).unwrap();
     assert_eq!(wide.len(), 3);
     assert!(wide.iter().all(|s| s.finished == 0));
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tickler::{Clock, JobState, Lease, NewJob, Queue, RetryPolicy, MAX_TIMESTAMP_MS};
 
 fn claim_one(queue: &Queue) -> Lease {
-    let mut leases = queue.claim("default", "w", 1, secs(60)).unwrap();
+    let mut leases = queue.manual().claim("default", "w", 1, secs(60)).unwrap();
     assert_eq!(leases.len(), 1, "expected one job to claim");
     leases.remove(0)
 }
@@ -32,7 +32,7 @@ fn failed_job_waits_exactly_the_backoff_without_jitter() {
     assert_eq!(first.attempt, 1);
     clock.advance(secs(3));
     let t = clock.now();
-    queue.fail(&first, "boom 1").unwrap();
+    queue.manual().fail(&first, "boom 1").unwrap();
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Scheduled);
     assert_eq!(job.run_at, t + ChronoDuration::seconds(1));
@@ -42,7 +42,7 @@ fn failed_job_waits_exactly_the_backoff_without_jitter() {
 
     clock.advance(ms(999));
     assert!(
-        queue.claim("default", "w", 1, secs(60)).unwrap().is_empty(),
+        queue.manual().claim("default", "w", 1, secs(60)).unwrap().is_empty(),
         "claimed before the backoff ended"
     );
     clock.advance(ms(1));
@@ -52,18 +52,18 @@ fn failed_job_waits_exactly_the_backoff_without_jitter() {
     // Doubling: 2 s after the second failure, then 4 s.
     clock.advance(secs(5));
     let t2 = clock.now();
-    queue.fail(&second, "boom 2").unwrap();
+    queue.manual().fail(&second, "boom 2").unwrap();
     let job = queue.get(id).unwrap();
     assert_eq!(job.run_at, t2 + ChronoDuration::seconds(2));
     assert_eq!(job.last_error.as_deref(), Some("boom 2"));
 
     clock.advance(ms(1_999));
-    assert!(queue.claim("default", "w", 1, secs(60)).unwrap().is_empty());
+    assert!(queue.manual().claim("default", "w", 1, secs(60)).unwrap().is_empty());
     clock.advance(ms(1));
     let third = claim_one(&queue);
     assert_eq!(third.attempt, 3);
     let t3 = clock.now();
-    queue.fail(&third, "boom 3").unwrap();
+    queue.manual().fail(&third, "boom 3").unwrap();
     assert_eq!(
         queue.get(id).unwrap().run_at,
         t3 + ChronoDuration::seconds(4)
@@ -82,7 +82,7 @@ fn backoff_stops_growing_at_the_cap() {
     for _ in 0..9 {
         let lease = claim_one(&queue);
         let t = clock.now();
-        queue.fail(&lease, "again").unwrap();
+        queue.manual().fail(&lease, "again").unwrap();
         let run_at = queue.get(id).unwrap().run_at;
         delays.push((run_at - t).num_seconds());
         clock.set(run_at);
@@ -106,7 +106,7 @@ fn jittered_backoff_stays_within_bounds_and_varies() {
     queue.enqueue_batch(jobs).unwrap();
 
     for attempt in 1..=4u32 {
-        let leases = queue.claim("default", "w", 100, secs(60)).unwrap();
+        let leases = queue.manual().claim("default", "w", 100, secs(60)).unwrap();
         assert_eq!(leases.len(), 100, "attempt {attempt}");
         clock.advance(secs(1));
         let t = clock.now();
@@ -114,7 +114,7 @@ fn jittered_backoff_stays_within_bounds_and_varies() {
         let mut seen = HashSet::new();
         for lease in &leases {
             assert_eq!(lease.attempt, attempt);
-            queue.fail(lease, "jittery").unwrap();
+            queue.manual().fail(lease, "jittery").unwrap();
             let job = queue.get(lease.job_id).unwrap();
             assert!(
                 job.run_at >= t && job.run_at <= t + max,
@@ -176,7 +176,7 @@ fn failing_attempt_ten_thousand_waits_the_cap() {
     let lease = claim_one(&queue);
     assert_eq!(lease.attempt, 10_000);
     let t = clock.now();
-    queue.fail(&lease, "still failing").unwrap();
+    queue.manual().fail(&lease, "still failing").unwrap();
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Scheduled);
     assert_eq!(job.run_at, t + ChronoDuration::seconds(60));
@@ -194,7 +194,7 @@ fn backoff_past_year_9999_is_clamped_not_an_error() {
     let (queue, _clock) = common::manual_queue_with_policy(&path, policy);
     let id = queue.enqueue(NewJob::new("flaky")).unwrap();
     let lease = claim_one(&queue);
-    queue.fail(&lease, "see you in 9999").unwrap();
+    queue.manual().fail(&lease, "see you in 9999").unwrap();
     let job = queue.get(id).unwrap();
     let last: DateTime<Utc> = Utc.timestamp_millis_opt(MAX_TIMESTAMP_MS).unwrap();
     assert_eq!(job.state, JobState::Scheduled);
@@ -209,14 +209,14 @@ fn last_allowed_failure_makes_the_job_dead() {
     let id = queue.enqueue(NewJob::new("flaky").max_attempts(2)).unwrap();
 
     let first = claim_one(&queue);
-    queue.fail(&first, "first failure").unwrap();
+    queue.manual().fail(&first, "first failure").unwrap();
     assert_eq!(queue.get(id).unwrap().state, JobState::Scheduled);
     clock.advance(secs(1));
 
     let second = claim_one(&queue);
     assert_eq!(second.attempt, 2);
     let t = clock.now();
-    queue.fail(&second, "second failure: disk on fire").unwrap();
+    queue.manual().fail(&second, "second failure: disk on fire").unwrap();
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Dead);
     assert_eq!(
@@ -228,7 +228,7 @@ fn last_allowed_failure_makes_the_job_dead() {
 
     clock.advance(secs(3600));
     assert!(queue
-        .claim("default", "w", 10, secs(60))
+        .manual().claim("default", "w", 10, secs(60))
         .unwrap()
         .is_empty());
     assert_eq!(queue.get(id).unwrap(), job);
@@ -243,7 +243,7 @@ fn permanent_failure_is_dead_at_once_whatever_attempts_are_left() {
     let lease = claim_one(&queue);
     let t = clock.now();
     queue
-        .fail_permanently(&lease, "payload is garbage")
+        .manual().fail_permanently(&lease, "payload is garbage")
         .unwrap();
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Dead);
@@ -252,7 +252,7 @@ fn permanent_failure_is_dead_at_once_whatever_attempts_are_left() {
     assert_eq!(job.attempts, 1);
     clock.advance(secs(3600 * 24));
     assert!(queue
-        .claim("default", "w", 10, secs(60))
+        .manual().claim("default", "w", 10, secs(60))
         .unwrap()
         .is_empty());
 }
@@ -267,23 +267,23 @@ fn snooze_and_release_give_the_attempt_back() {
         let lease = claim_one(&queue);
         assert_eq!(lease.attempt, 1, "a snooze consumed the attempt");
         let until = clock.now() + ChronoDuration::seconds(30);
-        queue.snooze(&lease, until).unwrap();
+        queue.manual().snooze(&lease, until).unwrap();
         let job = queue.get(id).unwrap();
         assert_eq!(
             (job.state, job.run_at, job.attempts),
             (JobState::Scheduled, until, 0)
         );
         clock.advance(ms(29_999));
-        assert!(queue.claim("default", "w", 1, secs(60)).unwrap().is_empty());
+        assert!(queue.manual().claim("default", "w", 1, secs(60)).unwrap().is_empty());
         clock.advance(ms(1));
     }
     let lease = claim_one(&queue);
-    queue.release(&lease).unwrap();
+    queue.manual().release(&lease).unwrap();
     let job = queue.get(id).unwrap();
     assert_eq!((job.state, job.attempts), (JobState::Pending, 0));
     let lease = claim_one(&queue);
     assert_eq!(lease.attempt, 1);
-    queue.fail(&lease, "only try").unwrap();
+    queue.manual().fail(&lease, "only try").unwrap();
     assert_eq!(queue.get(id).unwrap().state, JobState::Dead);
 }
 }

@@ -187,7 +187,7 @@ fn bad_lease_arguments_are_refused_and_change_nothing() {
     let (queue, _clock) = common::manual_queue(&path);
     let id = queue.enqueue(NewJob::new("k")).unwrap();
 
-    let err = queue.claim("default", "w", 1, Duration::ZERO).unwrap_err();
+    let err = queue.manual().claim("default", "w", 1, Duration::ZERO).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
     assert_eq!(
         queue.get(id).unwrap().state,
@@ -195,14 +195,14 @@ fn bad_lease_arguments_are_refused_and_change_nothing() {
         "zero lease claimed the job"
     );
 
-    let lease = queue.claim("default", "w", 1, secs(10)).unwrap().remove(0);
+    let lease = queue.manual().claim("default", "w", 1, secs(10)).unwrap().remove(0);
     let held = queue.get(id).unwrap();
 
-    let err = queue.heartbeat(&lease, Duration::ZERO).unwrap_err();
+    let err = queue.manual().heartbeat(&lease, Duration::ZERO).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
     // (A snooze before 1970 is "due now", as a run_at is: tests/contract/limits_at_the_edges.rs.)
     let too_late = Utc.with_ymd_and_hms(10000, 1, 1, 0, 0, 0).unwrap();
-    let err = queue.snooze(&lease, too_late).unwrap_err();
+    let err = queue.manual().snooze(&lease, too_late).unwrap_err();
     assert!(matches!(err, Error::TimeOutOfRange { .. }), "{err:?}");
     assert_eq!(
         queue.get(id).unwrap(),
@@ -210,7 +210,7 @@ fn bad_lease_arguments_are_refused_and_change_nothing() {
         "a refused call changed the job"
     );
     queue
-        .complete(&lease)
+        .manual().complete(&lease)
         .expect("lease still held after refused calls");
 }
 }
@@ -255,7 +255,7 @@ fn unique_key_deduplicates_until_the_job_finishes() {
     assert_eq!(common::row_count(&path), 2);
 
     // Held while running too.
-    let lease = queue.claim("default", "w", 1, secs(60)).unwrap().remove(0);
+    let lease = queue.manual().claim("default", "w", 1, secs(60)).unwrap().remove(0);
     assert_eq!(lease.job_id, first);
     assert_eq!(
         queue
@@ -266,7 +266,7 @@ fn unique_key_deduplicates_until_the_job_finishes() {
     assert_eq!(common::row_count(&path), 2);
 
     // Once it finished, the key is free again.
-    queue.complete(&lease).unwrap();
+    queue.manual().complete(&lease).unwrap();
     let fresh = queue
         .enqueue(NewJob::new("mail").unique_key("welcome-42"))
         .unwrap();

@@ -26,7 +26,7 @@ fn the_next_job_with_the_key_waits_until_the_cancelled_holder_reports() {
     let first = queue
         .enqueue(NewJob::new("k").unique_key("report-42"))
         .unwrap();
-    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
     queue.cancel(first).unwrap();
 
     let second = queue
@@ -34,18 +34,18 @@ fn the_next_job_with_the_key_waits_until_the_cancelled_holder_reports() {
         .expect("a new job with the key may be enqueued at once");
     assert_ne!(second, first);
     assert!(
-        queue.claim("default", "w", 1, secs(30)).unwrap().is_empty(),
+        queue.manual().claim("default", "w", 1, secs(30)).unwrap().is_empty(),
         "the next job started while the cancelled one may still run"
     );
     assert_eq!(
-        queue.next_due(&["default"], None).unwrap(),
+        queue.manual().next_due(&["default"], None).unwrap(),
         Some(t0() + ChronoDuration::seconds(30) + ChronoDuration::milliseconds(1)),
         "a sleeping fetcher wakes when the cancelled holder's lease runs out"
     );
 
     // The holder stops and reports; its outcome is refused, and the key is free.
-    assert!(queue.complete(&lease).unwrap_err().is_lease_lost());
-    let next = queue.claim("default", "w", 1, secs(30)).unwrap();
+    assert!(queue.manual().complete(&lease).unwrap_err().is_lease_lost());
+    let next = queue.manual().claim("default", "w", 1, secs(30)).unwrap();
     assert_eq!(next.len(), 1);
     assert_eq!(next[0].job_id, second);
     assert_eq!(queue.get(first).unwrap().state, JobState::Cancelled);
@@ -63,7 +63,11 @@ fn cancelled_holder_vanished() -> (
     let (dir, path) = temp_db();
     let (queue, clock) = manual_queue(&path);
     let first = queue.enqueue(NewJob::new("k").unique_key("sync")).unwrap();
-    let _vanished = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let _vanished = queue
+        .manual()
+        .claim("default", "w", 1, secs(30))
+        .unwrap()
+        .remove(0);
     queue.cancel(first).unwrap();
     let second = queue.enqueue(NewJob::new("k").unique_key("sync")).unwrap();
     (dir, queue, clock, second)
@@ -73,9 +77,9 @@ contract! {
 fn a_holder_that_never_reports_blocks_the_key_only_until_its_lease_runs_out() {
     let (_dir, queue, clock, second) = cancelled_holder_vanished();
     clock.advance(secs(30));
-    assert!(queue.claim("default", "w", 1, secs(30)).unwrap().is_empty());
+    assert!(queue.manual().claim("default", "w", 1, secs(30)).unwrap().is_empty());
     clock.advance(Duration::from_millis(1));
-    let next = queue.claim("default", "w", 1, secs(30)).unwrap();
+    let next = queue.manual().claim("default", "w", 1, secs(30)).unwrap();
     assert_eq!(next[0].job_id, second);
 }
 }
@@ -85,12 +89,12 @@ fn a_retried_cancelled_job_waits_for_its_old_holder_too() {
     let (_dir, path) = temp_db();
     let (queue, clock) = manual_queue(&path);
     let id = queue.enqueue(NewJob::new("k")).unwrap();
-    let _old = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let _old = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
     queue.cancel(id).unwrap();
     queue.retry(id).unwrap();
-    assert!(queue.claim("default", "w", 1, secs(30)).unwrap().is_empty());
+    assert!(queue.manual().claim("default", "w", 1, secs(30)).unwrap().is_empty());
     clock.advance(secs(31));
-    assert_eq!(queue.claim("default", "w", 1, secs(30)).unwrap().len(), 1);
+    assert_eq!(queue.manual().claim("default", "w", 1, secs(30)).unwrap().len(), 1);
 }
 }
 
@@ -242,9 +246,9 @@ fn after_a_backward_clock_step_the_key_waits_one_lease_not_until_the_clock_catch
     let (_dir, queue, clock, second) = cancelled_holder_vanished();
     // The clock was two hours ahead; it is set right.
     clock.set(t0() - ChronoDuration::hours(2));
-    queue.reap().unwrap();
+    queue.manual().reap().unwrap();
     clock.advance(secs(31));
-    let next = queue.claim("default", "w", 1, secs(30)).unwrap();
+    let next = queue.manual().claim("default", "w", 1, secs(30)).unwrap();
     assert_eq!(next.len(), 1, "the key waited for the clock to catch up");
     assert_eq!(next[0].job_id, second);
 }

@@ -77,7 +77,7 @@ fn claim_until_empty(
     let mut got = Vec::new();
     loop {
         let max = rng.usize(1..=32);
-        let leases = match queue.claim("default", worker, max, LEASE) {
+        let leases = match queue.manual().claim("default", worker, max, LEASE) {
             Ok(leases) => leases,
             Err(e) => return (got, Some(e)),
         };
@@ -100,13 +100,13 @@ fn claim_until_empty(
         }
         if rng.bool() {
             for lease in &leases {
-                if let Err(e) = queue.complete(lease) {
+                if let Err(e) = queue.manual().complete(lease) {
                     return (got, Some(e));
                 }
             }
         } else {
             let outcomes: Vec<_> = leases.iter().map(|l| (l, Outcome::Complete)).collect();
-            match queue.record_outcomes(&outcomes) {
+            match queue.manual().record_outcomes(&outcomes) {
                 Ok(results) => {
                     for result in results {
                         if let Err(e) = result {

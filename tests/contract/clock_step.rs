@@ -32,7 +32,7 @@ fn reaper_holds_off_after_a_forward_step_then_takes_only_the_silent_holder() {
     let alive = queue.enqueue(NewJob::new("k")).unwrap();
     let silent = queue.enqueue(NewJob::new("k")).unwrap();
     let leases = queue
-        .claim("default", "w", 2, Duration::from_secs(10))
+        .manual().claim("default", "w", 2, Duration::from_secs(10))
         .unwrap();
     assert_eq!(leases.len(), 2);
     let alive_lease = leases.iter().find(|l| l.job_id == alive).unwrap();
@@ -58,7 +58,7 @@ fn reaper_holds_off_after_a_forward_step_then_takes_only_the_silent_holder() {
 
     // The live holder renews from the new time during the hold.
     queue
-        .heartbeat(alive_lease, Duration::from_secs(10))
+        .manual().heartbeat(alive_lease, Duration::from_secs(10))
         .unwrap();
 
     // After the hold the silent holder's job is taken back, the live one kept.
@@ -71,7 +71,7 @@ fn reaper_holds_off_after_a_forward_step_then_takes_only_the_silent_holder() {
     let kept = queue.get(alive).unwrap();
     assert_eq!(kept.state, JobState::Running);
     assert_eq!(kept.run_token.as_ref(), Some(&alive_lease.run_token));
-    queue.complete(alive_lease).unwrap();
+    queue.manual().complete(alive_lease).unwrap();
 }
 }
 
@@ -84,7 +84,7 @@ fn without_a_step_expired_leases_are_reaped_promptly() {
         .unwrap();
     let id = queue.enqueue(NewJob::new("k")).unwrap();
     queue
-        .claim("default", "w", 1, Duration::from_millis(50))
+        .manual().claim("default", "w", 1, Duration::from_millis(50))
         .unwrap();
     let started = Instant::now();
     let _reaper = Reaper::spawn(

@@ -44,8 +44,8 @@ fn a_minute_schedule_resumes_at_the_next_minute_after_a_two_hour_step_back() {
     // The clock was two hours ahead; it is set right.
     clock.set(utc(2026, 5, 1, 8, 5, 30));
     // A sleeping scheduler learns that something is due now.
-    assert!(queue.next_schedule_tick().unwrap().unwrap() <= clock_now(&clock));
-    let run = queue.run_due_ticks().unwrap();
+    assert!(queue.manual().next_schedule_tick().unwrap().unwrap() <= clock_now(&clock));
+    let run = queue.manual().run_due_ticks().unwrap();
     assert!(run.jobs.is_empty());
     assert_eq!(run.next_tick_at, Some(utc(2026, 5, 1, 8, 6, 0)));
     assert_eq!(
@@ -59,7 +59,7 @@ fn a_minute_schedule_resumes_at_the_next_minute_after_a_two_hour_step_back() {
 
     // The next minute fires.
     clock.set(utc(2026, 5, 1, 8, 6, 0));
-    let run = queue.run_due_ticks().unwrap();
+    let run = queue.manual().run_due_ticks().unwrap();
     assert_eq!(run.jobs.len(), 1);
     assert_eq!(
         queue.get(run.jobs[0]).unwrap().run_at,
@@ -97,7 +97,7 @@ fn a_box_whose_clock_was_years_ahead_goes_on_after_the_fix_and_skips_the_ticks_i
     // The box reboots with a bad RTC: 2031. FireOnce fires one catch-up tick,
     // then three minutes of ticks.
     clock.set(utc(2031, 1, 1, 0, 0, 30));
-    queue.run_due_ticks().unwrap();
+    queue.manual().run_due_ticks().unwrap();
     run_until(&queue, &clock, utc(2031, 1, 1, 0, 3, 30));
     // NTP sets the clock right, a few minutes after the reboot.
     clock.set(utc(2026, 5, 1, 10, 10, 30));
@@ -112,7 +112,7 @@ fn a_box_whose_clock_was_years_ahead_goes_on_after_the_fix_and_skips_the_ticks_i
     assert_eq!(fired, expected);
     // Years later the ticks fired under the wrong clock do not fire again.
     clock.set(utc(2030, 12, 31, 23, 58, 30));
-    queue.run_due_ticks().unwrap(); // a misfire: fires 23:58 once
+    queue.manual().run_due_ticks().unwrap(); // a misfire: fires 23:58 once
     run_until(&queue, &clock, utc(2031, 1, 1, 0, 5, 0));
     let fired = run_ats(&queue, "tick");
     let unique: BTreeSet<_> = fired.iter().copied().collect();
@@ -136,7 +136,7 @@ fn a_small_step_back_just_after_a_tick_does_not_fire_it_again() {
     queue.upsert_schedule(minute_schedule()).unwrap();
     run_until(&queue, &clock, utc(2026, 5, 1, 10, 1, 0));
     clock.set(utc(2026, 5, 1, 10, 0, 59));
-    queue.run_due_ticks().unwrap();
+    queue.manual().run_due_ticks().unwrap();
     run_until(&queue, &clock, utc(2026, 5, 1, 10, 3, 0));
     assert_eq!(
         run_ats(&queue, "tick"),
@@ -170,7 +170,7 @@ fn a_forward_step_is_still_a_misfire() {
         .unwrap();
     run_until(&queue, &clock, utc(2026, 5, 1, 10, 2, 30));
     clock.set(utc(2026, 5, 1, 12, 2, 30));
-    let run = queue.run_due_ticks().unwrap();
+    let run = queue.manual().run_due_ticks().unwrap();
     assert_eq!(run.jobs.len(), 1);
     assert_eq!(
         queue.get(run.jobs[0]).unwrap().run_at,
@@ -191,31 +191,31 @@ fn an_abandoned_lease_is_reaped_within_a_lease_duration_after_a_two_hour_step_ba
     let (queue, clock) = queue_at(&path, start);
     let abandoned = queue.enqueue(NewJob::new("k")).unwrap();
     let live = queue.enqueue(NewJob::new("k")).unwrap();
-    let leases = queue.claim("default", "w", 2, LEASE).unwrap();
+    let leases = queue.manual().claim("default", "w", 2, LEASE).unwrap();
     let live_lease = leases.iter().find(|l| l.job_id == live).unwrap();
 
     clock.set(start - ChronoDuration::hours(2));
     // The pass right after the step takes nothing: no lease has run out.
-    assert_eq!(queue.reap().unwrap(), 0);
+    assert_eq!(queue.manual().reap().unwrap(), 0);
     assert_eq!(queue.get(abandoned).unwrap().state, JobState::Running);
 
     // The live holder heartbeats every 10 s, from the new time.
     for _ in 0..3 {
         clock.advance(Duration::from_secs(10));
-        queue.heartbeat(live_lease, LEASE).unwrap();
-        queue.reap().unwrap();
+        queue.manual().heartbeat(live_lease, LEASE).unwrap();
+        queue.manual().reap().unwrap();
     }
     clock.advance(Duration::from_millis(1));
     // 30 s after the step: the abandoned job is taken back, the live one kept.
-    assert_eq!(queue.reap().unwrap(), 1);
+    assert_eq!(queue.manual().reap().unwrap(), 1);
     assert_ne!(queue.get(abandoned).unwrap().state, JobState::Running);
     let kept = queue.get(live).unwrap();
     assert_eq!(kept.state, JobState::Running);
     assert_eq!(kept.run_token.as_ref(), Some(&live_lease.run_token));
-    queue.complete(live_lease).unwrap();
+    queue.manual().complete(live_lease).unwrap();
     let abandoned_lease = leases.iter().find(|l| l.job_id == abandoned).unwrap();
     assert!(matches!(
-        queue.complete(abandoned_lease),
+        queue.manual().complete(abandoned_lease),
         Err(Error::LeaseLost { .. })
     ));
 }
@@ -227,11 +227,11 @@ fn a_lease_is_not_taken_back_early_after_a_step_back() {
     let start = utc(2026, 5, 1, 10, 0, 0);
     let (queue, clock) = queue_at(&path, start);
     let id = queue.enqueue(NewJob::new("k")).unwrap();
-    queue.claim("default", "w", 1, LEASE).unwrap();
+    queue.manual().claim("default", "w", 1, LEASE).unwrap();
     clock.set(start - ChronoDuration::hours(2));
-    queue.reap().unwrap();
+    queue.manual().reap().unwrap();
     clock.advance(LEASE - Duration::from_secs(1));
-    assert_eq!(queue.reap().unwrap(), 0);
+    assert_eq!(queue.manual().reap().unwrap(), 0);
     assert_eq!(queue.get(id).unwrap().state, JobState::Running);
 }
 }
@@ -242,9 +242,9 @@ fn a_step_back_smaller_than_the_margin_changes_nothing() {
     let start = utc(2026, 5, 1, 10, 0, 0);
     let (queue, clock) = queue_at(&path, start);
     let id = queue.enqueue(NewJob::new("k")).unwrap();
-    queue.claim("default", "w", 1, LEASE).unwrap();
+    queue.manual().claim("default", "w", 1, LEASE).unwrap();
     clock.set(start - ChronoDuration::seconds(1));
-    queue.reap().unwrap();
+    queue.manual().reap().unwrap();
     assert_eq!(
         queue.get(id).unwrap().lease_expires_at,
         Some(start + ChronoDuration::seconds(30))
@@ -258,25 +258,25 @@ fn a_long_heartbeat_extension_is_kept_without_a_step() {
     let start = utc(2026, 5, 1, 10, 0, 0);
     let (queue, clock) = queue_at(&path, start);
     let id = queue.enqueue(NewJob::new("k")).unwrap();
-    let lease = queue.claim("default", "w", 1, LEASE).unwrap().remove(0);
+    let lease = queue.manual().claim("default", "w", 1, LEASE).unwrap().remove(0);
     // A handler that knows it will be busy asks for an hour.
-    queue.heartbeat(&lease, Duration::from_secs(3600)).unwrap();
+    queue.manual().heartbeat(&lease, Duration::from_secs(3600)).unwrap();
     clock.advance(Duration::from_secs(600));
-    assert_eq!(queue.reap().unwrap(), 0);
+    assert_eq!(queue.manual().reap().unwrap(), 0);
     assert_eq!(queue.get(id).unwrap().state, JobState::Running);
     // A later claim is judged by its own lease, not by an earlier
     // attempt's last heartbeat (a short one here).
-    queue.heartbeat(&lease, Duration::from_secs(5)).unwrap();
-    queue.fail(&lease, "again").unwrap();
+    queue.manual().heartbeat(&lease, Duration::from_secs(5)).unwrap();
+    queue.manual().fail(&lease, "again").unwrap();
     clock.advance(Duration::from_secs(3600));
     let again = queue
-        .claim("default", "w", 1, Duration::from_secs(600))
+        .manual().claim("default", "w", 1, Duration::from_secs(600))
         .unwrap()
         .remove(0);
     assert_eq!(again.job_id, id);
     for _ in 0..4 {
         clock.advance(Duration::from_secs(20));
-        assert_eq!(queue.reap().unwrap(), 0);
+        assert_eq!(queue.manual().reap().unwrap(), 0);
     }
     assert_eq!(queue.get(id).unwrap().state, JobState::Running);
 }
@@ -288,11 +288,11 @@ fn a_forward_step_still_expires_leases_as_before() {
     let start = utc(2026, 5, 1, 10, 0, 0);
     let (queue, clock) = queue_at(&path, start);
     let id = queue.enqueue(NewJob::new("k")).unwrap();
-    queue.claim("default", "w", 1, LEASE).unwrap();
+    queue.manual().claim("default", "w", 1, LEASE).unwrap();
     clock.set(start + ChronoDuration::hours(2));
     // Queue::reap judges by the clock alone; the Reaper thread's hold after
     // a forward step is tested in tests/contract/clock_step.rs.
-    assert_eq!(queue.reap().unwrap(), 1);
+    assert_eq!(queue.manual().reap().unwrap(), 1);
     assert_ne!(queue.get(id).unwrap().state, JobState::Running);
 }
 }
@@ -307,12 +307,12 @@ fn a_job_that_was_due_before_a_step_back_is_claimed_at_once_not_when_the_clock_c
         .unwrap();
     clock.set(utc(2026, 5, 1, 8, 0, 0));
     assert_eq!(
-        queue.next_due(&["default"], None).unwrap(),
+        queue.manual().next_due(&["default"], None).unwrap(),
         Some(utc(2026, 5, 1, 8, 0, 0)),
         "a pending job is due now"
     );
     let claimed = queue
-        .claim("default", "w", 10, Duration::from_secs(30))
+        .manual().claim("default", "w", 10, Duration::from_secs(30))
         .unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].job_id, due);
@@ -377,7 +377,7 @@ mod next_due_after_a_backward_step {
         assert_eq!(queue.get(low).unwrap().state, JobState::Pending);
         // `low` is due (run_at two hours before the start, one hour before now):
         // a claim would take it right now.
-        let next = queue.next_due(&["default"], None).unwrap().unwrap();
+        let next = queue.manual().next_due(&["default"], None).unwrap().unwrap();
         eprintln!("now = {}, next_due = {next}", clock.now_ms());
         assert!(
             next.timestamp_millis() <= clock.now_ms(),

@@ -125,6 +125,7 @@ fn enqueue_then_kill(mode: &str) {
     }
     // And they are claimable by whoever opens the file next.
     let claimed: std::collections::HashSet<JobId> = queue
+        .manual()
         .claim("default", "after-crash", 10_000, Duration::from_secs(60))
         .unwrap()
         .iter()

@@ -21,33 +21,33 @@ fn each_failed_attempt_is_kept_with_its_time_and_worker_and_success_clears_last_
     let id = queue.enqueue(NewJob::new("k").max_attempts(5)).unwrap();
 
     let lease = queue
-        .claim("default", "worker-a", 1, secs(30))
+        .manual().claim("default", "worker-a", 1, secs(30))
         .unwrap()
         .remove(0);
-    queue.fail(&lease, "connection refused").unwrap();
+    queue.manual().fail(&lease, "connection refused").unwrap();
     clock.advance(secs(5));
     let lease = queue
-        .claim("default", "worker-b", 1, secs(30))
+        .manual().claim("default", "worker-b", 1, secs(30))
         .unwrap()
         .remove(0);
     clock.advance(secs(31));
-    assert_eq!(queue.reap().unwrap(), 1, "lease of attempt 2 expired");
+    assert_eq!(queue.manual().reap().unwrap(), 1, "lease of attempt 2 expired");
     clock.advance(secs(5));
     let lease3 = queue
-        .claim("default", "worker-c", 1, secs(30))
+        .manual().claim("default", "worker-c", 1, secs(30))
         .unwrap()
         .remove(0);
     assert!(
-        queue.fail(&lease, "too late").is_err(),
+        queue.manual().fail(&lease, "too late").is_err(),
         "attempt 2's holder is fenced"
     );
-    queue.fail(&lease3, "HTTP 503").unwrap();
+    queue.manual().fail(&lease3, "HTTP 503").unwrap();
     clock.advance(secs(5));
     let lease = queue
-        .claim("default", "worker-d", 1, secs(30))
+        .manual().claim("default", "worker-d", 1, secs(30))
         .unwrap()
         .remove(0);
-    queue.complete(&lease).unwrap();
+    queue.manual().complete(&lease).unwrap();
 
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Succeeded);
@@ -73,11 +73,11 @@ fn a_permanent_failure_is_kept_too_and_a_manual_retry_keeps_the_history() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
     let id = queue.enqueue(NewJob::new("k")).unwrap();
-    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
-    queue.fail_permanently(&lease, "bad input").unwrap();
+    let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    queue.manual().fail_permanently(&lease, "bad input").unwrap();
     queue.retry(id).unwrap();
-    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
-    queue.fail_permanently(&lease, "still bad").unwrap();
+    let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    queue.manual().fail_permanently(&lease, "still bad").unwrap();
     let job = queue.get(id).unwrap();
     let errors: Vec<(u32, &str)> = job
         .errors
@@ -97,8 +97,8 @@ fn the_history_keeps_the_last_entries_up_to_its_bound() {
         .enqueue(NewJob::new("k").max_attempts(attempts as u32))
         .unwrap();
     for n in 1..=attempts {
-        let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
-        queue.fail(&lease, &format!("failure {n}")).unwrap();
+        let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
+        queue.manual().fail(&lease, &format!("failure {n}")).unwrap();
         clock.advance(secs(120));
     }
     let job = queue.get(id).unwrap();
@@ -123,11 +123,11 @@ fn show_and_list_json_print_the_history() {
     let queue = env.queue();
     let id = queue.enqueue(NewJob::new("k").max_attempts(3)).unwrap();
     let lease = queue
-        .claim("default", "mailer-1", 1, secs(30))
+        .manual().claim("default", "mailer-1", 1, secs(30))
         .unwrap()
         .remove(0);
     queue
-        .fail(&lease, "first: timeout talking to smtp")
+        .manual().fail(&lease, "first: timeout talking to smtp")
         .unwrap();
     drop(queue);
 
@@ -167,9 +167,9 @@ mod other_queues_reports {
         let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
         let id = queue.enqueue(NewJob::new("k").max_attempts(30)).unwrap();
         for attempt in 1..=30u32 {
-            let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+            let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
             let trace = format!("attempt {attempt}\n{}", "at frame\n".repeat(20_000));
-            queue.fail(&lease, &trace).unwrap();
+            queue.manual().fail(&lease, &trace).unwrap();
             clock.advance(secs(120));
         }
         let job = queue.get(id).unwrap();
@@ -198,8 +198,8 @@ mod other_queues_reports {
         let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
         let id = queue.enqueue(NewJob::new("k").max_attempts(25)).unwrap();
         for _ in 0..25 {
-            let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
-            queue.fail(&lease, &"\u{1}".repeat(100_000)).unwrap();
+            let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
+            queue.manual().fail(&lease, &"\u{1}".repeat(100_000)).unwrap();
             clock.advance(secs(120));
         }
         let stored = stored_history_bytes(&path, id);
@@ -224,8 +224,8 @@ mod other_queues_reports {
             "€😀".repeat(5_000),
         ];
         for text in &texts {
-            let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
-            queue.fail(&lease, text).unwrap();
+            let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
+            queue.manual().fail(&lease, text).unwrap();
             clock.advance(secs(120));
         }
         let job = queue.get(id).unwrap();

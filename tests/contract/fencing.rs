@@ -27,18 +27,20 @@ const OLD_HOLDER_ACTIONS: [&str; 8] = [
 fn try_action(queue: &Queue, lease: &Lease, action: &str) -> Option<Error> {
     let later = queue.clock().now() + ChronoDuration::minutes(5);
     let result = match action {
-        "heartbeat" => queue.heartbeat(lease, secs(30)).map(|_| ()),
+        "heartbeat" => queue.manual().heartbeat(lease, secs(30)).map(|_| ()),
         "heartbeat_many" => queue
+            .manual()
             .heartbeat_many(&[lease], secs(30))
             .expect("heartbeat transaction")
             .remove(0)
             .map(|_| ()),
-        "complete" => queue.complete(lease),
-        "fail" => queue.fail(lease, "old holder failed"),
-        "fail_permanently" => queue.fail_permanently(lease, "old holder gave up"),
-        "snooze" => queue.snooze(lease, later),
-        "release" => queue.release(lease),
+        "complete" => queue.manual().complete(lease),
+        "fail" => queue.manual().fail(lease, "old holder failed"),
+        "fail_permanently" => queue.manual().fail_permanently(lease, "old holder gave up"),
+        "snooze" => queue.manual().snooze(lease, later),
+        "release" => queue.manual().release(lease),
         "record_outcomes" => queue
+            .manual()
             .record_outcomes(&[(lease, Outcome::Fail("old holder, batched".into()))])
             .expect("outcome transaction")
             .remove(0),
@@ -76,7 +78,7 @@ fn assert_fenced_off(queue: &Queue, lease: &Lease, id: JobId) {
 }
 
 fn claim_one(queue: &Queue, lease: std::time::Duration) -> Lease {
-    let mut leases = queue.claim("default", "w", 1, lease).unwrap();
+    let mut leases = queue.manual().claim("default", "w", 1, lease).unwrap();
     assert_eq!(leases.len(), 1, "expected one job to claim");
     leases.remove(0)
 }
@@ -90,7 +92,7 @@ fn reaped_holder_is_fenced_off_and_new_holder_wins() {
     let old = claim_one(&queue, secs(10));
     assert_eq!(old.attempt, 1);
     clock.advance(secs(11));
-    assert_eq!(queue.reap().unwrap(), 1, "the expired lease was not reaped");
+    assert_eq!(queue.manual().reap().unwrap(), 1, "the expired lease was not reaped");
 
     // The reaper's backoff (1 s, no jitter) must pass before the re-claim.
     clock.advance(secs(1));
@@ -114,9 +116,9 @@ fn reaped_holder_is_fenced_off_and_new_holder_wins() {
 
     // The new holder's lease still works after all that.
     queue
-        .heartbeat(&new, secs(20))
+        .manual().heartbeat(&new, secs(20))
         .expect("new holder heartbeat");
-    queue.complete(&new).expect("new holder completes");
+    queue.manual().complete(&new).expect("new holder completes");
     let done = queue.get(id).unwrap();
     assert_eq!(done.state, JobState::Succeeded);
     assert!(done.finished_at.is_some());
@@ -139,11 +141,11 @@ fn one_lost_lease_in_a_batch_does_not_block_the_others() {
     assert_eq!((old_a.job_id, held_b.job_id), (a, b));
 
     clock.advance(secs(6));
-    assert_eq!(queue.reap().unwrap(), 1);
+    assert_eq!(queue.manual().reap().unwrap(), 1);
     let reaped_a = queue.get(a).unwrap();
 
     let results = queue
-        .record_outcomes(&[(&old_a, Outcome::Complete), (&held_b, Outcome::Complete)])
+        .manual().record_outcomes(&[(&old_a, Outcome::Complete), (&held_b, Outcome::Complete)])
         .unwrap();
     assert!(
         matches!(&results[0], Err(e) if e.is_lease_lost()),
@@ -157,7 +159,7 @@ fn one_lost_lease_in_a_batch_does_not_block_the_others() {
     );
     assert_eq!(queue.get(b).unwrap().state, JobState::Succeeded);
 
-    let beats = queue.heartbeat_many(&[&old_a, &held_b], secs(10)).unwrap();
+    let beats = queue.manual().heartbeat_many(&[&old_a, &held_b], secs(10)).unwrap();
     assert!(
         beats
             .iter()
@@ -186,10 +188,10 @@ fn cancelled_running_job_refuses_its_holder() {
 
     // Nor does its lease running out bring it back.
     clock.advance(secs(60));
-    assert_eq!(queue.reap().unwrap(), 0, "the reaper took a cancelled job");
+    assert_eq!(queue.manual().reap().unwrap(), 0, "the reaper took a cancelled job");
     assert_eq!(queue.get(id).unwrap(), cancelled);
     assert!(queue
-        .claim("default", "w2", 10, secs(10))
+        .manual().claim("default", "w2", 10, secs(10))
         .unwrap()
         .is_empty());
 }
@@ -209,10 +211,10 @@ fn heartbeat_of_held_lease_is_accepted_and_fenced_on_token() {
     assert_fenced_off(&queue, &forged, id);
 
     clock.advance(ms(2_500));
-    let expiry = queue.heartbeat(&lease, secs(10)).unwrap();
+    let expiry = queue.manual().heartbeat(&lease, secs(10)).unwrap();
     assert_eq!(expiry, clock_now(&queue) + ChronoDuration::seconds(10));
     assert_eq!(queue.get(id).unwrap().lease_expires_at, Some(expiry));
-    queue.complete(&lease).unwrap();
+    queue.manual().complete(&lease).unwrap();
     assert_eq!(queue.get(id).unwrap().state, JobState::Succeeded);
 }
 }
@@ -233,7 +235,7 @@ fn every_claim_gets_a_distinct_uuid_v4_token() {
     let mut tokens = HashSet::new();
     let mut first = Vec::new();
     // Many jobs in one claiming statement: each row gets its own token.
-    for lease in queue.claim("default", "w", 500, secs(60)).unwrap() {
+    for lease in queue.manual().claim("default", "w", 500, secs(60)).unwrap() {
         assert!(
             common::is_uuid_v4(&lease.run_token.0),
             "{}",
@@ -251,7 +253,7 @@ fn every_claim_gets_a_distinct_uuid_v4_token() {
 
     // The same job claimed again and again: a new token every time.
     let again = first.swap_remove(0);
-    queue.release(&again).unwrap();
+    queue.manual().release(&again).unwrap();
     for _ in 0..50 {
         let lease = claim_one(&queue, secs(60));
         assert_eq!(lease.job_id, again.job_id);
@@ -264,7 +266,7 @@ fn every_claim_gets_a_distinct_uuid_v4_token() {
             tokens.insert(lease.run_token.0.clone()),
             "token repeated on re-claim"
         );
-        queue.release(&lease).unwrap();
+        queue.manual().release(&lease).unwrap();
     }
     assert_eq!(tokens.len(), 550);
 }

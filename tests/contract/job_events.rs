@@ -198,7 +198,7 @@ fn schedule_ticks_fired_and_skipped_are_reported() {
     let mut fired = None;
     let mut skipped = None;
     wait_until("a tick fired and a later one skipped", secs(10), || {
-        queue.run_due_ticks().unwrap();
+        queue.manual().run_due_ticks().unwrap();
         for event in sub.drain() {
             if let Event::Tick(t) = event {
                 assert_eq!(t.schedule, "every-second");

@@ -20,7 +20,7 @@ fn a_run_at_before_1970_means_due_now() {
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Pending);
     assert_eq!(job.run_at, t0());
-    assert_eq!(queue.claim("default", "w", 1, secs(30)).unwrap().len(), 1);
+    assert_eq!(queue.manual().claim("default", "w", 1, secs(30)).unwrap().len(), 1);
 }
 }
 
@@ -29,10 +29,10 @@ fn a_snooze_before_1970_means_due_now_and_gives_the_attempt_back() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = manual_queue(&path);
     let id = queue.enqueue(NewJob::new("k")).unwrap();
-    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
     let at = Utc.with_ymd_and_hms(1960, 1, 1, 0, 0, 0).unwrap();
     queue
-        .snooze(&lease, at)
+        .manual().snooze(&lease, at)
         .expect("a past snooze time is due now");
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Pending);
@@ -83,7 +83,7 @@ fn a_payload_limit_over_a_lowered_row_limit_is_refused_before_the_file_is_migrat
     // Nothing was written: an older binary sharing the file would otherwise
     // find it migrated to a newer schema by a process that then refused to
     // run.
-    assert_eq!(Queue::file_schema_version(&path).unwrap(), Some(0));
+    assert_eq!(tickler::Ops::file_schema_version(&path).unwrap(), Some(0));
 }
 }
 
@@ -140,7 +140,7 @@ mod other_queues_reports {
         let early = queue
             .enqueue(NewJob::new("k").run_at(chrono::DateTime::<Utc>::MIN_UTC))
             .unwrap();
-        let claimed = queue.claim("default", "w", 10, secs(30)).unwrap();
+        let claimed = queue.manual().claim("default", "w", 10, secs(30)).unwrap();
         assert_eq!(claimed.len(), 1);
         assert_eq!(claimed[0].job_id, early);
     }
@@ -156,10 +156,10 @@ mod other_queues_reports {
         let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
         queue.enqueue(NewJob::new("k")).unwrap();
         let huge = std::time::Duration::from_millis(tickler::MAX_TIMESTAMP_MS as u64);
-        let lease = queue.claim("default", "w", 1, huge).unwrap().remove(0);
+        let lease = queue.manual().claim("default", "w", 1, huge).unwrap().remove(0);
         let last = Utc.timestamp_millis_opt(tickler::MAX_TIMESTAMP_MS).unwrap();
         assert!(lease.lease_expires_at <= last);
-        let renewed = queue.heartbeat(&lease, huge).unwrap();
+        let renewed = queue.manual().heartbeat(&lease, huge).unwrap();
         assert!(renewed <= last, "heartbeat granted a lease until {renewed}");
     }
     }

@@ -512,6 +512,7 @@ impl Real<'_> {
             Op::Claim { max, lease_ms } => {
                 let leases = self
                     .queue()
+                    .manual()
                     .claim("default", "model", *max, Duration::from_millis(*lease_ms))
                     .expect("claim");
                 let claimed = leases
@@ -527,7 +528,7 @@ impl Real<'_> {
                 self.leases.extend(leases);
                 Res::Claimed(claimed)
             }
-            Op::Reap => Res::Reaped(self.queue().reap().expect("reap")),
+            Op::Reap => Res::Reaped(self.queue().manual().reap().expect("reap")),
             Op::Advance { ms } => {
                 self.clock.advance(Duration::from_millis(*ms));
                 Res::Ok
@@ -554,22 +555,25 @@ impl Real<'_> {
                 let q = self.queue();
                 match op {
                     Op::Heartbeat { extend_ms, .. } => {
-                        match q.heartbeat(lease, Duration::from_millis(*extend_ms)) {
+                        match q
+                            .manual()
+                            .heartbeat(lease, Duration::from_millis(*extend_ms))
+                        {
                             Ok(at) => Res::Expires(at.timestamp_millis()),
                             Err(e) => error(e),
                         }
                     }
-                    Op::Complete { .. } => self.result(q.complete(lease)),
-                    Op::Fail { .. } => self.result(q.fail(lease, "model failure")),
+                    Op::Complete { .. } => self.result(q.manual().complete(lease)),
+                    Op::Fail { .. } => self.result(q.manual().fail(lease, "model failure")),
                     Op::FailPermanently { .. } => {
-                        self.result(q.fail_permanently(lease, "model failure"))
+                        self.result(q.manual().fail_permanently(lease, "model failure"))
                     }
                     Op::Snooze { delay_ms, .. } => {
                         let until = q.clock().now()
                             + chrono::Duration::milliseconds(i64::try_from(*delay_ms).unwrap());
-                        self.result(q.snooze(lease, until))
+                        self.result(q.manual().snooze(lease, until))
                     }
-                    Op::Release { .. } => self.result(q.release(lease)),
+                    Op::Release { .. } => self.result(q.manual().release(lease)),
                     _ => unreachable!(),
                 }
             }

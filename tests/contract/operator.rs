@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use tickler::{Clock, Error, JobFilter, JobId, JobState, Lease, NewJob, Outcome, Queue};
 
 fn claim_one(queue: &Queue) -> Lease {
-    let mut leases = queue.claim("default", "w", 1, secs(60)).unwrap();
+    let mut leases = queue.manual().claim("default", "w", 1, secs(60)).unwrap();
     assert_eq!(leases.len(), 1, "expected one job to claim");
     leases.remove(0)
 }
@@ -29,11 +29,15 @@ fn finished_jobs(queue: &Queue) -> (JobId, JobId, JobId) {
             queue.cancel(id).unwrap();
             return id;
         }
-        let lease = queue.claim("finished", "w", 1, secs(60)).unwrap().remove(0);
+        let lease = queue
+            .manual()
+            .claim("finished", "w", 1, secs(60))
+            .unwrap()
+            .remove(0);
         assert_eq!(lease.job_id, id);
         match kind {
-            "s" => queue.complete(&lease).unwrap(),
-            _ => queue.fail_permanently(&lease, "gave up").unwrap(),
+            "s" => queue.manual().complete(&lease).unwrap(),
+            _ => queue.manual().fail_permanently(&lease, "gave up").unwrap(),
         }
         id
     };
@@ -58,7 +62,7 @@ fn cancel_unfinished_jobs_only() {
     clock.advance(secs(60));
     assert!(
         queue
-            .claim("default", "w", 10, secs(60))
+            .manual().claim("default", "w", 10, secs(60))
             .unwrap()
             .is_empty(),
         "a cancelled job was claimed"
@@ -101,7 +105,7 @@ fn retry_revives_dead_and_cancelled_jobs_only() {
     let id = queue.enqueue(NewJob::new("k").max_attempts(2)).unwrap();
     for _ in 0..2 {
         let lease = claim_one(&queue);
-        queue.fail(&lease, "broken").unwrap();
+        queue.manual().fail(&lease, "broken").unwrap();
         clock.advance(secs(5));
     }
     let dead = queue.get(id).unwrap();
@@ -122,7 +126,7 @@ fn retry_revives_dead_and_cancelled_jobs_only() {
     // Fresh attempts: it can fail once more without dying.
     let lease = claim_one(&queue);
     assert_eq!(lease.attempt, 1);
-    queue.fail(&lease, "broken again").unwrap();
+    queue.manual().fail(&lease, "broken again").unwrap();
     assert_eq!(queue.get(id).unwrap().state, JobState::Scheduled);
 
     // A cancelled job can be retried too.
@@ -174,7 +178,7 @@ fn retry_is_blocked_while_another_job_holds_the_unique_key() {
         .enqueue(NewJob::new("k").unique_key("report-7"))
         .unwrap();
     let lease = claim_one(&queue);
-    queue.fail_permanently(&lease, "nope").unwrap();
+    queue.manual().fail_permanently(&lease, "nope").unwrap();
     let new = queue
         .enqueue(NewJob::new("k").unique_key("report-7"))
         .unwrap();
@@ -199,7 +203,7 @@ fn retry_is_blocked_while_another_job_holds_the_unique_key() {
     // Once the holder finished, the old job can be retried.
     let lease = claim_one(&queue);
     assert_eq!(lease.job_id, new);
-    queue.complete(&lease).unwrap();
+    queue.manual().complete(&lease).unwrap();
     queue.retry(old).unwrap();
     assert_eq!(queue.get(old).unwrap().state, JobState::Pending);
     assert_eq!(
@@ -277,11 +281,11 @@ fn prune_counts_across_many_batches() {
         .map(|i| NewJob::new("k").payload(serde_json::json!(i)))
         .collect();
     queue.enqueue_batch(jobs).unwrap();
-    let leases = queue.claim("default", "w", JOBS, secs(60)).unwrap();
+    let leases = queue.manual().claim("default", "w", JOBS, secs(60)).unwrap();
     assert_eq!(leases.len(), JOBS);
     let outcomes: Vec<_> = leases.iter().map(|l| (l, Outcome::Complete)).collect();
     assert!(queue
-        .record_outcomes(&outcomes)
+        .manual().record_outcomes(&outcomes)
         .unwrap()
         .iter()
         .all(Result::is_ok));
@@ -302,8 +306,8 @@ fn stats_count_per_queue_and_state() {
     // Queue "default": one running, one succeeded, two pending, one scheduled.
     queue.enqueue(NewJob::new("k").priority(5)).unwrap();
     queue.enqueue(NewJob::new("k").priority(5)).unwrap();
-    let leases = queue.claim("default", "w", 2, secs(60)).unwrap();
-    queue.complete(&leases[0]).unwrap();
+    let leases = queue.manual().claim("default", "w", 2, secs(60)).unwrap();
+    queue.manual().complete(&leases[0]).unwrap();
     queue.enqueue(NewJob::new("k").run_at(ago(10))).unwrap();
     queue.enqueue(NewJob::new("k")).unwrap();
     queue.enqueue(NewJob::new("k").delay(secs(3600))).unwrap();
@@ -314,8 +318,8 @@ fn stats_count_per_queue_and_state() {
     queue
         .enqueue(NewJob::new("m").queue("mail").priority(9))
         .unwrap();
-    let dead = queue.claim("mail", "w", 1, secs(60)).unwrap().remove(0);
-    queue.fail_permanently(&dead, "x").unwrap();
+    let dead = queue.manual().claim("mail", "w", 1, secs(60)).unwrap().remove(0);
+    queue.manual().fail_permanently(&dead, "x").unwrap();
     let cancelled = queue.enqueue(NewJob::new("m").queue("mail")).unwrap();
     queue.cancel(cancelled).unwrap();
 
@@ -456,17 +460,17 @@ fn claim_order_is_priority_then_due_time_then_id() {
 
     // In one batch: the same order, and a partial batch takes the first ones.
     for lease in &leases {
-        queue.release(lease).unwrap();
+        queue.manual().release(lease).unwrap();
     }
     let first_four: Vec<JobId> = queue
-        .claim("default", "w", 4, secs(60))
+        .manual().claim("default", "w", 4, secs(60))
         .unwrap()
         .iter()
         .map(|l| l.job_id)
         .collect();
     assert_eq!(first_four, expected[..4]);
     let rest: Vec<JobId> = queue
-        .claim("default", "w", 100, secs(60))
+        .manual().claim("default", "w", 100, secs(60))
         .unwrap()
         .iter()
         .map(|l| l.job_id)
@@ -493,15 +497,15 @@ fn claim_kinds_and_queues_restrict_what_is_claimed() {
     let other = queue.enqueue(NewJob::new("a").queue("other")).unwrap();
 
     assert!(queue
-        .claim_kinds("default", "w", 10, secs(60), Some(&[]))
+        .manual().claim_kinds("default", "w", 10, secs(60), Some(&[]))
         .unwrap()
         .is_empty());
     assert!(queue
-        .claim_kinds("default", "w", 10, secs(60), Some(&["zzz"]))
+        .manual().claim_kinds("default", "w", 10, secs(60), Some(&["zzz"]))
         .unwrap()
         .is_empty());
     let got: Vec<JobId> = queue
-        .claim_kinds("default", "w", 10, secs(60), Some(&["a", "c"]))
+        .manual().claim_kinds("default", "w", 10, secs(60), Some(&["a", "c"]))
         .unwrap()
         .iter()
         .map(|l| l.job_id)
@@ -511,15 +515,15 @@ fn claim_kinds_and_queues_restrict_what_is_claimed() {
     assert_eq!(queue.get(other).unwrap().state, JobState::Pending);
 
     let got: Vec<JobId> = queue
-        .claim("default", "w", 10, secs(60))
+        .manual().claim("default", "w", 10, secs(60))
         .unwrap()
         .iter()
         .map(|l| l.job_id)
         .collect();
     assert_eq!(got, vec![b], "claim took a job of another queue");
     assert_eq!(queue.get(other).unwrap().state, JobState::Pending);
-    assert_eq!(queue.claim("default", "w", 0, secs(60)).unwrap(), vec![]);
-    let got = queue.claim("other", "w", 10, secs(60)).unwrap();
+    assert_eq!(queue.manual().claim("default", "w", 0, secs(60)).unwrap(), vec![]);
+    let got = queue.manual().claim("other", "w", 10, secs(60)).unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!((got[0].job_id, got[0].queue.as_str()), (other, "other"));
 }
@@ -547,11 +551,11 @@ fn delayed_job_is_claimable_at_its_run_at_and_not_before() {
 
     clock.set(t0() + ChronoDuration::seconds(60) - ChronoDuration::milliseconds(1));
     assert!(queue
-        .claim("default", "w", 10, secs(60))
+        .manual().claim("default", "w", 10, secs(60))
         .unwrap()
         .is_empty());
     clock.advance(ms(1));
-    let got = queue.claim("default", "w", 10, secs(60)).unwrap();
+    let got = queue.manual().claim("default", "w", 10, secs(60)).unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].job_id, delayed);
     assert_eq!(got[0].run_at, clock.now());
@@ -559,7 +563,7 @@ fn delayed_job_is_claimable_at_its_run_at_and_not_before() {
 
     clock.set(at - ChronoDuration::milliseconds(1));
     assert!(queue
-        .claim("default", "w", 10, secs(60))
+        .manual().claim("default", "w", 10, secs(60))
         .unwrap()
         .is_empty());
     clock.set(at);
@@ -611,8 +615,8 @@ mod other_queues_reports {
         let dead = queue
             .enqueue(NewJob::new("k").unique_key("u").max_attempts(1))
             .unwrap();
-        let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
-        queue.fail(&lease, "boom").unwrap();
+        let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
+        queue.manual().fail(&lease, "boom").unwrap();
         assert_eq!(queue.get(dead).unwrap().state, JobState::Dead);
         let live = queue.enqueue(NewJob::new("k").unique_key("u")).unwrap();
         assert_ne!(dead, live);
@@ -635,19 +639,19 @@ mod other_queues_reports {
         let (_dir, path) = temp_db();
         let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
         let id = queue.enqueue(NewJob::new("k").max_attempts(5)).unwrap();
-        let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+        let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
         queue.cancel(id).unwrap();
         let results = queue
-            .record_outcomes(&[(&lease, Outcome::Fail("failed after cancel".into()))])
+            .manual().record_outcomes(&[(&lease, Outcome::Fail("failed after cancel".into()))])
             .unwrap();
         assert!(
             matches!(results[0], Err(Error::LeaseLost { .. })),
             "{results:?}"
         );
         clock.advance(secs(3600));
-        assert_eq!(queue.reap().unwrap(), 0);
+        assert_eq!(queue.manual().reap().unwrap(), 0);
         assert!(queue
-            .claim("default", "w", 10, secs(30))
+            .manual().claim("default", "w", 10, secs(30))
             .unwrap()
             .is_empty());
         let job = queue.get(id).unwrap();

@@ -9,8 +9,12 @@ use tickler::{Clock, Error, JobId, JobState, NewJob, Queue};
 
 /// Claims the next job of `queue` and fails it for good.
 fn kill_next(queue: &Queue, name: &str) -> JobId {
-    let lease = queue.claim(name, "w", 1, secs(30)).unwrap().remove(0);
-    queue.fail_permanently(&lease, "broken").unwrap();
+    let lease = queue
+        .manual()
+        .claim(name, "w", 1, secs(30))
+        .unwrap()
+        .remove(0);
+    queue.manual().fail_permanently(&lease, "broken").unwrap();
     lease.job_id
 }
 
@@ -61,8 +65,8 @@ fn prune_state_deletes_only_that_finished_state() {
     let (_dir, path) = temp_db();
     let (queue, clock) = manual_queue(&path);
     let done = queue.enqueue(NewJob::new("a")).unwrap();
-    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
-    queue.complete(&lease).unwrap();
+    let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    queue.manual().complete(&lease).unwrap();
     let cancelled = queue.enqueue(NewJob::new("b")).unwrap();
     queue.cancel(cancelled).unwrap();
     queue.enqueue(NewJob::new("c")).unwrap();
@@ -96,20 +100,20 @@ fn finished_since_counts_recent_finishes() {
     for _ in 0..3 {
         queue.enqueue(NewJob::new("a")).unwrap();
     }
-    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
-    queue.complete(&lease).unwrap();
+    let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    queue.manual().complete(&lease).unwrap();
     clock.advance(secs(120));
     kill_next(&queue, "default");
-    assert_eq!(queue.finished_since(t0()).unwrap(), 2);
+    assert_eq!(queue.ops().finished_since(t0()).unwrap(), 2);
     assert_eq!(
         queue
-            .finished_since(t0() + chrono::Duration::seconds(60))
+            .ops().finished_since(t0() + chrono::Duration::seconds(60))
             .unwrap(),
         1
     );
     assert_eq!(
         queue
-            .finished_since(t0() + chrono::Duration::seconds(600))
+            .ops().finished_since(t0() + chrono::Duration::seconds(600))
             .unwrap(),
         0
     );
@@ -124,24 +128,24 @@ fn unfinished_counts_scheduled_pending_and_running_of_queues_and_kinds() {
     queue.enqueue(NewJob::new("shell").delay(secs(60))).unwrap();
     queue.enqueue(NewJob::new("other")).unwrap();
     queue.enqueue(NewJob::new("shell").queue("mail")).unwrap();
-    assert_eq!(queue.unfinished(&["default"], None).unwrap(), 3);
-    assert_eq!(queue.unfinished(&["default"], Some(&["shell"])).unwrap(), 2);
+    assert_eq!(queue.ops().unfinished(&["default"], None).unwrap(), 3);
+    assert_eq!(queue.ops().unfinished(&["default"], Some(&["shell"])).unwrap(), 2);
     assert_eq!(
         queue
-            .unfinished(&["default", "mail"], Some(&["shell", "other"]))
+            .ops().unfinished(&["default", "mail"], Some(&["shell", "other"]))
             .unwrap(),
         4
     );
-    assert_eq!(queue.unfinished(&[], None).unwrap(), 0);
-    assert_eq!(queue.unfinished(&["default"], Some(&[])).unwrap(), 0);
+    assert_eq!(queue.ops().unfinished(&[], None).unwrap(), 0);
+    assert_eq!(queue.ops().unfinished(&["default"], Some(&[])).unwrap(), 0);
 
     let lease = queue
-        .claim_kinds("default", "w", 1, ms(30_000), Some(&["shell"]))
+        .manual().claim_kinds("default", "w", 1, ms(30_000), Some(&["shell"]))
         .unwrap()
         .remove(0);
-    assert_eq!(queue.unfinished(&["default"], Some(&["shell"])).unwrap(), 2);
-    queue.complete(&lease).unwrap();
-    assert_eq!(queue.unfinished(&["default"], Some(&["shell"])).unwrap(), 1);
+    assert_eq!(queue.ops().unfinished(&["default"], Some(&["shell"])).unwrap(), 2);
+    queue.manual().complete(&lease).unwrap();
+    assert_eq!(queue.ops().unfinished(&["default"], Some(&["shell"])).unwrap(), 1);
 }
 }
 
@@ -153,29 +157,29 @@ fn wal_bytes_and_file_schema_version() {
         // checkpoint or sync: the server's settings make commits durable.
         let queue = Queue::open(common::engine::target(&path)).unwrap();
         queue.enqueue(NewJob::new("a")).unwrap();
-        assert_eq!(queue.wal_bytes(), 0);
-        assert!(matches!(queue.checkpoint(), Err(Error::Unsupported { .. })));
+        assert_eq!(queue.ops().wal_bytes(), 0);
+        assert!(matches!(queue.ops().checkpoint(), Err(Error::Unsupported { .. })));
         queue.sync().expect("sync is a no-op");
         return;
     }
-    assert_eq!(Queue::file_schema_version(&path).unwrap(), None);
+    assert_eq!(tickler::Ops::file_schema_version(&path).unwrap(), None);
     let queue = Queue::open(&path).unwrap();
     queue.enqueue(NewJob::new("a")).unwrap();
-    assert!(queue.wal_bytes() > 0);
-    queue.checkpoint().unwrap();
-    assert_eq!(queue.wal_bytes(), 0);
+    assert!(queue.ops().wal_bytes() > 0);
+    queue.ops().checkpoint().unwrap();
+    assert_eq!(queue.ops().wal_bytes(), 0);
     assert_eq!(
-        Queue::file_schema_version(&path).unwrap(),
-        Some(Queue::schema_version())
+        tickler::Ops::file_schema_version(&path).unwrap(),
+        Some(tickler::Ops::schema_version())
     );
 
     let empty = dir.path().join("empty.db");
     std::fs::write(&empty, b"").unwrap();
-    assert_eq!(Queue::file_schema_version(&empty).unwrap(), Some(0));
+    assert_eq!(tickler::Ops::file_schema_version(&empty).unwrap(), Some(0));
     let junk = dir.path().join("junk.db");
     std::fs::write(&junk, "not a database at all ".repeat(100)).unwrap();
     assert!(matches!(
-        Queue::file_schema_version(&junk),
+        tickler::Ops::file_schema_version(&junk),
         Err(Error::NotADatabase { .. })
     ));
 }

@@ -57,7 +57,7 @@ fn queue_with_length_limit(path: &std::path::Path) -> Queue {
 }
 
 fn claim_all(queue: &Queue, n: usize) -> Vec<Lease> {
-    let leases = queue.claim("default", "w", n, secs(60)).unwrap();
+    let leases = queue.manual().claim("default", "w", n, secs(60)).unwrap();
     assert_eq!(leases.len(), n);
     leases
 }
@@ -75,7 +75,7 @@ fn an_error_over_sqlites_length_limit_is_cut_and_its_batch_lands() {
         leases[..7].iter().map(|l| (l, Outcome::Complete)).collect();
     outcomes.push((&leases[7], Outcome::Fail(huge.clone())));
     let results = queue
-        .record_outcomes(&outcomes)
+        .manual().record_outcomes(&outcomes)
         .expect("the batch as a whole must land");
     for (i, r) in results.iter().enumerate() {
         assert!(r.is_ok(), "outcome {i}: {r:?}");
@@ -105,7 +105,7 @@ fn a_cut_error_stays_valid_utf8_at_both_cuts() {
     let lease = claim_all(&queue, 1).remove(0);
     // Four-byte characters, so that a byte cut would land inside one.
     let error = "é😀".repeat(10_000);
-    queue.fail(&lease, &error).unwrap();
+    queue.manual().fail(&lease, &error).unwrap();
     let kept = queue.get(id).unwrap().last_error.unwrap();
     assert!(kept.len() <= MAX_ERROR_BYTES);
     assert!(kept.starts_with("é😀é😀"));
@@ -147,7 +147,7 @@ fn an_outcome_sqlite_refuses_fails_alone_and_the_rest_of_the_batch_lands() {
         &format!("NEW.id = {} AND NEW.status = 'succeeded'", ids[3].0),
     );
     let outcomes: Vec<(&Lease, Outcome)> = leases.iter().map(|l| (l, Outcome::Complete)).collect();
-    let results = queue.record_outcomes(&outcomes).expect("the batch lands");
+    let results = queue.manual().record_outcomes(&outcomes).expect("the batch lands");
     for (lease, result) in leases.iter().zip(&results) {
         if lease.job_id == ids[3] {
             let err = result
@@ -174,7 +174,7 @@ fn a_failure_whose_error_text_is_refused_is_recorded_with_a_short_note() {
     let lease = claim_all(&queue, 1).remove(0);
     refuse(&path, "no_secrets", "NEW.last_error LIKE '%password=%'");
     queue
-        .fail(&lease, "login failed with password=hunter2")
+        .manual().fail(&lease, "login failed with password=hunter2")
         .expect("the failure is recorded, without the text that was refused");
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Dead);
@@ -203,7 +203,7 @@ fn a_heartbeat_sqlite_refuses_fails_alone_and_the_others_are_renewed() {
     clock.advance(secs(10));
     let refs: Vec<&Lease> = leases.iter().collect();
     let results = queue
-        .heartbeat_many(&refs, secs(60))
+        .manual().heartbeat_many(&refs, secs(60))
         .expect("the heartbeat transaction lands");
     for (lease, result) in leases.iter().zip(&results) {
         let job = queue.get(lease.job_id).unwrap();
@@ -397,7 +397,7 @@ mod a_bad_snooze_in_an_outcome_batch {
         // connection with complete_with.
         queue.enqueue(NewJob::new("x").queue("other")).unwrap();
         let other = queue
-            .claim("other", "test", 1, Duration::from_secs(60))
+            .manual().claim("other", "test", 1, Duration::from_secs(60))
             .unwrap()
             .remove(0);
 

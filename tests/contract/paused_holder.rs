@@ -125,19 +125,19 @@ fn a_holder_stopped_past_its_lease_gets_lease_lost_when_it_resumes() {
     while chrono::Utc::now() <= expiry + chrono::Duration::milliseconds(20) {
         std::thread::sleep(ms(10));
     }
-    assert_eq!(queue.reap().unwrap(), 1, "the stale lease was not reaped");
+    assert_eq!(queue.manual().reap().unwrap(), 1, "the stale lease was not reaped");
 
     // A second holder: this process.
     std::thread::sleep(ms(5));
     let leases = queue
-        .claim("default", "second-holder", 1, secs(30))
+        .manual().claim("default", "second-holder", 1, secs(30))
         .unwrap();
     assert_eq!(leases.len(), 1, "the reaped job was not claimable again");
     let mine = &leases[0];
     assert_eq!(mine.job_id, id);
     assert_eq!(mine.attempt, 2);
     assert_ne!(mine.run_token, child_token);
-    queue.complete(mine).unwrap();
+    queue.manual().complete(mine).unwrap();
     let done = queue.get(id).unwrap();
 
     // Wake the first holder; it tries to go on.
@@ -187,7 +187,7 @@ fn paused_holder_child() {
         .open()
         .unwrap();
     let leases = queue
-        .claim("default", "first-holder", 1, ms(LEASE_MS))
+        .manual().claim("default", "first-holder", 1, ms(LEASE_MS))
         .unwrap();
     assert_eq!(leases.len(), 1, "nothing to claim");
     let lease = &leases[0];
@@ -196,7 +196,7 @@ fn paused_holder_child() {
     let mut beats = 0;
     loop {
         std::thread::sleep(ms(100));
-        let beat = queue.heartbeat(lease, ms(LEASE_MS));
+        let beat = queue.manual().heartbeat(lease, ms(LEASE_MS));
         if beat.is_err() {
             if let Err(e) = &beat {
                 println!("heartbeat refused: {e}");
@@ -211,7 +211,7 @@ fn paused_holder_child() {
         );
     }
     println!("{beats} heartbeats held before the stop");
-    let late = queue.complete(lease);
+    let late = queue.manual().complete(lease);
     if let Err(e) = &late {
         println!("complete refused: {e}");
     }

@@ -18,7 +18,10 @@ fn crash_every_time(queue: &Queue, clock: &tickler::ManualClock, limit: u32) -> 
     let cap = queue.retry_policy().cap;
     let mut claims = 0;
     loop {
-        let leases = queue.claim("default", "doomed", 10, LEASE).unwrap();
+        let leases = queue
+            .manual()
+            .claim("default", "doomed", 10, LEASE)
+            .unwrap();
         if leases.is_empty() {
             return claims;
         }
@@ -31,7 +34,7 @@ fn crash_every_time(queue: &Queue, clock: &tickler::ManualClock, limit: u32) -> 
         assert!(claims <= limit, "claimed more than {limit} times");
         // The worker dies: no heartbeat, no outcome.
         clock.advance(LEASE + ms(1));
-        assert_eq!(queue.reap().unwrap(), 1);
+        assert_eq!(queue.manual().reap().unwrap(), 1);
         clock.advance(cap + ms(1));
     }
 }
@@ -46,8 +49,12 @@ fn assert_dead_for_good(queue: &Queue, clock: &tickler::ManualClock, id: tickler
 
     // Much later: still dead, still not claimable, nothing to reap.
     clock.advance(Duration::from_secs(30 * 24 * 3600));
-    assert_eq!(queue.reap().unwrap(), 0);
-    assert!(queue.claim("default", "w", 10, LEASE).unwrap().is_empty());
+    assert_eq!(queue.manual().reap().unwrap(), 0);
+    assert!(queue
+        .manual()
+        .claim("default", "w", 10, LEASE)
+        .unwrap()
+        .is_empty());
     assert_eq!(queue.get(id).unwrap(), job);
 }
 
@@ -63,11 +70,11 @@ fn lease_expiring_every_time_ends_dead_after_max_attempts() {
     let before_last = {
         // Two claims, each reaped back to waiting.
         for attempt in 1..=2u32 {
-            let lease = queue.claim("default", "doomed", 1, LEASE).unwrap();
+            let lease = queue.manual().claim("default", "doomed", 1, LEASE).unwrap();
             assert_eq!(lease.len(), 1);
             assert_eq!(lease[0].attempt, attempt);
             clock.advance(LEASE + ms(1));
-            assert_eq!(queue.reap().unwrap(), 1);
+            assert_eq!(queue.manual().reap().unwrap(), 1);
             let job = queue.get(id).unwrap();
             assert!(
                 matches!(job.state, JobState::Scheduled | JobState::Pending),
@@ -79,17 +86,17 @@ fn lease_expiring_every_time_ends_dead_after_max_attempts() {
         clock.now()
     };
     // The third and last claim.
-    let last = queue.claim("default", "doomed", 1, LEASE).unwrap();
+    let last = queue.manual().claim("default", "doomed", 1, LEASE).unwrap();
     assert_eq!(last.len(), 1);
     assert_eq!(last[0].attempt, 3);
     clock.advance(LEASE + ms(1));
     let reaped_at = clock.now();
-    assert_eq!(queue.reap().unwrap(), 1);
+    assert_eq!(queue.manual().reap().unwrap(), 1);
     let job = queue.get(id).unwrap();
     assert_eq!(job.attempts, 3);
     assert_eq!(job.finished_at, Some(reaped_at));
     assert!(job.run_at <= before_last, "dead job got a new due time");
-    assert!(queue.complete(&last[0]).unwrap_err().is_lease_lost());
+    assert!(queue.manual().complete(&last[0]).unwrap_err().is_lease_lost());
     assert_dead_for_good(&queue, &clock, id);
 }
 }
@@ -130,13 +137,13 @@ fn poison_job_does_not_hold_up_healthy_jobs() {
         queue
             .enqueue(NewJob::new("fine").payload(serde_json::json!(round)))
             .unwrap();
-        let leases = queue.claim("default", "w", 10, LEASE).unwrap();
+        let leases = queue.manual().claim("default", "w", 10, LEASE).unwrap();
         assert_eq!(leases.len(), 2, "round {round}: {leases:?}");
         assert_eq!(leases[0].job_id, poison, "higher priority first");
-        queue.complete(&leases[1]).unwrap();
+        queue.manual().complete(&leases[1]).unwrap();
         healthy_done += 1;
         clock.advance(LEASE + ms(1));
-        assert_eq!(queue.reap().unwrap(), 1);
+        assert_eq!(queue.manual().reap().unwrap(), 1);
         clock.advance(queue.retry_policy().cap + secs(1));
     }
     assert_eq!(healthy_done, 3);

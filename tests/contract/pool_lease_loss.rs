@@ -66,7 +66,11 @@ fn reaped_lease_cancels_the_handler_and_its_late_outcome_is_refused(flavor: &Fla
     // update does not depend on any heartbeat timing.
     let day = secs(24 * 3600);
     let reaper = queue_from_the_future(&path, day * 100);
-    assert_eq!(reaper.reap().unwrap(), 1, "the future reaper takes the job");
+    assert_eq!(
+        reaper.manual().reap().unwrap(),
+        1,
+        "the future reaper takes the job"
+    );
     let reaped = queue.get(id).unwrap();
     assert!(
         matches!(reaped.state, JobState::Pending | JobState::Scheduled),
@@ -77,7 +81,10 @@ fn reaped_lease_cancels_the_handler_and_its_late_outcome_is_refused(flavor: &Fla
     // Another holder claims it (its clock is past any backoff the reaper
     // set; the pool's real clock is not, so the pool cannot claim it).
     let thief = queue_from_the_future(&path, day * 100 + secs(3 * 3600));
-    let leases = thief.claim("default", "thief", 1, secs(3600)).unwrap();
+    let leases = thief
+        .manual()
+        .claim("default", "thief", 1, secs(3600))
+        .unwrap();
     assert_eq!(leases.len(), 1, "the new holder claims the reaped job");
     let lease = leases.into_iter().next().unwrap();
     assert_eq!(lease.job_id, id);
@@ -111,7 +118,7 @@ fn reaped_lease_cancels_the_handler_and_its_late_outcome_is_refused(flavor: &Fla
     );
 
     // The new holder finishes normally; the stale one never ran it again.
-    thief.complete(&lease).unwrap();
+    thief.manual().complete(&lease).unwrap();
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Succeeded);
     assert_eq!(job.run_token.as_ref(), Some(&lease.run_token));

@@ -251,7 +251,7 @@ mod leases_of_handlers_running_after_shutdown {
 
         // Some reaper (another pool, another process) passes a second later.
         std::thread::sleep(Duration::from_millis(1000));
-        let reaped = queue.reap().unwrap();
+        let reaped = queue.manual().reap().unwrap();
         let job = queue.get(id).unwrap();
         let handler_still_running = !done.load(Ordering::SeqCst);
         eprintln!(

@@ -565,7 +565,7 @@ mod other_queues_prefetch_reports {
         );
         // Its lease (2 s) runs out; any reaper takes it back.
         std::thread::sleep(ms(2_500));
-        assert!(queue.reap().unwrap() > 0);
+        assert!(queue.manual().reap().unwrap() > 0);
         let job = queue.get(late).unwrap();
         assert_eq!(
             (job.state, job.attempts),
@@ -606,18 +606,18 @@ mod other_queues_prefetch_reports {
         let ids = queue
             .enqueue_batch((0..3).map(|_| NewJob::new("k")).collect())
             .unwrap();
-        let first = queue.claim("default", "w", 3, secs(10)).unwrap();
+        let first = queue.manual().claim("default", "w", 3, secs(10)).unwrap();
         assert_eq!(first.len(), 3);
         let old = first.iter().find(|l| l.job_id == ids[1]).unwrap().clone();
         // The job's lease runs out (the others are renewed), the reaper takes
         // it back, it is claimed again (an hour is past any default backoff).
         for lease in first.iter().filter(|l| l.job_id != ids[1]) {
-            queue.heartbeat(lease, secs(10_000)).unwrap();
+            queue.manual().heartbeat(lease, secs(10_000)).unwrap();
         }
         clock.advance(secs(11));
-        queue.reap().unwrap();
+        queue.manual().reap().unwrap();
         clock.advance(secs(3_600));
-        let again = queue.claim("default", "w", 3, secs(10)).unwrap();
+        let again = queue.manual().claim("default", "w", 3, secs(10)).unwrap();
         assert_eq!(again.len(), 1);
         let new = again[0].clone();
         assert_eq!(new.job_id, old.job_id);
@@ -631,7 +631,7 @@ mod other_queues_prefetch_reports {
             (&new, Outcome::Complete),
             (others[1], Outcome::Complete),
         ];
-        let results = queue.record_outcomes(&batch).unwrap();
+        let results = queue.manual().record_outcomes(&batch).unwrap();
         let lost = |r: &tickler::Result<()>| matches!(r, Err(Error::LeaseLost { .. }));
         assert!(results[0].is_ok(), "{results:?}");
         assert!(lost(&results[1]), "{results:?}");
@@ -649,14 +649,14 @@ mod other_queues_prefetch_reports {
 
         // The new lease first, then the old one.
         let id = queue.enqueue(NewJob::new("k")).unwrap();
-        let old = queue.claim("default", "w", 1, secs(10)).unwrap().remove(0);
+        let old = queue.manual().claim("default", "w", 1, secs(10)).unwrap().remove(0);
         clock.advance(secs(11));
-        queue.reap().unwrap();
+        queue.manual().reap().unwrap();
         clock.advance(secs(3_600));
-        let new = queue.claim("default", "w", 1, secs(10)).unwrap().remove(0);
+        let new = queue.manual().claim("default", "w", 1, secs(10)).unwrap().remove(0);
         assert_eq!(new.job_id, id);
         let results = queue
-            .record_outcomes(&[(&new, Outcome::Complete), (&old, Outcome::Complete)])
+            .manual().record_outcomes(&[(&new, Outcome::Complete), (&old, Outcome::Complete)])
             .unwrap();
         assert!(results[0].is_ok(), "{results:?}");
         assert!(lost(&results[1]), "{results:?}");

@@ -13,7 +13,11 @@ use std::process::{Child, Command, Stdio};
 use tickler::{ClaimRequest, Error, JobContext, JobState, NewJob, OutcomeSync, Queue, WorkerPool};
 
 fn claim(queue: &Queue, name: &str) -> usize {
-    queue.claim(name, "test", 10, secs(30)).unwrap().len()
+    queue
+        .manual()
+        .claim(name, "test", 10, secs(30))
+        .unwrap()
+        .len()
 }
 
 contract! {
@@ -59,7 +63,7 @@ fn a_claim_over_several_queues_skips_the_paused_one_and_gives_its_share_to_the_r
         oldest_first: 0,
     };
     let (_, leases) = queue
-        .record_and_claim(&[], Some(&request), OutcomeSync::Now)
+        .manual().record_and_claim(&[], Some(&request), OutcomeSync::Now)
         .unwrap();
     assert_eq!(leases.len(), 4, "the open queue gets the whole claim");
     for lease in &leases {
@@ -73,9 +77,9 @@ fn outcomes_of_jobs_of_a_paused_queue_are_still_recorded() {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
     let id = queue.enqueue(NewJob::new("k").queue("mail")).unwrap();
-    let lease = queue.claim("mail", "test", 1, secs(30)).unwrap().remove(0);
+    let lease = queue.manual().claim("mail", "test", 1, secs(30)).unwrap().remove(0);
     queue.pause_queue("mail").unwrap();
-    queue.complete(&lease).unwrap();
+    queue.manual().complete(&lease).unwrap();
     assert_eq!(queue.get(id).unwrap().state, JobState::Succeeded);
 }
 }
@@ -85,11 +89,11 @@ fn next_due_sees_nothing_due_in_a_paused_queue() {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
     queue.enqueue(NewJob::new("k").queue("mail")).unwrap();
-    assert!(queue.next_due(&["mail"], None).unwrap().is_some());
+    assert!(queue.manual().next_due(&["mail"], None).unwrap().is_some());
     queue.pause_queue("mail").unwrap();
-    assert_eq!(queue.next_due(&["mail"], None).unwrap(), None);
+    assert_eq!(queue.manual().next_due(&["mail"], None).unwrap(), None);
     queue.resume_queue("mail").unwrap();
-    assert!(queue.next_due(&["mail"], None).unwrap().is_some());
+    assert!(queue.manual().next_due(&["mail"], None).unwrap().is_some());
 }
 }
 
@@ -355,7 +359,7 @@ mod other_queues_reports {
             queue.enqueue(NewJob::new("k").queue("mail")).unwrap();
             queue.resume_queue("mail").unwrap();
             // A worker claims it and dies: its lease runs out unrenewed.
-            let lease = queue.claim("mail", "gone", 1, ms(200)).unwrap().remove(0);
+            let lease = queue.manual().claim("mail", "gone", 1, ms(200)).unwrap().remove(0);
             queue.pause_queue("mail").unwrap();
             let delayed = queue
                 .enqueue(NewJob::new("k").queue("mail").delay(ms(300)))

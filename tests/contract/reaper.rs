@@ -10,7 +10,7 @@ use common::{ms, secs, t0};
 use tickler::{JobId, JobState, NewJob, Queue};
 
 fn claim_one(queue: &Queue, lease: std::time::Duration) -> tickler::Lease {
-    let mut leases = queue.claim("default", "w", 1, lease).unwrap();
+    let mut leases = queue.manual().claim("default", "w", 1, lease).unwrap();
     assert_eq!(leases.len(), 1, "expected one job to claim");
     leases.remove(0)
 }
@@ -24,12 +24,12 @@ fn heartbeat_that_lands_first_wins() {
     assert_eq!(lease.lease_expires_at, t0() + ChronoDuration::seconds(10));
 
     clock.advance(secs(9));
-    let renewed = queue.heartbeat(&lease, secs(10)).unwrap();
+    let renewed = queue.manual().heartbeat(&lease, secs(10)).unwrap();
     assert_eq!(renewed, t0() + ChronoDuration::seconds(19));
 
     // Past the first expiry, before the renewed one: nothing to reap.
     clock.advance(secs(5));
-    assert_eq!(queue.reap().unwrap(), 0, "reaper took a renewed lease");
+    assert_eq!(queue.manual().reap().unwrap(), 0, "reaper took a renewed lease");
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Running);
     assert_eq!(job.run_token.as_ref(), Some(&lease.run_token));
@@ -38,16 +38,16 @@ fn heartbeat_that_lands_first_wins() {
     // At the renewed expiry the lease is still held; one millisecond later not.
     clock.set(renewed);
     assert_eq!(
-        queue.reap().unwrap(),
+        queue.manual().reap().unwrap(),
         0,
         "lease expiring exactly now was reaped"
     );
     assert_eq!(queue.get(id).unwrap().state, JobState::Running);
     clock.advance(ms(1));
-    assert_eq!(queue.reap().unwrap(), 1, "expired lease was not reaped");
+    assert_eq!(queue.manual().reap().unwrap(), 1, "expired lease was not reaped");
     let job = queue.get(id).unwrap();
     assert_ne!(job.state, JobState::Running);
-    assert!(queue.complete(&lease).unwrap_err().is_lease_lost());
+    assert!(queue.manual().complete(&lease).unwrap_err().is_lease_lost());
 }
 }
 
@@ -73,30 +73,30 @@ fn reaper_takes_exactly_the_expired_leases() {
     // At t0 + 10 s: the 5 s lease is expired; the 10 s lease expires exactly
     // now (lease_expires_at == now), which is not expired yet.
     clock.set(t0() + ChronoDuration::seconds(10));
-    assert_eq!(queue.reap().unwrap(), 1);
+    assert_eq!(queue.manual().reap().unwrap(), 1);
     assert_eq!(running(&queue), vec![10, 15, 20, 30]);
 
     // One millisecond later the 10 s lease is expired too.
     clock.advance(ms(1));
-    assert_eq!(queue.reap().unwrap(), 1);
+    assert_eq!(queue.manual().reap().unwrap(), 1);
     assert_eq!(running(&queue), vec![15, 20, 30]);
 
     // Nothing new at the same instant: reaping is idempotent.
-    assert_eq!(queue.reap().unwrap(), 0);
+    assert_eq!(queue.manual().reap().unwrap(), 0);
 
     // At t0 + 25 s: the 15 and 20 s leases together.
     clock.set(t0() + ChronoDuration::seconds(25));
-    assert_eq!(queue.reap().unwrap(), 2);
+    assert_eq!(queue.manual().reap().unwrap(), 2);
     assert_eq!(running(&queue), vec![30]);
 
     clock.set(t0() + ChronoDuration::seconds(30));
     assert_eq!(
-        queue.reap().unwrap(),
+        queue.manual().reap().unwrap(),
         0,
         "lease expiring exactly now was reaped"
     );
     clock.advance(ms(1));
-    assert_eq!(queue.reap().unwrap(), 1);
+    assert_eq!(queue.manual().reap().unwrap(), 1);
     assert!(running(&queue).is_empty());
 }
 }
@@ -111,7 +111,7 @@ fn reaped_job_waits_out_backoff_and_keeps_its_attempt() {
 
     clock.advance(secs(11));
     let reaped_at = clock_now(&queue);
-    assert_eq!(queue.reap().unwrap(), 1);
+    assert_eq!(queue.manual().reap().unwrap(), 1);
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Scheduled, "{job:?}");
     // Backoff after attempt 1 is base = 1 s (no jitter).
@@ -125,7 +125,7 @@ fn reaped_job_waits_out_backoff_and_keeps_its_attempt() {
 
     // Not claimable before the backoff ends, claimable right at its end.
     clock.advance(ms(999));
-    assert!(queue.claim("default", "w", 1, secs(10)).unwrap().is_empty());
+    assert!(queue.manual().claim("default", "w", 1, secs(10)).unwrap().is_empty());
     clock.advance(ms(1));
     let second = claim_one(&queue, secs(10));
     assert_eq!(second.job_id, id);
@@ -134,7 +134,7 @@ fn reaped_job_waits_out_backoff_and_keeps_its_attempt() {
     // A second expiry doubles the backoff.
     clock.advance(secs(11));
     let reaped_at = clock_now(&queue);
-    assert_eq!(queue.reap().unwrap(), 1);
+    assert_eq!(queue.manual().reap().unwrap(), 1);
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Scheduled);
     assert_eq!(job.run_at, reaped_at + ChronoDuration::seconds(2));
@@ -148,7 +148,7 @@ fn reaper_leaves_other_states_alone() {
     let (queue, clock) = common::manual_queue_with_policy(&path, common::fixed_policy());
     let done = queue.enqueue(NewJob::new("k")).unwrap();
     let lease = claim_one(&queue, secs(1));
-    queue.complete(&lease).unwrap();
+    queue.manual().complete(&lease).unwrap();
     let pending = queue.enqueue(NewJob::new("k")).unwrap();
     let scheduled = queue.enqueue(NewJob::new("k").delay(secs(3600))).unwrap();
     let before: Vec<_> = [done, pending, scheduled]
@@ -157,7 +157,7 @@ fn reaper_leaves_other_states_alone() {
         .collect();
 
     clock.advance(secs(600));
-    assert_eq!(queue.reap().unwrap(), 0);
+    assert_eq!(queue.manual().reap().unwrap(), 0);
     let after: Vec<_> = [done, pending, scheduled]
         .iter()
         .map(|id| queue.get(*id).unwrap())
@@ -203,10 +203,10 @@ mod prune_ages_past_the_calendar {
         let queue = queue(&dir, clock.clone());
         let id = queue.enqueue(NewJob::new("k")).unwrap();
         let lease = queue
-            .claim("default", "w", 1, Duration::from_secs(30))
+            .manual().claim("default", "w", 1, Duration::from_secs(30))
             .unwrap()
             .remove(0);
-        queue.complete(&lease).unwrap();
+        queue.manual().complete(&lease).unwrap();
         clock.advance(Duration::from_secs(60));
 
         let mut reaper = Reaper::spawn(
@@ -237,7 +237,7 @@ mod prune_ages_past_the_calendar {
         let id = queue.enqueue(NewJob::new("k")).unwrap();
         // The holder dies: its lease is never renewed.
         queue
-            .claim("default", "dead-worker", 1, Duration::from_secs(1))
+            .manual().claim("default", "dead-worker", 1, Duration::from_secs(1))
             .unwrap();
 
         let _reaper = Reaper::spawn(
@@ -279,16 +279,16 @@ mod other_queues_reports {
         let (_dir, path) = temp_db();
         let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
         let id = queue.enqueue(NewJob::new("k")).unwrap();
-        let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+        let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
         clock.advance(secs(31));
         let now = tickler::Clock::now(&*clock);
         let reaper = {
             let queue = queue.clone();
-            std::thread::spawn(move || queue.reap_at(now))
+            std::thread::spawn(move || queue.manual().reap_at(now))
         };
         // The reaper's first look only notes the expired lease; complete in between.
         std::thread::sleep(std::time::Duration::from_millis(30));
-        queue.complete(&lease).unwrap();
+        queue.manual().complete(&lease).unwrap();
         assert_eq!(reaper.join().unwrap().unwrap(), 0);
         let job = queue.get(id).unwrap();
         assert_eq!(job.state, JobState::Succeeded);

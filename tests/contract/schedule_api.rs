@@ -29,9 +29,9 @@ fn a_tick_enqueues_the_template_due_at_the_tick_with_a_unique_key() {
     assert_eq!(stored.last_tick_at, None);
 
     // Not due yet: nothing happens.
-    assert!(queue.run_due_ticks().unwrap().jobs.is_empty());
+    assert!(queue.manual().run_due_ticks().unwrap().jobs.is_empty());
     clock.set(utc(2026, 6, 2, 7, 0, 0));
-    let run = queue.run_due_ticks().unwrap();
+    let run = queue.manual().run_due_ticks().unwrap();
     assert_eq!(run.jobs.len(), 1);
     assert_eq!(run.next_tick_at, Some(utc(2026, 6, 3, 7, 0, 0)));
     let job = queue.get(run.jobs[0]).unwrap();
@@ -67,7 +67,7 @@ fn a_new_schedule_fires_a_tick_at_exactly_now() {
         .upsert_schedule(NewSchedule::new("s", "0 9 * * *", "tick"))
         .unwrap();
     assert_eq!(stored.next_tick_at, Some(utc(2026, 6, 1, 9, 0, 0)));
-    assert_eq!(queue.run_due_ticks().unwrap().jobs.len(), 1);
+    assert_eq!(queue.manual().run_due_ticks().unwrap().jobs.len(), 1);
 }
 }
 
@@ -81,13 +81,13 @@ fn paused_schedules_fire_nothing_and_resume_after_the_pause() {
     run_until(&queue, &clock, utc(2026, 6, 1, 1, 0, 0));
     queue.pause_schedule("s").unwrap();
     assert!(queue.get_schedule("s").unwrap().paused);
-    assert_eq!(queue.next_schedule_tick().unwrap(), None);
+    assert_eq!(queue.manual().next_schedule_tick().unwrap(), None);
     clock.set(utc(2026, 6, 1, 5, 30, 0));
-    assert!(queue.run_due_ticks().unwrap().jobs.is_empty());
+    assert!(queue.manual().run_due_ticks().unwrap().jobs.is_empty());
     queue.resume_schedule("s").unwrap();
     // The ticks of the pause (02:00 … 05:00) are not fired.
     assert_eq!(
-        queue.next_schedule_tick().unwrap(),
+        queue.manual().next_schedule_tick().unwrap(),
         Some(utc(2026, 6, 1, 6, 0, 0))
     );
     run_until(&queue, &clock, utc(2026, 6, 1, 7, 0, 0));
@@ -138,7 +138,7 @@ fn delete_leaves_enqueued_jobs() {
     queue
         .upsert_schedule(NewSchedule::new("b", "30 * * * *", "tick"))
         .unwrap();
-    queue.run_due_ticks().unwrap();
+    queue.manual().run_due_ticks().unwrap();
     let names: Vec<_> = queue
         .list_schedules()
         .unwrap()

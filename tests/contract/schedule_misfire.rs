@@ -25,13 +25,13 @@ fn three_day_gap(policy: MisfirePolicy) -> (Vec<DateTime<Utc>>, Option<DateTime<
     run_until(&queue, &clock, utc(2026, 1, 1, 2, 0, 0));
     assert_eq!(run_ats(&queue, "tick"), hours(utc(2026, 1, 1, 1, 0, 0), 2));
     clock.set(utc(2026, 1, 4, 2, 30, 0));
-    let run = queue.run_due_ticks().unwrap();
+    let run = queue.manual().run_due_ticks().unwrap();
     let after = run_ats(&queue, "tick")[2..].to_vec();
     assert_eq!(run.jobs.len(), after.len());
     assert_eq!(run.next_tick_at, Some(utc(2026, 1, 4, 3, 0, 0)));
     // Then it goes on normally.
     clock.set(utc(2026, 1, 4, 3, 0, 0));
-    let on = queue.run_due_ticks().unwrap();
+    let on = queue.manual().run_due_ticks().unwrap();
     assert_eq!(on.jobs.len(), 1);
     assert_eq!(
         queue.get(on.jobs[0]).unwrap().run_at,
@@ -79,14 +79,14 @@ fn three_year_gap(cron: &str, policy: MisfirePolicy) -> (Vec<DateTime<Utc>>, Dur
     );
     clock.set(utc(2026, 1, 1, 0, 0, 30));
     let started = Instant::now();
-    let run = queue.run_due_ticks().unwrap();
+    let run = queue.manual().run_due_ticks().unwrap();
     let took = started.elapsed();
     let fired = run_ats(&queue, "tick");
     assert_eq!(run.jobs.len(), fired.len());
     let next = queue.get_schedule("s").unwrap().next_tick_at.unwrap();
     assert!(next > utc(2026, 1, 1, 0, 0, 30) && next <= utc(2026, 1, 1, 0, 1, 0));
     // A second run finds nothing more to do.
-    assert!(queue.run_due_ticks().unwrap().jobs.is_empty());
+    assert!(queue.manual().run_due_ticks().unwrap().jobs.is_empty());
     (fired, took)
 }
 
@@ -124,7 +124,7 @@ fn three_years_of_a_sparse_schedule_fire_once_finds_the_latest_tick() {
         .unwrap();
     clock.set(utc(2026, 1, 1, 0, 0, 30));
     let started = Instant::now();
-    queue.run_due_ticks().unwrap();
+    queue.manual().run_due_ticks().unwrap();
     assert!(started.elapsed() < QUICK);
     assert_eq!(run_ats(&queue, "tick"), vec![utc(2025, 12, 31, 8, 15, 0)]);
     assert_eq!(
@@ -156,7 +156,7 @@ fn three_years_every_second_with_a_short_grace() {
     }
     clock.set(utc(2026, 1, 1, 0, 0, 30));
     let started = Instant::now();
-    queue.run_due_ticks().unwrap();
+    queue.manual().run_due_ticks().unwrap();
     assert!(started.elapsed() < QUICK, "{:?}", started.elapsed());
     let on_time: Vec<_> = (28..=30).map(|s| utc(2026, 1, 1, 0, 0, s)).collect();
     assert_eq!(run_ats(&queue, "Skip"), on_time);
@@ -170,13 +170,14 @@ fn three_years_every_second_with_a_short_grace() {
 fn finish_and_prune(queue: &Queue, now: DateTime<Utc>) {
     loop {
         let leases = queue
+            .manual()
             .claim("default", "w", 100, Duration::from_secs(30))
             .unwrap();
         if leases.is_empty() {
             break;
         }
         for lease in &leases {
-            queue.complete(lease).unwrap();
+            queue.manual().complete(lease).unwrap();
         }
     }
     queue.prune(now + ChronoDuration::hours(1)).unwrap();
@@ -198,7 +199,7 @@ fn a_backward_clock_step_of_one_hour_enqueues_no_tick_twice() {
 
     // NTP steps the clock back one hour.
     clock.set(utc(2026, 5, 1, 1, 0, 0));
-    assert!(queue.run_due_ticks().unwrap().jobs.is_empty());
+    assert!(queue.manual().run_due_ticks().unwrap().jobs.is_empty());
     let schedule = queue.get_schedule("s").unwrap();
     assert_eq!(schedule.next_tick_at, Some(utc(2026, 5, 1, 2, 10, 0)));
     assert_eq!(schedule.last_tick_at, Some(utc(2026, 5, 1, 2, 0, 0)));
@@ -231,7 +232,7 @@ fn a_forward_clock_step_is_a_misfire() {
     run_until(&queue, &clock, utc(2026, 5, 1, 0, 10, 0));
     // The clock jumps forward 55 minutes: 00:20 … 01:00 were stepped over.
     clock.set(utc(2026, 5, 1, 1, 5, 0));
-    queue.run_due_ticks().unwrap();
+    queue.manual().run_due_ticks().unwrap();
     let before = vec![utc(2026, 5, 1, 0, 0, 0), utc(2026, 5, 1, 0, 10, 0)];
     assert_eq!(run_ats(&queue, "skip"), before);
     let mut once = before.clone();
@@ -249,7 +250,7 @@ fn ticks_within_the_grace_are_on_time_and_all_fire() {
         .unwrap();
     // A scheduler 45 s late (a busy disk): four ticks, all within 60 s.
     clock.set(utc(2026, 5, 1, 0, 0, 45));
-    queue.run_due_ticks().unwrap();
+    queue.manual().run_due_ticks().unwrap();
     let expected: Vec<_> = (0..5).map(|i| utc(2026, 5, 1, 0, 0, 10 * i)).collect();
     assert_eq!(run_ats(&queue, "tick"), expected);
 }

@@ -37,35 +37,35 @@ fn forbid_skips_ticks_while_the_last_run_is_pending_running_or_scheduled_and_cou
     let (queue, clock) = queue_at(&path, start);
     every_second(&queue, OverlapPolicy::Forbid);
 
-    let first = queue.run_due_ticks().unwrap();
+    let first = queue.manual().run_due_ticks().unwrap();
     assert_eq!(first.jobs.len(), 1);
     assert_eq!(first.skipped, 0);
 
     // Pending: the next tick is skipped.
     clock.set(start + ChronoDuration::seconds(1));
-    let run = queue.run_due_ticks().unwrap();
+    let run = queue.manual().run_due_ticks().unwrap();
     assert!(run.jobs.is_empty());
     assert_eq!(run.skipped, 1);
 
     // Running: skipped too.
     let lease = queue
-        .claim("default", "w", 1, Duration::from_secs(30))
+        .manual().claim("default", "w", 1, Duration::from_secs(30))
         .unwrap()
         .remove(0);
     assert_eq!(lease.job_id, first.jobs[0]);
     clock.set(start + ChronoDuration::seconds(2));
-    assert_eq!(queue.run_due_ticks().unwrap().skipped, 1);
+    assert_eq!(queue.manual().run_due_ticks().unwrap().skipped, 1);
 
     // Waiting for a retry (scheduled): not finished, skipped.
-    queue.fail(&lease, "boom").unwrap();
+    queue.manual().fail(&lease, "boom").unwrap();
     assert_eq!(queue.get(lease.job_id).unwrap().state, JobState::Scheduled);
     clock.set(start + ChronoDuration::seconds(3));
-    assert_eq!(queue.run_due_ticks().unwrap().skipped, 1);
+    assert_eq!(queue.manual().run_due_ticks().unwrap().skipped, 1);
 
     // Finished: the next tick fires again.
     queue.cancel(lease.job_id).unwrap();
     clock.set(start + ChronoDuration::seconds(4));
-    let run = queue.run_due_ticks().unwrap();
+    let run = queue.manual().run_due_ticks().unwrap();
     assert_eq!(run.jobs.len(), 1);
     assert_eq!(run.skipped, 0);
 
@@ -99,14 +99,14 @@ fn forbid_with_a_job_of_three_and_a_half_seconds_never_runs_two_at_once() {
         clock.set(now);
         if let Some((lease, done_at)) = &running {
             if *done_at <= now {
-                queue.complete(lease).unwrap();
+                queue.manual().complete(lease).unwrap();
                 running = None;
             }
         }
-        queue.run_due_ticks().unwrap();
+        queue.manual().run_due_ticks().unwrap();
         if running.is_none() {
             if let Some(lease) = queue
-                .claim("default", "w", 1, Duration::from_secs(30))
+                .manual().claim("default", "w", 1, Duration::from_secs(30))
                 .unwrap()
                 .pop()
             {
@@ -131,15 +131,15 @@ fn replace_cancels_the_running_run_and_fences_its_outcome() {
     let (queue, clock) = queue_at(&path, start);
     every_second(&queue, OverlapPolicy::Replace);
 
-    let first = queue.run_due_ticks().unwrap().jobs[0];
+    let first = queue.manual().run_due_ticks().unwrap().jobs[0];
     let old = queue
-        .claim("default", "w", 1, Duration::from_secs(30))
+        .manual().claim("default", "w", 1, Duration::from_secs(30))
         .unwrap()
         .remove(0);
     assert_eq!(old.job_id, first);
 
     clock.set(start + ChronoDuration::seconds(1));
-    let run = queue.run_due_ticks().unwrap();
+    let run = queue.manual().run_due_ticks().unwrap();
     assert_eq!(run.jobs.len(), 1);
     assert_eq!(run.replaced, vec![first]);
     assert_eq!(run.skipped, 0);
@@ -147,20 +147,20 @@ fn replace_cancels_the_running_run_and_fences_its_outcome() {
     assert_eq!(queue.get(run.jobs[0]).unwrap().state, JobState::Pending);
 
     // The replaced holder's outcome is refused, and changes nothing.
-    assert!(matches!(queue.complete(&old), Err(Error::LeaseLost { .. })));
+    assert!(matches!(queue.manual().complete(&old), Err(Error::LeaseLost { .. })));
     assert!(matches!(
-        queue.heartbeat(&old, Duration::from_secs(30)),
+        queue.manual().heartbeat(&old, Duration::from_secs(30)),
         Err(Error::LeaseLost { .. })
     ));
     assert_eq!(queue.get(first).unwrap().state, JobState::Cancelled);
 
     // The new run is claimed and finishes normally.
     let new = queue
-        .claim("default", "w", 1, Duration::from_secs(30))
+        .manual().claim("default", "w", 1, Duration::from_secs(30))
         .unwrap()
         .remove(0);
     assert_eq!(new.job_id, run.jobs[0]);
-    queue.complete(&new).unwrap();
+    queue.manual().complete(&new).unwrap();
     assert_eq!(queue.get_schedule("s").unwrap().skipped_ticks, 0);
 }
 }
@@ -171,9 +171,9 @@ fn replace_also_replaces_a_run_that_has_not_started() {
     let start = utc(2026, 5, 1, 0, 0, 0);
     let (queue, clock) = queue_at(&path, start);
     every_second(&queue, OverlapPolicy::Replace);
-    let first = queue.run_due_ticks().unwrap().jobs[0];
+    let first = queue.manual().run_due_ticks().unwrap().jobs[0];
     clock.set(start + ChronoDuration::seconds(1));
-    let run = queue.run_due_ticks().unwrap();
+    let run = queue.manual().run_due_ticks().unwrap();
     assert_eq!(run.replaced, vec![first]);
     assert_eq!(queue.get(first).unwrap().state, JobState::Cancelled);
     assert_eq!(queue.count(JobState::Pending).unwrap(), 1);
@@ -186,13 +186,13 @@ fn allow_lets_runs_overlap() {
     let start = utc(2026, 5, 1, 0, 0, 0);
     let (queue, clock) = queue_at(&path, start);
     every_second(&queue, OverlapPolicy::Allow);
-    queue.run_due_ticks().unwrap();
+    queue.manual().run_due_ticks().unwrap();
     queue
-        .claim("default", "w", 1, Duration::from_secs(30))
+        .manual().claim("default", "w", 1, Duration::from_secs(30))
         .unwrap();
     for s in 1..4 {
         clock.set(start + ChronoDuration::seconds(s));
-        let run = queue.run_due_ticks().unwrap();
+        let run = queue.manual().run_due_ticks().unwrap();
         assert_eq!(run.jobs.len(), 1);
         assert_eq!(run.skipped, 0);
         assert!(run.replaced.is_empty());
@@ -214,15 +214,15 @@ fn forbid_looks_only_at_runs_of_its_own_schedule() {
             .upsert_schedule(NewSchedule::new(name, "* * * * * *", name))
             .unwrap();
     }
-    assert_eq!(queue.run_due_ticks().unwrap().jobs.len(), 2);
+    assert_eq!(queue.manual().run_due_ticks().unwrap().jobs.len(), 2);
     queue
-        .claim("default", "w", 2, Duration::from_secs(30))
+        .manual().claim("default", "w", 2, Duration::from_secs(30))
         .unwrap()
         .into_iter()
         .filter(|l| l.kind == "a")
-        .for_each(|l| queue.complete(&l).unwrap());
+        .for_each(|l| queue.manual().complete(&l).unwrap());
     clock.set(start + ChronoDuration::seconds(1));
-    let run = queue.run_due_ticks().unwrap();
+    let run = queue.manual().run_due_ticks().unwrap();
     assert_eq!(run.jobs.len(), 1, "only \"a\" fires: {run:?}");
     assert_eq!(run.skipped, 1);
     assert_eq!(queue.get(run.jobs[0]).unwrap().kind, "a");
@@ -237,9 +237,9 @@ fn changing_the_overlap_policy_keeps_the_count_and_the_next_tick() {
     let start = utc(2026, 5, 1, 0, 0, 0);
     let (queue, clock) = queue_at(&path, start);
     every_second(&queue, OverlapPolicy::Forbid);
-    queue.run_due_ticks().unwrap();
+    queue.manual().run_due_ticks().unwrap();
     clock.set(start + ChronoDuration::seconds(1));
-    queue.run_due_ticks().unwrap();
+    queue.manual().run_due_ticks().unwrap();
     let before = queue.get_schedule("s").unwrap();
     assert_eq!(before.skipped_ticks, 1);
     every_second(&queue, OverlapPolicy::Allow);
@@ -278,9 +278,9 @@ mod forbid_and_a_cancelled_run {
                 NewSchedule::new("backup", "* * * * * *", "tick").overlap(OverlapPolicy::Forbid),
             )
             .unwrap();
-        let first = queue.run_due_ticks().unwrap().jobs[0];
+        let first = queue.manual().run_due_ticks().unwrap().jobs[0];
         let holder = queue
-            .claim("default", "w1", 1, Duration::from_secs(60))
+            .manual().claim("default", "w1", 1, Duration::from_secs(60))
             .unwrap()
             .remove(0);
         assert_eq!(holder.job_id, first);
@@ -292,9 +292,9 @@ mod forbid_and_a_cancelled_run {
         assert!(job.lease_expires_at.is_some(), "the cancel keeps the lease");
 
         clock.set(start + ChronoDuration::seconds(1));
-        let run = queue.run_due_ticks().unwrap();
+        let run = queue.manual().run_due_ticks().unwrap();
         let second = queue
-            .claim("default", "w2", 1, Duration::from_secs(60))
+            .manual().claim("default", "w2", 1, Duration::from_secs(60))
             .unwrap();
         assert!(
             run.jobs.is_empty() && second.is_empty(),

@@ -95,7 +95,7 @@ proptest! {
             };
             clock.set(now);
             earliest_now = earliest_now.min(now);
-            let run = queue.run_due_ticks().unwrap();
+            let run = queue.manual().run_due_ticks().unwrap();
             let fired = run_ats(&queue, "tick");
             prop_assert_eq!(fired.len(), fired_so_far + run.jobs.len());
             for at in &fired[fired_so_far..] {

@@ -52,7 +52,7 @@ fn a_payload_deeper_than_the_limit_is_refused_at_enqueue_and_nothing_is_stored()
         .unwrap();
     assert_eq!(queue.get(id).unwrap().payload, nested(MAX_PAYLOAD_DEPTH));
     assert_eq!(queue.list(&JobFilter::default()).unwrap().len(), 1);
-    let leases = queue.claim("default", "w", 10, secs(30)).unwrap();
+    let leases = queue.manual().claim("default", "w", 10, secs(30)).unwrap();
     assert_eq!(leases.len(), 1);
     assert_eq!(leases[0].payload, nested(MAX_PAYLOAD_DEPTH));
 }
@@ -106,7 +106,7 @@ fn a_claim_makes_an_unreadable_job_dead_and_hands_out_the_others() {
     for (damage, column) in damages {
         let (_dir, queue, ids) = three_jobs_with_a_damaged_middle(&damage);
         let leases = queue
-            .claim("default", "w", 10, secs(30))
+            .manual().claim("default", "w", 10, secs(30))
             .unwrap_or_else(|e| panic!("{column}: the claim failed as a whole: {e}"));
         let claimed: Vec<_> = leases.iter().map(|l| l.job_id).collect();
         assert_eq!(claimed, vec![ids[0], ids[2]], "{column}");
@@ -124,10 +124,10 @@ fn a_claim_makes_an_unreadable_job_dead_and_hands_out_the_others() {
         );
         // Nothing else was touched, and the queue claims on.
         for lease in &leases {
-            queue.complete(lease).unwrap();
+            queue.manual().complete(lease).unwrap();
         }
         assert!(queue
-            .claim("default", "w", 10, secs(30))
+            .manual().claim("default", "w", 10, secs(30))
             .unwrap()
             .is_empty());
     }

@@ -90,11 +90,19 @@ fn completion_commits_with_the_handlers_writes_or_not_at_all() {
     app.batch_execute("CREATE TABLE orders (id bigint)")
         .unwrap();
     let id = queue.enqueue(NewJob::new("charge")).unwrap();
-    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let lease = queue
+        .manual()
+        .claim("default", "w", 1, secs(30))
+        .unwrap()
+        .remove(0);
 
     // The lease is lost (cancelled): the handler's write rolls back too.
     let other = queue.enqueue(NewJob::new("charge")).unwrap();
-    let lost_lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let lost_lease = queue
+        .manual()
+        .claim("default", "w", 1, secs(30))
+        .unwrap()
+        .remove(0);
     assert_eq!(lost_lease.job_id, other);
     queue.cancel(other).unwrap();
     let lost = queue.complete_with_pg(&lost_lease, |tx| {
@@ -132,7 +140,10 @@ fn a_transaction_of_the_other_engine_is_refused() {
         queue.open_connection(),
         Err(Error::Unsupported { .. })
     ));
-    assert!(matches!(queue.checkpoint(), Err(Error::Unsupported { .. })));
+    assert!(matches!(
+        queue.ops().checkpoint(),
+        Err(Error::Unsupported { .. })
+    ));
     let dir = tempfile::tempdir().unwrap();
     let file = Queue::open(dir.path().join("q.db")).unwrap();
     let mut app = db.connect();

@@ -270,7 +270,14 @@ fn now_is_the_servers_clock_unless_one_is_given() {
         .enqueue(NewJob::new("work").delay(secs(3600)))
         .expect("enqueue");
     manual.advance(secs(3601));
-    assert_eq!(fixed.claim("default", "w", 1, secs(30)).unwrap().len(), 1);
+    assert_eq!(
+        fixed
+            .manual()
+            .claim("default", "w", 1, secs(30))
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 /// The claim is written so that a generic plan (what PostgreSQL uses for
@@ -303,9 +310,13 @@ fn claims_stay_right_under_generic_plans() {
         .expect("enqueue future");
     let mut seen = Vec::new();
     for _ in 0..12 {
-        for lease in queue.claim("default", "w", 4, secs(30)).expect("claim") {
+        for lease in queue
+            .manual()
+            .claim("default", "w", 4, secs(30))
+            .expect("claim")
+        {
             seen.push(lease.priority);
-            queue.complete(&lease).expect("complete");
+            queue.manual().complete(&lease).expect("complete");
         }
     }
     assert_eq!(seen.len(), 40, "the future job must not be claimed");
@@ -349,7 +360,10 @@ mod connections {
         let mut observer = db.connect();
         for round in 0..3 {
             let queue = Queue::open(db.url()).expect("open");
-            let _watcher = queue.watcher().expect("watcher (starts the listener)");
+            let _watcher = queue
+                .manual()
+                .watcher()
+                .expect("watcher (starts the listener)");
             queue
                 .enqueue(NewJob::new("work"))
                 .expect("enqueue (starts the notifier)");
@@ -420,7 +434,11 @@ mod cron {
                     let (m, start) = (m.clone(), Arc::clone(&start));
                     std::thread::spawn(move || {
                         start.wait();
-                        m.run_due_ticks().expect("run_due_ticks").jobs.len()
+                        m.manual()
+                            .run_due_ticks()
+                            .expect("run_due_ticks")
+                            .jobs
+                            .len()
                     })
                 })
                 .collect();
@@ -501,10 +519,10 @@ mod dba {
         let result = (|| -> tickler::Result<()> {
             let app = Queue::open(as_user(db.url(), &role))?;
             let id = app.enqueue(NewJob::new("work"))?;
-            let lease = app.claim("default", "w", 2, secs(30))?;
+            let lease = app.manual().claim("default", "w", 2, secs(30))?;
             assert_eq!(lease.len(), 2);
             for l in &lease {
-                app.complete(l)?;
+                app.manual().complete(l)?;
             }
             assert_eq!(app.get(id)?.state, JobState::Succeeded);
             Ok(())
@@ -572,11 +590,13 @@ mod dba {
                 .unwrap_or_else(|e| panic!("enqueue, round {round}: {e}"));
             std::thread::sleep(Duration::from_millis(300));
             let leases = queue
+                .manual()
                 .claim("default", "w", 1, secs(30))
                 .unwrap_or_else(|e| panic!("claim, round {round}: {e}"));
             assert_eq!(leases.len(), 1);
             std::thread::sleep(Duration::from_millis(300));
             queue
+                .manual()
                 .complete(&leases[0])
                 .unwrap_or_else(|e| panic!("complete, round {round}: {e}"));
             assert_eq!(queue.get(id).expect("get").state, JobState::Succeeded);
@@ -602,7 +622,10 @@ mod dba {
             .enqueue(NewJob::new("work").delay(secs(3600)))
             .expect("enqueue");
         let now = queue.enqueue(NewJob::new("work")).expect("enqueue");
-        let leases = queue.claim("default", "w", 5, secs(30)).expect("claim");
+        let leases = queue
+            .manual()
+            .claim("default", "w", 5, secs(30))
+            .expect("claim");
         assert_eq!(leases.iter().map(|l| l.job_id).collect::<Vec<_>>(), [now]);
         let due = queue.get(soon).expect("get").run_at.timestamp_millis() - ours;
         assert!((3_595_000..3_605_000).contains(&due), "due in {due} ms");
@@ -658,10 +681,11 @@ mod failover {
                 while !stop.load(Ordering::SeqCst) {
                     let id = queue.enqueue(NewJob::new("work")).expect("enqueue");
                     for lease in queue
+                        .manual()
                         .claim("default", "w", 4, Duration::from_secs(30))
                         .expect("claim")
                     {
-                        queue.complete(&lease).expect("complete");
+                        queue.manual().complete(&lease).expect("complete");
                     }
                     done.push(id);
                 }
@@ -676,10 +700,11 @@ mod failover {
         stop.store(true, Ordering::SeqCst);
         let ids = worker.join().expect("no user call failed");
         for lease in queue
+            .manual()
             .claim("default", "w", 100, Duration::from_secs(30))
             .expect("claim")
         {
-            queue.complete(&lease).expect("complete");
+            queue.manual().complete(&lease).expect("complete");
         }
         for id in ids {
             assert_eq!(queue.get(id).expect("get").state, JobState::Succeeded);
@@ -726,6 +751,7 @@ mod locks {
                 .collect();
             worker.enqueue_batch(jobs).expect("enqueue");
             let leases: Vec<Lease> = worker
+                .manual()
                 .claim("default", "w", 30, Duration::from_secs(5))
                 .expect("claim");
             assert_eq!(leases.len(), 30, "round {round}");
@@ -750,17 +776,20 @@ mod locks {
                     .iter()
                     .map(|l| (l, Outcome::Fail("boom".into())))
                     .collect();
-                w.record_outcomes(&outcomes).expect("record_outcomes");
+                w.manual()
+                    .record_outcomes(&outcomes)
+                    .expect("record_outcomes");
             }));
             let r = reaper.clone();
             let t2 = timed(Box::new(move || {
-                r.reap().expect("reap");
+                r.manual().reap().expect("reap");
             }));
             let beat_leases: Vec<Lease> = leases.iter().rev().cloned().collect();
             let b = beater.clone();
             let t3 = timed(Box::new(move || {
                 let refs: Vec<&Lease> = beat_leases.iter().collect();
-                b.heartbeat_many(&refs, Duration::from_secs(5))
+                b.manual()
+                    .heartbeat_many(&refs, Duration::from_secs(5))
                     .expect("heartbeat_many");
             }));
             for t in [t1, t2, t3] {
@@ -768,13 +797,14 @@ mod locks {
             }
             // Leave nothing running for the next round.
             clock.advance(Duration::from_secs(60));
-            worker.reap().expect("reap");
+            worker.manual().reap().expect("reap");
             let _ = worker.prune(clock.now() + chrono::Duration::days(1));
             for l in worker
+                .manual()
                 .claim("default", "w", 100, Duration::from_secs(5))
                 .expect("claim")
             {
-                worker.complete(&l).expect("complete");
+                worker.manual().complete(&l).expect("complete");
             }
         }
         assert!(
@@ -817,10 +847,12 @@ mod nul {
             .expect("a payload with NUL is JSON-escaped");
         assert_eq!(queue.get(id).expect("get").payload, payload);
         let lease = queue
+            .manual()
             .claim("default", "worker\u{0}1", 1, Duration::from_secs(30))
             .expect("a worker id with NUL")
             .remove(0);
         queue
+            .manual()
             .fail(&lease, "broke at \u{0} here")
             .expect("an error text with NUL");
         clear_or_stored("kind", queue.enqueue(NewJob::new("wo\u{0}rk")));
@@ -858,11 +890,13 @@ mod nul {
         );
         clear_or_stored(
             "claim",
-            queue.claim("q\u{0}", "w", 1, Duration::from_secs(30)),
+            queue
+                .manual()
+                .claim("q\u{0}", "w", 1, Duration::from_secs(30)),
         );
         clear_or_stored(
             "claim_kinds",
-            queue.claim_kinds(
+            queue.manual().claim_kinds(
                 "default",
                 "w",
                 1,
@@ -901,10 +935,11 @@ mod plans {
         for _ in 0..4 {
             queue.get(id).expect("get");
             let leases = queue
+                .manual()
                 .claim("default", "w", 1, Duration::from_secs(30))
                 .expect("claim");
             for l in &leases {
-                queue.fail(l, "again").expect("fail");
+                queue.manual().fail(l, "again").expect("fail");
             }
             queue.list(&Default::default()).expect("list");
         }
@@ -926,10 +961,11 @@ mod plans {
                 .enqueue(NewJob::new("work"))
                 .unwrap_or_else(|e| panic!("enqueue after ALTER TABLE, round {round}: {e}"));
             let leases = queue
+                .manual()
                 .claim("default", "w", 1, Duration::from_secs(30))
                 .unwrap_or_else(|e| panic!("claim after ALTER TABLE, round {round}: {e}"));
             for l in &leases {
-                queue.complete(l).expect("complete");
+                queue.manual().complete(l).expect("complete");
             }
         }
     }

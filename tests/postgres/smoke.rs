@@ -21,22 +21,27 @@ fn enqueue_claim_complete_fail_reap() {
         })
         .open()
         .expect("open");
-    assert!(queue.is_postgres());
+    assert!(queue.ops().is_postgres());
     let a = queue.enqueue(NewJob::new("a")).unwrap();
     let b = queue.enqueue(NewJob::new("b").unique_key("k")).unwrap();
     assert_eq!(queue.enqueue(NewJob::new("b").unique_key("k")).unwrap(), b);
     let leases = queue
+        .manual()
         .claim("default", "w", 10, Duration::from_secs(30))
         .unwrap();
     assert_eq!(leases.len(), 2);
-    queue.complete(&leases[0]).unwrap();
-    queue.fail(&leases[1], "boom").unwrap();
-    assert!(queue.complete(&leases[0]).unwrap_err().is_lease_lost());
+    queue.manual().complete(&leases[0]).unwrap();
+    queue.manual().fail(&leases[1], "boom").unwrap();
+    assert!(queue
+        .manual()
+        .complete(&leases[0])
+        .unwrap_err()
+        .is_lease_lost());
     assert_eq!(queue.get(a).unwrap().state, JobState::Succeeded);
     let failed = queue.get(b).unwrap();
     assert_eq!(failed.state, JobState::Scheduled);
     assert_eq!(failed.errors.len(), 1);
-    assert_eq!(queue.reap().unwrap(), 0);
+    assert_eq!(queue.manual().reap().unwrap(), 0);
     let stats = queue.stats().unwrap();
     assert_eq!(stats.total(JobState::Succeeded), 1);
 }

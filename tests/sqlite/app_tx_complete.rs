@@ -17,10 +17,14 @@ fn complete_with_after_the_reaper_took_the_lease_returns_lease_lost_and_writes_n
     create_effects(&app);
     let id = queue.enqueue(NewJob::new("work").max_attempts(5)).unwrap();
 
-    let first = queue.claim("default", "w1", 1, secs(1)).unwrap().remove(0);
+    let first = queue
+        .manual()
+        .claim("default", "w1", 1, secs(1))
+        .unwrap()
+        .remove(0);
     assert_eq!(first.job_id, id);
     clock.advance(secs(2));
-    assert_eq!(queue.reap().unwrap(), 1);
+    assert_eq!(queue.manual().reap().unwrap(), 1);
     let reaped = queue.get(id).unwrap();
     assert_ne!(reaped.state, JobState::Running);
 
@@ -51,7 +55,11 @@ fn complete_with_after_the_reaper_took_the_lease_returns_lease_lost_and_writes_n
     // A new holder claims it after the backoff; the stale holder is still
     // refused, and the row stays the new holder's.
     clock.advance(secs(2));
-    let second = queue.claim("default", "w2", 1, secs(30)).unwrap().remove(0);
+    let second = queue
+        .manual()
+        .claim("default", "w2", 1, secs(30))
+        .unwrap()
+        .remove(0);
     assert_eq!(second.job_id, id);
     assert_ne!(second.run_token, first.run_token);
     let held = queue.get(id).unwrap();
@@ -96,7 +104,11 @@ fn the_closures_writes_and_succeeded_land_together() {
     let app = queue.open_connection().unwrap();
     create_effects(&app);
     let id = queue.enqueue(NewJob::new("work")).unwrap();
-    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let lease = queue
+        .manual()
+        .claim("default", "w", 1, secs(30))
+        .unwrap()
+        .remove(0);
     clock.advance(secs(3));
 
     let value = queue
@@ -126,7 +138,7 @@ fn the_closures_writes_and_succeeded_land_together() {
     assert_eq!(effects_of(&app, id.0), 2);
     assert_eq!(queue.get(id).unwrap(), job);
     // So is a plain complete.
-    assert!(queue.complete(&lease).unwrap_err().is_lease_lost());
+    assert!(queue.manual().complete(&lease).unwrap_err().is_lease_lost());
 }
 
 fn clock_now(queue: &tickler::Queue) -> chrono::DateTime<chrono::Utc> {
@@ -140,7 +152,11 @@ fn an_application_error_rolls_back_everything_and_the_job_stays_running() {
     let app = queue.open_connection().unwrap();
     create_effects(&app);
     let id = queue.enqueue(NewJob::new("work")).unwrap();
-    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let lease = queue
+        .manual()
+        .claim("default", "w", 1, secs(30))
+        .unwrap()
+        .remove(0);
     let running = queue.get(id).unwrap();
 
     // Error::aborted from the closure.
@@ -192,7 +208,11 @@ fn complete_with_on_a_cancelled_job_returns_lease_lost_and_writes_nothing() {
     let app = queue.open_connection().unwrap();
     create_effects(&app);
     let id = queue.enqueue(NewJob::new("work")).unwrap();
-    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let lease = queue
+        .manual()
+        .claim("default", "w", 1, secs(30))
+        .unwrap()
+        .remove(0);
     queue.cancel(id).unwrap();
     let cancelled = queue.get(id).unwrap();
 
@@ -215,9 +235,13 @@ fn a_follow_up_job_enqueued_in_the_closure_exists_iff_the_completion_commits() {
     let first = queue.enqueue(NewJob::new("step1").max_attempts(5)).unwrap();
 
     // A stale holder's follow-up is rolled back with its completion.
-    let stale = queue.claim("default", "w1", 1, secs(1)).unwrap().remove(0);
+    let stale = queue
+        .manual()
+        .claim("default", "w1", 1, secs(1))
+        .unwrap()
+        .remove(0);
     clock.advance(secs(2));
-    assert_eq!(queue.reap().unwrap(), 1);
+    assert_eq!(queue.manual().reap().unwrap(), 1);
     let err = queue
         .complete_with(&stale, |tx| queue.enqueue_tx(tx, NewJob::new("step2")))
         .unwrap_err();
@@ -227,7 +251,11 @@ fn a_follow_up_job_enqueued_in_the_closure_exists_iff_the_completion_commits() {
 
     // The holder's follow-up lands with its completion.
     clock.advance(secs(2));
-    let lease = queue.claim("default", "w2", 1, secs(30)).unwrap().remove(0);
+    let lease = queue
+        .manual()
+        .claim("default", "w2", 1, secs(30))
+        .unwrap()
+        .remove(0);
     assert_eq!(lease.job_id, first);
     let second = queue
         .complete_with(&lease, |tx| {
@@ -259,7 +287,11 @@ fn a_busy_error_from_the_closure_is_returned_at_once() {
         .open()
         .unwrap();
     queue.enqueue(NewJob::new("work")).unwrap();
-    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let lease = queue
+        .manual()
+        .claim("default", "w", 1, secs(30))
+        .unwrap()
+        .remove(0);
     let started = std::time::Instant::now();
     let calls = Cell::new(0);
     let err = queue
@@ -293,7 +325,11 @@ fn queue_writes_inside_the_closure_fail_instead_of_deadlocking() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = manual_queue(&path);
     queue.enqueue(NewJob::new("work")).unwrap();
-    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let lease = queue
+        .manual()
+        .claim("default", "w", 1, secs(30))
+        .unwrap()
+        .remove(0);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let q = queue.clone();
     // Left running (stuck) if the bug is there; the test process ends anyway.
@@ -343,6 +379,7 @@ mod a_locked_error_in_app_writes {
         drop(conn);
         queue.enqueue(NewJob::new("k")).unwrap();
         let lease = queue
+            .manual()
             .claim("default", "w", 1, Duration::from_secs(60))
             .unwrap()
             .remove(0);
@@ -396,6 +433,7 @@ mod enqueue_inside_complete_with {
             .unwrap();
         queue.enqueue(NewJob::new("step1")).unwrap();
         let lease = queue
+            .manual()
             .claim("default", "w", 1, Duration::from_secs(60))
             .unwrap()
             .remove(0);

@@ -99,9 +99,10 @@ fn killed_inside_the_completion_transaction_leaves_neither_row_nor_success() {
     // writes its rows exactly once.
     let (queue, clock) = manual_queue(&path);
     clock.set(chrono::Utc::now() + chrono::Duration::hours(1));
-    assert_eq!(queue.reap().unwrap(), 1);
+    assert_eq!(queue.manual().reap().unwrap(), 1);
     clock.advance(secs(2));
     let lease = queue
+        .manual()
         .claim("default", "rerun", 1, secs(30))
         .unwrap()
         .remove(0);
@@ -154,8 +155,9 @@ fn killed_right_after_complete_with_returned_leaves_both() {
 
     // Nothing runs it again.
     let queue = Queue::open(&path).unwrap();
-    assert_eq!(queue.reap().unwrap(), 0);
+    assert_eq!(queue.manual().reap().unwrap(), 0);
     assert!(queue
+        .manual()
         .claim("default", "again", 10, secs(30))
         .unwrap()
         .is_empty());

@@ -75,6 +75,7 @@ fn a_rolled_back_transaction_leaves_neither_the_job_nor_the_app_row() {
     assert_eq!(count(&check, "effects"), 0);
     // No claim finds anything either.
     assert!(queue
+        .manual()
         .claim("default", "w", 10, secs(30))
         .unwrap()
         .is_empty());

@@ -108,9 +108,13 @@ fn the_apps_tables_rows_and_schema_survive_tickler_migrations_untouched() {
     {
         let queue = Queue::open(&path).unwrap();
         let id = queue.enqueue(NewJob::new("tickle")).unwrap();
-        let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+        let lease = queue
+            .manual()
+            .claim("default", "w", 1, secs(30))
+            .unwrap()
+            .remove(0);
         assert_eq!(lease.job_id, id);
-        queue.complete(&lease).unwrap();
+        queue.manual().complete(&lease).unwrap();
         queue
             .enqueue(NewJob::new("later").delay(secs(3600)))
             .unwrap();

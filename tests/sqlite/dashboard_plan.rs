@@ -86,12 +86,13 @@ fn dashboard_reads_use_indexes_and_match_the_file() {
     dashboard_fill::fill(&raw, 20_000).unwrap();
 
     RECORDING.store(true, Ordering::SeqCst);
-    let counts = queue.counts_by_queue(1_000).unwrap();
+    let counts = queue.ops().counts_by_queue(1_000).unwrap();
     let mut lists = BTreeMap::new();
     for state in JobState::ALL {
-        lists.insert(state, queue.list_state(state, 20).unwrap());
+        lists.insert(state, queue.ops().list_state(state, 20).unwrap());
     }
     let minutes = queue
+        .ops()
         .activity(60, std::time::Duration::from_secs(60), 100_000)
         .unwrap();
     RECORDING.store(false, Ordering::SeqCst);

@@ -143,10 +143,13 @@ fn disk_full_during_enqueue_is_a_typed_error_and_loses_nothing() {
         .collect();
     assert_eq!(more.len(), 100);
     let total = before.len() + fitted.len() + more.len();
-    let leases = fresh.claim("default", "w", total, secs(60)).unwrap();
+    let leases = fresh
+        .manual()
+        .claim("default", "w", total, secs(60))
+        .unwrap();
     assert_eq!(leases.len(), total);
     for lease in &leases {
-        fresh.complete(lease).unwrap();
+        fresh.manual().complete(lease).unwrap();
     }
     assert_eq!(fresh.count(JobState::Succeeded).unwrap() as usize, total);
     drop(fresh);
@@ -166,7 +169,10 @@ fn disk_full_during_completion_is_a_typed_error_and_the_lease_survives_it() {
                     .collect(),
             )
             .unwrap();
-        queue.claim("default", "w", jobs, secs(600)).unwrap()
+        queue
+            .manual()
+            .claim("default", "w", jobs, secs(600))
+            .unwrap()
     };
     assert_eq!(leases.len(), jobs);
 
@@ -183,7 +189,7 @@ fn disk_full_during_completion_is_a_typed_error_and_the_lease_survives_it() {
     let mut completed = Vec::new();
     let mut failure = None;
     for lease in &leases {
-        match limited.complete(lease) {
+        match limited.manual().complete(lease) {
             Ok(()) => completed.push(lease.job_id),
             Err(e) => {
                 failure = Some((lease, e));
@@ -222,7 +228,7 @@ fn disk_full_during_completion_is_a_typed_error_and_the_lease_survives_it() {
     // Space returns: the same leases complete now.
     drop(limited);
     for lease in &leases[completed.len()..] {
-        fresh.complete(lease).unwrap();
+        fresh.manual().complete(lease).unwrap();
     }
     assert_eq!(fresh.count(JobState::Succeeded).unwrap() as usize, jobs);
     assert_eq!(fresh.count(JobState::Pending).unwrap() as usize, filler);
@@ -240,7 +246,7 @@ fn make_db(path: &Path, jobs: usize) {
                 .collect(),
         )
         .unwrap();
-    let checkpoint = queue.checkpoint().unwrap();
+    let checkpoint = queue.ops().checkpoint().unwrap();
     assert!(checkpoint.complete);
 }
 
@@ -312,7 +318,7 @@ fn assert_refused_untouched(path: &Path, what: &str) {
         matches!(e, Error::NotADatabase { .. }),
         "{what}: expected NotADatabase, got {e:?}"
     );
-    let version = Queue::file_schema_version(path);
+    let version = tickler::Ops::file_schema_version(path);
     assert!(
         matches!(version, Err(Error::NotADatabase { .. })),
         "{what}: file_schema_version gave {version:?}"
@@ -415,9 +421,9 @@ mod damaged_error_histories {
         queue
             .enqueue_batch(vec![NewJob::new("k"), NewJob::new("k")])
             .unwrap();
-        let leases = queue.claim("default", "w", 2, secs(30)).unwrap();
+        let leases = queue.manual().claim("default", "w", 2, secs(30)).unwrap();
         damage_errors(&path, leases[0].job_id);
-        let results = queue.record_outcomes(&[
+        let results = queue.manual().record_outcomes(&[
             (&leases[0], Outcome::Fail("boom".into())),
             (&leases[1], Outcome::Complete),
         ]);
@@ -438,10 +444,10 @@ mod damaged_error_histories {
         queue
             .enqueue_batch(vec![NewJob::new("k"), NewJob::new("k")])
             .unwrap();
-        let leases = queue.claim("default", "w", 2, secs(30)).unwrap();
+        let leases = queue.manual().claim("default", "w", 2, secs(30)).unwrap();
         damage_errors(&path, leases[0].job_id);
         clock.advance(secs(60));
-        let reaped = queue.reap();
+        let reaped = queue.manual().reap();
         let healthy = queue.get(leases[1].job_id).unwrap().state;
         assert!(
             healthy != JobState::Running,
@@ -467,7 +473,7 @@ mod damaged_error_histories {
             )
             .unwrap();
         damage_errors(&path, ids[0]);
-        let claimed = queue.claim("default", "w", 2, secs(30));
+        let claimed = queue.manual().claim("default", "w", 2, secs(30));
         let claimed =
             claimed.unwrap_or_else(|e| panic!("the claim of the whole queue failed: {e}"));
         assert_eq!(claimed.len(), 1);

@@ -151,7 +151,11 @@ fn a_write_lock_stall_does_not_cost_live_holders_their_jobs() {
 
     // A holder that is really gone is still reaped within lease + bound.
     queue.enqueue(NewJob::new("gone").queue("gone")).unwrap();
-    let gone = queue.claim("gone", "vanished", 1, LEASE).unwrap().remove(0);
+    let gone = queue
+        .manual()
+        .claim("gone", "vanished", 1, LEASE)
+        .unwrap()
+        .remove(0);
     let claimed = Instant::now();
     wait_until("the gone holder's job is reaped", secs(10), || {
         queue.get(gone.job_id).unwrap().state != JobState::Running
@@ -216,11 +220,13 @@ mod a_step_during_the_reapers_lock_wait {
             .unwrap();
         let live = queue.enqueue(NewJob::new("k")).unwrap();
         let live_lease = queue
+            .manual()
             .claim("default", "live-holder", 1, Duration::from_secs(30))
             .unwrap()
             .remove(0);
         queue.enqueue(NewJob::new("x").queue("other")).unwrap();
         let other = queue
+            .manual()
             .claim("other", "test", 1, Duration::from_secs(60))
             .unwrap()
             .remove(0);
@@ -257,7 +263,9 @@ mod a_step_during_the_reapers_lock_wait {
 
         // Within the 5 s hold, the live holder renews its lease.
         let job = queue.get(live).unwrap();
-        let beat = queue.heartbeat(&live_lease, Duration::from_secs(30));
+        let beat = queue
+            .manual()
+            .heartbeat(&live_lease, Duration::from_secs(30));
         eprintln!(
             "job state {:?}, last_error {:?}, heartbeat {beat:?}",
             job.state, job.last_error

@@ -18,13 +18,13 @@ fn user_version(path: &Path) -> i64 {
 fn fresh_file_has_current_schema_version_and_wal() {
     let (_dir, path) = common::temp_db();
     let queue = Queue::open(&path).unwrap();
-    assert!(Queue::schema_version() >= 1);
+    assert!(tickler::Ops::schema_version() >= 1);
 
     let conn = common::raw(&path);
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, Queue::schema_version());
+    assert_eq!(version, tickler::Ops::schema_version());
     let mode: String = conn
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))
         .unwrap();
@@ -43,7 +43,7 @@ fn fresh_file_has_current_schema_version_and_wal() {
     let id = queue.enqueue(NewJob::new("k")).unwrap();
     drop(queue);
     let again = Queue::open(&path).unwrap();
-    assert_eq!(user_version(&path), Queue::schema_version());
+    assert_eq!(user_version(&path), tickler::Ops::schema_version());
     assert_eq!(again.get(id).unwrap().kind, "k");
 }
 
@@ -74,7 +74,7 @@ fn newer_schema_is_refused_and_left_unchanged() {
         let queue = Queue::open(&path).unwrap();
         queue.enqueue(NewJob::new("from-the-future")).unwrap()
     };
-    let newer = Queue::schema_version() + 1;
+    let newer = tickler::Ops::schema_version() + 1;
     common::raw(&path)
         .execute_batch(&format!("PRAGMA user_version = {newer}"))
         .unwrap();
@@ -83,7 +83,7 @@ fn newer_schema_is_refused_and_left_unchanged() {
     match Queue::open(&path) {
         Err(Error::SchemaTooNew { found, supported }) => {
             assert_eq!(found, newer);
-            assert_eq!(supported, Queue::schema_version());
+            assert_eq!(supported, tickler::Ops::schema_version());
         }
         other => panic!("expected SchemaTooNew, got {other:?}"),
     }
@@ -290,7 +290,7 @@ fn concurrent_first_opens_of_a_new_file_all_succeed() {
         for t in threads {
             t.join().expect("opener panicked");
         }
-        assert_eq!(user_version(&path), Queue::schema_version());
+        assert_eq!(user_version(&path), tickler::Ops::schema_version());
         assert_eq!(common::row_count(&path), THREADS as i64);
     }
 }

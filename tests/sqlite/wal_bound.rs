@@ -72,24 +72,27 @@ fn a_long_reader_lets_the_wal_grow_and_once_it_is_gone_the_wal_is_bounded() {
     // Writers go on: enqueues, claims and completions, each a commit.
     let started = Instant::now();
     let mut rounds = 0;
-    while queue.wal_bytes() < 24 * MIB {
+    while queue.ops().wal_bytes() < 24 * MIB {
         write_jobs(&queue, 200);
         rounds += 1;
         assert!(
             started.elapsed() < secs(60),
             "the WAL did not reach 24 MiB in 60 s ({} bytes)",
-            queue.wal_bytes()
+            queue.ops().wal_bytes()
         );
     }
     wait_until("the pool finished every job", secs(60), || {
-        queue.unfinished(&["default"], None).unwrap() == 0
+        queue.ops().unfinished(&["default"], None).unwrap() == 0
     });
-    let pinned = queue.checkpoint().expect("checkpoint under the reader");
+    let pinned = queue
+        .ops()
+        .checkpoint()
+        .expect("checkpoint under the reader");
     assert!(
         !pinned.complete,
         "a checkpoint cannot complete past an open reader: {pinned:?}"
     );
-    let grown = queue.wal_bytes();
+    let grown = queue.ops().wal_bytes();
     eprintln!(
         "reader open: {rounds} rounds of 200 jobs grew the WAL to {:.1} MiB",
         grown as f64 / MIB as f64
@@ -102,12 +105,12 @@ fn a_long_reader_lets_the_wal_grow_and_once_it_is_gone_the_wal_is_bounded() {
     let mut largest = 0;
     for _ in 0..rounds {
         write_jobs(&queue, 200);
-        largest = largest.max(queue.wal_bytes());
+        largest = largest.max(queue.ops().wal_bytes());
     }
     wait_until("the pool finished every job", secs(60), || {
-        queue.unfinished(&["default"], None).unwrap() == 0
+        queue.ops().unfinished(&["default"], None).unwrap() == 0
     });
-    largest = largest.max(queue.wal_bytes());
+    largest = largest.max(queue.ops().wal_bytes());
     eprintln!(
         "reader gone: as many writes again, the WAL stays at most {:.1} MiB",
         largest as f64 / MIB as f64
@@ -126,14 +129,14 @@ fn a_long_reader_lets_the_wal_grow_and_once_it_is_gone_the_wal_is_bounded() {
     wait_until("the write path truncated the WAL", secs(30), || {
         write_jobs(&queue, 20);
         extra_rounds += 1;
-        queue.wal_bytes() < 17 * MIB
+        queue.ops().wal_bytes() < 17 * MIB
     });
     wait_until("the pool finished every job", secs(60), || {
-        queue.unfinished(&["default"], None).unwrap() == 0
+        queue.ops().unfinished(&["default"], None).unwrap() == 0
     });
 
     // And a checkpoint brings it back to nothing.
-    let done = queue.checkpoint().expect("checkpoint");
+    let done = queue.ops().checkpoint().expect("checkpoint");
     assert!(done.complete, "{done:?}");
     assert!(done.wal_bytes_after < 64 * 1024, "{done:?}");
     pool.shutdown(secs(10));
@@ -169,7 +172,7 @@ fn a_long_lived_pool_process_never_blocks_a_checkpoint() {
     for round in 0..10 {
         write_jobs(&queue, 100);
         std::thread::sleep(ms(100));
-        let checkpoint = queue.checkpoint().expect("checkpoint");
+        let checkpoint = queue.ops().checkpoint().expect("checkpoint");
         eprintln!("round {round}: {checkpoint:?}");
         assert!(
             checkpoint.complete,
@@ -185,7 +188,7 @@ fn a_long_lived_pool_process_never_blocks_a_checkpoint() {
         queue.count(JobState::Succeeded).unwrap() == 1_000
     });
     assert_eq!(queue.get(slow).unwrap().state, JobState::Running);
-    let idle = queue.checkpoint().expect("checkpoint");
+    let idle = queue.ops().checkpoint().expect("checkpoint");
     assert!(idle.complete && idle.wal_bytes_after == 0, "{idle:?}");
 
     std::fs::File::create(dir.path().join("stop")).unwrap();
@@ -253,7 +256,7 @@ fn concurrent_writers_keep_the_wal_under_journal_size_limit() {
     let mut largest = 0;
     // Stops early once the WAL is four times the limit: no transient.
     while started.elapsed() < secs(10) && largest < 256 * MIB {
-        largest = largest.max(queue.wal_bytes());
+        largest = largest.max(queue.ops().wal_bytes());
         std::thread::sleep(ms(10));
     }
     stop.store(true, Ordering::SeqCst);
@@ -311,15 +314,15 @@ fn after_a_pinning_reader_leaves_nonstop_writers_get_the_wal_truncated() {
         })
         .collect();
     std::thread::sleep(ms(1_500));
-    let pinned = queue.wal_bytes();
+    let pinned = queue.ops().wal_bytes();
     reader.execute_batch("COMMIT").unwrap();
     drop(reader);
     let released = Instant::now();
     let mut largest = pinned;
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         wait_until("the write path truncated the WAL", secs(60), || {
-            largest = largest.max(queue.wal_bytes());
-            queue.wal_bytes() < 17 * MIB
+            largest = largest.max(queue.ops().wal_bytes());
+            queue.ops().wal_bytes() < 17 * MIB
         })
     }));
     let took = released.elapsed();

@@ -32,15 +32,15 @@ pub fn queue_at(path: &Path, start: DateTime<Utc>) -> (Queue, Arc<ManualClock>) 
 /// Runs the schedules like a scheduler that is always awake: moves the
 /// clock to each next tick up to `until` and fires it.
 pub fn run_until(queue: &Queue, clock: &ManualClock, until: DateTime<Utc>) {
-    while let Some(next) = queue.next_schedule_tick().unwrap() {
+    while let Some(next) = queue.manual().next_schedule_tick().unwrap() {
         if next > until {
             break;
         }
         clock.set(next);
-        queue.run_due_ticks().unwrap();
+        queue.manual().run_due_ticks().unwrap();
     }
     clock.set(until);
-    queue.run_due_ticks().unwrap();
+    queue.manual().run_due_ticks().unwrap();
 }
 
 /// run_at of every job of `kind`, in id (enqueue) order.

@@ -279,7 +279,7 @@ fn run_worker(dir: &Path, db: &Path, slot: usize, threads: usize) -> i32 {
             return 3;
         }
     };
-    let postgres = queue.is_postgres();
+    let postgres = queue.ops().is_postgres();
     let handler = |kind: Kind| {
         let ledger = ledger.clone();
         move |ctx: &JobContext| handle(&ledger, ctx, kind, postgres)
@@ -458,7 +458,7 @@ fn run_producer(dir: &Path, db: &Path) -> i32 {
         if ops.is_multiple_of(32) {
             // Wait while the workers are behind.
             loop {
-                match queue.unfinished(&[DEFAULT_QUEUE], None) {
+                match queue.ops().unfinished(&[DEFAULT_QUEUE], None) {
                     Ok(n) if n > BACKLOG_LIMIT && !dir.join(STOP_PRODUCER).exists() => {
                         std::thread::sleep(Duration::from_millis(20));
                     }
@@ -903,7 +903,7 @@ pub fn supervise(settings: &Settings, launcher: Launcher) -> Report {
     }
     let drain_started = Instant::now();
     loop {
-        match queue.unfinished(&[DEFAULT_QUEUE], None) {
+        match queue.ops().unfinished(&[DEFAULT_QUEUE], None) {
             Ok(0) => break,
             Ok(n) if drain_started.elapsed() >= settings.drain_timeout => {
                 report.violations.push(format!(
@@ -941,7 +941,7 @@ pub fn supervise(settings: &Settings, launcher: Launcher) -> Report {
             )),
         }
     }
-    match queue.reap() {
+    match queue.manual().reap() {
         Ok(0) => {}
         Ok(n) => report
             .violations

@@ -50,9 +50,9 @@ pub fn init(db: &Path, allow_shared_db: bool) -> Result<(), CliError> {
         );
         return Ok(());
     }
-    let before = Queue::file_schema_version(db).map_err(|e| CliError::from_lib(e, db))?;
+    let before = tickler::Ops::file_schema_version(db).map_err(|e| CliError::from_lib(e, db))?;
     open(db, true)?;
-    let now = Queue::schema_version();
+    let now = tickler::Ops::schema_version();
     match before {
         None => println!("created {}: schema version {now}", crate::files::shown(db)),
         Some(0) => println!(
@@ -208,9 +208,10 @@ pub fn stats(db: &Path, args: &StatsArgs, times: Times) -> Result<(), CliError> 
     // were written by.
     let now = queue.clock().now();
     let finished = queue
+        .ops()
         .finished_since(now - chrono::Duration::minutes(1))
         .map_err(lib)?;
-    let wal = queue.wal_bytes();
+    let wal = queue.ops().wal_bytes();
     let wait = stats
         .oldest_due
         .map(|due| (now - due).to_std().unwrap_or_default());
@@ -375,6 +376,7 @@ pub fn prune(db: &Path, args: &PruneArgs) -> Result<(), CliError> {
 pub fn reap(db: &Path) -> Result<(), CliError> {
     let queue = open(db, false)?;
     let n = queue
+        .manual()
         .reap_at(queue.clock().now())
         .map_err(|e| CliError::from_lib(e, db))?;
     println!("took back {n} job(s) with expired leases");
@@ -384,7 +386,10 @@ pub fn reap(db: &Path) -> Result<(), CliError> {
 /// `tickler checkpoint`.
 pub fn checkpoint(db: &Path) -> Result<(), CliError> {
     let queue = open(db, false)?;
-    let c = queue.checkpoint().map_err(|e| CliError::from_lib(e, db))?;
+    let c = queue
+        .ops()
+        .checkpoint()
+        .map_err(|e| CliError::from_lib(e, db))?;
     println!(
         "WAL file: {} before, {} after",
         display::bytes(c.wal_bytes_before),

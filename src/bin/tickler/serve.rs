@@ -568,7 +568,7 @@ fn error_cell(job: &tickler::Job) -> String {
 }
 
 fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
-    let stats = queue.counts_by_queue(COUNT_CAP)?;
+    let stats = queue.ops().counts_by_queue(COUNT_CAP)?;
     let paused = queue.paused_queues()?;
     let mut html = String::from(
         "<!doctype html><html><head><meta charset=utf-8><title>tickler</title>\
@@ -609,7 +609,9 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
         let _ = write!(html, "<td>{control}</td></tr>");
     }
     html.push_str("</table>");
-    let minutes = queue.activity(60, std::time::Duration::from_secs(60), PLOT_CAP)?;
+    let minutes = queue
+        .ops()
+        .activity(60, std::time::Duration::from_secs(60), PLOT_CAP)?;
     html.push_str(&plot(&minutes));
     html.push_str("<h2>Schedules</h2><table id=schedules><tr><th>name</th><th>cron</th><th>zone</th><th>queue</th><th>kind</th><th>next tick (in its zone)</th></tr>");
     for s in queue.list_schedules()? {
@@ -641,7 +643,7 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
         JobState::Cancelled,
         JobState::Succeeded,
     ] {
-        let jobs = queue.list_state(state, LISTED)?;
+        let jobs = queue.ops().list_state(state, LISTED)?;
         let _ = write!(html, "<h2>{} ({} {LISTED})</h2><table id=jobs-{}><tr><th>id</th><th>queue</th><th>kind</th><th>attempts</th><th>when (UTC)</th><th>errors</th><th></th></tr>", state.as_str(), if matches!(state, JobState::Pending | JobState::Scheduled | JobState::Running) { "first" } else { "newest" }, state.as_str());
         for job in jobs {
             let errors = error_cell(&job);

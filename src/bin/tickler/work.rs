@@ -82,6 +82,7 @@ pub fn work(db: &Path, args: &WorkArgs, allow_shared_db: bool) -> Result<(), Cli
             // Twice in a row, so a job between two states is not missed.
             let idle = pool.in_flight() == 0
                 && queue
+                    .ops()
                     .unfinished(&queue_refs, Some(&[shell::KIND]))
                     .map_err(lib)?
                     == 0;

@@ -110,7 +110,7 @@ pub fn filled() -> Env {
     let queue = env.queue();
     let hour = Duration::from_secs(3600);
     let claim_one = |name: &str| {
-        let mut leases = queue.claim(name, "t", 1, hour).unwrap();
+        let mut leases = queue.manual().claim(name, "t", 1, hour).unwrap();
         assert_eq!(leases.len(), 1, "one job to claim in {name}");
         leases.remove(0)
     };
@@ -120,12 +120,12 @@ pub fn filled() -> Env {
         .unwrap();
     let lease = claim_one("reports");
     assert_eq!(lease.job_id, dead);
-    queue.fail(&lease, "broken <b>html</b>").unwrap();
+    queue.manual().fail(&lease, "broken <b>html</b>").unwrap();
     let cancelled = queue.enqueue(NewJob::new("k").queue("reports")).unwrap();
     queue.cancel(cancelled).unwrap();
 
     queue.enqueue(NewJob::new("k").queue("mail")).unwrap();
-    queue.complete(&claim_one("mail")).unwrap();
+    queue.manual().complete(&claim_one("mail")).unwrap();
     let running = queue.enqueue(NewJob::new("k").queue("mail")).unwrap();
     assert_eq!(claim_one("mail").job_id, running);
     queue
