@@ -1,8 +1,9 @@
 //! [`AsyncQueue`]: the [`Queue`] API as `async fn`s (feature `tokio`).
 
+use crate::engine::types::{JobFilter, Stats};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState, NewJob};
-use crate::queue::{JobFilter, Queue, Stats};
+use crate::queue::Queue;
 use crate::schedule::{NewSchedule, Schedule};
 use crate::typed::JobArgs;
 use chrono::{DateTime, Utc};

@@ -3,7 +3,8 @@
 //! An embedded, durable job queue and scheduler on one SQLite file (WAL
 //! mode), for programs without a database server: desktop apps, Raspberry
 //! Pi and other edge boxes, single-binary services. Any number of threads
-//! and processes on one machine may share the file.
+//! and processes on one machine may share the file; programs that outgrow
+//! one machine point the same code at PostgreSQL (feature `postgres`).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -69,6 +70,26 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! ## Where things are
+//!
+//! - `src/queue/`: [`Queue`], the application's API and its contract,
+//!   engine-neutral, with the rules every engine shares: the claim's
+//!   (`queue/claim.rs`: paused queues, promotion, fair share, priority
+//!   aging), the reaper's (`queue/reap.rs`: two clean looks) and the
+//!   schedules' firing (`queue/schedules.rs`, `src/schedule/firing.rs`).
+//! - `src/engine/`: the storage seam, the only place an engine is named.
+//!   `engine/mod.rs` holds the traits an engine implements and
+//!   `engine::open`, which picks the engine a location names;
+//!   `engine/types.rs` the types both sides share. Each engine is a folder
+//!   with the same files (`sqlite/`, `postgres/`): `connection`,
+//!   `migrate` and `schema.sql`, `enqueue`, `claim` (the claim's
+//!   statements), `outcome` (the fenced outcome statements, built from one
+//!   `fence!` and one `retry_or_dead!` per dialect), `lease` (heartbeats,
+//!   the reaper's look), `admin`, `read`, `schedules`, `rows`, `watch`.
+//! - `src/worker/`: [`WorkerPool`]; `src/schedule/`: schedules and the tick
+//!   arithmetic; `src/clock.rs`: every read of "now" goes through a
+//!   [`Clock`].
 //!
 //! ## Job states
 //!
@@ -311,19 +332,15 @@ mod clock;
 mod engine;
 mod error;
 mod events;
-mod file_events;
 mod job;
 mod lease;
 mod metrics;
 mod observe;
-#[cfg(feature = "postgres")]
-mod postgres;
 mod queue;
 mod reaper;
 mod retry;
 mod schedule;
 mod scheduler;
-mod sqlite;
 mod typed;
 mod watch;
 mod worker;
@@ -338,6 +355,12 @@ pub use rusqlite;
 #[cfg(feature = "tokio")]
 pub use async_queue::AsyncQueue;
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use engine::types::{
+    Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter, Outcome, OutcomeSync, Stats,
+    BACKWARD_STEP_MARGIN, ERROR_HISTORY_MAX, MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES_LIMIT,
+    MAX_TIMESTAMP_MS,
+};
+pub use engine::{is_postgres_url, redacted_location};
 pub use error::{Error, Result};
 pub use events::{Event, JobEvent, JobEventKind, Subscription, TickEvent, DEFAULT_EVENT_BUFFER};
 pub use job::{
@@ -345,14 +368,11 @@ pub use job::{
 };
 pub use lease::Lease;
 pub use metrics::WriteLockWaits;
-pub use queue::{is_postgres_url, redacted_location};
 pub use queue::{
-    ActivityBucket, ChangeWatcher, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter,
-    Outcome, OutcomeSync, Queue, QueueBuilder, QueueCounts, Stats, Waker, ACTIVITY_MAX_BUCKETS,
-    ACTIVITY_SAMPLE, ERROR_HISTORY_MAX, MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES_LIMIT,
-    MAX_PAYLOAD_DEPTH, MAX_TIMESTAMP_MS, MAX_UNIQUE_KEY_BYTES,
+    ActivityBucket, ChangeWatcher, Queue, QueueBuilder, QueueCounts, Waker, ACTIVITY_MAX_BUCKETS,
+    ACTIVITY_SAMPLE, MAX_PAYLOAD_DEPTH, MAX_UNIQUE_KEY_BYTES,
 };
-pub use reaper::{Reaper, ReaperConfig, BACKWARD_STEP_MARGIN};
+pub use reaper::{Reaper, ReaperConfig};
 pub use retry::RetryPolicy;
 pub use schedule::{
     MisfirePolicy, NewSchedule, OverlapPolicy, Schedule, ScheduleRef, Tick, TickRun, UpcomingTicks,

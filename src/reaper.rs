@@ -1,6 +1,8 @@
 //! The reaper thread: takes back jobs whose lease ran out and, if asked,
-//! prunes finished jobs. The SQL is [`Queue::reap`] and [`Queue::prune`];
-//! this module only runs them on a timer.
+//! prunes finished jobs. It calls [`Queue::reap_at`] (the two-look rule,
+//! with the time its clock-step check read) and [`Queue::prune`] on a
+//! timer, through the public API; the rules live with them in
+//! `src/queue/reap.rs`, the conditional updates in each engine.
 //!
 //! Any number of reapers, in any number of processes, may run on one file:
 //! each take-back is a conditional update, so a job is taken back once and a
@@ -34,7 +36,7 @@ pub struct ReaperConfig {
     /// granted before the step looks X longer. Each pass of
     /// [`Queue::reap`] therefore treats a lease whose expiry lies further
     /// ahead than its own length (the length of its claim or of its latest
-    /// heartbeat) plus [`BACKWARD_STEP_MARGIN`] (2 s) as expiring one lease
+    /// heartbeat) plus [`BACKWARD_STEP_MARGIN`](crate::BACKWARD_STEP_MARGIN) (2 s) as expiring one lease
     /// length from now: an abandoned job is taken back one lease length
     /// after the step (not X later), while a live holder's next heartbeat
     /// renews its lease from the new time as usual. Steps back of less
@@ -43,12 +45,6 @@ pub struct ReaperConfig {
     /// reaper started after the step (a reboot) applies it too.
     pub clock_step_hold: Duration,
 }
-
-/// Backward steps of the wall clock up to this are treated as noise by the
-/// reaper's lease rule (see [`ReaperConfig::clock_step_hold`]): a lease
-/// expiring more than its own length plus this margin from now is set to
-/// expire one length from now.
-pub const BACKWARD_STEP_MARGIN: Duration = Duration::from_secs(2);
 
 impl Default for ReaperConfig {
     fn default() -> Self {
@@ -72,7 +68,7 @@ pub struct Reaper {
 }
 
 impl Reaper {
-    /// Starts a thread that calls [`Queue::reap`] (and [`Queue::prune`] if
+    /// Starts a thread that calls [`Queue::reap_at`] (and [`Queue::prune`] if
     /// configured) every `config.interval`. Errors are logged and the next
     /// pass tries again.
     pub fn spawn(queue: Queue, config: ReaperConfig) -> Reaper {

@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::job::{JobId, NewJob, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
 use crate::queue::Queue;
 use crate::retry::RetryPolicy;
-use crate::worker::{JobContext, JobError};
+
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::time::Duration;
@@ -168,24 +168,5 @@ impl Queue {
     ) -> Result<Vec<JobId>> {
         let jobs = args.iter().map(NewJob::from_args).collect::<Result<_>>()?;
         self.enqueue_batch_tx(tx, jobs)
-    }
-}
-
-impl JobContext {
-    /// The payload read as `A`, the args of a typed job.
-    ///
-    /// # Errors
-    /// A [`JobError::Permanent`] naming the job's kind, the type and the
-    /// serde error when the payload does not fit `A` (retrying would not
-    /// help).
-    pub fn args<A: JobArgs>(&self) -> std::result::Result<A, JobError> {
-        serde_json::from_value(self.payload().clone()).map_err(|e| {
-            JobError::permanent(format!(
-                "payload of job {} (kind {:?}) does not fit {}: {e}",
-                self.job_id(),
-                self.kind(),
-                std::any::type_name::<A>()
-            ))
-        })
     }
 }

@@ -1,10 +1,12 @@
 //! Wake-ups when the queue may hold new work, whatever the engine: a
 //! [`ChangeWatcher`] is woken at once by commits through this process's
 //! `Queue`s, and by other processes' commits through the engine's own
-//! signal (SQLite: file-change notifications of the `-wal` file and
-//! `PRAGMA data_version`, `src/sqlite/watch.rs`; PostgreSQL: `LISTEN`,
-//! `src/postgres/listen.rs`).
+//! signal, behind the seam's `Watch` (SQLite: file-change notifications
+//! of the `-wal` file and `PRAGMA data_version`,
+//! `src/engine/sqlite/watch.rs`; PostgreSQL: `LISTEN`,
+//! `src/engine/postgres/listen.rs`).
 
+use crate::engine::Watch;
 use crate::error::Result;
 use crossbeam_channel::Sender;
 use std::time::Duration;
@@ -13,15 +15,8 @@ use std::time::Duration;
 /// [`crate::Queue::watcher`].
 #[derive(Debug)]
 pub struct ChangeWatcher {
-    source: Source,
+    source: Box<dyn Watch>,
     wake_tx: Sender<()>,
-}
-
-#[derive(Debug)]
-enum Source {
-    Sqlite(crate::sqlite::FileWatcher),
-    #[cfg(feature = "postgres")]
-    Postgres(crate::postgres::NotifyWatcher),
 }
 
 /// Wakes one [`ChangeWatcher`]; see [`ChangeWatcher::waker`].
@@ -36,18 +31,10 @@ impl Waker {
 }
 
 impl ChangeWatcher {
-    pub(crate) fn sqlite(watcher: crate::sqlite::FileWatcher) -> ChangeWatcher {
+    pub(crate) fn new(source: Box<dyn Watch>) -> ChangeWatcher {
         ChangeWatcher {
-            wake_tx: watcher.wake_sender(),
-            source: Source::Sqlite(watcher),
-        }
-    }
-
-    #[cfg(feature = "postgres")]
-    pub(crate) fn postgres(watcher: crate::postgres::NotifyWatcher) -> ChangeWatcher {
-        ChangeWatcher {
-            wake_tx: watcher.wake_sender(),
-            source: Source::Postgres(watcher),
+            wake_tx: source.wake_sender(),
+            source,
         }
     }
 
@@ -72,11 +59,7 @@ impl ChangeWatcher {
     /// # Errors
     /// [`crate::Error::Sqlite`] if `PRAGMA data_version` fails.
     pub fn wait(&mut self, timeout: Duration, poll: Duration) -> Result<bool> {
-        match &mut self.source {
-            Source::Sqlite(w) => w.wait(timeout, poll),
-            #[cfg(feature = "postgres")]
-            Source::Postgres(w) => Ok(w.wait(timeout, poll)),
-        }
+        self.source.wait(timeout, poll)
     }
 
     /// A handle that wakes this watcher's [`ChangeWatcher::wait`] from any
@@ -94,10 +77,6 @@ impl ChangeWatcher {
     /// # Errors
     /// [`crate::Error::Sqlite`] if `PRAGMA data_version` fails.
     pub fn changed(&mut self) -> Result<bool> {
-        match &mut self.source {
-            Source::Sqlite(w) => w.changed(),
-            #[cfg(feature = "postgres")]
-            Source::Postgres(w) => Ok(w.changed()),
-        }
+        self.source.changed()
     }
 }

@@ -6,7 +6,6 @@ use crate::cli::{
 };
 use crate::display::{self, Times};
 use crate::error::CliError;
-use chrono::Utc;
 use serde_json::json;
 use std::path::Path;
 use tickler::{JobFilter, JobId, JobState, NewJob, Queue};
@@ -205,7 +204,9 @@ pub fn stats(db: &Path, args: &StatsArgs, times: Times) -> Result<(), CliError> 
     let queue = open(db, false)?;
     let lib = |e| CliError::from_lib(e, db);
     let stats = queue.stats().map_err(lib)?;
-    let now = Utc::now();
+    // The queue's clock: on PostgreSQL the server's, which the finish times
+    // were written by.
+    let now = queue.clock().now();
     let finished = queue
         .finished_since(now - chrono::Duration::minutes(1))
         .map_err(lib)?;
@@ -351,7 +352,11 @@ pub fn prune(db: &Path, args: &PruneArgs) -> Result<(), CliError> {
     let queue = open(db, false)?;
     let age = chrono::Duration::from_std(args.older_than)
         .map_err(|_| CliError::Usage("--older-than is too long".into()))?;
-    let cutoff = Utc::now()
+    // The queue's clock (the server's on PostgreSQL), as the finish times
+    // were written by it.
+    let cutoff = queue
+        .clock()
+        .now()
         .checked_sub_signed(age)
         .ok_or_else(|| CliError::Usage("--older-than is too long".into()))?;
     let deleted = match args.state {

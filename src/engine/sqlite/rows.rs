@@ -2,22 +2,11 @@
 //! cannot be read costs its job, not the claim or the listing.
 
 use crate::clock::ms_to_datetime;
+use crate::engine::types::{ClaimedRow, StoredAttemptError};
 use crate::job::{Job, JobId, JobState, RunToken};
 use crate::lease::Lease;
 use chrono::{DateTime, Utc};
 use std::time::Duration;
-
-/// A claimed row: its lease, or why it cannot be handed out. The id and
-/// run_token are read strictly (the id is the rowid, the token was written
-/// by this very claim); everything else leniently.
-pub(crate) enum ClaimedRow {
-    Readable(Lease),
-    Unreadable {
-        job_id: JobId,
-        run_token: String,
-        problems: String,
-    },
-}
 
 pub(crate) fn claimed_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let job_id = JobId(r.get(0)?);
@@ -82,26 +71,6 @@ pub(crate) fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
     };
     job.unreadable = row.finish();
     Ok(job)
-}
-
-/// One entry of the `errors` column, as stored (`at` in ms).
-#[derive(serde::Serialize, serde::Deserialize)]
-pub(crate) struct StoredAttemptError {
-    attempt: u32,
-    at: i64,
-    error: String,
-    worker: Option<String>,
-}
-
-impl From<StoredAttemptError> for crate::job::AttemptError {
-    fn from(e: StoredAttemptError) -> Self {
-        crate::job::AttemptError {
-            attempt: e.attempt,
-            at: ms_to_datetime(e.at),
-            error: e.error,
-            worker: e.worker,
-        }
-    }
 }
 
 /// Reads a row column by column, noting each column that cannot be read

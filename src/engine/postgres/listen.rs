@@ -264,3 +264,17 @@ impl NotifyWatcher {
         woken || !self.listening()
     }
 }
+
+impl crate::engine::Watch for NotifyWatcher {
+    fn wait(&mut self, timeout: Duration, poll: Duration) -> crate::error::Result<bool> {
+        Ok(NotifyWatcher::wait(self, timeout, poll))
+    }
+
+    fn changed(&mut self) -> crate::error::Result<bool> {
+        Ok(NotifyWatcher::changed(self))
+    }
+
+    fn wake_sender(&self) -> Sender<()> {
+        NotifyWatcher::wake_sender(self)
+    }
+}

@@ -3,10 +3,10 @@
 //! be (a hand edit): that costs its own job, not the claim or listing.
 
 use crate::clock::ms_to_datetime;
+use crate::engine::types::{ClaimedRow, StoredAttemptError};
 use crate::job::{AttemptError, Job, JobId, JobState, RunToken};
 use crate::lease::Lease;
 use crate::schedule::{Handled, MisfirePolicy, OverlapPolicy, Schedule};
-use crate::sqlite::rows::{ClaimedRow, StoredAttemptError};
 use postgres::Row;
 use std::time::Duration;
 

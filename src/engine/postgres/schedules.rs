@@ -11,13 +11,12 @@ use super::jobs::{check_text, insert_valid};
 use super::rows::*;
 use super::{Store, Tx};
 use crate::clock::ms_to_datetime;
-use crate::engine::{FireTicks, ScheduleStore};
+use crate::engine::types::ValidJob;
+use crate::engine::{FireRound, ScheduleStore, ScheduleTx};
 use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
-use crate::queue::ValidJob;
 use crate::schedule::{
-    grace_ms, rebase, resume_point, stepped_back, Fired, Handled, NewSchedule, Schedule,
-    ScheduleTx, Ticks,
+    grace_ms, rebase, resume_point, stepped_back, Fired, Handled, NewSchedule, Schedule, Ticks,
 };
 use chrono::{DateTime, Utc};
 use std::cell::RefCell;
@@ -317,35 +316,12 @@ impl ScheduleStore for Store {
 
     fn fire_due_schedules(
         &self,
-        batch: i64,
-        fire: &mut FireTicks<'_>,
+        round: &mut FireRound<'_>,
     ) -> Result<(Fired, bool, Option<DateTime<Utc>>)> {
-        let sql = format!(
-            "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules
-             WHERE NOT paused AND next_tick_at IS NOT NULL AND next_tick_at <= $1::bigint
-             ORDER BY next_tick_at, name LIMIT $2 FOR UPDATE SKIP LOCKED"
-        );
-        let (fired, full, next) = self.write(|tx, _| {
+        self.write(|tx, _| {
             let now = self.now_ms();
-            rebase_stepped_in(tx, now)?;
-            let due = tx
-                .query(&sql, &[&now, &batch])?
-                .iter()
-                .map(stored_from_row)
-                .collect::<Result<Vec<_>>>()?;
-            let mut fired = Fired::default();
-            {
-                let in_tx = InTransaction(RefCell::new(&mut *tx));
-                for (schedule, handled) in &due {
-                    fired.add(fire(&in_tx, schedule, *handled, now)?);
-                }
-            }
-            Ok((fired, due.len() as i64 >= batch, next_tick_in(tx, now)?))
-        })?;
-        if !fired.jobs.is_empty() {
-            self.notify_watchers();
-        }
-        Ok((fired, full, next))
+            round(&InTransaction(RefCell::new(&mut *tx)), now)
+        })
     }
 }
 
@@ -392,6 +368,28 @@ impl ScheduleTx for InTransaction<'_, '_> {
             ],
         )?;
         Ok(advanced > 0)
+    }
+
+    fn rebase_stepped(&self, now: i64) -> Result<()> {
+        rebase_stepped_in(&mut self.0.borrow_mut(), now)
+    }
+
+    fn due_schedules(&self, now: i64, batch: i64) -> Result<Vec<(Schedule, Handled)>> {
+        let sql = format!(
+            "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules
+             WHERE NOT paused AND next_tick_at IS NOT NULL AND next_tick_at <= $1::bigint
+             ORDER BY next_tick_at, name LIMIT $2 FOR UPDATE SKIP LOCKED"
+        );
+        self.0
+            .borrow_mut()
+            .query(&sql, &[&now, &batch])?
+            .iter()
+            .map(stored_from_row)
+            .collect()
+    }
+
+    fn next_tick(&self, now: i64) -> Result<Option<DateTime<Utc>>> {
+        next_tick_in(&mut self.0.borrow_mut(), now)
     }
 
     fn insert_jobs(&self, rows: &[ValidJob], now: i64) -> Result<Vec<JobId>> {

@@ -22,7 +22,11 @@ pub(crate) use clock::ServerClock;
 pub(crate) use listen::NotifyWatcher;
 
 use crate::clock::Clock;
+use crate::engine::types::ValidJob;
+use crate::engine::{Capabilities, OpenSettings, Watch};
 use crate::error::{Error, Result};
+use crate::job::JobId;
+use crate::lease::Lease;
 use crate::retry::RetryPolicy;
 use crossbeam_channel::Sender;
 use postgres::error::SqlState;
@@ -31,20 +35,6 @@ use postgres::{Client, NoTls, Row, Statement};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-
-/// What [`Store::open`] needs to know.
-pub(crate) struct StoreSettings<'a> {
-    pub(crate) url: &'a str,
-    pub(crate) max_connections: u32,
-    /// `None`: the server's clock.
-    pub(crate) clock: Option<Arc<dyn Clock>>,
-    pub(crate) retry_policy: RetryPolicy,
-    /// How long a transaction is retried through connection losses.
-    pub(crate) retry_window: Duration,
-    pub(crate) listen: bool,
-    pub(crate) fallback_poll: Duration,
-    pub(crate) max_payload_bytes: usize,
-}
 
 /// The connections of one opened `Queue` (shared by its clones).
 pub(crate) struct Store {
@@ -223,21 +213,20 @@ pub(crate) struct Attempt {
 
 impl Store {
     /// Connects, migrates the schema and starts the server clock.
-    pub(crate) fn open(settings: &StoreSettings<'_>) -> Result<Store> {
+    pub(crate) fn open(url: &str, settings: &OpenSettings<'_>) -> Result<Store> {
         // PostgreSQL holds at most 1 GB in a value (and in a message): a
         // larger limit would let payloads through that the server then
         // refuses, so it is refused here, with SQLite's documented limit,
         // which fits under it with the row's other columns.
-        if settings.max_payload_bytes > crate::queue::MAX_PAYLOAD_BYTES_LIMIT {
+        if settings.max_payload_bytes > crate::engine::types::MAX_PAYLOAD_BYTES_LIMIT {
             return Err(Error::Config(format!(
                 "max_payload_bytes is {}, but PostgreSQL stores at most 1 GB in a value, so \
                  the largest payload limit is {} bytes (MAX_PAYLOAD_BYTES_LIMIT)",
                 settings.max_payload_bytes,
-                crate::queue::MAX_PAYLOAD_BYTES_LIMIT
+                crate::engine::types::MAX_PAYLOAD_BYTES_LIMIT
             )));
         }
-        let mut config: postgres::Config = settings
-            .url
+        let mut config: postgres::Config = url
             .parse()
             .map_err(|e| Error::Config(format!("not a PostgreSQL URL ({e})")))?;
         if config.get_application_name().is_none() {
@@ -249,26 +238,23 @@ impl Store {
         let pool = connection_pool(&config, settings.max_connections);
         let signals = listen::Signals::new(config, settings.listen, settings.fallback_poll);
         let mut store = Store {
-            url: settings.url.to_owned(),
+            url: url.to_owned(),
             pool,
             clock: Arc::new(crate::clock::SystemClock),
             retry_policy: settings.retry_policy,
-            retry_window: settings.retry_window,
+            // Connection losses and restarts are retried as long as a
+            // SQLite writer would wait for the lock and retry.
+            retry_window: settings.busy_timeout + settings.busy_retry,
             signals,
             vacuum_checked: Mutex::new(Instant::now()),
         };
         store.migrate()?;
-        store.clock = match &settings.clock {
-            Some(clock) => Arc::clone(clock),
-            None => Arc::new(ServerClock::start(store.pool.clone())?),
+        store.clock = if settings.clock_set {
+            Arc::clone(&settings.clock)
+        } else {
+            Arc::new(ServerClock::start(store.pool.clone())?)
         };
         Ok(store)
-    }
-
-    /// Where "now" comes from: the server's clock, unless the queue was
-    /// given a clock of its own (tests).
-    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
-        &self.clock
     }
 
     pub(crate) fn now_ms(&self) -> i64 {
@@ -277,7 +263,7 @@ impl Store {
 
     /// The URL without its password, for messages.
     pub(crate) fn describe(&self) -> String {
-        crate::queue::redacted_location(&self.url)
+        crate::engine::redacted_location(&self.url)
     }
 
     /// Runs `f` in a READ COMMITTED transaction on a pooled connection and
@@ -493,6 +479,40 @@ impl Store {
             }
             Ok(())
         })
+    }
+}
+
+impl Capabilities for Store {
+    fn name(&self) -> &'static str {
+        "PostgreSQL"
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.clock)
+    }
+
+    fn location(&self) -> String {
+        self.describe()
+    }
+
+    fn watcher(&self) -> Result<Box<dyn Watch>> {
+        Ok(Box::new(Store::watcher(self)))
+    }
+
+    fn enqueue_in_pg_tx(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        rows: &[ValidJob],
+    ) -> Result<Vec<JobId>> {
+        self.enqueue_in(tx, rows)
+    }
+
+    fn complete_with_pg(
+        &self,
+        lease: &Lease,
+        app_writes: &mut dyn FnMut(&mut postgres::Transaction<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.complete_with(lease, app_writes)
     }
 }
 

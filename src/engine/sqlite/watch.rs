@@ -1,8 +1,8 @@
 //! Wake-ups on commits: in-process at once, from other processes by
 //! file-change notifications of the `-wal` file and `PRAGMA data_version`.
 
+use super::file_events::FileEvents;
 use crate::error::Result;
-use crate::file_events::FileEvents;
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::Connection;
 use std::sync::Arc;
@@ -143,4 +143,18 @@ pub(crate) fn data_version(conn: &Connection) -> Result<i64> {
     Ok(conn
         .prepare_cached("PRAGMA data_version")?
         .query_row([], |r| r.get(0))?)
+}
+
+impl crate::engine::Watch for FileWatcher {
+    fn wait(&mut self, timeout: Duration, poll: Duration) -> Result<bool> {
+        FileWatcher::wait(self, timeout, poll)
+    }
+
+    fn changed(&mut self) -> Result<bool> {
+        FileWatcher::changed(self)
+    }
+
+    fn wake_sender(&self) -> Sender<()> {
+        FileWatcher::wake_sender(self)
+    }
 }

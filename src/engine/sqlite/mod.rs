@@ -4,6 +4,7 @@
 //! the group commit of concurrent enqueues, migrations, and wake-ups on
 //! commits (`FileWatcher`, behind [`crate::ChangeWatcher`]).
 
+mod file_events;
 mod jobs;
 pub(crate) mod rows;
 mod schedules;
@@ -14,13 +15,17 @@ use watch::data_version;
 pub(crate) use watch::FileWatcher;
 
 use crate::clock::Clock;
+use crate::engine::types::{
+    check_payload_limit, Checkpoint, ConnectionHook, Durability, ValidJob, MAX_PAYLOAD_BYTES_LIMIT,
+    ROW_HEADROOM,
+};
+use crate::engine::{Capabilities, OpenSettings, Watch};
 use crate::error::{Error, Result};
-use crate::file_events::FileEvents;
 use crate::job::JobId;
 use crate::metrics::{WaitHistogram, WriteLockWaits};
-use crate::queue::{Checkpoint, ConnectionHook, Durability, ValidJob};
 use crate::retry::RetryPolicy;
 use crossbeam_channel::Sender;
+use file_events::FileEvents;
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use std::cell::Cell;
@@ -29,20 +34,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-
-/// What [`Store::open`] needs to know.
-pub(crate) struct StoreSettings<'a> {
-    pub(crate) path: &'a Path,
-    pub(crate) durability: Durability,
-    pub(crate) busy_timeout: Duration,
-    pub(crate) busy_retry: Duration,
-    pub(crate) read_connections: u32,
-    pub(crate) on_connection: Option<&'a ConnectionHook>,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) retry_policy: RetryPolicy,
-    /// Refused, before anything is written, if a row could not hold it.
-    pub(crate) max_payload_bytes: usize,
-}
 
 /// The connections of one opened `Queue` (shared by its clones) and what
 /// goes with them.
@@ -110,8 +101,14 @@ impl Store {
     /// A payload limit that a row could not hold (with the length limit an
     /// `on_connection` hook may have lowered) is refused before anything is
     /// written.
-    pub(crate) fn open(settings: &StoreSettings<'_>) -> Result<Store> {
-        let path = settings.path.to_path_buf();
+    pub(crate) fn open(settings: &OpenSettings<'_>) -> Result<Store> {
+        let path = settings.location.to_path_buf();
+        // Refused before the file is made; the connection's own length
+        // limit (lowered by an `on_connection` hook, maybe) is checked below.
+        check_payload_limit(
+            settings.max_payload_bytes,
+            MAX_PAYLOAD_BYTES_LIMIT + ROW_HEADROOM,
+        )?;
         create_owner_only(&path)?;
         let writer = Connection::open(&path).map_err(|e| open_error(&path, e))?;
         set_busy_limit(settings.busy_timeout);
@@ -119,7 +116,7 @@ impl Store {
             .map_err(|e| open_error(&path, e))?;
         // The hook may have lowered SQLite's length limit on this connection.
         let length_limit = writer.limit(rusqlite::limits::Limit::SQLITE_LIMIT_LENGTH)?;
-        crate::queue::check_payload_limit(
+        check_payload_limit(
             settings.max_payload_bytes,
             usize::try_from(length_limit).unwrap_or(0),
         )?;
@@ -163,17 +160,18 @@ impl Store {
             Error::Sqlite(inner) => open_error(&path, inner),
             other => other,
         })?;
+        if let Ok(false) = file_is_private(&path) {
+            log::warn!(
+                "{}: other users can read (or write) this queue file or its -wal/-shm file, and so every job's payload; `chmod 600` them unless they are meant to be shared",
+                path.display()
+            );
+        }
         Ok(store)
     }
 
     /// Now, in ms since the epoch, from the queue's clock.
     pub(crate) fn now_ms(&self) -> i64 {
         self.clock.now_ms()
-    }
-
-    /// The file.
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
     }
 
     /// See [`crate::Queue::open_connection`].
@@ -237,11 +235,6 @@ impl Store {
         Ok(ids)
     }
 
-    /// See [`crate::Queue::write_lock_waits`].
-    pub(crate) fn write_lock_waits(&self) -> WriteLockWaits {
-        self.lock_waits.snapshot()
-    }
-
     /// See [`crate::Queue::watcher`].
     pub(crate) fn watcher(&self) -> Result<FileWatcher> {
         let conn = Connection::open_with_flags(
@@ -256,7 +249,7 @@ impl Store {
             .unwrap_or_else(PoisonError::into_inner)
             .push(tx.clone());
         self.file_events_started.call_once(|| {
-            crate::file_events::watch(&wal_path(&self.path), &self.file_events);
+            file_events::watch(&wal_path(&self.path), &self.file_events);
         });
         Ok(FileWatcher::new(conn, version, rx, tx, &self.file_events))
     }
@@ -481,7 +474,90 @@ impl Store {
 }
 
 /// The whole schema, split into migrations by `-- migration: N` lines.
-const SCHEMA_SQL: &str = include_str!("../../schema.sql");
+
+impl Capabilities for Store {
+    fn name(&self) -> &'static str {
+        "SQLite"
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.clock)
+    }
+
+    fn location(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn file(&self) -> Option<&Path> {
+        Some(&self.path)
+    }
+
+    fn sync(&self) -> Result<()> {
+        Store::sync(self)
+    }
+
+    fn checkpoint(&self) -> Result<Checkpoint> {
+        Store::checkpoint(self)
+    }
+
+    fn write_lock_waits(&self) -> WriteLockWaits {
+        self.lock_waits.snapshot()
+    }
+
+    fn watcher(&self) -> Result<Box<dyn Watch>> {
+        Ok(Box::new(Store::watcher(self)?))
+    }
+
+    fn open_connection(&self) -> Result<Connection> {
+        Store::open_connection(self)
+    }
+
+    fn enqueue_in_sqlite_tx(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        rows: &[ValidJob],
+        now: i64,
+    ) -> Result<Vec<JobId>> {
+        self.enqueue_tx(tx, rows, now)
+    }
+
+    fn complete_with_sqlite(
+        &self,
+        lease: &crate::lease::Lease,
+        app_writes: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.complete_with(lease, app_writes)
+    }
+}
+
+/// Whether the file at `path` and its `-wal` and `-shm` files (those that
+/// exist) are private to their owner; see [`crate::Queue::file_is_private`].
+pub(crate) fn file_is_private(path: &Path) -> Result<bool> {
+    let meta = std::fs::metadata(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let shared = |m: &std::fs::Metadata| m.permissions().mode() & 0o077 != 0;
+        if shared(&meta) {
+            return Ok(false);
+        }
+        for suffix in ["-wal", "-shm"] {
+            let mut name = path.as_os_str().to_owned();
+            name.push(suffix);
+            if std::fs::metadata(PathBuf::from(name)).is_ok_and(|m| shared(&m)) {
+                return Ok(false);
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = meta;
+    Ok(true)
+}
+
+const SCHEMA_SQL: &str = include_str!("schema.sql");
 
 /// WAL size past which the write path runs a truncating checkpoint (16 MiB).
 const WAL_TRUNCATE_BYTES: u64 = 16 * 1024 * 1024;

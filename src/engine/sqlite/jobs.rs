@@ -4,61 +4,20 @@ use super::rows::*;
 use super::sql::*;
 use super::{Commit, Store};
 use crate::clock::ms_to_datetime;
-use crate::engine::{Engine, FinishedSample, STATS_COUNTS_SQL};
+use crate::engine::types::*;
+use crate::engine::{Claim, ClaimTx, Engine, FinishedSample, STATS_COUNTS_SQL};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
 use crate::lease::Lease;
-use crate::queue::*;
 use chrono::{DateTime, Utc};
 use rusqlite::{params, OptionalExtension};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
-
-/// Most scheduled jobs one claim transaction promotes to pending, so a
-/// million jobs falling due at once cannot make one claim transaction long.
-const PROMOTE_BATCH: i64 = 5_000;
-
-/// Time between the two looks of [`Queue::reap_at`] at an expired lease:
-/// longer than the longest sleep of tickler's busy handler (10 ms), so that
-/// a heartbeat that waited behind a write lock held by another connection
-/// lands in between.
-const REAP_SETTLE: Duration = Duration::from_millis(100);
-
-/// Most looks of one [`Queue::reap_at`] call; the last one takes what the
-/// one before saw, even if getting the lock waited. Bounds how late a gone
-/// holder's job is taken back while the lock is busy: about
-/// `REAP_MAX_LOOKS` times `REAP_SETTLE` plus the lock waits.
-const REAP_MAX_LOOKS: u32 = 10;
 
 /// A reaper look that got the write lock within this got it "without
 /// waiting" (in-process writers are short; another connection's hold is
 /// seen by the busy handler being called at all).
 const REAP_CLEAN_WAIT: Duration = Duration::from_millis(2);
-
-/// Most expired leases one reaper transaction takes back.
-const REAP_BATCH: i64 = 1_000;
-
-/// Most finished jobs one prune transaction deletes.
-const PRUNE_BATCH: i64 = 5_000;
-
-/// An expired lease as one reaper look saw it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct ExpiredLease {
-    id: i64,
-    run_token: String,
-    expires_at: i64,
-}
-
-/// What one reaper look did.
-struct ReapLook {
-    taken: u64,
-    /// Expired and not taken back (not yet confirmed).
-    left: Vec<ExpiredLease>,
-    /// The look saw `REAP_BATCH` expired leases: there may be more.
-    batch_full: bool,
-    /// Getting the write lock waited for another connection.
-    waited: bool,
-}
 
 impl Engine for Store {
     fn enqueue(&self, rows: Vec<ValidJob>) -> Result<Vec<JobId>> {
@@ -70,42 +29,6 @@ impl Engine for Store {
                 .collect::<Result<Vec<_>>>()
         })?;
         Ok(ids)
-    }
-
-    /// [`crate::Queue::reap_at`]: a lease is taken back only once two looks, at
-    /// least `REAP_SETTLE` apart, each of which got the write lock without
-    /// waiting for another connection, saw it expired with the same expiry.
-    fn reap_settled(&self, cutoff: i64) -> Result<u64> {
-        let mut total = 0u64;
-        // The previous look: what it saw expired and left, and whether it
-        // got the write lock without waiting.
-        let mut previous: Option<(HashSet<ExpiredLease>, bool)> = None;
-        for look in 1..=REAP_MAX_LOOKS {
-            let last = look == REAP_MAX_LOOKS;
-            let before = previous.take();
-            let result = self.reap_look(Some(cutoff), |lease, waited| {
-                let Some((seen, seen_clean)) = &before else {
-                    return false;
-                };
-                // The last look confirms whatever it saw twice, so that a
-                // lock that is never free long still lets a gone holder's
-                // job be reaped within a bound.
-                let clean = (!waited && *seen_clean) || last;
-                clean && seen.contains(lease)
-            })?;
-            total += result.taken;
-            if result.left.is_empty() && !result.batch_full {
-                break;
-            }
-            previous = Some((result.left.into_iter().collect(), !result.waited));
-            if !last {
-                std::thread::sleep(REAP_SETTLE);
-            }
-        }
-        if total > 0 {
-            self.notify_watchers();
-        }
-        Ok(total)
     }
 
     fn next_due(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<Option<DateTime<Utc>>> {
@@ -177,10 +100,10 @@ impl Engine for Store {
             let now = self.now_ms();
             let expires = now.saturating_add(extend_ms).min(MAX_TIMESTAMP_MS);
             // lease_ms: the length granted, for the reaper's backward-step rule.
-            let mut stmt = tx.prepare_cached(
-                "UPDATE tickler_jobs SET lease_expires_at = ?1, lease_ms = ?1 - ?4
-                 WHERE id = ?2 AND run_token = ?3 AND status = 'running'",
-            )?;
+            let mut stmt = tx.prepare_cached(concat!(
+                "UPDATE tickler_jobs SET lease_expires_at = ?1, lease_ms = ?1 - ?4 ",
+                fence!("?2", "?3")
+            ))?;
             leases
                 .iter()
                 .map(|lease| {
@@ -223,16 +146,18 @@ impl Engine for Store {
     fn record_and_claim(
         &self,
         outcomes: &[(&Lease, Outcome)],
-        claim: Option<&ClaimRequest<'_>>,
+        claim: Option<&Claim<'_>>,
         sync: OutcomeSync,
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
         let claim = match claim {
-            Some(c) if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) => {
+            Some(claim @ Claim { request: c, .. })
+                if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) =>
+            {
                 let sql = (
                     claim_sql(c.kinds, ClaimOrder::Priority),
                     claim_sql(c.kinds, ClaimOrder::Oldest),
                 );
-                Some((c, duration_ms(c.lease, "lease")?, sql))
+                Some((claim, duration_ms(c.lease, "lease")?, sql))
             }
             _ => None,
         };
@@ -267,60 +192,13 @@ impl Engine for Store {
                         rest = after;
                     }
                 }
-                let Some((request, lease_ms, sql)) = &claim else {
+                let Some((claim, lease_ms, sql)) = &claim else {
                     return Ok((recorded, Some(Vec::new())));
                 };
-                // Read in this transaction, under the write lock: a pause
-                // committed before it holds for this claim.
-                let paused = paused_in(tx)?;
-                let open: Vec<&str> = request
-                    .queues
-                    .iter()
-                    .copied()
-                    .filter(|q| !paused.contains(*q))
-                    .collect();
-                let request = &ClaimRequest {
-                    queues: &open,
-                    ..**request
-                };
-                // Claim order (priority first) only holds if every due job
-                // is pending. A backlog larger than one promotion batch
-                // (a box that was off) is promoted over several short
-                // transactions before anything is claimed.
-                let mut backlog = false;
-                for queue in request.queues {
-                    let promoted = tx.prepare_cached(PROMOTE_SQL)?.execute(params![
-                        queue,
-                        now,
-                        PROMOTE_BATCH
-                    ])?;
-                    backlog |= promoted as i64 >= PROMOTE_BATCH;
-                }
-                if backlog {
-                    return Ok((recorded, None));
-                }
                 let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
-                let mut leases = Vec::new();
-                let claim_from = |queue: &str, want: usize, order: ClaimOrder| -> Result<usize> {
-                    let want = i64::try_from(want).unwrap_or(i64::MAX);
-                    let mut values: Vec<&dyn rusqlite::ToSql> =
-                        vec![&request.worker_id, &now, &expires, &queue, &want];
-                    if let Some(kinds) = request.kinds {
-                        values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
-                    }
-                    let sql = match order {
-                        ClaimOrder::Priority => &sql.0,
-                        ClaimOrder::Oldest => &sql.1,
-                    };
-                    let mut claimed = claim_rows(tx, sql, &values, now)?;
-                    // RETURNING gives rows in no promised order.
-                    claimed.sort_by(|a, b| order.compare(a, b));
-                    let n = claimed.len();
-                    leases.extend(claimed);
-                    Ok(n)
-                };
-                request.spread(claim_from)?;
-                Ok((recorded, Some(leases)))
+                let mut claim_tx = InTransaction { tx, sql };
+                let claimed = (claim.rules)(&mut claim_tx, claim.request, now, expires)?;
+                Ok((recorded, claimed))
             })?;
             results.extend(recorded);
             pending_outcomes = &[];
@@ -338,19 +216,96 @@ impl Engine for Store {
         Ok((results, leases))
     }
 
-    fn reap_expired_before(&self, cutoff: Option<i64>) -> Result<u64> {
-        let mut total = 0u64;
-        loop {
-            let look = self.reap_look(cutoff, |_, _| true)?;
-            total += look.taken;
-            if !look.batch_full {
-                break;
+    fn reap_look(
+        &self,
+        cutoff: Option<i64>,
+        take: &mut dyn FnMut(&ExpiredLease, bool) -> bool,
+    ) -> Result<ReapLook> {
+        let policy = self.retry_policy;
+        let asked = Instant::now();
+        let busy_before = crate::engine::sqlite::busy_waits();
+        self.write_with(Commit::Lazy, |tx| {
+            let waited = crate::engine::sqlite::busy_waits() != busy_before
+                || asked.elapsed() > REAP_CLEAN_WAIT;
+            // A backward step of the wall clock leaves leases that were
+            // granted "in the future": one whose expiry lies further ahead
+            // than its length (lease_ms, plus a margin for noise) is set to
+            // expire one length from now, so an abandoned job is taken back
+            // on time while a live holder's next heartbeat renews it as
+            // usual. Judged against the time inside this transaction: every
+            // lease committed before it was granted at or before then.
+            let stepped_now = self.now_ms();
+            let margin = crate::engine::types::BACKWARD_STEP_MARGIN.as_millis() as i64;
+            tx.prepare_cached(LEASE_STEP_SQL)?
+                .execute(params![stepped_now, margin])?;
+            // The same for a cancelled job's kept lease, which holds its
+            // unique_key (a separate statement: each uses its own index).
+            tx.prepare_cached(CANCELLED_LEASE_STEP_SQL)?
+                .execute(params![stepped_now, margin])?;
+            let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
+            let expired: Vec<(ExpiredLease, u32, String)> = tx
+                .prepare_cached(
+                    "SELECT id, run_token, lease_expires_at, attempts, coalesce(claimed_by, '?')
+                     FROM tickler_jobs
+                     WHERE status = 'running' AND lease_expires_at < ?1
+                     ORDER BY lease_expires_at LIMIT +?2",
+                )?
+                .query_map(params![now, REAP_BATCH], |r| {
+                    Ok((
+                        ExpiredLease {
+                            id: r.get(0)?,
+                            run_token: r.get(1)?,
+                            expires_at: r.get(2)?,
+                        },
+                        r.get(3)?,
+                        r.get(4)?,
+                    ))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            // A cancelled job's holder that never reported is gone once its
+            // lease ran out: its unique_key no longer waits for it.
+            tx.prepare_cached(
+                "UPDATE tickler_jobs SET lease_expires_at = NULL
+                 WHERE status IN ('cancelled', 'dead') AND lease_expires_at < ?1",
+            )?
+            .execute([now])?;
+            let batch_full = expired.len() as i64 >= REAP_BATCH;
+            let mut taken = 0u64;
+            let mut left = Vec::new();
+            let mut reap = tx.prepare_cached(REAP_SQL)?;
+            for (lease, attempts, worker) in expired {
+                if !take(&lease, waited) {
+                    left.push(lease);
+                    continue;
+                }
+                let retry_at = retry_time(now, &policy, attempts);
+                let error = lease_expired_error(&worker, attempts);
+                // One row SQLite refuses (a trigger, damage) must not keep
+                // every other expired lease from being taken back.
+                match isolated(tx, || {
+                    Ok(reap.execute(params![
+                        now,
+                        retry_at,
+                        cut_error(&error),
+                        lease.id,
+                        lease.run_token,
+                        now
+                    ])?)
+                })? {
+                    Ok(n) => taken += n as u64,
+                    Err(e) => log::error!("reaper could not take back job {}: {e}", lease.id),
+                }
             }
-        }
-        if total > 0 {
-            self.notify_watchers();
-        }
-        Ok(total)
+            Ok(ReapLook {
+                taken,
+                left,
+                batch_full,
+            })
+        })
+    }
+
+    fn wake_watchers(&self) {
+        self.notify_watchers();
     }
 
     fn cancel(&self, id: JobId) -> Result<()> {
@@ -415,26 +370,6 @@ impl Engine for Store {
         })?;
         self.notify_watchers();
         Ok(())
-    }
-
-    fn prune(&self, finished_before: DateTime<Utc>) -> Result<u64> {
-        let before = finished_before.timestamp_millis();
-        let mut total = 0u64;
-        loop {
-            let deleted = self.write(|tx| {
-                Ok(tx
-                    .prepare_cached(
-                        "DELETE FROM tickler_jobs WHERE id IN (
-                             SELECT id FROM tickler_jobs WHERE finished_at IS NOT NULL AND finished_at < ?1
-                             LIMIT +?2)",
-                    )?
-                    .execute(params![before, PRUNE_BATCH])?)
-            })?;
-            total += deleted as u64;
-            if (deleted as i64) < PRUNE_BATCH {
-                return Ok(total);
-            }
-        }
     }
 
     fn get(&self, id: JobId) -> Result<Job> {
@@ -605,80 +540,74 @@ impl Engine for Store {
         })
     }
 
-    fn retry_dead(&self, queue: Option<&str>) -> Result<(u64, u64)> {
-        let (mut retried, mut left_dead) = (0u64, 0u64);
-        let mut after_id = 0i64;
-        loop {
-            let (done, kept, last, seen) = self.write(|tx| {
-                let dead: Vec<(i64, Option<String>)> = tx
-                    .prepare_cached(
-                        "SELECT id, unique_key FROM tickler_jobs
-                         WHERE status = 'dead' AND (?1 IS NULL OR queue = ?1) AND id > ?2
-                         ORDER BY id LIMIT +?3",
-                    )?
-                    .query_map(params![queue, after_id, PRUNE_BATCH], |r| {
-                        Ok((r.get(0)?, r.get(1)?))
-                    })?
-                    .collect::<rusqlite::Result<_>>()?;
-                let mut held = tx.prepare_cached(
-                    "SELECT 1 FROM tickler_jobs WHERE unique_key = ?1
-                       AND status IN ('scheduled', 'pending', 'running')",
-                )?;
-                let mut revive = tx.prepare_cached(
-                    "UPDATE tickler_jobs SET status = 'pending', attempts = 0, run_at = ?1,
-                         finished_at = NULL, lease_expires_at = NULL
-                     WHERE id = ?2 AND status = 'dead'",
-                )?;
-                let now = self.now_ms();
-                let (mut done, mut kept) = (0u64, 0u64);
-                for (id, key) in &dead {
-                    if let Some(key) = key {
-                        if held.exists([key])? {
-                            kept += 1;
-                            continue;
-                        }
+    fn retry_dead_batch(
+        &self,
+        queue: Option<&str>,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<RetryDeadBatch> {
+        self.write(|tx| {
+            let dead: Vec<(i64, Option<String>)> = tx
+                .prepare_cached(
+                    "SELECT id, unique_key FROM tickler_jobs
+                     WHERE status = 'dead' AND (?1 IS NULL OR queue = ?1) AND id > ?2
+                     ORDER BY id LIMIT +?3",
+                )?
+                .query_map(params![queue, after_id, limit], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut held = tx.prepare_cached(
+                "SELECT 1 FROM tickler_jobs WHERE unique_key = ?1
+                   AND status IN ('scheduled', 'pending', 'running')",
+            )?;
+            let mut revive = tx.prepare_cached(
+                "UPDATE tickler_jobs SET status = 'pending', attempts = 0, run_at = ?1,
+                     finished_at = NULL, lease_expires_at = NULL
+                 WHERE id = ?2 AND status = 'dead'",
+            )?;
+            let now = self.now_ms();
+            let (mut retried, mut left_dead) = (0u64, 0u64);
+            for (id, key) in &dead {
+                if let Some(key) = key {
+                    if held.exists([key])? {
+                        left_dead += 1;
+                        continue;
                     }
-                    done += revive.execute(params![now, id])? as u64;
                 }
-                Ok((done, kept, dead.last().map(|(id, _)| *id), dead.len()))
-            })?;
-            retried += done;
-            left_dead += kept;
-            match last {
-                Some(id) if (seen as i64) >= PRUNE_BATCH => after_id = id,
-                _ => break,
+                retried += revive.execute(params![now, id])? as u64;
             }
-        }
-        if retried > 0 {
-            self.notify_watchers();
-        }
-        Ok((retried, left_dead))
+            Ok(RetryDeadBatch {
+                retried,
+                left_dead,
+                last_id: dead.last().map(|(id, _)| *id),
+                seen: dead.len(),
+            })
+        })
     }
 
-    fn prune_state(&self, finished_before: DateTime<Utc>, state: JobState) -> Result<u64> {
-        if !state.is_terminal() {
-            return Err(Error::InvalidArgument(format!(
-                "only finished jobs can be pruned (succeeded, dead, cancelled), not {state}"
-            )));
-        }
-        let before = finished_before.timestamp_millis();
-        let mut total = 0u64;
-        loop {
-            let deleted = self.write(|tx| {
-                Ok(tx
+    fn prune_batch(&self, before: i64, state: Option<JobState>, limit: i64) -> Result<u64> {
+        let deleted = self.write(|tx| {
+            // Two statements, so that each keeps the plan of its index.
+            Ok(match state {
+                None => tx
+                    .prepare_cached(
+                        "DELETE FROM tickler_jobs WHERE id IN (
+                             SELECT id FROM tickler_jobs WHERE finished_at IS NOT NULL AND finished_at < ?1
+                             LIMIT +?2)",
+                    )?
+                    .execute(params![before, limit])?,
+                Some(state) => tx
                     .prepare_cached(
                         "DELETE FROM tickler_jobs WHERE id IN (
                              SELECT id FROM tickler_jobs
                              WHERE finished_at IS NOT NULL AND finished_at < ?1 AND status = ?2
                              LIMIT +?3)",
                     )?
-                    .execute(params![before, state.as_str(), PRUNE_BATCH])?)
-            })?;
-            total += deleted as u64;
-            if (deleted as i64) < PRUNE_BATCH {
-                return Ok(total);
-            }
-        }
+                    .execute(params![before, state.as_str(), limit])?,
+            })
+        })?;
+        Ok(deleted as u64)
     }
 
     fn finished_since(&self, since: DateTime<Utc>) -> Result<u64> {
@@ -774,127 +703,85 @@ impl Store {
         Ok(ids)
     }
 
-    /// See [`crate::Queue::complete_with`].
-    pub(crate) fn complete_with<T>(
+    /// See [`crate::Queue::complete_with`]. Only a busy BEGIN is retried,
+    /// before `app_writes` ran; a busy error after it ran is the
+    /// application's (or, not expected under BEGIN IMMEDIATE, the
+    /// commit's): it rolls back and is returned as [`Error::Aborted`],
+    /// never retried (the caller's `app_writes` refuses a second call).
+    pub(crate) fn complete_with(
         &self,
         lease: &Lease,
-        app_writes: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>,
-    ) -> Result<T> {
-        let mut app_writes = Some(app_writes);
+        app_writes: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> Result<()>,
+    ) -> Result<()> {
         self.write(|tx| {
-            // Only a busy BEGIN is retried, before app_writes ran. A busy
-            // error after it ran is the application's (or, not expected
-            // under BEGIN IMMEDIATE, the commit's): it rolls back and is
-            // returned as it is, never retried.
-            let writes = app_writes.take().ok_or_else(|| {
-                Error::aborted(
-                    "the commit after app_writes was refused as busy; nothing was written",
-                )
-            })?;
-            let value = writes(tx).map_err(|e| if e.is_busy() { Error::aborted(e) } else { e })?;
+            app_writes(tx).map_err(|e| if e.is_busy() { Error::aborted(e) } else { e })?;
             let changed = tx.prepare_cached(COMPLETE_SQL)?.execute(params![
                 self.now_ms(),
                 lease.job_id.0,
                 lease.run_token.0
             ])?;
-            fenced(changed, lease)?;
-            Ok(value)
+            fenced(changed, lease)
         })
     }
+}
 
-    /// One look of the reaper in one write transaction: finds leases that
-    /// expired before `cutoff` (or now, if earlier), at most `REAP_BATCH`,
-    /// and takes back those `take` accepts. `take` is also told whether
-    /// getting the write lock had to wait for another connection (or more
-    /// than `REAP_CLEAN_WAIT` for this process's own writers).
-    fn reap_look(
-        &self,
-        cutoff: Option<i64>,
-        take: impl Fn(&ExpiredLease, bool) -> bool,
-    ) -> Result<ReapLook> {
-        let policy = self.retry_policy;
-        let asked = Instant::now();
-        let busy_before = crate::sqlite::busy_waits();
-        self.write_with(Commit::Lazy, |tx| {
-            let waited = crate::sqlite::busy_waits() != busy_before
-                || asked.elapsed() > REAP_CLEAN_WAIT;
-            // A backward step of the wall clock leaves leases that were
-            // granted "in the future": one whose expiry lies further ahead
-            // than its length (lease_ms, plus a margin for noise) is set to
-            // expire one length from now, so an abandoned job is taken back
-            // on time while a live holder's next heartbeat renews it as
-            // usual. Judged against the time inside this transaction: every
-            // lease committed before it was granted at or before then.
-            let stepped_now = self.now_ms();
-            let margin = crate::reaper::BACKWARD_STEP_MARGIN.as_millis() as i64;
-            tx.prepare_cached(LEASE_STEP_SQL)?
-                .execute(params![stepped_now, margin])?;
-            // The same for a cancelled job's kept lease, which holds its
-            // unique_key (a separate statement: each uses its own index).
-            tx.prepare_cached(CANCELLED_LEASE_STEP_SQL)?
-                .execute(params![stepped_now, margin])?;
-            let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
-            let expired: Vec<(ExpiredLease, u32, String)> = tx
-                .prepare_cached(
-                    "SELECT id, run_token, lease_expires_at, attempts, coalesce(claimed_by, '?')
-                     FROM tickler_jobs
-                     WHERE status = 'running' AND lease_expires_at < ?1
-                     ORDER BY lease_expires_at LIMIT +?2",
-                )?
-                .query_map(params![now, REAP_BATCH], |r| {
-                    Ok((
-                        ExpiredLease {
-                            id: r.get(0)?,
-                            run_token: r.get(1)?,
-                            expires_at: r.get(2)?,
-                        },
-                        r.get(3)?,
-                        r.get(4)?,
-                    ))
-                })?
-                .collect::<rusqlite::Result<_>>()?;
-            // A cancelled job's holder that never reported is gone once its
-            // lease ran out: its unique_key no longer waits for it.
-            tx.prepare_cached(
-                "UPDATE tickler_jobs SET lease_expires_at = NULL
-                 WHERE status IN ('cancelled', 'dead') AND lease_expires_at < ?1",
-            )?
-            .execute([now])?;
-            let batch_full = expired.len() as i64 >= REAP_BATCH;
-            let mut taken = 0u64;
-            let mut left = Vec::new();
-            let mut reap = tx.prepare_cached(REAP_SQL)?;
-            for (lease, attempts, worker) in expired {
-                if !take(&lease, waited) {
-                    left.push(lease);
-                    continue;
-                }
-                let retry_at = retry_time(now, &policy, attempts);
-                let error = format!(
-                    "lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time"
-                );
-                // One row SQLite refuses (a trigger, damage) must not keep
-                // every other expired lease from being taken back.
-                match isolated(tx, || {
-                    Ok(reap.execute(params![
-                        now,
-                        retry_at,
-                        cut_error(&error),
-                        lease.id,
-                        lease.run_token,
-                        now
-                    ])?)
-                })? {
-                    Ok(n) => taken += n as u64,
-                    Err(e) => log::error!("reaper could not take back job {}: {e}", lease.id),
-                }
-            }
-            Ok(ReapLook {
-                taken,
-                left,
-                batch_full,
-                waited,
-            })
-        })
+/// A [`ClaimTx`] on an open SQLite write transaction, with the claiming
+/// statements of this claim's kinds in either order.
+struct InTransaction<'a, 'c> {
+    tx: &'a rusqlite::Transaction<'c>,
+    /// The claiming UPDATE by priority, and by age.
+    sql: &'a (String, String),
+}
+
+impl ClaimTx for InTransaction<'_, '_> {
+    fn paused_queues(&mut self) -> Result<std::collections::BTreeSet<String>> {
+        paused_in(self.tx)
+    }
+
+    fn promote_due(&mut self, queue: &str, now: i64, limit: i64) -> Result<u64> {
+        let promoted = self
+            .tx
+            .prepare_cached(PROMOTE_SQL)?
+            .execute(params![queue, now, limit])?;
+        Ok(promoted as u64)
+    }
+
+    fn claim_batch(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        queue: &str,
+        want: i64,
+        order: ClaimOrder,
+        now: i64,
+        expires: i64,
+    ) -> Result<Vec<ClaimedRow>> {
+        let mut values: Vec<&dyn rusqlite::ToSql> =
+            vec![&request.worker_id, &now, &expires, &queue, &want];
+        if let Some(kinds) = request.kinds {
+            values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
+        }
+        let sql = match order {
+            ClaimOrder::Priority => &self.sql.0,
+            ClaimOrder::Oldest => &self.sql.1,
+        };
+        let mut stmt = self.tx.prepare_cached(sql)?;
+        let rows = stmt
+            .query_map(values.as_slice(), claimed_from_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()> {
+        let tx = self.tx;
+        let dead = isolated(tx, || {
+            Ok(tx
+                .prepare_cached(DEAD_SQL)?
+                .execute(params![now, error, job_id.0, run_token])?)
+        })?;
+        if let Err(e) = dead {
+            // Left running: its lease runs out and the reaper tries again.
+            log::error!("job {job_id}: could not be made dead either: {e}");
+        }
+        Ok(())
     }
 }

@@ -1,11 +1,10 @@
 //! The jobs table's statements for SQLite, and the functions that run them
 //! inside a write transaction: inserting, claiming, recording outcomes.
 
-use super::rows::*;
+use crate::engine::types::*;
 use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
 use crate::lease::Lease;
-use crate::queue::*;
 use crate::retry::RetryPolicy;
 use rusqlite::{params, OptionalExtension};
 use std::collections::HashMap;
@@ -31,11 +30,49 @@ pub(crate) const PROMOTE_SQL: &str = "UPDATE tickler_jobs SET status = 'pending'
                  WHERE status = 'scheduled' AND queue = ?1 AND run_at <= ?2
                  ORDER BY run_at LIMIT +?3)";
 
+/// The fence every write of a lease's holder ends in: the row is still
+/// that lease's (`id`, its `run_token`, still `running`). A lost lease
+/// matches no row and changes nothing.
+macro_rules! fence {
+    ($id:literal, $run_token:literal) => {
+        concat!(
+            "WHERE id = ",
+            $id,
+            " AND run_token = ",
+            $run_token,
+            " AND status = 'running'"
+        )
+    };
+}
+pub(crate) use fence;
+
+/// The retry-or-dead rule of a failed attempt: dead (finished at `$now`)
+/// once the attempts are used up, else waiting until `$retry_at`, pending
+/// at once if that is already due.
+macro_rules! retry_or_dead {
+    ($now:literal, $retry_at:literal) => {
+        concat!(
+            "status = CASE WHEN attempts >= max_attempts THEN 'dead' WHEN ",
+            $retry_at,
+            " <= ",
+            $now,
+            " THEN 'pending' ELSE 'scheduled' END, run_at = CASE WHEN attempts >= max_attempts \
+             THEN run_at ELSE ",
+            $retry_at,
+            " END, finished_at = CASE WHEN attempts >= max_attempts THEN ",
+            $now,
+            " END"
+        )
+    };
+}
+
 /// Success ends the error story: `last_error` is cleared (the history in
 /// `errors` stays). ?1 now, ?2 id, ?3 run_token.
-pub(crate) const COMPLETE_SQL: &str = "UPDATE tickler_jobs
-    SET status = 'succeeded', finished_at = ?1, lease_expires_at = NULL, last_error = NULL
-    WHERE id = ?2 AND run_token = ?3 AND status = 'running'";
+pub(crate) const COMPLETE_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'succeeded', finished_at = ?1, lease_expires_at = NULL, last_error = NULL ",
+    fence!("?2", "?3")
+);
 
 /// `errors` with one more entry for the current attempt (at `$at`, error
 /// `$error`), keeping the last `ERROR_HISTORY_MAX` (20) entries.
@@ -62,48 +99,38 @@ macro_rules! append_error {
 /// ?1 now, ?2 retry time, ?3 error, ?4 id, ?5 run_token. Dead when the
 /// attempts are used up, else waiting for the retry time.
 pub(crate) const FAIL_SQL: &str = concat!(
-    "UPDATE tickler_jobs
-    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
-                      WHEN ?2 <= ?1 THEN 'pending' ELSE 'scheduled' END,
-        run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE ?2 END,
-        finished_at = CASE WHEN attempts >= max_attempts THEN ?1 END,
-        last_error = ?3, lease_expires_at = NULL, ",
+    "UPDATE tickler_jobs SET ",
+    retry_or_dead!("?1", "?2"),
+    ", last_error = ?3, lease_expires_at = NULL, ",
     append_error!("?1", "?3"),
-    "
-    WHERE id = ?4 AND run_token = ?5 AND status = 'running'"
+    " ",
+    fence!("?4", "?5")
 );
 
 /// FAIL_SQL for a run whose handler is still running past its timeout: the
 /// retry waits for the run's lease to run out, and a dead job keeps the
 /// lease (so its unique_key stays held, see `unblocked`).
 pub(crate) const TIMED_OUT_SQL: &str = concat!(
-    "UPDATE tickler_jobs
-    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
-                      WHEN max(?2, lease_expires_at + 1) <= ?1 THEN 'pending'
-                      ELSE 'scheduled' END,
-        run_at = CASE WHEN attempts >= max_attempts THEN run_at
-                      ELSE max(?2, lease_expires_at + 1) END,
-        finished_at = CASE WHEN attempts >= max_attempts THEN ?1 END,
-        last_error = ?3,
+    "UPDATE tickler_jobs SET ",
+    retry_or_dead!("?1", "max(?2, lease_expires_at + 1)"),
+    ", last_error = ?3,
         lease_expires_at = CASE WHEN attempts >= max_attempts THEN lease_expires_at END, ",
     append_error!("?1", "?3"),
-    "
-    WHERE id = ?4 AND run_token = ?5 AND status = 'running'"
+    " ",
+    fence!("?4", "?5")
 );
 
 /// The reaper's version of FAIL_SQL, also conditional on the lease having
 /// run out (?6, the reaper's cutoff), so that a heartbeat that landed first
 /// wins.
 pub(crate) const REAP_SQL: &str = concat!(
-    "UPDATE tickler_jobs
-    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
-                      WHEN ?2 <= ?1 THEN 'pending' ELSE 'scheduled' END,
-        run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE ?2 END,
-        finished_at = CASE WHEN attempts >= max_attempts THEN ?1 END,
-        last_error = ?3, lease_expires_at = NULL, ",
+    "UPDATE tickler_jobs SET ",
+    retry_or_dead!("?1", "?2"),
+    ", last_error = ?3, lease_expires_at = NULL, ",
     append_error!("?1", "?3"),
-    "
-    WHERE id = ?4 AND run_token = ?5 AND status = 'running' AND lease_expires_at < ?6"
+    " ",
+    fence!("?4", "?5"),
+    " AND lease_expires_at < ?6"
 );
 
 /// ?1 now, ?2 margin (ms). See reap_look; leases granted before
@@ -124,18 +151,22 @@ pub(crate) const DEAD_SQL: &str = concat!(
     "UPDATE tickler_jobs
     SET status = 'dead', finished_at = ?1, last_error = ?2, lease_expires_at = NULL, ",
     append_error!("?1", "?2"),
-    "
-    WHERE id = ?3 AND run_token = ?4 AND status = 'running'"
+    " ",
+    fence!("?3", "?4")
 );
 
-pub(crate) const SNOOZE_SQL: &str = "UPDATE tickler_jobs
+pub(crate) const SNOOZE_SQL: &str = concat!(
+    "UPDATE tickler_jobs
     SET status = CASE WHEN ?2 <= ?1 THEN 'pending' ELSE 'scheduled' END,
-        run_at = ?2, attempts = attempts - 1, lease_expires_at = NULL
-    WHERE id = ?3 AND run_token = ?4 AND status = 'running'";
+        run_at = ?2, attempts = attempts - 1, lease_expires_at = NULL ",
+    fence!("?3", "?4")
+);
 
-pub(crate) const RELEASE_SQL: &str = "UPDATE tickler_jobs
-    SET status = 'pending', attempts = attempts - 1, lease_expires_at = NULL
-    WHERE id = ?1 AND run_token = ?2 AND status = 'running'";
+pub(crate) const RELEASE_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'pending', attempts = attempts - 1, lease_expires_at = NULL ",
+    fence!("?1", "?2")
+);
 
 pub(crate) const LEASE_COLUMNS: &str =
     "id, queue, kind, payload, priority, run_at, attempts, max_attempts, run_token, lease_expires_at, timeout_ms";
@@ -204,51 +235,6 @@ pub(crate) fn kind_filter(kinds: Option<&[&str]>, first: usize) -> String {
             format!("AND kind IN ({})", marks.join(", "))
         }
     }
-}
-
-/// Runs one claiming UPDATE (`claim_sql`) and returns its leases. A row
-/// that cannot be read costs its own job, not the claim: it is made dead
-/// with an error naming what could not be read.
-pub(crate) fn claim_rows(
-    tx: &rusqlite::Transaction<'_>,
-    sql: &str,
-    values: &[&dyn rusqlite::ToSql],
-    now: i64,
-) -> Result<Vec<Lease>> {
-    let mut leases = Vec::new();
-    let mut unreadable = Vec::new();
-    let mut stmt = tx.prepare_cached(sql)?;
-    for row in stmt.query_map(values, claimed_from_row)? {
-        match row? {
-            ClaimedRow::Readable(lease) => leases.push(lease),
-            ClaimedRow::Unreadable {
-                job_id,
-                run_token,
-                problems,
-            } => unreadable.push((job_id, run_token, problems)),
-        }
-    }
-    drop(stmt);
-    for (job_id, run_token, problems) in unreadable {
-        let error = format!(
-            "this job's row could not be read ({problems}); it was not run: \
-             fix or delete the row, then retry the job"
-        );
-        log::error!("job {job_id}: {error}");
-        let dead = isolated(tx, || {
-            Ok(tx.prepare_cached(DEAD_SQL)?.execute(params![
-                now,
-                cut_error(&error),
-                job_id.0,
-                &run_token
-            ])?)
-        })?;
-        if let Err(e) = dead {
-            // Left running: its lease runs out and the reaper tries again.
-            log::error!("job {job_id}: could not be made dead either: {e}");
-        }
-    }
-    Ok(leases)
 }
 
 /// The claiming UPDATE; ?1 worker_id, ?2 now, ?3 lease expiry, ?4 queue,

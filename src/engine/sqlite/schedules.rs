@@ -5,13 +5,13 @@
 use super::sql::insert_valid;
 use super::Store;
 use crate::clock::ms_to_datetime;
-use crate::engine::{FireTicks, ScheduleStore};
+use crate::engine::types::ValidJob;
+use crate::engine::{FireRound, ScheduleStore, ScheduleTx};
 use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
-use crate::queue::ValidJob;
 use crate::schedule::{
     grace_ms, rebase, resume_point, stepped_back, Fired, Handled, MisfirePolicy, NewSchedule,
-    OverlapPolicy, Schedule, ScheduleTx, Ticks,
+    OverlapPolicy, Schedule, Ticks,
 };
 use chrono::{DateTime, Utc};
 use rusqlite::{params, OptionalExtension};
@@ -161,30 +161,9 @@ impl ScheduleStore for Store {
 
     fn fire_due_schedules(
         &self,
-        batch: i64,
-        fire: &mut FireTicks<'_>,
+        round: &mut FireRound<'_>,
     ) -> Result<(Fired, bool, Option<DateTime<Utc>>)> {
-        let (fired, full, next) = self.write(|tx| {
-            let now = self.now_ms();
-            rebase_stepped_in(tx, now)?;
-            let due = tx
-                .prepare_cached(&format!(
-                    "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules
-                     WHERE paused = 0 AND next_tick_at IS NOT NULL AND next_tick_at <= ?1
-                     ORDER BY next_tick_at, name LIMIT +?2"
-                ))?
-                .query_map(params![now, batch], stored_from_row)?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            let mut fired = Fired::default();
-            for (schedule, handled) in &due {
-                fired.add(fire(&InTransaction(tx), schedule, *handled, now)?);
-            }
-            Ok((fired, due.len() as i64 >= batch, next_tick_in(tx, now)?))
-        })?;
-        if !fired.jobs.is_empty() {
-            self.notify_watchers();
-        }
-        Ok((fired, full, next))
+        self.write(|tx| round(&InTransaction(tx), self.now_ms()))
     }
 }
 
@@ -232,6 +211,26 @@ impl ScheduleTx for InTransaction<'_, '_> {
                 after.through
             ])?;
         Ok(advanced > 0)
+    }
+
+    fn rebase_stepped(&self, now: i64) -> Result<()> {
+        rebase_stepped_in(self.0, now)
+    }
+
+    fn due_schedules(&self, now: i64, batch: i64) -> Result<Vec<(Schedule, Handled)>> {
+        Ok(self
+            .0
+            .prepare_cached(&format!(
+                "SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules
+                 WHERE paused = 0 AND next_tick_at IS NOT NULL AND next_tick_at <= ?1
+                 ORDER BY next_tick_at, name LIMIT +?2"
+            ))?
+            .query_map(params![now, batch], stored_from_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?)
+    }
+
+    fn next_tick(&self, now: i64) -> Result<Option<DateTime<Utc>>> {
+        next_tick_in(self.0, now)
     }
 
     fn insert_jobs(&self, rows: &[ValidJob], now: i64) -> Result<Vec<JobId>> {

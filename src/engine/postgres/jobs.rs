@@ -10,53 +10,20 @@
 use super::rows::*;
 use super::{statement_level, storable, Attempt, Store, Tx};
 use crate::clock::ms_to_datetime;
-use crate::engine::{Engine, FinishedSample, STATS_COUNTS_SQL};
+use crate::engine::types::*;
+use crate::engine::{Claim, ClaimTx, Engine, FinishedSample, STATS_COUNTS_SQL};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
 use crate::lease::Lease;
-use crate::queue::*;
 use crate::retry::RetryPolicy;
-use crate::sqlite::rows::ClaimedRow;
-use chrono::{DateTime, Utc};
-use std::collections::{HashMap, HashSet};
-use std::time::Duration;
 
-/// Most scheduled jobs one claim transaction promotes to pending.
-const PROMOTE_BATCH: i64 = 5_000;
+use chrono::{DateTime, Utc};
+use std::collections::HashMap;
+use std::time::Duration;
 
 /// Outcomes from which [`Engine::record_and_claim`] records them in a
 /// transaction of their own beside the claim's, rather than in one.
 const PARALLEL_OUTCOMES: usize = 64;
-
-/// Most expired leases one reaper transaction takes back.
-const REAP_BATCH: i64 = 1_000;
-
-/// Time between two looks of [`crate::Queue::reap_at`] at an expired
-/// lease, as on SQLite.
-const REAP_SETTLE: Duration = Duration::from_millis(100);
-
-/// Most looks of one [`crate::Queue::reap_at`] call, as on SQLite.
-const REAP_MAX_LOOKS: u32 = 10;
-
-/// An expired lease as one reaper look saw it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct ExpiredLease {
-    id: i64,
-    run_token: String,
-    expires_at: i64,
-}
-
-/// What one reaper look did.
-struct ReapLook {
-    taken: u64,
-    /// Expired and not taken back (not yet confirmed).
-    left: Vec<ExpiredLease>,
-    /// The look saw `REAP_BATCH` expired leases: there may be more.
-    batch_full: bool,
-}
-
-/// Most finished jobs one prune transaction deletes.
-const PRUNE_BATCH: i64 = 5_000;
 
 /// Tries of an insert whose unique_key's holder finished between the
 /// insert and the read of its id.
@@ -107,10 +74,47 @@ macro_rules! append_error {
     };
 }
 
+/// The fence every write of a lease's holder ends in: the row is still
+/// that lease's (`id`, its `run_token`, still `running`). A lost lease
+/// matches no row and changes nothing.
+macro_rules! fence {
+    ($id:literal, $run_token:literal) => {
+        concat!(
+            "WHERE id = ",
+            $id,
+            " AND run_token = ",
+            $run_token,
+            " AND status = 'running'"
+        )
+    };
+}
+
+/// The retry-or-dead rule of a failed attempt: dead (finished at `$now`)
+/// once the attempts are used up, else waiting until `$retry_at`, pending
+/// at once if that is already due.
+macro_rules! retry_or_dead {
+    ($now:literal, $retry_at:literal) => {
+        concat!(
+            "status = CASE WHEN attempts >= max_attempts THEN 'dead' WHEN ",
+            $retry_at,
+            " <= ",
+            $now,
+            " THEN 'pending' ELSE 'scheduled' END, run_at = CASE WHEN attempts >= max_attempts \
+             THEN run_at ELSE ",
+            $retry_at,
+            " END, finished_at = CASE WHEN attempts >= max_attempts THEN ",
+            $now,
+            " END"
+        )
+    };
+}
+
 /// $1 now, $2 id, $3 run_token.
-const COMPLETE_SQL: &str = "UPDATE tickler_jobs
-    SET status = 'succeeded', finished_at = $1, lease_expires_at = NULL, last_error = NULL
-    WHERE id = $2 AND run_token = $3 AND status = 'running'";
+const COMPLETE_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'succeeded', finished_at = $1, lease_expires_at = NULL, last_error = NULL ",
+    fence!("$2", "$3")
+);
 
 /// Locks rows $1 in id order, so that two transactions updating several
 /// of the same rows (a pool's heartbeats and its outcomes) take them in
@@ -127,45 +131,35 @@ const COMPLETE_MANY_SQL: &str = "UPDATE tickler_jobs AS j
 
 /// $1 now, $2 retry time, $3 error, $4 id, $5 run_token.
 const FAIL_SQL: &str = concat!(
-    "UPDATE tickler_jobs
-    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
-                      WHEN $2::bigint <= $1::bigint THEN 'pending' ELSE 'scheduled' END,
-        run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE $2::bigint END,
-        finished_at = CASE WHEN attempts >= max_attempts THEN $1::bigint END,
-        last_error = $3, lease_expires_at = NULL, ",
+    "UPDATE tickler_jobs SET ",
+    retry_or_dead!("$1::bigint", "$2::bigint"),
+    ", last_error = $3, lease_expires_at = NULL, ",
     append_error!("$1", "$3"),
-    "
-    WHERE id = $4 AND run_token = $5 AND status = 'running'"
+    " ",
+    fence!("$4", "$5")
 );
 
 /// FAIL_SQL for a run still going past its timeout; see the SQLite engine.
 const TIMED_OUT_SQL: &str = concat!(
-    "UPDATE tickler_jobs
-    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
-                      WHEN greatest($2::bigint, lease_expires_at + 1) <= $1::bigint THEN 'pending'
-                      ELSE 'scheduled' END,
-        run_at = CASE WHEN attempts >= max_attempts THEN run_at
-                      ELSE greatest($2::bigint, lease_expires_at + 1) END,
-        finished_at = CASE WHEN attempts >= max_attempts THEN $1::bigint END,
-        last_error = $3,
+    "UPDATE tickler_jobs SET ",
+    retry_or_dead!("$1::bigint", "greatest($2::bigint, lease_expires_at + 1)"),
+    ", last_error = $3,
         lease_expires_at = CASE WHEN attempts >= max_attempts THEN lease_expires_at END, ",
     append_error!("$1", "$3"),
-    "
-    WHERE id = $4 AND run_token = $5 AND status = 'running'"
+    " ",
+    fence!("$4", "$5")
 );
 
 /// The reaper's FAIL_SQL, also conditional on the lease having run out
 /// before $6.
 const REAP_SQL: &str = concat!(
-    "UPDATE tickler_jobs
-    SET status = CASE WHEN attempts >= max_attempts THEN 'dead'
-                      WHEN $2::bigint <= $1::bigint THEN 'pending' ELSE 'scheduled' END,
-        run_at = CASE WHEN attempts >= max_attempts THEN run_at ELSE $2::bigint END,
-        finished_at = CASE WHEN attempts >= max_attempts THEN $1::bigint END,
-        last_error = $3, lease_expires_at = NULL, ",
+    "UPDATE tickler_jobs SET ",
+    retry_or_dead!("$1::bigint", "$2::bigint"),
+    ", last_error = $3, lease_expires_at = NULL, ",
     append_error!("$1", "$3"),
-    "
-    WHERE id = $4 AND run_token = $5 AND status = 'running' AND lease_expires_at < $6::bigint"
+    " ",
+    fence!("$4", "$5"),
+    " AND lease_expires_at < $6::bigint"
 );
 
 /// $1 now, $2 error, $3 id, $4 run_token.
@@ -173,19 +167,23 @@ const DEAD_SQL: &str = concat!(
     "UPDATE tickler_jobs
     SET status = 'dead', finished_at = $1, last_error = $2, lease_expires_at = NULL, ",
     append_error!("$1", "$2"),
-    "
-    WHERE id = $3 AND run_token = $4 AND status = 'running'"
+    " ",
+    fence!("$3", "$4")
 );
 
 /// $1 now, $2 until, $3 id, $4 run_token.
-const SNOOZE_SQL: &str = "UPDATE tickler_jobs
+const SNOOZE_SQL: &str = concat!(
+    "UPDATE tickler_jobs
     SET status = CASE WHEN $2::bigint <= $1::bigint THEN 'pending' ELSE 'scheduled' END,
-        run_at = $2::bigint, attempts = attempts - 1, lease_expires_at = NULL
-    WHERE id = $3 AND run_token = $4 AND status = 'running'";
+        run_at = $2::bigint, attempts = attempts - 1, lease_expires_at = NULL ",
+    fence!("$3", "$4")
+);
 
-const RELEASE_SQL: &str = "UPDATE tickler_jobs
-    SET status = 'pending', attempts = attempts - 1, lease_expires_at = NULL
-    WHERE id = $1 AND run_token = $2 AND status = 'running'";
+const RELEASE_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'pending', attempts = attempts - 1, lease_expires_at = NULL ",
+    fence!("$1", "$2")
+);
 
 /// $1 id, $2 run_token: the cancelled job's holder has stopped.
 const HOLDER_STOPPED_SQL: &str = "UPDATE tickler_jobs SET lease_expires_at = NULL
@@ -651,83 +649,56 @@ fn record_all(
     Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
 }
 
-/// Claims per `request` in `tx`; `None` if a backlog of due scheduled
-/// jobs was promoted and the claim must come in a later transaction.
-fn claim_in(
-    tx: &mut Tx<'_>,
-    request: &ClaimRequest<'_>,
-    lease_ms: i64,
-    now: i64,
+/// A [`ClaimTx`] on an open PostgreSQL transaction: the claiming
+/// statements of this claim's kinds, and the id marking its rows (for a
+/// commit whose acknowledgement was lost).
+struct InTransaction<'a, 'b> {
+    tx: &'a mut Tx<'b>,
+    sql: &'a (String, String),
     claim_id: i64,
-) -> Result<Option<Vec<Lease>>> {
-    // Read by this transaction: under READ COMMITTED a pause committed
-    // before this statement began holds for this claim.
-    let paused = paused_in(tx)?;
-    let open: Vec<&str> = request
-        .queues
-        .iter()
-        .copied()
-        .filter(|q| !paused.contains(*q))
-        .collect();
-    let request = &ClaimRequest {
-        queues: &open,
-        ..*request
-    };
-    let mut backlog = false;
-    for queue in request.queues {
-        let promoted = tx.execute(PROMOTE_SQL, &[queue, &now, &PROMOTE_BATCH])?;
-        backlog |= promoted as i64 >= PROMOTE_BATCH;
+}
+
+impl ClaimTx for InTransaction<'_, '_> {
+    fn paused_queues(&mut self) -> Result<std::collections::BTreeSet<String>> {
+        paused_in(self.tx)
     }
-    if backlog {
-        return Ok(None);
+
+    fn promote_due(&mut self, queue: &str, now: i64, limit: i64) -> Result<u64> {
+        self.tx.execute(PROMOTE_SQL, &[&queue, &now, &limit])
     }
-    let expires = now.saturating_add(lease_ms).min(MAX_TIMESTAMP_MS);
-    let kinds: Option<Vec<&str>> = request.kinds.map(<[&str]>::to_vec);
-    let sql = (
-        claim_sql(kinds.is_some(), ClaimOrder::Priority),
-        claim_sql(kinds.is_some(), ClaimOrder::Oldest),
-    );
-    let mut leases = Vec::new();
-    let mut unreadable = Vec::new();
-    request.spread(|queue, want, order| {
-        let want = i64::try_from(want).unwrap_or(i64::MAX);
+
+    fn claim_batch(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        queue: &str,
+        want: i64,
+        order: ClaimOrder,
+        now: i64,
+        expires: i64,
+    ) -> Result<Vec<ClaimedRow>> {
         let sql = match order {
-            ClaimOrder::Priority => &sql.0,
-            ClaimOrder::Oldest => &sql.1,
+            ClaimOrder::Priority => &self.sql.0,
+            ClaimOrder::Oldest => &self.sql.1,
         };
         let worker = storable(request.worker_id);
-        let rows = match &kinds {
-            Some(kinds) => tx.query(
+        let claim_id = self.claim_id;
+        let rows = match request.kinds {
+            Some(kinds) => self.tx.query(
                 sql,
-                &[&worker, &now, &expires, &queue, &want, &claim_id, kinds],
+                &[&worker, &now, &expires, &queue, &want, &claim_id, &kinds],
             )?,
-            None => tx.query(sql, &[&worker, &now, &expires, &queue, &want, &claim_id])?,
+            None => self
+                .tx
+                .query(sql, &[&worker, &now, &expires, &queue, &want, &claim_id])?,
         };
-        let n = rows.len();
-        let mut claimed = Vec::with_capacity(n);
-        for row in &rows {
-            match claimed_from_row(row)? {
-                ClaimedRow::Readable(lease) => claimed.push(lease),
-                ClaimedRow::Unreadable {
-                    job_id,
-                    run_token,
-                    problems,
-                } => unreadable.push((job_id, run_token, problems)),
-            }
-        }
-        claimed.sort_by(|a, b| order.compare(a, b));
-        leases.extend(claimed);
-        Ok(n)
-    })?;
-    for (job_id, run_token, problems) in unreadable {
-        let error = format!(
-            "this job's row could not be read ({problems}); it was not run: \
-             fix or delete the row, then retry the job"
-        );
-        log::error!("job {job_id}: {error}");
-        tx.execute(DEAD_SQL, &[&now, &cut_error(&error), &job_id.0, &run_token])?;
+        rows.iter().map(claimed_from_row).collect()
     }
-    Ok(Some(leases))
+
+    fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()> {
+        self.tx
+            .execute(DEAD_SQL, &[&now, &error, &job_id.0, &run_token])?;
+        Ok(())
+    }
 }
 
 /// The jobs the claim `claim_id` took, whose commit was not acknowledged
@@ -904,10 +875,10 @@ impl Engine for Store {
     fn record_and_claim(
         &self,
         outcomes: &[(&Lease, Outcome)],
-        claim: Option<&ClaimRequest<'_>>,
+        claim: Option<&Claim<'_>>,
         _sync: OutcomeSync,
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
-        if let Some(c) = claim {
+        if let Some(Claim { request: c, .. }) = claim {
             for queue in c.queues {
                 check_text("queue", queue)?;
             }
@@ -916,15 +887,21 @@ impl Engine for Store {
             }
         }
         let claim = match claim {
-            Some(c) if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) => {
-                Some((c, duration_ms(c.lease, "lease")?))
+            Some(claim @ Claim { request: c, .. })
+                if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) =>
+            {
+                let sql = (
+                    claim_sql(c.kinds.is_some(), ClaimOrder::Priority),
+                    claim_sql(c.kinds.is_some(), ClaimOrder::Oldest),
+                );
+                Some((claim, duration_ms(c.lease, "lease")?, sql))
             }
             _ => None,
         };
         if outcomes.is_empty() && claim.is_none() {
             return Ok((Vec::new(), Vec::new()));
         }
-        if let (Some((request, _)), true) = (claim, outcomes.len() >= PARALLEL_OUTCOMES) {
+        if let (Some((request, _, _)), true) = (&claim, outcomes.len() >= PARALLEL_OUTCOMES) {
             // A pool finishing a large batch and taking the next: the
             // outcomes and the claim touch different rows, so they go in
             // two transactions at once on two connections (PostgreSQL
@@ -958,10 +935,12 @@ impl Engine for Store {
                         last_claim.set(None);
                         Some(adopt_claimed(tx, claim_id)?)
                     }
-                    (Some((request, lease_ms)), _) => {
+                    (Some((claim, lease_ms, sql)), _) => {
                         let claim_id = fastrand::i64(..);
                         last_claim.set(Some(claim_id));
-                        claim_in(tx, request, *lease_ms, now, claim_id)?
+                        let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
+                        let mut claim_tx = InTransaction { tx, sql, claim_id };
+                        (claim.rules)(&mut claim_tx, claim.request, now, expires)?
                     }
                     (None, _) => Some(Vec::new()),
                 };
@@ -992,49 +971,72 @@ impl Engine for Store {
         Ok((results, leases))
     }
 
-    fn reap_expired_before(&self, cutoff: Option<i64>) -> Result<u64> {
-        let mut total = 0;
-        loop {
-            let look = self.reap_look(cutoff, |_| true)?;
-            total += look.taken;
-            if !look.batch_full {
-                break;
+    fn reap_look(
+        &self,
+        cutoff: Option<i64>,
+        take: &mut dyn FnMut(&ExpiredLease, bool) -> bool,
+    ) -> Result<ReapLook> {
+        let policy = self.retry_policy;
+        self.write(|tx, _| {
+            let stepped_now = self.now_ms();
+            let margin = crate::engine::types::BACKWARD_STEP_MARGIN.as_millis() as i64;
+            tx.execute(LEASE_STEP_SQL, &[&stepped_now, &margin])?;
+            tx.execute(CANCELLED_LEASE_STEP_SQL, &[&stepped_now, &margin])?;
+            let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
+            let expired = tx.query(
+                "SELECT id, run_token, attempts, coalesce(claimed_by, '?'), lease_expires_at
+                 FROM tickler_jobs
+                 WHERE status = 'running' AND lease_expires_at < $1::bigint
+                 ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+                &[&now, &REAP_BATCH],
+            )?;
+            tx.execute(
+                "UPDATE tickler_jobs SET lease_expires_at = NULL
+                 WHERE id = ANY(ARRAY(
+                     SELECT id FROM tickler_jobs
+                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at < $1::bigint
+                     FOR UPDATE SKIP LOCKED))",
+                &[&now],
+            )?;
+            let batch_full = expired.len() as i64 >= REAP_BATCH;
+            let mut taken = 0u64;
+            let mut left = Vec::new();
+            for row in expired {
+                let lease = ExpiredLease {
+                    id: row.get(0),
+                    run_token: row.get(1),
+                    expires_at: row.get(4),
+                };
+                // No look waits for a lock on the whole database here.
+                if !take(&lease, false) {
+                    left.push(lease);
+                    continue;
+                }
+                let attempts: i64 = row.get(2);
+                let worker: String = row.get(3);
+                let attempt = u32::try_from(attempts.max(0)).unwrap_or(u32::MAX);
+                let retry_at = retry_time(now, &policy, attempt);
+                let error = lease_expired_error(&worker, attempts);
+                let error = storable(&cut_error(&error)).into_owned();
+                taken += tx.execute(
+                    REAP_SQL,
+                    &[&now, &retry_at, &error, &lease.id, &lease.run_token, &now],
+                )?;
             }
-        }
-        if total > 0 {
-            self.notify_watchers();
-        }
-        Ok(total)
+            Ok(ReapLook {
+                taken,
+                left,
+                batch_full,
+            })
+        })
     }
 
-    /// As on SQLite, a lease is taken back only once two looks, at least
-    /// `REAP_SETTLE` apart, saw it expired with the same expiry: a
-    /// heartbeat or outcome that lands in between (its connection was
-    /// slow, its pool waited for a connection) wins. No look waits for a
-    /// lock on the whole database here, so every look counts as clean.
-    fn reap_settled(&self, cutoff: i64) -> Result<u64> {
-        let mut total = 0u64;
-        let mut seen: Option<HashSet<ExpiredLease>> = None;
-        for look in 1..=REAP_MAX_LOOKS {
-            let before = seen.take();
-            let result = self.reap_look(Some(cutoff), |lease| {
-                before.as_ref().is_some_and(|seen| seen.contains(lease))
-            })?;
-            total += result.taken;
-            if result.left.is_empty() && !result.batch_full {
-                break;
-            }
-            seen = Some(result.left.into_iter().collect());
-            if look < REAP_MAX_LOOKS {
-                std::thread::sleep(REAP_SETTLE);
-            }
-        }
-        if total > 0 {
-            self.notify_watchers();
-        }
-        // The background reaper's round is also the jobs table's upkeep.
+    fn wake_watchers(&self) {
+        self.notify_watchers();
+    }
+
+    fn upkeep(&self) {
         self.maybe_vacuum();
-        Ok(total)
     }
 
     fn cancel(&self, id: JobId) -> Result<()> {
@@ -1100,8 +1102,18 @@ impl Engine for Store {
         Ok(())
     }
 
-    fn prune(&self, finished_before: DateTime<Utc>) -> Result<u64> {
-        self.prune_where(finished_before, None)
+    fn prune_batch(&self, before: i64, state: Option<JobState>, limit: i64) -> Result<u64> {
+        let state = state.map(JobState::as_str);
+        self.write(|tx, _| {
+            tx.execute(
+                "DELETE FROM tickler_jobs WHERE id = ANY(ARRAY(
+                     SELECT id FROM tickler_jobs
+                     WHERE finished_at IS NOT NULL AND finished_at < $1::bigint
+                       AND ($2::text IS NULL OR status = $2)
+                     LIMIT $3 FOR UPDATE SKIP LOCKED))",
+                &[&before, &state, &limit],
+            )
+        })
     }
 
     fn get(&self, id: JobId) -> Result<Job> {
@@ -1177,59 +1189,46 @@ impl Engine for Store {
         })
     }
 
-    fn retry_dead(&self, queue: Option<&str>) -> Result<(u64, u64)> {
-        let (mut retried, mut left_dead) = (0u64, 0u64);
-        let mut after_id = 0i64;
-        loop {
-            let (done, kept, last, seen) = self.write(|tx, _| {
-                let dead = tx.query(
-                    "SELECT id, unique_key FROM tickler_jobs
-                     WHERE status = 'dead' AND ($1::text IS NULL OR queue = $1) AND id > $2
-                     ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED",
-                    &[&queue, &after_id, &PRUNE_BATCH],
-                )?;
-                let now = self.now_ms();
-                let (mut done, mut kept) = (0u64, 0u64);
-                let mut last = None;
-                for r in &dead {
-                    let id: i64 = r.get(0);
-                    let key: Option<String> = r.get(1);
-                    last = Some(id);
-                    if let Some(key) = &key {
-                        if tx.query_opt(HELD_SQL, &[key])?.is_some() {
-                            kept += 1;
-                            continue;
-                        }
+    fn retry_dead_batch(
+        &self,
+        queue: Option<&str>,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<RetryDeadBatch> {
+        self.write(|tx, _| {
+            let dead = tx.query(
+                "SELECT id, unique_key FROM tickler_jobs
+                 WHERE status = 'dead' AND ($1::text IS NULL OR queue = $1) AND id > $2
+                 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED",
+                &[&queue, &after_id, &limit],
+            )?;
+            let now = self.now_ms();
+            let (mut retried, mut left_dead) = (0u64, 0u64);
+            let mut last_id = None;
+            for r in &dead {
+                let id: i64 = r.get(0);
+                let key: Option<String> = r.get(1);
+                last_id = Some(id);
+                if let Some(key) = &key {
+                    if tx.query_opt(HELD_SQL, &[key])?.is_some() {
+                        left_dead += 1;
+                        continue;
                     }
-                    done += tx.execute(
-                        "UPDATE tickler_jobs SET status = 'pending', attempts = 0,
-                             run_at = $1::bigint, finished_at = NULL, lease_expires_at = NULL
-                         WHERE id = $2 AND status = 'dead'",
-                        &[&now, &id],
-                    )?;
                 }
-                Ok((done, kept, last, dead.len()))
-            })?;
-            retried += done;
-            left_dead += kept;
-            match last {
-                Some(id) if (seen as i64) >= PRUNE_BATCH => after_id = id,
-                _ => break,
+                retried += tx.execute(
+                    "UPDATE tickler_jobs SET status = 'pending', attempts = 0,
+                         run_at = $1::bigint, finished_at = NULL, lease_expires_at = NULL
+                     WHERE id = $2 AND status = 'dead'",
+                    &[&now, &id],
+                )?;
             }
-        }
-        if retried > 0 {
-            self.notify_watchers();
-        }
-        Ok((retried, left_dead))
-    }
-
-    fn prune_state(&self, finished_before: DateTime<Utc>, state: JobState) -> Result<u64> {
-        if !state.is_terminal() {
-            return Err(Error::InvalidArgument(format!(
-                "only finished jobs can be pruned (succeeded, dead, cancelled), not {state}"
-            )));
-        }
-        self.prune_where(finished_before, Some(state))
+            Ok(RetryDeadBatch {
+                retried,
+                left_dead,
+                last_id,
+                seen: dead.len(),
+            })
+        })
     }
 
     fn finished_since(&self, since: DateTime<Utc>) -> Result<u64> {
@@ -1392,9 +1391,11 @@ impl Store {
                 let lease = leases[i];
                 let renewed = tx.isolated(|tx| {
                     tx.execute(
-                        "UPDATE tickler_jobs
-                         SET lease_expires_at = $1::bigint, lease_ms = $1::bigint - $2::bigint
-                         WHERE id = $3 AND run_token = $4 AND status = 'running'",
+                        concat!(
+                            "UPDATE tickler_jobs
+                             SET lease_expires_at = $1::bigint, lease_ms = $1::bigint - $2::bigint ",
+                            fence!("$3", "$4")
+                        ),
                         &[&expires, &now, &lease.job_id.0, &lease.run_token.0],
                     )
                 })?;
@@ -1408,95 +1409,6 @@ impl Store {
             }
             Ok(results)
         })
-    }
-
-    /// One reaper transaction: leases expired before `cutoff` (ms; `None`:
-    /// now), of which those `take` accepts are taken back and the others
-    /// left and reported. Rows another transaction holds (a heartbeat
-    /// landing right now) are skipped: the next look sees them again.
-    fn reap_look(
-        &self,
-        cutoff: Option<i64>,
-        take: impl Fn(&ExpiredLease) -> bool,
-    ) -> Result<ReapLook> {
-        let policy = self.retry_policy;
-        self.write(|tx, _| {
-            let stepped_now = self.now_ms();
-            let margin = crate::reaper::BACKWARD_STEP_MARGIN.as_millis() as i64;
-            tx.execute(LEASE_STEP_SQL, &[&stepped_now, &margin])?;
-            tx.execute(CANCELLED_LEASE_STEP_SQL, &[&stepped_now, &margin])?;
-            let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
-            let expired = tx.query(
-                "SELECT id, run_token, attempts, coalesce(claimed_by, '?'), lease_expires_at
-                 FROM tickler_jobs
-                 WHERE status = 'running' AND lease_expires_at < $1::bigint
-                 ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
-                &[&now, &REAP_BATCH],
-            )?;
-            tx.execute(
-                "UPDATE tickler_jobs SET lease_expires_at = NULL
-                 WHERE id = ANY(ARRAY(
-                     SELECT id FROM tickler_jobs
-                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at < $1::bigint
-                     FOR UPDATE SKIP LOCKED))",
-                &[&now],
-            )?;
-            let batch_full = expired.len() as i64 >= REAP_BATCH;
-            let mut taken = 0u64;
-            let mut left = Vec::new();
-            for row in expired {
-                let lease = ExpiredLease {
-                    id: row.get(0),
-                    run_token: row.get(1),
-                    expires_at: row.get(4),
-                };
-                if !take(&lease) {
-                    left.push(lease);
-                    continue;
-                }
-                let attempts: i64 = row.get(2);
-                let worker: String = row.get(3);
-                let attempt = u32::try_from(attempts.max(0)).unwrap_or(u32::MAX);
-                let retry_at = retry_time(now, &policy, attempt);
-                let error = format!(
-                    "lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time"
-                );
-                let error = storable(&cut_error(&error)).into_owned();
-                taken += tx.execute(
-                    REAP_SQL,
-                    &[&now, &retry_at, &error, &lease.id, &lease.run_token, &now],
-                )?;
-            }
-            Ok(ReapLook {
-                taken,
-                left,
-                batch_full,
-            })
-        })
-    }
-
-    /// Deletes finished jobs (of `state`, if given) that finished before
-    /// `finished_before`, in short transactions.
-    fn prune_where(&self, finished_before: DateTime<Utc>, state: Option<JobState>) -> Result<u64> {
-        let before = finished_before.timestamp_millis();
-        let state = state.map(JobState::as_str);
-        let mut total = 0u64;
-        loop {
-            let deleted = self.write(|tx, _| {
-                tx.execute(
-                    "DELETE FROM tickler_jobs WHERE id = ANY(ARRAY(
-                         SELECT id FROM tickler_jobs
-                         WHERE finished_at IS NOT NULL AND finished_at < $1::bigint
-                           AND ($2::text IS NULL OR status = $2)
-                         LIMIT $3 FOR UPDATE SKIP LOCKED))",
-                    &[&before, &state, &PRUNE_BATCH],
-                )
-            })?;
-            total += deleted;
-            if (deleted as i64) < PRUNE_BATCH {
-                return Ok(total);
-            }
-        }
     }
 }
 
@@ -1537,15 +1449,15 @@ impl Store {
 
     /// See [`crate::Queue::complete_with_pg`]: one try, as `app_writes` runs
     /// once.
-    pub(crate) fn complete_with<T>(
+    pub(crate) fn complete_with(
         &self,
         lease: &Lease,
-        app_writes: impl FnOnce(&mut postgres::Transaction<'_>) -> Result<T>,
-    ) -> Result<T> {
+        app_writes: &mut dyn FnMut(&mut postgres::Transaction<'_>) -> Result<()>,
+    ) -> Result<()> {
         let mut conn = self.pooled()?;
         let conn = &mut *conn;
         let mut app = conn.client.transaction()?;
-        let value = app_writes(&mut app)?;
+        app_writes(&mut app)?;
         let changed = app.execute(
             COMPLETE_SQL,
             &[&self.now_ms(), &lease.job_id.0, &lease.run_token.0],
@@ -1557,6 +1469,6 @@ impl Store {
             });
         }
         app.commit()?;
-        Ok(value)
+        Ok(())
     }
 }

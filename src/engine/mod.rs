@@ -1,0 +1,578 @@
+//! The storage seam: what the engine-neutral [`crate::Queue`] asks of an
+//! engine, and the one place where engines are named ([`open`]).
+//!
+//! - `types.rs`: the types both sides share (validated jobs, outcomes,
+//!   claim requests, counts, limits and time arithmetic);
+//! - this file: the traits an engine implements ([`Engine`],
+//!   [`ScheduleStore`], [`ScheduleTx`], [`Watch`]) and [`open`], which
+//!   builds the engine a location names;
+//! - `sqlite/`, `postgres/`: one folder per engine, each with its own SQL
+//!   and schema.
+//!
+//! What differs between engines is a capability of [`Engine`] (durability
+//! and sync, checkpoints, write-lock waits, the file, the change watcher,
+//! the application's own transactions), never a match on the engine
+//! elsewhere. Every write runs in short transactions of the engine's own
+//! (one, or a few for the bulk operator actions); what a method promises
+//! (fencing by run_token, the reaper's conditions, unique keys) is
+//! documented on the `Queue` method of the same name. Nothing here assumes
+//! `UPDATE … RETURNING`: an engine may claim with a locking read followed
+//! by an update.
+
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+pub(crate) mod sqlite;
+
+pub(crate) mod types;
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::job::{Job, JobId, JobState};
+use crate::lease::Lease;
+use crate::metrics::WriteLockWaits;
+use crate::retry::RetryPolicy;
+use crate::schedule::{Fired, Handled, NewSchedule, Schedule, Ticks};
+use chrono::{DateTime, Utc};
+use crossbeam_channel::Sender;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use types::{
+    Checkpoint, ClaimOrder, ClaimRequest, ClaimedRow, ConnectionHook, Durability, ExpiredLease,
+    JobFilter, Outcome, OutcomeSync, ReapLook, RetryDeadBatch, Stats, ValidJob,
+};
+
+/// A claim as the queue hands it to an engine: what to claim, and the
+/// rules that decide it (`crate::queue::claim`: paused queues, promoting
+/// due jobs, the fair share per queue and priority aging), which the
+/// engine runs inside its own transaction through a [`ClaimTx`].
+pub(crate) struct Claim<'a> {
+    pub request: &'a ClaimRequest<'a>,
+    pub rules: ClaimRules,
+}
+
+/// The claim's rules: given the engine's transaction, the request, now and
+/// the lease expiry (ms), the leases claimed, or `None` if a backlog of due
+/// jobs was promoted and the claim must come in a later transaction.
+pub(crate) type ClaimRules =
+    fn(&mut dyn ClaimTx, &ClaimRequest<'_>, i64, i64) -> Result<Option<Vec<Lease>>>;
+
+/// The statements of a claim, in the engine's own transaction, that the
+/// claim's rules are made of.
+pub(crate) trait ClaimTx {
+    /// The paused queues, read in this transaction (a pause committed
+    /// before it holds for this claim).
+    fn paused_queues(&mut self) -> Result<BTreeSet<String>>;
+
+    /// Makes up to `limit` scheduled jobs of `queue` that are due at `now`
+    /// pending, soonest due first; returns how many.
+    fn promote_due(&mut self, queue: &str, now: i64, limit: i64) -> Result<u64>;
+
+    /// Claims up to `want` pending jobs of `queue` (only of the request's
+    /// kinds) whose unique_key no stopping holder keeps, in `order`: each
+    /// gets a fresh run_token, an attempt and a lease until `expires`,
+    /// claimed by the request's worker. The rows come back in no promised
+    /// order; one that cannot be read comes back as
+    /// [`types::ClaimedRow::Unreadable`], still running.
+    fn claim_batch(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        queue: &str,
+        want: i64,
+        order: ClaimOrder,
+        now: i64,
+        expires: i64,
+    ) -> Result<Vec<ClaimedRow>>;
+
+    /// Makes a claimed job whose row cannot be read dead with `error`,
+    /// fenced by its run_token.
+    fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()>;
+}
+
+/// One round of firing due schedules, run by the engine in its write
+/// transaction with its "now" (ms): what was fired, whether the batch was
+/// full (more may be due), and the next tick of any active schedule. See
+/// `Queue::run_due_ticks`. May run again if the transaction is retried.
+pub(crate) type FireRound<'a> =
+    dyn FnMut(&dyn ScheduleTx, i64) -> Result<(Fired, bool, Option<DateTime<Utc>>)> + 'a;
+
+/// An engine's schedules: where they are stored, and the transaction in
+/// which due ticks fire. What to fire is decided by the queue
+/// (`Queue::fire`), engine-neutral, through a [`ScheduleTx`].
+pub(crate) trait ScheduleStore {
+    /// Stores `schedule` (validated, its `ticks` parsed, its payload
+    /// serialized) or replaces the one of that name; see
+    /// [`crate::Queue::upsert_schedule`].
+    fn upsert_schedule(
+        &self,
+        schedule: &NewSchedule,
+        ticks: &Ticks,
+        payload: &str,
+        timeout_ms: Option<i64>,
+    ) -> Result<Schedule>;
+
+    /// See [`crate::Queue::pause_schedule`].
+    fn pause_schedule(&self, name: &str) -> Result<()>;
+
+    /// See [`crate::Queue::resume_schedule`].
+    fn resume_schedule(&self, name: &str) -> Result<()>;
+
+    /// See [`crate::Queue::delete_schedule`].
+    fn delete_schedule(&self, name: &str) -> Result<bool>;
+
+    /// See [`crate::Queue::get_schedule`].
+    fn get_schedule(&self, name: &str) -> Result<Schedule>;
+
+    /// See [`crate::Queue::list_schedules`].
+    fn list_schedules(&self) -> Result<Vec<Schedule>>;
+
+    /// A stored schedule and its record of handled ticks, for previews.
+    fn schedule_and_handled(&self, name: &str) -> Result<(Schedule, Handled)>;
+
+    /// See [`crate::Queue::next_schedule_tick`].
+    fn next_schedule_tick(&self) -> Result<Option<DateTime<Utc>>>;
+
+    /// Runs `round` in one write transaction of the engine's, through its
+    /// [`ScheduleTx`], with the engine's "now" (ms); see
+    /// [`crate::Queue::run_due_ticks`].
+    fn fire_due_schedules(
+        &self,
+        round: &mut FireRound<'_>,
+    ) -> Result<(Fired, bool, Option<DateTime<Utc>>)>;
+}
+
+/// What opening a queue's engine takes: the builder's settings (see
+/// [`crate::QueueBuilder`]). Each engine reads those it has a use for.
+pub(crate) struct OpenSettings<'a> {
+    /// A file's path, or a server's URL.
+    pub location: &'a Path,
+    pub durability: Durability,
+    pub busy_timeout: Duration,
+    pub busy_retry: Duration,
+    pub max_payload_bytes: usize,
+    pub retry_policy: RetryPolicy,
+    pub clock: Arc<dyn Clock>,
+    /// `clock` was set by the caller: a server engine uses it instead of
+    /// the server's clock.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub clock_set: bool,
+    pub read_connections: u32,
+    pub on_connection: Option<&'a ConnectionHook>,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub max_connections: u32,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub listen: bool,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub fallback_poll: Duration,
+}
+
+/// The engine that `settings.location` names: PostgreSQL for a
+/// `postgres://` URL, else the SQLite file at that path. The only place
+/// that chooses an engine.
+///
+/// # Errors
+/// The engine's errors on opening; [`Error::Config`] for a URL of an
+/// engine this build lacks the feature of.
+pub(crate) fn open(settings: &OpenSettings<'_>) -> Result<Box<dyn Engine>> {
+    if let Some(url) = settings.location.to_str().filter(|l| is_postgres_url(l)) {
+        #[cfg(feature = "postgres")]
+        return Ok(Box::new(postgres::Store::open(url, settings)?));
+        #[cfg(not(feature = "postgres"))]
+        return Err(Error::Config(format!(
+            "{} is a PostgreSQL URL, but tickler was built without its `postgres` feature",
+            redacted_location(url)
+        )));
+    }
+    Ok(Box::new(sqlite::Store::open(settings)?))
+}
+
+/// The schema version this build writes in a SQLite file (`PRAGMA
+/// user_version`).
+pub(crate) fn file_schema_version_written() -> i64 {
+    sqlite::schema_version()
+}
+
+/// The schema version of the SQLite file at `path`, read without changing
+/// it; `None` if there is no file.
+pub(crate) fn file_schema_version(path: &Path) -> Result<Option<i64>> {
+    sqlite::file_schema_version(path)
+}
+
+/// See [`crate::Queue::file_is_private`].
+pub(crate) fn file_is_private(path: &Path) -> Result<bool> {
+    sqlite::file_is_private(path)
+}
+
+/// The size of the `-wal` file of the SQLite file at `path` (0 if none).
+pub(crate) fn file_wal_bytes(path: &Path) -> u64 {
+    std::fs::metadata(sqlite::wal_path(path)).map_or(0, |m| m.len())
+}
+
+/// An engine's wake-ups when the queue may hold new work: the engine side
+/// of a [`crate::ChangeWatcher`] (SQLite: file notifications of the `-wal`
+/// file and `PRAGMA data_version`; PostgreSQL: `LISTEN`).
+pub(crate) trait Watch: Send + std::fmt::Debug {
+    /// See [`crate::ChangeWatcher::wait`].
+    fn wait(&mut self, timeout: Duration, poll: Duration) -> Result<bool>;
+    /// See [`crate::ChangeWatcher::changed`].
+    fn changed(&mut self) -> Result<bool>;
+    /// Wakes this watcher's `wait` from any thread.
+    fn wake_sender(&self) -> Sender<()>;
+}
+
+/// The error of an engine that lacks the capability `what`.
+fn unsupported(what: &'static str, engine: &'static str) -> Error {
+    Error::Unsupported { what, engine }
+}
+
+/// What an engine is and can do beyond the contract: its name, clock and
+/// location, durability and checkpoints, its change watcher, and the
+/// application's own transactions. A capability an engine lacks answers
+/// [`Error::Unsupported`] (or, where that is the truth, does nothing).
+pub(crate) trait Capabilities: Send + Sync {
+    /// The engine's name for messages ("SQLite", "PostgreSQL").
+    fn name(&self) -> &'static str;
+
+    /// Where "now" comes from: the builder's clock, or a server engine's
+    /// own clock unless one was set.
+    fn clock(&self) -> Arc<dyn Clock>;
+
+    /// Where the queue lives, for messages: a file's path, or a URL
+    /// without its password.
+    fn location(&self) -> String;
+
+    /// The file, for an engine that keeps the queue in one.
+    fn file(&self) -> Option<&Path> {
+        None
+    }
+
+    /// See [`crate::Queue::sync`]: nothing to do where every commit is
+    /// durable as the engine's settings make it.
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// See [`crate::Queue::checkpoint`].
+    fn checkpoint(&self) -> Result<Checkpoint> {
+        Err(unsupported("checkpoint", self.name()))
+    }
+
+    /// See [`crate::Queue::write_lock_waits`]: none where writers take no
+    /// lock on the whole queue.
+    fn write_lock_waits(&self) -> WriteLockWaits {
+        WriteLockWaits::default()
+    }
+
+    /// See [`crate::Queue::watcher`].
+    fn watcher(&self) -> Result<Box<dyn Watch>>;
+
+    /// See [`crate::Queue::open_connection`].
+    fn open_connection(&self) -> Result<rusqlite::Connection> {
+        Err(unsupported("open_connection", self.name()))
+    }
+
+    /// See [`crate::Queue::enqueue_batch_tx`].
+    fn enqueue_in_sqlite_tx(
+        &self,
+        _tx: &rusqlite::Transaction<'_>,
+        _rows: &[ValidJob],
+        _now: i64,
+    ) -> Result<Vec<JobId>> {
+        Err(unsupported(
+            "enqueue_tx with a rusqlite transaction",
+            self.name(),
+        ))
+    }
+
+    /// See [`crate::Queue::complete_with`]; `app_writes` may be called
+    /// again if the transaction is retried before it ran (it refuses then).
+    fn complete_with_sqlite(
+        &self,
+        _lease: &Lease,
+        _app_writes: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> Result<()>,
+    ) -> Result<()> {
+        Err(unsupported(
+            "complete_with with a rusqlite transaction",
+            self.name(),
+        ))
+    }
+
+    /// See [`crate::Queue::enqueue_batch_pg_tx`].
+    #[cfg(feature = "postgres")]
+    fn enqueue_in_pg_tx(
+        &self,
+        _tx: &mut ::postgres::Transaction<'_>,
+        _rows: &[ValidJob],
+    ) -> Result<Vec<JobId>> {
+        Err(unsupported("enqueue_pg_tx", self.name()))
+    }
+
+    /// See [`crate::Queue::complete_with_pg`].
+    #[cfg(feature = "postgres")]
+    fn complete_with_pg(
+        &self,
+        _lease: &Lease,
+        _app_writes: &mut dyn FnMut(&mut ::postgres::Transaction<'_>) -> Result<()>,
+    ) -> Result<()> {
+        Err(unsupported("complete_with_pg", self.name()))
+    }
+}
+
+/// An engine: where jobs are stored, claimed and fenced, and schedules
+/// fire.
+pub(crate) trait Engine: Capabilities + ScheduleStore + Send + Sync {
+    /// Stores validated jobs in one transaction (all or none) and wakes
+    /// this process's fetchers; see [`crate::Queue::enqueue_batch`].
+    fn enqueue(&self, rows: Vec<ValidJob>) -> Result<Vec<JobId>>;
+
+    /// See [`crate::Queue::next_due`].
+    fn next_due(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<Option<DateTime<Utc>>>;
+
+    /// See [`crate::Queue::heartbeat_many`].
+    fn heartbeat_many(
+        &self,
+        leases: &[&Lease],
+        extend_by: Duration,
+    ) -> Result<Vec<Result<DateTime<Utc>>>>;
+
+    /// See [`crate::Queue::leases_held`].
+    fn leases_held(&self, leases: &[&Lease]) -> Result<Vec<bool>>;
+
+    /// See [`crate::Queue::record_and_claim`]: records the outcomes, then,
+    /// in the same transaction, runs `claim.rules` through the engine's
+    /// [`ClaimTx`] (again in a later transaction while they say a backlog
+    /// was promoted).
+    fn record_and_claim(
+        &self,
+        outcomes: &[(&Lease, Outcome)],
+        claim: Option<&Claim<'_>>,
+        sync: OutcomeSync,
+    ) -> Result<(Vec<Result<()>>, Vec<Lease>)>;
+
+    /// One look of the reaper, in one write transaction: first moves
+    /// leases granted "in the future" by a backward step of the wall clock
+    /// to expire one lease length from now (their `lease_ms`, plus
+    /// `BACKWARD_STEP_MARGIN`), then finds up to `REAP_BATCH` leases
+    /// expired before `cutoff` (ms; or now, if earlier) and takes back
+    /// those `take` accepts, with the retry-or-dead rule and a
+    /// lease-expired error. `take` is also told whether getting the write
+    /// transaction had to wait for another connection (an engine without a
+    /// lock on the whole queue never waits). One row the engine refuses
+    /// costs that row alone.
+    fn reap_look(
+        &self,
+        cutoff: Option<i64>,
+        take: &mut dyn FnMut(&ExpiredLease, bool) -> bool,
+    ) -> Result<ReapLook>;
+
+    /// Wakes this process's watchers (other processes' watchers see the
+    /// commit) after jobs became claimable outside a claim or an outcome.
+    fn wake_watchers(&self);
+
+    /// The engine's upkeep, once per background reaper round (PostgreSQL:
+    /// a vacuum of the jobs table when it needs one).
+    fn upkeep(&self) {}
+
+    /// See [`crate::Queue::cancel`].
+    fn cancel(&self, id: JobId) -> Result<()>;
+
+    /// See [`crate::Queue::retry`].
+    fn retry(&self, id: JobId) -> Result<()>;
+
+    /// One transaction of [`crate::Queue::prune`] and
+    /// [`crate::Queue::prune_state`]: deletes up to `limit` finished jobs
+    /// (only of `state`, if given) that finished before `before` (ms).
+    /// Returns how many.
+    fn prune_batch(&self, before: i64, state: Option<JobState>, limit: i64) -> Result<u64>;
+
+    /// See [`crate::Queue::get`].
+    fn get(&self, id: JobId) -> Result<Job>;
+
+    /// See [`crate::Queue::list`].
+    fn list(&self, filter: &JobFilter) -> Result<Vec<Job>>;
+
+    /// See [`crate::Queue::count`].
+    fn count(&self, state: JobState) -> Result<u64>;
+
+    /// See [`crate::Queue::stats`].
+    fn stats(&self) -> Result<Stats>;
+
+    /// One transaction of [`crate::Queue::retry_dead`]: up to `limit` dead
+    /// jobs (of `queue`, if given) with ids above `after_id`, in id order,
+    /// each made pending (due now, attempts 0) unless its unique_key is
+    /// held by an unfinished job.
+    fn retry_dead_batch(
+        &self,
+        queue: Option<&str>,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<RetryDeadBatch>;
+
+    /// See [`crate::Queue::finished_since`].
+    fn finished_since(&self, since: DateTime<Utc>) -> Result<u64>;
+
+    /// See [`crate::Queue::unfinished`].
+    fn unfinished(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<u64>;
+
+    /// See [`crate::Queue::pause_queue`] and [`crate::Queue::resume_queue`];
+    /// resuming wakes the watchers of every process.
+    fn set_queue_paused(&self, queue: &str, paused: bool) -> Result<()>;
+
+    /// See [`crate::Queue::paused_queues`].
+    fn paused_queues(&self) -> Result<Vec<String>>;
+
+    /// The first queue after `after` (byte order) with jobs in `state`: one
+    /// step through an index of that state (for `counts_by_queue` and
+    /// `list_state`).
+    fn next_queue_in_state(&self, state: JobState, after: &str) -> Result<Option<String>>;
+
+    /// Jobs of `queue` in `state`, counted through an index, up to `cap`.
+    fn count_in_queue(&self, state: JobState, queue: &str, cap: u64) -> Result<u64>;
+
+    /// Up to `limit` jobs of `queue` in `state`, in the order of that
+    /// state's index: pending in claim order (priority, due time, id),
+    /// scheduled soonest due first, running soonest lease expiry first,
+    /// finished newest first.
+    fn list_in_queue(&self, state: JobState, queue: &str, limit: usize) -> Result<Vec<Job>>;
+
+    /// The jobs that finished at or after `from_ms` and before `to_ms`:
+    /// their number, counted through the finish-time index up to `cap`,
+    /// and up to `sample` of them, the last to finish first (for
+    /// `Queue::activity`).
+    fn finished_between(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        cap: u64,
+        sample: usize,
+    ) -> Result<(u64, Vec<FinishedSample>)>;
+}
+
+/// One finished job as `Queue::activity` reads it: what lateness and run
+/// time are computed from, without the payload.
+#[derive(Debug, Clone)]
+pub(crate) struct FinishedSample {
+    /// `None` for a status this build does not know (a newer writer).
+    pub state: Option<JobState>,
+    pub run_at_ms: i64,
+    /// Start of the attempt that finished; absent for a job cancelled
+    /// before it ever ran.
+    pub claimed_at_ms: Option<i64>,
+    pub finished_at_ms: i64,
+}
+
+/// Jobs per (queue, state) for `Queue::stats`, in one statement (one
+/// snapshot) on either engine: one part per state, each in the words of
+/// that state's partial index (see [`state_index`]), so that no part reads
+/// the table itself except for running jobs, which are few. A plain
+/// `GROUP BY queue, status` reads every row, payloads included.
+pub(crate) const STATS_COUNTS_SQL: &str =
+    "SELECT queue, 'pending', count(*) FROM tickler_jobs WHERE status = 'pending' GROUP BY queue
+     UNION ALL
+     SELECT queue, 'scheduled', count(*) FROM tickler_jobs WHERE status = 'scheduled' GROUP BY queue
+     UNION ALL
+     SELECT queue, 'running', count(*) FROM tickler_jobs WHERE status = 'running' GROUP BY queue
+     UNION ALL
+     SELECT queue, status, count(*) FROM tickler_jobs
+     WHERE status IN ('succeeded', 'dead', 'cancelled') AND finished_at IS NOT NULL
+     GROUP BY status, queue";
+
+/// The condition that selects `state` in words an index of that state
+/// matches (its partial index's WHERE clause), and the order of that index
+/// within one queue. Shared by the engines' dashboard reads.
+pub(crate) fn state_index(state: JobState) -> (&'static str, &'static str) {
+    match state {
+        JobState::Pending => ("status = 'pending'", "priority DESC, run_at, id"),
+        JobState::Scheduled => ("status = 'scheduled'", "run_at, id"),
+        JobState::Running => ("status = 'running'", "lease_expires_at, id"),
+        JobState::Succeeded => (
+            "status = 'succeeded' AND finished_at IS NOT NULL",
+            "finished_at DESC, id DESC",
+        ),
+        JobState::Dead => (
+            "status = 'dead' AND finished_at IS NOT NULL",
+            "finished_at DESC, id DESC",
+        ),
+        JobState::Cancelled => (
+            "status = 'cancelled' AND finished_at IS NOT NULL",
+            "finished_at DESC, id DESC",
+        ),
+    }
+}
+/// Whether `location` names a PostgreSQL database (`postgres://…` or
+/// `postgresql://…`) rather than a file.
+pub fn is_postgres_url(location: &str) -> bool {
+    location.starts_with("postgres://") || location.starts_with("postgresql://")
+}
+
+/// `location` (a path or URL) as it may be shown in messages and logs: a
+/// password in a URL is replaced by `***`.
+pub fn redacted_location(location: &str) -> String {
+    let Some(scheme_end) = location.find("://").map(|i| i + 3) else {
+        return location.to_owned();
+    };
+    let rest = &location[scheme_end..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match (authority.rfind('@'), authority.find(':')) {
+        (Some(at), Some(colon)) if colon < at => format!(
+            "{}{}:***{}",
+            &location[..scheme_end],
+            &authority[..colon],
+            &rest[at..]
+        ),
+        _ => location.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_in_urls() {
+        assert_eq!(
+            redacted_location("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redacted_location("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redacted_location("./jobs.db"), "./jobs.db");
+    }
+}
+/// What firing a schedule asks of the engine, inside the transaction in
+/// which the engine holds the due schedules (SQLite: `BEGIN IMMEDIATE`).
+pub(crate) trait ScheduleTx {
+    /// The unfinished runs (tick jobs scheduled, pending or running) of
+    /// schedule `name`, oldest first.
+    fn unfinished_runs(&self, name: &str) -> Result<Vec<(JobId, JobState)>>;
+    /// A cancelled or dead run of schedule `name` whose lease, kept for
+    /// its handler, has not run out at `now`.
+    fn stopping_run(&self, name: &str, now: i64) -> Result<Option<(JobId, JobState)>>;
+    /// Pauses a schedule that cannot fire with this build, with `error` in
+    /// the log.
+    fn pause_broken(&self, schedule: &Schedule, now: i64, error: &Error) -> Result<()>;
+    /// Moves schedule `name` on to `after`, adding `skipped` skipped ticks,
+    /// if it is still active and still due at `first_due`; false if another
+    /// scheduler handled these ticks first.
+    fn advance(
+        &self,
+        name: &str,
+        first_due: i64,
+        after: &Handled,
+        skipped: u64,
+        now: i64,
+    ) -> Result<bool>;
+    /// Inserts the tick jobs (validated by the queue).
+    fn insert_jobs(&self, rows: &[ValidJob], now: i64) -> Result<Vec<JobId>>;
+    /// Moves active schedules written "after" `now` (the wall clock was
+    /// stepped back since) to their next unhandled tick after `now`.
+    fn rebase_stepped(&self, now: i64) -> Result<()>;
+    /// Up to `batch` active schedules due at `now` with their record of
+    /// handled ticks, soonest due first; rows another transaction is
+    /// firing are left to it where the engine can tell.
+    fn due_schedules(&self, now: i64, batch: i64) -> Result<Vec<(Schedule, Handled)>>;
+    /// The next tick of any active schedule (now, if one was written
+    /// "after" `now`).
+    fn next_tick(&self, now: i64) -> Result<Option<DateTime<Utc>>>;
+}

@@ -1,0 +1,407 @@
+//! Types both sides of the seam share: what `Queue` hands an engine (a
+//! validated job, an outcome, a claim request, a filter) and what an
+//! engine hands back (counts, a checkpoint's result), with the limits and
+//! time arithmetic every engine applies the same way. Nothing here reads
+//! a database or names an engine.
+
+use crate::clock::ms_to_datetime;
+use crate::error::{Error, Result};
+use crate::job::{JobId, JobState, NewJob};
+use crate::lease::Lease;
+use crate::retry::RetryPolicy;
+use chrono::{DateTime, Utc};
+use rusqlite::Connection;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Latest timestamp tickler stores: 9999-12-31T23:59:59.999Z, in ms.
+pub const MAX_TIMESTAMP_MS: i64 = 253_402_300_799_999;
+
+/// Largest [`QueueBuilder::max_payload_bytes`](crate::QueueBuilder::max_payload_bytes) accepted with SQLite's
+/// default length limit (1,000,000,000 bytes per value and per row): the
+/// limit less 1 MiB for the row's other columns. A connection whose
+/// `SQLITE_LIMIT_LENGTH` was lowered (by an `on_connection` hook) lowers
+/// it accordingly; [`QueueBuilder::open`](crate::QueueBuilder::open) checks.
+pub const MAX_PAYLOAD_BYTES_LIMIT: usize = 1_000_000_000 - ROW_HEADROOM;
+
+/// Room kept in a row for everything but the payload: names, unique_key,
+/// last_error and the error history are all capped well below this.
+pub(crate) const ROW_HEADROOM: usize = 1024 * 1024;
+
+/// Longest error text stored per attempt, in bytes. A longer one keeps its
+/// first 6 KiB and last 2 KiB around a note of how much was cut: handler
+/// errors can be whole HTTP bodies or logs, and one over SQLite's length
+/// limit used to lose every outcome of its batch.
+pub const MAX_ERROR_BYTES: usize = 8 * 1024;
+
+/// Failed attempts whose errors a job keeps in [`Job::errors`](crate::Job::errors); older ones
+/// are dropped as new ones come.
+pub const ERROR_HISTORY_MAX: usize = 20;
+
+/// How a commit reaches the disk. Chosen per [`Queue`](crate::Queue) (per connection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `synchronous=FULL`: every commit is fsynced before it returns, so an
+    /// enqueue that returned `Ok` survives power loss. The default, because
+    /// edge boxes lose power.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: commits survive a crash of the process but the
+    /// last ones may be lost on power loss or an OS crash. Much faster on
+    /// slow storage.
+    Normal,
+}
+
+impl Durability {
+    /// The value of `PRAGMA synchronous` for this level.
+    pub(crate) fn pragma_value(self) -> i64 {
+        match self {
+            Durability::Full => 2,
+            Durability::Normal => 1,
+        }
+    }
+}
+
+/// Extra set-up run on every connection tickler opens; see
+/// [`QueueBuilder::on_connection`](crate::QueueBuilder::on_connection).
+pub type ConnectionHook = Arc<dyn Fn(&Connection) -> rusqlite::Result<()> + Send + Sync>;
+
+/// What to record for a claimed job; see [`Queue::record_outcomes`](crate::Queue::record_outcomes).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The job succeeded.
+    Complete,
+    /// The attempt failed: retry after backoff if attempts are left,
+    /// otherwise dead. The message is kept as `last_error`.
+    Fail(String),
+    /// The job failed for good: dead now, whatever attempts are left.
+    FailPermanently(String),
+    /// As [`Outcome::Fail`], but the retry waits this delay (counted from
+    /// the engine's "now" when the outcome is recorded) instead of the
+    /// queue's [`RetryPolicy`](crate::RetryPolicy): how a worker pool applies a kind's own
+    /// policy ([`crate::JobArgs::retry_policy`],
+    /// [`crate::WorkerPoolBuilder::retry_policy_for`]). Past the storable
+    /// range, the retry is due at its end.
+    FailRetryAfter(String, Duration),
+    /// Not now: back to waiting until the given time, the attempt given back.
+    Snooze(DateTime<Utc>),
+    /// Hand the job back unstarted: pending at once, the attempt given back
+    /// (used by the worker pool on shutdown).
+    Release,
+    /// The handler ran past the job's timeout and is still running (a
+    /// worker pool gave up on it): the attempt fails as with
+    /// [`Outcome::Fail`], but the run may still have effects, so until its
+    /// lease runs out (no one renews it any more) the job's retry waits and,
+    /// if it is dead, its unique_key stays held. A refused outcome from that
+    /// run, when its handler finally returns, frees the key at once.
+    TimedOut(String),
+}
+
+/// When the outcomes of [`Queue::record_and_claim`](crate::Queue::record_and_claim) reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeSync {
+    /// With this commit (fsync under [`Durability::Full`]).
+    Now,
+    /// Later: the commit is not fsynced; the caller calls [`Queue::sync`](crate::Queue::sync)
+    /// within a bounded time. A power loss in between undoes the outcomes,
+    /// so those jobs run again (at-least-once), never lost. The worker pool
+    /// uses this to keep claims from waiting behind outcome fsyncs.
+    Deferred,
+}
+
+/// What to claim; see [`Queue::record_and_claim`](crate::Queue::record_and_claim).
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// Queues to claim from. Each first gets a fair share of `max`
+    /// (`max / queues`, rounded up); what is left is filled from the queues
+    /// in this order. A fetcher serving several queues should rotate the
+    /// order from claim to claim.
+    pub queues: &'a [&'a str],
+    /// Written into `claimed_by`.
+    pub worker_id: &'a str,
+    /// Most jobs to claim.
+    pub max: usize,
+    /// Lease length from now (at least 1 ms).
+    pub lease: Duration,
+    /// Only these kinds, if given.
+    pub kinds: Option<&'a [&'a str]>,
+    /// How many of the jobs (spread over the queues' shares) to take by
+    /// due time, oldest first, whatever their priority, before the rest in
+    /// priority order: priority aging, so that a flood of high-priority
+    /// jobs cannot starve a low-priority one. 0 for strict priority order.
+    pub oldest_first: usize,
+}
+
+/// Which due jobs a claim takes first.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ClaimOrder {
+    /// Highest priority, then longest due, then lowest id.
+    Priority,
+    /// Longest due, then lowest id, whatever the priority (priority aging).
+    Oldest,
+}
+
+impl ClaimOrder {
+    pub(crate) fn sql(self) -> &'static str {
+        match self {
+            ClaimOrder::Priority => "priority DESC, run_at, id",
+            ClaimOrder::Oldest => "run_at, id",
+        }
+    }
+
+    pub(crate) fn compare(self, a: &Lease, b: &Lease) -> std::cmp::Ordering {
+        let by_age = a.run_at.cmp(&b.run_at).then(a.job_id.cmp(&b.job_id));
+        match self {
+            ClaimOrder::Priority => b.priority.cmp(&a.priority).then(by_age),
+            ClaimOrder::Oldest => by_age,
+        }
+    }
+}
+
+/// Filter for [`Queue::list`](crate::Queue::list). `None` fields match everything.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobFilter {
+    /// Only jobs in this state.
+    pub state: Option<JobState>,
+    /// Only jobs of this queue.
+    pub queue: Option<String>,
+    /// Only jobs of this kind.
+    pub kind: Option<String>,
+    /// At most this many jobs, oldest id first (default 100).
+    pub limit: usize,
+}
+
+impl Default for JobFilter {
+    fn default() -> Self {
+        JobFilter {
+            state: None,
+            queue: None,
+            kind: None,
+            limit: 100,
+        }
+    }
+}
+
+/// What [`Queue::checkpoint`](crate::Queue::checkpoint) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Size of the `-wal` file before, in bytes.
+    pub wal_bytes_before: u64,
+    /// Size of the `-wal` file after, in bytes.
+    pub wal_bytes_after: u64,
+    /// False if a reader or writer kept the checkpoint from finishing.
+    pub complete: bool,
+}
+
+/// Counts from [`Queue::stats`](crate::Queue::stats).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Stats {
+    /// Number of jobs per (queue, state); states with no jobs are absent.
+    pub counts: BTreeMap<(String, JobState), u64>,
+    /// Due time of the longest-waiting due job (pending, or scheduled and
+    /// already due), UTC.
+    pub oldest_due: Option<DateTime<Utc>>,
+    /// The same per (queue, priority): how long the oldest due job of each
+    /// priority has waited shows whether a level is starved.
+    pub oldest_due_by_priority: BTreeMap<(String, i32), DateTime<Utc>>,
+}
+
+impl Stats {
+    /// Number of jobs in `state`, across queues.
+    pub fn total(&self, state: JobState) -> u64 {
+        self.counts
+            .iter()
+            .filter(|((_, s), _)| *s == state)
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+/// A job that passed validation, ready to insert.
+pub(crate) struct ValidJob {
+    pub(crate) job: NewJob,
+    pub(crate) payload: String,
+    pub(crate) due: Due,
+    pub(crate) timeout_ms: Option<i64>,
+}
+
+/// When a validated job is due. A delay counts from the engine's "now" in
+/// the transaction that inserts the job ([`Due::resolve`]), not from the
+/// caller's clock: on an engine with a server, the server's clock decides
+/// (machines' clocks differ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Due {
+    /// Now (also any time in the past).
+    Now,
+    /// At this instant, ms since the epoch.
+    At(i64),
+    /// This long after now.
+    After(Duration),
+}
+
+impl Due {
+    /// The due time (ms since the epoch) as of `now`.
+    ///
+    /// # Errors
+    /// [`Error::TimeOutOfRange`] past the storable range.
+    pub(crate) fn resolve(self, now: i64) -> Result<i64> {
+        let at = match self {
+            Due::Now => now,
+            Due::At(at) => at,
+            Due::After(delay) => add_ms(now, delay).ok_or(Error::TimeOutOfRange {
+                what: "enqueue time plus delay",
+            })?,
+        };
+        check_timestamp(at, "run_at")?;
+        Ok(at)
+    }
+}
+
+/// `error` cut to [`MAX_ERROR_BYTES`]: its first 6 KiB and its end around
+/// a note saying how many bytes were cut, on character boundaries.
+pub(crate) fn cut_error(error: &str) -> std::borrow::Cow<'_, str> {
+    if error.len() <= MAX_ERROR_BYTES {
+        return std::borrow::Cow::Borrowed(error);
+    }
+    const HEAD: usize = 6 * 1024;
+    const TAIL: usize = 2 * 1024 - 128;
+    let mut head_end = HEAD;
+    while !error.is_char_boundary(head_end) {
+        head_end -= 1;
+    }
+    let mut tail_start = error.len() - TAIL;
+    while !error.is_char_boundary(tail_start) {
+        tail_start += 1;
+    }
+    let cut = tail_start - head_end;
+    std::borrow::Cow::Owned(format!(
+        "{}\n[... {cut} of {} bytes cut by tickler ...]\n{}",
+        &error[..head_end],
+        error.len(),
+        &error[tail_start..]
+    ))
+}
+
+/// When a job that failed `attempt` may run again, in ms (clamped to the
+/// storable range).
+pub(crate) fn retry_time(now: i64, policy: &RetryPolicy, attempt: u32) -> i64 {
+    add_ms(now, policy.backoff(attempt)).map_or(MAX_TIMESTAMP_MS, |t| t.min(MAX_TIMESTAMP_MS))
+}
+
+pub(crate) fn add_ms(now_ms: i64, delay: Duration) -> Option<i64> {
+    now_ms.checked_add(i64::try_from(delay.as_millis()).ok()?)
+}
+
+pub(crate) fn duration_ms(d: Duration, what: &str) -> Result<i64> {
+    match i64::try_from(d.as_millis()) {
+        Ok(ms) if ms >= 1 => Ok(ms.min(MAX_TIMESTAMP_MS)),
+        Ok(_) => Err(Error::InvalidArgument(format!(
+            "{what} must be at least 1 ms"
+        ))),
+        Err(_) => Err(Error::InvalidArgument(format!("{what} is too long"))),
+    }
+}
+
+pub(crate) fn check_timestamp(ms: i64, what: &'static str) -> Result<()> {
+    if (0..=MAX_TIMESTAMP_MS).contains(&ms) {
+        Ok(())
+    } else {
+        Err(Error::TimeOutOfRange { what })
+    }
+}
+
+/// Refuses a payload limit above what a row can hold under SQLite's
+/// `length_limit` (bytes per value and per row).
+pub(crate) fn check_payload_limit(max_payload_bytes: usize, length_limit: usize) -> Result<()> {
+    let most = length_limit.saturating_sub(ROW_HEADROOM);
+    if max_payload_bytes > most {
+        return Err(Error::Config(format!(
+            "max_payload_bytes is {max_payload_bytes}, but SQLite stores at most {length_limit} \
+             bytes per row here, so the largest payload limit is {most} bytes \
+             (MAX_PAYLOAD_BYTES_LIMIT with SQLite's default limits)"
+        )));
+    }
+    Ok(())
+}
+/// A claimed row: its lease, or why it cannot be handed out. The id and
+/// run_token are read strictly (the id is the rowid, the token was written
+/// by this very claim); everything else leniently.
+pub(crate) enum ClaimedRow {
+    Readable(Lease),
+    Unreadable {
+        job_id: JobId,
+        run_token: String,
+        problems: String,
+    },
+}
+
+/// One entry of the `errors` column, as stored (`at` in ms).
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct StoredAttemptError {
+    attempt: u32,
+    at: i64,
+    error: String,
+    worker: Option<String>,
+}
+
+impl From<StoredAttemptError> for crate::job::AttemptError {
+    fn from(e: StoredAttemptError) -> Self {
+        crate::job::AttemptError {
+            attempt: e.attempt,
+            at: ms_to_datetime(e.at),
+            error: e.error,
+            worker: e.worker,
+        }
+    }
+}
+/// Backward steps of the wall clock up to this are treated as noise by the
+/// reaper's lease rule (see [`ReaperConfig::clock_step_hold`]): a lease
+/// expiring more than its own length plus this margin from now is set to
+/// expire one length from now.
+pub const BACKWARD_STEP_MARGIN: Duration = Duration::from_secs(2);
+
+/// Most expired leases one reaper look takes back.
+pub(crate) const REAP_BATCH: i64 = 1_000;
+
+/// Most finished jobs one prune transaction deletes, and most dead jobs
+/// one `retry_dead` transaction looks at.
+pub(crate) const PRUNE_BATCH: i64 = 5_000;
+
+/// Most scheduled jobs one claim transaction promotes to pending, so a
+/// million jobs falling due at once cannot make one claim transaction long.
+pub(crate) const PROMOTE_BATCH: i64 = 5_000;
+
+/// An expired lease as one reaper look saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ExpiredLease {
+    pub id: i64,
+    pub run_token: String,
+    pub expires_at: i64,
+}
+
+/// What one reaper look did.
+pub(crate) struct ReapLook {
+    pub taken: u64,
+    /// Expired and not taken back (not yet confirmed).
+    pub left: Vec<ExpiredLease>,
+    /// The look saw `REAP_BATCH` expired leases: there may be more.
+    pub batch_full: bool,
+}
+
+/// What one `retry_dead` transaction did.
+pub(crate) struct RetryDeadBatch {
+    pub retried: u64,
+    /// Dead jobs left dead: their unique_key is held by an unfinished job.
+    pub left_dead: u64,
+    /// The highest id looked at, and how many were looked at.
+    pub last_id: Option<i64>,
+    pub seen: usize,
+}
+
+/// The error a job taken back by the reaper keeps.
+pub(crate) fn lease_expired_error(worker: &str, attempts: impl std::fmt::Display) -> String {
+    format!(
+        "lease expired: worker {worker} neither renewed nor finished attempt {attempts} in time"
+    )
+}

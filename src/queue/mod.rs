@@ -1,0 +1,583 @@
+//! [`Queue`]: the public API and its contract, engine-neutral. What each
+//! method promises is documented on it; how an engine keeps it lives
+//! behind the seam (`crate::engine`), in the engine's own folder.
+//!
+//! This folder: `mod.rs` the application's calls (enqueue, claim, leases
+//! and outcomes, pauses, operator actions, reads, events); `builder.rs`
+//! opening; `validate.rs` the checks of a new job; `claim.rs` the claim's
+//! rules (paused queues, promotion, fair share, priority aging) and
+//! `reap.rs` the reaper's (two clean looks), both run through the seam;
+//! `schedules.rs` the schedules' calls and firing rules; `readings.rs`
+//! operators' and dashboards' readings; `storage.rs` what the store under
+//! the queue can do (sync, checkpoints, watcher, file); `app_tx.rs` jobs in
+//! the application's own transactions.
+//!
+//! Where things happen, for a newcomer:
+//! - choosing the engine: `engine::open` (`src/engine/mod.rs`), the one
+//!   place a location names an engine;
+//! - claiming: the rules in `claim.rs`, each engine's statements in its
+//!   `ClaimTx` (`src/engine/sqlite/jobs.rs`: `BEGIN IMMEDIATE` and one
+//!   `UPDATE … RETURNING` per queue and order, built by `claim_sql` in
+//!   `sql.rs`; `src/engine/postgres/jobs.rs`: `FOR UPDATE SKIP LOCKED`);
+//! - fencing by run_token: each dialect's `fence!` (`id AND run_token AND
+//!   status = 'running'`), which every outcome and heartbeat statement
+//!   ends in (`src/engine/sqlite/sql.rs`, `src/engine/postgres/jobs.rs`);
+//! - the reaper: the rule in `reap.rs`, the conditional update in each
+//!   engine's `reap_look` and `REAP_SQL`;
+//! - reading "now": through the queue's [`Clock`] (`Queue::now_ms` for
+//!   validation and schedules, the engine's `now_ms` inside its
+//!   transactions; on PostgreSQL the server's clock unless one was set);
+//! - the SQLite write path: `Store::write_with` in
+//!   `src/engine/sqlite/mod.rs`, one mutex-guarded write connection per
+//!   opened `Queue`, `BEGIN IMMEDIATE`, bounded jittered retry on
+//!   `SQLITE_BUSY`, group commit of concurrent enqueues, the bound on the
+//!   WAL; PostgreSQL's: `Store::write` in `src/engine/postgres/mod.rs`,
+//!   retried through lost connections and restarts;
+//! - wake-ups on commits: the seam's `Watch`, behind [`ChangeWatcher`];
+//! - row decoding: each engine's `rows.rs`;
+//! - schedules: the tick arithmetic in `src/schedule/`, the firing rules
+//!   in `schedules.rs` here (`Queue::fire`), their SQL in each engine's
+//!   `schedules.rs` (`ScheduleStore`, `ScheduleTx`).
+
+mod app_tx;
+mod builder;
+mod claim;
+mod readings;
+mod reap;
+mod schedules;
+mod storage;
+mod validate;
+
+pub use builder::QueueBuilder;
+pub use readings::{ActivityBucket, QueueCounts, ACTIVITY_MAX_BUCKETS, ACTIVITY_SAMPLE};
+pub use validate::{MAX_PAYLOAD_DEPTH, MAX_UNIQUE_KEY_BYTES};
+
+use crate::clock::Clock;
+use crate::engine::types::*;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::events::{Event, EventHub, JobEvent, JobEventKind, Subscription};
+use crate::job::{Job, JobId, JobState, NewJob};
+use crate::lease::Lease;
+use crate::retry::RetryPolicy;
+
+pub use crate::watch::{ChangeWatcher, Waker};
+use chrono::{DateTime, Utc};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A handle on one tickler file. Cheap to clone; clones share one write
+/// connection and one pool of read connections. Any number of `Queue`s in
+/// any number of processes may open the same file.
+#[derive(Clone, Debug)]
+pub struct Queue {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: QueueBuilder,
+    /// Where "now" comes from: the builder's clock, or on PostgreSQL
+    /// (unless one was set) the server's.
+    clock: Arc<dyn Clock>,
+    /// The engine: connections, write transactions, wake-ups.
+    engine: Box<dyn Engine>,
+    /// Subscribers to what this process does through this queue.
+    events: EventHub,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("location", &self.engine.location())
+            .field("durability", &self.config.durability)
+            .finish()
+    }
+}
+
+impl Queue {
+    /// The clock this queue reads "now" from: the builder's, or on
+    /// PostgreSQL (unless one was set) the database server's.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// The backoff used after failures and expired leases.
+    pub fn retry_policy(&self) -> RetryPolicy {
+        self.inner.config.retry_policy
+    }
+
+    /// The engine behind this queue.
+    pub(crate) fn engine(&self) -> &dyn Engine {
+        &*self.inner.engine
+    }
+
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.inner.clock.now_ms()
+    }
+
+    // ---------------------------------------------------------------- enqueue
+
+    /// Stores one job and returns its id. When this returns `Ok` the job is
+    /// committed (fsynced under [`Durability::Full`]).
+    ///
+    /// If the job has a unique_key already held by a scheduled, pending or
+    /// running job, nothing is inserted and that job's id is returned.
+    ///
+    /// # Errors
+    /// [`Error::EmptyKind`], [`Error::EmptyQueue`], [`Error::InvalidMaxAttempts`],
+    /// [`Error::PayloadTooLarge`], [`Error::TimeOutOfRange`],
+    /// [`Error::InvalidArgument`] (empty unique_key, zero timeout): nothing
+    /// is stored. [`Error::DiskFull`], [`Error::Busy`], [`Error::Sqlite`].
+    pub fn enqueue(&self, job: NewJob) -> Result<JobId> {
+        let mut ids = self.enqueue_batch(vec![job])?;
+        Ok(ids.remove(0))
+    }
+
+    /// Stores several jobs in one transaction: all or none. Returns their
+    /// ids in input order (an existing job's id for a held unique_key).
+    ///
+    /// # Errors
+    /// As [`Queue::enqueue`]; any invalid job refuses the whole batch.
+    pub fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Result<Vec<JobId>> {
+        let now = self.now_ms();
+        let rows = jobs
+            .into_iter()
+            .map(|job| self.validate(job, now))
+            .collect::<Result<Vec<_>>>()?;
+        let described: Option<Vec<(String, String)>> = self.inner.events.active().then(|| {
+            rows.iter()
+                .map(|r| (r.job.kind.clone(), r.job.queue.clone()))
+                .collect()
+        });
+        let ids = self.engine().enqueue(rows)?;
+        for (id, (kind, queue)) in ids.iter().zip(described.into_iter().flatten()) {
+            self.emit_job(JobEventKind::Enqueued, *id, kind, queue);
+        }
+        Ok(ids)
+    }
+
+    // ----------------------------------------------------------------- events
+
+    /// A subscription to what this process does through this queue (and
+    /// its clones): jobs enqueued, cancelled and retried here, and every
+    /// event of the [`crate::WorkerPool`]s and schedulers started on it.
+    /// Up to `capacity` events wait for the reader (at least 1;
+    /// [`crate::DEFAULT_EVENT_BUFFER`] is a fair choice); what does not fit
+    /// is dropped and counted ([`Subscription::dropped`]), so a slow reader
+    /// never slows the queue or its pools.
+    ///
+    /// Events are this process's only: nothing is stored or sent between
+    /// processes, and another process's enqueues, claims and outcomes
+    /// (or changes made by hand in the file) are not seen. Read the queue
+    /// ([`Queue::stats`], [`Queue::get`]) for the whole picture.
+    pub fn subscribe(&self, capacity: usize) -> Subscription {
+        self.inner.events.subscribe(capacity)
+    }
+
+    pub(crate) fn events(&self) -> &EventHub {
+        &self.inner.events
+    }
+
+    fn emit_job(&self, what: JobEventKind, job_id: JobId, kind: String, queue: String) {
+        if !self.inner.events.offer() {
+            return;
+        }
+        self.inner.events.emit(Event::Job(JobEvent {
+            what,
+            job_id,
+            kind,
+            queue,
+            attempt: None,
+            queue_time: None,
+            run_time: None,
+            at: self.inner.clock.now(),
+        }));
+    }
+
+    /// Emits `what` for job `id` with its kind and queue read back, if
+    /// anyone listens (operator actions are rare: one read is cheap).
+    fn emit_read_back(&self, what: JobEventKind, id: JobId) {
+        if !self.inner.events.active() {
+            return;
+        }
+        if let Ok(job) = self.engine().get(id) {
+            self.emit_job(what, id, job.kind, job.queue);
+        }
+    }
+
+    // ------------------------------------------------------------------ claim
+
+    /// Claims up to `max` due jobs of `queue`, of any kind; see [`Queue::claim_kinds`].
+    pub fn claim(
+        &self,
+        queue: &str,
+        worker_id: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Lease>> {
+        self.claim_kinds(queue, worker_id, max, lease, None)
+    }
+
+    /// Claims up to `max` due jobs of `queue` (only of `kinds`, if given) for
+    /// `worker_id`, each with a fresh run_token and a lease of `lease` from now.
+    ///
+    /// One `BEGIN IMMEDIATE` transaction: scheduled jobs that fell due are
+    /// promoted to pending, then one `UPDATE … WHERE id IN (SELECT … ORDER BY
+    /// priority DESC, run_at, id LIMIT max) RETURNING …` takes them. Holding
+    /// the write lock from the start, no other claimer can read the same
+    /// pending rows. Each claim consumes an attempt (`attempts + 1`).
+    /// Returns leases in claim order (priority, then due time, then id).
+    /// A paused queue ([`Queue::pause_queue`]) gives nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a lease under 1 ms, [`Error::Busy`],
+    /// [`Error::DiskFull`], [`Error::Sqlite`].
+    pub fn claim_kinds(
+        &self,
+        queue: &str,
+        worker_id: &str,
+        max: usize,
+        lease: Duration,
+        kinds: Option<&[&str]>,
+    ) -> Result<Vec<Lease>> {
+        let queues = [queue];
+        let request = ClaimRequest {
+            queues: &queues,
+            worker_id,
+            max,
+            lease,
+            kinds,
+            oldest_first: 0,
+        };
+        Ok(self
+            .record_and_claim(&[], Some(&request), OutcomeSync::Now)?
+            .1)
+    }
+
+    /// When the next job of these queues (only of `kinds`, if given) is
+    /// due: now if one is already due, `None` if nothing is waiting. For
+    /// fetchers that sleep until work is due.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn next_due(
+        &self,
+        queues: &[&str],
+        kinds: Option<&[&str]>,
+    ) -> Result<Option<DateTime<Utc>>> {
+        self.engine().next_due(queues, kinds)
+    }
+
+    // ------------------------------------------------------- leases, fenced
+
+    /// Extends the lease to `extend_by` from now.
+    /// Returns the new expiry (UTC).
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed).
+    pub fn heartbeat(&self, lease: &Lease, extend_by: Duration) -> Result<DateTime<Utc>> {
+        self.heartbeat_many(&[lease], extend_by)?.remove(0)
+    }
+
+    /// Extends many leases in one transaction, each to `extend_by` from now
+    /// and each fenced by its run_token. The outer `Result` is the
+    /// transaction; the inner ones say per lease whether it was still held
+    /// (new expiry) or lost ([`Error::LeaseLost`]).
+    ///
+    /// # Errors
+    /// Outer: [`Error::InvalidArgument`] (extension under 1 ms), [`Error::Busy`],
+    /// [`Error::DiskFull`], [`Error::Sqlite`].
+    pub fn heartbeat_many(
+        &self,
+        leases: &[&Lease],
+        extend_by: Duration,
+    ) -> Result<Vec<Result<DateTime<Utc>>>> {
+        self.engine().heartbeat_many(leases, extend_by)
+    }
+
+    /// Whether each lease is still held (the job is `running` under its
+    /// run_token), without writing: a cheap read that lets a worker pool
+    /// notice a cancelled or reaped job between heartbeats.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn leases_held(&self, leases: &[&Lease]) -> Result<Vec<bool>> {
+        self.engine().leases_held(leases)
+    }
+
+    /// Marks the job succeeded.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed).
+    pub fn complete(&self, lease: &Lease) -> Result<()> {
+        self.record_one(lease, Outcome::Complete)
+    }
+
+    /// Records a failed attempt: back to waiting for `now + backoff(attempt)`
+    /// if attempts are left, otherwise `dead`. `error` is kept as `last_error`.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed).
+    pub fn fail(&self, lease: &Lease, error: &str) -> Result<()> {
+        self.record_one(lease, Outcome::Fail(error.to_owned()))
+    }
+
+    /// Marks the job dead at once, keeping `error` as `last_error`.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed).
+    pub fn fail_permanently(&self, lease: &Lease, error: &str) -> Result<()> {
+        self.record_one(lease, Outcome::FailPermanently(error.to_owned()))
+    }
+
+    /// Puts the job back to wait until `until` without consuming the attempt.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed);
+    /// [`Error::TimeOutOfRange`].
+    pub fn snooze(&self, lease: &Lease, until: DateTime<Utc>) -> Result<()> {
+        self.record_one(lease, Outcome::Snooze(until))
+    }
+
+    /// Hands an unstarted job back: pending at once, attempt not consumed.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease is no longer held (nothing changed).
+    pub fn release(&self, lease: &Lease) -> Result<()> {
+        self.record_one(lease, Outcome::Release)
+    }
+
+    fn record_one(&self, lease: &Lease, outcome: Outcome) -> Result<()> {
+        self.record_outcomes(&[(lease, outcome)])?.remove(0)
+    }
+
+    /// Records many outcomes in one `BEGIN IMMEDIATE` transaction (group
+    /// commit: one fsync for the batch). Each is one statement fenced by
+    /// `id AND run_token AND status = 'running'`; a lost lease makes that
+    /// outcome `Err(LeaseLost)`, a snooze time past the storable range
+    /// `Err(TimeOutOfRange)`, and a statement SQLite refuses (a trigger or
+    /// constraint) `Err(ConstraintViolated)`, changing nothing for it,
+    /// without rolling back the others. Error texts are cut to
+    /// [`MAX_ERROR_BYTES`] (the first 6 KiB and the end, with a note of
+    /// how much was cut); a failure whose error text SQLite still refuses is
+    /// recorded with a short note in its place. Each failure also appends
+    /// to the job's error history ([`Job::errors`], the last
+    /// [`ERROR_HISTORY_MAX`]).
+    ///
+    /// # Errors
+    /// Outer: the transaction failed and nothing was recorded
+    /// ([`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]).
+    pub fn record_outcomes(&self, outcomes: &[(&Lease, Outcome)]) -> Result<Vec<Result<()>>> {
+        Ok(self.record_and_claim(outcomes, None, OutcomeSync::Now)?.0)
+    }
+
+    /// Records `outcomes` (as [`Queue::record_outcomes`]) and then claims
+    /// (as [`Queue::claim_kinds`], over `claim.queues` in order until
+    /// `claim.max` jobs) in one `BEGIN IMMEDIATE` transaction: a worker pool
+    /// finishes one batch and takes the next with one commit, one fsync.
+    ///
+    /// With [`OutcomeSync::Now`] the commit is durable per the queue's
+    /// [`Durability`] when there are outcomes; with [`OutcomeSync::Deferred`]
+    /// it is not fsynced and the caller promises to call [`Queue::sync`]
+    /// soon. A claim alone never waits for an fsync of its own
+    /// (`synchronous=NORMAL`): if power fails before a later synced commit,
+    /// the claim is undone and the job is simply pending again.
+    ///
+    /// # Errors
+    /// As both; on error nothing was recorded and nothing claimed.
+    pub fn record_and_claim(
+        &self,
+        outcomes: &[(&Lease, Outcome)],
+        claim: Option<&ClaimRequest<'_>>,
+        sync: OutcomeSync,
+    ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
+        let claim = claim.map(|request| crate::engine::Claim {
+            request,
+            rules: claim::claim_in,
+        });
+        self.engine()
+            .record_and_claim(outcomes, claim.as_ref(), sync)
+    }
+
+    // ---------------------------------------------------------- paused queues
+
+    /// Pauses a queue: from the moment this returns, no claim of any
+    /// process or machine sharing the queue takes a job of it, and
+    /// [`Queue::next_due`] treats it as having nothing due (so idle worker
+    /// pools sleep instead of polling it). Nothing else changes: jobs can
+    /// still be enqueued into it, scheduled jobs still fall due, jobs
+    /// already claimed run on and their outcomes are recorded, and the
+    /// reaper still takes back their expired leases. The flag is stored
+    /// (it survives restarts) and may name a queue that has no job yet.
+    /// Pausing a paused queue does nothing.
+    ///
+    /// # Errors
+    /// [`Error::EmptyQueue`]; [`Error::Busy`], [`Error::DiskFull`],
+    /// [`Error::Sqlite`].
+    pub fn pause_queue(&self, queue: &str) -> Result<()> {
+        if queue.is_empty() {
+            return Err(Error::EmptyQueue);
+        }
+        self.engine().set_queue_paused(queue, true)
+    }
+
+    /// Resumes a paused queue and wakes the worker pools of every process
+    /// so that its due jobs are claimed at once. Resuming a queue that is
+    /// not paused does nothing.
+    ///
+    /// # Errors
+    /// As [`Queue::pause_queue`].
+    pub fn resume_queue(&self, queue: &str) -> Result<()> {
+        if queue.is_empty() {
+            return Err(Error::EmptyQueue);
+        }
+        self.engine().set_queue_paused(queue, false)
+    }
+
+    /// The names of the paused queues, in byte order.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn paused_queues(&self) -> Result<Vec<String>> {
+        self.engine().paused_queues()
+    }
+
+    // ------------------------------------------------------ operator actions
+
+    /// Cancels a job that is not finished. A running job's holder then gets
+    /// [`Error::LeaseLost`] on its next heartbeat or outcome; a
+    /// [`crate::WorkerPool`] notices within about 100 ms and sets the
+    /// handler's cancellation flag ([`crate::CancelReason::LeaseLost`]).
+    ///
+    /// A cancelled running job keeps its unique_key until its holder has
+    /// stopped (its refused outcome says so) or its lease has run out: a new
+    /// job with the same key can be enqueued at once, but it does not start
+    /// before then, so two runs for one key never overlap.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`]; [`Error::InvalidState`] if it already finished.
+    pub fn cancel(&self, id: JobId) -> Result<()> {
+        self.engine().cancel(id)?;
+        self.emit_read_back(JobEventKind::Cancelled, id);
+        Ok(())
+    }
+
+    /// Makes a dead or cancelled job pending again, due now, with fresh
+    /// attempts (`attempts = 0`); `last_error` and the error history are
+    /// kept. A job cancelled while running whose holder has not reported
+    /// yet is due when that holder's lease runs out instead.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`]; [`Error::InvalidState`] unless dead or cancelled;
+    /// [`Error::UniqueKeyHeld`] if its unique_key now belongs to another
+    /// unfinished job.
+    pub fn retry(&self, id: JobId) -> Result<()> {
+        self.engine().retry(id)?;
+        self.emit_read_back(JobEventKind::Retried, id);
+        Ok(())
+    }
+
+    /// Deletes finished jobs (succeeded, dead, cancelled) that finished
+    /// before `finished_before`, in short transactions. Returns how many.
+    ///
+    /// # Errors
+    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`].
+    pub fn prune(&self, finished_before: DateTime<Utc>) -> Result<u64> {
+        self.prune_where(finished_before, None)
+    }
+
+    /// Prunes in transactions of at most `PRUNE_BATCH` jobs, so that
+    /// writers of other processes wait for none of them long.
+    fn prune_where(&self, finished_before: DateTime<Utc>, state: Option<JobState>) -> Result<u64> {
+        let before = finished_before.timestamp_millis();
+        let mut total = 0u64;
+        loop {
+            let deleted = self.engine().prune_batch(before, state, PRUNE_BATCH)?;
+            total += deleted;
+            if (deleted as i64) < PRUNE_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Makes every dead job (of `queue`, if given) pending again, due now,
+    /// with fresh attempts, as [`Queue::retry`] does one by one, in short
+    /// transactions. A dead job whose unique_key is now held by an
+    /// unfinished job stays dead. Returns `(retried, left_dead)`. Unlike
+    /// [`Queue::retry`], it emits no [`JobEventKind::Retried`] events (it
+    /// may touch any number of jobs).
+    ///
+    /// # Errors
+    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]; jobs retried
+    /// by earlier transactions stay retried.
+    pub fn retry_dead(&self, queue: Option<&str>) -> Result<(u64, u64)> {
+        let (mut retried, mut left_dead) = (0u64, 0u64);
+        let mut after_id = 0i64;
+        loop {
+            let batch = self
+                .engine()
+                .retry_dead_batch(queue, after_id, PRUNE_BATCH)?;
+            retried += batch.retried;
+            left_dead += batch.left_dead;
+            match batch.last_id {
+                Some(id) if (batch.seen as i64) >= PRUNE_BATCH => after_id = id,
+                _ => break,
+            }
+        }
+        if retried > 0 {
+            self.engine().wake_watchers();
+        }
+        Ok((retried, left_dead))
+    }
+
+    /// As [`Queue::prune`], but only jobs in `state` (succeeded, dead or
+    /// cancelled) are deleted. Returns how many.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a state that is not finished;
+    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`].
+    pub fn prune_state(&self, finished_before: DateTime<Utc>, state: JobState) -> Result<u64> {
+        if !state.is_terminal() {
+            return Err(Error::InvalidArgument(format!(
+                "only finished jobs can be pruned (succeeded, dead, cancelled), not {state}"
+            )));
+        }
+        self.prune_where(finished_before, Some(state))
+    }
+
+    // ------------------------------------------------------------------ reads
+
+    /// The job with this id.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`], [`Error::Sqlite`], [`Error::Pool`].
+    pub fn get(&self, id: JobId) -> Result<Job> {
+        self.engine().get(id)
+    }
+
+    /// Jobs matching `filter`, oldest id first.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn list(&self, filter: &JobFilter) -> Result<Vec<Job>> {
+        self.engine().list(filter)
+    }
+
+    /// Number of jobs in `state`, across queues. Uses an index (cost grows
+    /// with the count, not the table) for scheduled, pending and running;
+    /// scans the table for finished states.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn count(&self, state: JobState) -> Result<u64> {
+        self.engine().count(state)
+    }
+
+    /// Job counts per queue and state, and the oldest due job.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn stats(&self) -> Result<Stats> {
+        self.engine().stats()
+    }
+}

@@ -1,0 +1,247 @@
+//! Readings for operators and dashboards, cheap at any size: counts and
+//! lists through each state's index, capped; activity over time through
+//! the finish-time index; what is left to do.
+
+use super::Queue;
+use crate::error::{Error, Result};
+use crate::job::{Job, JobState};
+use chrono::{DateTime, Utc};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Counts from [`Queue::counts_by_queue`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QueueCounts {
+    /// Number of jobs per (queue, state), at most the cap asked for; states
+    /// with no jobs are absent.
+    pub counts: BTreeMap<(String, JobState), u64>,
+    /// The (queue, state) pairs whose count reached the cap: there are at
+    /// least that many jobs.
+    pub capped: std::collections::BTreeSet<(String, JobState)>,
+}
+
+/// One slice of time from [`Queue::activity`]: how many jobs finished in
+/// it, and how late and how long a sample of them ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActivityBucket {
+    /// Start of the slice (inclusive).
+    pub start: DateTime<Utc>,
+    /// End of the slice (exclusive); the next slice's start.
+    pub end: DateTime<Utc>,
+    /// Jobs that reached a finished state (succeeded, dead, cancelled) in
+    /// the slice, counted up to the cap given to [`Queue::activity`].
+    pub finished: u64,
+    /// `finished` reached the cap: at least that many finished.
+    pub capped: bool,
+    /// How many of the slice's jobs the figures below are read from:
+    /// the last [`ACTIVITY_SAMPLE`] to finish, or all of them.
+    pub sampled: u64,
+    /// Dead jobs among the sampled ones.
+    pub sampled_dead: u64,
+    /// Median lateness of the sampled jobs that ran (succeeded or dead):
+    /// from the due time of the attempt that finished to its start.
+    /// `None` when none of them ran.
+    pub lateness_p50: Option<Duration>,
+    /// Largest such lateness.
+    pub lateness_max: Option<Duration>,
+    /// Median run time (start to finish) of the sampled jobs that ran.
+    pub run_time_p50: Option<Duration>,
+}
+
+/// Sums up one slice's sample (see [`Queue::activity`]).
+fn activity_bucket(
+    start: i64,
+    end: i64,
+    finished: u64,
+    capped: bool,
+    sample: &[crate::engine::FinishedSample],
+) -> ActivityBucket {
+    let ran = |s: &&crate::engine::FinishedSample| {
+        matches!(s.state, Some(JobState::Succeeded | JobState::Dead))
+    };
+    let ms = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    let mut lateness: Vec<i64> = sample
+        .iter()
+        .filter(ran)
+        .filter_map(|s| Some(s.claimed_at_ms? - s.run_at_ms))
+        .collect();
+    let mut run_time: Vec<i64> = sample
+        .iter()
+        .filter(ran)
+        .filter_map(|s| Some(s.finished_at_ms - s.claimed_at_ms?))
+        .collect();
+    lateness.sort_unstable();
+    run_time.sort_unstable();
+    let median = |v: &[i64]| (!v.is_empty()).then(|| ms(v[v.len() / 2]));
+    ActivityBucket {
+        start: crate::clock::ms_to_datetime(start),
+        end: crate::clock::ms_to_datetime(end),
+        finished,
+        capped,
+        sampled: sample.len() as u64,
+        sampled_dead: sample
+            .iter()
+            .filter(|s| s.state == Some(JobState::Dead))
+            .count() as u64,
+        lateness_p50: median(&lateness),
+        lateness_max: lateness.last().map(|&l| ms(l)),
+        run_time_p50: median(&run_time),
+    }
+}
+
+/// Most finished jobs of one [`ActivityBucket`] read for its lateness and
+/// run time.
+pub const ACTIVITY_SAMPLE: usize = 200;
+
+/// Most slices one [`Queue::activity`] call reads.
+pub const ACTIVITY_MAX_BUCKETS: usize = 10_000;
+impl Queue {
+    /// Jobs per queue and state for a dashboard, each counted through an
+    /// index of its state up to `cap`: the cost grows with the queues and
+    /// `cap`, not with the table. A count that reached `cap` is in
+    /// [`QueueCounts::capped`] (there are at least that many). Unlike
+    /// [`Queue::stats`], not one snapshot: each (queue, state) is read on
+    /// its own.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn counts_by_queue(&self, cap: u64) -> Result<QueueCounts> {
+        let engine = self.engine();
+        let mut out = QueueCounts::default();
+        for state in JobState::ALL {
+            for queue in self.queues_in_state(state)? {
+                let n = engine.count_in_queue(state, &queue, cap)?;
+                if n == 0 {
+                    continue;
+                }
+                if n >= cap {
+                    out.capped.insert((queue.clone(), state));
+                }
+                out.counts.insert((queue, state), n);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` jobs in `state`, through that state's index (at most
+    /// `limit` jobs read per queue): pending in claim order (priority,
+    /// due time, id), scheduled soonest due first, running soonest lease
+    /// expiry first, succeeded, dead and cancelled newest first.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn list_state(&self, state: JobState, limit: usize) -> Result<Vec<Job>> {
+        let engine = self.engine();
+        let mut jobs = Vec::new();
+        for queue in self.queues_in_state(state)? {
+            jobs.extend(engine.list_in_queue(state, &queue, limit)?);
+        }
+        match state {
+            JobState::Pending => {
+                jobs.sort_by_key(|j| (std::cmp::Reverse(j.priority), j.run_at, j.id))
+            }
+            JobState::Scheduled => jobs.sort_by_key(|j| (j.run_at, j.id)),
+            JobState::Running => jobs.sort_by_key(|j| (j.lease_expires_at, j.id)),
+            JobState::Succeeded | JobState::Dead | JobState::Cancelled => {
+                jobs.sort_by_key(|j| std::cmp::Reverse((j.finished_at, j.id)))
+            }
+        }
+        jobs.truncate(limit);
+        Ok(jobs)
+    }
+
+    /// Throughput and lateness over time, for a dashboard's plot: the
+    /// last `slices` slices of time of `width` each, the last one ending at
+    /// now (this queue's clock), oldest first. Each slice counts the jobs
+    /// that finished in it through the index on the finish time, up to
+    /// `cap`, and reads at most [`ACTIVITY_SAMPLE`] of them for lateness
+    /// and run time, so the cost is bounded by `slices`, `cap` and the
+    /// sample, not by the table. Pruned jobs are gone from these figures.
+    /// Each slice is its own read: the slices are not one snapshot.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a `width` under 1 ms, no slice, or
+    /// more than [`ACTIVITY_MAX_BUCKETS`]; [`Error::Sqlite`],
+    /// [`Error::Pool`], [`Error::Postgres`].
+    ///
+    /// # Example
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let queue = tickler::Queue::open(dir.path().join("q.db"))?;
+    /// use std::time::Duration;
+    /// // The last hour, a minute a slice.
+    /// let minutes = queue.activity(60, Duration::from_secs(60), 10_000)?;
+    /// assert_eq!(minutes.len(), 60);
+    /// assert!(minutes.iter().all(|m| m.finished == 0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn activity(
+        &self,
+        slices: usize,
+        width: Duration,
+        cap: u64,
+    ) -> Result<Vec<ActivityBucket>> {
+        let now = self.now_ms();
+        let width_ms = i64::try_from(width.as_millis()).unwrap_or(i64::MAX);
+        if width_ms == 0 {
+            return Err(Error::InvalidArgument(
+                "activity: the slice width must be at least 1 ms".into(),
+            ));
+        }
+        if slices == 0 || slices > ACTIVITY_MAX_BUCKETS {
+            return Err(Error::InvalidArgument(format!(
+                "activity: {slices} slices asked for, want 1 to {ACTIVITY_MAX_BUCKETS}"
+            )));
+        }
+        let slices = slices as i64;
+        let engine = self.engine();
+        let mut out = Vec::with_capacity(slices as usize);
+        for i in (0..slices).rev() {
+            // Saturating: a manual clock may stand before 1970, and a
+            // width may be near Duration::MAX.
+            let end = now.saturating_sub(i.saturating_mul(width_ms));
+            let start = end.saturating_sub(width_ms);
+            let (finished, sample) = engine.finished_between(start, end, cap, ACTIVITY_SAMPLE)?;
+            out.push(activity_bucket(
+                start,
+                end,
+                finished,
+                finished >= cap,
+                &sample,
+            ));
+        }
+        Ok(out)
+    }
+
+    /// The queues with jobs in `state`, in byte order, one index step each.
+    fn queues_in_state(&self, state: JobState) -> Result<Vec<String>> {
+        let mut queues: Vec<String> = Vec::new();
+        while let Some(q) = self
+            .engine()
+            .next_queue_in_state(state, queues.last().map_or("", String::as_str))?
+        {
+            queues.push(q);
+        }
+        Ok(queues)
+    }
+
+    /// Number of jobs that reached a finished state (succeeded, dead,
+    /// cancelled) at or after `since`; uses the index on the finish time.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn finished_since(&self, since: DateTime<Utc>) -> Result<u64> {
+        self.engine().finished_since(since)
+    }
+
+    /// Number of unfinished (scheduled, pending or running) jobs of these
+    /// queues, only of `kinds` if given, counted in one statement (one
+    /// snapshot), so a caller waiting for a batch to drain never sees a job
+    /// between two states.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn unfinished(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<u64> {
+        self.engine().unfinished(queues, kinds)
+    }
+}

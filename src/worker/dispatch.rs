@@ -1,0 +1,229 @@
+//! The dispatcher thread: where claims are asked for (together with the
+//! writing of finished jobs' outcomes), and where it sleeps when nothing
+//! is due.
+
+use super::context::CancelFlag;
+use super::in_flight::{remove_run, InFlight};
+use super::outcomes::{record, take_outcomes, take_outcomes_from, UnsyncedOutcomes};
+use super::prefetch::Ahead;
+use super::shared::Shared;
+use crate::engine::types::{ClaimRequest, Outcome};
+use crate::lease::Lease;
+use crate::queue::ChangeWatcher;
+use crossbeam_channel::{Receiver, Sender};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often a stopping dispatcher looks whether the last worker ended.
+const STOPPING_POLL: Duration = Duration::from_millis(10);
+
+/// Sets `Shared::claims_over` when the dispatcher thread ends, however it
+/// ends, so that `shutdown` never waits for a dispatcher that is gone.
+pub(super) struct ClaimsOver<'a>(pub(super) &'a Shared);
+
+impl Drop for ClaimsOver<'_> {
+    fn drop(&mut self) {
+        self.0.claims_over.store(true, Ordering::SeqCst);
+    }
+}
+
+pub(super) struct DispatchConfig {
+    pub(super) outcome_sync_interval: Duration,
+    pub(super) queues: Vec<String>,
+    pub(super) kinds: Vec<String>,
+    pub(super) worker_id: String,
+    pub(super) threads: usize,
+    pub(super) prefetch: usize,
+    pub(super) prefetch_hold: Duration,
+    pub(super) claim_batch: usize,
+    pub(super) max_idle: Duration,
+    pub(super) poll: Duration,
+    pub(super) aging_every: usize,
+}
+
+/// The dispatcher: records finished jobs' outcomes and claims new jobs for
+/// free slots, both in one transaction when there is work for both, so a
+/// busy pool pays one commit per batch rather than two per job. When there
+/// is nothing to record and nothing due it sleeps until the next due time,
+/// woken early by commits (its watcher) and by workers finishing.
+pub(super) fn dispatch_loop(
+    shared: &Shared,
+    config: &DispatchConfig,
+    mut watcher: ChangeWatcher,
+    jobs: Sender<Lease>,
+    outcomes: &Receiver<(Lease, Outcome)>,
+) {
+    let mut queues: Vec<&str> = config.queues.iter().map(String::as_str).collect();
+    let kinds: Vec<&str> = config.kinds.iter().map(String::as_str).collect();
+    // Jobs claimed so far, for priority aging.
+    let mut claimed = 0usize;
+    let mut jobs = Some(jobs);
+    // After a claim that got all it asked for, more may be due; otherwise
+    // ask the (cheap, lock-free) read path before taking the write lock.
+    let mut more_may_be_due = true;
+    let mut error_pause = Duration::from_millis(50);
+    let mut unsynced = UnsyncedOutcomes::new(config.outcome_sync_interval);
+    let mut ahead = Ahead::default();
+    let hold = config.prefetch_hold;
+    // Claimed by a claim that committed after shutdown began: handed back
+    // with the next commit, never sent to a worker.
+    let mut claimed_too_late: Vec<(Lease, Outcome)> = Vec::new();
+    loop {
+        unsynced.sync_if_due(&shared.queue, false);
+        let stopping = shared.stopping.load(Ordering::SeqCst);
+        if stopping && jobs.is_some() {
+            // Workers end once the job channel is closed and empty. A claim
+            // that committed while shutdown began has been sent by now, so
+            // shutdown can hand back all that is in the channel.
+            jobs = None;
+            shared.claims_over.store(true, Ordering::SeqCst);
+        }
+        let mut finished = take_outcomes(shared, outcomes);
+        finished.append(&mut claimed_too_late);
+        if jobs.is_some() {
+            let expired = ahead.take_expired(shared, hold, Instant::now());
+            if !expired.is_empty() {
+                log::info!(
+                    "handing back {} job(s) that waited over {hold:?} for a thread of this pool",
+                    expired.len()
+                );
+                shared
+                    .handed_back
+                    .fetch_add(expired.len(), Ordering::SeqCst);
+                let mut in_flight = shared.lock_in_flight();
+                for lease in &expired {
+                    remove_run(&mut in_flight, lease);
+                }
+                drop(in_flight);
+                shared.busy_slots.fetch_sub(expired.len(), Ordering::SeqCst);
+                finished.extend(expired.into_iter().map(|lease| (lease, Outcome::Release)));
+            }
+        }
+        // Sleeps end when a lease claimed ahead has waited the holding time.
+        let wake_by = |wait: Duration, ahead: &mut Ahead, unsynced: &UnsyncedOutcomes| {
+            let wait = unsynced.cap(wait);
+            match ahead.next_deadline(shared, hold) {
+                Some(deadline) => wait.min(
+                    deadline
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(1)),
+                ),
+                None => wait,
+            }
+        };
+        let slots = config.threads + ahead.budget(shared, config);
+        let free = slots.saturating_sub(shared.busy_slots.load(Ordering::SeqCst));
+        let mut want = if jobs.is_some() && free > 0 {
+            free.min(config.claim_batch)
+        } else {
+            0
+        };
+        if want > 0 && !more_may_be_due {
+            match shared.queue.next_due(&queues, Some(&kinds)) {
+                Ok(Some(due)) if due <= shared.queue.clock().now() => more_may_be_due = true,
+                Ok(next) => {
+                    want = 0;
+                    if finished.is_empty() {
+                        let sleep = wake_by(
+                            next.map_or(config.max_idle, |due| {
+                                (due - shared.queue.clock().now())
+                                    .to_std()
+                                    .unwrap_or(Duration::ZERO)
+                                    .clamp(Duration::from_millis(1), config.max_idle)
+                            }),
+                            &mut ahead,
+                            &unsynced,
+                        );
+                        if let Err(e) = watcher.wait(sleep, config.poll) {
+                            log::error!("watching for new jobs failed: {e}");
+                            std::thread::sleep(config.poll);
+                        }
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    log::error!("reading the next due time failed: {e}");
+                    want = 0;
+                }
+            }
+        }
+        if finished.is_empty() && want == 0 {
+            if stopping || jobs.is_none() {
+                // Short waits: shutdown is waiting for the last outcomes.
+                match outcomes.recv_timeout(unsynced.cap(STOPPING_POLL)) {
+                    Ok(first) => {
+                        let batch = take_outcomes_from(shared, Some(first), outcomes);
+                        record(shared, &batch, None, &config.worker_id, &mut unsynced);
+                    }
+                    Err(_) if outcomes.is_empty() && shared.live_workers_finished() => {
+                        unsynced.sync_if_due(&shared.queue, true);
+                        return;
+                    }
+                    Err(_) => {}
+                }
+            } else {
+                // All slots busy: a worker finishing wakes the watcher.
+                let wait = wake_by(config.max_idle, &mut ahead, &unsynced);
+                let _ = watcher.wait(wait, wait);
+            }
+            continue;
+        }
+        // Each queue leads in turn (see the builder).
+        queues.rotate_left(1);
+        // One job in `every` is the oldest due one: as many as this claim
+        // crosses multiples of `every`, taken in one statement.
+        let oldest_first = match config.aging_every {
+            0 => 0,
+            every => (claimed.wrapping_add(want) / every).saturating_sub(claimed / every),
+        };
+        let request = ClaimRequest {
+            queues: &queues,
+            worker_id: &config.worker_id,
+            max: want,
+            lease: shared.lease,
+            kinds: Some(&kinds),
+            oldest_first,
+        };
+        let claim = (want > 0).then_some(&request);
+        match record(shared, &finished, claim, &config.worker_id, &mut unsynced) {
+            Some(leases) => {
+                claimed = claimed.wrapping_add(leases.len());
+                error_pause = Duration::from_millis(50);
+                if shared.stopping.load(Ordering::SeqCst) {
+                    // The claim waited (for the write lock, say) while
+                    // shutdown began, which may already have returned.
+                    claimed_too_late.extend(leases.into_iter().map(|l| (l, Outcome::Release)));
+                    continue;
+                }
+                more_may_be_due = want > 0 && leases.len() == want;
+                ahead.sent(leases.len(), Instant::now());
+                for lease in leases {
+                    shared.busy_slots.fetch_add(1, Ordering::SeqCst);
+                    shared.lock_in_flight().insert(
+                        lease.job_id,
+                        InFlight {
+                            lease: lease.clone(),
+                            cancel: Arc::new(CancelFlag::default()),
+                            deadline: None,
+                            finishing: false,
+                            completion: Arc::default(),
+                            run: Arc::default(),
+                            thread: None,
+                            started: None,
+                        },
+                    );
+                    if let Some(jobs) = &jobs {
+                        let _ = jobs.send(lease);
+                    }
+                }
+                // Issue 15: the heartbeat sleeps long while idle.
+                shared.wake_heartbeat();
+            }
+            None => {
+                std::thread::sleep(error_pause);
+                error_pause = (error_pause * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! The heartbeat thread: renews the leases of running jobs, notices lost
+//! leases, sets timeouts' cancellation flags, and writes off threads stuck
+//! past their timeout.
+
+use super::context::CancelReason;
+use super::execute::start_worker;
+use super::in_flight::{entry_of, InFlight, RunState};
+use super::shared::{lock, Shared};
+use crate::engine::types::Outcome;
+use crate::events::JobEventKind;
+use crate::lease::Lease;
+use crate::queue::ChangeWatcher;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Fails, as timed out, every job whose handler is still running its
+/// timeout plus the pool's grace after it started, and writes its thread
+/// off: no more heartbeats for it, its slot goes to a replacement thread
+/// (up to the pool's bound), and whatever the handler returns later is
+/// dropped. A handler completing its job itself (`complete_with` under
+/// way) is left to finish.
+fn write_off_stuck(shared: &Arc<Shared>, now: Instant) {
+    let grace = shared.timeout_grace;
+    let mut stuck = Vec::new();
+    {
+        let mut in_flight = shared.lock_in_flight();
+        for job in in_flight.values_mut() {
+            let overdue = job.deadline.is_some_and(|d| now >= d + grace);
+            if !overdue || job.finishing || job.completion.started() || job.thread.is_none() {
+                continue;
+            }
+            let replace = shared
+                .replaced
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    (n < shared.max_replacements).then_some(n + 1)
+                })
+                .is_ok();
+            let to = if replace {
+                RunState::REPLACED
+            } else {
+                RunState::KEPT
+            };
+            if !job.run.write_off(to) {
+                // The handler returned just now.
+                if replace {
+                    shared.replaced.fetch_sub(1, Ordering::SeqCst);
+                }
+                continue;
+            }
+            job.finishing = true;
+            job.cancel.set(CancelReason::Timeout);
+            let (thread_id, name) = job.thread.clone().expect("checked above");
+            // Before the in-flight lock is let go: the handler may return
+            // at once, and it takes its thread back out of the set.
+            lock(&shared.stuck).insert(thread_id);
+            stuck.push((job.lease.clone(), name, replace));
+        }
+    }
+    for (lease, name, replace) in stuck {
+        let timeout = lease.timeout.unwrap_or_default();
+        log::warn!(
+            "job {} ({}) is still running on thread {name} {grace:?} after its timeout of {timeout:?}; \
+             failing it as timed out and writing the thread off ({})",
+            lease.job_id,
+            lease.kind,
+            if replace {
+                "a replacement thread starts"
+            } else {
+                "replacement bound reached: the pool runs one thread short until it returns"
+            }
+        );
+        let error = format!(
+            "timed out after {timeout:?}: the handler did not stop within {grace:?} of its cancellation (thread {name} written off)"
+        );
+        let _ = shared.outcomes.send((lease, Outcome::TimedOut(error)));
+        if replace {
+            let n = shared.replaced.load(Ordering::SeqCst);
+            start_worker(shared, format!("tickler-worker-r{n}"));
+            shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
+        }
+        shared.fetcher_waker.wake();
+    }
+}
+
+/// How often the heartbeat thread looks for leases lost between heartbeats
+/// (a cancel, a reap), when any commit happened since the last look: how
+/// soon a handler learns that its job was cancelled.
+const LOST_LEASE_CHECK: Duration = Duration::from_millis(100);
+
+pub(super) fn heartbeat_loop(shared: &Arc<Shared>, interval: Duration, mut watcher: ChangeWatcher) {
+    let tick = interval.min(LOST_LEASE_CHECK);
+    let mut next_beat = Instant::now() + interval;
+    loop {
+        if shared.stop_background.load(Ordering::SeqCst) && shared.lock_in_flight().is_empty() {
+            return;
+        }
+        // Issue 15 (idle means idle): with nothing in flight, sleep a whole
+        // interval instead of ticking every 100 ms; the flag is set before
+        // looking, so a claim in between unparks us (`wake_heartbeat`).
+        shared.heartbeat_idle.store(true, Ordering::SeqCst);
+        let idle = shared.lock_in_flight().is_empty();
+        if !idle {
+            // Busy: claims must not wake it (a busy pool claims hundreds of
+            // times a second, and each wake-up reads every in-flight lease).
+            shared.heartbeat_idle.store(false, Ordering::SeqCst);
+        }
+        std::thread::park_timeout(if idle { interval } else { tick });
+        shared.heartbeat_idle.store(false, Ordering::SeqCst);
+        notice_lost_leases(shared, &mut watcher);
+        let now = Instant::now();
+        write_off_stuck(shared, now);
+        let leases: Vec<Lease> = {
+            let in_flight = shared.lock_in_flight();
+            for job in in_flight.values() {
+                if job.deadline.is_some_and(|d| now >= d) {
+                    job.cancel.set(CancelReason::Timeout);
+                }
+            }
+            if now < next_beat {
+                continue;
+            }
+            in_flight
+                .values()
+                .filter(|job| {
+                    !job.finishing
+                        && !job.completion.committed()
+                        && job.cancel.get() != Some(CancelReason::LeaseLost)
+                })
+                .map(|job| job.lease.clone())
+                .collect()
+        };
+        next_beat = now + interval;
+        if leases.is_empty() {
+            continue;
+        }
+        let refs: Vec<&Lease> = leases.iter().collect();
+        match shared.queue.heartbeat_many(&refs, shared.lease) {
+            Ok(results) => {
+                let mut in_flight = shared.lock_in_flight();
+                for (lease, result) in leases.iter().zip(results) {
+                    if let Err(e) = result {
+                        if let Some(job) = entry_of(&mut in_flight, lease) {
+                            // A failed renewal of a job whose handler is
+                            // completing it is that completion's commit;
+                            // if the completion fails instead, the next
+                            // heartbeat fails again and reports it.
+                            if !job.finishing && !job.completion.started() {
+                                log::warn!("job {}: {e}; cancelling its handler", lease.job_id);
+                                job.cancel.set(CancelReason::LeaseLost);
+                                shared.emit(lease, || JobEventKind::LeaseLost, None, None);
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => log::error!("heartbeat of {} lease(s) failed: {e}", leases.len()),
+        }
+    }
+}
+
+/// Sets the cancellation flag ([`CancelReason::LeaseLost`]) of every
+/// in-flight job whose lease is no longer held (cancelled, or reaped), as
+/// soon as a commit is seen rather than at the next heartbeat, which may be
+/// seconds away. One indexed read per in-flight job, and only after a
+/// commit.
+fn notice_lost_leases(shared: &Shared, watcher: &mut ChangeWatcher) {
+    let watched = |job: &InFlight| {
+        !job.finishing
+            && !job.completion.started()
+            && job.cancel.get() != Some(CancelReason::LeaseLost)
+    };
+    if !shared.lock_in_flight().values().any(watched) {
+        return;
+    }
+    match watcher.changed() {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => {
+            log::error!("watching for cancelled jobs failed: {e}");
+            return;
+        }
+    }
+    let leases: Vec<Lease> = shared
+        .lock_in_flight()
+        .values()
+        .filter(|job| watched(job))
+        .map(|job| job.lease.clone())
+        .collect();
+    let refs: Vec<&Lease> = leases.iter().collect();
+    match shared.queue.leases_held(&refs) {
+        Ok(held) => {
+            let mut in_flight = shared.lock_in_flight();
+            for (lease, held) in leases.iter().zip(held) {
+                if held {
+                    continue;
+                }
+                if let Some(job) = entry_of(&mut in_flight, lease) {
+                    if watched(job) {
+                        log::info!(
+                            "job {} is no longer held by this pool (cancelled or reaped); cancelling its handler",
+                            lease.job_id
+                        );
+                        job.cancel.set(CancelReason::LeaseLost);
+                        shared.emit(lease, || JobEventKind::LeaseLost, None, None);
+                    }
+                }
+            }
+        }
+        Err(e) => log::error!("checking {} lease(s) failed: {e}", leases.len()),
+    }
+}
