@@ -65,3 +65,7 @@ mod job_events;
 mod queue_pause;
 mod testing_helper;
 mod typed_jobs;
+
+// Failures other queues reported against their storage abstractions,
+// tried on every engine.
+mod seam_hunt;
