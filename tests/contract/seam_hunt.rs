@@ -41,6 +41,7 @@ fn claim_from(queue: &Queue, queues: &[&str], max: usize) -> Vec<tickler::Lease>
         oldest_first: 0,
     };
     queue
+        .manual()
         .record_and_claim(&[], Some(&request), OutcomeSync::Now)
         .unwrap()
         .1
@@ -72,7 +73,7 @@ fn a_scheduled_job_that_falls_due_in_a_paused_queue_waits_for_the_resume() {
         leases.iter().map(|l| (&l.queue, l.job_id)).collect::<Vec<_>>()
     );
     assert!(claim_from(&queue, &["mail"], 5).is_empty());
-    assert_eq!(queue.next_due(&["mail"], None).unwrap(), None);
+    assert_eq!(queue.manual().next_due(&["mail"], None).unwrap(), None);
 
     queue.resume_queue("mail").unwrap();
     let leases = claim_from(&queue, &["mail"], 5);
@@ -107,7 +108,7 @@ fn a_backlog_bigger_than_one_promotion_is_claimed_in_priority_order() {
         .unwrap();
     clock.advance(secs(30));
 
-    let leases = queue.claim("default", "w", 1, secs(30)).unwrap();
+    let leases = queue.manual().claim("default", "w", 1, secs(30)).unwrap();
     assert_eq!(
         leases.len(),
         1,
@@ -140,7 +141,7 @@ fn the_reaper_spares_a_heartbeat_between_its_looks_and_takes_the_gone_holder() {
     let ids = queue
         .enqueue_batch(vec![NewJob::new("live"), NewJob::new("gone")])
         .unwrap();
-    let mut leases = queue.claim("default", "w", 2, secs(10)).unwrap();
+    let mut leases = queue.manual().claim("default", "w", 2, secs(10)).unwrap();
     leases.sort_by_key(|l| l.job_id.0);
     let (live, gone) = (leases.remove(0), leases.remove(0));
     assert_eq!((live.job_id, gone.job_id), (ids[0], ids[1]));
@@ -149,19 +150,19 @@ fn the_reaper_spares_a_heartbeat_between_its_looks_and_takes_the_gone_holder() {
 
     let reaper = {
         let queue = queue.clone();
-        std::thread::spawn(move || queue.reap_at(now))
+        std::thread::spawn(move || queue.manual().reap_at(now))
     };
     std::thread::sleep(std::time::Duration::from_millis(30));
-    queue.heartbeat(&live, secs(30)).unwrap();
+    queue.manual().heartbeat(&live, secs(30)).unwrap();
     assert_eq!(reaper.join().unwrap().unwrap(), 1, "only the gone holder's job");
 
     let kept = queue.get(live.job_id).unwrap();
     assert_eq!(kept.state, JobState::Running, "a live holder lost its job");
     assert_eq!(kept.run_token.as_ref(), Some(&live.run_token));
-    queue.complete(&live).unwrap();
+    queue.manual().complete(&live).unwrap();
     let taken = queue.get(gone.job_id).unwrap();
     assert_ne!(taken.state, JobState::Running, "a gone holder kept its job");
-    assert!(queue.complete(&gone).unwrap_err().is_lease_lost());
+    assert!(queue.manual().complete(&gone).unwrap_err().is_lease_lost());
 }
 }
 
@@ -254,7 +255,7 @@ fn prune_over_several_batches_deletes_every_old_finished_job_and_nothing_else() 
     let pending = queue.enqueue(NewJob::new("pending")).unwrap();
     let scheduled = queue.enqueue(NewJob::new("later").delay(secs(600))).unwrap();
     let running = queue.enqueue(NewJob::new("running").priority(5)).unwrap();
-    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
     assert_eq!(lease.job_id, running);
 
     for state in [JobState::Pending, JobState::Scheduled, JobState::Running] {
@@ -272,10 +273,11 @@ fn prune_over_several_batches_deletes_every_old_finished_job_and_nothing_else() 
     for id in [pending, scheduled, running] {
         assert!(!queue.get(id).unwrap().state.is_terminal());
     }
-    queue.complete(&lease).unwrap();
+    queue.manual().complete(&lease).unwrap();
 }
 }
 
+contract! {
 /// The bug it guards: River riverqueue/river PR #390 (JobDelete refuses
 /// running jobs) and sktime/sktime-mcp PR #330 (a cancelled job's record
 /// was deleted while its work still ran): pruning the cancelled row of a
@@ -287,7 +289,7 @@ fn pruning_a_cancelled_job_whose_holder_still_runs_keeps_its_key_held() {
     let first = queue
         .enqueue(NewJob::new("k").unique_key("report"))
         .unwrap();
-    let old = queue.claim("default", "w", 1, secs(60)).unwrap().remove(0);
+    let old = queue.manual().claim("default", "w", 1, secs(60)).unwrap().remove(0);
     assert_eq!(old.job_id, first);
     queue.cancel(first).unwrap();
     let second = queue
@@ -295,13 +297,13 @@ fn pruning_a_cancelled_job_whose_holder_still_runs_keeps_its_key_held() {
         .unwrap();
     assert_ne!(second, first);
     assert!(
-        queue.claim("default", "w", 1, secs(60)).unwrap().is_empty(),
+        queue.manual().claim("default", "w", 1, secs(60)).unwrap().is_empty(),
         "the new run started while the cancelled holder still runs"
     );
     clock.advance(secs(1));
 
     queue.prune(plus_ms(&clock, 0)).unwrap();
-    let started = queue.claim("default", "w", 1, secs(60)).unwrap();
+    let started = queue.manual().claim("default", "w", 1, secs(60)).unwrap();
     assert!(
         started.is_empty(),
         "after prune, job {second} with the key of cancelled job {first} started \
@@ -309,34 +311,12 @@ fn pruning_a_cancelled_job_whose_holder_still_runs_keeps_its_key_held() {
     );
     // Once the old lease runs out, the new run starts.
     clock.advance(secs(61));
-    let started = queue.claim("default", "w", 1, secs(60)).unwrap();
+    let started = queue.manual().claim("default", "w", 1, secs(60)).unwrap();
     assert_eq!(
         started.iter().map(|l| l.job_id).collect::<Vec<_>>(),
         vec![second]
     );
 }
-
-// Written out instead of `contract!` so that both cases can be ignored
-// while the bug stands.
-mod pruning_a_cancelled_job_whose_holder_still_runs_keeps_its_key_held {
-    #[test]
-    #[ignore = "reproduces: prune deletes a cancelled job whose holder still holds its lease, and with it the record that keeps its unique_key from starting again"]
-    fn sqlite() {
-        crate::support::engine::run(
-            crate::support::engine::Engine::Sqlite,
-            super::pruning_a_cancelled_job_whose_holder_still_runs_keeps_its_key_held,
-        );
-    }
-
-    #[cfg(feature = "postgres")]
-    #[test]
-    #[ignore = "reproduces: prune deletes a cancelled job whose holder still holds its lease, and with it the record that keeps its unique_key from starting again"]
-    fn postgres() {
-        crate::support::engine::run(
-            crate::support::engine::Engine::Postgres,
-            super::pruning_a_cancelled_job_whose_holder_still_runs_keeps_its_key_held,
-        );
-    }
 }
 
 fn schedules_queue(
@@ -346,7 +326,7 @@ fn schedules_queue(
     let clock = Arc::new(ManualClock::new(at));
     let queue = Queue::builder(engine::target(path))
         .clock(clock.clone())
-        .durability(tickler::Durability::Normal)
+        .sqlite(|o| o.durability(tickler::Durability::Normal))
         .open()
         .expect("open queue");
     (queue, clock)
@@ -375,7 +355,7 @@ fn more_due_schedules_than_one_batch_fire_once_each_from_two_handles() {
 
     // One call fires every due schedule, batch after batch.
     first_clock.set(noon + ChronoDuration::minutes(60) + ChronoDuration::milliseconds(500));
-    let run = first.run_due_ticks().unwrap();
+    let run = first.manual().run_due_ticks().unwrap();
     assert_eq!(run.jobs.len(), SCHEDULES, "one round left schedules unfired");
 
     // The next day's tick, raced by two handles: each schedule fires once.
@@ -384,7 +364,7 @@ fn more_due_schedules_than_one_batch_fire_once_each_from_two_handles() {
     second_clock.set(next_day);
     let racers: Vec<_> = [first.clone(), second.clone()]
         .into_iter()
-        .map(|queue| std::thread::spawn(move || queue.run_due_ticks().unwrap().jobs.len()))
+        .map(|queue| std::thread::spawn(move || queue.manual().run_due_ticks().unwrap().jobs.len()))
         .collect();
     let fired: usize = racers.into_iter().map(|r| r.join().unwrap()).sum();
     assert_eq!(fired, SCHEDULES, "two handles fired one day's ticks {fired} times");
@@ -435,7 +415,7 @@ fn pg_enqueue_and_roll_back(queue: &Queue, path: &std::path::Path, job: NewJob) 
     let url = engine::target(path);
     let mut client = postgres::Client::connect(url.to_str().unwrap(), postgres::NoTls).unwrap();
     let mut tx = client.transaction().unwrap();
-    let id = queue.enqueue_pg_tx(&mut tx, job).unwrap();
+    let id = queue.enqueue_tx(&mut tx, job).unwrap();
     tx.execute(
         "INSERT INTO seam_effects (job_id, note) VALUES ($1, 'app')",
         &[&id.0],
@@ -466,9 +446,9 @@ fn a_job_enqueued_in_a_rolled_back_application_transaction_leaves_nothing() {
     assert_eq!(effects(&path), 0);
     assert_eq!(engine::row_count(&path), 0, "the rolled-back job is stored");
     assert!(matches!(queue.get(ghost), Err(Error::NotFound(_))));
-    assert!(queue.claim("default", "w", 1, secs(30)).unwrap().is_empty());
+    assert!(queue.manual().claim("default", "w", 1, secs(30)).unwrap().is_empty());
     let real = queue.enqueue(NewJob::new("k").unique_key("once")).unwrap();
-    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
     assert_eq!(lease.job_id, real, "the rolled-back job's key was still held");
 }
 }
@@ -517,7 +497,7 @@ fn a_completion_whose_application_writes_fail_rolls_back_and_keeps_the_lease() {
     let (queue, _clock) = manual_queue(&path);
     create_effects(&path);
     let id = queue.enqueue(NewJob::new("k")).unwrap();
-    let lease = queue.claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
 
     let err = complete_with_failing_writes(&queue, &lease);
     assert!(matches!(err, Error::Aborted(_)), "{err:?}");
@@ -525,6 +505,6 @@ fn a_completion_whose_application_writes_fail_rolls_back_and_keeps_the_lease() {
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Running, "completed without its effects");
     assert_eq!(job.run_token.as_ref(), Some(&lease.run_token));
-    queue.complete(&lease).unwrap();
+    queue.manual().complete(&lease).unwrap();
 }
 }

@@ -79,13 +79,17 @@ impl Admin for Store {
     fn prune_batch(&self, before: i64, state: Option<JobState>, limit: i64) -> Result<u64> {
         let state = state.map(JobState::as_str);
         self.write(|tx, _| {
+            // As on SQLite: a finished job whose holder may still be running
+            // keeps its lease and its unique_key until that lease is gone.
+            let now = self.now_ms();
             tx.execute(
                 "DELETE FROM tickler_jobs WHERE id = ANY(ARRAY(
                      SELECT id FROM tickler_jobs
                      WHERE finished_at IS NOT NULL AND finished_at < $1::bigint
                        AND ($2::text IS NULL OR status = $2)
+                       AND (lease_expires_at IS NULL OR lease_expires_at < $4::bigint)
                      LIMIT $3 FOR UPDATE SKIP LOCKED))",
-                &[&before, &state, &limit],
+                &[&before, &state, &limit, &now],
             )
         })
     }

@@ -76,23 +76,30 @@ impl Admin for Store {
 
     fn prune_batch(&self, before: i64, state: Option<JobState>, limit: i64) -> Result<u64> {
         let deleted = self.write(|tx| {
+            // A cancelled (or timed-out dead) job whose holder may still be
+            // running keeps its lease, and with it its unique_key: it is
+            // pruned once that lease is cleared or has run out, or the next
+            // job with its key would start beside the old run.
+            let now = self.now_ms();
             // Two statements, so that each keeps the plan of its index.
             Ok(match state {
                 None => tx
                     .prepare_cached(
                         "DELETE FROM tickler_jobs WHERE id IN (
                              SELECT id FROM tickler_jobs WHERE finished_at IS NOT NULL AND finished_at < ?1
+                               AND (lease_expires_at IS NULL OR lease_expires_at < ?3)
                              LIMIT +?2)",
                     )?
-                    .execute(params![before, limit])?,
+                    .execute(params![before, limit, now])?,
                 Some(state) => tx
                     .prepare_cached(
                         "DELETE FROM tickler_jobs WHERE id IN (
                              SELECT id FROM tickler_jobs
                              WHERE finished_at IS NOT NULL AND finished_at < ?1 AND status = ?2
+                               AND (lease_expires_at IS NULL OR lease_expires_at < ?4)
                              LIMIT +?3)",
                     )?
-                    .execute(params![before, state.as_str(), limit])?,
+                    .execute(params![before, state.as_str(), limit, now])?,
             })
         })?;
         Ok(deleted as u64)
