@@ -146,7 +146,7 @@ fn process_names(n: usize) -> Vec<String> {
 }
 
 fn is_url(db: &Path) -> bool {
-    db.to_str().is_some_and(tickler::is_postgres_url)
+    db.to_str().is_some_and(|db| !tickler::is_file_location(db))
 }
 
 fn ledger_path(db: &Path, process: &str) -> PathBuf {

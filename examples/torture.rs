@@ -96,7 +96,7 @@ fn parse_args(args: Vec<String>) -> Result<torture::Settings, String> {
             "--wal-bound-mib" => wal_bound = number(value()?)? * 1024 * 1024,
             "--db" | "--postgres" => {
                 let url = value()?;
-                if !tickler::is_postgres_url(&url) {
+                if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
                     return Err(format!("{flag}: not a PostgreSQL URL (postgres://…)"));
                 }
                 if !cfg!(feature = "postgres") {

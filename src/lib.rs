@@ -67,7 +67,7 @@
 //! ```no_run
 //! # fn main() -> tickler::Result<()> {
 //! let queue = tickler::Queue::open("postgres://app@db.internal/jobs")?;
-//! assert!(queue.ops().is_postgres());
+//! assert_eq!(queue.ops().engine(), "PostgreSQL");
 //! # Ok(())
 //! # }
 //! ```
@@ -361,7 +361,7 @@ pub use engine::types::{
     OutcomeSync, PostgresOptions, SqliteOptions, Stats, BACKWARD_STEP_MARGIN, ERROR_HISTORY_MAX,
     MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES_LIMIT, MAX_TIMESTAMP_MS,
 };
-pub use engine::{is_postgres_url, redacted_location};
+pub use engine::{is_file_location, redacted_location};
 pub use error::{Error, Result};
 pub use events::{Event, JobEvent, JobEventKind, Subscription, TickEvent, DEFAULT_EVENT_BUFFER};
 pub use job::{

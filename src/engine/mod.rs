@@ -151,6 +151,44 @@ pub(crate) trait ScheduleStore {
     ) -> Result<(Fired, bool, Option<DateTime<Utc>>)>;
 }
 
+/// The fence every write of a lease's holder ends in: the row is still
+/// that lease's (`id`, its `run_token`, still `running`). A lost lease
+/// matches no row and changes nothing. Written once for every dialect;
+/// each passes its own placeholders (`?2`, `$2`).
+macro_rules! fence {
+    ($id:literal, $run_token:literal) => {
+        concat!(
+            "WHERE id = ",
+            $id,
+            " AND run_token = ",
+            $run_token,
+            " AND status = 'running'"
+        )
+    };
+}
+pub(crate) use fence;
+
+/// The retry-or-dead rule of a failed attempt: dead (finished at `$now`)
+/// once the attempts are used up, else waiting until `$retry_at`, pending
+/// at once if that is already due.
+macro_rules! retry_or_dead {
+    ($now:literal, $retry_at:literal) => {
+        concat!(
+            "status = CASE WHEN attempts >= max_attempts THEN 'dead' WHEN ",
+            $retry_at,
+            " <= ",
+            $now,
+            " THEN 'pending' ELSE 'scheduled' END, run_at = CASE WHEN attempts >= max_attempts \
+             THEN run_at ELSE ",
+            $retry_at,
+            " END, finished_at = CASE WHEN attempts >= max_attempts THEN ",
+            $now,
+            " END"
+        )
+    };
+}
+pub(crate) use retry_or_dead;
+
 /// What opening a queue's engine takes: the builder's settings (see
 /// [`crate::QueueBuilder`]). Each engine reads those it has a use for.
 pub(crate) struct OpenSettings<'a> {
@@ -548,10 +586,19 @@ pub(crate) fn state_index(state: JobState) -> (&'static str, &'static str) {
         ),
     }
 }
+
 /// Whether `location` names a PostgreSQL database (`postgres://…` or
-/// `postgresql://…`) rather than a file.
-pub fn is_postgres_url(location: &str) -> bool {
+/// `postgresql://…`).
+pub(crate) fn is_postgres_url(location: &str) -> bool {
     location.starts_with("postgres://") || location.starts_with("postgresql://")
+}
+
+/// Whether [`crate::Queue::open`] reads `location` as a file (SQLite)
+/// rather than the URL of a database server: for callers that check a
+/// file's path and permissions before opening it, as the `tickler` binary
+/// does.
+pub fn is_file_location(location: &str) -> bool {
+    !is_postgres_url(location)
 }
 
 /// `location` (a path or URL) as it may be shown in messages and logs: a

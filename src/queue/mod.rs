@@ -323,8 +323,19 @@ impl Queue {
             request,
             rules: claim::claim_in,
         });
-        self.engine()
-            .record_and_claim(outcomes, claim.as_ref(), sync)
+        let recorded = self
+            .engine()
+            .record_and_claim(outcomes, claim.as_ref(), sync)?;
+        // An outcome that makes a job claimable again (a retry, a snooze, a
+        // release) or frees a unique_key wakes this process's fetchers;
+        // other processes see the commit.
+        if outcomes
+            .iter()
+            .any(|(_, o)| !matches!(o, Outcome::Complete | Outcome::FailPermanently(_)))
+        {
+            self.engine().wake_watchers();
+        }
+        Ok(recorded)
     }
 
     // ---------------------------------------------------------- paused queues

@@ -150,9 +150,10 @@ impl Ops<'_> {
         self.queue.is_private()
     }
 
-    /// Whether this queue lives in PostgreSQL (rather than a SQLite file).
-    pub fn is_postgres(&self) -> bool {
-        self.queue.is_postgres()
+    /// The engine this queue lives in, for messages and reports:
+    /// `"SQLite"` or `"PostgreSQL"`.
+    pub fn engine(&self) -> &'static str {
+        self.queue.engine().name()
     }
 
     /// The schema version this build writes (`PRAGMA user_version`).

@@ -23,11 +23,6 @@ impl Queue {
         self.inner.engine.location()
     }
 
-    /// See [`Ops::is_postgres`](crate::Ops::is_postgres).
-    pub(crate) fn is_postgres(&self) -> bool {
-        self.inner.engine.file().is_none()
-    }
-
     /// See [`Ops::schema_version`](crate::Ops::schema_version).
     pub(crate) fn schema_version() -> i64 {
         crate::engine::file_schema_version_written()

@@ -21,7 +21,7 @@ fn enqueue_claim_complete_fail_reap() {
         })
         .open()
         .expect("open");
-    assert!(queue.ops().is_postgres());
+    assert_eq!(queue.ops().engine(), "PostgreSQL");
     let a = queue.enqueue(NewJob::new("a")).unwrap();
     let b = queue.enqueue(NewJob::new("b").unique_key("k")).unwrap();
     assert_eq!(queue.enqueue(NewJob::new("b").unique_key("k")).unwrap(), b);

@@ -279,7 +279,7 @@ fn run_worker(dir: &Path, db: &Path, slot: usize, threads: usize) -> i32 {
             return 3;
         }
     };
-    let postgres = queue.ops().is_postgres();
+    let postgres = queue.ops().engine() == "PostgreSQL";
     let handler = |kind: Kind| {
         let ledger = ledger.clone();
         move |ctx: &JobContext| handle(&ledger, ctx, kind, postgres)

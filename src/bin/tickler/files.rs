@@ -8,10 +8,10 @@ use std::io::ErrorKind;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// Whether `--db` names a PostgreSQL database (a `postgres://` URL): none
-/// of the file checks here apply to it.
+/// Whether `--db` names a database server rather than a file: none of the
+/// file checks here apply to it.
 pub fn is_url(db: &Path) -> bool {
-    db.to_str().is_some_and(tickler::is_postgres_url)
+    db.to_str().is_some_and(|db| !tickler::is_file_location(db))
 }
 
 /// `db` for messages: a URL's password is replaced by `***`.

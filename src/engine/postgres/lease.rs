@@ -5,9 +5,10 @@
 //! jobs table when it needs one.
 
 use super::connection::{statement_level, storable};
-use super::outcome::{fence, LOCK_IN_ORDER_SQL, REAP_SQL};
+use super::outcome::{LOCK_IN_ORDER_SQL, REAP_SQL};
 use super::Store;
 use crate::clock::ms_to_datetime;
+use crate::engine::fence;
 use crate::engine::types::*;
 use crate::engine::Leases;
 use crate::error::{Error, Result};

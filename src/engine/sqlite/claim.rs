@@ -207,12 +207,6 @@ impl Claims for Store {
                 break claimed;
             }
         };
-        if outcomes
-            .iter()
-            .any(|(_, o)| !matches!(o, Outcome::Complete | Outcome::FailPermanently(_)))
-        {
-            self.notify_watchers();
-        }
         Ok((results, leases))
     }
 }

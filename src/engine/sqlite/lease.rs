@@ -3,9 +3,10 @@
 //! backward step of the clock left "in the future").
 
 use super::connection::{busy_waits, isolated, Commit};
-use super::outcome::{fence, fenced, REAP_SQL};
+use super::outcome::{fenced, REAP_SQL};
 use super::Store;
 use crate::clock::ms_to_datetime;
+use crate::engine::fence;
 use crate::engine::types::*;
 use crate::engine::Leases;
 use crate::error::Result;

@@ -5,47 +5,12 @@
 use super::connection::isolated;
 use super::Store;
 use crate::engine::types::*;
+use crate::engine::{fence, retry_or_dead};
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::retry::RetryPolicy;
 use rusqlite::params;
 use std::collections::HashMap;
-
-/// The fence every write of a lease's holder ends in: the row is still
-/// that lease's (`id`, its `run_token`, still `running`). A lost lease
-/// matches no row and changes nothing.
-macro_rules! fence {
-    ($id:literal, $run_token:literal) => {
-        concat!(
-            "WHERE id = ",
-            $id,
-            " AND run_token = ",
-            $run_token,
-            " AND status = 'running'"
-        )
-    };
-}
-pub(crate) use fence;
-
-/// The retry-or-dead rule of a failed attempt: dead (finished at `$now`)
-/// once the attempts are used up, else waiting until `$retry_at`, pending
-/// at once if that is already due.
-macro_rules! retry_or_dead {
-    ($now:literal, $retry_at:literal) => {
-        concat!(
-            "status = CASE WHEN attempts >= max_attempts THEN 'dead' WHEN ",
-            $retry_at,
-            " <= ",
-            $now,
-            " THEN 'pending' ELSE 'scheduled' END, run_at = CASE WHEN attempts >= max_attempts \
-             THEN run_at ELSE ",
-            $retry_at,
-            " END, finished_at = CASE WHEN attempts >= max_attempts THEN ",
-            $now,
-            " END"
-        )
-    };
-}
 
 /// Success ends the error story: `last_error` is cleared (the history in
 /// `errors` stays). ?1 now, ?2 id, ?3 run_token.
