@@ -1,10 +1,13 @@
 //! A dropped `Queue` leaves nothing behind in the process: an application
 //! that opens and closes queues (a desktop app per document, a CLI, a test
-//! suite) must not collect threads or open files. This file holds a single
-//! test, so no other test's threads or files are counted.
+//! suite) must not collect threads or open files. Threads and files are
+//! counted for the whole process, so the count runs in a child process of
+//! its own (this test binary, given only that case), where no other test
+//! runs beside it.
 
 use crate::support::common;
 
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tickler::{JobState, NewJob, Queue};
 
@@ -22,8 +25,48 @@ fn open_files() -> usize {
     count_entries("/proc/self/fd")
 }
 
+/// Set in the child process that does the counting.
+const CHILD_ENV: &str = "TICKLER_TEST_QUEUE_DROP_CHILD";
+const CHILD_TEST: &str = "count_in_a_process_of_its_own";
+
 contract! {
 fn dropping_queues_stops_their_threads_and_closes_their_files() {
+    let exe = std::env::current_exe().expect("test binary path");
+    let out = Command::new(exe)
+        .args([
+            "--exact",
+            crate::support::engine::case_name(module_path!(), CHILD_TEST).as_str(),
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            crate::support::engine::ENGINE_VAR,
+            crate::support::engine::current().name(),
+        )
+        .env(CHILD_ENV, "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the counting child");
+    let output = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the counting child failed:\n{output}");
+    // A filter that matched nothing would pass without counting.
+    assert!(
+        output.contains("1 passed"),
+        "the counting child ran no test:\n{output}"
+    );
+}
+}
+
+contract! {
+/// The child side: a no-op unless `TICKLER_TEST_QUEUE_DROP_CHILD` is set.
+fn count_in_a_process_of_its_own() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("drop.db");
     // The first open creates the file; measure from an open file onwards.
