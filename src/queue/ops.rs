@@ -75,7 +75,7 @@ impl Ops<'_> {
     /// # let queue = tickler::Queue::open(dir.path().join("q.db"))?;
     /// use std::time::Duration;
     /// // The last hour, a minute a slice.
-    /// let minutes = queue.activity(60, Duration::from_secs(60), 10_000)?;
+    /// let minutes = queue.ops().activity(60, Duration::from_secs(60), 10_000)?;
     /// assert_eq!(minutes.len(), 60);
     /// assert!(minutes.iter().all(|m| m.finished == 0));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
