@@ -112,7 +112,7 @@ fn snooze_reschedules_at_its_time_and_gives_the_attempt_back() {
     // hour after a moment between the handler's start and now.
     let run = &rec.runs()[0];
     let lo = run.started_at + chrono::Duration::hours(1);
-    let hi = Utc::now() + chrono::Duration::hours(1);
+    let hi = queue.clock().now() + chrono::Duration::hours(1);
     assert!(
         job.run_at >= lo - chrono::Duration::milliseconds(1) && job.run_at <= hi,
         "snoozed to {}, expected between {lo} and {hi}",

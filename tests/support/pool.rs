@@ -112,7 +112,8 @@ pub struct Run {
     pub kind: String,
     /// Name of the worker thread that ran it.
     pub thread: String,
-    /// Wall-clock time the handler started (UTC).
+    /// When the handler started, by the queue's clock (on PostgreSQL the
+    /// server's, which is what due times and snoozes are measured by).
     pub started_at: DateTime<Utc>,
     pub started: Instant,
 }
@@ -210,7 +211,7 @@ impl Script {
                 .name()
                 .unwrap_or("(unnamed)")
                 .to_owned(),
-            started_at: Utc::now(),
+            started_at: ctx.now(),
             started: Instant::now(),
         });
     }
