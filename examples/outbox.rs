@@ -196,7 +196,7 @@ fn confirm(ctx: &JobContext, worker: &str) -> Result<(), JobError> {
         .ok_or_else(|| JobError::permanent(format!("bad payload {}", ctx.payload())))?;
     // Some work before the transaction (asking the payment service, say).
     std::thread::sleep(Duration::from_millis(fastrand::u64(2..20)));
-    ctx.complete_with(|tx| {
+    ctx.complete_with(|tx: &tickler::rusqlite::Transaction| {
         let changed = tx.execute(
             "UPDATE orders SET status = 'confirmed', confirmations = confirmations + 1,
                  confirmed_by = ?1, confirmed_token = ?2

@@ -61,8 +61,9 @@
 //! `busy_timeout + busy_retry` before `Error::Postgres` reaches the
 //! caller. The application's own transactions: [`Queue::enqueue_tx`] with
 //! a `&mut postgres::Transaction` (the same call as on SQLite, over
-//! [`AppTx`]), `Queue::complete_with_pg`. The README's "PostgreSQL" section has the
-//! details.
+//! [`AppTx`]), and [`Queue::complete_with`] with a closure over one
+//! (`|tx: &mut postgres::Transaction|`, over [`AppWrites`]). The README's
+//! "PostgreSQL" section has the details.
 //!
 //! ```no_run
 //! # fn main() -> tickler::Result<()> {
@@ -353,13 +354,20 @@ mod worker;
 /// the versions always match.
 pub use rusqlite;
 
+/// The `postgres` client this crate is built with (feature `postgres`):
+/// its transaction type appears in the public API ([`Queue::enqueue_tx`],
+/// [`Queue::complete_with`]). Use `tickler::postgres`, or a `postgres`
+/// dependency of the same version (0.19).
+#[cfg(feature = "postgres")]
+pub use postgres;
+
 #[cfg(feature = "tokio")]
 pub use async_queue::AsyncQueue;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::types::{
-    AppTx, AppTxRef, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter, Outcome,
-    OutcomeSync, PostgresOptions, SqliteOptions, Stats, BACKWARD_STEP_MARGIN, ERROR_HISTORY_MAX,
-    MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES_LIMIT, MAX_TIMESTAMP_MS,
+    AppTx, AppTxRef, AppWrites, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter,
+    Outcome, OutcomeSync, PostgresOptions, SqliteOptions, Stats, BACKWARD_STEP_MARGIN,
+    ERROR_HISTORY_MAX, MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES_LIMIT, MAX_TIMESTAMP_MS,
 };
 pub use engine::{is_file_location, redacted_location};
 pub use error::{Error, Result};

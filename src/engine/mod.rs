@@ -349,27 +349,16 @@ pub(crate) trait Capabilities: Send + Sync {
         Err(wrong_app_tx(&tx, self.name()))
     }
 
-    /// See [`crate::Queue::complete_with`]; `app_writes` may be called
-    /// again if the transaction is retried before it ran (it refuses then).
-    fn complete_with_sqlite(
+    /// See [`crate::Queue::complete_with`]: `app_writes` runs inside the
+    /// transaction that completes the job fenced by `lease`, given this
+    /// engine's transaction. It may be called again if the transaction is
+    /// retried before it ran (it refuses then).
+    fn complete_with(
         &self,
         _lease: &Lease,
-        _app_writes: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> Result<()>,
+        _app_writes: &mut dyn FnMut(types::AppTxKind<'_, '_>) -> Result<()>,
     ) -> Result<()> {
-        Err(unsupported(
-            "complete_with with a rusqlite transaction",
-            self.name(),
-        ))
-    }
-
-    /// See [`crate::Queue::complete_with_pg`].
-    #[cfg(feature = "postgres")]
-    fn complete_with_pg(
-        &self,
-        _lease: &Lease,
-        _app_writes: &mut dyn FnMut(&mut ::postgres::Transaction<'_>) -> Result<()>,
-    ) -> Result<()> {
-        Err(unsupported("complete_with_pg", self.name()))
+        Err(unsupported("complete_with", self.name()))
     }
 }
 

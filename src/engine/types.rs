@@ -452,6 +452,82 @@ mod sealed {
     impl Sealed for &rusqlite::Transaction<'_> {}
     #[cfg(feature = "postgres")]
     impl Sealed for &mut ::postgres::Transaction<'_> {}
+
+    /// Only tickler implements [`super::AppWrites`].
+    pub trait SealedWrites<M> {}
+}
+
+/// The application's writes that [`Queue::complete_with`](crate::Queue::complete_with)
+/// runs inside the transaction that completes a job: a closure over the
+/// queue's engine's transaction type, written with the type named, so
+/// that one method serves every engine:
+///
+/// | engine | closure |
+/// | --- | --- |
+/// | SQLite | `\|tx: &rusqlite::Transaction\| -> tickler::Result<T>` |
+/// | PostgreSQL (feature `postgres`) | `\|tx: &mut postgres::Transaction\| -> tickler::Result<T>` |
+///
+/// A closure over another engine's transaction than the queue's is not
+/// run: the call answers [`Error::Unsupported`] and nothing is written.
+/// `M` tells the two closure shapes apart; it is inferred, never named.
+pub trait AppWrites<T, M>: sealed::SealedWrites<M> {
+    /// Runs the writes in the engine's transaction.
+    #[doc(hidden)]
+    fn write(self, tx: AppTxRef<'_, '_>) -> Result<T>;
+}
+
+/// The [`AppWrites`] shape of a closure over a rusqlite transaction.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum SqliteWrites {}
+
+/// The [`AppWrites`] shape of a closure over a postgres transaction.
+#[doc(hidden)]
+#[cfg(feature = "postgres")]
+#[derive(Debug)]
+pub enum PostgresWrites {}
+
+impl<F, T> sealed::SealedWrites<SqliteWrites> for F where
+    F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T>
+{
+}
+
+impl<F, T> AppWrites<T, SqliteWrites> for F
+where
+    F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T>,
+{
+    fn write(self, tx: AppTxRef<'_, '_>) -> Result<T> {
+        match tx.0 {
+            AppTxKind::Sqlite(tx) => self(tx),
+            #[cfg(feature = "postgres")]
+            other => Err(Error::Unsupported {
+                what: "a closure over a rusqlite transaction (complete_with)",
+                engine: other.engine(),
+            }),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl<F, T> sealed::SealedWrites<PostgresWrites> for F where
+    F: FnOnce(&mut ::postgres::Transaction<'_>) -> Result<T>
+{
+}
+
+#[cfg(feature = "postgres")]
+impl<F, T> AppWrites<T, PostgresWrites> for F
+where
+    F: FnOnce(&mut ::postgres::Transaction<'_>) -> Result<T>,
+{
+    fn write(self, tx: AppTxRef<'_, '_>) -> Result<T> {
+        match tx.0 {
+            AppTxKind::Postgres(tx) => self(tx),
+            other => Err(Error::Unsupported {
+                what: "a closure over a postgres transaction (complete_with)",
+                engine: other.engine(),
+            }),
+        }
+    }
 }
 
 impl<'a, 'b> AppTx<'a, 'b> for &'a rusqlite::Transaction<'b> {

@@ -3,7 +3,7 @@
 //! (`complete_with`), on the engine's own connections.
 
 use super::Queue;
-use crate::engine::types::AppTx;
+use crate::engine::types::{AppTx, AppTxRef, AppWrites};
 use crate::error::{Error, Result};
 use crate::job::{JobId, NewJob};
 use crate::lease::Lease;
@@ -93,82 +93,72 @@ impl Queue {
         self.engine().enqueue_in_app_tx(tx, &rows, now)
     }
 
-    /// Runs `app_writes` and marks the job succeeded in one `BEGIN
-    /// IMMEDIATE` transaction on tickler's write connection: the handler's
-    /// own writes to tables in this file and the job's completion commit
-    /// together or not at all. If the lease was lost (reaped, cancelled),
-    /// the fenced completion matches no row, the whole transaction rolls
-    /// back, the application's writes too, and the caller gets
-    /// [`Error::LeaseLost`].
+    /// Runs `app_writes` and marks the job succeeded in one transaction
+    /// of tickler's: the handler's own writes to the queue's database and
+    /// the job's completion commit together or not at all. If the lease was
+    /// lost (reaped, cancelled), the fenced completion matches no row, the
+    /// whole transaction rolls back, the application's writes too, and the
+    /// caller gets [`Error::LeaseLost`].
     ///
-    /// This gives exactly-once effects for effects inside this file. Effects
-    /// outside it (HTTP calls, e-mail) stay at-least-once: key them by the
-    /// job id or run_token.
+    /// `app_writes` is a closure over the engine's transaction, with its
+    /// type named ([`AppWrites`]): `|tx: &rusqlite::Transaction|` on SQLite,
+    /// `|tx: &mut postgres::Transaction|` on PostgreSQL. It runs once.
     ///
-    /// Committed with the queue's [`Durability`]. `app_writes` runs inside
-    /// the write transaction, holding SQLite's write lock for the whole
-    /// file: keep it short (a few statements), and do no other work in it.
-    /// It must not open its own transaction nor call other `Queue` writes
-    /// (they return [`Error::InvalidArgument`]; write through `tx`, e.g.
-    /// [`Queue::enqueue_tx`]). It may return [`Error::Aborted`] (or any
-    /// error) to roll everything back; a busy error it returns comes back
-    /// as [`Error::Aborted`], not retried.
+    /// This gives exactly-once effects for effects inside the database.
+    /// Effects outside it (HTTP calls, e-mail) stay at-least-once: key them
+    /// by the job id or run_token.
     ///
-    /// # Errors
-    /// [`Error::LeaseLost`]; the error `app_writes` returned; [`Error::Busy`],
-    /// [`Error::DiskFull`], [`Error::Sqlite`]. On any error nothing was
-    /// written.
-    pub fn complete_with<T>(
-        &self,
-        lease: &Lease,
-        app_writes: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>,
-    ) -> Result<T> {
-        let mut app_writes = Some(app_writes);
-        let mut value = None;
-        self.engine().complete_with_sqlite(lease, &mut |tx| {
-            let writes = app_writes.take().ok_or_else(|| {
-                Error::aborted(
-                    "the commit after app_writes was refused as busy; nothing was written",
-                )
-            })?;
-            value = Some(writes(tx)?);
-            Ok(())
-        })?;
-        value.ok_or_else(|| Error::aborted("app_writes did not run; nothing was written"))
-    }
-}
-
-/// Jobs written and completed inside the application's own PostgreSQL
-/// transactions (feature `postgres`; the `postgres` crate, version 0.19):
-/// the PostgreSQL forms of [`Queue::enqueue_tx`] and
-/// [`Queue::complete_with`].
-#[cfg(feature = "postgres")]
-impl Queue {
-    /// Runs `app_writes` and marks the job succeeded in one transaction on
-    /// one of tickler's connections: the handler's writes to the database
-    /// and the job's completion commit together or not at all. If the
-    /// lease was lost, the fenced completion matches no row, everything
-    /// rolls back and the caller gets [`Error::LeaseLost`]. `app_writes`
-    /// runs once: this is not retried through a lost connection (an error
-    /// during the commit leaves it unknown whether it committed; the
-    /// job's next outcome then says so with [`Error::LeaseLost`]).
+    /// - **SQLite**: one `BEGIN IMMEDIATE` transaction on tickler's write
+    ///   connection, committed with the queue's [`Durability`]. It holds the
+    ///   write lock of the whole file while `app_writes` runs: keep it short
+    ///   (a few statements). `app_writes` must not open its own transaction
+    ///   nor call other `Queue` writes (they return
+    ///   [`Error::InvalidArgument`]; write through `tx`, e.g.
+    ///   [`Queue::enqueue_tx`]). A busy error it returns comes back as
+    ///   [`Error::Aborted`], not retried; only a busy `BEGIN`, before
+    ///   `app_writes` ran, is.
+    /// - **PostgreSQL**: one transaction on one of tickler's connections,
+    ///   tried once: an error during the commit leaves it unknown whether it
+    ///   committed (the job's next outcome then says so with
+    ///   [`Error::LeaseLost`]).
+    ///
+    /// `app_writes` may return [`Error::Aborted`] (or any error) to roll
+    /// everything back.
+    ///
+    /// ```no_run
+    /// # fn main() -> tickler::Result<()> {
+    /// # let queue = tickler::Queue::open("app.db")?;
+    /// # let leases = queue.manual().claim("default", "me", 1, std::time::Duration::from_secs(30))?;
+    /// # let lease = &leases[0];
+    /// queue.complete_with(lease, |tx: &tickler::rusqlite::Transaction| {
+    ///     tx.execute("INSERT INTO exports (job) VALUES (?1)", [lease.job_id.0])?;
+    ///     Ok(())
+    /// })?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
     /// [`Error::LeaseLost`]; the error `app_writes` returned;
-    /// [`Error::Postgres`]; [`Error::Unsupported`] on a SQLite queue. On
-    /// any error but one during the commit itself, nothing was written.
-    pub fn complete_with_pg<T>(
+    /// [`Error::Unsupported`] for a closure over another engine's
+    /// transaction; [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]
+    /// on SQLite, [`Error::Postgres`] on PostgreSQL. On any error but one
+    /// during a PostgreSQL commit itself, nothing was written.
+    pub fn complete_with<T, M>(
         &self,
         lease: &Lease,
-        app_writes: impl FnOnce(&mut postgres::Transaction<'_>) -> Result<T>,
+        app_writes: impl AppWrites<T, M>,
     ) -> Result<T> {
         let mut app_writes = Some(app_writes);
         let mut value = None;
-        self.engine().complete_with_pg(lease, &mut |tx| {
-            let writes = app_writes
-                .take()
-                .ok_or_else(|| Error::aborted("app_writes runs once; nothing more was written"))?;
-            value = Some(writes(tx)?);
+        self.engine().complete_with(lease, &mut |tx| {
+            let writes = app_writes.take().ok_or_else(|| {
+                Error::aborted(
+                    "app_writes runs once, and its transaction was to be tried again; \
+                     nothing was written",
+                )
+            })?;
+            value = Some(writes.write(AppTxRef(tx))?);
             Ok(())
         })?;
         value.ok_or_else(|| Error::aborted("app_writes did not run; nothing was written"))

@@ -261,37 +261,20 @@ impl JobContext {
     }
 
     /// Completes the job together with the handler's own writes, in one
-    /// transaction: see [`Queue::complete_with`]. After `Ok`, whatever the
-    /// handler returns is ignored (the job is already succeeded). On
+    /// transaction: see [`Queue::complete_with`] (the closure names the
+    /// engine's transaction type, `|tx: &rusqlite::Transaction|` or
+    /// `|tx: &mut postgres::Transaction|`). After `Ok`, whatever the handler
+    /// returns is ignored (the job is already succeeded). On
     /// [`crate::Error::LeaseLost`] nothing was written; return the error
     /// (`?` turns it into a retry that the pool drops, as the lease is gone).
     ///
     /// # Errors
     /// As [`Queue::complete_with`].
-    pub fn complete_with<T>(
-        &self,
-        app_writes: impl FnOnce(&rusqlite::Transaction<'_>) -> crate::Result<T>,
-    ) -> crate::Result<T> {
+    pub fn complete_with<T, M>(&self, app_writes: impl crate::AppWrites<T, M>) -> crate::Result<T> {
         // Marked before the commit, not after: the heartbeat can renew the
         // lease between the commit and this thread's next instruction.
         let _under_way = self.completion.begin();
         let value = self.queue.complete_with(&self.lease, app_writes)?;
-        self.completion.commit();
-        Ok(value)
-    }
-
-    /// [`JobContext::complete_with`] on PostgreSQL: see
-    /// [`Queue::complete_with_pg`].
-    ///
-    /// # Errors
-    /// As [`Queue::complete_with_pg`].
-    #[cfg(feature = "postgres")]
-    pub fn complete_with_pg<T>(
-        &self,
-        app_writes: impl FnOnce(&mut postgres::Transaction<'_>) -> crate::Result<T>,
-    ) -> crate::Result<T> {
-        let _under_way = self.completion.begin();
-        let value = self.queue.complete_with_pg(&self.lease, app_writes)?;
         self.completion.commit();
         Ok(value)
     }

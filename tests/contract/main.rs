@@ -58,9 +58,10 @@ mod schedule_two_processes;
 // The model of the state machine.
 mod model;
 
-// Paused queues, the dashboard's plot, events, typed jobs, the testing
-// helper.
+// Paused queues, the dashboard's plot, the application's transactions,
+// events, typed jobs, the testing helper.
 mod activity;
+mod app_tx;
 mod job_events;
 mod queue_pause;
 mod testing_helper;

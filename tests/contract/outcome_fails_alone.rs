@@ -420,7 +420,7 @@ mod a_bad_snooze_in_an_outcome_batch {
         let holder = {
             let queue = queue.clone();
             std::thread::spawn(move || {
-                let r: tickler::Result<()> = queue.complete_with(&other, |_tx| {
+                let r: tickler::Result<()> = queue.complete_with(&other, |_tx: &tickler::rusqlite::Transaction| {
                     holding_tx.send(()).unwrap();
                     std::thread::sleep(Duration::from_millis(800));
                     Err(Error::aborted("test only held the lock"))

@@ -459,7 +459,7 @@ fn complete_with_failing_writes(queue: &Queue, lease: &tickler::Lease) -> Error 
         return pg_complete_with_failing_writes(queue, lease);
     }
     queue
-        .complete_with(lease, |tx| {
+        .complete_with(lease, |tx: &tickler::rusqlite::Transaction| {
             tx.execute(
                 "INSERT INTO seam_effects (job_id, note) VALUES (?1, 'done')",
                 [lease.job_id.0],
@@ -472,7 +472,7 @@ fn complete_with_failing_writes(queue: &Queue, lease: &tickler::Lease) -> Error 
 #[cfg(feature = "postgres")]
 fn pg_complete_with_failing_writes(queue: &Queue, lease: &tickler::Lease) -> Error {
     queue
-        .complete_with_pg(lease, |tx| {
+        .complete_with(lease, |tx: &mut tickler::postgres::Transaction| {
             tx.execute(
                 "INSERT INTO seam_effects (job_id, note) VALUES ($1, 'done')",
                 &[&lease.job_id.0],

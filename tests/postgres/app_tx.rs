@@ -105,22 +105,23 @@ fn completion_commits_with_the_handlers_writes_or_not_at_all() {
         .remove(0);
     assert_eq!(lost_lease.job_id, other);
     queue.cancel(other).unwrap();
-    let lost = queue.complete_with_pg(&lost_lease, |tx| {
+    let lost = queue.complete_with(&lost_lease, |tx: &mut tickler::postgres::Transaction| {
         tx.execute("INSERT INTO orders VALUES (99)", &[])?;
         Ok(())
     });
     assert!(matches!(lost, Err(Error::LeaseLost { .. })), "{lost:?}");
 
     // An error of the application's: nothing written, the job still held.
-    let aborted: tickler::Result<()> = queue.complete_with_pg(&lease, |tx| {
-        tx.execute("INSERT INTO orders VALUES (7)", &[])?;
-        Err(Error::aborted("no stock"))
-    });
+    let aborted: tickler::Result<()> =
+        queue.complete_with(&lease, |tx: &mut tickler::postgres::Transaction| {
+            tx.execute("INSERT INTO orders VALUES (7)", &[])?;
+            Err(Error::aborted("no stock"))
+        });
     assert!(matches!(aborted, Err(Error::Aborted(_))));
     assert_eq!(queue.get(id).unwrap().state, JobState::Running);
 
     let n = queue
-        .complete_with_pg(&lease, |tx| {
+        .complete_with(&lease, |tx: &mut tickler::postgres::Transaction| {
             tx.execute("INSERT INTO orders VALUES (1)", &[])?;
             Ok(5)
         })

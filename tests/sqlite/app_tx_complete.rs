@@ -32,7 +32,7 @@ fn complete_with_after_the_reaper_took_the_lease_returns_lease_lost_and_writes_n
     // transaction (it reads them back) and are then rolled back.
     let ran = Cell::new(false);
     let err = queue
-        .complete_with(&first, |tx| {
+        .complete_with(&first, |tx: &tickler::rusqlite::Transaction| {
             insert_effect(tx, Some(id.0), Some(&first.run_token.0), "stale")?;
             assert_eq!(
                 effects_of(tx, id.0),
@@ -64,7 +64,7 @@ fn complete_with_after_the_reaper_took_the_lease_returns_lease_lost_and_writes_n
     assert_ne!(second.run_token, first.run_token);
     let held = queue.get(id).unwrap();
     let err = queue
-        .complete_with(&first, |tx| {
+        .complete_with(&first, |tx: &tickler::rusqlite::Transaction| {
             insert_effect(tx, Some(id.0), Some(&first.run_token.0), "stale again")?;
             Ok(())
         })
@@ -80,7 +80,7 @@ fn complete_with_after_the_reaper_took_the_lease_returns_lease_lost_and_writes_n
 
     // The new holder completes with its writes.
     queue
-        .complete_with(&second, |tx| {
+        .complete_with(&second, |tx: &tickler::rusqlite::Transaction| {
             insert_effect(tx, Some(id.0), Some(&second.run_token.0), "fresh")?;
             Ok(())
         })
@@ -112,7 +112,7 @@ fn the_closures_writes_and_succeeded_land_together() {
     clock.advance(secs(3));
 
     let value = queue
-        .complete_with(&lease, |tx| {
+        .complete_with(&lease, |tx: &tickler::rusqlite::Transaction| {
             insert_effect(tx, Some(id.0), Some(&lease.run_token.0), "one")?;
             insert_effect(tx, Some(id.0), Some(&lease.run_token.0), "two")?;
             Ok(tx.last_insert_rowid())
@@ -129,7 +129,7 @@ fn the_closures_writes_and_succeeded_land_together() {
     // Completing again with the same lease is refused and writes nothing:
     // the effect cannot be applied twice.
     let err = queue
-        .complete_with(&lease, |tx| {
+        .complete_with(&lease, |tx: &tickler::rusqlite::Transaction| {
             insert_effect(tx, Some(id.0), Some(&lease.run_token.0), "twice")?;
             Ok(())
         })
@@ -161,10 +161,13 @@ fn an_application_error_rolls_back_everything_and_the_job_stays_running() {
 
     // Error::aborted from the closure.
     let err = queue
-        .complete_with(&lease, |tx| -> tickler::Result<()> {
-            insert_effect(tx, Some(id.0), None, "half done")?;
-            Err(Error::aborted("stock ran out"))
-        })
+        .complete_with(
+            &lease,
+            |tx: &tickler::rusqlite::Transaction| -> tickler::Result<()> {
+                insert_effect(tx, Some(id.0), None, "half done")?;
+                Err(Error::aborted("stock ran out"))
+            },
+        )
         .unwrap_err();
     match &err {
         Error::Aborted(inner) => assert_eq!(inner.to_string(), "stock ran out"),
@@ -176,7 +179,7 @@ fn an_application_error_rolls_back_everything_and_the_job_stays_running() {
 
     // A failing SQL statement of the application's, after a good one.
     let err = queue
-        .complete_with(&lease, |tx| {
+        .complete_with(&lease, |tx: &tickler::rusqlite::Transaction| {
             insert_effect(tx, Some(id.0), None, "first")?;
             tx.execute("INSERT INTO no_such_table VALUES (1)", [])?;
             Ok(())
@@ -192,7 +195,7 @@ fn an_application_error_rolls_back_everything_and_the_job_stays_running() {
 
     // The lease is still held: the next try succeeds, with only its writes.
     queue
-        .complete_with(&lease, |tx| {
+        .complete_with(&lease, |tx: &tickler::rusqlite::Transaction| {
             insert_effect(tx, Some(id.0), None, "done")?;
             Ok(())
         })
@@ -217,7 +220,7 @@ fn complete_with_on_a_cancelled_job_returns_lease_lost_and_writes_nothing() {
     let cancelled = queue.get(id).unwrap();
 
     let err = queue
-        .complete_with(&lease, |tx| {
+        .complete_with(&lease, |tx: &tickler::rusqlite::Transaction| {
             insert_effect(tx, Some(id.0), None, "after cancel")?;
             Ok(())
         })
@@ -243,7 +246,9 @@ fn a_follow_up_job_enqueued_in_the_closure_exists_iff_the_completion_commits() {
     clock.advance(secs(2));
     assert_eq!(queue.manual().reap().unwrap(), 1);
     let err = queue
-        .complete_with(&stale, |tx| queue.enqueue_tx(tx, NewJob::new("step2")))
+        .complete_with(&stale, |tx: &tickler::rusqlite::Transaction| {
+            queue.enqueue_tx(tx, NewJob::new("step2"))
+        })
         .unwrap_err();
     assert!(err.is_lease_lost(), "{err:?}");
     assert_eq!(queue.count(JobState::Pending).unwrap(), 0);
@@ -258,7 +263,7 @@ fn a_follow_up_job_enqueued_in_the_closure_exists_iff_the_completion_commits() {
         .remove(0);
     assert_eq!(lease.job_id, first);
     let second = queue
-        .complete_with(&lease, |tx| {
+        .complete_with(&lease, |tx: &tickler::rusqlite::Transaction| {
             queue.enqueue_tx(
                 tx,
                 NewJob::new("step2").payload(serde_json::json!({"after": first.0})),
@@ -295,10 +300,13 @@ fn a_busy_error_from_the_closure_is_returned_at_once() {
     let started = std::time::Instant::now();
     let calls = Cell::new(0);
     let err = queue
-        .complete_with(&lease, |_tx| -> tickler::Result<()> {
-            calls.set(calls.get() + 1);
-            Err(Error::Busy { waited_ms: 4321 })
-        })
+        .complete_with(
+            &lease,
+            |_tx: &tickler::rusqlite::Transaction| -> tickler::Result<()> {
+                calls.set(calls.get() + 1);
+                Err(Error::Busy { waited_ms: 4321 })
+            },
+        )
         .unwrap_err();
     let took = started.elapsed();
     assert_eq!(calls.get(), 1, "the closure ran again");
@@ -334,7 +342,9 @@ fn queue_writes_inside_the_closure_fail_instead_of_deadlocking() {
     let q = queue.clone();
     // Left running (stuck) if the bug is there; the test process ends anyway.
     std::thread::spawn(move || {
-        let result = q.complete_with(&lease, |_tx| q.enqueue(NewJob::new("follow_up")));
+        let result = q.complete_with(&lease, |_tx: &tickler::rusqlite::Transaction| {
+            q.enqueue(NewJob::new("follow_up"))
+        });
         let _ = done_tx.send(result.map(|_| ()));
     });
     match done_rx.recv_timeout(secs(5)) {
@@ -385,7 +395,7 @@ mod a_locked_error_in_app_writes {
             .remove(0);
 
         let started = Instant::now();
-        let result = queue.complete_with(&lease, |tx| {
+        let result = queue.complete_with(&lease, |tx: &tickler::rusqlite::Transaction| {
             // An ordinary SQLite error from application code: DROP TABLE while a
             // statement on it is still active gives SQLITE_LOCKED
             // ("database table is locked").
@@ -442,7 +452,9 @@ mod enqueue_inside_complete_with {
         {
             let queue = queue.clone();
             std::thread::spawn(move || {
-                let r = queue.complete_with(&lease, |_tx| queue.enqueue(NewJob::new("step2")));
+                let r = queue.complete_with(&lease, |_tx: &tickler::rusqlite::Transaction| {
+                    queue.enqueue(NewJob::new("step2"))
+                });
                 let _ = done_tx.send(format!("{r:?}"));
             });
         }

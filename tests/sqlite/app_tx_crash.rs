@@ -109,7 +109,7 @@ fn killed_inside_the_completion_transaction_leaves_neither_row_nor_success() {
     assert_eq!(lease.job_id, id);
     assert_eq!(lease.attempt, 2);
     queue
-        .complete_with(&lease, |tx| {
+        .complete_with(&lease, |tx: &tickler::rusqlite::Transaction| {
             insert_effect(tx, Some(id.0), Some(&lease.run_token.0), "effect")?;
             Ok(())
         })
@@ -179,7 +179,7 @@ fn crash_child_process() {
             let token = ctx.run_token().0.clone();
             match mode.as_str() {
                 "in_tx" => {
-                    ctx.complete_with(|tx| {
+                    ctx.complete_with(|tx: &tickler::rusqlite::Transaction| {
                         insert_effect(tx, Some(id), Some(&token), "effect")?;
                         let filler = "x".repeat(1024);
                         for _ in 0..FILLER_ROWS {
@@ -191,7 +191,7 @@ fn crash_child_process() {
                     })?;
                 }
                 "after" => {
-                    ctx.complete_with(|tx| {
+                    ctx.complete_with(|tx: &tickler::rusqlite::Transaction| {
                         insert_effect(tx, Some(id), Some(&token), "effect")?;
                         Ok(())
                     })?;

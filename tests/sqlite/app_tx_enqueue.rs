@@ -220,7 +220,7 @@ fn pool_child_process() {
                 tickler::JobError::permanent(format!("unexpected payload {}", ctx.payload()))
             })?;
             let id = ctx.job_id().0;
-            ctx.complete_with(|tx| {
+            ctx.complete_with(|tx: &tickler::rusqlite::Transaction| {
                 insert_effect(tx, Some(id), None, &format!("ran for row {row}"))?;
                 Ok(())
             })?;

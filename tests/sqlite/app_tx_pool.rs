@@ -1,5 +1,5 @@
 //! Through a worker pool: a handler that finishes its job with
-//! `ctx.complete_with(|tx| …)` gets its job succeeded exactly once, with its
+//! `ctx.complete_with(|tx: &tickler::rusqlite::Transaction| …)` gets its job succeeded exactly once, with its
 //! row written once, and the pool records no second outcome for it —
 //! whatever the handler returns or does afterwards (an error, a panic).
 //! A handler whose lease was lost gets `LeaseLost` from `complete_with` and
@@ -137,7 +137,7 @@ fn complete_with_in_a_handler_succeeds_each_job_once_and_the_pool_records_nothin
                 .or_default() += 1;
             let token = ctx.run_token().0.clone();
             let id = ctx.job_id().0;
-            ctx.complete_with(|tx| {
+            ctx.complete_with(|tx: &tickler::rusqlite::Transaction| {
                 insert_effect(tx, Some(id), Some(&token), "handled")?;
                 Ok(())
             })?;
@@ -216,7 +216,7 @@ fn a_handler_that_lost_its_lease_gets_lease_lost_and_its_row_is_not_written() {
                 std::thread::sleep(ms(2));
             }
             let id = ctx.job_id().0;
-            let outcome = ctx.complete_with(|tx| {
+            let outcome = ctx.complete_with(|tx: &tickler::rusqlite::Transaction| {
                 insert_effect(tx, Some(id), None, "too late")?;
                 Ok(())
             });
@@ -278,7 +278,7 @@ fn a_handler_still_running_after_complete_with_is_not_told_its_lease_was_lost() 
         .heartbeat_interval(ms(50))
         .handler("lingers", move |ctx: &JobContext| {
             let id = ctx.job_id().0;
-            ctx.complete_with(|tx| {
+            ctx.complete_with(|tx: &tickler::rusqlite::Transaction| {
                 insert_effect(tx, Some(id), None, "done")?;
                 Ok(())
             })?;
@@ -340,7 +340,7 @@ fn a_heartbeat_racing_complete_with_does_not_report_a_lost_lease() {
         .heartbeat_interval(ms(1))
         .handler("racing", move |ctx: &JobContext| {
             let id = ctx.job_id().0;
-            ctx.complete_with(|tx| {
+            ctx.complete_with(|tx: &tickler::rusqlite::Transaction| {
                 insert_effect(tx, Some(id), None, "done")?;
                 Ok(())
             })?;
@@ -395,8 +395,12 @@ fn a_second_complete_with_does_not_undo_the_first() {
         .heartbeat_interval(ms(50))
         .handler("twice", move |ctx: &JobContext| {
             let id = ctx.job_id().0;
-            ctx.complete_with(|tx| Ok(insert_effect(tx, Some(id), None, "first")?))?;
-            let again = ctx.complete_with(|tx| Ok(insert_effect(tx, Some(id), None, "second")?));
+            ctx.complete_with(|tx: &tickler::rusqlite::Transaction| {
+                Ok(insert_effect(tx, Some(id), None, "first")?)
+            })?;
+            let again = ctx.complete_with(|tx: &tickler::rusqlite::Transaction| {
+                Ok(insert_effect(tx, Some(id), None, "second")?)
+            });
             // Over several heartbeats.
             std::thread::sleep(ms(400));
             *h_seen.lock().unwrap() = Some((again.is_err(), ctx.cancel_reason()));

@@ -248,7 +248,7 @@ mod a_step_during_the_reapers_lock_wait {
         let holder = {
             let queue = queue.clone();
             std::thread::spawn(move || {
-                let _ = queue.complete_with(&other, |_tx| {
+                let _ = queue.complete_with(&other, |_tx: &tickler::rusqlite::Transaction| {
                     holding_tx.send(()).unwrap();
                     std::thread::sleep(Duration::from_millis(300));
                     Err::<(), _>(Error::aborted("test only held the lock"))

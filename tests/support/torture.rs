@@ -21,7 +21,7 @@
 //!   one `write(2)` per line on an `O_APPEND` file, which survives SIGKILL;
 //!   each line starts with the wall-clock time in milliseconds:
 //!   handlers write `start` before running and `ok` only after
-//!   `JobContext::complete_with` (`complete_with_pg` on PostgreSQL) returned
+//!   `JobContext::complete_with` (over a postgres transaction on PostgreSQL) returned
 //!   `Ok` (the completion was accepted), `lost` after it returned
 //!   `LeaseLost`, `cut` after it failed because the connection was lost
 //!   (PostgreSQL: it runs the application's writes once and so does not
@@ -342,7 +342,7 @@ fn handle(ledger: &Ledger, ctx: &JobContext, kind: Kind, postgres: bool) -> Resu
     let done = if postgres {
         complete_pg(ctx, id, &token, pid)
     } else {
-        ctx.complete_with(|tx| {
+        ctx.complete_with(|tx: &tickler::rusqlite::Transaction| {
             tx.execute(
                 "INSERT INTO torture_effects (job_id, run_token, pid) VALUES (?1, ?2, ?3)",
                 rusqlite::params![id, token, pid],
@@ -360,7 +360,7 @@ fn handle(ledger: &Ledger, ctx: &JobContext, kind: Kind, postgres: bool) -> Resu
             Err(JobError::retry(e))
         }
         Err(e) if connection_lost(&e) => {
-            // Documented: complete_with_pg runs the application's writes
+            // Documented: complete_with on PostgreSQL runs the application's writes
             // once, so a lost connection reaches the handler; the job's
             // next outcome (this failure, fenced) settles what committed.
             ledger.line(&format!("cut {id} {token} {}", describe(&e)));
@@ -375,7 +375,7 @@ fn handle(ledger: &Ledger, ctx: &JobContext, kind: Kind, postgres: bool) -> Resu
 
 #[cfg(feature = "postgres")]
 fn complete_pg(ctx: &JobContext, id: i64, token: &str, pid: u32) -> Result<(), Error> {
-    ctx.complete_with_pg(|tx| {
+    ctx.complete_with(|tx: &mut tickler::postgres::Transaction| {
         tx.execute(
             "INSERT INTO torture_effects (job_id, run_token, pid) VALUES ($1, $2, $3)",
             &[&id, &token, &i64::from(pid)],
@@ -557,7 +557,7 @@ pub struct Report {
     pub longest_restart: f64,
     /// PostgreSQL: restarts by someone else (other tests on the server).
     pub external_restarts: usize,
-    /// `complete_with_pg` calls that failed on a lost connection.
+    /// `complete_with` calls on PostgreSQL that failed on a lost connection.
     pub completions_cut: usize,
     /// Duplicate executions explained by a cut or restart under way.
     pub runs_hit_by_disruptions: usize,
@@ -640,7 +640,7 @@ impl std::fmt::Display for Report {
         if postgres {
             writeln!(
                 f,
-                "  completions cut:            {} (complete_with_pg on a connection lost during a cut or restart)",
+                "  completions cut:            {} (complete_with on a connection lost during a cut or restart)",
                 self.completions_cut
             )?;
             writeln!(

@@ -328,12 +328,12 @@ impl Capabilities for Store {
         }
     }
 
-    fn complete_with_pg(
+    fn complete_with(
         &self,
         lease: &Lease,
-        app_writes: &mut dyn FnMut(&mut postgres::Transaction<'_>) -> Result<()>,
+        app_writes: &mut dyn FnMut(AppTxKind<'_, '_>) -> Result<()>,
     ) -> Result<()> {
-        self.complete_with(lease, app_writes)
+        Store::complete_with(self, lease, &mut |tx| app_writes(AppTxKind::Postgres(tx)))
     }
 }
 

@@ -311,7 +311,7 @@ pub(super) fn record_all(
 
 /// Completing a job inside the application's own PostgreSQL transaction.
 impl Store {
-    /// See [`crate::Queue::complete_with_pg`]: one try, as `app_writes` runs
+    /// See [`crate::Queue::complete_with`]: one try, as `app_writes` runs
     /// once.
     pub(crate) fn complete_with(
         &self,

@@ -339,12 +339,12 @@ impl Capabilities for Store {
         }
     }
 
-    fn complete_with_sqlite(
+    fn complete_with(
         &self,
         lease: &crate::lease::Lease,
-        app_writes: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> Result<()>,
+        app_writes: &mut dyn FnMut(AppTxKind<'_, '_>) -> Result<()>,
     ) -> Result<()> {
-        self.complete_with(lease, app_writes)
+        Store::complete_with(self, lease, &mut |tx| app_writes(AppTxKind::Sqlite(tx)))
     }
 }
 

@@ -1,0 +1,116 @@
+//! Completing a job in one transaction with the application's writes
+//! (`Queue::complete_with`): one method on every engine, given a closure
+//! over the engine's own transaction type. The writes and the completion
+//! commit together, a lost lease writes neither, and a closure over another
+//! engine's transaction is refused before anything is written.
+
+use crate::support::common;
+use crate::support::engine;
+
+use common::{fixed_policy, manual_queue, manual_queue_with_policy, secs, temp_db};
+use std::cell::Cell;
+use std::path::Path;
+use tickler::{Error, JobState, Lease, NewJob, Queue};
+
+fn create_effects(path: &Path) {
+    engine::execute_batch(
+        path,
+        "CREATE TABLE IF NOT EXISTS app_effects (job_id BIGINT NOT NULL, note TEXT NOT NULL)",
+    );
+}
+
+fn effects(path: &Path) -> i64 {
+    engine::query_int(path, "SELECT count(*) FROM app_effects", &[])
+}
+
+/// `complete_with` writing one effect row, through the engine's own
+/// transaction type.
+fn complete_writing(queue: &Queue, lease: &Lease) -> tickler::Result<()> {
+    if engine::on_postgres() {
+        return pg_complete_writing(queue, lease);
+    }
+    queue.complete_with(lease, |tx: &tickler::rusqlite::Transaction| {
+        tx.execute(
+            "INSERT INTO app_effects (job_id, note) VALUES (?1, 'done')",
+            [lease.job_id.0],
+        )?;
+        Ok(())
+    })
+}
+
+#[cfg(feature = "postgres")]
+fn pg_complete_writing(queue: &Queue, lease: &Lease) -> tickler::Result<()> {
+    queue.complete_with(lease, |tx: &mut tickler::postgres::Transaction| {
+        tx.execute(
+            "INSERT INTO app_effects (job_id, note) VALUES ($1, 'done')",
+            &[&lease.job_id.0],
+        )?;
+        Ok(())
+    })
+}
+
+#[cfg(not(feature = "postgres"))]
+fn pg_complete_writing(_: &Queue, _: &Lease) -> tickler::Result<()> {
+    unreachable!("a PostgreSQL case needs the `postgres` feature")
+}
+
+contract! {
+fn complete_with_commits_the_writes_with_the_completion_and_a_lost_lease_writes_neither() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
+    create_effects(&path);
+    let id = queue.enqueue(NewJob::new("k").max_attempts(5)).unwrap();
+    let first = queue.manual().claim("default", "w1", 1, secs(30)).unwrap().remove(0);
+    // The first holder's lease runs out and the job is claimed again.
+    clock.advance(secs(31));
+    assert_eq!(queue.manual().reap().unwrap(), 1);
+    clock.advance(secs(2)); // past the 1 s backoff
+    let second = queue.manual().claim("default", "w2", 1, secs(30)).unwrap().remove(0);
+    assert_eq!(second.job_id, id);
+
+    let err = complete_writing(&queue, &first).unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { job_id } if job_id == id), "{err:?}");
+    assert_eq!(effects(&path), 0, "a stale holder's writes committed");
+    assert_eq!(queue.get(id).unwrap().state, JobState::Running);
+
+    complete_writing(&queue, &second).unwrap();
+    assert_eq!(effects(&path), 1);
+    let job = queue.get(id).unwrap();
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
+    // Completed once: the same lease cannot complete (nor write) again.
+    let again = complete_writing(&queue, &second).unwrap_err();
+    assert!(matches!(again, Error::LeaseLost { .. }), "{again:?}");
+    assert_eq!(effects(&path), 1);
+}
+}
+
+#[cfg(feature = "postgres")]
+contract! {
+fn a_closure_over_another_engines_transaction_is_refused_and_writes_nothing() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue(&path);
+    let id = queue.enqueue(NewJob::new("k")).unwrap();
+    let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let ran = Cell::new(false);
+    let err = if engine::on_postgres() {
+        queue.complete_with(&lease, |_tx: &tickler::rusqlite::Transaction| {
+            ran.set(true);
+            Ok(())
+        })
+    } else {
+        queue.complete_with(&lease, |_tx: &mut tickler::postgres::Transaction| {
+            ran.set(true);
+            Ok(())
+        })
+    }
+    .unwrap_err();
+
+    assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
+    assert!(err.to_string().contains("complete_with"), "{err}");
+    assert!(!ran.get(), "the closure ran on another engine's transaction");
+    let job = queue.get(id).unwrap();
+    assert_eq!(job.state, JobState::Running, "{job:?}");
+    assert_eq!(job.run_token.as_ref(), Some(&lease.run_token));
+    queue.manual().complete(&lease).unwrap();
+}
+}
