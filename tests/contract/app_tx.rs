@@ -7,8 +7,7 @@
 use crate::support::common;
 use crate::support::engine;
 
-use common::{fixed_policy, manual_queue, manual_queue_with_policy, secs, temp_db};
-use std::cell::Cell;
+use common::{fixed_policy, manual_queue_with_policy, secs, temp_db};
 use std::path::Path;
 use tickler::{Error, JobState, Lease, NewJob, Queue};
 
@@ -87,6 +86,11 @@ fn complete_with_commits_the_writes_with_the_completion_and_a_lost_lease_writes_
 #[cfg(feature = "postgres")]
 contract! {
 fn a_closure_over_another_engines_transaction_is_refused_and_writes_nothing() {
+    // Here, not at the top: without the `postgres` feature this body is
+    // not compiled, and the imports would be unused.
+    use common::manual_queue;
+    use std::cell::Cell;
+
     let (_dir, path) = temp_db();
     let (queue, _clock) = manual_queue(&path);
     let id = queue.enqueue(NewJob::new("k")).unwrap();
