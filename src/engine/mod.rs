@@ -351,8 +351,8 @@ pub(crate) trait Capabilities: Send + Sync {
 
     /// See [`crate::Queue::complete_with`]: `app_writes` runs inside the
     /// transaction that completes the job fenced by `lease`, given this
-    /// engine's transaction. It may be called again if the transaction is
-    /// retried before it ran (it refuses then).
+    /// engine's transaction. It may be called again if the engine retries
+    /// the transaction after it ran (the caller's closure refuses then).
     fn complete_with(
         &self,
         _lease: &Lease,

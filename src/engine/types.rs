@@ -470,6 +470,13 @@ mod sealed {
 /// A closure over another engine's transaction than the queue's is not
 /// run: the call answers [`Error::Unsupported`] and nothing is written.
 /// `M` tells the two closure shapes apart; it is inferred, never named.
+#[diagnostic::on_unimplemented(
+    message = "`complete_with` takes a closure over the engine's transaction, with its type named, returning `tickler::Result<T>`",
+    label = "not a closure tickler can run in the completing transaction",
+    note = "on SQLite: `|tx: &tickler::rusqlite::Transaction| {{ tx.execute(..)?; Ok(()) }}`",
+    note = "on PostgreSQL (feature `postgres`): `|tx: &mut tickler::postgres::Transaction| {{ tx.execute(..)?; Ok(()) }}`",
+    note = "the closure returns `tickler::Result<T>`, not the driver's own `Result`: end it with `Ok(..)` and use `?` on the driver's errors"
+)]
 pub trait AppWrites<T, M>: sealed::SealedWrites<M> {
     /// Runs the writes in the engine's transaction.
     #[doc(hidden)]

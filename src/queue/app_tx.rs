@@ -120,7 +120,12 @@ impl Queue {
     /// - **PostgreSQL**: one transaction on one of tickler's connections,
     ///   tried once: an error during the commit leaves it unknown whether it
     ///   committed (the job's next outcome then says so with
-    ///   [`Error::LeaseLost`]).
+    ///   [`Error::LeaseLost`]). Other `Queue` writes inside `app_writes`
+    ///   are not refused as on SQLite, but they run on other connections,
+    ///   in transactions of their own that commit whatever becomes of this
+    ///   one: write through `tx` (e.g. [`Queue::enqueue_tx`]) what must
+    ///   commit with the completion. The connection goes back to tickler's
+    ///   pool afterwards: change settings with `SET LOCAL`, not `SET`.
     ///
     /// `app_writes` may return [`Error::Aborted`] (or any error) to roll
     /// everything back.

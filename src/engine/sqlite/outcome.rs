@@ -307,7 +307,7 @@ pub(crate) fn fenced(changed: usize, lease: &Lease) -> Result<()> {
 }
 
 /// Completing a job inside the application's own transaction on the
-/// same file, a part of the `Queue` API only SQLite has.
+/// same file (PostgreSQL's is in `postgres/outcome.rs`).
 impl Store {
     /// See [`crate::Queue::complete_with`]. Only a busy BEGIN is retried,
     /// before `app_writes` ran; a busy error after it ran is the
