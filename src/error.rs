@@ -229,6 +229,15 @@ pub enum Error {
     #[error("PostgreSQL error: {0}")]
     Postgres(postgres::Error),
 
+    /// A MySQL/MariaDB error that retrying did not cure (or cannot cure: a
+    /// statement the server refused), with the server's message and error
+    /// code in its text. Lost connections, server restarts, deadlocks
+    /// (1213) and lock wait timeouts (1205) are retried for
+    /// `QueueBuilder::busy_retry` first.
+    #[cfg(feature = "mysql")]
+    #[error("MySQL error: {0}")]
+    Mysql(mysql::Error),
+
     /// The operation exists only on another engine (for example
     /// `Queue::checkpoint`, which is about SQLite's WAL file, on a queue in
     /// PostgreSQL).
@@ -287,6 +296,36 @@ impl From<rusqlite::Error> for Error {
             }
         }
         Error::Sqlite(e)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl From<mysql::Error> for Error {
+    fn from(e: mysql::Error) -> Self {
+        if let mysql::Error::MySqlError(server) = &e {
+            match server.code {
+                // ER_RECORD_FILE_FULL, ER_DISK_FULL.
+                1114 | 1021 => return Error::DiskFull,
+                // A CHECK constraint, a NOT NULL, a foreign key, or a
+                // trigger's SIGNAL (SQLSTATE class 45): a row or trigger
+                // written outside tickler. Unique conflicts are tickler's
+                // own to resolve.
+                3819 | 4025 | 1048 | 1451 | 1452 | 1644 => {
+                    return Error::ConstraintViolated {
+                        message: format!("{} ({})", server.message, server.code),
+                    }
+                }
+                _ => {}
+            }
+        }
+        Error::Mysql(e)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl From<mysql::UrlError> for Error {
+    fn from(e: mysql::UrlError) -> Self {
+        Error::Config(format!("not a MySQL URL ({e})"))
     }
 }
 

@@ -9,14 +9,15 @@
 //!   [`Claims`], [`Leases`], [`Admin`], [`Reads`]), besides the
 //!   transactions the queue's rules run in ([`ClaimTx`], [`ScheduleTx`])
 //!   and the change watcher ([`Watch`]);
-//! - `sqlite/`, `postgres/`: one folder per engine, each with its own SQL
+//! - `sqlite/`, `postgres/`, `mysql/`: one folder per engine, each with its own SQL
 //!   and schema, and the same files in each, one per responsibility:
 //!   `connection.rs` (connections, transactions and their retries, and the
 //!   [`Capabilities`]), `migrate.rs` (with `schema.sql`), `enqueue.rs`,
 //!   `claim.rs` (with the [`ClaimTx`]), `outcome.rs`, `lease.rs`,
 //!   `admin.rs`, `read.rs`, `schedules.rs` (with the [`ScheduleTx`]),
 //!   `rows.rs` and `watch.rs`. An engine's own extras are files of their
-//!   own, named in its `mod.rs`.
+//!   own, named in its `mod.rs`; `server_clock.rs` is the server engines'
+//!   clock (the database server's, sampled).
 //!
 //! What differs between engines is one of the [`Capabilities`] (durability
 //! and sync, checkpoints, write-lock waits, the file, the change watcher,
@@ -28,8 +29,12 @@
 //! `UPDATE … RETURNING`: an engine may claim with a locking read followed
 //! by an update.
 
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) mod server_clock;
 pub(crate) mod sqlite;
 
 pub(crate) mod types;

@@ -22,13 +22,12 @@
 //! The files are those of every engine: `connection.rs` (the pool,
 //! transactions and their retries, the capabilities), `migrate.rs` (with
 //! `schema.sql`), `enqueue.rs`, `claim.rs`, `outcome.rs`, `lease.rs`,
-//! `admin.rs`, `read.rs`, `schedules.rs`, `rows.rs` and `watch.rs`; and one
-//! of its own, `clock.rs`: machines' clocks differ, so every "now" that
-//! decides whether a job is due or a lease ran out is the server's.
+//! `admin.rs`, `read.rs`, `schedules.rs`, `rows.rs` and `watch.rs`.
+//! Machines' clocks differ, so every "now" that decides whether a job is
+//! due or a lease ran out is the server's (`engine/server_clock.rs`).
 
 mod admin;
 mod claim;
-mod clock;
 mod connection;
 mod enqueue;
 mod lease;
@@ -43,7 +42,7 @@ use crate::clock::Clock;
 use crate::engine::OpenSettings;
 use crate::error::{Error, Result};
 use crate::retry::RetryPolicy;
-use clock::ServerClock;
+use crate::engine::server_clock::ServerClock;
 use connection::{connection_pool, Manager};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -101,7 +100,15 @@ impl Store {
         store.clock = if settings.clock_set {
             Arc::clone(&settings.clock)
         } else {
-            Arc::new(ServerClock::start(store.pool.clone())?)
+            let pool = store.pool.clone();
+            Arc::new(ServerClock::start(move || {
+                let mut conn = pool.get()?;
+                let row = conn.client.query_one(
+                    "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                    &[],
+                )?;
+                Ok(row.get(0))
+            })?)
         };
         Ok(store)
     }

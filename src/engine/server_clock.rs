@@ -1,7 +1,8 @@
-//! The database server's clock, read without a round trip per use.
+//! The database server's clock, read without a round trip per use, for
+//! the server engines (PostgreSQL, MySQL/MariaDB).
 //!
-//! Machines' clocks differ; on PostgreSQL every "now" that decides whether
-//! a job is due or a lease ran out is the server's. Asking the server on
+//! Machines' clocks differ; on a server engine every "now" that decides
+//! whether a job is due or a lease ran out is the server's. Asking the server on
 //! every transaction would cost a round trip each, so [`ServerClock`]
 //! samples the server's `clock_timestamp()` (at open, then every
 //! `RESAMPLE` in a background thread) and between samples adds the time
@@ -9,7 +10,6 @@
 //! wall clock does not move. The error is half a round trip plus the
 //! monotonic clock's drift since the last sample (parts per million).
 
-use super::connection::Manager;
 use crate::clock::{ms_to_datetime, Clock};
 use crate::error::Result;
 use chrono::{DateTime, Utc};
@@ -32,25 +32,28 @@ struct Anchor {
 pub(crate) struct ServerClock {
     anchor: Arc<Mutex<Anchor>>,
     /// Dropped with the clock: ends the sampling thread at once, and with
-    /// it the thread's handle on the pool, whose connections then close.
+    /// it the thread's handle on the engine's pool, whose connections then close.
     _stop: crossbeam_channel::Sender<()>,
 }
 
 impl ServerClock {
     /// Samples the server's clock once and keeps sampling it in a thread
-    /// that ends when the clock is dropped.
-    pub(crate) fn start(pool: r2d2::Pool<Manager>) -> Result<ServerClock> {
-        let anchor = Arc::new(Mutex::new(sample(&pool)?));
+    /// that ends when the clock is dropped. `read_ms` asks the server for
+    /// its time in milliseconds since the Unix epoch, in one round trip.
+    pub(crate) fn start(
+        read_ms: impl Fn() -> Result<i64> + Send + 'static,
+    ) -> Result<ServerClock> {
+        let anchor = Arc::new(Mutex::new(sample(&read_ms)?));
         let weak: Weak<Mutex<Anchor>> = Arc::downgrade(&anchor);
         let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
         std::thread::Builder::new()
-            .name("tickler-pg-clock".into())
+            .name("tickler-server-clock".into())
             .spawn(move || loop {
                 if stopped.recv_timeout(RESAMPLE) != Err(RecvTimeoutError::Timeout) {
                     return;
                 }
                 let Some(anchor) = weak.upgrade() else { return };
-                match sample(&pool) {
+                match sample(&read_ms) {
                     Ok(fresh) => *anchor.lock().unwrap_or_else(PoisonError::into_inner) = fresh,
                     // The last sample goes on counting; a few minutes of
                     // monotonic drift are milliseconds at most.
@@ -66,16 +69,12 @@ impl ServerClock {
 }
 
 /// The server's clock at the middle of one round trip.
-fn sample(pool: &r2d2::Pool<Manager>) -> Result<Anchor> {
-    let mut conn = pool.get()?;
+fn sample(read_ms: &impl Fn() -> Result<i64>) -> Result<Anchor> {
     let sent = Instant::now();
-    let row = conn.client.query_one(
-        "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
-        &[],
-    )?;
+    let server_ms = read_ms()?;
     let back = Instant::now();
     Ok(Anchor {
-        server_ms: row.get(0),
+        server_ms,
         at: sent + (back - sent) / 2,
     })
 }
