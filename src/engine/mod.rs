@@ -9,7 +9,7 @@
 //!   [`Claims`], [`Leases`], [`Admin`], [`Reads`]), besides the
 //!   transactions the queue's rules run in ([`ClaimTx`], [`ScheduleTx`])
 //!   and the change watcher ([`Watch`]);
-//! - `sqlite/`, `postgres/`, `mysql/`: one folder per engine, each with its own SQL
+//! - `sqlite/`, `postgres/`: one folder per engine, each with its own SQL
 //!   and schema, and the same files in each, one per responsibility:
 //!   `connection.rs` (connections, transactions and their retries, and the
 //!   [`Capabilities`]), `migrate.rs` (with `schema.sql`), `enqueue.rs`,
@@ -29,8 +29,6 @@
 //! `UPDATE … RETURNING`: an engine may claim with a locking read followed
 //! by an update.
 
-#[cfg(feature = "mysql")]
-pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(any(feature = "postgres", feature = "mysql"))]

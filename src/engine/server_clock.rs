@@ -40,9 +40,7 @@ impl ServerClock {
     /// Samples the server's clock once and keeps sampling it in a thread
     /// that ends when the clock is dropped. `read_ms` asks the server for
     /// its time in milliseconds since the Unix epoch, in one round trip.
-    pub(crate) fn start(
-        read_ms: impl Fn() -> Result<i64> + Send + 'static,
-    ) -> Result<ServerClock> {
+    pub(crate) fn start(read_ms: impl Fn() -> Result<i64> + Send + 'static) -> Result<ServerClock> {
         let anchor = Arc::new(Mutex::new(sample(&read_ms)?));
         let weak: Weak<Mutex<Anchor>> = Arc::downgrade(&anchor);
         let (stop, stopped) = crossbeam_channel::bounded::<()>(0);

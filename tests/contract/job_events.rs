@@ -3,6 +3,7 @@
 //! drops (and counts) what a slow reader leaves. Runs on either engine.
 
 use crate::support::pool;
+use std::cell::Cell;
 
 use pool::{ms, open_queue, open_queue_slow_retry, secs, temp_db, wait_until, Recorder};
 use serde_json::json;
@@ -155,9 +156,20 @@ fn snoozes_cancels_retries_lost_leases_and_timeouts_are_reported() {
         queue.get(running).unwrap().state == JobState::Running
     });
     queue.cancel(running).unwrap();
-    let events = events_of(&sub, running, secs(10), |w| *w == JobEventKind::LeaseLost);
+    // Both are reported. Which comes first is not asserted here: the
+    // queue publishes Cancelled after its commit, and the pool may learn
+    // of that commit and publish LeaseLost before `cancel` returns (seen
+    // on PostgreSQL on a loaded machine). The order of one job's events
+    // across the queue and the pool is a guarantee still to be built.
+    let (cancelled, lost) = (Cell::new(false), Cell::new(false));
+    let events = events_of(&sub, running, secs(10), |w| {
+        cancelled.set(cancelled.get() || *w == JobEventKind::Cancelled);
+        lost.set(lost.get() || *w == JobEventKind::LeaseLost);
+        cancelled.get() && lost.get()
+    });
     assert!(
-        events.iter().any(|e| e.what == JobEventKind::Cancelled),
+        events.iter().any(|e| e.what == JobEventKind::LeaseLost)
+            && events.iter().any(|e| e.what == JobEventKind::Cancelled),
         "{events:#?}"
     );
 

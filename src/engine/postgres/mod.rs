@@ -39,10 +39,10 @@ mod schedules;
 mod watch;
 
 use crate::clock::Clock;
+use crate::engine::server_clock::ServerClock;
 use crate::engine::OpenSettings;
 use crate::error::{Error, Result};
 use crate::retry::RetryPolicy;
-use crate::engine::server_clock::ServerClock;
 use connection::{connection_pool, Manager};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
