@@ -9,7 +9,7 @@ use crate::support::engine;
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use tickler::{Durability, JobId, JobState, NewJob, Outcome, Queue};
@@ -263,20 +263,11 @@ fn three_processes_never_share_a_job() {
     let (dir, path) = common::temp_db();
     let ids = fill(&path);
     let go = dir.path().join("go");
-    let exe = std::env::current_exe().expect("test binary path");
 
     // The same case of the child body as this one (its engine's).
-    let child_test = engine::case_name(module_path!(), CHILD_TEST);
     let children: Vec<_> = (0..CHILDREN)
         .map(|_| {
-            let child = Command::new(&exe)
-                .args([
-                    "--exact",
-                    child_test.as_str(),
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(engine::ENGINE_VAR, engine::current().name())
+            let child = engine::child_case(module_path!(), CHILD_TEST)
                 .env(CHILD_DB_ENV, &path)
                 .env(CHILD_GO_ENV, &go)
                 .stdin(Stdio::null())

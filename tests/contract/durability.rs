@@ -8,7 +8,7 @@ use crate::support::common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tickler::{Durability, JobId, JobState, NewJob, Queue};
 
@@ -50,18 +50,7 @@ fn child_enqueuer() {
 
 fn enqueue_then_kill(mode: &str) {
     let (_dir, path) = common::temp_db();
-    let exe = std::env::current_exe().expect("test binary path");
-    let mut child = Command::new(exe)
-        .args([
-            "--exact",
-            crate::support::engine::case_name(module_path!(), CHILD_TEST).as_str(),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(
-            crate::support::engine::ENGINE_VAR,
-            crate::support::engine::current().name(),
-        )
+    let mut child = crate::support::engine::child_case(module_path!(), CHILD_TEST)
         .env(CHILD_DB_ENV, &path)
         .env(CHILD_MODE_ENV, mode)
         .stdin(Stdio::null())

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::Instant;
 use tickler::{JobContext, JobError, JobFilter, JobId, JobState, NewJob, WorkerPool};
@@ -39,18 +39,7 @@ fn flavor_name(flavor: &Flavor) -> &'static str {
 }
 
 fn spawn_child(db: &Path, dir: &Path, name: &str, flavor: &Flavor) -> Child {
-    let exe = std::env::current_exe().expect("current_exe");
-    Command::new(exe)
-        .args([
-            "--exact",
-            crate::support::engine::case_name(module_path!(), CHILD_TEST).as_str(),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(
-            crate::support::engine::ENGINE_VAR,
-            crate::support::engine::current().name(),
-        )
+    crate::support::engine::child_case(module_path!(), CHILD_TEST)
         .env(ENV_DB, db)
         .env(ENV_DIR, dir)
         .env(ENV_NAME, name)

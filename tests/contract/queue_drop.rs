@@ -7,7 +7,7 @@
 
 use crate::support::common;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tickler::{JobState, NewJob, Queue};
 
@@ -31,18 +31,7 @@ const CHILD_TEST: &str = "count_in_a_process_of_its_own";
 
 contract! {
 fn dropping_queues_stops_their_threads_and_closes_their_files() {
-    let exe = std::env::current_exe().expect("test binary path");
-    let out = Command::new(exe)
-        .args([
-            "--exact",
-            crate::support::engine::case_name(module_path!(), CHILD_TEST).as_str(),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(
-            crate::support::engine::ENGINE_VAR,
-            crate::support::engine::current().name(),
-        )
+    let out = crate::support::engine::child_case(module_path!(), CHILD_TEST)
         .env(CHILD_ENV, "1")
         .stdin(Stdio::null())
         .output()

@@ -9,7 +9,7 @@ use crate::support::pool;
 use pool::{ms, open_queue, secs, temp_db, wait_until};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use tickler::{ClaimRequest, Error, JobContext, JobState, NewJob, OutcomeSync, Queue, WorkerPool};
 
 fn claim(queue: &Queue, name: &str) -> usize {
@@ -169,17 +169,7 @@ const ENV_DIR: &str = "TICKLER_PAUSE_CHILD_DIR";
 const CHILD_TEST: &str = "pause_child_pool";
 
 fn spawn_child(db: &Path, dir: &Path) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            crate::support::engine::case_name(module_path!(), CHILD_TEST).as_str(),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(
-            crate::support::engine::ENGINE_VAR,
-            crate::support::engine::current().name(),
-        )
+    crate::support::engine::child_case(module_path!(), CHILD_TEST)
         .env(ENV_DB, db)
         .env(ENV_DIR, dir)
         .stdin(Stdio::null())

@@ -12,7 +12,6 @@ use crate::support::schedule;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use schedule::{piling, queue_at, run_ats, temp_db, utc};
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const CHILD_DB: &str = "TICKLER_SCHEDULE_CHILD_DB";
@@ -67,20 +66,11 @@ fn two_processes_enqueue_each_tick_of_a_per_second_schedule_once() {
         .unwrap();
     assert_eq!(stored.next_tick_at, Some(t0() + ChronoDuration::seconds(1)));
     let db = path.to_str().unwrap().to_owned();
-    let exe = std::env::current_exe().unwrap();
     // The same case of the child body as this one (its engine's).
-    let child_test = engine::case_name(module_path!(), "child_scheduler");
     let children: Vec<_> = (0..2)
         .map(|_| {
-            Command::new(&exe)
-                .args([
-                    "--exact",
-                    child_test.as_str(),
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
+            engine::child_case(module_path!(), "child_scheduler")
                 .env(CHILD_DB, &db)
-                .env(engine::ENGINE_VAR, engine::current().name())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()

@@ -160,6 +160,23 @@ pub fn case_name(module_path: &str, f: &str) -> String {
     format!("{}::{}", test_path(module_path, f), current().name())
 }
 
+/// A command that runs this test binary again as the current engine's case
+/// of the contract body `f` of `module_path` (`module_path!()`), alone and
+/// with its output not captured, with the engine passed on
+/// ([`ENGINE_VAR`]): a second process of the same test.
+pub fn child_case(module_path: &str, f: &str) -> std::process::Command {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args([
+        "--exact",
+        case_name(module_path, f).as_str(),
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    current().pass_to(&mut cmd);
+    cmd
+}
+
 /// The test cases of one body, one per engine: `$body` is the path of a
 /// `fn()`. The PostgreSQL case is compiled with the `postgres` feature.
 #[macro_export]
