@@ -73,6 +73,35 @@
 //! # }
 //! ```
 //!
+//! ## MySQL and MariaDB
+//!
+//! With the `mysql` feature, [`Queue::open`] also takes a `mysql://` or
+//! `mariadb://` URL naming a database: the same API, guarantees and CLI on
+//! InnoDB. Tested on MariaDB 10.11; written for MariaDB 10.6 and later and
+//! MySQL 8.0.1 and later, and refused, with the reason, on older servers,
+//! on a binary log in `STATEMENT` format and on tables of another storage
+//! engine. Claims lock rows with `FOR UPDATE SKIP LOCKED` and then update
+//! those rows in the same short READ COMMITTED transaction; due times and
+//! leases are judged by the server's clock; other processes' work is seen
+//! by a cheap look at the queue's last change (MySQL has no `LISTEN`);
+//! deadlocks, lock wait timeouts, lost connections and restarts are
+//! retried for `busy_timeout + busy_retry` before `Error::Mysql` (with the
+//! server's code and message) reaches the caller. Queue names, kinds and
+//! schedule names are at most 255 bytes there. The pool size and the
+//! longest poll are [`PostgresOptions::max_connections`] and
+//! [`PostgresOptions::fallback_poll`], the options of both server engines.
+//! The application's own transactions: [`Queue::enqueue_tx`] with a
+//! `&mut mysql::Transaction`, and [`Queue::complete_with`] with a closure
+//! over one (`|tx: &mut mysql::Transaction|`).
+//!
+//! ```no_run
+//! # fn main() -> tickler::Result<()> {
+//! let queue = tickler::Queue::open("mysql://app:secret@db.internal/jobs")?;
+//! assert_eq!(queue.ops().engine(), "MySQL");
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! ## Where things are
 //!
 //! - `src/queue/`: [`Queue`], the application's API and its contract,
@@ -84,7 +113,7 @@
 //!   `engine/mod.rs` holds the traits an engine implements and
 //!   `engine::open`, which picks the engine a location names;
 //!   `engine/types.rs` the types both sides share. Each engine is a folder
-//!   with the same files (`sqlite/`, `postgres/`): `connection`,
+//!   with the same files (`sqlite/`, `postgres/`, `mysql/`): `connection`,
 //!   `migrate` and `schema.sql`, `enqueue`, `claim` (the claim's
 //!   statements), `outcome` (the fenced outcome statements, built from one
 //!   `fence!` and one `retry_or_dead!` per dialect), `lease` (heartbeats,
@@ -360,6 +389,13 @@ pub use rusqlite;
 /// dependency of the same version (0.19).
 #[cfg(feature = "postgres")]
 pub use postgres;
+
+/// The `mysql` client this crate is built with (feature `mysql`): its
+/// transaction type appears in the public API ([`Queue::enqueue_tx`],
+/// [`Queue::complete_with`]). Use `tickler::mysql`, or a `mysql`
+/// dependency of the same version (28).
+#[cfg(feature = "mysql")]
+pub use mysql;
 
 #[cfg(feature = "tokio")]
 pub use async_queue::AsyncQueue;

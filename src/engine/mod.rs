@@ -9,7 +9,7 @@
 //!   [`Claims`], [`Leases`], [`Admin`], [`Reads`]), besides the
 //!   transactions the queue's rules run in ([`ClaimTx`], [`ScheduleTx`])
 //!   and the change watcher ([`Watch`]);
-//! - `sqlite/`, `postgres/`: one folder per engine, each with its own SQL
+//! - `sqlite/`, `postgres/`, `mysql/`: one folder per engine, each with its own SQL
 //!   and schema, and the same files in each, one per responsibility:
 //!   `connection.rs` (connections, transactions and their retries, and the
 //!   [`Capabilities`]), `migrate.rs` (with `schema.sql`), `enqueue.rs`,
@@ -29,6 +29,8 @@
 //! `UPDATE … RETURNING`: an engine may claim with a locking read followed
 //! by an update.
 
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -205,21 +207,22 @@ pub(crate) struct OpenSettings<'a> {
     pub clock: Arc<dyn Clock>,
     /// `clock` was set by the caller: a server engine uses it instead of
     /// the server's clock.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub clock_set: bool,
     pub read_connections: u32,
     pub on_connection: Option<&'a ConnectionHook>,
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub max_connections: u32,
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub listen: bool,
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub fallback_poll: Duration,
 }
 
 /// The engine that `settings.location` names: PostgreSQL for a
-/// `postgres://` URL, else the SQLite file at that path. The only place
-/// that chooses an engine.
+/// `postgres://` URL, MySQL/MariaDB for a `mysql://` or `mariadb://` URL,
+/// else the SQLite file at that path. The only place that chooses an
+/// engine.
 ///
 /// # Errors
 /// The engine's errors on opening; [`Error::Config`] for a URL of an
@@ -231,6 +234,15 @@ pub(crate) fn open(settings: &OpenSettings<'_>) -> Result<Box<dyn Engine>> {
         #[cfg(not(feature = "postgres"))]
         return Err(Error::Config(format!(
             "{} is a PostgreSQL URL, but tickler was built without its `postgres` feature",
+            redacted_location(url)
+        )));
+    }
+    if let Some(url) = settings.location.to_str().filter(|l| is_mysql_url(l)) {
+        #[cfg(feature = "mysql")]
+        return Ok(Box::new(mysql::Store::open(url, settings)?));
+        #[cfg(not(feature = "mysql"))]
+        return Err(Error::Config(format!(
+            "{} is a MySQL/MariaDB URL, but tickler was built without its `mysql` feature",
             redacted_location(url)
         )));
     }
@@ -277,6 +289,7 @@ pub(crate) fn wrong_app_tx(tx: &types::AppTxKind<'_, '_>, engine: &'static str) 
     Error::Unsupported {
         what: match tx.engine() {
             "SQLite" => "a rusqlite transaction (enqueue_tx)",
+            "MySQL" => "a mysql transaction (enqueue_tx)",
             _ => "a postgres transaction (enqueue_tx)",
         },
         engine,
@@ -293,7 +306,7 @@ fn unsupported(what: &'static str, engine: &'static str) -> Error {
 /// application's own transactions. A capability an engine lacks answers
 /// [`Error::Unsupported`] (or, where that is the truth, does nothing).
 pub(crate) trait Capabilities: Send + Sync {
-    /// The engine's name for messages ("SQLite", "PostgreSQL").
+    /// The engine's name for messages ("SQLite", "PostgreSQL", "MySQL").
     fn name(&self) -> &'static str;
 
     /// Where "now" comes from: the builder's clock, or a server engine's
@@ -585,12 +598,18 @@ pub(crate) fn is_postgres_url(location: &str) -> bool {
     location.starts_with("postgres://") || location.starts_with("postgresql://")
 }
 
+/// Whether `location` names a MySQL or MariaDB database (`mysql://…` or
+/// `mariadb://…`).
+pub(crate) fn is_mysql_url(location: &str) -> bool {
+    location.starts_with("mysql://") || location.starts_with("mariadb://")
+}
+
 /// Whether [`crate::Queue::open`] reads `location` as a file (SQLite)
 /// rather than the URL of a database server: for callers that check a
 /// file's path and permissions before opening it, as the `tickler` binary
 /// does.
 pub fn is_file_location(location: &str) -> bool {
-    !is_postgres_url(location)
+    !is_postgres_url(location) && !is_mysql_url(location)
 }
 
 /// `location` (a path or URL) as it may be shown in messages and logs: a
@@ -662,5 +681,10 @@ mod tests {
         );
         assert_eq!(redacted_location("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redacted_location("./jobs.db"), "./jobs.db");
+        assert_eq!(
+            redacted_location("mysql://u:p%40ss@h:3306/db"),
+            "mysql://u:***@h:3306/db"
+        );
+        assert!(!is_file_location("mariadb://u@h/db"));
     }
 }

@@ -415,6 +415,7 @@ pub(crate) fn lease_expired_error(worker: &str, attempts: impl std::fmt::Display
 /// | --- | --- | --- |
 /// | SQLite | `&rusqlite::Transaction` | [`Queue::open_connection`](crate::Queue::open_connection) (or any connection to the file) |
 /// | PostgreSQL (feature `postgres`) | `&mut postgres::Transaction` | any connection to the queue's database |
+/// | MySQL/MariaDB (feature `mysql`) | `&mut mysql::Transaction` | any connection to the queue's database (`tickler::mysql::Conn::start_transaction`) |
 ///
 /// A transaction of another engine than the queue's is refused with
 /// [`Error::Unsupported`], and nothing is written.
@@ -433,6 +434,8 @@ pub(crate) enum AppTxKind<'a, 'b: 'a> {
     Sqlite(&'a rusqlite::Transaction<'b>),
     #[cfg(feature = "postgres")]
     Postgres(&'a mut ::postgres::Transaction<'b>),
+    #[cfg(feature = "mysql")]
+    Mysql(&'a mut ::mysql::Transaction<'b>),
 }
 
 impl AppTxKind<'_, '_> {
@@ -442,6 +445,8 @@ impl AppTxKind<'_, '_> {
             AppTxKind::Sqlite(_) => "SQLite",
             #[cfg(feature = "postgres")]
             AppTxKind::Postgres(_) => "PostgreSQL",
+            #[cfg(feature = "mysql")]
+            AppTxKind::Mysql(_) => "MySQL",
         }
     }
 }
@@ -452,6 +457,8 @@ mod sealed {
     impl Sealed for &rusqlite::Transaction<'_> {}
     #[cfg(feature = "postgres")]
     impl Sealed for &mut ::postgres::Transaction<'_> {}
+    #[cfg(feature = "mysql")]
+    impl Sealed for &mut ::mysql::Transaction<'_> {}
 
     /// Only tickler implements [`super::AppWrites`].
     pub trait SealedWrites<M> {}
@@ -466,6 +473,7 @@ mod sealed {
 /// | --- | --- |
 /// | SQLite | `\|tx: &rusqlite::Transaction\| -> tickler::Result<T>` |
 /// | PostgreSQL (feature `postgres`) | `\|tx: &mut postgres::Transaction\| -> tickler::Result<T>` |
+/// | MySQL/MariaDB (feature `mysql`) | `\|tx: &mut mysql::Transaction\| -> tickler::Result<T>` |
 ///
 /// A closure over another engine's transaction than the queue's is not
 /// run: the call answers [`Error::Unsupported`] and nothing is written.
@@ -475,6 +483,7 @@ mod sealed {
     label = "not a closure tickler can run in the completing transaction",
     note = "on SQLite: `|tx: &tickler::rusqlite::Transaction| {{ tx.execute(..)?; Ok(()) }}`",
     note = "on PostgreSQL (feature `postgres`): `|tx: &mut tickler::postgres::Transaction| {{ tx.execute(..)?; Ok(()) }}`",
+    note = "on MySQL/MariaDB (feature `mysql`): `|tx: &mut tickler::mysql::Transaction| {{ tx.exec_drop(..)?; Ok(()) }}`",
     note = "the closure returns `tickler::Result<T>`, not the driver's own `Result`: end it with `Ok(..)` and use `?` on the driver's errors"
 )]
 pub trait AppWrites<T, M>: sealed::SealedWrites<M> {
@@ -506,7 +515,7 @@ where
     fn write(self, tx: AppTxRef<'_, '_>) -> Result<T> {
         match tx.0 {
             AppTxKind::Sqlite(tx) => self(tx),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             other => Err(Error::Unsupported {
                 what: "a closure over a rusqlite transaction (complete_with)",
                 engine: other.engine(),
@@ -547,6 +556,41 @@ impl<'a, 'b> AppTx<'a, 'b> for &'a rusqlite::Transaction<'b> {
 impl<'a, 'b> AppTx<'a, 'b> for &'a mut ::postgres::Transaction<'b> {
     fn into_app_tx(self) -> AppTxRef<'a, 'b> {
         AppTxRef(AppTxKind::Postgres(self))
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl<'a, 'b> AppTx<'a, 'b> for &'a mut ::mysql::Transaction<'b> {
+    fn into_app_tx(self) -> AppTxRef<'a, 'b> {
+        AppTxRef(AppTxKind::Mysql(self))
+    }
+}
+
+/// The [`AppWrites`] shape of a closure over a mysql transaction.
+#[doc(hidden)]
+#[cfg(feature = "mysql")]
+#[derive(Debug)]
+pub enum MysqlWrites {}
+
+#[cfg(feature = "mysql")]
+impl<F, T> sealed::SealedWrites<MysqlWrites> for F where
+    F: FnOnce(&mut ::mysql::Transaction<'_>) -> Result<T>
+{
+}
+
+#[cfg(feature = "mysql")]
+impl<F, T> AppWrites<T, MysqlWrites> for F
+where
+    F: FnOnce(&mut ::mysql::Transaction<'_>) -> Result<T>,
+{
+    fn write(self, tx: AppTxRef<'_, '_>) -> Result<T> {
+        match tx.0 {
+            AppTxKind::Mysql(tx) => self(tx),
+            other => Err(Error::Unsupported {
+                what: "a closure over a mysql transaction (complete_with)",
+                engine: other.engine(),
+            }),
+        }
     }
 }
 

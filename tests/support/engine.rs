@@ -39,7 +39,7 @@ pub const ENGINE_VAR: &str = "TICKLER_TEST_ENGINE";
 pub enum Engine {
     Sqlite,
     Postgres,
-    // Mysql, (feature `mysql`, TICKLER_TEST_MYSQL_URL)
+    Mysql,
 }
 
 impl Engine {
@@ -48,6 +48,7 @@ impl Engine {
         match self {
             Engine::Sqlite => "sqlite",
             Engine::Postgres => "postgres",
+            Engine::Mysql => "mysql",
         }
     }
 
@@ -56,11 +57,12 @@ impl Engine {
         match self {
             Engine::Sqlite => None,
             Engine::Postgres => Some("TICKLER_TEST_DATABASE_URL"),
+            Engine::Mysql => Some("TICKLER_TEST_MYSQL_URL"),
         }
     }
 
     fn from_name(name: &str) -> Option<Engine> {
-        [Engine::Sqlite, Engine::Postgres]
+        [Engine::Sqlite, Engine::Postgres, Engine::Mysql]
             .into_iter()
             .find(|e| e.name().eq_ignore_ascii_case(name))
     }
@@ -112,6 +114,11 @@ pub fn on_postgres() -> bool {
     current() == Engine::Postgres
 }
 
+/// True when this thread's case runs on MySQL/MariaDB.
+pub fn on_mysql() -> bool {
+    current() == Engine::Mysql
+}
+
 /// `CI=true`: a case that cannot run fails rather than skips.
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
@@ -126,11 +133,12 @@ pub fn run(engine: Engine, body: fn()) {
             let case = std::thread::current().name().unwrap_or("a case").to_owned();
             assert!(
                 !in_ci(),
-                "{case}: {var} is not set (CI must run every engine; .ci/postgres sets it)"
+                "{case}: {var} is not set (CI must run every engine; .ci/postgres and \
+                 .ci/mariadb set it)"
             );
             eprintln!(
-                "note: {case} skipped: {var} is not set \
-                 (`.ci/postgres cargo test --release --features postgres --test contract` runs it)"
+                "note: {case} skipped: {var} is not set (`.ci/postgres cargo test --release \
+                 --features postgres --test contract` runs it, `.ci/mariadb` the mysql cases)"
             );
             return;
         }
@@ -178,7 +186,8 @@ pub fn child_case(module_path: &str, f: &str) -> std::process::Command {
 }
 
 /// The test cases of one body, one per engine: `$body` is the path of a
-/// `fn()`. The PostgreSQL case is compiled with the `postgres` feature.
+/// `fn()`. The PostgreSQL case is compiled with the `postgres` feature, the
+/// MySQL/MariaDB case with `mysql`.
 #[macro_export]
 macro_rules! engine_cases {
     ($body:path) => {
@@ -193,8 +202,11 @@ macro_rules! engine_cases {
             $crate::support::engine::run($crate::support::engine::Engine::Postgres, $body);
         }
 
-        // The next engine is one line here (and a variant of `Engine`):
-        // #[cfg(feature = "mysql")] #[test] fn mysql() { $crate::support::engine::run($crate::support::engine::Engine::Mysql, $body); }
+        #[cfg(feature = "mysql")]
+        #[test]
+        fn mysql() {
+            $crate::support::engine::run($crate::support::engine::Engine::Mysql, $body);
+        }
     };
 }
 
@@ -246,17 +258,44 @@ pub fn target(path: &Path) -> PathBuf {
     match engine_of(path) {
         Engine::Sqlite => path.to_path_buf(),
         Engine::Postgres => postgres_target(path),
+        Engine::Mysql => mysql_target(path),
     }
+}
+
+/// The name of the database of the queue whose file would be `path`.
+fn database_name(path: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    path.hash(&mut hasher);
+    format!("tickler_c_{:016x}", hasher.finish())
+}
+
+#[cfg(feature = "mysql")]
+fn mysql_target(path: &Path) -> PathBuf {
+    use mysql::prelude::Queryable;
+    let server = std::env::var("TICKLER_TEST_MYSQL_URL")
+        .expect("a MySQL case needs TICKLER_TEST_MYSQL_URL (.ci/mariadb sets it)");
+    let name = database_name(path);
+    let mut admin = mysql::Conn::new(
+        mysql::Opts::from_url(&server).unwrap_or_else(|e| panic!("{server}: {e}")),
+    )
+    .unwrap_or_else(|e| panic!("cannot connect to {server}: {e}"));
+    admin
+        .query_drop(format!("CREATE DATABASE IF NOT EXISTS `{name}`"))
+        .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e}"));
+    PathBuf::from(with_dbname(&server, &name))
+}
+
+#[cfg(not(feature = "mysql"))]
+fn mysql_target(_path: &Path) -> PathBuf {
+    panic!("a MySQL case needs the `mysql` feature (--features mysql)")
 }
 
 #[cfg(feature = "postgres")]
 fn postgres_target(path: &Path) -> PathBuf {
-    use std::hash::{Hash, Hasher};
     let server = std::env::var("TICKLER_TEST_DATABASE_URL")
         .expect("a PostgreSQL case needs TICKLER_TEST_DATABASE_URL (.ci/postgres sets it)");
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    path.hash(&mut hasher);
-    let name = format!("tickler_c_{:016x}", hasher.finish());
+    let name = database_name(path);
     let mut admin = postgres::Client::connect(&server, postgres::NoTls)
         .unwrap_or_else(|e| panic!("cannot connect to {server}: {e}"));
     match admin.batch_execute(&format!("CREATE DATABASE \"{name}\" TEMPLATE template0")) {
@@ -264,12 +303,31 @@ fn postgres_target(path: &Path) -> PathBuf {
         Err(e) if e.code() == Some(&postgres::error::SqlState::DUPLICATE_DATABASE) => {}
         Err(e) => panic!("CREATE DATABASE {name}: {e:?}"),
     }
-    PathBuf::from(super::pg::with_dbname(&server, &name))
+    PathBuf::from(with_dbname(&server, &name))
 }
 
 #[cfg(not(feature = "postgres"))]
 fn postgres_target(_path: &Path) -> PathBuf {
     panic!("a PostgreSQL case needs the `postgres` feature (--features postgres)")
+}
+
+/// `url` with its database name replaced by `dbname` (URL form:
+/// `postgres://user@host:port/dbname?params`).
+pub fn with_dbname(url: &str, dbname: &str) -> String {
+    let scheme_end = url
+        .find("://")
+        .unwrap_or_else(|| panic!("a server URL must be a URL (postgres://…, mysql://…): {url}"))
+        + 3;
+    let rest = &url[scheme_end..];
+    let query_at = rest.find('?').unwrap_or(rest.len());
+    let authority_end = rest[..query_at].find('/').unwrap_or(query_at);
+    format!(
+        "{}{}/{}{}",
+        &url[..scheme_end],
+        &rest[..authority_end],
+        dbname,
+        &rest[query_at..]
+    )
 }
 
 /// A value bound to, or read from, a statement of [`execute`] and
@@ -327,10 +385,13 @@ impl From<Option<i64>> for Value {
 /// beside tickler's own connections, and returns the rows it changed: the
 /// way a test sets up a state the API cannot reach (an attempt count of
 /// 9,999, a row changed by hand). `sql` is written once for both engines,
-/// with `?1`, `?2`… placeholders (`$1`, `$2`… on PostgreSQL).
+/// with `?1`, `?2`… placeholders (`$1`, `$2`… on PostgreSQL, positional
+/// `?`s on MySQL).
 pub fn execute(path: &Path, sql: &str, params: &[Value]) -> u64 {
-    if engine_of(path) == Engine::Postgres {
-        return pg::execute(&target(path), sql, params);
+    match engine_of(path) {
+        Engine::Postgres => return pg::execute(&target(path), sql, params),
+        Engine::Mysql => return my::execute(&target(path), sql, params),
+        Engine::Sqlite => {}
     }
     let conn = sqlite(path);
     let params: Vec<&dyn rusqlite::ToSql> = params.iter().map(sqlite_param).collect();
@@ -341,8 +402,10 @@ pub fn execute(path: &Path, sql: &str, params: &[Value]) -> u64 {
 /// Runs statements without parameters, such as a trigger a test installs
 /// (whose SQL differs between the engines).
 pub fn execute_batch(path: &Path, sql: &str) {
-    if engine_of(path) == Engine::Postgres {
-        return pg::execute_batch(&target(path), sql);
+    match engine_of(path) {
+        Engine::Postgres => return pg::execute_batch(&target(path), sql),
+        Engine::Mysql => return my::execute_batch(&target(path), sql),
+        Engine::Sqlite => {}
     }
     sqlite(path)
         .execute_batch(sql)
@@ -352,8 +415,10 @@ pub fn execute_batch(path: &Path, sql: &str) {
 /// The first row of a query written as for [`execute`]; columns must be
 /// integers (bool on PostgreSQL counts as one), text or NULL.
 pub fn query_row(path: &Path, sql: &str, params: &[Value]) -> Vec<Value> {
-    if engine_of(path) == Engine::Postgres {
-        return pg::query_row(&target(path), sql, params);
+    match engine_of(path) {
+        Engine::Postgres => return pg::query_row(&target(path), sql, params),
+        Engine::Mysql => return my::query_row(&target(path), sql, params),
+        Engine::Sqlite => {}
     }
     let conn = sqlite(path);
     let params: Vec<&dyn rusqlite::ToSql> = params.iter().map(sqlite_param).collect();
@@ -495,5 +560,125 @@ mod pg {
 
     pub(super) fn query_row(_: &Path, _: &str, _: &[Value]) -> Vec<Value> {
         unreachable!("target() refuses PostgreSQL without the feature")
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod my {
+    use super::Value;
+    use mysql::prelude::Queryable;
+    use std::path::Path;
+
+    /// `?N` placeholders as MySQL takes them: positional `?`s, with the
+    /// values put in the order the placeholders appear (a `?N` used twice
+    /// binds its value twice); a `?` inside a quoted string is left alone.
+    fn positional(sql: &str, params: &[Value]) -> (String, Vec<mysql::Value>) {
+        let mut out = String::with_capacity(sql.len());
+        let mut values = Vec::new();
+        let mut quoted = false;
+        let mut chars = sql.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\'' => {
+                    quoted = !quoted;
+                    out.push(c);
+                }
+                '?' if !quoted => {
+                    let mut digits = String::new();
+                    while let Some(d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+                        digits.push(*d);
+                        chars.next();
+                    }
+                    let n: usize = digits.parse().unwrap_or(values.len() + 1);
+                    values.push(param(&params[n - 1]));
+                    out.push('?');
+                }
+                _ => out.push(c),
+            }
+        }
+        (out, values)
+    }
+
+    fn param(v: &Value) -> mysql::Value {
+        match v {
+            Value::Null => mysql::Value::NULL,
+            Value::Int(n) => mysql::Value::from(*n),
+            Value::Text(s) => mysql::Value::from(s.as_str()),
+        }
+    }
+
+    fn connect(url: &Path) -> mysql::Conn {
+        let url = url.to_str().expect("a URL");
+        let opts = mysql::OptsBuilder::from_opts(mysql::Opts::from_url(url).expect("a MySQL URL"))
+            .additional_capabilities(mysql::consts::CapabilityFlags::CLIENT_FOUND_ROWS)
+            .init(vec!["SET time_zone = '+00:00', NAMES utf8mb4"]);
+        mysql::Conn::new(opts)
+            .unwrap_or_else(|e| panic!("cannot connect to the test database: {e}"))
+    }
+
+    fn params(values: Vec<mysql::Value>) -> mysql::Params {
+        if values.is_empty() {
+            mysql::Params::Empty
+        } else {
+            mysql::Params::Positional(values)
+        }
+    }
+
+    pub(super) fn execute(url: &Path, sql: &str, values: &[Value]) -> u64 {
+        let (sql, values) = positional(sql, values);
+        let mut conn = connect(url);
+        conn.exec_drop(sql.as_str(), params(values))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        conn.affected_rows()
+    }
+
+    pub(super) fn execute_batch(url: &Path, sql: &str) {
+        let mut conn = connect(url);
+        conn.query_drop(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    pub(super) fn query_row(url: &Path, sql: &str, values: &[Value]) -> Vec<Value> {
+        let (sql, values) = positional(sql, values);
+        let row: mysql::Row = connect(url)
+            .exec_first(sql.as_str(), params(values))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .unwrap_or_else(|| panic!("{sql}: no row"));
+        row.unwrap()
+            .into_iter()
+            .map(|v| match v {
+                mysql::Value::NULL => Value::Null,
+                mysql::Value::Int(n) => Value::Int(n),
+                mysql::Value::UInt(n) => Value::Int(n as i64),
+                mysql::Value::Bytes(b) => {
+                    let text = String::from_utf8_lossy(&b).into_owned();
+                    // Text protocol numbers (a SUM, a CAST) come as digits.
+                    match text.parse::<i64>() {
+                        Ok(n) if text.bytes().all(|c| c.is_ascii_digit() || c == b'-') => {
+                            Value::Int(n)
+                        }
+                        _ => Value::Text(text),
+                    }
+                }
+                other => panic!("{sql}: a column of {other:?}"),
+            })
+            .collect()
+    }
+}
+
+#[cfg(not(feature = "mysql"))]
+mod my {
+    use super::Value;
+    use std::path::Path;
+
+    pub(super) fn execute(_: &Path, _: &str, _: &[Value]) -> u64 {
+        unreachable!("target() refuses MySQL without the feature")
+    }
+
+    pub(super) fn execute_batch(_: &Path, _: &str) {
+        unreachable!("target() refuses MySQL without the feature")
+    }
+
+    pub(super) fn query_row(_: &Path, _: &str, _: &[Value]) -> Vec<Value> {
+        unreachable!("target() refuses MySQL without the feature")
     }
 }

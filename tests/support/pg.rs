@@ -84,24 +84,7 @@ pub fn connect(url: &str, application_name: &str) -> Client {
     }
 }
 
-/// `url` with its database name replaced by `dbname` (URL form:
-/// `postgres://user@host:port/dbname?params`).
-pub fn with_dbname(url: &str, dbname: &str) -> String {
-    let scheme_end = url
-        .find("://")
-        .unwrap_or_else(|| panic!("TICKLER_TEST_DATABASE_URL must be a URL (postgres://…): {url}"))
-        + 3;
-    let rest = &url[scheme_end..];
-    let query_at = rest.find('?').unwrap_or(rest.len());
-    let authority_end = rest[..query_at].find('/').unwrap_or(query_at);
-    format!(
-        "{}{}/{}{}",
-        &url[..scheme_end],
-        &rest[..authority_end],
-        dbname,
-        &rest[query_at..]
-    )
-}
+pub use super::engine::with_dbname;
 
 /// A database of its own for one test: created from `template0` under a
 /// random name through the server URL, dropped (its connections cut first)

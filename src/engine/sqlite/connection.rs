@@ -334,7 +334,7 @@ impl Capabilities for Store {
     ) -> Result<Vec<JobId>> {
         match tx {
             AppTxKind::Sqlite(tx) => self.enqueue_tx(tx, rows, now),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             other => Err(crate::engine::wrong_app_tx(&other, "SQLite")),
         }
     }

@@ -1,0 +1,194 @@
+//! Operators' writes on MySQL: cancel, retry, prune and retry dead jobs in
+//! batches (skipping rows another process holds), pause and resume queues;
+//! each wakes this process's watchers where jobs may have become claimable.
+
+use super::claim::paused_in;
+use super::connection::{args, marks, Tx};
+use super::enqueue::{check_name, HELD_SQL};
+use super::rows::get;
+use super::Store;
+use crate::engine::types::RetryDeadBatch;
+use crate::engine::Admin;
+use crate::error::{Error, Result};
+use crate::job::{JobId, JobState};
+use mysql::Value;
+
+impl Admin for Store {
+    fn cancel(&self, id: JobId) -> Result<()> {
+        self.write(|tx, _| {
+            let state = state_of(tx, id)?;
+            if state.is_terminal() {
+                return Err(Error::InvalidState {
+                    job_id: id,
+                    state,
+                    action: "cancel",
+                });
+            }
+            let now = self.now_ms();
+            // The lease is kept for a running holder: read before status
+            // changes (assignments see the values assigned before them).
+            tx.exec(
+                "UPDATE tickler_jobs
+                 SET lease_expires_at = CASE WHEN status = 'running' THEN lease_expires_at END,
+                     status = 'cancelled', finished_at = ?
+                 WHERE id = ?",
+                args![now, id.0],
+            )?;
+            Ok(())
+        })?;
+        self.notify_watchers();
+        Ok(())
+    }
+
+    fn retry(&self, id: JobId) -> Result<()> {
+        self.write(|tx, _| {
+            let state = state_of(tx, id)?;
+            if !matches!(state, JobState::Dead | JobState::Cancelled) {
+                return Err(Error::InvalidState {
+                    job_id: id,
+                    state,
+                    action: "retry",
+                });
+            }
+            let holder = tx.first(
+                "SELECT held.unique_key, held.id FROM tickler_jobs AS job
+                 JOIN tickler_jobs AS held ON held.unique_live = job.unique_key
+                 WHERE job.id = ?",
+                args![id.0],
+            )?;
+            if let Some(r) = holder {
+                return Err(Error::UniqueKeyHeld {
+                    job_id: id,
+                    unique_key: get(&r, 0)?,
+                    held_by: JobId(get(&r, 1)?),
+                });
+            }
+            let now = self.now_ms();
+            tx.exec_named(
+                "UPDATE tickler_jobs
+                 SET status = CASE WHEN lease_expires_at >= :now THEN 'scheduled' ELSE 'pending' END,
+                     run_at = CASE WHEN lease_expires_at >= :now THEN lease_expires_at + 1
+                                   ELSE :now END,
+                     attempts = 0, finished_at = NULL, lease_expires_at = NULL
+                 WHERE id = :id",
+                &[("now", Value::from(now)), ("id", Value::from(id.0))],
+            )?;
+            Ok(())
+        })?;
+        self.notify_watchers();
+        Ok(())
+    }
+
+    fn prune_batch(&self, before: i64, state: Option<JobState>, limit: i64) -> Result<u64> {
+        let state = state.map(JobState::as_str);
+        self.write(|tx, _| {
+            // As on SQLite: a finished job whose holder may still be running
+            // keeps its lease and its unique_key until that lease is gone.
+            let now = self.now_ms();
+            let ids: Vec<Value> = tx
+                .rows_named(
+                    "SELECT id FROM tickler_jobs
+                     WHERE finished_at IS NOT NULL AND finished_at < :before
+                       AND (:state IS NULL OR status = :state)
+                       AND (lease_expires_at IS NULL OR lease_expires_at < :now)
+                     LIMIT :limit FOR UPDATE SKIP LOCKED",
+                    &[
+                        ("before", Value::from(before)),
+                        ("state", Value::from(state)),
+                        ("now", Value::from(now)),
+                        ("limit", Value::from(limit)),
+                    ],
+                )?
+                .iter()
+                .map(|r| get::<i64>(r, 0).map(Value::from))
+                .collect::<Result<_>>()?;
+            if ids.is_empty() {
+                return Ok(0);
+            }
+            tx.exec(
+                &format!("DELETE FROM tickler_jobs WHERE id IN ({})", marks(ids.len())),
+                ids,
+            )
+        })
+    }
+
+    fn retry_dead_batch(
+        &self,
+        queue: Option<&str>,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<RetryDeadBatch> {
+        self.write(|tx, _| {
+            let dead = tx.rows_named(
+                "SELECT id, unique_key FROM tickler_jobs
+                 WHERE status = 'dead' AND (:queue IS NULL OR queue = :queue) AND id > :after
+                 ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED",
+                &[
+                    ("queue", Value::from(queue)),
+                    ("after", Value::from(after_id)),
+                    ("limit", Value::from(limit)),
+                ],
+            )?;
+            let now = self.now_ms();
+            let (mut retried, mut left_dead) = (0u64, 0u64);
+            let mut last_id = None;
+            for r in &dead {
+                let id: i64 = get(r, 0)?;
+                let key: Option<Vec<u8>> = get(r, 1)?;
+                last_id = Some(id);
+                if let Some(key) = key {
+                    if tx.first(HELD_SQL, vec![Value::from(key)])?.is_some() {
+                        left_dead += 1;
+                        continue;
+                    }
+                }
+                retried += tx.exec(
+                    "UPDATE tickler_jobs SET status = 'pending', attempts = 0,
+                         run_at = ?, finished_at = NULL, lease_expires_at = NULL
+                     WHERE id = ? AND status = 'dead'",
+                    args![now, id],
+                )?;
+            }
+            Ok(RetryDeadBatch {
+                retried,
+                left_dead,
+                last_id,
+                seen: dead.len(),
+            })
+        })
+    }
+
+    fn set_queue_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        check_name("queue", queue)?;
+        self.write(|tx, _| {
+            let now = self.now_ms();
+            if paused {
+                tx.exec(
+                    "INSERT INTO tickler_paused_queues (queue, paused_at) VALUES (?, ?)
+                     ON DUPLICATE KEY UPDATE queue = queue",
+                    args![queue, now],
+                )?;
+            } else {
+                tx.exec(
+                    "DELETE FROM tickler_paused_queues WHERE queue = ?",
+                    args![queue],
+                )?;
+            }
+            Ok(())
+        })?;
+        self.notify_watchers();
+        Ok(())
+    }
+
+    fn paused_queues(&self) -> Result<Vec<String>> {
+        self.read(|tx| Ok(paused_in(tx)?.into_iter().collect()))
+    }
+}
+
+fn state_of(tx: &mut Tx<'_>, id: JobId) -> Result<JobState> {
+    let row = tx.first(
+        "SELECT status FROM tickler_jobs WHERE id = ? FOR UPDATE",
+        args![id.0],
+    )?;
+    get::<String>(&row.ok_or(Error::NotFound(id))?, 0)?.parse()
+}

@@ -1,0 +1,348 @@
+//! Claiming on MySQL: when work is next due, the claim (a locking read
+//! with `SKIP LOCKED`, the pause read in the same statement, then an
+//! UPDATE of exactly the rows it locked), and [`Claims::record_and_claim`],
+//! which records outcomes (`outcome.rs`) and claims through the
+//! [`ClaimTx`] the queue's claim rules run on, taking up the jobs of a
+//! claim whose COMMIT answer was lost.
+
+use super::connection::{args, marks, statement_level, Tx};
+use super::enqueue::check_name;
+use super::outcome::{record_all, DEAD_SQL};
+use super::rows::*;
+use super::Store;
+use crate::clock::ms_to_datetime;
+use crate::engine::types::*;
+use crate::engine::{Claim, ClaimTx, Claims};
+use crate::error::{Error, Result};
+use crate::job::JobId;
+use crate::lease::Lease;
+use chrono::{DateTime, Utc};
+use mysql::Value;
+
+/// Outcomes from which [`Claims::record_and_claim`] records them in a
+/// transaction of their own beside the claim's, rather than in one.
+const PARALLEL_OUTCOMES: usize = 64;
+
+/// The longest worker id the schema holds (`TEXT`), in bytes.
+const MAX_WORKER_BYTES: usize = 65_535;
+
+/// A condition on `job`: its unique_key is not held by a cancelled run
+/// whose holder may still be running (see the SQLite engine's `unblocked`).
+/// One marker: now.
+const UNBLOCKED: &str = "(job.unique_key IS NULL OR NOT EXISTS (
+         SELECT 1 FROM tickler_jobs AS stopping
+         WHERE stopping.unique_key = job.unique_key
+           AND stopping.status IN ('cancelled', 'dead')
+           AND stopping.lease_expires_at >= ?))";
+
+/// The locking read of a claim: markers now, queue, the kinds (if
+/// filtered), limit. The pause is read by the same statement: read by an
+/// earlier one, a pause and an enqueue both committed in between would let
+/// the claim take the new jobs of the paused queue. InnoDB locks the rows
+/// this read returns, not those its subqueries look at.
+fn claim_sql(kinds: Option<usize>, order: ClaimOrder) -> String {
+    let kind_filter = match kinds {
+        Some(n) => format!("AND kind IN ({})", marks(n)),
+        None => String::new(),
+    };
+    format!(
+        "SELECT {LEASE_COLUMNS} FROM tickler_jobs AS job
+         WHERE {UNBLOCKED} AND status = 'pending' AND queue = ? {kind_filter}
+           AND NOT EXISTS (SELECT 1 FROM tickler_paused_queues AS paused
+                           WHERE paused.queue = job.queue)
+         ORDER BY {} LIMIT ? FOR UPDATE SKIP LOCKED",
+        order.sql()
+    )
+}
+
+/// A random run_token prefix per claim; each row's token is the prefix and
+/// its id, so tokens never repeat.
+fn token_prefix() -> String {
+    format!("{:016x}{:016x}-", fastrand::u64(..), fastrand::u64(..))
+}
+
+/// A [`ClaimTx`] on an open MySQL transaction, with the id marking this
+/// claim's rows (for a commit whose acknowledgement was lost).
+struct InTransaction<'a, 'b> {
+    tx: &'a mut Tx<'b>,
+    claim_id: i64,
+}
+
+impl ClaimTx for InTransaction<'_, '_> {
+    fn paused_queues(&mut self) -> Result<std::collections::BTreeSet<String>> {
+        paused_in(self.tx)
+    }
+
+    fn promote_due(&mut self, queue: &str, now: i64, limit: i64) -> Result<u64> {
+        let due = self.tx.rows(
+            "SELECT id FROM tickler_jobs
+             WHERE status = 'scheduled' AND queue = ? AND run_at <= ?
+             ORDER BY run_at LIMIT ? FOR UPDATE SKIP LOCKED",
+            args![queue, now, limit],
+        )?;
+        if due.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<Value> = due
+            .iter()
+            .map(|r| get::<i64>(r, 0).map(Value::from))
+            .collect::<Result<_>>()?;
+        self.tx.exec(
+            &format!(
+                "UPDATE tickler_jobs SET status = 'pending'
+                 WHERE id IN ({}) AND status = 'scheduled'",
+                marks(ids.len())
+            ),
+            ids,
+        )
+    }
+
+    fn claim_batch(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        queue: &str,
+        want: i64,
+        order: ClaimOrder,
+        now: i64,
+        expires: i64,
+    ) -> Result<Vec<ClaimedRow>> {
+        let sql = claim_sql(request.kinds.map(<[&str]>::len), order);
+        let mut values = args![now, queue];
+        values.extend(request.kinds.unwrap_or_default().iter().map(|k| Value::from(*k)));
+        values.push(Value::from(want));
+        let rows = self.tx.rows(&sql, values)?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = rows.iter().map(|r| get(r, 0)).collect::<Result<_>>()?;
+        let prefix = token_prefix();
+        let mut values = args![
+            prefix.as_str(),
+            request.worker_id,
+            now,
+            expires,
+            expires - now,
+            self.claim_id
+        ];
+        values.extend(ids.iter().map(|id| Value::from(*id)));
+        // The rows are locked by the read above and still pending.
+        self.tx.exec(
+            &format!(
+                "UPDATE tickler_jobs
+                 SET status = 'running', run_token = CONCAT(?, id), attempts = attempts + 1,
+                     claimed_by = ?, claimed_at = ?, lease_expires_at = ?, lease_ms = ?,
+                     claim_id = ?
+                 WHERE id IN ({})",
+                marks(ids.len())
+            ),
+            values,
+        )?;
+        rows.iter()
+            .zip(&ids)
+            .map(|(r, id)| {
+                let run_token = format!("{prefix}{id}");
+                claimed_from_row(
+                    r,
+                    Some(&Fresh {
+                        run_token: &run_token,
+                        expires,
+                    }),
+                )
+            })
+            .collect()
+    }
+
+    fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()> {
+        self.tx.exec_named(
+            DEAD_SQL,
+            &[
+                ("now", Value::from(now)),
+                ("error", Value::from(error)),
+                ("id", Value::from(job_id.0)),
+                ("token", Value::from(run_token)),
+            ],
+        )?;
+        Ok(())
+    }
+}
+
+/// The jobs the claim `claim_id` took, whose commit was not acknowledged
+/// (the connection was lost during COMMIT).
+fn adopt_claimed(tx: &mut Tx<'_>, claim_id: i64) -> Result<Vec<Lease>> {
+    let rows = tx.rows(
+        &format!(
+            "SELECT {LEASE_COLUMNS} FROM tickler_jobs
+             WHERE status = 'running' AND claim_id = ?
+             ORDER BY priority DESC, run_at, id"
+        ),
+        args![claim_id],
+    )?;
+    let mut leases = Vec::with_capacity(rows.len());
+    for row in &rows {
+        // Unreadable rows were made dead by the claim that committed.
+        if let ClaimedRow::Readable(lease) = claimed_from_row(row, None)? {
+            leases.push(lease);
+        }
+    }
+    if !leases.is_empty() {
+        log::warn!(
+            "took up {} jobs claimed by a transaction whose commit was not acknowledged",
+            leases.len()
+        );
+    }
+    Ok(leases)
+}
+
+impl Claims for Store {
+    fn next_due(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<Option<DateTime<Utc>>> {
+        let now = self.now_ms();
+        let kind_filter = match kinds {
+            Some(k) => format!("AND kind IN ({})", marks(k.len())),
+            None => String::new(),
+        };
+        let pending_sql = format!(
+            "SELECT 1 FROM tickler_jobs AS job
+             WHERE {UNBLOCKED} AND status = 'pending' AND queue = ? {kind_filter} LIMIT 1"
+        );
+        let scheduled_sql = format!(
+            "SELECT run_at FROM tickler_jobs WHERE status = 'scheduled' AND queue = ?
+               {kind_filter} ORDER BY run_at LIMIT 1"
+        );
+        let kinds: Vec<Value> = kinds
+            .unwrap_or_default()
+            .iter()
+            .map(|k| Value::from(*k))
+            .collect();
+        if kinds.is_empty() && !kind_filter.is_empty() {
+            return Ok(None);
+        }
+        let earliest = self.read(|tx| {
+            let mut earliest: Option<i64> = None;
+            let paused = paused_in(tx)?;
+            for queue in queues.iter().filter(|q| !paused.contains(**q)) {
+                let mut values = args![now, *queue];
+                values.extend(kinds.iter().cloned());
+                if tx.first(&pending_sql, values)?.is_some() {
+                    return Ok(Some(now));
+                }
+                let mut values = args![*queue];
+                values.extend(kinds.iter().cloned());
+                if let Some(r) = tx.first(&scheduled_sql, values)? {
+                    let at: i64 = get(&r, 0)?;
+                    earliest = Some(earliest.map_or(at, |e| e.min(at)));
+                }
+            }
+            let stopping: Option<i64> = match tx.first(
+                "SELECT min(lease_expires_at) + 1 FROM tickler_jobs
+                 WHERE status IN ('cancelled', 'dead') AND lease_expires_at >= ?
+                   AND unique_key IS NOT NULL",
+                args![now],
+            )? {
+                Some(r) => get(&r, 0)?,
+                None => None,
+            };
+            if let Some(at) = stopping {
+                earliest = Some(earliest.map_or(at, |e| e.min(at)));
+            }
+            Ok(earliest)
+        })?;
+        Ok(earliest.map(ms_to_datetime))
+    }
+
+    fn record_and_claim(
+        &self,
+        outcomes: &[(&Lease, Outcome)],
+        claim: Option<&Claim<'_>>,
+        _sync: OutcomeSync,
+    ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
+        if let Some(Claim { request: c, .. }) = claim {
+            for queue in c.queues {
+                check_name("queue", queue)?;
+            }
+            for kind in c.kinds.unwrap_or_default() {
+                check_name("kind", kind)?;
+            }
+            if c.worker_id.len() > MAX_WORKER_BYTES {
+                return Err(Error::InvalidArgument(format!(
+                    "the worker id is {} bytes long, but the MySQL engine stores at most \
+                     {MAX_WORKER_BYTES}",
+                    c.worker_id.len()
+                )));
+            }
+        }
+        let claim = match claim {
+            Some(claim @ Claim { request: c, .. })
+                if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) =>
+            {
+                Some((claim, duration_ms(c.lease, "lease")?))
+            }
+            _ => None,
+        };
+        if outcomes.is_empty() && claim.is_none() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        if let (Some((request, _)), true) = (&claim, outcomes.len() >= PARALLEL_OUTCOMES) {
+            // As on PostgreSQL: a large batch of outcomes and the next
+            // claim touch different rows, so they go in two transactions
+            // at once on two connections.
+            return std::thread::scope(|scope| {
+                let recording =
+                    scope.spawn(|| self.record_and_claim(outcomes, None, OutcomeSync::Now));
+                let claimed = self.record_and_claim(&[], Some(request), OutcomeSync::Now);
+                let recorded = recording
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                Ok((recorded?.0, claimed?.1))
+            });
+        }
+        let policy = self.retry_policy;
+        let mut isolate = false;
+        let mut pending_outcomes = outcomes;
+        let mut results = Vec::with_capacity(outcomes.len());
+        let last_claim = std::cell::Cell::new(None::<i64>);
+        let leases = loop {
+            let step = self.write(|tx, attempt| {
+                let now = self.now_ms();
+                let recorded = record_all(tx, pending_outcomes, now, &policy, attempt, isolate)?;
+                let claimed = match (&claim, last_claim.get()) {
+                    (Some(_), Some(claim_id)) if attempt.after_unknown_commit => {
+                        last_claim.set(None);
+                        Some(adopt_claimed(tx, claim_id)?)
+                    }
+                    (Some((claim, lease_ms)), _) => {
+                        let claim_id = fastrand::i64(..);
+                        last_claim.set(Some(claim_id));
+                        let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
+                        let mut claim_tx = InTransaction { tx, claim_id };
+                        (claim.rules)(&mut claim_tx, claim.request, now, expires)?
+                    }
+                    (None, _) => Some(Vec::new()),
+                };
+                Ok((recorded, claimed))
+            });
+            let (recorded, claimed) = match step {
+                Err(e) if !isolate && statement_level(&e) && !pending_outcomes.is_empty() => {
+                    // Again, each outcome in a savepoint, so that the
+                    // refusal stays with its own job.
+                    isolate = true;
+                    continue;
+                }
+                other => other?,
+            };
+            results.extend(recorded);
+            pending_outcomes = &[];
+            if let Some(claimed) = claimed {
+                break claimed;
+            }
+        };
+        Ok((results, leases))
+    }
+}
+
+/// The paused queues, in byte order (a table of a few rows at most).
+pub(super) fn paused_in(tx: &mut Tx<'_>) -> Result<std::collections::BTreeSet<String>> {
+    tx.rows("SELECT queue FROM tickler_paused_queues", Vec::new())?
+        .iter()
+        .map(|r| get(r, 0))
+        .collect()
+}

@@ -1,0 +1,570 @@
+//! MySQL's connections and transactions: the r2d2 pool of sessions set up
+//! the same way (UTC, strict SQL, utf8mb4, READ COMMITTED, rows matched
+//! counted), [`Tx`] (a transaction, autocommit, or the application's own
+//! transaction, with savepoints for statements that may fail alone), the
+//! retry of a whole transaction through deadlocks, lock waits, lost
+//! connections and restarts; and the engine's [`Capabilities`].
+
+use super::Store;
+use crate::clock::Clock;
+use crate::engine::types::{AppTxKind, Durability, ValidJob};
+use crate::engine::{Capabilities, Watch};
+use crate::error::{Error, Result};
+use crate::job::JobId;
+use crate::lease::Lease;
+use mysql::consts::CapabilityFlags;
+use mysql::prelude::Queryable;
+use mysql::{Params, Row, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What every session runs first. InnoDB's default REPEATABLE READ takes
+/// gap and next-key locks on the rows a locking read passes, which makes
+/// concurrent claims and enqueues wait for each other; strict mode turns
+/// a value the column cannot hold into an error instead of a warning and a
+/// changed value; UTC makes `NOW()` the Unix time the schema stores.
+const SESSION_SETUP: [&str; 2] = [
+    "SET NAMES utf8mb4 COLLATE utf8mb4_bin, time_zone = '+00:00', \
+     SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,ERROR_FOR_DIVISION_BY_ZERO'",
+    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+];
+
+/// The client options of a `mysql://` (or `mariadb://`) URL, with
+/// tickler's session setup and defaults the URL does not set.
+pub(super) fn opts(url: &str) -> Result<mysql::Opts> {
+    let url = match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_owned(),
+    };
+    let parsed = mysql::Opts::from_url(&url)?;
+    let connect_timeout = parsed
+        .get_tcp_connect_timeout()
+        .unwrap_or(Duration::from_secs(10));
+    let mut init: Vec<String> = SESSION_SETUP.iter().map(|s| (*s).to_owned()).collect();
+    init.extend(parsed.get_init());
+    Ok(mysql::OptsBuilder::from_opts(parsed)
+        .init(init)
+        .prefer_socket(false)
+        .tcp_connect_timeout(Some(connect_timeout))
+        .stmt_cache_size(512)
+        .additional_capabilities(CapabilityFlags::CLIENT_FOUND_ROWS)
+        .into())
+}
+
+/// A connection of the pool, and whether it must be dropped rather than
+/// reused.
+pub(crate) struct Conn {
+    pub(super) conn: mysql::Conn,
+    broken: bool,
+}
+
+/// Makes the pool's connections.
+pub(crate) struct Manager {
+    opts: mysql::Opts,
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Conn;
+    type Error = mysql::Error;
+
+    fn connect(&self) -> std::result::Result<Conn, mysql::Error> {
+        Ok(Conn {
+            conn: mysql::Conn::new(self.opts.clone())?,
+            broken: false,
+        })
+    }
+
+    fn is_valid(&self, conn: &mut Conn) -> std::result::Result<(), mysql::Error> {
+        conn.conn.ping()
+    }
+
+    fn has_broken(&self, conn: &mut Conn) -> bool {
+        conn.broken
+    }
+}
+
+/// Positional parameters as the client takes them.
+pub(crate) fn params(values: Vec<Value>) -> Params {
+    if values.is_empty() {
+        Params::Empty
+    } else {
+        Params::Positional(values)
+    }
+}
+
+/// Parameters of a statement, each converted with `mysql::Value::from`.
+macro_rules! args {
+    ($($v:expr),* $(,)?) => { vec![$(::mysql::Value::from($v)),*] };
+}
+pub(crate) use args;
+
+/// `n` placeholders, comma-separated, for an `IN (…)` list.
+pub(crate) fn marks(n: usize) -> String {
+    let mut s = String::with_capacity(n * 3);
+    for i in 0..n {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        s.push('?');
+    }
+    s
+}
+
+/// Statements in one transaction of tickler's (or in autocommit, or in the
+/// application's transaction `Q`), prepared once per connection by the
+/// client's statement cache.
+pub(crate) struct Tx<'a, Q: Queryable = mysql::Conn> {
+    q: &'a mut Q,
+    in_transaction: bool,
+}
+
+impl<'a, Q: Queryable> Tx<'a, Q> {
+    /// Statements inside a transaction already open on `q`.
+    pub(crate) fn inside(q: &'a mut Q) -> Self {
+        Tx {
+            q,
+            in_transaction: true,
+        }
+    }
+
+    /// Runs one statement; returns the rows it matched.
+    pub(crate) fn exec(&mut self, sql: &str, values: Vec<Value>) -> Result<u64> {
+        let result = self.q.exec_iter(sql, params(values))?;
+        let n = result.affected_rows();
+        drop(result);
+        Ok(n)
+    }
+
+    /// Runs one INSERT; returns the rows it matched and the first id it
+    /// drew (or set with `LAST_INSERT_ID(expr)`).
+    pub(crate) fn insert(&mut self, sql: &str, values: Vec<Value>) -> Result<(u64, Option<u64>)> {
+        let result = self.q.exec_iter(sql, params(values))?;
+        let out = (result.affected_rows(), result.last_insert_id());
+        drop(result);
+        Ok(out)
+    }
+
+    pub(crate) fn rows(&mut self, sql: &str, values: Vec<Value>) -> Result<Vec<Row>> {
+        Ok(self.q.exec(sql, params(values))?)
+    }
+
+    pub(crate) fn first(&mut self, sql: &str, values: Vec<Value>) -> Result<Option<Row>> {
+        Ok(self.q.exec_first(sql, params(values))?)
+    }
+
+    /// [`Tx::exec`] of a statement with named markers ([`named`]).
+    pub(crate) fn exec_named(&mut self, sql: &str, values: &[(&str, Value)]) -> Result<u64> {
+        let (sql, values) = named(sql, values);
+        self.exec(&sql, values)
+    }
+
+    /// [`Tx::rows`] of a statement with named markers ([`named`]).
+    pub(crate) fn rows_named(&mut self, sql: &str, values: &[(&str, Value)]) -> Result<Vec<Row>> {
+        let (sql, values) = named(sql, values);
+        self.rows(&sql, values)
+    }
+
+    /// Runs statements given as text (no parameters, not prepared).
+    pub(crate) fn batch(&mut self, sql: &str) -> Result<()> {
+        Ok(self.q.query_drop(sql)?)
+    }
+
+    /// Runs `f` inside a savepoint: an error of the database confined to
+    /// it (a constraint, a trigger's SIGNAL, a value the server refuses)
+    /// is `Ok(Err(_))` and undoes `f`'s statements alone. In autocommit
+    /// every statement is alone already.
+    pub(crate) fn isolated<T>(
+        &mut self,
+        f: impl FnOnce(&mut Tx<'_, Q>) -> Result<T>,
+    ) -> Result<Result<T>> {
+        if !self.in_transaction {
+            return match f(self) {
+                Ok(value) => Ok(Ok(value)),
+                Err(e) if statement_level(&e) => Ok(Err(e)),
+                Err(e) => Err(e),
+            };
+        }
+        self.batch("SAVEPOINT tickler_item")?;
+        match f(self) {
+            Ok(value) => {
+                self.batch("RELEASE SAVEPOINT tickler_item")?;
+                Ok(Ok(value))
+            }
+            Err(e) if statement_level(&e) => {
+                self.batch("ROLLBACK TO SAVEPOINT tickler_item")?;
+                Ok(Err(e))
+            }
+            Err(e) => {
+                // Undone too, for a caller whose transaction goes on (the
+                // application's); a lost connection undoes it anyway.
+                let _ = self.batch("ROLLBACK TO SAVEPOINT tickler_item");
+                Err(e)
+            }
+        }
+    }
+}
+
+/// What a transaction run by [`Store::write`] is told about earlier tries.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Attempt {
+    /// An earlier try lost its connection during `COMMIT`: its writes may
+    /// have landed.
+    pub(crate) after_unknown_commit: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Begin,
+    Body,
+    Commit,
+}
+
+impl Store {
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// The URL without its password, for messages.
+    pub(crate) fn describe(&self) -> String {
+        crate::engine::redacted_location(&self.url)
+    }
+
+    /// Runs `f` in a READ COMMITTED transaction on a pooled connection and
+    /// commits. A deadlock, a lock wait timeout, a lost connection, a
+    /// server restarting or read-only (a failover) retries the whole
+    /// transaction on another connection with jittered backoff for up to
+    /// the retry window; `f` may therefore run more than once and must not
+    /// have effects outside the transaction.
+    pub(crate) fn write<T>(&self, f: impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>) -> Result<T> {
+        self.run(false, f)
+    }
+
+    /// [`Store::write`] for a write of one statement, in autocommit: one
+    /// round trip instead of three.
+    pub(crate) fn write_autocommit<T>(
+        &self,
+        f: impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>,
+    ) -> Result<T> {
+        self.run(true, f)
+    }
+
+    /// A read in its own transaction (one snapshot), retried as [`Store::write`].
+    pub(crate) fn read<T>(&self, mut f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        self.write(|tx, _| f(tx))
+    }
+
+    fn run<T>(
+        &self,
+        autocommit: bool,
+        mut f: impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>,
+    ) -> Result<T> {
+        let started = Instant::now();
+        let mut attempt = Attempt::default();
+        let mut pause = Duration::from_millis(5);
+        loop {
+            match self.try_once(&mut f, attempt, autocommit) {
+                Ok(value) => return Ok(value),
+                Err((e, phase)) => {
+                    if !retryable(&e) || started.elapsed() >= self.retry_window {
+                        return Err(e);
+                    }
+                    if phase == Phase::Commit {
+                        attempt.after_unknown_commit = true;
+                    }
+                    // Deadlocks among a busy pool's transactions are
+                    // expected now and then: a debug line, not a warning.
+                    if is_deadlock(&e) {
+                        log::debug!("MySQL transaction failed ({e}); retrying");
+                    } else {
+                        log::warn!(
+                            "MySQL transaction failed ({e}); retrying for up to {:?}",
+                            self.retry_window.saturating_sub(started.elapsed())
+                        );
+                    }
+                    let jitter = fastrand::u64(0..=pause.as_millis() as u64);
+                    std::thread::sleep(Duration::from_millis(jitter) + pause / 2);
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    fn try_once<T>(
+        &self,
+        f: &mut impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>,
+        attempt: Attempt,
+        autocommit: bool,
+    ) -> std::result::Result<T, (Error, Phase)> {
+        let mut pooled = self
+            .pool
+            .get()
+            .map_err(|e| (Error::from(e), Phase::Begin))?;
+        let conn = &mut *pooled;
+        let result = (|| {
+            if !autocommit {
+                conn.conn
+                    .query_drop("START TRANSACTION")
+                    .map_err(|e| (Error::from(e), Phase::Begin))?;
+            }
+            let mut tx = Tx {
+                q: &mut conn.conn,
+                in_transaction: !autocommit,
+            };
+            let value = f(&mut tx, attempt).map_err(|e| {
+                // A statement that failed in autocommit may have failed
+                // after its commit: unknown, as with a failed COMMIT.
+                let phase = if autocommit {
+                    Phase::Commit
+                } else {
+                    Phase::Body
+                };
+                (e, phase)
+            })?;
+            if !autocommit {
+                conn.conn
+                    .query_drop("COMMIT")
+                    .map_err(|e| (Error::from(e), Phase::Commit))?;
+            }
+            Ok(value)
+        })();
+        if let Err((e, phase)) = &result {
+            if breaks_connection(e) {
+                conn.broken = true;
+            } else if !autocommit
+                && *phase != Phase::Commit
+                && conn.conn.query_drop("ROLLBACK").is_err()
+            {
+                conn.broken = true;
+            }
+        }
+        result
+    }
+
+    /// A connection of the pool, for the application's transactions.
+    pub(crate) fn pooled(&self) -> Result<r2d2::PooledConnection<Manager>> {
+        Ok(self.pool.get()?)
+    }
+}
+
+impl Capabilities for Store {
+    fn name(&self) -> &'static str {
+        "MySQL"
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.clock)
+    }
+
+    fn location(&self) -> String {
+        self.describe()
+    }
+
+    fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    fn watcher(&self) -> Result<Box<dyn Watch>> {
+        Ok(Box::new(Store::watcher(self)))
+    }
+
+    fn enqueue_in_app_tx(
+        &self,
+        tx: AppTxKind<'_, '_>,
+        rows: &[ValidJob],
+        now: i64,
+    ) -> Result<Vec<JobId>> {
+        match tx {
+            AppTxKind::Mysql(tx) => self.enqueue_in(tx, rows, now),
+            other => Err(crate::engine::wrong_app_tx(&other, "MySQL")),
+        }
+    }
+
+    fn complete_with(
+        &self,
+        lease: &Lease,
+        app_writes: &mut dyn FnMut(AppTxKind<'_, '_>) -> Result<()>,
+    ) -> Result<()> {
+        Store::complete_with(self, lease, &mut |tx| app_writes(AppTxKind::Mysql(tx)))
+    }
+}
+
+/// The pool of a `Store`: at least two connections (a claim may run while
+/// an outcome commits), one kept open.
+pub(super) fn connection_pool(opts: mysql::Opts, max_connections: u32) -> r2d2::Pool<Manager> {
+    // As for PostgreSQL: r2d2's helper threads end with the pool.
+    let helpers = scheduled_thread_pool::ScheduledThreadPool::builder()
+        .num_threads(3)
+        .thread_name_pattern("tickler-mysql-pool-{}")
+        .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
+        .build();
+    r2d2::Pool::builder()
+        .thread_pool(Arc::new(helpers))
+        .max_size(max_connections.max(2))
+        .min_idle(Some(1))
+        .connection_timeout(Duration::from_secs(10))
+        .error_handler(Box::new(ConnectFailed))
+        .build_unchecked(Manager { opts })
+}
+
+/// Logs a connection the pool could not open as a warning that says why
+/// (the pool and `Store::write` retry it), not as r2d2's bare ERROR.
+#[derive(Debug)]
+struct ConnectFailed;
+
+impl r2d2::HandleError<mysql::Error> for ConnectFailed {
+    fn handle_error(&self, error: mysql::Error) {
+        log::warn!("cannot open a MySQL connection ({error}); retrying");
+    }
+}
+
+/// The server's error code, if the error is the server's.
+pub(crate) fn server_code(e: &Error) -> Option<u16> {
+    match e {
+        Error::Mysql(mysql::Error::MySqlError(server)) => Some(server.code),
+        _ => None,
+    }
+}
+
+fn is_deadlock(e: &Error) -> bool {
+    server_code(e) == Some(1213)
+}
+
+/// Errors after which the same transaction may succeed on another try:
+/// a deadlock (1213, InnoDB rolled the transaction back), a lock wait
+/// timeout (1205), a row changed under a snapshot (1020, MariaDB), a
+/// statement to prepare again (1615), too many connections (1040), the
+/// server shutting down (1053) or the session killed (1927, 4031: idle too
+/// long), a server read-only (1290, 1836, 1792: a failover, the next
+/// connection may reach the new primary), a network error on the server's
+/// side (1158 to 1161), a connection lost or not made on ours, or no
+/// pooled connection within its timeout.
+pub(crate) fn retryable(e: &Error) -> bool {
+    match e {
+        Error::Pool(_) => true,
+        Error::Mysql(mysql::Error::MySqlError(server)) => matches!(
+            server.code,
+            1213 | 1205 | 1020 | 1615 | 1040 | 1053 | 1927 | 4031 | 1290 | 1836 | 1792 | 1158
+                | 1159
+                | 1160
+                | 1161
+        ),
+        Error::Mysql(other) => lost_connection(other),
+        _ => false,
+    }
+}
+
+/// The client's errors of a connection that is gone or never came.
+fn lost_connection(e: &mysql::Error) -> bool {
+    use mysql::DriverError as D;
+    match e {
+        mysql::Error::IoError(_) | mysql::Error::CodecError(_) => true,
+        mysql::Error::DriverError(d) => matches!(
+            d,
+            D::ConnectTimeout
+                | D::CouldNotConnect(_)
+                | D::PacketOutOfSync
+                | D::UnexpectedPacket
+                | D::Timeout
+                | D::SetupError
+        ),
+        _ => false,
+    }
+}
+
+/// Errors after which the connection must not be reused.
+fn breaks_connection(e: &Error) -> bool {
+    match e {
+        Error::Mysql(mysql::Error::MySqlError(server)) => matches!(
+            server.code,
+            1615 | 1053 | 1927 | 4031 | 1290 | 1836 | 1792 | 1158 | 1159 | 1160 | 1161
+        ),
+        Error::Mysql(other) => lost_connection(other),
+        _ => false,
+    }
+}
+
+/// Errors confined to one statement (its data or a constraint), which
+/// [`Tx::isolated`] keeps from failing the rest of a batch: SQLSTATE class
+/// 22 (data), 23 (integrity), 45 (a trigger's SIGNAL), and the codes of
+/// values the server refuses under other states (1366, 1292, 1265: a value
+/// the column cannot hold; 3819: a CHECK).
+pub(crate) fn statement_level(e: &Error) -> bool {
+    match e {
+        Error::ConstraintViolated { .. } => true,
+        Error::Mysql(mysql::Error::MySqlError(server)) => {
+            let class = server.state.get(..2).unwrap_or("");
+            matches!(class, "22" | "23" | "45")
+                || matches!(server.code, 1366 | 1292 | 1265 | 3819 | 4025)
+        }
+        _ => false,
+    }
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("mysql::Store")
+            .field("url", &self.describe())
+            .finish()
+    }
+}
+
+/// A statement written with named markers (`:now`, `:id`, as the seam's
+/// `fence!` and `retry_or_dead!` are given them) as MySQL takes it:
+/// positional `?`s, with each marker's value repeated where it appears.
+/// A `:name` not in `values` (or inside a quoted string) is left as it is.
+pub(crate) fn named(sql: &str, values: &[(&str, Value)]) -> (String, Vec<Value>) {
+    let mut out = String::with_capacity(sql.len());
+    let mut bound = Vec::new();
+    let mut quoted = false;
+    let mut rest = sql;
+    while let Some(c) = rest.chars().next() {
+        if c == '\'' {
+            quoted = !quoted;
+        }
+        if c == ':' && !quoted {
+            let name_len = rest[1..]
+                .find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))
+                .unwrap_or(rest.len() - 1);
+            let name = &rest[1..1 + name_len];
+            if let Some((_, value)) = values.iter().find(|(n, _)| *n == name) {
+                out.push('?');
+                bound.push(value.clone());
+                rest = &rest[1 + name_len..];
+                continue;
+            }
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    (out, bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_markers_become_positional_in_order() {
+        let (sql, values) = named(
+            "SET a = :now, b = CASE WHEN :at <= :now THEN ':now' END WHERE id = :id AND x = :other",
+            &[
+                ("now", Value::from(1i64)),
+                ("at", Value::from(2i64)),
+                ("id", Value::from(3i64)),
+            ],
+        );
+        assert_eq!(
+            sql,
+            "SET a = ?, b = CASE WHEN ? <= ? THEN ':now' END WHERE id = ? AND x = :other"
+        );
+        assert_eq!(
+            values,
+            vec![
+                Value::from(1i64),
+                Value::from(2i64),
+                Value::from(1i64),
+                Value::from(3i64)
+            ]
+        );
+    }
+}

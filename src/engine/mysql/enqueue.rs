@@ -1,0 +1,239 @@
+//! Storing new jobs on MySQL: validated jobs inserted with their unique
+//! keys (a job whose key is held yields the holder's id, in the same
+//! statement), a batch without keys in multi-row statements whose ids are
+//! read back by the batch's mark, found again after a COMMIT whose answer
+//! was lost, and jobs in the application's own transaction.
+
+use super::connection::{args, Attempt, Tx};
+use super::rows::get;
+use super::Store;
+use crate::engine::types::*;
+use crate::engine::Enqueue;
+use crate::error::{Error, Result};
+use crate::job::{JobId, JobState};
+use mysql::prelude::Queryable;
+
+/// The longest queue, kind or schedule name the schema holds, in bytes.
+pub(crate) const MAX_NAME_BYTES: usize = 255;
+
+/// A job; if its unique_key is held by an unfinished job, nothing is
+/// inserted and the holder's id is the statement's insert id. (With
+/// `CLIENT_FOUND_ROWS` both cases match one row.)
+const INSERT_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status, priority,
+         run_at, max_attempts, unique_key, timeout_ms, created_at, enqueue_batch, enqueue_seq,
+         errors)
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '[]')
+     ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id)";
+
+/// Jobs per multi-row INSERT: 12 values each, well under the 65,535
+/// placeholders a statement may have.
+const ROWS_PER_INSERT: usize = 500;
+
+pub(super) const HELD_SQL: &str = "SELECT id FROM tickler_jobs WHERE unique_live = ?";
+
+/// Refuses a name longer than the schema holds, naming it.
+pub(crate) fn check_name(what: &str, value: &str) -> Result<()> {
+    if value.len() > MAX_NAME_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "{what} is {} bytes long, but the MySQL engine stores at most {MAX_NAME_BYTES}",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Scheduled if due after `now`, else pending.
+fn state_for(run_at: i64, now: i64) -> JobState {
+    if run_at <= now {
+        JobState::Pending
+    } else {
+        JobState::Scheduled
+    }
+}
+
+fn seq_of(i: usize) -> i32 {
+    i32::try_from(i).unwrap_or(i32::MAX)
+}
+
+/// Inserts validated jobs in `tx`; a job whose unique_key is held by an
+/// unfinished job inserts nothing and yields that job's id. Concurrent
+/// inserts of one key on several machines: the unique index makes one
+/// wait for the other's commit and then find its job.
+pub(crate) fn insert_valid<Q: Queryable>(
+    tx: &mut Tx<'_, Q>,
+    rows: &[ValidJob],
+    now: i64,
+    batch: i64,
+) -> Result<Vec<JobId>> {
+    let mut ids: Vec<Option<JobId>> = vec![None; rows.len()];
+    let mut bulk = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        check_name("queue", &row.job.queue)?;
+        check_name("kind", &row.job.kind)?;
+        let run_at = row.due.resolve(now)?;
+        if row.job.unique_key.is_none() && rows.len() > 1 {
+            bulk.push((i, run_at));
+            continue;
+        }
+        ids[i] = Some(insert_one(tx, row, run_at, now, (batch, i))?);
+    }
+    let mut first_id: Option<u64> = None;
+    for chunk in bulk.chunks(ROWS_PER_INSERT) {
+        let mut sql = String::from(
+            "INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at,
+                 max_attempts, timeout_ms, created_at, enqueue_batch, enqueue_seq, errors) VALUES ",
+        );
+        let mut values = Vec::with_capacity(chunk.len() * 11);
+        for (n, &(i, run_at)) in chunk.iter().enumerate() {
+            if n > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '[]')");
+            let row = &rows[i];
+            values.extend(args![
+                row.job.queue.as_str(),
+                row.job.kind.as_str(),
+                row.payload.as_str(),
+                state_for(run_at, now).as_str(),
+                row.job.priority,
+                run_at,
+                i64::from(row.job.max_attempts),
+                row.timeout_ms,
+                now,
+                batch,
+                seq_of(i),
+            ]);
+        }
+        let (_, first) = tx.insert(&sql, values)?;
+        first_id = first_id.or(first);
+    }
+    if let Some(first) = first_id {
+        // The ids of one statement ascend in row order from its first, and
+        // later statements' are higher: the batch's rows are found from
+        // there by their mark, whatever other sessions inserted between.
+        let found = tx.rows(
+            "SELECT enqueue_seq, id FROM tickler_jobs
+             WHERE id >= ? AND enqueue_batch = ? ORDER BY id LIMIT ?",
+            args![first, batch, bulk.len() as u64],
+        )?;
+        for r in &found {
+            let seq: i64 = get(r, 0)?;
+            if let Some(slot) = usize::try_from(seq).ok().and_then(|i| ids.get_mut(i)) {
+                *slot = Some(JobId(get(r, 1)?));
+            }
+        }
+    }
+    ids.into_iter()
+        .map(|id| id.ok_or_else(|| Error::Config("a stored job's id could not be read".into())))
+        .collect()
+}
+
+/// One job; with a unique_key held by an unfinished job, that job's id.
+fn insert_one<Q: Queryable>(
+    tx: &mut Tx<'_, Q>,
+    row: &ValidJob,
+    run_at: i64,
+    now: i64,
+    (batch, i): (i64, usize),
+) -> Result<JobId> {
+    let job = &row.job;
+    let (_, id) = tx.insert(
+        INSERT_SQL,
+        args![
+            job.queue.as_str(),
+            job.kind.as_str(),
+            row.payload.as_str(),
+            state_for(run_at, now).as_str(),
+            job.priority,
+            run_at,
+            i64::from(job.max_attempts),
+            job.unique_key.as_deref(),
+            row.timeout_ms,
+            now,
+            batch,
+            seq_of(i),
+        ],
+    )?;
+    match id.and_then(|id| i64::try_from(id).ok()).filter(|id| *id > 0) {
+        Some(id) => Ok(JobId(id)),
+        None => Err(Error::Config(
+            "the server did not tell the id of a stored job".into(),
+        )),
+    }
+}
+
+/// The ids of a batch whose earlier try committed after all (found by its
+/// mark), or `None` if it did not commit. Only after a lost COMMIT: the
+/// mark has no index, so this reads the table.
+fn committed_before(
+    tx: &mut Tx<'_>,
+    rows: &[ValidJob],
+    now: i64,
+    batch: i64,
+) -> Result<Option<Vec<JobId>>> {
+    let found = tx.rows(
+        "SELECT enqueue_seq, id FROM tickler_jobs WHERE enqueue_batch = ?",
+        args![batch],
+    )?;
+    if found.is_empty() {
+        return Ok(None);
+    }
+    let mut ids: Vec<Option<JobId>> = vec![None; rows.len()];
+    for r in &found {
+        let seq: i64 = get(r, 0)?;
+        if let Some(slot) = usize::try_from(seq).ok().and_then(|i| ids.get_mut(i)) {
+            *slot = Some(JobId(get(r, 1)?));
+        }
+    }
+    let mut out = Vec::with_capacity(rows.len());
+    for (i, id) in ids.into_iter().enumerate() {
+        out.push(match id {
+            Some(id) => id,
+            None => insert_one(tx, &rows[i], rows[i].due.resolve(now)?, now, (batch, i))?,
+        });
+    }
+    Ok(Some(out))
+}
+
+impl Enqueue for Store {
+    fn enqueue(&self, rows: Vec<ValidJob>) -> Result<Vec<JobId>> {
+        let batch = fastrand::i64(..);
+        let insert = |tx: &mut Tx<'_>, attempt: Attempt| {
+            let now = self.now_ms();
+            if attempt.after_unknown_commit {
+                if let Some(ids) = committed_before(tx, &rows, now, batch)? {
+                    return Ok(ids);
+                }
+            }
+            insert_valid(tx, &rows, now, batch)
+        };
+        // One job is one statement: no transaction of its own needed.
+        let ids = if rows.len() == 1 {
+            self.write_autocommit(insert)?
+        } else {
+            self.write(insert)?
+        };
+        self.notify_watchers();
+        Ok(ids)
+    }
+}
+
+/// Jobs written inside the application's own MySQL transactions.
+impl Store {
+    /// See [`crate::Queue::enqueue_batch_tx`]. In a savepoint of the
+    /// caller's transaction, so that a refused job leaves the caller's
+    /// earlier writes as they were.
+    pub(crate) fn enqueue_in(
+        &self,
+        app: &mut mysql::Transaction<'_>,
+        rows: &[ValidJob],
+        now: i64,
+    ) -> Result<Vec<JobId>> {
+        let mut tx = Tx::inside(app);
+        let ids = tx.isolated(|tx| insert_valid(tx, rows, now, fastrand::i64(..)))??;
+        // This process's fetchers look now; other processes' watchers see
+        // the new jobs once the caller commits.
+        self.notify_local();
+        Ok(ids)
+    }
+}

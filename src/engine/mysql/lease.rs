@@ -1,0 +1,237 @@
+//! Leases on MySQL: heartbeats (the rows locked in id order, those still
+//! held renewed in one statement; each in a savepoint once the server
+//! refused that), whether leases are still held, and the reaper's look
+//! (after moving leases a backward step of the clock left "in the future").
+
+use super::connection::{args, marks, statement_level};
+use super::outcome::{lock_running_in_order, REAP_SQL};
+use super::rows::get;
+use super::Store;
+use crate::clock::ms_to_datetime;
+use crate::engine::fence;
+use crate::engine::types::*;
+use crate::engine::Leases;
+use crate::error::{Error, Result};
+use crate::lease::Lease;
+use chrono::{DateTime, Utc};
+use mysql::Value;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// :now, :margin: leases granted "in the future" (a backward step of the
+/// clock) expire one lease length from now; see the SQLite engine.
+const LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
+    SET lease_expires_at = :now + coalesce(lease_ms, lease_expires_at - claimed_at)
+    WHERE status = 'running' AND lease_expires_at > :now + :margin
+      AND lease_expires_at > :now + coalesce(lease_ms, lease_expires_at - claimed_at) + :margin";
+
+const CANCELLED_LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
+    SET lease_expires_at = :now + coalesce(lease_ms, lease_expires_at - claimed_at)
+    WHERE status IN ('cancelled', 'dead') AND lease_expires_at > :now + :margin
+      AND lease_expires_at > :now + coalesce(lease_ms, lease_expires_at - claimed_at) + :margin";
+
+impl Leases for Store {
+    fn heartbeat_many(
+        &self,
+        leases: &[&Lease],
+        extend_by: Duration,
+    ) -> Result<Vec<Result<DateTime<Utc>>>> {
+        let extend_ms = duration_ms(extend_by, "lease extension")?;
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = leases.iter().map(|l| l.job_id.0).collect();
+        let batch = self.write(|tx, _| {
+            let now = self.now_ms();
+            let expires = now.saturating_add(extend_ms).min(MAX_TIMESTAMP_MS);
+            let running = lock_running_in_order(tx, &ids)?;
+            let mut held: Vec<i64> = leases
+                .iter()
+                .filter(|l| running.get(&l.job_id.0) == Some(&l.run_token.0))
+                .map(|l| l.job_id.0)
+                .collect();
+            held.sort_unstable();
+            held.dedup();
+            if !held.is_empty() {
+                let mut values = args![expires, expires - now];
+                values.extend(held.iter().map(|id| Value::from(*id)));
+                tx.exec(
+                    &format!(
+                        "UPDATE tickler_jobs SET lease_expires_at = ?, lease_ms = ?
+                         WHERE id IN ({}) AND status = 'running'",
+                        marks(held.len())
+                    ),
+                    values,
+                )?;
+            }
+            Ok((running, expires))
+        });
+        let (renewed, expires) = match batch {
+            Err(e) if statement_level(&e) => return self.heartbeat_each(leases, extend_ms),
+            other => other?,
+        };
+        Ok(leases
+            .iter()
+            .map(|l| {
+                if renewed.get(&l.job_id.0) == Some(&l.run_token.0) {
+                    Ok(ms_to_datetime(expires))
+                } else {
+                    Err(Error::LeaseLost { job_id: l.job_id })
+                }
+            })
+            .collect())
+    }
+
+    fn leases_held(&self, leases: &[&Lease]) -> Result<Vec<bool>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<Value> = leases.iter().map(|l| Value::from(l.job_id.0)).collect();
+        let sql = format!(
+            "SELECT id, run_token FROM tickler_jobs WHERE id IN ({}) AND status = 'running'",
+            marks(ids.len())
+        );
+        let running: HashMap<i64, String> = self.read(|tx| {
+            tx.rows(&sql, ids.clone())?
+                .iter()
+                .map(|r| Ok((get(r, 0)?, get(r, 1)?)))
+                .collect()
+        })?;
+        Ok(leases
+            .iter()
+            .map(|l| running.get(&l.job_id.0) == Some(&l.run_token.0))
+            .collect())
+    }
+
+    fn reap_look(
+        &self,
+        cutoff: Option<i64>,
+        take: &mut dyn FnMut(&ExpiredLease, bool) -> bool,
+    ) -> Result<ReapLook> {
+        let policy = self.retry_policy;
+        self.write(|tx, _| {
+            let stepped_now = self.now_ms();
+            let margin = BACKWARD_STEP_MARGIN.as_millis() as i64;
+            let step = [("now", Value::from(stepped_now)), ("margin", Value::from(margin))];
+            tx.exec_named(LEASE_STEP_SQL, &step)?;
+            tx.exec_named(CANCELLED_LEASE_STEP_SQL, &step)?;
+            let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
+            let expired = tx.rows(
+                "SELECT id, run_token, attempts, coalesce(claimed_by, '?'), lease_expires_at
+                 FROM tickler_jobs
+                 WHERE status = 'running' AND lease_expires_at < ?
+                 ORDER BY lease_expires_at LIMIT ? FOR UPDATE SKIP LOCKED",
+                args![now, REAP_BATCH],
+            )?;
+            // Cancelled jobs whose holder's lease ran out: their unique key
+            // is free again.
+            let stopped: Vec<Value> = tx
+                .rows(
+                    "SELECT id FROM tickler_jobs
+                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at < ?
+                     LIMIT ? FOR UPDATE SKIP LOCKED",
+                    args![now, REAP_BATCH],
+                )?
+                .iter()
+                .map(|r| get::<i64>(r, 0).map(Value::from))
+                .collect::<Result<_>>()?;
+            if !stopped.is_empty() {
+                tx.exec(
+                    &format!(
+                        "UPDATE tickler_jobs SET lease_expires_at = NULL WHERE id IN ({})",
+                        marks(stopped.len())
+                    ),
+                    stopped,
+                )?;
+            }
+            let batch_full = expired.len() as i64 >= REAP_BATCH;
+            let mut taken = 0u64;
+            let mut left = Vec::new();
+            for row in &expired {
+                let lease = ExpiredLease {
+                    id: get(row, 0)?,
+                    run_token: get(row, 1)?,
+                    expires_at: get(row, 4)?,
+                };
+                // No look waits for a lock on the whole database here.
+                if !take(&lease, false) {
+                    left.push(lease);
+                    continue;
+                }
+                let attempts: i64 = get(row, 2)?;
+                let worker: String = get(row, 3)?;
+                let attempt = u32::try_from(attempts.max(0)).unwrap_or(u32::MAX);
+                let retry_at = retry_time(now, &policy, attempt);
+                let error = lease_expired_error(&worker, attempts);
+                taken += tx.exec_named(
+                    REAP_SQL,
+                    &[
+                        ("now", Value::from(now)),
+                        ("retry_at", Value::from(retry_at)),
+                        ("error", Value::from(cut_error(&error).as_ref())),
+                        ("id", Value::from(lease.id)),
+                        ("token", Value::from(lease.run_token.as_str())),
+                        ("cutoff", Value::from(now)),
+                    ],
+                )?;
+            }
+            Ok(ReapLook {
+                taken,
+                left,
+                batch_full,
+            })
+        })
+    }
+
+    fn wake_watchers(&self) {
+        self.notify_watchers();
+    }
+}
+
+impl Store {
+    /// [`Leases::heartbeat_many`] after the server refused the statement
+    /// that renews them all (a trigger, a damaged row): each lease in a
+    /// savepoint of its own, in id order, so the refusal costs that lease
+    /// alone.
+    fn heartbeat_each(
+        &self,
+        leases: &[&Lease],
+        extend_ms: i64,
+    ) -> Result<Vec<Result<DateTime<Utc>>>> {
+        let mut order: Vec<usize> = (0..leases.len()).collect();
+        order.sort_by_key(|&i| leases[i].job_id.0);
+        self.write(|tx, _| {
+            let now = self.now_ms();
+            let expires = now.saturating_add(extend_ms).min(MAX_TIMESTAMP_MS);
+            let mut results: Vec<Result<DateTime<Utc>>> = leases
+                .iter()
+                .map(|l| Err(Error::LeaseLost { job_id: l.job_id }))
+                .collect();
+            for &i in &order {
+                let lease = leases[i];
+                let renewed = tx.isolated(|tx| {
+                    tx.exec_named(
+                        concat!(
+                            "UPDATE tickler_jobs SET lease_expires_at = :expires, lease_ms = :ms ",
+                            fence!(":id", ":token")
+                        ),
+                        &[
+                            ("expires", Value::from(expires)),
+                            ("ms", Value::from(expires - now)),
+                            ("id", Value::from(lease.job_id.0)),
+                            ("token", Value::from(lease.run_token.0.as_str())),
+                        ],
+                    )
+                })?;
+                results[i] = match renewed {
+                    Ok(1) => Ok(ms_to_datetime(expires)),
+                    Ok(_) => Err(Error::LeaseLost {
+                        job_id: lease.job_id,
+                    }),
+                    Err(refused) => Err(refused),
+                };
+            }
+            Ok(results)
+        })
+    }
+}

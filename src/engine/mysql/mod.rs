@@ -1,0 +1,179 @@
+//! The MySQL/MariaDB engine (feature `mysql`, InnoDB): one database shared
+//! by any number of machines, as on PostgreSQL. Tested on MariaDB 10.11;
+//! written for MariaDB 10.6 and later and MySQL 8.0.1 and later (the first
+//! with `SKIP LOCKED`). What sets it apart:
+//!
+//! - no `UPDATE … RETURNING` (MySQL has none): a claim locks due rows with
+//!   `SELECT … FOR UPDATE SKIP LOCKED` and then updates exactly those rows,
+//!   by id, in the same short READ COMMITTED transaction (REPEATABLE READ,
+//!   InnoDB's default, would take gap and next-key locks); each row gets a
+//!   run_token of its own, made here;
+//! - no partial indexes: every index leads with `status`, so a lookup of
+//!   one state reads that state's entries only, and the unique key of
+//!   unfinished jobs is a unique index on a generated column that is NULL
+//!   for finished jobs;
+//! - names (queues, kinds, unique keys) are bytes (`VARBINARY`): compared
+//!   byte for byte, with no collation that would make `"a"` and `"A"` or
+//!   `"a "` the same queue; their lengths are bounded (255 bytes for a queue,
+//!   a kind or a schedule's name, 1,024 for a unique key) and a longer one is
+//!   refused with [`crate::Error::InvalidArgument`];
+//! - MySQL evaluates an UPDATE's assignments from left to right, each
+//!   seeing the values already assigned: every statement assigns a column
+//!   only after the assignments that read its old value;
+//! - the connections count rows matched, not rows changed
+//!   (`CLIENT_FOUND_ROWS`), so that a fenced statement that happens to
+//!   write the values already there still says that its lease holds;
+//! - wake-ups: this process's watchers at once; other processes by a
+//!   cheap look at the queue's last change, backing off while nothing
+//!   changes (`watch.rs`); MySQL has no `LISTEN`.
+//!
+//! Refused at open, with the reason: a server older than those above, a
+//! binary log in `STATEMENT` format (statements with `SKIP LOCKED` are not
+//! safe to replay), tables of another storage engine than InnoDB, and a
+//! payload limit above what the server's `max_allowed_packet` lets
+//! through.
+//!
+//! The files are those of every engine: `connection.rs` (the pool,
+//! transactions and their retries, the capabilities), `migrate.rs` (with
+//! `schema.sql`), `enqueue.rs`, `claim.rs`, `outcome.rs`, `lease.rs`,
+//! `admin.rs`, `read.rs`, `schedules.rs`, `rows.rs` and `watch.rs`. Every
+//! "now" that decides whether a job is due or a lease ran out is the
+//! server's (`engine/server_clock.rs`).
+
+mod admin;
+mod claim;
+mod connection;
+mod enqueue;
+mod lease;
+mod migrate;
+mod outcome;
+mod read;
+mod rows;
+mod schedules;
+mod watch;
+
+use crate::clock::Clock;
+use crate::engine::server_clock::ServerClock;
+use crate::engine::types::Durability;
+use crate::engine::OpenSettings;
+use crate::error::{Error, Result};
+use crate::retry::RetryPolicy;
+use connection::{connection_pool, Manager};
+use mysql::prelude::Queryable;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The connections of one opened `Queue` (shared by its clones).
+pub(crate) struct Store {
+    url: String,
+    pool: r2d2::Pool<Manager>,
+    clock: Arc<dyn Clock>,
+    retry_policy: RetryPolicy,
+    retry_window: Duration,
+    signals: Arc<watch::Signals>,
+    /// `Full` when the server flushes InnoDB's log at every commit
+    /// (`innodb_flush_log_at_trx_commit = 1`), else `Normal`.
+    durability: Durability,
+}
+
+/// The oldest servers with `SKIP LOCKED`.
+const MARIADB_MIN: (u16, u16) = (10, 6);
+const MYSQL_MIN: (u16, u16) = (8, 0);
+
+impl Store {
+    /// Connects, checks the server, migrates the schema and starts the
+    /// server clock.
+    pub(crate) fn open(url: &str, settings: &OpenSettings<'_>) -> Result<Store> {
+        let opts = connection::opts(url)?;
+        let pool = connection_pool(opts, settings.max_connections);
+        let mut store = Store {
+            url: url.to_owned(),
+            pool,
+            clock: Arc::new(crate::clock::SystemClock),
+            retry_policy: settings.retry_policy,
+            retry_window: settings.busy_timeout + settings.busy_retry,
+            signals: watch::Signals::new(settings.fallback_poll),
+            durability: Durability::Full,
+        };
+        store.durability = store.check_server(settings.max_payload_bytes)?;
+        store.migrate()?;
+        store.clock = if settings.clock_set {
+            Arc::clone(&settings.clock)
+        } else {
+            let pool = store.pool.clone();
+            Arc::new(ServerClock::start(move || {
+                let mut conn = pool.get()?;
+                let ms: Option<i64> = conn
+                    .conn
+                    .query_first("SELECT CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)")?;
+                ms.ok_or_else(|| Error::Config("the server did not tell its time".into()))
+            })?)
+        };
+        Ok(store)
+    }
+
+    /// Refuses a server tickler cannot claim on safely, naming what to
+    /// change; returns how durable its commits are.
+    fn check_server(&self, max_payload_bytes: usize) -> Result<Durability> {
+        let mut conn = self.pool.get()?;
+        let conn = &mut conn.conn;
+        let version: String = conn.query_first("SELECT VERSION()")?.unwrap_or_default();
+        let (major, minor, _) = conn.server_version();
+        let mariadb = version.contains("MariaDB");
+        let (name, min) = if mariadb {
+            ("MariaDB", MARIADB_MIN)
+        } else {
+            ("MySQL", MYSQL_MIN)
+        };
+        // MySQL 8.0.0 was a milestone release; SKIP LOCKED came with 8.0.1.
+        let too_old = (major, minor) < min
+            || (!mariadb && (major, minor) == (8, 0) && conn.server_version().2 < 1);
+        if too_old {
+            return Err(Error::Config(format!(
+                "{} runs {name} {version}, but tickler needs {name} {}.{}{} or later \
+                 (FOR UPDATE SKIP LOCKED)",
+                self.describe(),
+                min.0,
+                min.1,
+                if mariadb { "" } else { ".1" },
+            )));
+        }
+        let (log_bin, format): (Option<i64>, Option<String>) = conn
+            .query_first("SELECT @@log_bin, @@binlog_format")?
+            .unwrap_or((None, None));
+        if log_bin == Some(1) && format.as_deref().is_some_and(|f| f.eq_ignore_ascii_case("STATEMENT"))
+        {
+            return Err(Error::Config(format!(
+                "{} writes its binary log with binlog_format = STATEMENT, in which claims \
+                 (SELECT … FOR UPDATE SKIP LOCKED) are not safe to replay and READ COMMITTED \
+                 writes are refused; set binlog_format = ROW (or MIXED)",
+                self.describe()
+            )));
+        }
+        let packet: Option<u64> = conn.query_first("SELECT @@max_allowed_packet")?;
+        if let Some(packet) = packet {
+            // A payload travels in one packet with the row's other values.
+            let room = usize::try_from(packet)
+                .unwrap_or(usize::MAX)
+                .saturating_sub(crate::engine::types::ROW_HEADROOM);
+            if max_payload_bytes > room {
+                return Err(Error::Config(format!(
+                    "max_payload_bytes is {max_payload_bytes}, but {} lets at most {packet} \
+                     bytes through in one packet (max_allowed_packet), so the largest payload \
+                     limit there is {room} bytes: raise max_allowed_packet or lower \
+                     max_payload_bytes",
+                    self.describe()
+                )));
+            }
+        }
+        // 0 and 2 write the log to the operating system at commit and
+        // flush it once a second: a crash of the server keeps commits (with
+        // 2), a power cut may lose the last second's.
+        let flush: Option<i64> = conn.query_first("SELECT @@innodb_flush_log_at_trx_commit")?;
+        Ok(if flush == Some(1) {
+            Durability::Full
+        } else {
+            Durability::Normal
+        })
+    }
+}

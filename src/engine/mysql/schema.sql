@@ -1,0 +1,119 @@
+-- tickler schema on MySQL/MariaDB (InnoDB).
+--
+-- Split into migrations by lines "-- migration: N", and each migration into
+-- statements at every semicolon that ends a line. Applied versions are
+-- recorded in tickler_schema_migrations. MySQL commits every DDL statement
+-- at once, so a migration is not one transaction: each statement can run
+-- again after a crash halfway (IF NOT EXISTS), and one process at a time
+-- migrates (GET_LOCK).
+--
+-- The same columns, states and meanings as the SQLite and PostgreSQL
+-- schemas: every timestamp is BIGINT milliseconds since the Unix epoch,
+-- UTC, read from the database server's clock.
+--
+-- InnoDB has no partial indexes: every index of jobs in a state leads with
+-- status, so a claim, a promotion or the reaper reads the entries of its
+-- state only, in the order it wants them, with no sort. The unique key of
+-- unfinished jobs is a unique index on unique_live, a stored generated
+-- column that holds unique_key while the job is scheduled, pending or
+-- running and NULL after (a unique index admits any number of NULLs).
+--
+-- Names are VARBINARY: compared byte for byte (no collation folds case,
+-- accents or trailing spaces), as on the other engines. Text that JSON
+-- functions read (errors) and free text (errors, worker ids) is utf8mb4.
+
+-- migration: 1
+CREATE TABLE IF NOT EXISTS tickler_jobs (
+    id               BIGINT         NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    queue            VARBINARY(255) NOT NULL,
+    kind             VARBINARY(255) NOT NULL,
+    payload          LONGBLOB       NOT NULL,
+    status           VARBINARY(9)   NOT NULL,
+    priority         INT            NOT NULL DEFAULT 0,
+    run_at           BIGINT         NOT NULL,
+    attempts         BIGINT         NOT NULL DEFAULT 0,
+    max_attempts     BIGINT         NOT NULL,
+    unique_key       VARBINARY(1024),
+    unique_live      VARBINARY(1024) AS (CASE WHEN status IN ('scheduled', 'pending', 'running')
+                                              THEN unique_key END) STORED,
+    timeout_ms       BIGINT,
+    run_token        VARBINARY(64),
+    claimed_by       TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+    claimed_at       BIGINT,
+    lease_expires_at BIGINT,
+    lease_ms         BIGINT,
+    -- A random id per claiming transaction: a claimer whose COMMIT was not
+    -- acknowledged (the connection dropped) finds what it took.
+    claim_id         BIGINT,
+    -- A random id per enqueue call and each job's place in it: the ids of
+    -- a batch are read back by it, and a retry after a COMMIT whose answer
+    -- was lost finds the jobs already stored rather than storing them twice.
+    enqueue_batch    BIGINT,
+    enqueue_seq      INT,
+    last_error       LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+    errors           LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    created_at       BIGINT         NOT NULL,
+    finished_at      BIGINT,
+    CONSTRAINT tickler_jobs_status CHECK (status IN
+        ('scheduled', 'pending', 'running', 'succeeded', 'dead', 'cancelled')),
+    CONSTRAINT tickler_jobs_names CHECK (length(queue) > 0 AND length(kind) > 0),
+    CONSTRAINT tickler_jobs_attempts CHECK (attempts >= 0 AND max_attempts >= 1),
+    CONSTRAINT tickler_jobs_times CHECK ((timeout_ms IS NULL OR timeout_ms > 0)
+                                         AND (lease_ms IS NULL OR lease_ms >= 0)),
+    CONSTRAINT tickler_jobs_running CHECK (status <> 'running'
+        OR (run_token IS NOT NULL AND lease_expires_at IS NOT NULL AND claimed_at IS NOT NULL)),
+    CONSTRAINT tickler_jobs_finished CHECK ((status IN ('succeeded', 'dead', 'cancelled'))
+                                            = (finished_at IS NOT NULL)),
+    -- Pending jobs in claim order (priority first), and by age (aging,
+    -- the oldest-first claims); scheduled jobs by due time share the second.
+    KEY tickler_jobs_pending (status, queue, priority DESC, run_at, id),
+    KEY tickler_jobs_due (status, queue, run_at, id),
+    KEY tickler_jobs_running (status, lease_expires_at),
+    KEY tickler_jobs_finished (finished_at),
+    KEY tickler_jobs_finished_state (status, queue, finished_at),
+    UNIQUE KEY tickler_jobs_unique_live (unique_live),
+    -- Holders of a key (a cancelled run still stopping), and the key
+    -- ranges of a schedule's runs.
+    KEY tickler_jobs_unique_key (unique_key, status, lease_expires_at)
+) ENGINE = InnoDB;
+
+CREATE TABLE IF NOT EXISTS tickler_schedules (
+    name             VARBINARY(255) NOT NULL PRIMARY KEY,
+    cron             TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    time_zone        VARBINARY(255) NOT NULL,
+    queue            VARBINARY(255) NOT NULL,
+    kind             VARBINARY(255) NOT NULL,
+    payload          LONGBLOB       NOT NULL,
+    priority         INT            NOT NULL DEFAULT 0,
+    max_attempts     BIGINT         NOT NULL,
+    timeout_ms       BIGINT,
+    misfire          VARBINARY(16)  NOT NULL,
+    misfire_max      BIGINT,
+    misfire_grace_ms BIGINT         NOT NULL,
+    paused           BOOLEAN        NOT NULL DEFAULT FALSE,
+    next_tick_at     BIGINT,
+    last_tick_at     BIGINT,
+    created_at       BIGINT         NOT NULL,
+    updated_at       BIGINT         NOT NULL,
+    overlap          VARBINARY(16)  NOT NULL DEFAULT 'forbid',
+    skipped_ticks    BIGINT         NOT NULL DEFAULT 0,
+    handled_from     BIGINT,
+    handled_through  BIGINT,
+    ahead_from       BIGINT,
+    ahead_until      BIGINT,
+    CONSTRAINT tickler_schedules_values CHECK (length(name) > 0 AND length(cron) > 0
+        AND length(queue) > 0 AND length(kind) > 0 AND max_attempts >= 1
+        AND misfire IN ('skip', 'fire_once', 'fire_all')
+        AND overlap IN ('allow', 'forbid', 'replace') AND skipped_ticks >= 0
+        AND misfire_grace_ms >= 0),
+    CONSTRAINT tickler_schedules_misfire CHECK ((misfire = 'fire_all') = (misfire_max IS NOT NULL)),
+    KEY tickler_schedules_due (paused, next_tick_at),
+    KEY tickler_schedules_updated (paused, updated_at)
+) ENGINE = InnoDB;
+
+-- Paused queues (Queue::pause_queue): a claim skips the queues listed here,
+-- read by the claiming transaction itself.
+CREATE TABLE IF NOT EXISTS tickler_paused_queues (
+    queue     VARBINARY(255) NOT NULL PRIMARY KEY,
+    paused_at BIGINT         NOT NULL
+) ENGINE = InnoDB;
