@@ -28,6 +28,9 @@ fn complete_writing(queue: &Queue, lease: &Lease) -> tickler::Result<()> {
     if engine::on_postgres() {
         return pg_complete_writing(queue, lease);
     }
+    if engine::on_mysql() {
+        return my_complete_writing(queue, lease);
+    }
     queue.complete_with(lease, |tx: &tickler::rusqlite::Transaction| {
         tx.execute(
             "INSERT INTO app_effects (job_id, note) VALUES (?1, 'done')",
@@ -51,6 +54,23 @@ fn pg_complete_writing(queue: &Queue, lease: &Lease) -> tickler::Result<()> {
 #[cfg(not(feature = "postgres"))]
 fn pg_complete_writing(_: &Queue, _: &Lease) -> tickler::Result<()> {
     unreachable!("a PostgreSQL case needs the `postgres` feature")
+}
+
+#[cfg(feature = "mysql")]
+fn my_complete_writing(queue: &Queue, lease: &Lease) -> tickler::Result<()> {
+    use tickler::mysql::prelude::Queryable;
+    queue.complete_with(lease, |tx: &mut tickler::mysql::Transaction| {
+        tx.exec_drop(
+            "INSERT INTO app_effects (job_id, note) VALUES (?, 'done')",
+            (lease.job_id.0,),
+        )?;
+        Ok(())
+    })
+}
+
+#[cfg(not(feature = "mysql"))]
+fn my_complete_writing(_: &Queue, _: &Lease) -> tickler::Result<()> {
+    unreachable!("a MySQL case needs the `mysql` feature")
 }
 
 contract! {

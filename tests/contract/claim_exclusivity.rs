@@ -156,8 +156,8 @@ fn check_exactly_once(path: &Path, ids: &[JobId], claims: &[Claimed]) {
 
     let row = common::engine::query_row(
         path,
-        "SELECT count(*) FILTER (WHERE status = 'succeeded'),
-                count(*) FILTER (WHERE attempts = 1), count(*) FROM tickler_jobs",
+        "SELECT count(CASE WHEN status = 'succeeded' THEN 1 END),
+                count(CASE WHEN attempts = 1 THEN 1 END), count(*) FROM tickler_jobs",
         &[],
     );
     let (succeeded, once, total) = (row[0].int(), row[1].int(), row[2].int());

@@ -145,7 +145,8 @@ contract! {
 /// carries each engine's options (the same code opens either), and only
 /// the engine the location names applies its own: SQLite's `Normal` on a
 /// file; on PostgreSQL the server's (every acknowledged commit is durable),
-/// whatever the SQLite options say.
+/// on MySQL the server's as its InnoDB settings make it, whatever the
+/// SQLite options say.
 fn the_reported_durability_is_the_one_the_engine_keeps() {
     let (_dir, path) = common::temp_db();
     let queue = Queue::builder(common::engine::target(&path))
@@ -155,6 +156,19 @@ fn the_reported_durability_is_the_one_the_engine_keeps() {
         .expect("open");
     let expected = if common::engine::on_postgres() {
         Durability::Full
+    } else if common::engine::on_mysql() {
+        // The server's: InnoDB flushes its log at each commit only with
+        // innodb_flush_log_at_trx_commit = 1.
+        let flush = common::engine::query_int(
+            &path,
+            "SELECT @@innodb_flush_log_at_trx_commit",
+            &[],
+        );
+        if flush == 1 {
+            Durability::Full
+        } else {
+            Durability::Normal
+        }
     } else {
         Durability::Normal
     };

@@ -245,10 +245,12 @@ mod other_queues_reports {
 
     /// Bytes of the job's `errors` column as stored (JSON text).
     fn stored_history_bytes(path: &std::path::Path, id: tickler::JobId) -> i64 {
-        engine::query_int(
-            path,
-            "SELECT length(CAST(errors AS TEXT)) FROM tickler_jobs WHERE id = ?1",
-            &[id.0.into()],
-        )
+        // MySQL has no CAST AS TEXT; its `errors` is text already.
+        let sql = if engine::on_mysql() {
+            "SELECT length(errors) FROM tickler_jobs WHERE id = ?1"
+        } else {
+            "SELECT length(CAST(errors AS TEXT)) FROM tickler_jobs WHERE id = ?1"
+        };
+        engine::query_int(path, sql, &[id.0.into()])
     }
 }

@@ -31,7 +31,7 @@ const LENGTH_LIMIT: i32 = 2 * 1024 * 1024;
 /// 0 (1 in 1,001) makes the retry due at once, so the job is `pending`,
 /// not `scheduled` (seen once in a fresh clone's run).
 fn queue_with_length_limit(path: &std::path::Path) -> Queue {
-    if common::engine::on_postgres() {
+    if !common::engine::current().is_embedded() {
         // A text value holds up to 1 GB there and no limit can be lowered:
         // the error is cut to MAX_ERROR_BYTES all the same, and its batch
         // must land.
@@ -123,6 +123,13 @@ fn refuse(path: &std::path::Path, name: &str, when: &str) {
                $$ BEGIN RAISE EXCEPTION 'refused by the test trigger {name}'; END $$;
              CREATE TRIGGER {name} BEFORE UPDATE ON tickler_jobs FOR EACH ROW
                WHEN ({when}) EXECUTE FUNCTION {name}();"
+        )
+    } else if common::engine::on_mysql() {
+        format!(
+            "CREATE TRIGGER {name} BEFORE UPDATE ON tickler_jobs FOR EACH ROW
+             BEGIN IF {when} THEN
+               SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test trigger {name}';
+             END IF; END"
         )
     } else {
         format!(

@@ -398,6 +398,9 @@ fn enqueue_and_roll_back(queue: &Queue, path: &std::path::Path, job: NewJob) -> 
     if engine::on_postgres() {
         return pg_enqueue_and_roll_back(queue, path, job);
     }
+    if engine::on_mysql() {
+        return my_enqueue_and_roll_back(queue, path, job);
+    }
     let mut conn = queue.open_connection().unwrap();
     let tx = conn.transaction().unwrap();
     let id = queue.enqueue_tx(&tx, job).unwrap();
@@ -430,6 +433,28 @@ fn pg_enqueue_and_roll_back(_: &Queue, _: &std::path::Path, _: NewJob) -> JobId 
     unreachable!("a PostgreSQL case needs the `postgres` feature")
 }
 
+#[cfg(feature = "mysql")]
+fn my_enqueue_and_roll_back(queue: &Queue, path: &std::path::Path, job: NewJob) -> JobId {
+    use tickler::mysql::prelude::Queryable;
+    let mut conn = engine::mysql_connect(path);
+    let mut tx = conn
+        .start_transaction(tickler::mysql::TxOpts::default())
+        .unwrap();
+    let id = queue.enqueue_tx(&mut tx, job).unwrap();
+    tx.exec_drop(
+        "INSERT INTO seam_effects (job_id, note) VALUES (?, 'app')",
+        (id.0,),
+    )
+    .unwrap();
+    tx.rollback().unwrap();
+    id
+}
+
+#[cfg(not(feature = "mysql"))]
+fn my_enqueue_and_roll_back(_: &Queue, _: &std::path::Path, _: NewJob) -> JobId {
+    unreachable!("a MySQL case needs the `mysql` feature")
+}
+
 contract! {
 /// The bug it guards: River's InsertTx and riverqueue/river#1364 (a
 /// transaction of another client type than the driver's), and Oban
@@ -458,6 +483,9 @@ fn complete_with_failing_writes(queue: &Queue, lease: &tickler::Lease) -> Error 
     if engine::on_postgres() {
         return pg_complete_with_failing_writes(queue, lease);
     }
+    if engine::on_mysql() {
+        return my_complete_with_failing_writes(queue, lease);
+    }
     queue
         .complete_with(lease, |tx: &tickler::rusqlite::Transaction| {
             tx.execute(
@@ -485,6 +513,25 @@ fn pg_complete_with_failing_writes(queue: &Queue, lease: &tickler::Lease) -> Err
 #[cfg(not(feature = "postgres"))]
 fn pg_complete_with_failing_writes(_: &Queue, _: &tickler::Lease) -> Error {
     unreachable!("a PostgreSQL case needs the `postgres` feature")
+}
+
+#[cfg(feature = "mysql")]
+fn my_complete_with_failing_writes(queue: &Queue, lease: &tickler::Lease) -> Error {
+    use tickler::mysql::prelude::Queryable;
+    queue
+        .complete_with(lease, |tx: &mut tickler::mysql::Transaction| {
+            tx.exec_drop(
+                "INSERT INTO seam_effects (job_id, note) VALUES (?, 'done')",
+                (lease.job_id.0,),
+            )?;
+            Err::<(), _>(Error::aborted("the application refused"))
+        })
+        .unwrap_err()
+}
+
+#[cfg(not(feature = "mysql"))]
+fn my_complete_with_failing_writes(_: &Queue, _: &tickler::Lease) -> Error {
+    unreachable!("a MySQL case needs the `mysql` feature")
 }
 
 contract! {

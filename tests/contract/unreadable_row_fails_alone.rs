@@ -100,7 +100,10 @@ contract! {
 fn a_claim_makes_an_unreadable_job_dead_and_hands_out_the_others() {
     let mut damages = vec![(deep_payload_damage(), "payload")];
     // PostgreSQL refuses text that is not UTF-8, so no row holds it there.
-    if !engine::on_postgres() {
+    if engine::on_mysql() {
+        // Names are bytes there; no CAST AS TEXT.
+        damages.push((BAD_UTF8_KIND.replace("CAST(x'6bff' AS TEXT)", "x'6bff'"), "kind"));
+    } else if !engine::on_postgres() {
         damages.push((BAD_UTF8_KIND.to_owned(), "kind"));
     }
     for (damage, column) in damages {

@@ -52,6 +52,11 @@ impl Engine {
         }
     }
 
+    /// True for the engine without a server (SQLite): one file.
+    pub fn is_embedded(self) -> bool {
+        self.url_var().is_none()
+    }
+
     /// The variable holding the URL of its server (`None`: embedded).
     pub fn url_var(self) -> Option<&'static str> {
         match self {
@@ -439,6 +444,13 @@ pub fn query_row(path: &Path, sql: &str, params: &[Value]) -> Vec<Value> {
     .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
+/// A connection of the test's own to the MySQL database of the queue whose
+/// file would be `path`: for the application's transactions.
+#[cfg(feature = "mysql")]
+pub fn mysql_connect(path: &Path) -> mysql::Conn {
+    my::connect(&target(path))
+}
+
 /// One integer read by [`query_row`] (a count, a length).
 pub fn query_int(path: &Path, sql: &str, params: &[Value]) -> i64 {
     query_row(path, sql, params)[0].int()
@@ -607,7 +619,7 @@ mod my {
         }
     }
 
-    fn connect(url: &Path) -> mysql::Conn {
+    pub(super) fn connect(url: &Path) -> mysql::Conn {
         let url = url.to_str().expect("a URL");
         let opts = mysql::OptsBuilder::from_opts(mysql::Opts::from_url(url).expect("a MySQL URL"))
             .additional_capabilities(mysql::consts::CapabilityFlags::CLIENT_FOUND_ROWS)
@@ -634,7 +646,8 @@ mod my {
 
     pub(super) fn execute_batch(url: &Path, sql: &str) {
         let mut conn = connect(url);
-        conn.query_drop(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        conn.query_drop(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
     pub(super) fn query_row(url: &Path, sql: &str, values: &[Value]) -> Vec<Value> {

@@ -106,7 +106,10 @@ impl Admin for Store {
                 return Ok(0);
             }
             tx.exec(
-                &format!("DELETE FROM tickler_jobs WHERE id IN ({})", marks(ids.len())),
+                &format!(
+                    "DELETE FROM tickler_jobs WHERE id IN ({})",
+                    marks(ids.len())
+                ),
                 ids,
             )
         })

@@ -55,10 +55,19 @@ fn claim_sql(kinds: Option<usize>, order: ClaimOrder) -> String {
     )
 }
 
-/// A random run_token prefix per claim; each row's token is the prefix and
-/// its id, so tokens never repeat.
-fn token_prefix() -> String {
-    format!("{:016x}{:016x}-", fastrand::u64(..), fastrand::u64(..))
+/// A fresh run_token: a UUID v4, as on the other engines.
+fn run_token() -> String {
+    let bits = fastrand::u128(..);
+    // Version 4 in the 13th hex digit, variant 10xx in the 17th.
+    let v = (bits & !(0xF << 76) & !(0x3 << 62)) | (0x4 << 76) | (0x2 << 62);
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        v >> 96,
+        (v >> 80) & 0xFFFF,
+        (v >> 64) & 0xFFFF,
+        (v >> 48) & 0xFFFF,
+        v & 0xFFFF_FFFF_FFFF
+    )
 }
 
 /// A [`ClaimTx`] on an open MySQL transaction, with the id marking this
@@ -108,47 +117,48 @@ impl ClaimTx for InTransaction<'_, '_> {
     ) -> Result<Vec<ClaimedRow>> {
         let sql = claim_sql(request.kinds.map(<[&str]>::len), order);
         let mut values = args![now, queue];
-        values.extend(request.kinds.unwrap_or_default().iter().map(|k| Value::from(*k)));
+        values.extend(
+            request
+                .kinds
+                .unwrap_or_default()
+                .iter()
+                .map(|k| Value::from(*k)),
+        );
         values.push(Value::from(want));
         let rows = self.tx.rows(&sql, values)?;
         if rows.is_empty() {
             return Ok(Vec::new());
         }
         let ids: Vec<i64> = rows.iter().map(|r| get(r, 0)).collect::<Result<_>>()?;
-        let prefix = token_prefix();
-        let mut values = args![
-            prefix.as_str(),
+        let tokens: Vec<String> = ids.iter().map(|_| run_token()).collect();
+        let mut values = Vec::with_capacity(ids.len() * 3 + 6);
+        for (id, token) in ids.iter().zip(&tokens) {
+            values.extend(args![*id, token.as_str()]);
+        }
+        values.extend(args![
             request.worker_id,
             now,
             expires,
             expires - now,
             self.claim_id
-        ];
+        ]);
         values.extend(ids.iter().map(|id| Value::from(*id)));
         // The rows are locked by the read above and still pending.
         self.tx.exec(
             &format!(
                 "UPDATE tickler_jobs
-                 SET status = 'running', run_token = CONCAT(?, id), attempts = attempts + 1,
+                 SET status = 'running', run_token = CASE id {} END, attempts = attempts + 1,
                      claimed_by = ?, claimed_at = ?, lease_expires_at = ?, lease_ms = ?,
                      claim_id = ?
                  WHERE id IN ({})",
+                "WHEN ? THEN ? ".repeat(ids.len()),
                 marks(ids.len())
             ),
             values,
         )?;
         rows.iter()
-            .zip(&ids)
-            .map(|(r, id)| {
-                let run_token = format!("{prefix}{id}");
-                claimed_from_row(
-                    r,
-                    Some(&Fresh {
-                        run_token: &run_token,
-                        expires,
-                    }),
-                )
-            })
+            .zip(&tokens)
+            .map(|(r, run_token)| claimed_from_row(r, Some(&Fresh { run_token, expires })))
             .collect()
     }
 

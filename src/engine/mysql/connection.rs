@@ -328,12 +328,11 @@ impl Store {
             Ok(value)
         })();
         if let Err((e, phase)) = &result {
-            if breaks_connection(e) {
-                conn.broken = true;
-            } else if !autocommit
-                && *phase != Phase::Commit
-                && conn.conn.query_drop("ROLLBACK").is_err()
-            {
+            // A transaction left open would hold its locks on a reused
+            // connection: one that cannot roll back is dropped.
+            let rolled_back =
+                autocommit || *phase == Phase::Commit || conn.conn.query_drop("ROLLBACK").is_ok();
+            if breaks_connection(e) || !rolled_back {
                 conn.broken = true;
             }
         }
@@ -443,7 +442,17 @@ pub(crate) fn retryable(e: &Error) -> bool {
         Error::Pool(_) => true,
         Error::Mysql(mysql::Error::MySqlError(server)) => matches!(
             server.code,
-            1213 | 1205 | 1020 | 1615 | 1040 | 1053 | 1927 | 4031 | 1290 | 1836 | 1792 | 1158
+            1213 | 1205
+                | 1020
+                | 1615
+                | 1040
+                | 1053
+                | 1927
+                | 4031
+                | 1290
+                | 1836
+                | 1792
+                | 1158
                 | 1159
                 | 1160
                 | 1161

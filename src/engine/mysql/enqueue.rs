@@ -154,7 +154,10 @@ fn insert_one<Q: Queryable>(
             seq_of(i),
         ],
     )?;
-    match id.and_then(|id| i64::try_from(id).ok()).filter(|id| *id > 0) {
+    match id
+        .and_then(|id| i64::try_from(id).ok())
+        .filter(|id| *id > 0)
+    {
         Some(id) => Ok(JobId(id)),
         None => Err(Error::Config(
             "the server did not tell the id of a stored job".into(),

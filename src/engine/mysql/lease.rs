@@ -112,7 +112,10 @@ impl Leases for Store {
         self.write(|tx, _| {
             let stepped_now = self.now_ms();
             let margin = BACKWARD_STEP_MARGIN.as_millis() as i64;
-            let step = [("now", Value::from(stepped_now)), ("margin", Value::from(margin))];
+            let step = [
+                ("now", Value::from(stepped_now)),
+                ("margin", Value::from(margin)),
+            ];
             tx.exec_named(LEASE_STEP_SQL, &step)?;
             tx.exec_named(CANCELLED_LEASE_STEP_SQL, &step)?;
             let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));

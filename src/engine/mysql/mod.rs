@@ -118,7 +118,9 @@ impl Store {
         let mut conn = self.pool.get()?;
         let conn = &mut conn.conn;
         let version: String = conn.query_first("SELECT VERSION()")?.unwrap_or_default();
-        let (major, minor, _) = conn.server_version();
+        // VERSION(), not the handshake's version: MariaDB's handshake says
+        // 5.5.5 before its own version for old clients.
+        let (major, minor, patch) = parse_version(&version);
         let mariadb = version.contains("MariaDB");
         let (name, min) = if mariadb {
             ("MariaDB", MARIADB_MIN)
@@ -126,8 +128,7 @@ impl Store {
             ("MySQL", MYSQL_MIN)
         };
         // MySQL 8.0.0 was a milestone release; SKIP LOCKED came with 8.0.1.
-        let too_old = (major, minor) < min
-            || (!mariadb && (major, minor) == (8, 0) && conn.server_version().2 < 1);
+        let too_old = (major, minor) < min || (!mariadb && (major, minor) == (8, 0) && patch < 1);
         if too_old {
             return Err(Error::Config(format!(
                 "{} runs {name} {version}, but tickler needs {name} {}.{}{} or later \
@@ -141,7 +142,10 @@ impl Store {
         let (log_bin, format): (Option<i64>, Option<String>) = conn
             .query_first("SELECT @@log_bin, @@binlog_format")?
             .unwrap_or((None, None));
-        if log_bin == Some(1) && format.as_deref().is_some_and(|f| f.eq_ignore_ascii_case("STATEMENT"))
+        if log_bin == Some(1)
+            && format
+                .as_deref()
+                .is_some_and(|f| f.eq_ignore_ascii_case("STATEMENT"))
         {
             return Err(Error::Config(format!(
                 "{} writes its binary log with binlog_format = STATEMENT, in which claims \
@@ -175,5 +179,30 @@ impl Store {
         } else {
             Durability::Normal
         })
+    }
+}
+
+/// The leading `major.minor.patch` of a server's `VERSION()`.
+fn parse_version(version: &str) -> (u16, u16, u16) {
+    let mut parts = version
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u16>().unwrap_or(0));
+    (
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn versions_parse_from_the_leading_numbers() {
+        assert_eq!(
+            super::parse_version("10.11.19-MariaDB-0+deb12u1"),
+            (10, 11, 19)
+        );
+        assert_eq!(super::parse_version("8.0.36"), (8, 0, 36));
+        assert_eq!(super::parse_version("8.4.0-log"), (8, 4, 0));
     }
 }

@@ -46,7 +46,12 @@ impl Reads for Store {
             ("kind", Value::from(filter.kind.as_deref())),
             ("limit", Value::from(limit)),
         ];
-        self.read(|tx| tx.rows_named(&sql, &values)?.iter().map(job_from_row).collect())
+        self.read(|tx| {
+            tx.rows_named(&sql, &values)?
+                .iter()
+                .map(job_from_row)
+                .collect()
+        })
     }
 
     fn count(&self, state: JobState) -> Result<u64> {

@@ -295,9 +295,8 @@ impl ScheduleStore for Store {
         if storable_name(name).is_err() {
             return Ok(false);
         }
-        let deleted = self.write(|tx, _| {
-            tx.exec("DELETE FROM tickler_schedules WHERE name = ?", args![name])
-        })?;
+        let deleted = self
+            .write(|tx, _| tx.exec("DELETE FROM tickler_schedules WHERE name = ?", args![name]))?;
         if deleted > 0 {
             self.notify_watchers();
         }
@@ -311,7 +310,12 @@ impl ScheduleStore for Store {
 
     fn list_schedules(&self) -> Result<Vec<Schedule>> {
         let sql = format!("SELECT {SCHEDULE_COLUMNS} FROM tickler_schedules ORDER BY name");
-        self.read(|tx| tx.rows(&sql, Vec::new())?.iter().map(schedule_from_row).collect())
+        self.read(|tx| {
+            tx.rows(&sql, Vec::new())?
+                .iter()
+                .map(schedule_from_row)
+                .collect()
+        })
     }
 
     fn schedule_and_handled(&self, name: &str) -> Result<(Schedule, Handled)> {

@@ -43,10 +43,7 @@ impl Signals {
     }
 
     fn wake_all(&self) {
-        let mut senders = self
-            .watchers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut senders = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
         senders.retain(|w| match w.try_send(()) {
             Ok(()) | Err(crossbeam_channel::TrySendError::Full(())) => true,
             Err(crossbeam_channel::TrySendError::Disconnected(())) => false,
