@@ -165,3 +165,33 @@ mod other_queues_reports {
     }
     }
 }
+
+contract! {
+/// Names and unique keys are compared byte for byte: a collation that folds
+/// case or ignores trailing spaces (MySQL's default ones do both) would
+/// make `mail` and `Mail ` one queue, and let one key hold off another.
+fn names_and_keys_that_differ_only_in_case_or_trailing_spaces_are_distinct() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue(&path);
+    let names = ["mail", "mail ", "Mail"];
+    let ids: Vec<_> = names
+        .iter()
+        .map(|name| {
+            queue
+                .enqueue(NewJob::new("k").queue(*name).unique_key(format!("key-{name}")))
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        ids.iter().collect::<std::collections::BTreeSet<_>>().len(),
+        3,
+        "a unique key held off another: {ids:?}"
+    );
+    for (name, id) in names.iter().zip(&ids) {
+        let leases = queue.manual().claim(name, "w", 10, secs(30)).unwrap();
+        let claimed: Vec<_> = leases.iter().map(|l| l.job_id).collect();
+        assert_eq!(claimed, vec![*id], "queue {name:?}");
+        assert_eq!(leases[0].queue, *name);
+    }
+}
+}

@@ -27,6 +27,8 @@ pub mod app_tx;
 pub mod cli;
 pub mod common;
 pub mod dashboard_fill;
+#[cfg(feature = "mysql")]
+pub mod my;
 #[cfg(feature = "postgres")]
 pub mod pg;
 pub mod pool;

@@ -1,0 +1,262 @@
+//! What only the MySQL engine has to get right, each test saying why it is
+//! MySQL's: connections killed by the server and a server restart in the
+//! middle of work reach no user code as errors; InnoDB's deadlocks among
+//! concurrent batches are retried; the claim reads its index in order (no
+//! sort); tables of another storage engine and names longer than the
+//! schema holds are refused with the reason.
+#![cfg(feature = "mysql")]
+
+use crate::support::my;
+
+use mysql::prelude::Queryable;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tickler::{Error, JobContext, JobError, JobId, JobState, NewJob, Queue, WorkerPool};
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+type Runs = Arc<Mutex<HashMap<JobId, usize>>>;
+
+fn counting_pool(queue: &Queue, runs: &Runs) -> WorkerPool {
+    let runs = Arc::clone(runs);
+    WorkerPool::builder(queue)
+        .threads(4)
+        .lease(secs(3))
+        .handler("work", move |ctx: &JobContext| -> Result<(), JobError> {
+            std::thread::sleep(Duration::from_millis(1));
+            *runs.lock().unwrap().entry(ctx.job_id()).or_default() += 1;
+            Ok(())
+        })
+        .start()
+        .expect("start pool")
+}
+
+/// Enqueues, runs and checks `n` jobs while `disturb` cuts the server away
+/// now and then: every enqueue returns its id, every job succeeds, none is
+/// lost.
+fn survives(db: &my::TestDb, n: usize, disturb: impl Fn() + Send + Sync) {
+    let queue = Queue::open(db.url()).expect("open");
+    let runs: Runs = Arc::default();
+    let mut pool = counting_pool(&queue, &runs);
+    let done = AtomicBool::new(false);
+    let ids = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !done.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(150));
+                disturb();
+            }
+        });
+        let mut ids = Vec::with_capacity(n);
+        for i in 0..n {
+            let job = NewJob::new("work").payload(serde_json::json!({ "i": i }));
+            ids.push(
+                queue
+                    .enqueue(job)
+                    .expect("an enqueue failed past the retries"),
+            );
+        }
+        wait_until("every job ran", secs(120), || {
+            let runs = runs.lock().unwrap();
+            ids.iter().all(|id| runs.contains_key(id))
+        });
+        done.store(true, Ordering::SeqCst);
+        ids
+    });
+    wait_until("every job succeeded", secs(60), || {
+        ids.iter()
+            .all(|id| queue.get(*id).is_ok_and(|j| j.state == JobState::Succeeded))
+    });
+    pool.shutdown(secs(10));
+}
+
+/// MySQL's: a DBA's `KILL CONNECTION` (or a proxy's, or `wait_timeout`) cuts
+/// tickler's pooled connections in the middle of claims, outcomes and
+/// enqueues; the engine retries on fresh connections and no caller sees it.
+#[test]
+fn killed_connections_in_the_middle_of_work_reach_no_caller() {
+    let Some(db) = my::test_database() else {
+        return;
+    };
+    let kills = AtomicUsize::new(0);
+    survives(&db, 400, || {
+        kills.fetch_add(db.kill_connections(), Ordering::SeqCst);
+    });
+    assert!(kills.load(Ordering::SeqCst) > 0, "no connection was killed");
+}
+
+/// MySQL's: the server restarts while a pool works and an application
+/// enqueues; both carry on once it is back.
+#[test]
+fn a_server_restart_in_the_middle_of_work_reaches_no_caller() {
+    let Some(db) = my::exclusive_database() else {
+        return;
+    };
+    if std::env::var("TICKLER_TEST_MYSQL_CTL").map_or(true, |c| c.trim().is_empty()) {
+        assert!(
+            !my::in_ci(),
+            "CI must restart the server (.ci/mariadb sets TICKLER_TEST_MYSQL_CTL)"
+        );
+        return;
+    }
+    let restarted = AtomicUsize::new(0);
+    survives(&db, 300, || {
+        if restarted.load(Ordering::SeqCst) == 0 && my::restart_server() {
+            restarted.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    assert_eq!(restarted.load(Ordering::SeqCst), 1);
+}
+
+/// MySQL's: InnoDB takes a unique index's locks in the order a statement
+/// meets the keys, so batches holding the same unique keys in other orders
+/// deadlock (1213) now and then; each is retried, no caller sees it, and a
+/// key is never held by two unfinished jobs.
+#[test]
+fn deadlocking_batches_of_shared_unique_keys_are_retried() {
+    let Some(db) = my::test_database() else {
+        return;
+    };
+    let queue = Queue::open(db.url()).expect("open");
+    std::thread::scope(|scope| {
+        for t in 0..6u64 {
+            let queue = queue.clone();
+            scope.spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(t);
+                for _ in 0..30 {
+                    let mut keys: Vec<usize> = (0..12).collect();
+                    rng.shuffle(&mut keys);
+                    let jobs = keys
+                        .iter()
+                        .map(|k| NewJob::new("k").unique_key(format!("key-{k}")))
+                        .collect();
+                    queue
+                        .enqueue_batch(jobs)
+                        .expect("a batch failed past the retries");
+                }
+            });
+        }
+    });
+    let mut conn = db.connect();
+    let held: Vec<(Vec<u8>, i64)> = conn
+        .query(
+            "SELECT unique_key, count(*) FROM tickler_jobs
+             WHERE status IN ('scheduled', 'pending', 'running') GROUP BY unique_key",
+        )
+        .unwrap();
+    assert_eq!(held.len(), 12, "{held:?}");
+    assert!(held.iter().all(|(_, n)| *n == 1), "{held:?}");
+}
+
+/// MySQL's plans: with many pending jobs of several priorities and many
+/// more scheduled ones, the claim's locking read walks the pending index in
+/// claim order (no filesort, no scan of other states), so a claim stays
+/// cheap at any depth. The statement is the engine's claim read
+/// (`src/engine/mysql/claim.rs`) for one queue without a kind filter.
+#[test]
+fn the_claim_reads_the_pending_index_in_order() {
+    let Some(db) = my::test_database() else {
+        return;
+    };
+    let queue = Queue::open(db.url()).expect("open");
+    for chunk in 0..20 {
+        let jobs = (0..500)
+            .map(|i| {
+                let job = NewJob::new("k").priority(i % 5);
+                if chunk % 4 == 0 {
+                    job
+                } else {
+                    job.run_at(chrono::Utc::now() + chrono::Duration::hours(1))
+                }
+            })
+            .collect();
+        queue.enqueue_batch(jobs).unwrap();
+    }
+    let mut conn = db.connect();
+    conn.query_drop("ANALYZE TABLE tickler_jobs").unwrap();
+    let plan: Vec<mysql::Row> = conn
+        .query(
+            "EXPLAIN SELECT id FROM tickler_jobs AS job
+             WHERE (job.unique_key IS NULL OR NOT EXISTS (
+                      SELECT 1 FROM tickler_jobs AS stopping
+                      WHERE stopping.unique_key = job.unique_key
+                        AND stopping.status IN ('cancelled', 'dead')
+                        AND stopping.lease_expires_at >= 0))
+               AND status = 'pending' AND queue = 'default'
+               AND NOT EXISTS (SELECT 1 FROM tickler_paused_queues AS paused
+                               WHERE paused.queue = job.queue)
+             ORDER BY priority DESC, run_at, id LIMIT 32 FOR UPDATE SKIP LOCKED",
+        )
+        .unwrap();
+    let outer = plan
+        .iter()
+        .find(|r| r.get::<Option<String>, _>("table").flatten().as_deref() == Some("job"))
+        .expect("a row of the plan reads the jobs");
+    let key: Option<String> = outer.get("key").flatten();
+    let extra: String = outer
+        .get::<Option<String>, _>("Extra")
+        .flatten()
+        .unwrap_or_default();
+    assert_eq!(key.as_deref(), Some("tickler_jobs_pending"), "{plan:?}");
+    assert!(!extra.contains("filesort"), "the claim sorts: {extra}");
+}
+
+/// MySQL's: a table that is not InnoDB's (made by hand, or substituted by
+/// a server without InnoDB) has neither row locks nor transactions; the
+/// queue refuses to open on it and says which table and what to run.
+#[test]
+fn a_table_of_another_storage_engine_is_refused_at_open() {
+    let Some(db) = my::test_database() else {
+        return;
+    };
+    drop(Queue::open(db.url()).expect("open"));
+    db.connect()
+        .query_drop("ALTER TABLE tickler_paused_queues ENGINE = MyISAM")
+        .unwrap();
+    let err = Queue::open(db.url()).expect_err("opened on a MyISAM table");
+    let text = err.to_string();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(
+        text.contains("tickler_paused_queues") && text.contains("InnoDB"),
+        "{text}"
+    );
+}
+
+/// MySQL's schema bounds names (255 bytes for a queue or a kind): a longer
+/// one is refused with a typed error that says so, and the batch it came
+/// in stores nothing.
+#[test]
+fn a_name_longer_than_the_schema_holds_is_refused_and_nothing_is_stored() {
+    let Some(db) = my::test_database() else {
+        return;
+    };
+    let queue = Queue::open(db.url()).expect("open");
+    let long = "q".repeat(256);
+    let err = queue
+        .enqueue_batch(vec![
+            NewJob::new("k"),
+            NewJob::new("k").queue(long.as_str()),
+        ])
+        .expect_err("a 256-byte queue name was stored");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert!(err.to_string().contains("255"), "{err}");
+    let stored: Option<i64> = db
+        .connect()
+        .query_first("SELECT count(*) FROM tickler_jobs")
+        .unwrap();
+    assert_eq!(stored, Some(0));
+    queue
+        .enqueue(NewJob::new("k").queue("q".repeat(255)))
+        .unwrap();
+}
