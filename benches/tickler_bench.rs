@@ -6,6 +6,7 @@
 //! cargo bench --bench tickler_bench -- --only burn,depth
 //! cargo bench --bench tickler_bench -- --only idle [--tickler-bin OLD_BINARY]
 //! .ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg_raw
+//! .ci/mariadb cargo bench --features mysql --bench tickler_bench -- --only mysql [--quick]
 //! cargo bench --features tokio --bench tickler_bench -- --only async_burn
 //! cargo bench --bench tickler_bench -- --only events
 //! cargo bench --bench tickler_bench -- --only dashboard
@@ -190,6 +191,12 @@ fn main() {
         .is_some_and(|o| o.iter().any(|x| x == "pg_churn"))
     {
         pg_churn(quick);
+    }
+    if only
+        .as_ref()
+        .is_some_and(|o| o.iter().any(|x| x == "mysql"))
+    {
+        mysql_engine(quick);
     }
     if wants("events") {
         events(sizes.burn_jobs);
@@ -1322,6 +1329,22 @@ fn pg_churn(_quick: bool) {
 fn pg_churn(quick: bool) {
     pg_bench::churn(quick);
 }
+
+/// `--only mysql`: tickler's MySQL engine against raw loops in the same
+/// run. Needs `--features mysql`.
+#[cfg(not(feature = "mysql"))]
+fn mysql_engine(_quick: bool) {
+    eprintln!("# mysql skipped: built without the `mysql` feature (cargo bench --features mysql --bench tickler_bench -- --only mysql)");
+}
+
+#[cfg(feature = "mysql")]
+fn mysql_engine(quick: bool) {
+    mysql_bench::engine(quick);
+}
+
+#[cfg(feature = "mysql")]
+#[path = "engines/mysql.rs"]
+mod mysql_bench;
 
 #[cfg(feature = "postgres")]
 mod pg_bench {

@@ -77,7 +77,7 @@
 //!
 //! With the `mysql` feature, [`Queue::open`] also takes a `mysql://` or
 //! `mariadb://` URL naming a database: the same API, guarantees and CLI on
-//! InnoDB. Tested on MariaDB 10.11; written for MariaDB 10.6 and later and
+//! InnoDB. Tested on MariaDB 10.11; written for MariaDB 10.8 and later and
 //! MySQL 8.0.1 and later, and refused, with the reason, on older servers,
 //! on a binary log in `STATEMENT` format and on tables of another storage
 //! engine. Claims lock rows with `FOR UPDATE SKIP LOCKED` and then update

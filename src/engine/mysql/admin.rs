@@ -15,8 +15,12 @@ use mysql::Value;
 
 impl Admin for Store {
     fn cancel(&self, id: JobId) -> Result<()> {
-        self.write(|tx, _| {
+        self.write(|tx, attempt| {
             let state = state_of(tx, id)?;
+            if attempt.after_unknown_commit && state == JobState::Cancelled {
+                // The try whose COMMIT answer was lost cancelled it.
+                return Ok(());
+            }
             if state.is_terminal() {
                 return Err(Error::InvalidState {
                     job_id: id,
@@ -41,8 +45,14 @@ impl Admin for Store {
     }
 
     fn retry(&self, id: JobId) -> Result<()> {
-        self.write(|tx, _| {
+        self.write(|tx, attempt| {
             let state = state_of(tx, id)?;
+            if attempt.after_unknown_commit
+                && matches!(state, JobState::Pending | JobState::Scheduled)
+            {
+                // The try whose COMMIT answer was lost retried it.
+                return Ok(());
+            }
             if !matches!(state, JobState::Dead | JobState::Cancelled) {
                 return Err(Error::InvalidState {
                     job_id: id,

@@ -30,8 +30,11 @@ const SESSION_SETUP: [&str; 2] = [
 ];
 
 /// The client options of a `mysql://` (or `mariadb://`) URL, with
-/// tickler's session setup and defaults the URL does not set.
-pub(super) fn opts(url: &str) -> Result<mysql::Opts> {
+/// tickler's session setup and defaults the URL does not set. A row lock
+/// is waited for at most `busy_timeout` (at least 1 s, InnoDB's unit)
+/// rather than the server's 50 s: the wait is then retried as a whole
+/// transaction, as a busy SQLite file is.
+pub(super) fn opts(url: &str, busy_timeout: Duration) -> Result<mysql::Opts> {
     let url = match url.strip_prefix("mariadb://") {
         Some(rest) => format!("mysql://{rest}"),
         None => url.to_owned(),
@@ -41,6 +44,10 @@ pub(super) fn opts(url: &str) -> Result<mysql::Opts> {
         .get_tcp_connect_timeout()
         .unwrap_or(Duration::from_secs(10));
     let mut init: Vec<String> = SESSION_SETUP.iter().map(|s| (*s).to_owned()).collect();
+    init.push(format!(
+        "SET SESSION innodb_lock_wait_timeout = {}",
+        busy_timeout.as_secs().max(1)
+    ));
     init.extend(parsed.get_init());
     Ok(mysql::OptsBuilder::from_opts(parsed)
         .init(init)
@@ -311,9 +318,10 @@ impl Store {
                 in_transaction: !autocommit,
             };
             let value = f(&mut tx, attempt).map_err(|e| {
-                // A statement that failed in autocommit may have failed
-                // after its commit: unknown, as with a failed COMMIT.
-                let phase = if autocommit {
+                // A statement that lost its connection in autocommit may
+                // have committed: unknown, as with a failed COMMIT. One the
+                // server refused (a deadlock, a lock wait) was rolled back.
+                let phase = if autocommit && server_code(&e).is_none() {
                     Phase::Commit
                 } else {
                     Phase::Body

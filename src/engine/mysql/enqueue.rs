@@ -29,6 +29,12 @@ const INSERT_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status
 /// placeholders a statement may have.
 const ROWS_PER_INSERT: usize = 500;
 
+/// Payload bytes per multi-row INSERT: a statement travels in one packet,
+/// and the server refuses one over `max_allowed_packet` (16 MB on MariaDB's
+/// defaults, 64 MB on MySQL 8's). A row whose payload alone is larger goes
+/// in a statement of its own (open checked that one payload fits).
+const BYTES_PER_INSERT: usize = 2 * 1024 * 1024;
+
 pub(super) const HELD_SQL: &str = "SELECT id FROM tickler_jobs WHERE unique_live = ?";
 
 /// Refuses a name longer than the schema holds, naming it.
@@ -78,7 +84,20 @@ pub(crate) fn insert_valid<Q: Queryable>(
         ids[i] = Some(insert_one(tx, row, run_at, now, (batch, i))?);
     }
     let mut first_id: Option<u64> = None;
-    for chunk in bulk.chunks(ROWS_PER_INSERT) {
+    let mut chunks: Vec<&[(usize, i64)]> = Vec::new();
+    let (mut from, mut bytes) = (0, 0);
+    for (n, &(i, _)) in bulk.iter().enumerate() {
+        let size = rows[i].payload.len();
+        if n > from && (n - from == ROWS_PER_INSERT || bytes + size > BYTES_PER_INSERT) {
+            chunks.push(&bulk[from..n]);
+            (from, bytes) = (n, 0);
+        }
+        bytes += size;
+    }
+    if from < bulk.len() {
+        chunks.push(&bulk[from..]);
+    }
+    for chunk in chunks {
         let mut sql = String::from(
             "INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at,
                  max_attempts, timeout_ms, created_at, enqueue_batch, enqueue_seq, errors) VALUES ",

@@ -3,7 +3,7 @@
 //! refused that), whether leases are still held, and the reaper's look
 //! (after moving leases a backward step of the clock left "in the future").
 
-use super::connection::{args, marks, statement_level};
+use super::connection::{args, marks, named, statement_level};
 use super::outcome::{lock_running_in_order, REAP_SQL};
 use super::rows::get;
 use super::Store;
@@ -18,17 +18,19 @@ use mysql::Value;
 use std::collections::HashMap;
 use std::time::Duration;
 
-/// :now, :margin: leases granted "in the future" (a backward step of the
-/// clock) expire one lease length from now; see the SQLite engine.
-const LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
-    SET lease_expires_at = :now + coalesce(lease_ms, lease_expires_at - claimed_at)
-    WHERE status = 'running' AND lease_expires_at > :now + :margin
-      AND lease_expires_at > :now + coalesce(lease_ms, lease_expires_at - claimed_at) + :margin";
+/// Leases granted "in the future" (a backward step of the clock) expire
+/// one lease length from now; see the SQLite engine. Markers :now, :margin.
+const STEP_SET: &str =
+    "lease_expires_at = :now + coalesce(lease_ms, lease_expires_at - claimed_at)";
 
-const CANCELLED_LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
-    SET lease_expires_at = :now + coalesce(lease_ms, lease_expires_at - claimed_at)
-    WHERE status IN ('cancelled', 'dead') AND lease_expires_at > :now + :margin
-      AND lease_expires_at > :now + coalesce(lease_ms, lease_expires_at - claimed_at) + :margin";
+/// The running leases, and the kept leases of stopping holders, that a
+/// backward step of the clock left "in the future".
+const STEPPED: [&str; 2] = [
+    "status = 'running' AND lease_expires_at > :now + :margin
+       AND lease_expires_at > :now + coalesce(lease_ms, lease_expires_at - claimed_at) + :margin",
+    "status IN ('cancelled', 'dead') AND lease_expires_at > :now + :margin
+       AND lease_expires_at > :now + coalesce(lease_ms, lease_expires_at - claimed_at) + :margin",
+];
 
 impl Leases for Store {
     fn heartbeat_many(
@@ -116,8 +118,32 @@ impl Leases for Store {
                 ("now", Value::from(stepped_now)),
                 ("margin", Value::from(margin)),
             ];
-            tx.exec_named(LEASE_STEP_SQL, &step)?;
-            tx.exec_named(CANCELLED_LEASE_STEP_SQL, &step)?;
+            // Found by a plain read first: an UPDATE over the condition
+            // would lock every live lease it passes (nearly all of them)
+            // and wait behind each heartbeat and outcome in flight, to
+            // change none but after a step of the clock.
+            for stepped in STEPPED {
+                let ids: Vec<Value> = tx
+                    .rows_named(
+                        &format!("SELECT id FROM tickler_jobs WHERE {stepped}"),
+                        &step,
+                    )?
+                    .iter()
+                    .map(|r| get::<i64>(r, 0).map(Value::from))
+                    .collect::<Result<_>>()?;
+                if ids.is_empty() {
+                    continue;
+                }
+                let (sql, mut values) = named(
+                    &format!(
+                        "UPDATE tickler_jobs SET {STEP_SET} WHERE {stepped} AND id IN ({})",
+                        marks(ids.len())
+                    ),
+                    &step,
+                );
+                values.extend(ids);
+                tx.exec(&sql, values)?;
+            }
             let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
             let expired = tx.rows(
                 "SELECT id, run_token, attempts, coalesce(claimed_by, '?'), lease_expires_at

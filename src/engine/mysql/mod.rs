@@ -1,7 +1,9 @@
 //! The MySQL/MariaDB engine (feature `mysql`, InnoDB): one database shared
 //! by any number of machines, as on PostgreSQL. Tested on MariaDB 10.11;
-//! written for MariaDB 10.6 and later and MySQL 8.0.1 and later (the first
-//! with `SKIP LOCKED`). What sets it apart:
+//! written for MariaDB 10.8 and later and MySQL 8.0.1 and later: the first
+//! with both `SKIP LOCKED` and descending indexes (MariaDB 10.6 and 10.7
+//! ignore `DESC` in an index, so the claim in priority order would sort,
+//! and lock, every pending job of its queue). What sets it apart:
 //!
 //! - no `UPDATE … RETURNING` (MySQL has none): a claim locks due rows with
 //!   `SELECT … FOR UPDATE SKIP LOCKED` and then updates exactly those rows,
@@ -76,15 +78,15 @@ pub(crate) struct Store {
     durability: Durability,
 }
 
-/// The oldest servers with `SKIP LOCKED`.
-const MARIADB_MIN: (u16, u16) = (10, 6);
+/// The oldest servers with `SKIP LOCKED` and descending indexes.
+const MARIADB_MIN: (u16, u16) = (10, 8);
 const MYSQL_MIN: (u16, u16) = (8, 0);
 
 impl Store {
     /// Connects, checks the server, migrates the schema and starts the
     /// server clock.
     pub(crate) fn open(url: &str, settings: &OpenSettings<'_>) -> Result<Store> {
-        let opts = connection::opts(url)?;
+        let opts = connection::opts(url, settings.busy_timeout)?;
         let pool = connection_pool(opts, settings.max_connections);
         let mut store = Store {
             url: url.to_owned(),
@@ -132,7 +134,7 @@ impl Store {
         if too_old {
             return Err(Error::Config(format!(
                 "{} runs {name} {version}, but tickler needs {name} {}.{}{} or later \
-                 (FOR UPDATE SKIP LOCKED)",
+                 (FOR UPDATE SKIP LOCKED and descending indexes)",
                 self.describe(),
                 min.0,
                 min.1,
