@@ -1330,6 +1330,23 @@ fn pg_churn(quick: bool) {
     pg_bench::churn(quick);
 }
 
+/// A server URL (`postgres://…`, `mysql://…`) with its database name
+/// replaced by `dbname`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn with_dbname(url: &str, dbname: &str) -> String {
+    let scheme_end = url.find("://").expect("a server URL") + 3;
+    let rest = &url[scheme_end..];
+    let query_at = rest.find('?').unwrap_or(rest.len());
+    let authority_end = rest[..query_at].find('/').unwrap_or(query_at);
+    format!(
+        "{}{}/{}{}",
+        &url[..scheme_end],
+        &rest[..authority_end],
+        dbname,
+        &rest[query_at..]
+    )
+}
+
 /// `--only mysql`: tickler's MySQL engine against raw loops in the same
 /// run. Needs `--features mysql`.
 #[cfg(not(feature = "mysql"))]
@@ -1358,7 +1375,7 @@ mod pg_bench {
     use std::time::Duration;
     use tickler::{JobContext, JobError, NewJob, Queue, WorkerPool};
 
-    use super::{emit, percentiles_ms, round};
+    use super::{emit, percentiles_ms, round, with_dbname};
 
     /// A table shaped like the engine's will be, with the partial index
     /// that a claim reads.
@@ -1440,21 +1457,6 @@ mod pg_bench {
             );
         }
         url
-    }
-
-    /// `url` with its database name replaced by `dbname`.
-    fn with_dbname(url: &str, dbname: &str) -> String {
-        let scheme_end = url.find("://").expect("a postgres:// URL") + 3;
-        let rest = &url[scheme_end..];
-        let query_at = rest.find('?').unwrap_or(rest.len());
-        let authority_end = rest[..query_at].find('/').unwrap_or(query_at);
-        format!(
-            "{}{}/{}{}",
-            &url[..scheme_end],
-            &rest[..authority_end],
-            dbname,
-            &rest[query_at..]
-        )
     }
 
     /// A fresh, empty database for one scenario; returns its URL.

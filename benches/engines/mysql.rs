@@ -13,7 +13,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use tickler::{JobContext, JobError, NewJob, Queue, WorkerPool};
 
-use super::{emit, round};
+use super::{emit, round, with_dbname};
 
 const TABLE: &str = "tickler_bench_raw";
 const THREADS: usize = 4;
@@ -30,20 +30,6 @@ fn connect(url: &str, read_committed: bool) -> mysql::Conn {
         .prefer_socket(false)
         .init(init);
     mysql::Conn::new(opts).expect("connect")
-}
-
-fn with_dbname(url: &str, dbname: &str) -> String {
-    let scheme_end = url.find("://").expect("a mysql:// URL") + 3;
-    let rest = &url[scheme_end..];
-    let query_at = rest.find('?').unwrap_or(rest.len());
-    let authority_end = rest[..query_at].find('/').unwrap_or(query_at);
-    format!(
-        "{}{}/{}{}",
-        &url[..scheme_end],
-        &rest[..authority_end],
-        dbname,
-        &rest[query_at..]
-    )
 }
 
 fn fresh_database(server: &str) -> String {
