@@ -94,6 +94,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// How long `shutdown` waits at least for a claim under way to end, so
+/// that the jobs it claims are handed back rather than left to the reaper.
+const CLAIM_SETTLE_WAIT: Duration = Duration::from_secs(2);
+
 // Named by doc links only.
 #[cfg(doc)]
 use crate::queue::Queue;
@@ -354,8 +358,9 @@ impl WorkerPool {
     }
 
     /// Stops the pool: stops claiming, hands claimed jobs that have not
-    /// started back to pending at once (attempt given back), waits up to
-    /// `grace` for running handlers and records their outcomes, then sets
+    /// started back to pending at once (attempt given back; a claim under
+    /// way is waited for first, up to `grace` or 2 s, whichever is longer),
+    /// waits up to `grace` for running handlers and records their outcomes, then sets
     /// the cancellation flags of handlers still running and returns. Those
     /// keep their leases until they end (their outcome is still recorded if
     /// the lease holds; the heartbeat thread keeps renewing their leases
@@ -369,10 +374,14 @@ impl WorkerPool {
         shared.stopping.store(true, Ordering::SeqCst);
         shared.fetcher_waker.wake();
         let deadline = Instant::now() + grace;
-        // A claim under way (waiting for the write lock, say) may still
-        // commit: wait until the dispatcher has sent its leases and claims
-        // no more, so that none is left in the channel after we return.
-        while !shared.claims_over.load(Ordering::SeqCst) && Instant::now() < deadline {
+        // A claim under way (waiting for the write lock, or a server's
+        // answer on a loaded machine) may still commit: wait until the
+        // dispatcher has sent its leases and claims no more, so that none
+        // is left in the channel after we return. This wait is not the
+        // handlers' grace: a short grace must not leave claimed jobs to the
+        // reaper because one statement was slow.
+        let claims_deadline = deadline.max(Instant::now() + CLAIM_SETTLE_WAIT);
+        while !shared.claims_over.load(Ordering::SeqCst) && Instant::now() < claims_deadline {
             shared.fetcher_waker.wake();
             std::thread::sleep(Duration::from_millis(1));
         }

@@ -11,3 +11,5 @@ mod support;
 
 /// The server and the dialect: kills, a restart, deadlocks, plans, refusals.
 mod engine;
+/// TLS: the modes of `ssl-mode`, certificates and names checked.
+mod tls;

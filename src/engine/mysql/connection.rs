@@ -29,17 +29,137 @@ const SESSION_SETUP: [&str; 2] = [
     "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
 ];
 
+/// How a connection uses TLS, as MySQL's own clients name it (their
+/// `--ssl-mode`): the URL's `ssl-mode` parameter, with `ssl-ca` for the
+/// file of the certificate authorities to trust besides the built-in
+/// (Mozilla's) roots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SslMode {
+    /// Plain TCP (the default when the URL names no TLS parameter).
+    Disabled,
+    /// Encrypted, without checking the server's certificate: protects
+    /// against listening, not against a server that pretends.
+    Required,
+    /// Encrypted, and the certificate must be signed by a trusted
+    /// authority; its name is not checked.
+    VerifyCa,
+    /// Encrypted, the certificate trusted and issued for the host name of
+    /// the URL (the default when the URL gives `ssl-ca` alone).
+    VerifyIdentity,
+}
+
+impl SslMode {
+    fn parse(value: &str) -> Result<SslMode> {
+        match value.to_ascii_uppercase().replace('-', "_").as_str() {
+            "DISABLED" => Ok(SslMode::Disabled),
+            "REQUIRED" => Ok(SslMode::Required),
+            "VERIFY_CA" => Ok(SslMode::VerifyCa),
+            "VERIFY_IDENTITY" => Ok(SslMode::VerifyIdentity),
+            "PREFERRED" => Err(Error::Config(
+                "ssl-mode=PREFERRED is not supported: it falls back to plain TCP when the \
+                 server offers no TLS, so it protects nothing; use REQUIRED, VERIFY_CA or \
+                 VERIFY_IDENTITY, or DISABLED"
+                    .into(),
+            )),
+            other => Err(Error::Config(format!(
+                "ssl-mode={other} is not a TLS mode: use DISABLED, REQUIRED, VERIFY_CA or \
+                 VERIFY_IDENTITY"
+            ))),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            SslMode::Disabled => "DISABLED",
+            SslMode::Required => "REQUIRED",
+            SslMode::VerifyCa => "VERIFY_CA",
+            SslMode::VerifyIdentity => "VERIFY_IDENTITY",
+        }
+    }
+}
+
+/// The URL for the `mysql` client, without tickler's own parameters
+/// (`ssl-mode`, `ssl-ca`), which the client would refuse as unknown.
+fn split_tls_params(url: &str) -> Result<(String, Option<SslMode>, Option<std::path::PathBuf>)> {
+    let url = match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_owned(),
+    };
+    let mut parsed =
+        url::Url::parse(&url).map_err(|e| Error::Config(format!("not a MySQL URL ({e})")))?;
+    let mut mode = None;
+    let mut ca = None;
+    let mut rest: Vec<(String, String)> = Vec::new();
+    for (key, value) in parsed.query_pairs() {
+        match key.as_ref() {
+            "ssl-mode" | "ssl_mode" | "sslmode" => mode = Some(SslMode::parse(&value)?),
+            "ssl-ca" | "ssl_ca" => ca = Some(std::path::PathBuf::from(value.as_ref())),
+            _ => rest.push((key.into_owned(), value.into_owned())),
+        }
+    }
+    if rest.is_empty() {
+        parsed.set_query(None);
+    } else {
+        parsed.query_pairs_mut().clear().extend_pairs(rest);
+    }
+    Ok((parsed.into(), mode, ca))
+}
+
+/// The client's TLS options for `mode` and `ca`, on top of those the URL
+/// gave the client itself (a client certificate, say).
+fn tls_opts(
+    from_url: Option<mysql::SslOpts>,
+    mode: Option<SslMode>,
+    ca: Option<std::path::PathBuf>,
+) -> Result<Option<mysql::SslOpts>> {
+    let mode = match (mode, &ca, &from_url) {
+        (Some(mode), _, _) => mode,
+        (None, Some(_), _) => SslMode::VerifyIdentity,
+        (None, None, Some(_)) => return Ok(from_url),
+        (None, None, None) => SslMode::Disabled,
+    };
+    if mode == SslMode::Disabled {
+        if ca.is_some() || from_url.is_some() {
+            return Err(Error::Config(
+                "ssl-mode=DISABLED with TLS parameters (ssl-ca, a client certificate): \
+                 leave out one or the other"
+                    .into(),
+            ));
+        }
+        return Ok(None);
+    }
+    if !cfg!(feature = "mysql-tls") {
+        return Err(Error::Config(format!(
+            "ssl-mode={} needs TLS, and this build of tickler has none: enable its \
+             `mysql-tls` feature (TLS through rustls)",
+            mode.name()
+        )));
+    }
+    if let Some(path) = &ca {
+        if let Err(e) = std::fs::metadata(path) {
+            return Err(Error::Config(format!(
+                "ssl-ca={}: cannot read the file ({e})",
+                path.display()
+            )));
+        }
+    }
+    let base = from_url.unwrap_or_default();
+    Ok(Some(
+        base.with_root_cert_path(ca.map(std::borrow::Cow::Owned))
+            .with_danger_skip_domain_validation(mode != SslMode::VerifyIdentity)
+            .with_danger_accept_invalid_certs(mode == SslMode::Required),
+    ))
+}
+
 /// The client options of a `mysql://` (or `mariadb://`) URL, with
 /// tickler's session setup and defaults the URL does not set. A row lock
 /// is waited for at most `busy_timeout` (at least 1 s, InnoDB's unit)
 /// rather than the server's 50 s: the wait is then retried as a whole
 /// transaction, as a busy SQLite file is.
 pub(super) fn opts(url: &str, busy_timeout: Duration) -> Result<mysql::Opts> {
-    let url = match url.strip_prefix("mariadb://") {
-        Some(rest) => format!("mysql://{rest}"),
-        None => url.to_owned(),
-    };
+    let (url, mode, ca) = split_tls_params(url)?;
     let parsed = mysql::Opts::from_url(&url)?;
+    let ssl = tls_opts(parsed.get_ssl_opts().cloned(), mode, ca)?;
     let connect_timeout = parsed
         .get_tcp_connect_timeout()
         .unwrap_or(Duration::from_secs(10));
@@ -52,10 +172,45 @@ pub(super) fn opts(url: &str, busy_timeout: Duration) -> Result<mysql::Opts> {
     Ok(mysql::OptsBuilder::from_opts(parsed)
         .init(init)
         .prefer_socket(false)
+        .ssl_opts(ssl)
         .tcp_connect_timeout(Some(connect_timeout))
         .stmt_cache_size(512)
         .additional_capabilities(CapabilityFlags::CLIENT_FOUND_ROWS)
         .into())
+}
+
+/// Opens one connection before the pool does, so that what no retry can
+/// cure (a wrong password, a missing database, a certificate that is not
+/// trusted, a server without TLS when TLS is asked for) is an error at
+/// open that says so, instead of the pool's timeout. A server that does
+/// not answer yet (restarting, say) is tried again until `window` ends.
+pub(super) fn first_connection(opts: &mysql::Opts, describe: &str, window: Duration) -> Result<()> {
+    let deadline = Instant::now() + window;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match mysql::Conn::new(opts.clone()) {
+            Ok(_) => return Ok(()),
+            Err(mysql::Error::MySqlError(server)) => {
+                return Err(Error::Mysql(mysql::Error::MySqlError(server)))
+            }
+            Err(e) if not_answering(&e) && Instant::now() + pause < deadline => {
+                log::warn!("cannot connect to {describe} yet ({e}); retrying");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => {
+                let tls = match opts.get_ssl_opts() {
+                    None => String::new(),
+                    Some(ssl) if ssl.accept_invalid_certs() => " over TLS (REQUIRED)".into(),
+                    Some(ssl) if ssl.skip_domain_validation() => " over TLS (VERIFY_CA)".into(),
+                    Some(_) => " over TLS (VERIFY_IDENTITY)".into(),
+                };
+                return Err(Error::Config(format!(
+                    "cannot connect to {describe}{tls}: {e}"
+                )));
+            }
+        }
+    }
 }
 
 /// A connection of the pool, and whether it must be dropped rather than
@@ -471,6 +626,30 @@ pub(crate) fn retryable(e: &Error) -> bool {
 }
 
 /// The client's errors of a connection that is gone or never came.
+/// A server that is not there yet (refused, reset, timed out), as opposed
+/// to one that answered and said no. A certificate the client refused is
+/// an I/O error too, of kind `InvalidData`: that one is not retried.
+fn not_answering(e: &mysql::Error) -> bool {
+    use std::io::ErrorKind as K;
+    match e {
+        mysql::Error::IoError(io) => matches!(
+            io.kind(),
+            K::ConnectionRefused
+                | K::ConnectionReset
+                | K::ConnectionAborted
+                | K::NotConnected
+                | K::TimedOut
+                | K::BrokenPipe
+                | K::UnexpectedEof
+        ),
+        mysql::Error::DriverError(d) => matches!(
+            d,
+            mysql::DriverError::ConnectTimeout | mysql::DriverError::CouldNotConnect(_)
+        ),
+        _ => false,
+    }
+}
+
 fn lost_connection(e: &mysql::Error) -> bool {
     use mysql::DriverError as D;
     match e {

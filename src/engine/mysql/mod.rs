@@ -87,13 +87,15 @@ impl Store {
     /// server clock.
     pub(crate) fn open(url: &str, settings: &OpenSettings<'_>) -> Result<Store> {
         let opts = connection::opts(url, settings.busy_timeout)?;
+        let retry_window = settings.busy_timeout + settings.busy_retry;
+        connection::first_connection(&opts, &crate::engine::redacted_location(url), retry_window)?;
         let pool = connection_pool(opts, settings.max_connections);
         let mut store = Store {
             url: url.to_owned(),
             pool,
             clock: Arc::new(crate::clock::SystemClock),
             retry_policy: settings.retry_policy,
-            retry_window: settings.busy_timeout + settings.busy_retry,
+            retry_window,
             signals: watch::Signals::new(settings.fallback_poll),
             durability: Durability::Full,
         };
