@@ -3,12 +3,15 @@
 //! ```text
 //! cargo run --release --example reminders [-- DB_PATH [--count N] [--threads T] [--processes P]]
 //! cargo run --release --features postgres --example reminders -- postgres://USER@HOST/DB [--processes 3]
+//! cargo run --release --features mysql --example reminders -- mysql://USER:PASSWORD@HOST/DB [--processes 3]
 //! ```
 //!
-//! With a `postgres://` URL (feature `postgres`) the same service runs on
-//! PostgreSQL: the database's tickler tables are emptied first, the ledgers
-//! are written to the working directory (`reminders-pg.ledger-*`), and
-//! `--processes` worker processes (default 2) share the work.
+//! With a `postgres://` URL (feature `postgres`) or a `mysql://` or
+//! `mariadb://` one (feature `mysql`) the same service runs on that
+//! server: the database's tickler tables are emptied first, the ledgers
+//! are written to the working directory (`reminders-pg.ledger-*`,
+//! `reminders-my.ledger-*`), and `--processes` worker processes (default
+//! 2) share the work.
 //!
 //! Creates a fresh database (default `reminders.db` in the working directory),
 //! enqueues reminders due over the next few seconds (20,000 by default: spread
@@ -78,7 +81,7 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(message) => {
             eprintln!(
-                "{message}\nusage: reminders [DB_PATH | postgres://…] [--count N] [--threads T] [--processes P]"
+                "{message}\nusage: reminders [DB_PATH | postgres://… | mysql://…] [--count N] [--threads T] [--processes P]"
             );
             return ExitCode::from(2);
         }
@@ -151,7 +154,12 @@ fn is_url(db: &Path) -> bool {
 
 fn ledger_path(db: &Path, process: &str) -> PathBuf {
     if is_url(db) {
-        return PathBuf::from(format!("reminders-pg.ledger-{process}"));
+        let engine = if db.to_str().is_some_and(|u| u.starts_with("postgres")) {
+            "pg"
+        } else {
+            "my"
+        };
+        return PathBuf::from(format!("reminders-{engine}.ledger-{process}"));
     }
     let mut name = db.as_os_str().to_owned();
     name.push(format!(".ledger-{process}"));
@@ -181,22 +189,46 @@ fn start_fresh(settings: &Settings) -> Result<(), Box<dyn std::error::Error>> {
         }
         return Ok(());
     }
-    empty_postgres_tables(&settings.db)
+    empty_server_tables(&settings.db)
+}
+
+/// Empties the tickler tables of a server's database (creating them if
+/// this database has none yet).
+fn empty_server_tables(db: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    drop(open_queue(db)?);
+    let url = db.to_str().ok_or("the URL is not UTF-8")?;
+    if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        empty_mysql_tables(url)
+    } else {
+        empty_postgres_tables(url)
+    }
 }
 
 #[cfg(feature = "postgres")]
-fn empty_postgres_tables(db: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    // Creates the tables if this database has none yet.
-    drop(open_queue(db)?);
-    let url = db.to_str().ok_or("the URL is not UTF-8")?;
+fn empty_postgres_tables(url: &str) -> Result<(), Box<dyn std::error::Error>> {
     let mut client = postgres::Client::connect(url, postgres::NoTls)?;
     client.batch_execute("TRUNCATE tickler_jobs, tickler_schedules")?;
     Ok(())
 }
 
 #[cfg(not(feature = "postgres"))]
-fn empty_postgres_tables(_db: &Path) -> Result<(), Box<dyn std::error::Error>> {
+fn empty_postgres_tables(_url: &str) -> Result<(), Box<dyn std::error::Error>> {
     Err("a postgres:// URL needs the postgres feature: cargo run --release --features postgres --example reminders -- URL".into())
+}
+
+#[cfg(feature = "mysql")]
+fn empty_mysql_tables(url: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use tickler::mysql::prelude::Queryable;
+    let url = url.replacen("mariadb://", "mysql://", 1);
+    let mut conn = tickler::mysql::Conn::new(tickler::mysql::Opts::from_url(&url)?)?;
+    conn.query_drop("DELETE FROM tickler_jobs")?;
+    conn.query_drop("DELETE FROM tickler_schedules")?;
+    Ok(())
+}
+
+#[cfg(not(feature = "mysql"))]
+fn empty_mysql_tables(_url: &str) -> Result<(), Box<dyn std::error::Error>> {
+    Err("a mysql:// URL needs the mysql feature: cargo run --release --features mysql --example reminders -- URL".into())
 }
 
 fn run(settings: &Settings) -> Result<bool, Box<dyn std::error::Error>> {

@@ -92,7 +92,12 @@
 //! [`PostgresOptions::fallback_poll`], the options of both server engines.
 //! The application's own transactions: [`Queue::enqueue_tx`] with a
 //! `&mut mysql::Transaction`, and [`Queue::complete_with`] with a closure
-//! over one (`|tx: &mut mysql::Transaction|`).
+//! over one (`|tx: &mut mysql::Transaction|`). TLS (feature `mysql-tls`,
+//! rustls) is asked for in the URL: `ssl-mode=VERIFY_IDENTITY`,
+//! `VERIFY_CA`, `REQUIRED` or `DISABLED` (the default), and `ssl-ca=PATH`
+//! for an authority to trust besides the built-in roots; a TLS mode
+//! without the feature, `PREFERRED`, or a certificate that fails its check
+//! is [`Error::Config`] at open, naming the setting or the check.
 //!
 //! ```no_run
 //! # fn main() -> tickler::Result<()> {
