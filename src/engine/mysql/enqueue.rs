@@ -173,15 +173,24 @@ fn insert_one<Q: Queryable>(
             seq_of(i),
         ],
     )?;
-    match id
+    if let Some(id) = id
         .and_then(|id| i64::try_from(id).ok())
         .filter(|id| *id > 0)
     {
-        Some(id) => Ok(JobId(id)),
-        None => Err(Error::Config(
-            "the server did not tell the id of a stored job".into(),
-        )),
+        return Ok(JobId(id));
     }
+    // The OK packet's id can be 0 after `ON DUPLICATE KEY UPDATE` (seen on
+    // MariaDB 10.11 with an AFTER UPDATE trigger on the table): the row
+    // that holds the key, the stored one or the one that was there, is
+    // this session's to read.
+    if let Some(key) = job.unique_key.as_deref() {
+        if let Some(held) = tx.first(HELD_SQL, args![key])? {
+            return Ok(JobId(get(&held, 0)?));
+        }
+    }
+    Err(Error::Config(
+        "the server did not tell the id of a stored job".into(),
+    ))
 }
 
 /// The ids of a batch whose earlier try committed after all (found by its
