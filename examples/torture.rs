@@ -5,8 +5,10 @@
 //! ```text
 //! cargo run --release --example torture [-- --seconds N | --minutes N]
 //!     [--workers P] [--threads T] [--dir PATH] [--wal-bound-mib M]
-//! cargo run --release --features postgres --example torture -- --db URL
-//!     [--restarts N] [--cut-every-ms MIN-MAX] [...]
+//! cargo run --release --features postgres --example torture -- --db postgres://…
+//!     [--restarts N] [--cut-every-ms MIN-MAX] [--pg-ctl CMD] [...]
+//! cargo run --release --features mysql --example torture -- --db mysql://…
+//!     [--restarts N] [--cut-every-ms MIN-MAX] [--mysql-ctl CMD] [...]
 //! ```
 //!
 //! Defaults: 20 seconds, 3 worker processes of 4 threads, a WAL bound of
@@ -14,11 +16,14 @@
 //! system's temporary folder (kept, and printed, so the ledgers can be read
 //! afterwards). Exits non-zero on any violation.
 //!
-//! `--db URL` (or `--postgres URL`) runs it on a fresh PostgreSQL database
-//! instead of a SQLite file in the folder (which keeps the ledgers). The
-//! supervisor then also cuts every connection to the database every 3–10 s
-//! (`--cut-every-ms`) and restarts the server `--restarts` times (default 3)
-//! with the shell command in `TICKLER_TEST_PG_CTL` (`--pg-ctl CMD`), if any.
+//! `--db URL` runs it on a fresh database on a server instead of a SQLite
+//! file in the folder (which keeps the ledgers): PostgreSQL for a
+//! `postgres://` URL (feature `postgres`; `--postgres URL` says the same),
+//! MySQL/MariaDB for a `mysql://` or `mariadb://` one (feature `mysql`).
+//! The supervisor then also cuts every connection to the database every
+//! 3–10 s (`--cut-every-ms`) and restarts the server `--restarts` times
+//! (default 3) with the shell command in `TICKLER_TEST_PG_CTL` or
+//! `TICKLER_TEST_MYSQL_CTL` (`--pg-ctl CMD`, `--mysql-ctl CMD`), if any.
 
 #[path = "../tests/support/torture.rs"]
 mod torture;
@@ -38,7 +43,7 @@ fn main() -> ExitCode {
         Ok(settings) => settings,
         Err(message) => {
             eprintln!(
-                "{message}\nusage: torture [--seconds N | --minutes N] [--workers P] [--threads T] [--dir PATH] [--wal-bound-mib M] [--db URL [--restarts N] [--cut-every-ms MIN-MAX] [--pg-ctl CMD]]"
+                "{message}\nusage: torture [--seconds N | --minutes N] [--workers P] [--threads T] [--dir PATH] [--wal-bound-mib M] [--db URL [--restarts N] [--cut-every-ms MIN-MAX] [--pg-ctl CMD | --mysql-ctl CMD]]"
             );
             return ExitCode::from(2);
         }
@@ -50,12 +55,17 @@ fn main() -> ExitCode {
         settings.threads,
         settings.dir.display()
     );
-    if settings.db_url.is_some() {
+    if let Some(url) = &settings.db_url {
         println!(
-            "on PostgreSQL: connections cut every {}-{} ms, {} server restart(s)",
+            "on {}: connections cut every {}-{} ms, {} server restart(s)",
+            if is_mysql_url(url) {
+                "MySQL/MariaDB"
+            } else {
+                "PostgreSQL"
+            },
             settings.cut_every.0.as_millis(),
             settings.cut_every.1.as_millis(),
-            if settings.pg_ctl.is_some() {
+            if settings.server_ctl.is_some() {
                 settings.restarts
             } else {
                 0
@@ -80,9 +90,9 @@ fn parse_args(args: Vec<String>) -> Result<torture::Settings, String> {
     let mut db_url: Option<String> = None;
     let mut restarts: Option<usize> = None;
     let mut cut_every: Option<(Duration, Duration)> = None;
-    let mut pg_ctl = std::env::var("TICKLER_TEST_PG_CTL")
-        .ok()
-        .filter(|c| !c.trim().is_empty());
+    let ctl = |name: &str| std::env::var(name).ok().filter(|c| !c.trim().is_empty());
+    let mut pg_ctl = ctl("TICKLER_TEST_PG_CTL");
+    let mut mysql_ctl = ctl("TICKLER_TEST_MYSQL_CTL");
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or(format!("{flag} needs a value"));
@@ -96,16 +106,25 @@ fn parse_args(args: Vec<String>) -> Result<torture::Settings, String> {
             "--wal-bound-mib" => wal_bound = number(value()?)? * 1024 * 1024,
             "--db" | "--postgres" => {
                 let url = value()?;
-                if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-                    return Err(format!("{flag}: not a PostgreSQL URL (postgres://…)"));
-                }
-                if !cfg!(feature = "postgres") {
-                    return Err(format!("{flag}: build with `--features postgres`"));
+                let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
+                if postgres {
+                    if !cfg!(feature = "postgres") {
+                        return Err(format!("{flag}: build with `--features postgres`"));
+                    }
+                } else if is_mysql_url(&url) && flag == "--db" {
+                    if !cfg!(feature = "mysql") {
+                        return Err(format!("{flag}: build with `--features mysql`"));
+                    }
+                } else {
+                    return Err(format!(
+                        "{flag}: not a PostgreSQL (postgres://…) or MySQL (mysql://…, mariadb://…) URL"
+                    ));
                 }
                 db_url = Some(url);
             }
             "--restarts" => restarts = Some(number(value()?)? as usize),
             "--pg-ctl" => pg_ctl = Some(value()?),
+            "--mysql-ctl" => mysql_ctl = Some(value()?),
             "--cut-every-ms" => {
                 let range = value()?;
                 let (min, max) = range
@@ -137,8 +156,12 @@ fn parse_args(args: Vec<String>) -> Result<torture::Settings, String> {
     if db_url.is_none() && (restarts.is_some() || cut_every.is_some()) {
         return Err("--restarts and --cut-every-ms need --db URL".into());
     }
+    settings.server_ctl = match &db_url {
+        Some(url) if is_mysql_url(url) => mysql_ctl,
+        Some(_) => pg_ctl,
+        None => None,
+    };
     settings.db_url = db_url;
-    settings.pg_ctl = pg_ctl;
     if let Some(restarts) = restarts {
         settings.restarts = restarts;
     }
@@ -146,4 +169,8 @@ fn parse_args(args: Vec<String>) -> Result<torture::Settings, String> {
         settings.cut_every = cut_every;
     }
     Ok(settings)
+}
+
+fn is_mysql_url(url: &str) -> bool {
+    url.starts_with("mysql://") || url.starts_with("mariadb://")
 }

@@ -8,8 +8,13 @@
 #[macro_use]
 #[path = "../support/mod.rs"]
 mod support;
+/// The torture run, shared with `examples/torture.rs`.
+#[path = "../support/torture.rs"]
+mod torture;
 
 /// The server and the dialect: kills, a restart, deadlocks, plans, refusals.
 mod engine;
 /// TLS: the modes of `ssl-mode`, certificates and names checked.
 mod tls;
+/// Kills, killed connections and a server restart.
+mod torture_short;

@@ -30,7 +30,7 @@ fn twenty_seconds_of_kills_cuts_and_a_restart_lose_nothing_and_finish_nothing_tw
     let mut settings = torture::Settings::new(dir.path().to_path_buf(), Duration::from_secs(20));
     settings.db_url = Some(db.url().to_owned());
     settings.cut_every = (Duration::from_secs(2), Duration::from_secs(5));
-    settings.pg_ctl = std::env::var("TICKLER_TEST_PG_CTL")
+    settings.server_ctl = std::env::var("TICKLER_TEST_PG_CTL")
         .ok()
         .filter(|c| !c.trim().is_empty());
     settings.restarts = 1;

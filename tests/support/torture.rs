@@ -1,8 +1,9 @@
 //! The kill -9 torture run of issue 7, shared by `examples/torture.rs` (long
-//! runs), `tests/sqlite/torture_short.rs` (CI, SQLite) and `tests/postgres/torture_short.rs`
-//! (CI, PostgreSQL). The same run and checks serve both engines: the queue
-//! is a SQLite file in the run's folder, or a PostgreSQL database
-//! ([`Settings::db_url`], feature `postgres`).
+//! runs), `tests/sqlite/torture_short.rs` (CI, SQLite), `tests/postgres/torture_short.rs`
+//! (CI, PostgreSQL) and `tests/mysql/torture_short.rs` (CI, MariaDB). The
+//! same run and checks serve every engine: the queue is a SQLite file in
+//! the run's folder, a PostgreSQL database (feature `postgres`) or a
+//! MySQL/MariaDB database (feature `mysql`), as [`Settings::db_url`] says.
 //!
 //! A supervisor starts `workers` worker processes (each a [`WorkerPool`] of
 //! `threads` threads) and one producer process on one database, all copies
@@ -11,9 +12,9 @@
 //! The producer enqueues without pause (single jobs and batches, some with
 //! unique keys, some delayed, some that always fail with a small
 //! `max_attempts`, some that outlive the lease and live on heartbeats).
-//! On PostgreSQL the supervisor also, at random intervals, terminates every
-//! connection to the database on the server side, and restarts the server
-//! a few times (fast shutdown) when given a command for it.
+//! On a server (PostgreSQL, MySQL/MariaDB) the supervisor also, at random
+//! intervals, terminates every connection to the database on the server
+//! side, and restarts the server a few times when given a command for it.
 //!
 //! What each side records, so that the end can be checked:
 //!
@@ -21,11 +22,11 @@
 //!   one `write(2)` per line on an `O_APPEND` file, which survives SIGKILL;
 //!   each line starts with the wall-clock time in milliseconds:
 //!   handlers write `start` before running and `ok` only after
-//!   `JobContext::complete_with` (over a postgres transaction on PostgreSQL) returned
-//!   `Ok` (the completion was accepted), `lost` after it returned
-//!   `LeaseLost`, `cut` after it failed because the connection was lost
-//!   (PostgreSQL: it runs the application's writes once and so does not
-//!   retry through a lost connection, as documented); the producer writes
+//!   `JobContext::complete_with` (over the server's own transaction on
+//!   PostgreSQL and MySQL) returned `Ok` (the completion was accepted),
+//!   `lost` after it returned `LeaseLost`, `cut` after it failed because
+//!   the connection was lost (on a server it runs the application's writes
+//!   once and so does not retry through a lost connection, as documented); the producer writes
 //!   every id it was told was enqueued; every other `Err` that reached this
 //!   code is an `err` line, and every warning or error tickler logged is a
 //!   `log` line; the supervisor writes each connection cut and server
@@ -43,13 +44,14 @@
 //! effects; every `ok` in a ledger is a committed effect; no run_token was
 //! started twice; every duplicate execution is explained by a kill that hit
 //! the running handler or by a cut or restart during the run; no error
-//! reached user code (`Busy` or other; on PostgreSQL a `cut` completion
+//! reached user code (`Busy` or other; on a server a `cut` completion
 //! counts only if a cut or restart was under way); no process died unless
 //! killed. On SQLite: the WAL stayed under its bound, `PRAGMA
-//! integrity_check` is `ok`. On PostgreSQL: tickler logged no error (it gave
-//! up on nothing after its retry window), the B-tree indexes pass
-//! `amcheck` (when the extension is there), and the table's and indexes'
-//! sizes and dead tuples at the end are reported.
+//! integrity_check` is `ok`. On a server: tickler logged no error (it gave
+//! up on nothing after its retry window), and the table's and indexes'
+//! sizes at the end are reported; on PostgreSQL the B-tree indexes pass
+//! `amcheck` (when the extension is there), on MySQL/MariaDB every table
+//! passes `CHECK TABLE … EXTENDED`.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -66,7 +68,8 @@ use tickler::{Error, JobContext, JobError, NewJob, Queue, RetryPolicy, WorkerPoo
 pub const ENV_ROLE: &str = "TICKLER_TORTURE_ROLE";
 /// The run's folder (ledgers, stop files, the SQLite file).
 pub const ENV_DIR: &str = "TICKLER_TORTURE_DIR";
-/// The queue's location: the SQLite file's path or a PostgreSQL URL.
+/// The queue's location: the SQLite file's path, or a PostgreSQL or MySQL
+/// URL.
 pub const ENV_DB: &str = "TICKLER_TORTURE_DB";
 /// A worker's slot number.
 pub const ENV_SLOT: &str = "TICKLER_TORTURE_SLOT";
@@ -116,16 +119,18 @@ pub struct Settings {
     pub drain_timeout: Duration,
     /// The largest `-wal` file allowed, in bytes (default [`WAL_BOUND`]).
     pub wal_bound: u64,
-    /// A PostgreSQL URL of a fresh database (`None`: a SQLite file in
+    /// The URL of a fresh PostgreSQL (`postgres://`) or MySQL/MariaDB
+    /// (`mysql://`, `mariadb://`) database (`None`: a SQLite file in
     /// `dir`).
     pub db_url: Option<String>,
-    /// PostgreSQL: shortest and longest pause between two cuts of every
+    /// On a server: shortest and longest pause between two cuts of every
     /// connection to the database.
     pub cut_every: (Duration, Duration),
-    /// PostgreSQL: a shell command that restarts the server and returns
-    /// once it is up (as `TICKLER_TEST_PG_CTL`); `None`: no restarts.
-    pub pg_ctl: Option<String>,
-    /// PostgreSQL: server restarts, spread evenly over the run.
+    /// On a server: a shell command that restarts it and returns once it
+    /// is up (as `TICKLER_TEST_PG_CTL` or `TICKLER_TEST_MYSQL_CTL`);
+    /// `None`: no restarts.
+    pub server_ctl: Option<String>,
+    /// On a server: restarts, spread evenly over the run.
     pub restarts: usize,
 }
 
@@ -142,7 +147,7 @@ impl Settings {
             wal_bound: WAL_BOUND,
             db_url: None,
             cut_every: (Duration::from_secs(3), Duration::from_secs(10)),
-            pg_ctl: None,
+            server_ctl: None,
             restarts: 3,
         }
     }
@@ -155,8 +160,46 @@ impl Settings {
         }
     }
 
-    fn is_postgres(&self) -> bool {
+    fn engine(&self) -> Engine {
+        match self.db_url.as_deref() {
+            None => Engine::Sqlite,
+            Some(url) if url.starts_with("mysql://") || url.starts_with("mariadb://") => {
+                Engine::Mysql
+            }
+            Some(_) => Engine::Postgres,
+        }
+    }
+
+    /// On a database server rather than a SQLite file.
+    fn is_server(&self) -> bool {
         self.db_url.is_some()
+    }
+}
+
+/// The engine under torture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Engine {
+    Sqlite,
+    Postgres,
+    Mysql,
+}
+
+impl Engine {
+    /// As `Ops::engine` names it.
+    fn name(self) -> &'static str {
+        match self {
+            Engine::Sqlite => "SQLite",
+            Engine::Postgres => "PostgreSQL",
+            Engine::Mysql => "MySQL",
+        }
+    }
+
+    fn of(queue: &Queue) -> Engine {
+        match queue.ops().engine() {
+            "PostgreSQL" => Engine::Postgres,
+            "MySQL" => Engine::Mysql,
+            _ => Engine::Sqlite,
+        }
     }
 }
 
@@ -279,10 +322,10 @@ fn run_worker(dir: &Path, db: &Path, slot: usize, threads: usize) -> i32 {
             return 3;
         }
     };
-    let postgres = queue.ops().engine() == "PostgreSQL";
+    let engine = Engine::of(&queue);
     let handler = |kind: Kind| {
         let ledger = ledger.clone();
-        move |ctx: &JobContext| handle(&ledger, ctx, kind, postgres)
+        move |ctx: &JobContext| handle(&ledger, ctx, kind, engine)
     };
     let pool = WorkerPool::builder(&queue)
         .threads(threads)
@@ -313,7 +356,7 @@ fn run_worker(dir: &Path, db: &Path, slot: usize, threads: usize) -> i32 {
 
 /// The handlers. `quick` and `slow` complete with one effect row written in
 /// the completing transaction; `failing` always fails.
-fn handle(ledger: &Ledger, ctx: &JobContext, kind: Kind, postgres: bool) -> Result<(), JobError> {
+fn handle(ledger: &Ledger, ctx: &JobContext, kind: Kind, engine: Engine) -> Result<(), JobError> {
     let id = ctx.job_id().0;
     let token = ctx.run_token().0.clone();
     ledger.line(&format!(
@@ -339,16 +382,16 @@ fn handle(ledger: &Ledger, ctx: &JobContext, kind: Kind, postgres: bool) -> Resu
         }
     }
     let pid = std::process::id();
-    let done = if postgres {
-        complete_pg(ctx, id, &token, pid)
-    } else {
-        ctx.complete_with(|tx: &tickler::rusqlite::Transaction| {
+    let done = match engine {
+        Engine::Postgres => complete_pg(ctx, id, &token, pid),
+        Engine::Mysql => complete_my(ctx, id, &token, pid),
+        Engine::Sqlite => ctx.complete_with(|tx: &tickler::rusqlite::Transaction| {
             tx.execute(
                 "INSERT INTO torture_effects (job_id, run_token, pid) VALUES (?1, ?2, ?3)",
                 rusqlite::params![id, token, pid],
             )?;
             Ok(())
-        })
+        }),
     };
     match done {
         Ok(()) => {
@@ -360,8 +403,8 @@ fn handle(ledger: &Ledger, ctx: &JobContext, kind: Kind, postgres: bool) -> Resu
             Err(JobError::retry(e))
         }
         Err(e) if connection_lost(&e) => {
-            // Documented: complete_with on PostgreSQL runs the application's writes
-            // once, so a lost connection reaches the handler; the job's
+            // Documented: complete_with on a server runs the application's
+            // writes once, so a lost connection reaches the handler; the job's
             // next outcome (this failure, fenced) settles what committed.
             ledger.line(&format!("cut {id} {token} {}", describe(&e)));
             Err(JobError::retry(e))
@@ -389,12 +432,31 @@ fn complete_pg(_: &JobContext, _: i64, _: &str, _: u32) -> Result<(), Error> {
     unreachable!("a PostgreSQL queue needs the postgres feature")
 }
 
+#[cfg(feature = "mysql")]
+fn complete_my(ctx: &JobContext, id: i64, token: &str, pid: u32) -> Result<(), Error> {
+    use tickler::mysql::prelude::Queryable;
+    ctx.complete_with(|tx: &mut tickler::mysql::Transaction| {
+        tx.exec_drop(
+            "INSERT INTO torture_effects (job_id, run_token, pid) VALUES (?, ?, ?)",
+            (id, token, pid),
+        )?;
+        Ok(())
+    })
+}
+
+#[cfg(not(feature = "mysql"))]
+fn complete_my(_: &JobContext, _: i64, _: &str, _: u32) -> Result<(), Error> {
+    unreachable!("a MySQL queue needs the mysql feature")
+}
+
 /// The connection to the server was lost (cut, server restarting) or no
 /// connection could be had: what cuts and restarts cause, and nothing else.
-#[cfg(feature = "postgres")]
+#[allow(clippy::match_single_binding)] // SQLite alone: no arm but the last
 fn connection_lost(e: &Error) -> bool {
     match e {
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
         Error::Pool(_) => true,
+        #[cfg(feature = "postgres")]
         Error::Postgres(e) => {
             e.is_closed()
                 || match e.code() {
@@ -405,13 +467,10 @@ fn connection_lost(e: &Error) -> bool {
                     None => e.as_db_error().is_none(),
                 }
         }
+        #[cfg(feature = "mysql")]
+        Error::Mysql(e) => my::connection_lost(e),
         _ => false,
     }
-}
-
-#[cfg(not(feature = "postgres"))]
-fn connection_lost(_: &Error) -> bool {
-    false
 }
 
 fn describe(e: &Error) -> String {
@@ -522,6 +581,8 @@ fn run_producer(dir: &Path, db: &Path) -> i32 {
 #[derive(Debug, Default)]
 pub struct Report {
     pub engine: &'static str,
+    /// On a server: its version, as it says.
+    pub server_version: String,
     pub seconds: f64,
     pub workers: usize,
     pub threads: usize,
@@ -548,23 +609,29 @@ pub struct Report {
     pub wal_samples: u64,
     pub integrity: String,
     pub drain_seconds: f64,
-    /// PostgreSQL: times every connection to the database was cut, and
+    /// On a server: times every connection to the database was cut, and
     /// how many connections that cut in all.
     pub cuts: usize,
     pub connections_cut: usize,
-    /// PostgreSQL: server restarts, and the longest one in seconds.
+    /// On a server: restarts, and the longest one in seconds.
     pub restarts: usize,
     pub longest_restart: f64,
-    /// PostgreSQL: restarts by someone else (other tests on the server).
+    /// On a server: restarts by someone else (other tests on the server).
     pub external_restarts: usize,
-    /// `complete_with` calls on PostgreSQL that failed on a lost connection.
+    /// `complete_with` calls on a server that failed on a lost connection.
     pub completions_cut: usize,
     /// Duplicate executions explained by a cut or restart under way.
     pub runs_hit_by_disruptions: usize,
-    /// PostgreSQL at the end: `tickler_jobs` heap and index bytes, live and
-    /// dead tuples, autovacuum runs (from `pg_stat_user_tables`).
-    pub pg_table_bytes: i64,
-    pub pg_index_bytes: i64,
+    /// On a server at the end: `tickler_jobs`'s table (PostgreSQL's heap,
+    /// InnoDB's clustered index) and secondary index bytes.
+    pub table_bytes: i64,
+    pub index_bytes: i64,
+    /// MySQL at the end: free bytes in `tickler_jobs`'s tablespace and
+    /// InnoDB's estimate of its rows (after `ANALYZE TABLE`).
+    pub my_free_bytes: i64,
+    pub my_rows_estimate: i64,
+    /// PostgreSQL at the end: live and dead tuples, autovacuum runs (from
+    /// `pg_stat_user_tables`).
     pub pg_live_tuples: i64,
     pub pg_dead_tuples: i64,
     pub pg_autovacuums: i64,
@@ -580,10 +647,15 @@ impl Report {
 
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let postgres = self.engine == "PostgreSQL";
+        let server = self.engine != "SQLite";
+        let version = if self.server_version.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", self.server_version)
+        };
         writeln!(
             f,
-            "torture on {}: {:.0} s of kills, {} worker processes x {} threads, 1 producer",
+            "torture on {}{version}: {:.0} s of kills, {} worker processes x {} threads, 1 producer",
             self.engine, self.seconds, self.workers, self.threads
         )?;
         writeln!(
@@ -602,7 +674,7 @@ impl std::fmt::Display for Report {
             "  kills (SIGKILL):            {} ({} hit running handlers, interrupting {} runs)",
             self.kills, self.kills_that_hit, self.kills_hit_running
         )?;
-        if postgres {
+        if server {
             writeln!(
                 f,
                 "  connection cuts:            {} ({} connections terminated)",
@@ -637,7 +709,7 @@ impl std::fmt::Display for Report {
             "  errors reaching user code:  {} (Busy: {})",
             self.user_errors, self.busy_errors
         )?;
-        if postgres {
+        if server {
             writeln!(
                 f,
                 "  completions cut:            {} (complete_with on a connection lost during a cut or restart)",
@@ -648,15 +720,26 @@ impl std::fmt::Display for Report {
                 "  tickler log lines:          {} errors, {} warnings (retried inside tickler's window)",
                 self.tickler_errors_logged, self.tickler_warnings_logged
             )?;
-            writeln!(
-                f,
-                "  tickler_jobs at the end:    heap {:.1} MiB, indexes {:.1} MiB, {} live / {} dead tuples, {} autovacuums",
-                self.pg_table_bytes as f64 / 1_048_576.0,
-                self.pg_index_bytes as f64 / 1_048_576.0,
-                self.pg_live_tuples,
-                self.pg_dead_tuples,
-                self.pg_autovacuums
-            )?;
+            if self.engine == "MySQL" {
+                writeln!(
+                    f,
+                    "  tickler_jobs at the end:    data {:.1} MiB, indexes {:.1} MiB, {:.1} MiB free, about {} rows",
+                    self.table_bytes as f64 / 1_048_576.0,
+                    self.index_bytes as f64 / 1_048_576.0,
+                    self.my_free_bytes as f64 / 1_048_576.0,
+                    self.my_rows_estimate
+                )?;
+            } else {
+                writeln!(
+                    f,
+                    "  tickler_jobs at the end:    heap {:.1} MiB, indexes {:.1} MiB, {} live / {} dead tuples, {} autovacuums",
+                    self.table_bytes as f64 / 1_048_576.0,
+                    self.index_bytes as f64 / 1_048_576.0,
+                    self.pg_live_tuples,
+                    self.pg_dead_tuples,
+                    self.pg_autovacuums
+                )?;
+            }
         } else {
             writeln!(
                 f,
@@ -678,7 +761,9 @@ impl std::fmt::Display for Report {
             "  drain at the end:           {:.1} s",
             self.drain_seconds
         )?;
-        if postgres {
+        if self.engine == "MySQL" {
+            writeln!(f, "  CHECK TABLE … EXTENDED:     {}", self.integrity)?;
+        } else if server {
             writeln!(f, "  amcheck (B-tree indexes):   {}", self.integrity)?;
         } else {
             writeln!(f, "  PRAGMA integrity_check:     {}", self.integrity)?;
@@ -790,23 +875,22 @@ pub fn supervise(settings: &Settings, launcher: Launcher) -> Report {
     for sub in ["ledger", "out"] {
         std::fs::create_dir_all(settings.dir.join(sub)).expect("creating the run folder");
     }
-    report.engine = if settings.is_postgres() {
-        "PostgreSQL"
-    } else {
-        "SQLite"
-    };
+    report.engine = settings.engine().name();
     let db = settings.location();
+    // Opening the queue migrates its schema, which the audit's triggers
+    // need.
     let queue = Queue::open(&db).expect("supervisor: open the queue");
-    match &settings.db_url {
-        None => queue
+    match (&settings.db_url, settings.engine()) {
+        (None, _) => queue
             .open_connection()
             .and_then(|c| Ok(c.execute_batch(AUDIT_SQL)?))
             .expect("supervisor: create the audit tables"),
-        Some(url) => pg::create_audit(url),
+        (Some(url), Engine::Mysql) => my::create_audit(url),
+        (Some(url), _) => pg::create_audit(url),
     }
 
-    // The WAL sampler (SQLite: PostgreSQL's WAL is the server's business).
-    let sampling = Arc::new(AtomicBool::new(!settings.is_postgres()));
+    // The WAL sampler (SQLite: a server's WAL is the server's business).
+    let sampling = Arc::new(AtomicBool::new(!settings.is_server()));
     let max_wal = Arc::new(AtomicU64::new(0));
     let samples = Arc::new(AtomicU64::new(0));
     let sampler = {
@@ -822,7 +906,7 @@ pub fn supervise(settings: &Settings, launcher: Launcher) -> Report {
         })
     };
 
-    // PostgreSQL: connection cuts and server restarts while the kills go on.
+    // On a server: connection cuts and restarts while the kills go on.
     let disrupting = Arc::new(AtomicBool::new(true));
     let disruptor = settings.db_url.clone().map(|url| {
         let settings = settings.clone();
@@ -832,7 +916,13 @@ pub fn supervise(settings: &Settings, launcher: Launcher) -> Report {
                 .dir
                 .join(format!("ledger/supervisor-0-{}.log", std::process::id())),
         );
-        std::thread::spawn(move || pg::disrupt(&settings, &url, &ledger, &disrupting))
+        std::thread::spawn(move || {
+            let mut server = match settings.engine() {
+                Engine::Mysql => my::server(&url),
+                _ => pg::server(&url),
+            };
+            disrupt(&settings, &mut *server, &ledger, &disrupting)
+        })
     });
 
     let mut spawner = Spawner {
@@ -1034,13 +1124,33 @@ enum Probe {
     Sqlite(rusqlite::Connection),
     #[cfg(feature = "postgres")]
     Postgres(postgres::Client),
+    #[cfg(feature = "mysql")]
+    Mysql(mysql::Conn),
 }
 
 impl Probe {
     fn open(settings: &Settings, queue: &Queue) -> Probe {
-        match &settings.db_url {
-            None => Probe::Sqlite(queue.open_connection().expect("supervisor: connection")),
-            Some(url) => pg::probe(url),
+        match (&settings.db_url, settings.engine()) {
+            (None, _) => Probe::Sqlite(queue.open_connection().expect("supervisor: connection")),
+            (Some(url), Engine::Mysql) => my::probe(url),
+            (Some(url), _) => pg::probe(url),
+        }
+    }
+
+    /// The server's version (empty on SQLite).
+    fn version(&mut self) -> String {
+        match self {
+            Probe::Sqlite(_) => String::new(),
+            #[cfg(feature = "postgres")]
+            Probe::Postgres(c) => c
+                .query_one(
+                    "SELECT 'PostgreSQL ' || current_setting('server_version')",
+                    &[],
+                )
+                .map(|r| r.get(0))
+                .unwrap_or_default(),
+            #[cfg(feature = "mysql")]
+            Probe::Mysql(c) => my::version(c),
         }
     }
 
@@ -1059,6 +1169,8 @@ impl Probe {
                 .iter()
                 .map(|r| r.get(0))
                 .collect(),
+            #[cfg(feature = "mysql")]
+            Probe::Mysql(c) => my::query::<i64>(c, sql).into_iter().collect(),
         }
     }
 
@@ -1068,6 +1180,8 @@ impl Probe {
             Probe::Sqlite(c) => c.query_row(sql, [], |r| r.get(0)).unwrap(),
             #[cfg(feature = "postgres")]
             Probe::Postgres(c) => c.query_one(sql, &[]).unwrap().get(0),
+            #[cfg(feature = "mysql")]
+            Probe::Mysql(c) => my::query::<i64>(c, sql)[0],
         }
     }
 
@@ -1086,6 +1200,8 @@ impl Probe {
                 .iter()
                 .map(|r| (r.get(0), r.get::<_, i64>(1) as u64))
                 .collect(),
+            #[cfg(feature = "mysql")]
+            Probe::Mysql(c) => my::query::<(String, u64)>(c, sql).into_iter().collect(),
         }
     }
 
@@ -1130,6 +1246,33 @@ impl Probe {
                     })
                     .collect()
             }
+            #[cfg(feature = "mysql")]
+            Probe::Mysql(c) => {
+                let sql = format!("SELECT {columns} FROM torture_audit ORDER BY seq");
+                type Row = (
+                    String,
+                    i64,
+                    String,
+                    i64,
+                    i64,
+                    String,
+                    Option<String>,
+                    Option<String>,
+                );
+                my::query::<Row>(c, &sql)
+                    .into_iter()
+                    .map(|r| AuditRow {
+                        event: r.0,
+                        job_id: r.1,
+                        run_token: r.2,
+                        old_attempts: r.3,
+                        new_attempts: r.4,
+                        new_status: r.5,
+                        old_error: r.6,
+                        new_error: r.7,
+                    })
+                    .collect()
+            }
         }
     }
 
@@ -1150,11 +1293,14 @@ impl Probe {
                 .iter()
                 .map(|r| (r.get(0), r.get(1)))
                 .collect(),
+            #[cfg(feature = "mysql")]
+            Probe::Mysql(c) => my::query::<(i64, String)>(c, sql),
         }
     }
 
     /// The engine's own consistency check: `PRAGMA integrity_check` on
-    /// SQLite, `amcheck` on PostgreSQL. `Err` is a violation.
+    /// SQLite, `amcheck` on PostgreSQL, `CHECK TABLE … EXTENDED` on MySQL.
+    /// `Err` is a violation.
     fn integrity(&mut self) -> Result<String, String> {
         match self {
             Probe::Sqlite(c) => {
@@ -1169,6 +1315,8 @@ impl Probe {
             }
             #[cfg(feature = "postgres")]
             Probe::Postgres(c) => pg::amcheck(c),
+            #[cfg(feature = "mysql")]
+            Probe::Mysql(c) => my::check_tables(c),
         }
     }
 }
@@ -1186,6 +1334,7 @@ const DISRUPTION_TAIL_MS: i64 = 2 * LEASE.as_millis() as i64;
 
 fn check(settings: &Settings, queue: &Queue, killed: &HashSet<u32>, report: &mut Report) {
     let mut db = Probe::open(settings, queue);
+    report.server_version = db.version();
     let lines = read_ledgers(&settings.dir, report);
 
     // Lost: every acknowledged id is in the database.
@@ -1439,9 +1588,9 @@ fn check(settings: &Settings, queue: &Queue, killed: &HashSet<u32>, report: &mut
                 let error = w.get(1).map(String::as_str) == Some("ERROR");
                 if error {
                     report.tickler_errors_logged += 1;
-                    // PostgreSQL: tickler logs an error only once its retry
+                    // On a server: tickler logs an error only once its retry
                     // window is over, which no cut or restart should reach.
-                    if settings.is_postgres() {
+                    if settings.is_server() {
                         report
                             .violations
                             .push(format!("tickler gave up in pid {}: {text}", line.pid));
@@ -1521,7 +1670,7 @@ fn check(settings: &Settings, queue: &Queue, killed: &HashSet<u32>, report: &mut
         ));
     }
 
-    if !settings.is_postgres() && report.max_wal_bytes >= report.wal_bound {
+    if !settings.is_server() && report.max_wal_bytes >= report.wal_bound {
         report.violations.push(format!(
             "the WAL reached {} bytes (bound {})",
             report.max_wal_bytes, report.wal_bound
@@ -1530,6 +1679,10 @@ fn check(settings: &Settings, queue: &Queue, killed: &HashSet<u32>, report: &mut
     #[cfg(feature = "postgres")]
     if let Probe::Postgres(client) = &mut db {
         pg::sizes(client, report);
+    }
+    #[cfg(feature = "mysql")]
+    if let Probe::Mysql(conn) = &mut db {
+        my::sizes(conn, report);
     }
     match db.integrity() {
         Ok(answer) => report.integrity = answer,
@@ -1554,12 +1707,111 @@ struct Disrupted {
     failure: Option<String>,
 }
 
+/// A database server as the disruptor sees it: PostgreSQL or MySQL.
+trait Server {
+    /// Whether the server restarted since the last look (by its start time
+    /// or its uptime), reconnecting if need be; `None` if it cannot be
+    /// asked now.
+    fn restarted(&mut self) -> Option<bool>;
+    /// After a restart by the harness, once the server accepts connections
+    /// again: connects again and takes the new server as the one to watch.
+    fn restarted_by_us(&mut self);
+    /// Cuts every client connection to the database but the one cutting;
+    /// returns how many.
+    fn cut(&mut self) -> Result<usize, String>;
+}
+
+/// Until `going` turns false: every `cut_every` cuts every client
+/// connection to the database; restarts the server `restarts` times,
+/// spread evenly over the run. Each is a `disrupt` line in `ledger` with
+/// its start and end (ms).
+fn disrupt(
+    settings: &Settings,
+    server: &mut dyn Server,
+    ledger: &Ledger,
+    going: &AtomicBool,
+) -> Disrupted {
+    let mut done = Disrupted::default();
+    let started = Instant::now();
+    let restarts = if settings.server_ctl.is_some() {
+        settings.restarts
+    } else {
+        0
+    };
+    let mut restart_at: Vec<Instant> = (1..=restarts)
+        .rev()
+        .map(|i| started + settings.duration.mul_f64(i as f64 / (restarts + 1) as f64))
+        .collect();
+    let (min_gap, max_gap) = settings.cut_every;
+    let next_gap = || {
+        let span = u64::try_from((max_gap - min_gap).as_millis()).unwrap_or(0);
+        min_gap + Duration::from_millis(fastrand::u64(0..=span))
+    };
+    let mut next_cut = Instant::now() + next_gap();
+    // Someone else may restart the server too (other tests sharing it):
+    // seen by its start time or uptime, recorded as a disruption from the
+    // last look at the old server to the first at the new one.
+    let mut looked_ms = now_ms();
+    let mut next_look = Instant::now();
+    while going.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(20));
+        if Instant::now() >= next_look {
+            next_look = Instant::now() + Duration::from_millis(250);
+            if let Some(restarted) = server.restarted() {
+                if restarted {
+                    ledger.line(&format!("disrupt external {looked_ms} {}", now_ms()));
+                    done.external_restarts += 1;
+                }
+                looked_ms = now_ms();
+            }
+        }
+        if restart_at.last().is_some_and(|at| Instant::now() >= *at) {
+            restart_at.pop();
+            let command = settings.server_ctl.as_deref().unwrap_or_default();
+            let from = now_ms();
+            let clock = Instant::now();
+            let status = Command::new("sh")
+                .arg("-c")
+                .arg(command)
+                .stdin(Stdio::null())
+                .status();
+            match status {
+                Ok(status) if status.success() => {}
+                other => {
+                    done.failure = Some(format!("restarting the server failed: {other:?}"));
+                    return done;
+                }
+            }
+            // Up means accepting connections again.
+            server.restarted_by_us();
+            looked_ms = now_ms();
+            done.restarts += 1;
+            done.longest_restart = done.longest_restart.max(clock.elapsed().as_secs_f64());
+            ledger.line(&format!("disrupt restart {from} {}", now_ms()));
+            next_cut = Instant::now() + next_gap();
+        } else if Instant::now() >= next_cut {
+            let from = now_ms();
+            match server.cut() {
+                Ok(cut) => {
+                    done.cuts += 1;
+                    done.connections_cut += cut;
+                    ledger.line(&format!("disrupt cut {from} {}", now_ms()));
+                }
+                // The server went away under the cut (restarted by
+                // someone else): the watch above records that.
+                Err(e) => ledger.line(&format!("note: a cut failed: {e}")),
+            }
+            next_cut = Instant::now() + next_gap();
+        }
+    }
+    done
+}
+
 /// The PostgreSQL side of the harness: audit triggers, cuts, restarts and
 /// the end checks through a `postgres` client of its own.
 #[cfg(feature = "postgres")]
 mod pg {
-    use super::{now_ms, Disrupted, Ledger, Probe, Report, Settings};
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use super::{Probe, Report, Server};
     use std::time::{Duration, Instant};
 
     /// The same records as the SQLite triggers: one trigger function, so
@@ -1632,111 +1884,59 @@ mod pg {
         Probe::Postgres(connect(url, "torture_supervisor"))
     }
 
-    /// Until `going` turns false: every `cut_every` cuts every client
-    /// connection to the database; restarts the server `restarts` times,
-    /// spread evenly over the run. Each is a `disrupt` line in `ledger`
-    /// with its start and end (ms).
-    pub(super) fn disrupt(
-        settings: &Settings,
-        url: &str,
-        ledger: &Ledger,
-        going: &AtomicBool,
-    ) -> Disrupted {
-        let mut done = Disrupted::default();
-        let started = Instant::now();
-        let restarts = if settings.pg_ctl.is_some() {
-            settings.restarts
-        } else {
-            0
-        };
-        let mut restart_at: Vec<Instant> = (1..=restarts)
-            .rev()
-            .map(|i| started + settings.duration.mul_f64(i as f64 / (restarts + 1) as f64))
-            .collect();
-        let (min_gap, max_gap) = settings.cut_every;
-        let next_gap = || {
-            let span = u64::try_from((max_gap - min_gap).as_millis()).unwrap_or(0);
-            min_gap + Duration::from_millis(fastrand::u64(0..=span))
-        };
-        let mut next_cut = Instant::now() + next_gap();
-        // Someone else may restart the server too (other tests sharing
-        // it): seen by its start time changing, recorded as a disruption
-        // from the last look at the old server to the first at the new one.
+    pub(super) fn server(url: &str) -> Box<dyn Server> {
         let mut watch = connect(url, "torture_disruptor");
-        let mut server_start = postmaster_start(&mut watch).unwrap_or_default();
-        let mut looked_ms = now_ms();
-        let mut next_look = Instant::now();
-        while going.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(20));
-            if Instant::now() >= next_look {
-                next_look = Instant::now() + Duration::from_millis(250);
-                let start = match postmaster_start(&mut watch) {
-                    Some(start) => Some(start),
-                    None => {
-                        watch = connect(url, "torture_disruptor");
-                        postmaster_start(&mut watch)
-                    }
-                };
-                if let Some(start) = start {
-                    if start != server_start {
-                        server_start = start;
-                        ledger.line(&format!("disrupt external {looked_ms} {}", now_ms()));
-                        done.external_restarts += 1;
-                    }
-                    looked_ms = now_ms();
+        let start = postmaster_start(&mut watch).unwrap_or_default();
+        Box::new(Pg {
+            url: url.to_owned(),
+            watch,
+            start,
+        })
+    }
+
+    /// The disruptor's side of PostgreSQL: a client that watches the
+    /// server's start time, and a fresh one per cut.
+    struct Pg {
+        url: String,
+        watch: postgres::Client,
+        start: i64,
+    }
+
+    impl Server for Pg {
+        fn restarted(&mut self) -> Option<bool> {
+            let start = match postmaster_start(&mut self.watch) {
+                Some(start) => start,
+                None => {
+                    // Cut by a cut of ours, or the server restarted.
+                    self.watch = connect(&self.url, "torture_disruptor");
+                    postmaster_start(&mut self.watch)?
                 }
-            }
-            if restart_at.last().is_some_and(|at| Instant::now() >= *at) {
-                restart_at.pop();
-                let command = settings.pg_ctl.as_deref().unwrap_or_default();
-                let from = now_ms();
-                let clock = Instant::now();
-                let status = std::process::Command::new("sh")
-                    .arg("-c")
-                    .arg(command)
-                    .stdin(std::process::Stdio::null())
-                    .status();
-                match status {
-                    Ok(status) if status.success() => {}
-                    other => {
-                        done.failure = Some(format!("restarting the server failed: {other:?}"));
-                        return done;
-                    }
-                }
-                // Up means accepting connections again.
-                watch = connect(url, "torture_disruptor");
-                server_start = postmaster_start(&mut watch).unwrap_or_default();
-                looked_ms = now_ms();
-                done.restarts += 1;
-                done.longest_restart = done.longest_restart.max(clock.elapsed().as_secs_f64());
-                ledger.line(&format!("disrupt restart {from} {}", now_ms()));
-                next_cut = Instant::now() + next_gap();
-            } else if Instant::now() >= next_cut {
-                let from = now_ms();
-                let mut client = connect(url, "torture_disruptor");
-                // Client backends only: autovacuum workers are the
-                // server's, not tickler's.
-                let cut = client.query_one(
+            };
+            let changed = start != self.start;
+            self.start = start;
+            Some(changed)
+        }
+
+        fn restarted_by_us(&mut self) {
+            self.watch = connect(&self.url, "torture_disruptor");
+            self.start = postmaster_start(&mut self.watch).unwrap_or_default();
+        }
+
+        fn cut(&mut self) -> Result<usize, String> {
+            let mut client = connect(&self.url, "torture_disruptor");
+            // Client backends only: autovacuum workers are the server's,
+            // not tickler's.
+            client
+                .query_one(
                     "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))
                      FROM pg_stat_activity
                      WHERE datname = current_database() AND pid <> pg_backend_pid()
                        AND backend_type = 'client backend'",
                     &[],
-                );
-                match cut {
-                    Ok(row) => {
-                        done.cuts += 1;
-                        done.connections_cut += row.get::<_, i64>(0) as usize;
-                        ledger.line(&format!("disrupt cut {from} {}", now_ms()));
-                    }
-                    // The server went away under the cut (restarted by
-                    // someone else): the watch above records that.
-                    Err(e) => ledger.line(&format!("note: a cut failed: {e}")),
-                }
-                next_cut = Instant::now() + next_gap();
-            }
+                )
+                .map(|row| row.get::<_, i64>(0) as usize)
+                .map_err(|e| e.to_string())
         }
-        done
     }
 
     /// When the server started (ms), `None` if it cannot be asked.
@@ -1784,8 +1984,8 @@ mod pg {
                 &[],
             )
             .expect("reading tickler_jobs's sizes");
-        report.pg_table_bytes = row.get(0);
-        report.pg_index_bytes = row.get(1);
+        report.table_bytes = row.get(0);
+        report.index_bytes = row.get(1);
         report.pg_live_tuples = row.get(2);
         report.pg_dead_tuples = row.get(3);
         report.pg_autovacuums = row.get(4);
@@ -1795,8 +1995,7 @@ mod pg {
 /// Without the `postgres` feature there is no PostgreSQL queue to torture.
 #[cfg(not(feature = "postgres"))]
 mod pg {
-    use super::{Disrupted, Ledger, Probe, Settings};
-    use std::sync::atomic::AtomicBool;
+    use super::{Probe, Server};
 
     const NEEDS: &str = "a PostgreSQL torture run needs the `postgres` feature";
 
@@ -1808,7 +2007,293 @@ mod pg {
         panic!("{NEEDS}")
     }
 
-    pub(super) fn disrupt(_: &Settings, _: &str, _: &Ledger, _: &AtomicBool) -> Disrupted {
+    pub(super) fn server(_: &str) -> Box<dyn Server> {
+        panic!("{NEEDS}")
+    }
+}
+
+/// The MySQL/MariaDB side of the harness: audit triggers, cuts, restarts
+/// and the end checks through a `mysql` connection of its own.
+#[cfg(feature = "mysql")]
+mod my {
+    use super::{Probe, Report, Server};
+    use mysql::prelude::{FromRow, Queryable};
+    use std::time::{Duration, Instant};
+
+    /// The same records as the SQLite triggers, in one trigger (MySQL has
+    /// no `UPDATE OF` column list): a claim and an end are told apart by
+    /// the status change. The columns take the types of `tickler_jobs`'s
+    /// (`run_token` and `status` are VARBINARY there).
+    const AUDIT_SQL: [&str; 3] = [
+        "CREATE TABLE torture_effects (
+            job_id BIGINT NOT NULL, run_token VARBINARY(64) NOT NULL, pid BIGINT NOT NULL
+        ) ENGINE = InnoDB",
+        "CREATE TABLE torture_audit (
+            seq BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+            event VARBINARY(8) NOT NULL, job_id BIGINT NOT NULL, run_token VARBINARY(64),
+            old_attempts BIGINT NOT NULL, new_attempts BIGINT NOT NULL,
+            new_status VARBINARY(9) NOT NULL,
+            old_error LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+            new_error LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin
+        ) ENGINE = InnoDB",
+        "CREATE TRIGGER torture_audit_row AFTER UPDATE ON tickler_jobs FOR EACH ROW
+        BEGIN
+            IF NEW.status = 'running' AND OLD.status <> 'running' THEN
+                INSERT INTO torture_audit (event, job_id, run_token, old_attempts,
+                    new_attempts, new_status, old_error, new_error)
+                VALUES ('claim', NEW.id, NEW.run_token, OLD.attempts, NEW.attempts,
+                    NEW.status, OLD.last_error, NEW.last_error);
+            ELSEIF OLD.status = 'running' AND NEW.status <> 'running' THEN
+                INSERT INTO torture_audit (event, job_id, run_token, old_attempts,
+                    new_attempts, new_status, old_error, new_error)
+                VALUES ('end', OLD.id, OLD.run_token, OLD.attempts, NEW.attempts,
+                    NEW.status, OLD.last_error, NEW.last_error);
+            END IF;
+        END",
+    ];
+
+    /// The crate's options for `url` (it knows `mysql://` only, tickler
+    /// takes `mariadb://` too).
+    fn opts(url: &str) -> mysql::Opts {
+        let url = match url.strip_prefix("mariadb://") {
+            Some(rest) => format!("mysql://{rest}"),
+            None => url.to_owned(),
+        };
+        let parsed = mysql::Opts::from_url(&url).unwrap_or_else(|e| panic!("not a MySQL URL: {e}"));
+        mysql::OptsBuilder::from_opts(parsed)
+            .tcp_connect_timeout(Some(Duration::from_secs(10)))
+            .into()
+    }
+
+    /// A connection to the database, retried while the server restarts.
+    fn connect(url: &str) -> mysql::Conn {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match mysql::Conn::new(opts(url)) {
+                Ok(conn) => return conn,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => panic!("torture: cannot connect to the database: {e}"),
+            }
+        }
+    }
+
+    /// Every row of `sql`; panics on an error (the end checks run on a
+    /// server left in peace).
+    pub(super) fn query<T: FromRow>(conn: &mut mysql::Conn, sql: &str) -> Vec<T> {
+        conn.query(sql)
+            .unwrap_or_else(|e| panic!("torture: {sql}: {e}"))
+    }
+
+    /// Creates the audit tables; refuses a database that held a run
+    /// already, whose jobs would count against this one.
+    pub(super) fn create_audit(url: &str) {
+        let mut conn = connect(url);
+        let jobs: i64 = query(&mut conn, "SELECT count(*) FROM tickler_jobs")[0];
+        assert_eq!(
+            jobs, 0,
+            "torture: the database already holds jobs; give it a fresh one"
+        );
+        for sql in AUDIT_SQL {
+            conn.query_drop(sql).unwrap_or_else(|e| {
+                panic!("torture: creating the audit tables (a fresh database is needed): {e}")
+            });
+        }
+    }
+
+    pub(super) fn probe(url: &str) -> Probe {
+        Probe::Mysql(connect(url))
+    }
+
+    pub(super) fn version(conn: &mut mysql::Conn) -> String {
+        conn.query_first::<String, _>("SELECT VERSION()")
+            .ok()
+            .flatten()
+            .map(|v| {
+                if v.contains("MariaDB") {
+                    format!("MariaDB {}", v.trim_end_matches("-MariaDB"))
+                } else {
+                    format!("MySQL {v}")
+                }
+            })
+            .unwrap_or_default()
+    }
+
+    /// The client's and the server's errors of a connection that is gone
+    /// or cannot be had: an I/O error (the socket closed under a `KILL` or
+    /// a shutdown), a connection refused or timed out, the server shutting
+    /// down (1053), the session killed (1927), a network error on the
+    /// server's side (1158 to 1161).
+    pub(super) fn connection_lost(e: &mysql::Error) -> bool {
+        use mysql::DriverError as D;
+        match e {
+            mysql::Error::IoError(_) | mysql::Error::CodecError(_) => true,
+            mysql::Error::DriverError(d) => matches!(
+                d,
+                D::ConnectTimeout
+                    | D::CouldNotConnect(_)
+                    | D::PacketOutOfSync
+                    | D::UnexpectedPacket
+                    | D::Timeout
+                    | D::SetupError
+            ),
+            mysql::Error::MySqlError(server) => {
+                matches!(server.code, 1053 | 1927 | 4031 | 1158..=1161)
+            }
+            _ => false,
+        }
+    }
+
+    pub(super) fn server(url: &str) -> Box<dyn Server> {
+        let mut conn = connect(url);
+        let uptime = uptime(&mut conn).unwrap_or_default();
+        Box::new(My {
+            url: url.to_owned(),
+            conn,
+            uptime,
+        })
+    }
+
+    /// The disruptor's side of MySQL: one connection to the database, which
+    /// watches the server's uptime and cuts the others.
+    struct My {
+        url: String,
+        conn: mysql::Conn,
+        uptime: u64,
+    }
+
+    /// The server's uptime in seconds, `None` if it cannot be asked.
+    fn uptime(conn: &mut mysql::Conn) -> Option<u64> {
+        conn.query_first::<String, _>(
+            "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS
+             WHERE VARIABLE_NAME = 'UPTIME'",
+        )
+        .ok()
+        .flatten()
+        .and_then(|v| v.parse().ok())
+    }
+
+    impl Server for My {
+        fn restarted(&mut self) -> Option<bool> {
+            let uptime = match uptime(&mut self.conn) {
+                Some(uptime) => uptime,
+                None => {
+                    self.conn = connect(&self.url);
+                    uptime(&mut self.conn)?
+                }
+            };
+            let restarted = uptime < self.uptime;
+            self.uptime = uptime;
+            Some(restarted)
+        }
+
+        fn restarted_by_us(&mut self) {
+            self.conn = connect(&self.url);
+            self.uptime = uptime(&mut self.conn).unwrap_or_default();
+        }
+
+        fn cut(&mut self) -> Result<usize, String> {
+            let ids: Vec<u64> = self
+                .conn
+                .query(
+                    "SELECT ID FROM information_schema.PROCESSLIST
+                     WHERE DB = DATABASE() AND ID <> CONNECTION_ID()",
+                )
+                .map_err(|e| e.to_string())?;
+            let mut cut = 0;
+            for id in ids {
+                // Gone already (1094, unknown thread) counts for nothing.
+                if self
+                    .conn
+                    .query_drop(format!("KILL CONNECTION {id}"))
+                    .is_ok()
+                {
+                    cut += 1;
+                }
+            }
+            Ok(cut)
+        }
+    }
+
+    /// `CHECK TABLE … EXTENDED` on every table of the database: MySQL's
+    /// counterpart of `PRAGMA integrity_check`. Each must end in `status
+    /// OK` with no `error` or `warning` row.
+    pub(super) fn check_tables(conn: &mut mysql::Conn) -> Result<String, String> {
+        let tables: Vec<String> = query(
+            conn,
+            "SELECT TABLE_NAME FROM information_schema.TABLES
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_TYPE = 'BASE TABLE'
+             ORDER BY TABLE_NAME",
+        );
+        let mut problems = Vec::new();
+        for table in &tables {
+            let sql = format!("CHECK TABLE `{table}` EXTENDED");
+            let rows: Vec<(String, String, String, String)> = match conn.query(&sql) {
+                Ok(rows) => rows,
+                Err(e) => {
+                    problems.push(format!("{sql}: {e}"));
+                    continue;
+                }
+            };
+            let ok = rows
+                .iter()
+                .any(|(_, _, kind, text)| kind.eq_ignore_ascii_case("status") && text == "OK");
+            let bad: Vec<String> = rows
+                .iter()
+                .filter(|(_, _, kind, _)| {
+                    kind.eq_ignore_ascii_case("error") || kind.eq_ignore_ascii_case("warning")
+                })
+                .map(|(_, _, kind, text)| format!("{kind}: {text}"))
+                .collect();
+            if !ok || !bad.is_empty() {
+                problems.push(format!("{table}: {rows:?}"));
+            }
+        }
+        if problems.is_empty() {
+            Ok(format!("ok ({} tables)", tables.len()))
+        } else {
+            Err(format!("CHECK TABLE: {}", problems.join("; ")))
+        }
+    }
+
+    /// Sizes of `tickler_jobs` at the end, after `ANALYZE TABLE` (InnoDB's
+    /// figures in information_schema are its statistics').
+    pub(super) fn sizes(conn: &mut mysql::Conn, report: &mut Report) {
+        let _ = conn.query_drop("ANALYZE TABLE tickler_jobs");
+        type Sizes = (Option<u64>, Option<u64>, Option<u64>, Option<u64>);
+        let row: Vec<Sizes> = query(
+            conn,
+            "SELECT DATA_LENGTH, INDEX_LENGTH, DATA_FREE, TABLE_ROWS
+             FROM information_schema.TABLES
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'tickler_jobs'",
+        );
+        if let Some((data, index, free, rows)) = row.first() {
+            let int = |v: &Option<u64>| v.map_or(0, |v| v as i64);
+            report.table_bytes = int(data);
+            report.index_bytes = int(index);
+            report.my_free_bytes = int(free);
+            report.my_rows_estimate = int(rows);
+        }
+    }
+}
+
+/// Without the `mysql` feature there is no MySQL queue to torture.
+#[cfg(not(feature = "mysql"))]
+mod my {
+    use super::{Probe, Server};
+
+    const NEEDS: &str = "a MySQL torture run needs the `mysql` feature";
+
+    pub(super) fn create_audit(_: &str) {
+        panic!("{NEEDS}")
+    }
+
+    pub(super) fn probe(_: &str) -> Probe {
+        panic!("{NEEDS}")
+    }
+
+    pub(super) fn server(_: &str) -> Box<dyn Server> {
         panic!("{NEEDS}")
     }
 }

@@ -1,0 +1,70 @@
+//! A short torture run on MySQL/MariaDB for CI: 20 seconds of SIGKILLs
+//! against three worker processes while a producer enqueues, every
+//! connection to the database killed (`KILL CONNECTION`) every 2–5 s, and
+//! one server restart halfway when `TICKLER_TEST_MYSQL_CTL` is set; then
+//! the full check (nothing lost, every job terminal, no run_token or job
+//! with two accepted outcomes or effects, every duplicate execution
+//! explained by a kill, cut or restart, no error reaching user code, no
+//! error logged by tickler, `CHECK TABLE … EXTENDED` on every table).
+//!
+//! The run is `tests/support/torture.rs`, the same code as
+//! `cargo run --release --features mysql --example torture -- --db URL`;
+//! here the worker and producer processes are this test binary run again
+//! for [`my_torture_role`].
+
+use crate::support::my;
+use crate::torture;
+
+use std::time::Duration;
+
+#[test]
+fn twenty_seconds_of_kills_cuts_and_a_restart_lose_nothing_and_finish_nothing_twice() {
+    // It restarts the server: no other test of this binary may hold a
+    // database meanwhile.
+    let Some(db) = my::exclusive_database() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = torture::Settings::new(dir.path().to_path_buf(), Duration::from_secs(20));
+    settings.db_url = Some(db.url().to_owned());
+    settings.cut_every = (Duration::from_secs(2), Duration::from_secs(5));
+    settings.server_ctl = std::env::var("TICKLER_TEST_MYSQL_CTL")
+        .ok()
+        .filter(|c| !c.trim().is_empty());
+    settings.restarts = 1;
+    let report = torture::supervise(
+        &settings,
+        torture::Launcher::TestBinary {
+            test: "torture_short::my_torture_role",
+        },
+    );
+    println!("{report}");
+    if !report.passed() {
+        // Keep the ledgers and child output for a look.
+        let kept = dir.keep();
+        panic!(
+            "torture run failed; its files are in {}\n{report}",
+            kept.display()
+        );
+    }
+    assert!(report.kills > 0, "no worker was killed: {report}");
+    assert!(report.cuts > 0, "no connection was cut: {report}");
+    if settings.server_ctl.is_some() {
+        assert_eq!(report.restarts, 1, "the server was not restarted: {report}");
+    } else {
+        assert!(
+            !my::in_ci(),
+            "CI must restart the server (.ci/mariadb sets TICKLER_TEST_MYSQL_CTL)"
+        );
+    }
+    assert!(report.acknowledged > 100, "too little work: {report}");
+}
+
+/// A worker or producer process of the run above; does nothing unless
+/// started by it.
+#[test]
+fn my_torture_role() {
+    if std::env::var_os(torture::ENV_ROLE).is_some() {
+        std::process::exit(torture::run_role());
+    }
+}
