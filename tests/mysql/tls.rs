@@ -8,9 +8,6 @@
 //! pool's, its watcher's, its clock's).
 #![cfg(feature = "mysql")]
 
-use crate::support::my;
-
-use mysql::prelude::Queryable;
 use tickler::{Error, Queue};
 
 /// A URL the client never connects to: what is checked is refused first.
@@ -57,6 +54,8 @@ fn without_the_tls_feature_a_tls_url_says_which_feature_it_needs() {
 #[cfg(feature = "mysql-tls")]
 mod with_tls {
     use super::*;
+    use crate::support::my;
+    use mysql::prelude::Queryable;
     use std::time::Duration;
     use tickler::{JobContext, JobError, JobState, NewJob, WorkerPool};
 
