@@ -35,6 +35,20 @@ pub(crate) const ROW_HEADROOM: usize = 1024 * 1024;
 /// limit used to lose every outcome of its batch.
 pub const MAX_ERROR_BYTES: usize = 8 * 1024;
 
+/// Tries of an insert whose unique_key's holder finished between the
+/// insert and the read of its id (the key is free then, and the next try
+/// stores the job or finds the next holder).
+pub(crate) const UNIQUE_TRIES: u32 = 10;
+
+/// What an engine says when a unique_key changed hands on every one of
+/// [`UNIQUE_TRIES`] tries.
+pub(crate) fn unique_kept_changing_hands(job: &NewJob) -> Error {
+    Error::Config(format!(
+        "unique_key {:?} kept changing hands while a job with it was inserted",
+        job.unique_key
+    ))
+}
+
 /// Failed attempts whose errors a job keeps in [`Job::errors`](crate::Job::errors); older ones
 /// are dropped as new ones come.
 pub const ERROR_HISTORY_MAX: usize = 20;

@@ -2,7 +2,8 @@
 //! MySQL's: connections killed by the server and a server restart in the
 //! middle of work reach no user code as errors; InnoDB's deadlocks among
 //! concurrent batches are retried; the claim reads its index in order (no
-//! sort); tables of another storage engine and names longer than the
+//! sort); unique enqueues racing finishing holders under a trigger get
+//! an id; tables of another storage engine and names longer than the
 //! schema holds are refused with the reason.
 #![cfg(feature = "mysql")]
 
@@ -259,4 +260,55 @@ fn a_name_longer_than_the_schema_holds_is_refused_and_nothing_is_stored() {
     queue
         .enqueue(NewJob::new("k").queue("q".repeat(255)))
         .unwrap();
+}
+
+/// MySQL's: with a trigger on the jobs table (an application's audit
+/// trail), MariaDB's answer to `INSERT … ON DUPLICATE KEY UPDATE` carries
+/// no id, so the engine reads the holder of the key itself. Enqueues of a
+/// few keys racing with a pool that finishes their holders each get an id,
+/// and a key is never held twice.
+#[test]
+fn unique_enqueues_racing_finishing_holders_get_an_id_with_a_trigger_on_the_table() {
+    let Some(db) = my::test_database() else {
+        return;
+    };
+    let queue = Queue::open(db.url()).expect("open");
+    let mut conn = db.connect();
+    conn.query_drop(
+        "CREATE TABLE audit (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                             job_id BIGINT, status VARBINARY(9)) ENGINE = InnoDB",
+    )
+    .unwrap();
+    conn.query_drop(
+        "CREATE TRIGGER audit_row AFTER UPDATE ON tickler_jobs FOR EACH ROW
+         INSERT INTO audit (job_id, status) VALUES (NEW.id, NEW.status)",
+    )
+    .unwrap();
+    let mut pool = WorkerPool::builder(&queue)
+        .threads(4)
+        .handler("k", |_: &JobContext| -> Result<(), JobError> { Ok(()) })
+        .start()
+        .expect("start pool");
+    std::thread::scope(|scope| {
+        for t in 0..4u64 {
+            let queue = queue.clone();
+            scope.spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(t);
+                for _ in 0..400 {
+                    let key = format!("key-{}", rng.usize(0..4));
+                    queue
+                        .enqueue(NewJob::new("k").unique_key(key))
+                        .expect("an enqueue of a unique key failed");
+                }
+            });
+        }
+    });
+    pool.shutdown(secs(10));
+    let held: Vec<(Vec<u8>, i64)> = conn
+        .query(
+            "SELECT unique_key, count(*) FROM tickler_jobs
+             WHERE status IN ('scheduled', 'pending', 'running') GROUP BY unique_key",
+        )
+        .unwrap();
+    assert!(held.iter().all(|(_, n)| *n == 1), "{held:?}");
 }

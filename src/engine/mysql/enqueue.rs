@@ -156,41 +156,45 @@ fn insert_one<Q: Queryable>(
     (batch, i): (i64, usize),
 ) -> Result<JobId> {
     let job = &row.job;
-    let (_, id) = tx.insert(
-        INSERT_SQL,
-        args![
-            job.queue.as_str(),
-            job.kind.as_str(),
-            row.payload.as_str(),
-            state_for(run_at, now).as_str(),
-            job.priority,
-            run_at,
-            i64::from(job.max_attempts),
-            job.unique_key.as_deref(),
-            row.timeout_ms,
-            now,
-            batch,
-            seq_of(i),
-        ],
-    )?;
-    if let Some(id) = id
-        .and_then(|id| i64::try_from(id).ok())
-        .filter(|id| *id > 0)
-    {
-        return Ok(JobId(id));
-    }
-    // The OK packet's id can be 0 after `ON DUPLICATE KEY UPDATE` (seen on
-    // MariaDB 10.11 with an AFTER UPDATE trigger on the table): the row
-    // that holds the key, the stored one or the one that was there, is
-    // this session's to read.
-    if let Some(key) = job.unique_key.as_deref() {
+    for _ in 0..UNIQUE_TRIES {
+        let (_, id) = tx.insert(
+            INSERT_SQL,
+            args![
+                job.queue.as_str(),
+                job.kind.as_str(),
+                row.payload.as_str(),
+                state_for(run_at, now).as_str(),
+                job.priority,
+                run_at,
+                i64::from(job.max_attempts),
+                job.unique_key.as_deref(),
+                row.timeout_ms,
+                now,
+                batch,
+                seq_of(i),
+            ],
+        )?;
+        if let Some(id) = id
+            .and_then(|id| i64::try_from(id).ok())
+            .filter(|id| *id > 0)
+        {
+            return Ok(JobId(id));
+        }
+        // The OK packet's id is 0 after `ON DUPLICATE KEY UPDATE` when the
+        // table has a trigger (MariaDB 10.11), so the holder is read here.
+        // READ COMMITTED released the holder's row as soon as the no-op
+        // update left it unchanged: it may have finished since, and then
+        // the key is free and the next try stores the job.
+        let Some(key) = job.unique_key.as_deref() else {
+            return Err(Error::Config(
+                "the server did not tell the id of a stored job".into(),
+            ));
+        };
         if let Some(held) = tx.first(HELD_SQL, args![key])? {
             return Ok(JobId(get(&held, 0)?));
         }
     }
-    Err(Error::Config(
-        "the server did not tell the id of a stored job".into(),
-    ))
+    Err(unique_kept_changing_hands(job))
 }
 
 /// The ids of a batch whose earlier try committed after all (found by its

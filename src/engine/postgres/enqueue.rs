@@ -12,10 +12,6 @@ use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
 use std::collections::HashMap;
 
-/// Tries of an insert whose unique_key's holder finished between the
-/// insert and the read of its id.
-const UNIQUE_TRIES: u32 = 10;
-
 const INSERT_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status, priority,
          run_at, max_attempts, unique_key, timeout_ms, created_at, enqueue_batch, enqueue_seq)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
@@ -246,10 +242,7 @@ fn insert_one(
             return Ok(JobId(r.get(0)));
         }
     }
-    Err(Error::Config(format!(
-        "unique_key {:?} kept changing hands while a job with it was inserted",
-        job.unique_key
-    )))
+    Err(unique_kept_changing_hands(job))
 }
 
 impl Enqueue for Store {
