@@ -2,7 +2,9 @@
 //! server in the same run: the naive claim of the case study (12 workers,
 //! `ORDER BY id LIMIT 1 FOR UPDATE`, REPEATABLE READ), the strict one
 //! (`SKIP LOCKED`, 32 per transaction, READ COMMITTED, a `(status, id)`
-//! index), single-row inserts from 16 threads; then tickler's burn-down,
+//! index), the same on two tables (ready and running rows apart),
+//! single-row inserts from 16 threads into a plain table and into
+//! tickler's own; then tickler's burn-down, wake-ups (same queue and another),
 //! enqueues and the claim's cost by depth. Server: `TICKLER_BENCH_MYSQL_URL`
 //! (`.ci/mariadb` starts a throwaway MariaDB).
 
@@ -190,6 +192,156 @@ fn insert(url: &str, n: usize) -> f64 {
     n as f64 / started.elapsed().as_secs_f64()
 }
 
+const READY: &str = "tickler_bench_ready";
+const RUNNING: &str = "tickler_bench_running";
+
+/// The two-table layout: `n` rows in a ready table, none running.
+fn fresh_two_tables(url: &str, n: usize) {
+    let mut c = connect(url, false);
+    for t in [READY, RUNNING] {
+        c.query_drop(format!("DROP TABLE IF EXISTS {t}")).unwrap();
+        c.query_drop(format!(
+            "CREATE TABLE {t} (id BIGINT AUTO_INCREMENT PRIMARY KEY,
+                 payload TEXT NOT NULL, run_token VARCHAR(64)) ENGINE = InnoDB"
+        ))
+        .unwrap();
+    }
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(1_000);
+        let values = vec!["('{}')"; k].join(", ");
+        c.query_drop(format!("INSERT INTO {READY} (payload) VALUES {values}"))
+            .unwrap();
+        left -= k;
+    }
+}
+
+/// The batched loop on two tables: per transaction, delete the previous
+/// 32 from the running table, and move the next 32 from the ready table
+/// (`SKIP LOCKED`) into it. Neither table needs a status index.
+fn two_tables(url: &str, n: usize) -> f64 {
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..THREADS {
+            s.spawn(|| {
+                let mut c = connect(url, true);
+                let mut held: Vec<i64> = Vec::new();
+                loop {
+                    c.query_drop("START TRANSACTION").unwrap();
+                    if !held.is_empty() {
+                        c.exec_drop(
+                            format!("DELETE FROM {RUNNING} WHERE id IN ({})", marks(held.len())),
+                            held.clone(),
+                        )
+                        .unwrap();
+                    }
+                    let ids: Vec<i64> = c
+                        .query(format!(
+                            "SELECT id FROM {READY} ORDER BY id LIMIT {BATCH} FOR UPDATE SKIP LOCKED"
+                        ))
+                        .unwrap();
+                    if !ids.is_empty() {
+                        c.exec_drop(
+                            format!(
+                                "INSERT INTO {RUNNING} (id, payload, run_token)
+                                 SELECT id, payload, UUID() FROM {READY} WHERE id IN ({})",
+                                marks(ids.len())
+                            ),
+                            ids.clone(),
+                        )
+                        .unwrap();
+                        c.exec_drop(
+                            format!("DELETE FROM {READY} WHERE id IN ({})", marks(ids.len())),
+                            ids.clone(),
+                        )
+                        .unwrap();
+                    }
+                    c.query_drop("COMMIT").unwrap();
+                    if ids.is_empty() && held.is_empty() {
+                        return;
+                    }
+                    held = ids;
+                }
+            });
+        }
+    });
+    let left: Option<i64> = connect(url, false)
+        .query_first(format!(
+            "SELECT (SELECT count(*) FROM {READY}) + (SELECT count(*) FROM {RUNNING})"
+        ))
+        .unwrap();
+    assert_eq!(left, Some(0), "two-table loop left rows");
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Single-row inserts of pending jobs into tickler's own table, in
+/// autocommit from 16 threads: the raw cost of its indexes and generated
+/// column, without tickler's validation, pool or transaction.
+fn insert_into_jobs_table(url: &str, n: usize) -> f64 {
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..INSERT_THREADS {
+            s.spawn(move || {
+                let mut c = connect(url, true);
+                let mine = n / INSERT_THREADS + usize::from(t < n % INSERT_THREADS);
+                for _ in 0..mine {
+                    c.exec_drop(
+                        "INSERT INTO tickler_jobs (queue, kind, payload, status, priority,
+                             run_at, max_attempts, created_at, errors)
+                         VALUES ('default', 'noop', ?, 'pending', 0,
+                             CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), 25,
+                             CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), '[]')",
+                        ("null",),
+                    )
+                    .unwrap();
+                }
+            });
+        }
+    });
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Quantile `q` of sorted milliseconds.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// How soon an idle pool starts a job enqueued through `enqueuer`, over
+/// `n` jobs each after a random idle spell (0 to 2.5 s), so the watcher's
+/// backed-off step is met in every phase. A second `Queue` on the same
+/// URL shares nothing with the pool's (no in-process wake), which is what
+/// another process sees.
+fn wake_ups(pool_queue: &Queue, enqueuer: &Queue, n: usize) -> (f64, f64, f64) {
+    let (tx, rx) = crossbeam_channel::unbounded::<(u64, Instant)>();
+    let mut pool = WorkerPool::builder(pool_queue)
+        .threads(THREADS)
+        .handler("wake", move |ctx: &JobContext| {
+            let i = ctx.payload()["i"].as_u64().unwrap_or(u64::MAX);
+            tx.send((i, Instant::now())).ok();
+            Ok::<(), JobError>(())
+        })
+        .start()
+        .expect("start pool");
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut delays = Vec::with_capacity(n);
+    for i in 0..n as u64 {
+        std::thread::sleep(Duration::from_millis(rng.u64(0..2_500)));
+        let job = NewJob::new("wake").payload(json!({ "i": i }));
+        enqueuer.enqueue(job).expect("enqueue");
+        let enqueued = Instant::now();
+        let (got, started) = rx.recv_timeout(Duration::from_secs(30)).expect("a start");
+        assert_eq!(got, i, "jobs started out of turn");
+        delays.push(started.saturating_duration_since(enqueued).as_secs_f64() * 1e3);
+    }
+    pool.shutdown(Duration::from_secs(5));
+    delays.sort_by(f64::total_cmp);
+    (
+        quantile(&delays, 0.5),
+        quantile(&delays, 0.95),
+        quantile(&delays, 1.0),
+    )
+}
+
 fn noop_pool(queue: &Queue, done: &Arc<AtomicUsize>) -> WorkerPool {
     let done = Arc::clone(done);
     WorkerPool::builder(queue)
@@ -246,13 +398,20 @@ pub fn engine(quick: bool) {
     fresh_table(&raw_url, burn);
     let raw_batched = batched(&raw_url, burn);
     check_done(&raw_url, burn);
+    fresh_two_tables(&raw_url, burn);
+    let raw_two_tables = two_tables(&raw_url, burn);
     fresh_table(&raw_url, 0);
     let raw_insert = insert(&raw_url, inserts);
+    let schema_url = fresh_database(&server);
+    drop(Queue::open(&schema_url).expect("open"));
+    let raw_schema_insert = insert_into_jobs_table(&schema_url, inserts);
     emit(
         json!({"scenario": "mysql_raw_baselines", "server_version": version,
         "naive_for_update_12_threads": round(naive_rate),
         "claim_complete_batched_4_threads": round(raw_batched),
+        "claim_complete_batched_two_tables_4_threads": round(raw_two_tables),
         "insert_16_threads": round(raw_insert),
+        "insert_into_tickler_jobs_16_threads": round(raw_schema_insert),
         "note": "naive: REPEATABLE READ, SELECT .. ORDER BY id LIMIT 1 FOR UPDATE, UPDATE, COMMIT, UPDATE done; batched: READ COMMITTED, per transaction UPDATE done WHERE id IN (previous 32), SELECT .. LIMIT 32 FOR UPDATE SKIP LOCKED, UPDATE running WHERE id IN (..); insert: autocommit single-row INSERTs"}),
     );
 
@@ -306,9 +465,26 @@ pub fn engine(quick: bool) {
     emit(
         json!({"scenario": "mysql_enqueue_16_threads", "jobs": inserts,
         "jobs_per_s": round(rate), "ratio_to_raw_insert": round(rate / raw_insert),
+        "ratio_to_raw_insert_same_table": round(rate / raw_schema_insert),
         "target": 0.8, "settings": "max_connections(17)"}),
     );
     drop(queue);
+
+    // Wake-ups: a job enqueued through the pool's own queue, and through
+    // another queue on the same server (as from another process).
+    let url = fresh_database(&server);
+    let queue = Queue::open(&url).expect("open");
+    let other = Queue::open(&url).expect("open a second queue");
+    let wake_jobs = if quick { 12 } else { 40 };
+    for (path, enqueuer) in [("same_queue", &queue), ("other_process", &other)] {
+        let (p50, p95, max) = wake_ups(&queue, enqueuer, wake_jobs);
+        emit(
+            json!({"scenario": "mysql_wake_up", "path": path, "jobs": wake_jobs,
+            "p50_ms": round(p50), "p95_ms": round(p95), "max_ms": round(max),
+            "settings": "default (fallback_poll 1 s)"}),
+        );
+    }
+    drop((queue, other));
 
     // Claim plus completion by depth, also with 99 % of the jobs in the
     // future at a higher priority (a plan that read them would grow).
