@@ -16,23 +16,7 @@ use std::time::Duration;
 fn fifteen_seconds_of_kill_9_lose_nothing_and_finish_nothing_twice() {
     let dir = tempfile::tempdir().expect("tempdir");
     let settings = torture::Settings::new(dir.path().to_path_buf(), Duration::from_secs(15));
-    let report = torture::supervise(
-        &settings,
-        torture::Launcher::TestBinary {
-            test: "torture_short::torture_role",
-        },
-    );
-    println!("{report}");
-    if !report.passed() {
-        // Keep the ledgers and child output for a look.
-        let kept = dir.keep();
-        panic!(
-            "torture run failed; its files are in {}\n{report}",
-            kept.display()
-        );
-    }
-    assert!(report.kills > 0, "no worker was killed: {report}");
-    assert!(report.acknowledged > 100, "too little work: {report}");
+    torture::short_run(&settings, dir, "torture_short::torture_role");
 }
 
 /// A worker or producer process of the run above; does nothing unless

@@ -862,6 +862,29 @@ BEGIN
 END;
 ";
 
+/// A short run from a test: runs the torture with the test binary's
+/// `role` test as its processes, prints the report, and fails the test
+/// (keeping the ledgers and child output in `dir` for a look) unless it
+/// passed with kills and work done; a run on a server must also have cut
+/// connections. The caller checks what only it knows (a restart).
+pub fn short_run(settings: &Settings, dir: tempfile::TempDir, role: &'static str) -> Report {
+    let report = supervise(settings, Launcher::TestBinary { test: role });
+    println!("{report}");
+    if !report.passed() {
+        let kept = dir.keep();
+        panic!(
+            "torture run failed; its files are in {}\n{report}",
+            kept.display()
+        );
+    }
+    assert!(report.kills > 0, "no worker was killed: {report}");
+    assert!(report.acknowledged > 100, "too little work: {report}");
+    if settings.db_url.is_some() {
+        assert!(report.cuts > 0, "no connection was cut: {report}");
+    }
+    report
+}
+
 /// Runs the whole torture and checks it. Panics only on a broken harness
 /// (cannot create files, spawn processes); everything about tickler is in
 /// the returned report.
