@@ -37,11 +37,14 @@ pub const MAX_ERROR_BYTES: usize = 8 * 1024;
 
 /// Tries of an insert whose unique_key's holder finished between the
 /// insert and the read of its id (the key is free then, and the next try
-/// stores the job or finds the next holder).
+/// stores the job or finds the next holder). SQLite's writer holds the
+/// only write lock, so its holder cannot finish in between.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) const UNIQUE_TRIES: u32 = 10;
 
 /// What an engine says when a unique_key changed hands on every one of
 /// [`UNIQUE_TRIES`] tries.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn unique_kept_changing_hands(job: &NewJob) -> Error {
     Error::Config(format!(
         "unique_key {:?} kept changing hands while a job with it was inserted",
