@@ -312,3 +312,34 @@ fn unique_enqueues_racing_finishing_holders_get_an_id_with_a_trigger_on_the_tabl
         .unwrap();
     assert!(held.iter().all(|(_, n)| *n == 1), "{held:?}");
 }
+
+/// MySQL's: a statement may have at most 65,535 placeholders, and a claim
+/// writes three per row; a claim of 22,000 jobs is cut into several
+/// statements and takes them all, each once.
+#[test]
+fn a_claim_larger_than_one_statement_holds_takes_every_job() {
+    let Some(db) = my::test_database() else {
+        return;
+    };
+    let queue = Queue::open(db.url()).expect("open");
+    for _ in 0..11 {
+        queue
+            .enqueue_batch((0..2_000).map(|_| NewJob::new("k")).collect())
+            .unwrap();
+    }
+    let leases = queue
+        .manual()
+        .claim("default", "w", 22_000, secs(60))
+        .expect("claim of 22,000");
+    assert_eq!(leases.len(), 22_000);
+    let ids: std::collections::HashSet<JobId> = leases.iter().map(|l| l.job_id).collect();
+    assert_eq!(ids.len(), 22_000, "a job claimed twice");
+    assert_eq!(
+        queue
+            .manual()
+            .claim("default", "w", 10, secs(60))
+            .unwrap()
+            .len(),
+        0
+    );
+}

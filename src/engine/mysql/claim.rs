@@ -23,6 +23,10 @@ use mysql::Value;
 /// transaction of their own beside the claim's, rather than in one.
 const PARALLEL_OUTCOMES: usize = 64;
 
+/// Claimed rows per UPDATE: 3 placeholders each, so 3,000 a statement,
+/// whatever `max` a caller asks for.
+const CLAIM_ROWS_PER_UPDATE: usize = 1_000;
+
 /// The longest worker id the schema holds (`TEXT`), in bytes.
 const MAX_WORKER_BYTES: usize = 65_535;
 
@@ -139,31 +143,38 @@ impl ClaimTx for InTransaction<'_, '_> {
         }
         let ids: Vec<i64> = rows.iter().map(|r| get(r, 0)).collect::<Result<_>>()?;
         let tokens: Vec<String> = ids.iter().map(|_| run_token()).collect();
-        let mut values = Vec::with_capacity(ids.len() * 3 + 6);
-        for (id, token) in ids.iter().zip(&tokens) {
-            values.extend(args![*id, token.as_str()]);
+        // The rows are locked by the read above and still pending. Three
+        // placeholders a row: a claim of any size is cut into statements
+        // well under the 65,535 a statement may have.
+        for (ids, tokens) in ids
+            .chunks(CLAIM_ROWS_PER_UPDATE)
+            .zip(tokens.chunks(CLAIM_ROWS_PER_UPDATE))
+        {
+            let mut values = Vec::with_capacity(ids.len() * 3 + 5);
+            for (id, token) in ids.iter().zip(tokens) {
+                values.extend(args![*id, token.as_str()]);
+            }
+            values.extend(args![
+                request.worker_id,
+                now,
+                expires,
+                expires - now,
+                self.claim_id
+            ]);
+            values.extend(ids.iter().map(|id| Value::from(*id)));
+            self.tx.exec(
+                &format!(
+                    "UPDATE tickler_jobs
+                     SET status = 'running', run_token = CASE id {} END, attempts = attempts + 1,
+                         claimed_by = ?, claimed_at = ?, lease_expires_at = ?, lease_ms = ?,
+                         claim_id = ?
+                     WHERE id IN ({})",
+                    "WHEN ? THEN ? ".repeat(ids.len()),
+                    marks(ids.len())
+                ),
+                values,
+            )?;
         }
-        values.extend(args![
-            request.worker_id,
-            now,
-            expires,
-            expires - now,
-            self.claim_id
-        ]);
-        values.extend(ids.iter().map(|id| Value::from(*id)));
-        // The rows are locked by the read above and still pending.
-        self.tx.exec(
-            &format!(
-                "UPDATE tickler_jobs
-                 SET status = 'running', run_token = CASE id {} END, attempts = attempts + 1,
-                     claimed_by = ?, claimed_at = ?, lease_expires_at = ?, lease_ms = ?,
-                     claim_id = ?
-                 WHERE id IN ({})",
-                "WHEN ? THEN ? ".repeat(ids.len()),
-                marks(ids.len())
-            ),
-            values,
-        )?;
         rows.iter()
             .zip(&tokens)
             .map(|(r, run_token)| claimed_from_row(r, Some(&Fresh { run_token, expires })))
