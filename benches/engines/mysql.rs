@@ -171,8 +171,9 @@ fn batched(url: &str, n: usize) -> f64 {
     n as f64 / started.elapsed().as_secs_f64()
 }
 
-/// Single-row inserts in autocommit from 16 threads.
-fn insert(url: &str, n: usize) -> f64 {
+/// Single-row inserts of `payload` by `sql` (one marker) in autocommit
+/// from 16 threads.
+fn insert(url: &str, n: usize, sql: &str, payload: &str) -> f64 {
     let started = Instant::now();
     std::thread::scope(|s| {
         for t in 0..INSERT_THREADS {
@@ -180,11 +181,7 @@ fn insert(url: &str, n: usize) -> f64 {
                 let mut c = connect(url, true);
                 let mine = n / INSERT_THREADS + usize::from(t < n % INSERT_THREADS);
                 for _ in 0..mine {
-                    c.exec_drop(
-                        format!("INSERT INTO {TABLE} (status, payload) VALUES ('pending', ?)"),
-                        ("{}",),
-                    )
-                    .unwrap();
+                    c.exec_drop(sql, (payload,)).unwrap();
                 }
             });
         }
@@ -274,32 +271,13 @@ fn two_tables(url: &str, n: usize) -> f64 {
     n as f64 / started.elapsed().as_secs_f64()
 }
 
-/// Single-row inserts of pending jobs into tickler's own table, in
-/// autocommit from 16 threads: the raw cost of its indexes and generated
-/// column, without tickler's validation, pool or transaction.
-fn insert_into_jobs_table(url: &str, n: usize) -> f64 {
-    let started = Instant::now();
-    std::thread::scope(|s| {
-        for t in 0..INSERT_THREADS {
-            s.spawn(move || {
-                let mut c = connect(url, true);
-                let mine = n / INSERT_THREADS + usize::from(t < n % INSERT_THREADS);
-                for _ in 0..mine {
-                    c.exec_drop(
-                        "INSERT INTO tickler_jobs (queue, kind, payload, status, priority,
-                             run_at, max_attempts, created_at, errors)
-                         VALUES ('default', 'noop', ?, 'pending', 0,
-                             CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), 25,
-                             CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), '[]')",
-                        ("null",),
-                    )
-                    .unwrap();
-                }
-            });
-        }
-    });
-    n as f64 / started.elapsed().as_secs_f64()
-}
+/// A pending job in tickler's own table, for [`insert`]: the raw cost of
+/// its indexes and generated column, without tickler's validation, pool
+/// or transaction.
+const INSERT_INTO_JOBS_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status,
+         priority, run_at, max_attempts, created_at, errors)
+     VALUES ('default', 'noop', ?, 'pending', 0, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED),
+         25, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), '[]')";
 
 /// Quantile `q` of sorted milliseconds.
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -401,10 +379,15 @@ pub fn engine(quick: bool) {
     fresh_two_tables(&raw_url, burn);
     let raw_two_tables = two_tables(&raw_url, burn);
     fresh_table(&raw_url, 0);
-    let raw_insert = insert(&raw_url, inserts);
+    let raw_insert = insert(
+        &raw_url,
+        inserts,
+        &format!("INSERT INTO {TABLE} (status, payload) VALUES ('pending', ?)"),
+        "{}",
+    );
     let schema_url = fresh_database(&server);
     drop(Queue::open(&schema_url).expect("open"));
-    let raw_schema_insert = insert_into_jobs_table(&schema_url, inserts);
+    let raw_schema_insert = insert(&schema_url, inserts, INSERT_INTO_JOBS_SQL, "null");
     emit(
         json!({"scenario": "mysql_raw_baselines", "server_version": version,
         "naive_for_update_12_threads": round(naive_rate),
