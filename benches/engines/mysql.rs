@@ -121,9 +121,17 @@ fn marks(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
-/// The strict loop: per transaction, complete the previous 32 and claim
-/// the next 32 with `SKIP LOCKED`, READ COMMITTED, 4 threads.
-fn batched(url: &str, n: usize) -> f64 {
+/// The loop both raw layouts share: per transaction, run `finish` on the
+/// previous 32 ids, read the next 32 with `next` (`SKIP LOCKED`), and run
+/// `take` on them; READ COMMITTED, 4 threads. `IDS` in a statement stands
+/// for the ids' markers.
+fn claim_loop(url: &str, n: usize, finish: &[String], next: &str, take: &[String]) -> f64 {
+    let run = |c: &mut mysql::Conn, statements: &[String], ids: &[i64]| {
+        for sql in statements {
+            c.exec_drop(sql.replace("IDS", &marks(ids.len())), ids.to_vec())
+                .unwrap();
+        }
+    };
     let started = Instant::now();
     std::thread::scope(|s| {
         for _ in 0..THREADS {
@@ -133,31 +141,11 @@ fn batched(url: &str, n: usize) -> f64 {
                 loop {
                     c.query_drop("START TRANSACTION").unwrap();
                     if !held.is_empty() {
-                        c.exec_drop(
-                            format!(
-                                "UPDATE {TABLE} SET status = 'done' WHERE id IN ({})",
-                                marks(held.len())
-                            ),
-                            held.clone(),
-                        )
-                        .unwrap();
+                        run(&mut c, finish, &held);
                     }
-                    let ids: Vec<i64> = c
-                        .query(format!(
-                            "SELECT id FROM {TABLE} WHERE status = 'pending'
-                             ORDER BY id LIMIT {BATCH} FOR UPDATE SKIP LOCKED"
-                        ))
-                        .unwrap();
+                    let ids: Vec<i64> = c.query(next).unwrap();
                     if !ids.is_empty() {
-                        c.exec_drop(
-                            format!(
-                                "UPDATE {TABLE} SET status = 'running', run_token = UUID()
-                                 WHERE id IN ({})",
-                                marks(ids.len())
-                            ),
-                            ids.clone(),
-                        )
-                        .unwrap();
+                        run(&mut c, take, &ids);
                     }
                     c.query_drop("COMMIT").unwrap();
                     if ids.is_empty() && held.is_empty() {
@@ -169,6 +157,25 @@ fn batched(url: &str, n: usize) -> f64 {
         }
     });
     n as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The strict loop on one table with a `(status, id)` index: completion
+/// and claim are status updates.
+fn batched(url: &str, n: usize) -> f64 {
+    claim_loop(
+        url,
+        n,
+        &[format!(
+            "UPDATE {TABLE} SET status = 'done' WHERE id IN (IDS)"
+        )],
+        &format!(
+            "SELECT id FROM {TABLE} WHERE status = 'pending'
+             ORDER BY id LIMIT {BATCH} FOR UPDATE SKIP LOCKED"
+        ),
+        &[format!(
+            "UPDATE {TABLE} SET status = 'running', run_token = UUID() WHERE id IN (IDS)"
+        )],
+    )
 }
 
 /// Single-row inserts of `payload` by `sql` (one marker) in autocommit
@@ -213,62 +220,30 @@ fn fresh_two_tables(url: &str, n: usize) {
     }
 }
 
-/// The batched loop on two tables: per transaction, delete the previous
-/// 32 from the running table, and move the next 32 from the ready table
-/// (`SKIP LOCKED`) into it. Neither table needs a status index.
+/// The strict loop on two tables: completion deletes from the running
+/// table, and the claim moves rows from the ready table into it. Neither
+/// table needs a status index.
 fn two_tables(url: &str, n: usize) -> f64 {
-    let started = Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..THREADS {
-            s.spawn(|| {
-                let mut c = connect(url, true);
-                let mut held: Vec<i64> = Vec::new();
-                loop {
-                    c.query_drop("START TRANSACTION").unwrap();
-                    if !held.is_empty() {
-                        c.exec_drop(
-                            format!("DELETE FROM {RUNNING} WHERE id IN ({})", marks(held.len())),
-                            held.clone(),
-                        )
-                        .unwrap();
-                    }
-                    let ids: Vec<i64> = c
-                        .query(format!(
-                            "SELECT id FROM {READY} ORDER BY id LIMIT {BATCH} FOR UPDATE SKIP LOCKED"
-                        ))
-                        .unwrap();
-                    if !ids.is_empty() {
-                        c.exec_drop(
-                            format!(
-                                "INSERT INTO {RUNNING} (id, payload, run_token)
-                                 SELECT id, payload, UUID() FROM {READY} WHERE id IN ({})",
-                                marks(ids.len())
-                            ),
-                            ids.clone(),
-                        )
-                        .unwrap();
-                        c.exec_drop(
-                            format!("DELETE FROM {READY} WHERE id IN ({})", marks(ids.len())),
-                            ids.clone(),
-                        )
-                        .unwrap();
-                    }
-                    c.query_drop("COMMIT").unwrap();
-                    if ids.is_empty() && held.is_empty() {
-                        return;
-                    }
-                    held = ids;
-                }
-            });
-        }
-    });
+    let rate = claim_loop(
+        url,
+        n,
+        &[format!("DELETE FROM {RUNNING} WHERE id IN (IDS)")],
+        &format!("SELECT id FROM {READY} ORDER BY id LIMIT {BATCH} FOR UPDATE SKIP LOCKED"),
+        &[
+            format!(
+                "INSERT INTO {RUNNING} (id, payload, run_token)
+                 SELECT id, payload, UUID() FROM {READY} WHERE id IN (IDS)"
+            ),
+            format!("DELETE FROM {READY} WHERE id IN (IDS)"),
+        ],
+    );
     let left: Option<i64> = connect(url, false)
         .query_first(format!(
             "SELECT (SELECT count(*) FROM {READY}) + (SELECT count(*) FROM {RUNNING})"
         ))
         .unwrap();
     assert_eq!(left, Some(0), "two-table loop left rows");
-    n as f64 / started.elapsed().as_secs_f64()
+    rate
 }
 
 /// A pending job in tickler's own table, for [`insert`]: the raw cost of
