@@ -30,6 +30,15 @@ fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
 
 type Runs = Arc<Mutex<HashMap<JobId, usize>>>;
 
+/// Each unique key with the number of unfinished jobs that hold it.
+fn unfinished_per_key(conn: &mut mysql::Conn) -> Vec<(Vec<u8>, i64)> {
+    conn.query(
+        "SELECT unique_key, count(*) FROM tickler_jobs
+         WHERE status IN ('scheduled', 'pending', 'running') GROUP BY unique_key",
+    )
+    .unwrap()
+}
+
 fn counting_pool(queue: &Queue, runs: &Runs) -> WorkerPool {
     let runs = Arc::clone(runs);
     WorkerPool::builder(queue)
@@ -150,12 +159,7 @@ fn deadlocking_batches_of_shared_unique_keys_are_retried() {
         }
     });
     let mut conn = db.connect();
-    let held: Vec<(Vec<u8>, i64)> = conn
-        .query(
-            "SELECT unique_key, count(*) FROM tickler_jobs
-             WHERE status IN ('scheduled', 'pending', 'running') GROUP BY unique_key",
-        )
-        .unwrap();
+    let held = unfinished_per_key(&mut conn);
     assert_eq!(held.len(), 12, "{held:?}");
     assert!(held.iter().all(|(_, n)| *n == 1), "{held:?}");
 }
@@ -304,12 +308,7 @@ fn unique_enqueues_racing_finishing_holders_get_an_id_with_a_trigger_on_the_tabl
         }
     });
     pool.shutdown(secs(10));
-    let held: Vec<(Vec<u8>, i64)> = conn
-        .query(
-            "SELECT unique_key, count(*) FROM tickler_jobs
-             WHERE status IN ('scheduled', 'pending', 'running') GROUP BY unique_key",
-        )
-        .unwrap();
+    let held = unfinished_per_key(&mut conn);
     assert!(held.iter().all(|(_, n)| *n == 1), "{held:?}");
 }
 
