@@ -39,6 +39,59 @@ pub const MAX_ERROR_BYTES: usize = 8 * 1024;
 /// insert and the read of its id (the key is free then, and the next try
 /// stores the job or finds the next holder). SQLite's writer holds the
 /// only write lock, so its holder cannot finish in between.
+/// How a server engine waits out what a retry may cure (a deadlock, a
+/// lock wait, a cut connection, a restart, a failover). Every transaction
+/// and every step of an open go through [`Retries::run`], so the wait is
+/// the same wherever the fault lands.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) struct Retries {
+    /// The engine's name, for the log.
+    pub engine: &'static str,
+    /// The first pause; each next one doubles, up to 1 s, jittered.
+    pub first_pause: Duration,
+    /// Errors after which the same work may succeed on another try.
+    pub retryable: fn(&Error) -> bool,
+    /// Retried errors expected in normal work (a deadlock), logged at
+    /// debug level; any other is a warning.
+    pub quiet: fn(&Error) -> bool,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl Retries {
+    /// Runs `once` until it succeeds, fails with an error no retry may
+    /// cure, or `window` has passed since the first try.
+    pub(crate) fn run<T>(
+        &self,
+        window: Duration,
+        mut once: impl FnMut() -> Result<T>,
+    ) -> Result<T> {
+        let started = std::time::Instant::now();
+        let mut pause = self.first_pause;
+        loop {
+            match once() {
+                Ok(value) => return Ok(value),
+                Err(e) => {
+                    if !(self.retryable)(&e) || started.elapsed() >= window {
+                        return Err(e);
+                    }
+                    if (self.quiet)(&e) {
+                        log::debug!("{} transaction failed ({e}); retrying", self.engine);
+                    } else {
+                        log::warn!(
+                            "{} transaction failed ({e}); retrying for up to {:?}",
+                            self.engine,
+                            window.saturating_sub(started.elapsed())
+                        );
+                    }
+                    let jitter = fastrand::u64(0..=pause.as_millis() as u64);
+                    std::thread::sleep(Duration::from_millis(jitter) + pause / 2);
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+}
+
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) const UNIQUE_TRIES: u32 = 10;
 

@@ -342,3 +342,33 @@ fn a_claim_larger_than_one_statement_holds_takes_every_job() {
         0
     );
 }
+
+/// MySQL's: a process that starts while a DBA (or a proxy, or a restart)
+/// cuts connections opens its queue anyway. Open checks the server,
+/// migrates and reads the server's clock on pooled connections; a cut in
+/// any of them is retried within the open's window, as a write's would be,
+/// instead of failing the process at start.
+#[test]
+fn a_queue_opens_while_its_connections_are_killed() {
+    let Some(db) = my::test_database() else {
+        return;
+    };
+    drop(Queue::open(db.url()).expect("first open, with no cuts"));
+    let done = AtomicBool::new(false);
+    let kills = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !done.load(Ordering::SeqCst) {
+                kills.fetch_add(db.kill_connections(), Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        let failed = (0..40).find_map(|i| Queue::open(db.url()).err().map(|e| (i, e)));
+        // Before asserting: the killing thread must stop for the scope to end.
+        done.store(true, Ordering::SeqCst);
+        if let Some((i, e)) = failed {
+            panic!("open {i} failed under killed connections: {e}");
+        }
+    });
+    assert!(kills.load(Ordering::SeqCst) > 0, "no connection was killed");
+}

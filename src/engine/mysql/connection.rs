@@ -7,7 +7,7 @@
 
 use super::Store;
 use crate::clock::Clock;
-use crate::engine::types::{AppTxKind, Durability, ValidJob};
+use crate::engine::types::{AppTxKind, Durability, Retries, ValidJob};
 use crate::engine::{Capabilities, Watch};
 use crate::error::{Error, Result};
 use crate::job::JobId;
@@ -381,6 +381,15 @@ enum Phase {
     Commit,
 }
 
+/// How MySQL retries: from 5 ms, with InnoDB's deadlocks among a busy
+/// pool's transactions (expected now and then) logged at debug level only.
+pub(super) const RETRIES: Retries = Retries {
+    engine: "MySQL",
+    first_pause: Duration::from_millis(5),
+    retryable,
+    quiet: is_deadlock,
+};
+
 impl Store {
     pub(crate) fn now_ms(&self) -> i64 {
         self.clock.now_ms()
@@ -420,35 +429,16 @@ impl Store {
         autocommit: bool,
         mut f: impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>,
     ) -> Result<T> {
-        let started = Instant::now();
         let mut attempt = Attempt::default();
-        let mut pause = Duration::from_millis(5);
-        loop {
-            match self.try_once(&mut f, attempt, autocommit) {
-                Ok(value) => return Ok(value),
-                Err((e, phase)) => {
-                    if !retryable(&e) || started.elapsed() >= self.retry_window {
-                        return Err(e);
-                    }
+        RETRIES.run(self.retry_window, || {
+            self.try_once(&mut f, attempt, autocommit)
+                .map_err(|(e, phase)| {
                     if phase == Phase::Commit {
                         attempt.after_unknown_commit = true;
                     }
-                    // Deadlocks among a busy pool's transactions are
-                    // expected now and then: a debug line, not a warning.
-                    if is_deadlock(&e) {
-                        log::debug!("MySQL transaction failed ({e}); retrying");
-                    } else {
-                        log::warn!(
-                            "MySQL transaction failed ({e}); retrying for up to {:?}",
-                            self.retry_window.saturating_sub(started.elapsed())
-                        );
-                    }
-                    let jitter = fastrand::u64(0..=pause.as_millis() as u64);
-                    std::thread::sleep(Duration::from_millis(jitter) + pause / 2);
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
-            }
-        }
+                    e
+                })
+        })
     }
 
     fn try_once<T>(

@@ -99,18 +99,25 @@ impl Store {
             signals: watch::Signals::new(settings.fallback_poll),
             durability: Durability::Full,
         };
-        store.durability = store.check_server(settings.max_payload_bytes)?;
-        store.migrate()?;
+        // The open's own steps run on pooled connections outside any
+        // transaction (DDL commits by itself); a cut or restart during one
+        // is retried like a write's, each step being safe to run again.
+        store.durability = connection::RETRIES.run(retry_window, || {
+            store.check_server(settings.max_payload_bytes)
+        })?;
+        connection::RETRIES.run(retry_window, || store.migrate())?;
         store.clock = if settings.clock_set {
             Arc::clone(&settings.clock)
         } else {
             let pool = store.pool.clone();
             Arc::new(ServerClock::start(move || {
-                let mut conn = pool.get()?;
-                let ms: Option<i64> = conn
-                    .conn
-                    .query_first("SELECT CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)")?;
-                ms.ok_or_else(|| Error::Config("the server did not tell its time".into()))
+                connection::RETRIES.run(retry_window, || {
+                    let mut conn = pool.get()?;
+                    let ms: Option<i64> = conn.conn.query_first(
+                        "SELECT CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)",
+                    )?;
+                    ms.ok_or_else(|| Error::Config("the server did not tell its time".into()))
+                })
             })?)
         };
         Ok(store)

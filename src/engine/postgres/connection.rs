@@ -6,7 +6,7 @@
 
 use super::Store;
 use crate::clock::Clock;
-use crate::engine::types::{AppTxKind, ValidJob};
+use crate::engine::types::{AppTxKind, Retries, ValidJob};
 use crate::engine::{Capabilities, Watch};
 use crate::error::{Error, Result};
 use crate::job::JobId;
@@ -16,7 +16,7 @@ use postgres::types::ToSql;
 use postgres::{Client, NoTls, Row, Statement};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Connections of the pool: the client, its prepared statements, and
 /// whether it must be dropped rather than reused.
@@ -181,6 +181,14 @@ pub(crate) struct Attempt {
     pub(crate) after_unknown_commit: bool,
 }
 
+/// How PostgreSQL retries: from 10 ms, every retried error a warning.
+pub(super) const RETRIES: Retries = Retries {
+    engine: "PostgreSQL",
+    first_pause: Duration::from_millis(10),
+    retryable,
+    quiet: |_| false,
+};
+
 impl Store {
     pub(crate) fn now_ms(&self) -> i64 {
         self.clock.now_ms()
@@ -217,29 +225,16 @@ impl Store {
         autocommit: bool,
         mut f: impl FnMut(&mut Tx<'_>, Attempt) -> Result<T>,
     ) -> Result<T> {
-        let started = Instant::now();
         let mut attempt = Attempt::default();
-        let mut pause = Duration::from_millis(10);
-        loop {
-            match self.try_once(&mut f, attempt, autocommit) {
-                Ok(value) => return Ok(value),
-                Err((e, phase)) => {
-                    if !retryable(&e) || started.elapsed() >= self.retry_window {
-                        return Err(e);
-                    }
+        RETRIES.run(self.retry_window, || {
+            self.try_once(&mut f, attempt, autocommit)
+                .map_err(|(e, phase)| {
                     if phase == Phase::Commit {
                         attempt.after_unknown_commit = true;
                     }
-                    log::warn!(
-                        "PostgreSQL transaction failed ({e}); retrying for up to {:?}",
-                        self.retry_window.saturating_sub(started.elapsed())
-                    );
-                    let jitter = fastrand::u64(0..=pause.as_millis() as u64);
-                    std::thread::sleep(Duration::from_millis(jitter) + pause / 2);
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
-            }
-        }
+                    e
+                })
+        })
     }
 
     /// A read in its own transaction (one snapshot), retried as [`Store::write`].

@@ -101,13 +101,18 @@ impl Store {
             Arc::clone(&settings.clock)
         } else {
             let pool = store.pool.clone();
+            let window = store.retry_window;
+            // Read as a write is: a cut between the migration and this read
+            // must not fail the open.
             Arc::new(ServerClock::start(move || {
-                let mut conn = pool.get()?;
-                let row = conn.client.query_one(
-                    "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
-                    &[],
-                )?;
-                Ok(row.get(0))
+                connection::RETRIES.run(window, || {
+                    let mut conn = pool.get()?;
+                    let row = conn.client.query_one(
+                        "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                        &[],
+                    )?;
+                    Ok(row.get(0))
+                })
             })?)
         };
         Ok(store)
