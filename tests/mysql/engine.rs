@@ -372,3 +372,47 @@ fn a_queue_opens_while_its_connections_are_killed() {
     });
     assert!(kills.load(Ordering::SeqCst) > 0, "no connection was killed");
 }
+
+/// MySQL's: a statement travels in one packet, and a DBA may lower
+/// `max_allowed_packet` far below the default. A batch whose payloads each
+/// fit but together pass one packet is cut into statements that fit, and
+/// every job is stored, instead of the client refusing the statement (and
+/// tickler retrying it for the whole window as if the connection were cut).
+#[test]
+fn a_batch_larger_than_one_packet_is_stored_in_statements_that_fit() {
+    let Some(db) = my::exclusive_database() else {
+        return;
+    };
+    let mut admin = db.connect();
+    let before: u64 = admin
+        .query_first("SELECT @@GLOBAL.max_allowed_packet")
+        .unwrap()
+        .unwrap();
+    admin
+        .query_drop("SET GLOBAL max_allowed_packet = 2097152")
+        .unwrap();
+    let result = std::panic::catch_unwind(|| {
+        let queue = Queue::builder(db.url())
+            .max_payload_bytes(1_000_000)
+            .open()
+            .expect("open");
+        // 20 payloads of about 105 kB: under 2 MiB of payload together,
+        // over one 2 MiB packet with the statement's other values.
+        let text = "x".repeat(104_848);
+        let jobs: Vec<NewJob> = (0..20)
+            .map(|_| NewJob::new("k").payload(serde_json::json!(text)))
+            .collect();
+        let ids = queue.enqueue_batch(jobs).expect("the batch");
+        assert_eq!(ids.len(), 20);
+        for id in ids {
+            let job = queue.get(id).expect("a stored job");
+            assert_eq!(job.payload, serde_json::json!(text));
+        }
+    });
+    admin
+        .query_drop(format!("SET GLOBAL max_allowed_packet = {before}"))
+        .unwrap();
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}

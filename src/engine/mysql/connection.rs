@@ -643,7 +643,12 @@ fn not_answering(e: &mysql::Error) -> bool {
 fn lost_connection(e: &mysql::Error) -> bool {
     use mysql::DriverError as D;
     match e {
-        mysql::Error::IoError(_) | mysql::Error::CodecError(_) => true,
+        // A statement larger than the server's max_allowed_packet is
+        // refused by the client before it is sent: the same statement
+        // would be refused again, and the connection is fine. (The
+        // client crate does not export the codec's error type.)
+        mysql::Error::CodecError(codec) => format!("{codec:?}") != "PacketTooLarge",
+        mysql::Error::IoError(_) => true,
         mysql::Error::DriverError(d) => matches!(
             d,
             D::ConnectTimeout

@@ -29,11 +29,24 @@ const INSERT_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status
 /// placeholders a statement may have.
 const ROWS_PER_INSERT: usize = 500;
 
-/// Payload bytes per multi-row INSERT: a statement travels in one packet,
-/// and the server refuses one over `max_allowed_packet` (16 MB on MariaDB's
-/// defaults, 64 MB on MySQL 8's). A row whose payload alone is larger goes
-/// in a statement of its own (open checked that one payload fits).
+/// Bytes per multi-row INSERT at most: a statement travels in one packet,
+/// which the server refuses over `max_allowed_packet` (16 MiB on MariaDB's
+/// defaults, 64 MiB on MySQL 8's, and as low as a DBA sets it), so a batch
+/// is cut where its rows would pass this or [`insert_budget`]. A row
+/// larger alone goes in a statement of its own (open checked that one
+/// payload fits with its row).
 const BYTES_PER_INSERT: usize = 2 * 1024 * 1024;
+
+/// What a row adds to a multi-row INSERT besides its payload and names:
+/// nine numbers and the placeholders' types, with room to spare.
+const ROW_BYTES: usize = 128;
+
+/// Bytes of rows one multi-row INSERT may carry on a server whose
+/// `max_allowed_packet` is `packet`: the statement's text and a row's
+/// worth of headroom are kept out.
+pub(super) fn insert_budget(packet: usize) -> usize {
+    BYTES_PER_INSERT.min(packet.saturating_sub(crate::engine::types::ROW_HEADROOM))
+}
 
 pub(super) const HELD_SQL: &str = "SELECT id FROM tickler_jobs WHERE unique_live = ?";
 
@@ -70,6 +83,7 @@ pub(crate) fn insert_valid<Q: Queryable>(
     rows: &[ValidJob],
     now: i64,
     batch: i64,
+    packet: usize,
 ) -> Result<Vec<JobId>> {
     let mut ids: Vec<Option<JobId>> = vec![None; rows.len()];
     let mut bulk = Vec::new();
@@ -85,10 +99,12 @@ pub(crate) fn insert_valid<Q: Queryable>(
     }
     let mut first_id: Option<u64> = None;
     let mut chunks: Vec<&[(usize, i64)]> = Vec::new();
+    let budget = insert_budget(packet);
     let (mut from, mut bytes) = (0, 0);
     for (n, &(i, _)) in bulk.iter().enumerate() {
-        let size = rows[i].payload.len();
-        if n > from && (n - from == ROWS_PER_INSERT || bytes + size > BYTES_PER_INSERT) {
+        let row = &rows[i];
+        let size = row.payload.len() + row.job.queue.len() + row.job.kind.len() + ROW_BYTES;
+        if n > from && (n - from == ROWS_PER_INSERT || bytes + size > budget) {
             chunks.push(&bulk[from..n]);
             (from, bytes) = (n, 0);
         }
@@ -240,7 +256,7 @@ impl Enqueue for Store {
                     return Ok(ids);
                 }
             }
-            insert_valid(tx, &rows, now, batch)
+            insert_valid(tx, &rows, now, batch, self.max_packet)
         };
         // One job is one statement: no transaction of its own needed.
         let ids = if rows.len() == 1 {
@@ -265,7 +281,8 @@ impl Store {
         now: i64,
     ) -> Result<Vec<JobId>> {
         let mut tx = Tx::inside(app);
-        let ids = tx.isolated(|tx| insert_valid(tx, rows, now, fastrand::i64(..)))??;
+        let ids =
+            tx.isolated(|tx| insert_valid(tx, rows, now, fastrand::i64(..), self.max_packet))??;
         // This process's fetchers look now; other processes' watchers see
         // the new jobs once the caller commits.
         self.notify_local();

@@ -76,11 +76,18 @@ pub(crate) struct Store {
     /// `Full` when the server flushes InnoDB's log at every commit
     /// (`innodb_flush_log_at_trx_commit = 1`), else `Normal`.
     durability: Durability,
+    /// The server's `max_allowed_packet`, in bytes: how large one
+    /// statement may be.
+    max_packet: usize,
 }
 
 /// The oldest servers with `SKIP LOCKED` and descending indexes.
 const MARIADB_MIN: (u16, u16) = (10, 8);
 const MYSQL_MIN: (u16, u16) = (8, 0);
+
+/// `max_allowed_packet` on MariaDB's defaults, assumed until the server
+/// tells its own.
+const MARIADB_DEFAULT_PACKET: usize = 16 * 1024 * 1024;
 
 impl Store {
     /// Connects, checks the server, migrates the schema and starts the
@@ -98,11 +105,12 @@ impl Store {
             retry_window,
             signals: watch::Signals::new(settings.fallback_poll),
             durability: Durability::Full,
+            max_packet: MARIADB_DEFAULT_PACKET,
         };
         // The open's own steps run on pooled connections outside any
         // transaction (DDL commits by itself); a cut or restart during one
         // is retried like a write's, each step being safe to run again.
-        store.durability = connection::RETRIES.run(retry_window, || {
+        (store.durability, store.max_packet) = connection::RETRIES.run(retry_window, || {
             store.check_server(settings.max_payload_bytes)
         })?;
         connection::RETRIES.run(retry_window, || store.migrate())?;
@@ -124,8 +132,9 @@ impl Store {
     }
 
     /// Refuses a server tickler cannot claim on safely, naming what to
-    /// change; returns how durable its commits are.
-    fn check_server(&self, max_payload_bytes: usize) -> Result<Durability> {
+    /// change; returns how durable its commits are and its
+    /// `max_allowed_packet`.
+    fn check_server(&self, max_payload_bytes: usize) -> Result<(Durability, usize)> {
         let mut conn = self.pool.get()?;
         let conn = &mut conn.conn;
         let version: String = conn.query_first("SELECT VERSION()")?.unwrap_or_default();
@@ -166,6 +175,9 @@ impl Store {
             )));
         }
         let packet: Option<u64> = conn.query_first("SELECT @@max_allowed_packet")?;
+        let max_packet = packet.map_or(MARIADB_DEFAULT_PACKET, |p| {
+            usize::try_from(p).unwrap_or(usize::MAX)
+        });
         if let Some(packet) = packet {
             // A payload travels in one packet with the row's other values.
             let room = usize::try_from(packet)
@@ -185,11 +197,12 @@ impl Store {
         // flush it once a second: a crash of the server keeps commits (with
         // 2), a power cut may lose the last second's.
         let flush: Option<i64> = conn.query_first("SELECT @@innodb_flush_log_at_trx_commit")?;
-        Ok(if flush == Some(1) {
+        let durability = if flush == Some(1) {
             Durability::Full
         } else {
             Durability::Normal
-        })
+        };
+        Ok((durability, max_packet))
     }
 }
 

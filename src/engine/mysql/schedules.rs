@@ -333,13 +333,14 @@ impl ScheduleStore for Store {
     ) -> Result<(Fired, bool, Option<DateTime<Utc>>)> {
         self.write(|tx, _| {
             let now = self.now_ms();
-            round(&InTransaction(RefCell::new(&mut *tx)), now)
+            round(&InTransaction(RefCell::new(&mut *tx), self.max_packet), now)
         })
     }
 }
 
-/// A [`ScheduleTx`] on an open MySQL transaction.
-struct InTransaction<'t, 'c>(RefCell<&'t mut Tx<'c>>);
+/// A [`ScheduleTx`] on an open MySQL transaction, with the server's
+/// `max_allowed_packet` for the jobs it inserts.
+struct InTransaction<'t, 'c>(RefCell<&'t mut Tx<'c>>, usize);
 
 impl ScheduleTx for InTransaction<'_, '_> {
     fn unfinished_runs(&self, name: &str) -> Result<Vec<(JobId, JobState)>> {
@@ -406,6 +407,12 @@ impl ScheduleTx for InTransaction<'_, '_> {
     }
 
     fn insert_jobs(&self, rows: &[ValidJob], now: i64) -> Result<Vec<JobId>> {
-        insert_valid(&mut self.0.borrow_mut(), rows, now, fastrand::i64(..))
+        insert_valid(
+            &mut self.0.borrow_mut(),
+            rows,
+            now,
+            fastrand::i64(..),
+            self.1,
+        )
     }
 }
