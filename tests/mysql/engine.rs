@@ -416,3 +416,74 @@ fn a_batch_larger_than_one_packet_is_stored_in_statements_that_fit() {
         std::panic::resume_unwind(panic);
     }
 }
+
+/// The server's prepared statements in use, over all clients.
+fn prepared_statements(admin: &mut mysql::Conn) -> i64 {
+    let (_, count): (String, String) = admin
+        .query_first("SHOW GLOBAL STATUS LIKE 'Prepared_stmt_count'")
+        .unwrap()
+        .unwrap();
+    count.parse().unwrap()
+}
+
+/// MySQL's: every pooled connection's prepared statements count against
+/// the server's `max_prepared_stmt_count`, shared by all its clients, and
+/// batches of each size are statements of their own. Batches of 2 to 300
+/// jobs keep at most the URL's `stmt_cache_size` per connection; and with
+/// the server's limit lowered under what tickler's connections would
+/// hold, every batch is still stored (a connection refused a statement
+/// is dropped, freeing its statements, and the work retried).
+#[test]
+fn batches_of_every_size_keep_within_the_statement_cache_and_the_servers_limit() {
+    let Some(db) = my::exclusive_database() else {
+        return;
+    };
+    let mut admin = db.connect();
+    let batches = |queue: &Queue| {
+        for n in 2..=300usize {
+            let jobs = (0..n)
+                .map(|i| NewJob::new("k").payload(serde_json::json!(i)))
+                .collect();
+            let ids = queue
+                .enqueue_batch(jobs)
+                .unwrap_or_else(|e| panic!("a batch of {n}: {e}"));
+            assert_eq!(ids.len(), n);
+        }
+    };
+    let before = prepared_statements(&mut admin);
+    let queue = Queue::open(&format!("{}?stmt_cache_size=16", db.url())).expect("open");
+    batches(&queue);
+    let connections: i64 = admin
+        .exec_first(
+            "SELECT count(*) FROM information_schema.PROCESSLIST
+             WHERE DB = ? AND ID <> CONNECTION_ID()",
+            (db.url().rsplit('/').next().unwrap(),),
+        )
+        .unwrap()
+        .unwrap();
+    let held = prepared_statements(&mut admin) - before;
+    assert!(
+        held <= 16 * connections,
+        "{held} prepared statements on {connections} connections with stmt_cache_size=16"
+    );
+    drop(queue);
+
+    let limit: i64 = admin
+        .query_first("SELECT @@GLOBAL.max_prepared_stmt_count")
+        .unwrap()
+        .unwrap();
+    let low = prepared_statements(&mut admin) + 40;
+    admin
+        .query_drop(format!("SET GLOBAL max_prepared_stmt_count = {low}"))
+        .unwrap();
+    let result = std::panic::catch_unwind(|| {
+        let queue = Queue::open(db.url()).expect("open");
+        batches(&queue);
+    });
+    admin
+        .query_drop(format!("SET GLOBAL max_prepared_stmt_count = {limit}"))
+        .unwrap();
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}

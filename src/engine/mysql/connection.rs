@@ -151,6 +151,23 @@ fn tls_opts(
     ))
 }
 
+/// Prepared statements each pooled connection keeps, unless the URL's
+/// `stmt_cache_size` says otherwise. Every connection's statements count
+/// against the server's `max_prepared_stmt_count` (16,382 by default,
+/// shared by every client), and batches and `IN` lists of each size are
+/// statements of their own: 64 keeps tickler's fixed statements cached
+/// and lets 255 connections run before the server's limit.
+const STMT_CACHE_SIZE: usize = 64;
+
+/// Whether the URL's query string sets `name`.
+fn names_setting(url: &str, name: &str) -> bool {
+    url.split_once('?').is_some_and(|(_, query)| {
+        query
+            .split('&')
+            .any(|pair| pair.split('=').next() == Some(name))
+    })
+}
+
 /// The client options of a `mysql://` (or `mariadb://`) URL, with
 /// tickler's session setup and defaults the URL does not set. A row lock
 /// is waited for at most `busy_timeout` (at least 1 s, InnoDB's unit)
@@ -169,12 +186,17 @@ pub(super) fn opts(url: &str, busy_timeout: Duration) -> Result<mysql::Opts> {
         busy_timeout.as_secs().max(1)
     ));
     init.extend(parsed.get_init());
+    let stmt_cache_size = if names_setting(&url, "stmt_cache_size") {
+        parsed.get_stmt_cache_size()
+    } else {
+        STMT_CACHE_SIZE
+    };
     Ok(mysql::OptsBuilder::from_opts(parsed)
         .init(init)
         .prefer_socket(false)
         .ssl_opts(ssl)
         .tcp_connect_timeout(Some(connect_timeout))
-        .stmt_cache_size(512)
+        .stmt_cache_size(stmt_cache_size)
         .additional_capabilities(CapabilityFlags::CLIENT_FOUND_ROWS)
         .into())
 }
@@ -583,7 +605,9 @@ fn is_deadlock(e: &Error) -> bool {
 
 /// Errors after which the same transaction may succeed on another try:
 /// a deadlock (1213, InnoDB rolled the transaction back), a lock wait
-/// timeout (1205), a row changed under a snapshot (1020, MariaDB), a
+/// timeout (1205), the server's prepared statements all taken (1461: the
+/// connection is dropped, and its statements with it), a row changed
+/// under a snapshot (1020, MariaDB), a
 /// statement to prepare again (1615), too many connections (1040), the
 /// server shutting down (1053) or the session killed (1927, 4031: idle too
 /// long), a server read-only (1290, 1836, 1792: a failover, the next
@@ -596,6 +620,7 @@ pub(crate) fn retryable(e: &Error) -> bool {
         Error::Mysql(mysql::Error::MySqlError(server)) => matches!(
             server.code,
             1213 | 1205
+                | 1461
                 | 1020
                 | 1615
                 | 1040
@@ -667,7 +692,7 @@ fn breaks_connection(e: &Error) -> bool {
     match e {
         Error::Mysql(mysql::Error::MySqlError(server)) => matches!(
             server.code,
-            1615 | 1053 | 1927 | 4031 | 1290 | 1836 | 1792 | 1158 | 1159 | 1160 | 1161
+            1461 | 1615 | 1053 | 1927 | 4031 | 1290 | 1836 | 1792 | 1158 | 1159 | 1160 | 1161
         ),
         Error::Mysql(other) => lost_connection(other),
         _ => false,
