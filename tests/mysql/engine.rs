@@ -451,7 +451,7 @@ fn batches_of_every_size_keep_within_the_statement_cache_and_the_servers_limit()
         }
     };
     let before = prepared_statements(&mut admin);
-    let queue = Queue::open(&format!("{}?stmt_cache_size=16", db.url())).expect("open");
+    let queue = Queue::open(format!("{}?stmt_cache_size=16", db.url())).expect("open");
     batches(&queue);
     let connections: i64 = admin
         .exec_first(
