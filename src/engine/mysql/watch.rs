@@ -1,14 +1,16 @@
 //! Wake-ups on MySQL, which has no `LISTEN`: this process's watchers are
 //! woken at once after its own commits; other processes' commits are seen
-//! by a cheap look at the queue's last change (the highest job id, the
-//! paused queues, the schedules' last write: each one index lookup, not a
-//! count of the jobs), taken every 50 ms while things change and backing
-//! off to the fallback poll (1 s by default) while nothing does.
+//! by a cheap look at the queue's last change (the highest job ids, the
+//! set of paused queues, the schedules' last write: index lookups and one
+//! short range, never a count of all jobs), taken every 50 ms while things
+//! change and backing off to the fallback poll (1 s by default) while
+//! nothing does.
 //!
 //! What the look does not see: a job of another process made claimable
-//! again without a new row (a retry, a cancelled holder that stopped) is
-//! found at the watcher's next timeout, which callers bound by the next
-//! due time they know of.
+//! again without a new row (a retry, a cancelled holder that stopped), or
+//! one committed more than [`RECENT_IDS`] ids behind the newest, is found
+//! at the watcher's next timeout, which callers bound by the next due time
+//! they know of.
 
 use super::connection::Manager;
 use super::Store;
@@ -21,11 +23,25 @@ use std::time::{Duration, Instant};
 const FIRST_STEP: Duration = Duration::from_millis(50);
 
 /// The queue's last change as a look sees it.
-type Fingerprint = (i64, i64, i64);
+type Fingerprint = (i64, i64, i64, i64, i64);
 
+/// Jobs' ids counted below the highest one at each look. A transaction
+/// draws its ids when it inserts and may commit after one that drew
+/// higher ids (an application's transaction, a batch), so the highest id
+/// alone would not change when it commits; the count of the last ids
+/// does, for any commit this far behind the newest.
+const RECENT_IDS: i64 = 1_000;
+
+/// The highest job id and how many of the last [`RECENT_IDS`] ids exist
+/// (one short range of the primary key); the paused queues as a set (a
+/// pause of one and a resume of another leave their count as it was);
+/// the schedules' last write.
 const FINGERPRINT_SQL: &str = "SELECT
     (SELECT coalesce(max(id), 0) FROM tickler_jobs),
+    (SELECT count(*) FROM tickler_jobs
+     WHERE id > (SELECT coalesce(max(id), 0) FROM tickler_jobs) - ?),
     (SELECT count(*) FROM tickler_paused_queues),
+    (SELECT coalesce(BIT_XOR(CRC32(queue)), 0) FROM tickler_paused_queues),
     (SELECT coalesce(max(updated_at), 0) + count(*) FROM tickler_schedules)";
 
 /// The wake-up machinery of one `Store`.
@@ -76,7 +92,7 @@ impl PollWatcher {
     fn changed_elsewhere(&mut self) -> bool {
         let look = (|| -> crate::Result<Option<Fingerprint>> {
             let mut conn = self.pool.get()?;
-            Ok(conn.conn.query_first(FINGERPRINT_SQL)?)
+            Ok(conn.conn.exec_first(FINGERPRINT_SQL, (RECENT_IDS,))?)
         })();
         match look {
             Ok(now) => {
