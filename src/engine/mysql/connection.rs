@@ -212,8 +212,16 @@ pub(super) fn first_connection(opts: &mysql::Opts, describe: &str, window: Durat
     loop {
         match mysql::Conn::new(opts.clone()) {
             Ok(_) => return Ok(()),
+            // A wrong password or a missing database is final; a server
+            // shutting down, full, or killing the session is not.
             Err(mysql::Error::MySqlError(server)) => {
-                return Err(Error::Mysql(mysql::Error::MySqlError(server)))
+                let e = Error::Mysql(mysql::Error::MySqlError(server));
+                if !retryable(&e) || Instant::now() + pause >= deadline {
+                    return Err(e);
+                }
+                log::warn!("cannot connect to {describe} yet ({e}); retrying");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(1));
             }
             Err(e) if not_answering(&e) && Instant::now() + pause < deadline => {
                 log::warn!("cannot connect to {describe} yet ({e}); retrying");
@@ -514,6 +522,18 @@ impl Store {
         result
     }
 
+    /// Runs `f` on a pooled connection outside any transaction (the open's
+    /// checks and DDL, which MySQL commits by itself), retried as
+    /// [`Store::write`] is; a connection the error leaves unusable (lost,
+    /// or on a server turned read-only) is dropped, not pooled again.
+    pub(super) fn on_connection<T>(
+        &self,
+        window: Duration,
+        mut f: impl FnMut(&mut mysql::Conn) -> Result<T>,
+    ) -> Result<T> {
+        on_connection(&self.pool, window, &mut f)
+    }
+
     /// A connection of the pool, for the application's transactions.
     pub(crate) fn pooled(&self) -> Result<r2d2::PooledConnection<Manager>> {
         Ok(self.pool.get()?)
@@ -560,6 +580,22 @@ impl Capabilities for Store {
     ) -> Result<()> {
         Store::complete_with(self, lease, &mut |tx| app_writes(AppTxKind::Mysql(tx)))
     }
+}
+
+/// [`Store::on_connection`] on `pool`.
+pub(super) fn on_connection<T>(
+    pool: &r2d2::Pool<Manager>,
+    window: Duration,
+    f: &mut impl FnMut(&mut mysql::Conn) -> Result<T>,
+) -> Result<T> {
+    RETRIES.run(window, || {
+        let mut pooled = pool.get()?;
+        let result = f(&mut pooled.conn);
+        if let Err(e) = &result {
+            pooled.broken = breaks_connection(e);
+        }
+        result
+    })
 }
 
 /// The pool of a `Store`: at least two connections (a claim may run while
@@ -635,9 +671,17 @@ pub(crate) fn retryable(e: &Error) -> bool {
                 | 1160
                 | 1161
         ),
-        Error::Mysql(other) => lost_connection(other),
+        Error::Mysql(other) => lost_connection(other) && !too_large(other),
         _ => false,
     }
+}
+
+/// A packet larger than `max_allowed_packet`: the same statement would be
+/// refused again. (Raised while reading too, leaving the stream mid-packet,
+/// so the connection is still dropped. The client crate does not export
+/// the codec's error type: its variant is matched by name.)
+fn too_large(e: &mysql::Error) -> bool {
+    matches!(e, mysql::Error::CodecError(codec) if format!("{codec:?}") == "PacketTooLarge")
 }
 
 /// The client's errors of a connection that is gone or never came.
@@ -668,12 +712,7 @@ fn not_answering(e: &mysql::Error) -> bool {
 fn lost_connection(e: &mysql::Error) -> bool {
     use mysql::DriverError as D;
     match e {
-        // A statement larger than the server's max_allowed_packet is
-        // refused by the client before it is sent: the same statement
-        // would be refused again, and the connection is fine. (The
-        // client crate does not export the codec's error type.)
-        mysql::Error::CodecError(codec) => format!("{codec:?}") != "PacketTooLarge",
-        mysql::Error::IoError(_) => true,
+        mysql::Error::IoError(_) | mysql::Error::CodecError(_) => true,
         mysql::Error::DriverError(d) => matches!(
             d,
             D::ConnectTimeout

@@ -19,10 +19,8 @@ const TABLES: [&str; 4] = [
 const MIGRATION_WAIT_S: i64 = 300;
 
 impl Store {
-    pub(super) fn migrate(&self) -> Result<()> {
+    pub(super) fn migrate(&self, conn: &mut mysql::Conn) -> Result<()> {
         let latest = schema_version();
-        let mut pooled = self.pooled()?;
-        let conn = &mut pooled.conn;
         let database: Option<String> = conn.query_first("SELECT DATABASE()")?.flatten();
         if database.is_none() {
             return Err(Error::Config(format!(

@@ -96,6 +96,7 @@ impl Store {
         let opts = connection::opts(url, settings.busy_timeout)?;
         let retry_window = settings.busy_timeout + settings.busy_retry;
         connection::first_connection(&opts, &crate::engine::redacted_location(url), retry_window)?;
+        let client_packet = opts.get_max_allowed_packet();
         let pool = connection_pool(opts, settings.max_connections);
         let mut store = Store {
             url: url.to_owned(),
@@ -110,23 +111,29 @@ impl Store {
         // The open's own steps run on pooled connections outside any
         // transaction (DDL commits by itself); a cut or restart during one
         // is retried like a write's, each step being safe to run again.
-        (store.durability, store.max_packet) = connection::RETRIES.run(retry_window, || {
-            store.check_server(settings.max_payload_bytes)
+        (store.durability, store.max_packet) = store.on_connection(retry_window, |conn| {
+            store.check_server(conn, settings.max_payload_bytes, client_packet)
         })?;
-        connection::RETRIES.run(retry_window, || store.migrate())?;
+        store.on_connection(retry_window, |conn| store.migrate(conn))?;
         store.clock = if settings.clock_set {
             Arc::clone(&settings.clock)
         } else {
-            let pool = store.pool.clone();
-            Arc::new(ServerClock::start(move || {
-                connection::RETRIES.run(retry_window, || {
-                    let mut conn = pool.get()?;
-                    let ms: Option<i64> = conn.conn.query_first(
-                        "SELECT CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)",
-                    )?;
-                    ms.ok_or_else(|| Error::Config("the server did not tell its time".into()))
+            // Each try of the first sample is timed on its own: a sample
+            // whose round trip spanned failed tries and pauses would set
+            // the clock ahead by half of them. A failed resample later
+            // keeps the last one.
+            let clock = connection::RETRIES.run(retry_window, || {
+                let pool = store.pool.clone();
+                ServerClock::start(move || {
+                    connection::on_connection(&pool, Duration::ZERO, &mut |conn| {
+                        let ms: Option<i64> = conn.query_first(
+                            "SELECT CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)",
+                        )?;
+                        ms.ok_or_else(|| Error::Config("the server did not tell its time".into()))
+                    })
                 })
-            })?)
+            })?;
+            Arc::new(clock)
         };
         Ok(store)
     }
@@ -134,9 +141,12 @@ impl Store {
     /// Refuses a server tickler cannot claim on safely, naming what to
     /// change; returns how durable its commits are and its
     /// `max_allowed_packet`.
-    fn check_server(&self, max_payload_bytes: usize) -> Result<(Durability, usize)> {
-        let mut conn = self.pool.get()?;
-        let conn = &mut conn.conn;
+    fn check_server(
+        &self,
+        conn: &mut mysql::Conn,
+        max_payload_bytes: usize,
+        client_packet: Option<usize>,
+    ) -> Result<(Durability, usize)> {
         let version: String = conn.query_first("SELECT VERSION()")?.unwrap_or_default();
         // VERSION(), not the handshake's version: MariaDB's handshake says
         // 5.5.5 before its own version for old clients.
@@ -174,15 +184,18 @@ impl Store {
                 self.describe()
             )));
         }
-        let packet: Option<u64> = conn.query_first("SELECT @@max_allowed_packet")?;
-        let max_packet = packet.map_or(MARIADB_DEFAULT_PACKET, |p| {
-            usize::try_from(p).unwrap_or(usize::MAX)
-        });
+        // A URL's max_allowed_packet is what the client holds itself to;
+        // the server refuses what passes its own.
+        let server_packet: Option<u64> = conn.query_first("SELECT @@max_allowed_packet")?;
+        let server_packet = server_packet.map(|p| usize::try_from(p).unwrap_or(usize::MAX));
+        let packet = match (client_packet, server_packet) {
+            (Some(c), Some(s)) => Some(c.min(s)),
+            (c, s) => c.or(s),
+        };
+        let max_packet = packet.unwrap_or(MARIADB_DEFAULT_PACKET);
         if let Some(packet) = packet {
             // A payload travels in one packet with the row's other values.
-            let room = usize::try_from(packet)
-                .unwrap_or(usize::MAX)
-                .saturating_sub(crate::engine::types::ROW_HEADROOM);
+            let room = packet.saturating_sub(crate::engine::types::ROW_HEADROOM);
             if max_payload_bytes > room {
                 return Err(Error::Config(format!(
                     "max_payload_bytes is {max_payload_bytes}, but {} lets at most {packet} \

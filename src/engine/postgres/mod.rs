@@ -100,12 +100,12 @@ impl Store {
         store.clock = if settings.clock_set {
             Arc::clone(&settings.clock)
         } else {
-            let pool = store.pool.clone();
-            let window = store.retry_window;
-            // Read as a write is: a cut between the migration and this read
-            // must not fail the open.
-            Arc::new(ServerClock::start(move || {
-                connection::RETRIES.run(window, || {
+            // A cut between the migration and the first sample must not
+            // fail the open; each try is timed on its own (a sample whose
+            // round trip spanned failed tries would set the clock ahead).
+            let clock = connection::RETRIES.run(store.retry_window, || {
+                let pool = store.pool.clone();
+                ServerClock::start(move || {
                     let mut conn = pool.get()?;
                     let row = conn.client.query_one(
                         "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
@@ -113,7 +113,8 @@ impl Store {
                     )?;
                     Ok(row.get(0))
                 })
-            })?)
+            })?;
+            Arc::new(clock)
         };
         Ok(store)
     }
