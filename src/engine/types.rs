@@ -35,14 +35,11 @@ pub(crate) const ROW_HEADROOM: usize = 1024 * 1024;
 /// limit used to lose every outcome of its batch.
 pub const MAX_ERROR_BYTES: usize = 8 * 1024;
 
-/// Tries of an insert whose unique_key's holder finished between the
-/// insert and the read of its id (the key is free then, and the next try
-/// stores the job or finds the next holder). SQLite's writer holds the
-/// only write lock, so its holder cannot finish in between.
 /// How a server engine waits out what a retry may cure (a deadlock, a
-/// lock wait, a cut connection, a restart, a failover). Every transaction
-/// and every step of an open go through [`Retries::run`], so the wait is
-/// the same wherever the fault lands.
+/// lock wait, a cut connection, a restart, a failover). Every transaction,
+/// the open's steps after its first connection, and the first sample of
+/// the server's clock go through [`Retries::run`], so the wait is the same
+/// wherever the fault lands.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) struct Retries {
     /// The engine's name, for the log.
@@ -92,6 +89,10 @@ impl Retries {
     }
 }
 
+/// Tries of an insert whose unique_key's holder finished between the
+/// insert and the read of its id (the key is free then, and the next try
+/// stores the job or finds the next holder). SQLite's writer holds the
+/// only write lock, so its holder cannot finish in between.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) const UNIQUE_TRIES: u32 = 10;
 

@@ -38,7 +38,8 @@ const ROWS_PER_INSERT: usize = 500;
 const BYTES_PER_INSERT: usize = 2 * 1024 * 1024;
 
 /// What a row adds to a multi-row INSERT besides its payload and names:
-/// nine numbers and the placeholders' types, with room to spare.
+/// seven numbers, the state's name and the placeholders' types, with
+/// room to spare.
 const ROW_BYTES: usize = 128;
 
 /// Bytes of rows one multi-row INSERT may carry on a server whose
