@@ -39,6 +39,26 @@ fn unfinished_per_key(conn: &mut mysql::Conn) -> Vec<(Vec<u8>, i64)> {
     .unwrap()
 }
 
+/// Runs `body` with the server's global `name` set to `value`, and sets it
+/// back to what it was, also when `body` panics (the server outlives the
+/// test). For a test holding [`my::exclusive_database`].
+fn with_global(admin: &mut mysql::Conn, name: &str, value: i64, body: impl FnOnce()) {
+    let before: i64 = admin
+        .query_first(format!("SELECT @@GLOBAL.{name}"))
+        .unwrap()
+        .unwrap();
+    admin
+        .query_drop(format!("SET GLOBAL {name} = {value}"))
+        .unwrap();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+    admin
+        .query_drop(format!("SET GLOBAL {name} = {before}"))
+        .unwrap();
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 fn counting_pool(queue: &Queue, runs: &Runs) -> WorkerPool {
     let runs = Arc::clone(runs);
     WorkerPool::builder(queue)
@@ -412,15 +432,7 @@ fn a_batch_larger_than_one_packet_is_stored_in_statements_that_fit() {
     let Some(db) = my::exclusive_database() else {
         return;
     };
-    let mut admin = db.connect();
-    let before: u64 = admin
-        .query_first("SELECT @@GLOBAL.max_allowed_packet")
-        .unwrap()
-        .unwrap();
-    admin
-        .query_drop("SET GLOBAL max_allowed_packet = 2097152")
-        .unwrap();
-    let result = std::panic::catch_unwind(|| {
+    with_global(&mut db.connect(), "max_allowed_packet", 2_097_152, || {
         let queue = Queue::builder(db.url())
             .max_payload_bytes(1_000_000)
             .open()
@@ -438,12 +450,6 @@ fn a_batch_larger_than_one_packet_is_stored_in_statements_that_fit() {
             assert_eq!(job.payload, serde_json::json!(text));
         }
     });
-    admin
-        .query_drop(format!("SET GLOBAL max_allowed_packet = {before}"))
-        .unwrap();
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic);
-    }
 }
 
 /// The server's prepared statements in use, over all clients.
@@ -507,24 +513,11 @@ fn batches_of_every_size_keep_within_the_statement_cache_and_the_servers_limit()
         },
     );
 
-    let limit: i64 = admin
-        .query_first("SELECT @@GLOBAL.max_prepared_stmt_count")
-        .unwrap()
-        .unwrap();
     let low = prepared_statements(&mut admin) + 40;
-    admin
-        .query_drop(format!("SET GLOBAL max_prepared_stmt_count = {low}"))
-        .unwrap();
-    let result = std::panic::catch_unwind(|| {
+    with_global(&mut admin, "max_prepared_stmt_count", low, || {
         let queue = Queue::open(db.url()).expect("open");
         batches(&queue);
     });
-    admin
-        .query_drop(format!("SET GLOBAL max_prepared_stmt_count = {limit}"))
-        .unwrap();
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic);
-    }
 }
 
 /// MySQL's: it is the engine whose other processes learn of changes by
