@@ -299,9 +299,35 @@ impl From<rusqlite::Error> for Error {
     }
 }
 
+/// The error of a read or write on a MySQL connection that waited longer
+/// than the connection allows (`busy_timeout + busy_retry`, at least 10 s),
+/// in words that say so: the socket's own ("Resource temporarily
+/// unavailable") name no cause. Other errors are returned as they are.
+#[cfg(feature = "mysql")]
+pub(crate) fn mysql_unanswered(e: mysql::Error) -> mysql::Error {
+    use std::error::Error as _;
+    use std::io::ErrorKind;
+    let io = match &e {
+        mysql::Error::IoError(io) => Some(io),
+        mysql::Error::CodecError(codec) => codec
+            .source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>()),
+        _ => None,
+    };
+    if io.is_some_and(|io| matches!(io.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)) {
+        return mysql::Error::IoError(std::io::Error::new(
+            ErrorKind::TimedOut,
+            "the server did not answer within the connection's wait for an answer \
+             (busy_timeout + busy_retry, at least 10 s), so the connection was given up",
+        ));
+    }
+    e
+}
+
 #[cfg(feature = "mysql")]
 impl From<mysql::Error> for Error {
     fn from(e: mysql::Error) -> Self {
+        let e = mysql_unanswered(e);
         if let mysql::Error::MySqlError(server) = &e {
             match server.code {
                 // ER_RECORD_FILE_FULL, ER_DISK_FULL.

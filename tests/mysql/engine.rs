@@ -1,6 +1,7 @@
 //! What only the MySQL engine has to get right, each test saying why it is
 //! MySQL's: connections killed by the server and a server restart in the
-//! middle of work reach no user code as errors; InnoDB's deadlocks among
+//! middle of work reach no user code as errors; a server that stops
+//! answering fails a call in bounded time; InnoDB's deadlocks among
 //! concurrent batches are retried; the claim reads its index in order (no
 //! sort); unique enqueues racing finishing holders under a trigger get
 //! an id; tables of another storage engine and names longer than the
@@ -559,4 +560,84 @@ fn another_processs_watcher_wakes_for_a_lower_id_committed_later_and_a_swapped_p
         wait(&mut watcher),
         "no wake-up for queue one resumed while queue two was paused"
     );
+}
+
+/// MySQL's (PostgreSQL's engine has its own read timeouts to get right): a
+/// server that stops answering, its process stopped while the kernel
+/// still accepts and acknowledges, fails a call after a bounded wait
+/// instead of blocking it until the server comes back, and the queue and a
+/// pool carry on once it answers again.
+#[test]
+fn a_server_that_stops_answering_fails_a_call_in_bounded_time_and_the_queue_recovers() {
+    let Some(db) = my::exclusive_database() else {
+        return;
+    };
+    let queue = Queue::builder(db.url())
+        .busy_timeout(secs(1))
+        .busy_retry(secs(2))
+        .open()
+        .expect("open");
+    let runs: Runs = Arc::default();
+    let mut pool = counting_pool(&queue, &runs);
+    let enqueue_some = |n: usize| -> Vec<JobId> {
+        (0..n)
+            .map(|_| queue.enqueue(NewJob::new("work")).expect("enqueue"))
+            .collect()
+    };
+    let before = enqueue_some(20);
+    wait_until("the jobs before the stop ran", secs(60), || {
+        let runs = runs.lock().unwrap();
+        before.iter().all(|id| runs.contains_key(id))
+    });
+
+    let Some(stopped) = my::Stopped::server(db.url()) else {
+        return;
+    };
+    let (enqueued, enqueue_rx) = std::sync::mpsc::channel();
+    let during = queue.clone();
+    std::thread::spawn(move || {
+        let _ = enqueued.send(during.enqueue(NewJob::new("work")));
+    });
+    let (opened, open_rx) = std::sync::mpsc::channel();
+    let url = db.url().to_owned();
+    std::thread::spawn(move || {
+        let _ = opened.send(
+            Queue::builder(url)
+                .busy_timeout(secs(1))
+                .busy_retry(secs(2))
+                .open(),
+        );
+    });
+    // Far above the wait the engine allows itself (the read timeout and
+    // one pool timeout), far below "until the server is back".
+    let enqueue = enqueue_rx.recv_timeout(secs(120));
+    let open = open_rx.recv_timeout(secs(60));
+    drop(stopped);
+    let enqueue = enqueue.expect("an enqueue was still blocked after 120 s on a stopped server");
+    let open = open
+        .expect("an open was still blocked on a stopped server 60 s after the enqueue returned");
+    for (what, error) in [
+        ("enqueue", enqueue.map(|_| ()).err()),
+        ("open", open.map(|_| ()).err()),
+    ] {
+        let error = error.unwrap_or_else(|| panic!("an {what} succeeded on a stopped server"));
+        eprintln!("the {what} on the stopped server failed with: {error}");
+        assert!(
+            error.to_string().contains("did not answer"),
+            "the {what} on a stopped server failed without naming the cause: {error}"
+        );
+    }
+
+    let after = enqueue_some(20);
+    wait_until("the jobs after the stop ran", secs(120), || {
+        let runs = runs.lock().unwrap();
+        after.iter().all(|id| runs.contains_key(id))
+    });
+    wait_until("every job succeeded", secs(60), || {
+        before
+            .iter()
+            .chain(&after)
+            .all(|id| queue.get(*id).is_ok_and(|j| j.state == JobState::Succeeded))
+    });
+    pool.shutdown(secs(10));
 }

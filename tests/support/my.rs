@@ -168,3 +168,56 @@ pub fn restart_server() -> bool {
     }
     true
 }
+
+/// The server stopped with SIGSTOP (it accepts TCP but answers nothing, as
+/// a host looks to a client while a failover moves its address, or a
+/// server frozen by its machine); resumed with SIGCONT when dropped, also
+/// when the test panics. For a test holding [`exclusive_database`].
+pub struct Stopped(u32);
+
+impl Stopped {
+    /// Stops the server whose pid `@@pid_file` names; `None` (with a note)
+    /// when this user cannot signal it, which fails in CI.
+    pub fn server(url: &str) -> Option<Stopped> {
+        let file: String = connect(url)
+            .query_first("SELECT @@pid_file")
+            .expect("read @@pid_file")
+            .expect("the server names its pid file");
+        let pid: u32 = match std::fs::read_to_string(&file) {
+            Ok(text) => text
+                .trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("{file} holds no pid: {e}")),
+            Err(e) => {
+                assert!(!in_ci(), "cannot read the server's pid file {file}: {e}");
+                eprintln!("note: a MySQL test skipped: cannot read {file}: {e}");
+                return None;
+            }
+        };
+        if !signal("STOP", pid) {
+            assert!(!in_ci(), "cannot stop the server (pid {pid})");
+            eprintln!("note: a MySQL test skipped: cannot signal the server (pid {pid})");
+            return None;
+        }
+        Some(Stopped(pid))
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        assert!(
+            signal("CONT", self.0),
+            "cannot resume the server (pid {})",
+            self.0
+        );
+    }
+}
+
+fn signal(name: &str, pid: u32) -> bool {
+    std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .stdin(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}

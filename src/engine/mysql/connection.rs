@@ -9,13 +9,13 @@ use super::Store;
 use crate::clock::Clock;
 use crate::engine::types::{AppTxKind, Durability, Retries, ValidJob};
 use crate::engine::{Capabilities, Watch};
-use crate::error::{Error, Result};
+use crate::error::{mysql_unanswered, Error, Result};
 use crate::job::JobId;
 use crate::lease::Lease;
 use mysql::consts::CapabilityFlags;
 use mysql::prelude::Queryable;
 use mysql::{Params, Row, Value};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// What every session runs first. InnoDB's default REPEATABLE READ takes
@@ -168,12 +168,29 @@ fn names_setting(url: &str, name: &str) -> bool {
     })
 }
 
+/// The shortest wait for a server's answer, so that a short retry window
+/// still lets a large batch or claim run.
+const MIN_ANSWER_WAIT: Duration = Duration::from_secs(10);
+
+/// How long tickler's connections wait for the server to answer one
+/// statement (or to take one) before giving the connection up as lost:
+/// the retry window, which is as long as a caller agreed to wait, and at
+/// least [`MIN_ANSWER_WAIT`]. Without it a server that stops answering
+/// while its host still acknowledges (a stopped or frozen process, an
+/// address moved away in a failover) blocks a call until it answers
+/// again, or for the kernel's 15 minutes.
+pub(super) fn answer_wait(window: Duration) -> Duration {
+    window.max(MIN_ANSWER_WAIT)
+}
+
 /// The client options of a `mysql://` (or `mariadb://`) URL, with
-/// tickler's session setup and defaults the URL does not set. A row lock
-/// is waited for at most `busy_timeout` (at least 1 s, InnoDB's unit)
-/// rather than the server's 50 s: the wait is then retried as a whole
-/// transaction, as a busy SQLite file is.
-pub(super) fn opts(url: &str, busy_timeout: Duration) -> Result<mysql::Opts> {
+/// tickler's session setup and defaults the URL does not set. A row lock,
+/// or a table's metadata lock (held by DDL), is waited for at most
+/// `busy_timeout` (at least 1 s, InnoDB's unit) rather than the server's
+/// 50 s and one day: the wait is then retried as a whole transaction, as
+/// a busy SQLite file is. Reads and writes on the socket give up after
+/// [`answer_wait`] of `window`.
+pub(super) fn opts(url: &str, busy_timeout: Duration, window: Duration) -> Result<mysql::Opts> {
     let (url, mode, ca) = split_tls_params(url)?;
     let parsed = mysql::Opts::from_url(&url)?;
     let ssl = tls_opts(parsed.get_ssl_opts().cloned(), mode, ca)?;
@@ -181,9 +198,9 @@ pub(super) fn opts(url: &str, busy_timeout: Duration) -> Result<mysql::Opts> {
         .get_tcp_connect_timeout()
         .unwrap_or(Duration::from_secs(10));
     let mut init: Vec<String> = SESSION_SETUP.iter().map(|s| (*s).to_owned()).collect();
+    let lock_wait = busy_timeout.as_secs().max(1);
     init.push(format!(
-        "SET SESSION innodb_lock_wait_timeout = {}",
-        busy_timeout.as_secs().max(1)
+        "SET SESSION innodb_lock_wait_timeout = {lock_wait}, lock_wait_timeout = {lock_wait}"
     ));
     init.extend(parsed.get_init());
     let stmt_cache_size = if names_setting(&url, "stmt_cache_size") {
@@ -196,6 +213,8 @@ pub(super) fn opts(url: &str, busy_timeout: Duration) -> Result<mysql::Opts> {
         .prefer_socket(false)
         .ssl_opts(ssl)
         .tcp_connect_timeout(Some(connect_timeout))
+        .read_timeout(Some(answer_wait(window)))
+        .write_timeout(Some(answer_wait(window)))
         .stmt_cache_size(stmt_cache_size)
         .additional_capabilities(CapabilityFlags::CLIENT_FOUND_ROWS)
         .into())
@@ -210,7 +229,7 @@ pub(super) fn first_connection(opts: &mysql::Opts, describe: &str, window: Durat
     let deadline = Instant::now() + window;
     let mut pause = Duration::from_millis(50);
     loop {
-        match mysql::Conn::new(opts.clone()) {
+        match mysql::Conn::new(opts.clone()).map_err(mysql_unanswered) {
             Ok(_) => return Ok(()),
             // A wrong password or a missing database is final; a server
             // shutting down, full, or killing the session is not.
@@ -250,9 +269,27 @@ pub(crate) struct Conn {
     broken: bool,
 }
 
-/// Makes the pool's connections.
+/// Makes the pool's connections, and remembers why the last one could not
+/// be made or checked.
 pub(crate) struct Manager {
     opts: mysql::Opts,
+    last_fault: Arc<Mutex<Option<(Instant, String)>>>,
+}
+
+impl Manager {
+    fn note<T>(
+        &self,
+        result: std::result::Result<T, mysql::Error>,
+    ) -> std::result::Result<T, mysql::Error> {
+        result.map_err(|e| {
+            let e = mysql_unanswered(e);
+            *self
+                .last_fault
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), e.to_string()));
+            e
+        })
+    }
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -261,13 +298,13 @@ impl r2d2::ManageConnection for Manager {
 
     fn connect(&self) -> std::result::Result<Conn, mysql::Error> {
         Ok(Conn {
-            conn: mysql::Conn::new(self.opts.clone())?,
+            conn: self.note(mysql::Conn::new(self.opts.clone()))?,
             broken: false,
         })
     }
 
     fn is_valid(&self, conn: &mut Conn) -> std::result::Result<(), mysql::Error> {
-        conn.conn.ping()
+        self.note(conn.conn.ping())
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
@@ -477,10 +514,7 @@ impl Store {
         attempt: Attempt,
         autocommit: bool,
     ) -> std::result::Result<T, (Error, Phase)> {
-        let mut pooled = self
-            .pool
-            .get()
-            .map_err(|e| (Error::from(e), Phase::Begin))?;
+        let mut pooled = self.pool.get().map_err(|e| (e, Phase::Begin))?;
         let conn = &mut *pooled;
         let result = (|| {
             if !autocommit {
@@ -536,7 +570,7 @@ impl Store {
 
     /// A connection of the pool, for the application's transactions.
     pub(crate) fn pooled(&self) -> Result<r2d2::PooledConnection<Manager>> {
-        Ok(self.pool.get()?)
+        self.pool.get()
     }
 }
 
@@ -582,9 +616,55 @@ impl Capabilities for Store {
     }
 }
 
+/// The pool of a `Store`. A caller that timed out waiting for a
+/// connection learns why no connection came: r2d2 hands the last
+/// connection error to one waiter only, and none to a waiter whose
+/// connections were all taken by statements the server did not answer.
+#[derive(Clone)]
+pub(super) struct Connections {
+    pool: r2d2::Pool<Manager>,
+    last_fault: Arc<Mutex<Option<(Instant, String)>>>,
+    timeout: Duration,
+}
+
+impl Connections {
+    /// A pooled connection, within the pool's timeout.
+    ///
+    /// # Errors
+    /// [`Error::Pool`], or [`Error::Mysql`] (an I/O error, retried as a
+    /// lost connection) naming the last connection fault when r2d2's own
+    /// error names none.
+    pub(super) fn get(&self) -> Result<r2d2::PooledConnection<Manager>> {
+        self.pool.get().map_err(|e| {
+            let bare = e.to_string() == "timed out waiting for connection";
+            let fault = self
+                .last_fault
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+                .filter(|(at, _)| at.elapsed() < self.timeout * 2);
+            match fault {
+                Some((at, fault)) if bare => {
+                    Error::Mysql(mysql::Error::IoError(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "no pooled connection came free within {:?} ({} open, all taken); \
+                             a connection failed {:.1} s ago: {fault}",
+                            self.timeout,
+                            self.pool.state().connections,
+                            at.elapsed().as_secs_f64()
+                        ),
+                    )))
+                }
+                _ => Error::Pool(e),
+            }
+        })
+    }
+}
+
 /// [`Store::on_connection`] on `pool`.
 pub(super) fn on_connection<T>(
-    pool: &r2d2::Pool<Manager>,
+    pool: &Connections,
     window: Duration,
     f: &mut impl FnMut(&mut mysql::Conn) -> Result<T>,
 ) -> Result<T> {
@@ -600,20 +680,37 @@ pub(super) fn on_connection<T>(
 
 /// The pool of a `Store`: at least two connections (a claim may run while
 /// an outcome commits), one kept open.
-pub(super) fn connection_pool(opts: mysql::Opts, max_connections: u32) -> r2d2::Pool<Manager> {
+pub(super) fn connection_pool(opts: mysql::Opts, max_connections: u32) -> Connections {
     // As for PostgreSQL: r2d2's helper threads end with the pool.
     let helpers = scheduled_thread_pool::ScheduledThreadPool::builder()
         .num_threads(3)
         .thread_name_pattern("tickler-mysql-pool-{}")
         .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
         .build();
-    r2d2::Pool::builder()
+    // Longer than a server may take not to answer, so that a waiter whose
+    // connection is being opened or checked sees that fail, not its own
+    // timeout first.
+    let timeout = opts
+        .get_read_timeout()
+        .map_or(Duration::from_secs(10), |wait| {
+            *wait + Duration::from_secs(1)
+        });
+    let last_fault = Arc::default();
+    let pool = r2d2::Pool::builder()
         .thread_pool(Arc::new(helpers))
         .max_size(max_connections.max(2))
         .min_idle(Some(1))
-        .connection_timeout(Duration::from_secs(10))
+        .connection_timeout(timeout)
         .error_handler(Box::new(ConnectFailed))
-        .build_unchecked(Manager { opts })
+        .build_unchecked(Manager {
+            opts,
+            last_fault: Arc::clone(&last_fault),
+        });
+    Connections {
+        pool,
+        last_fault,
+        timeout,
+    }
 }
 
 /// Logs a connection the pool could not open as a warning that says why

@@ -16,7 +16,12 @@ const TABLES: [&str; 4] = [
 ];
 
 /// How long a process waits for another's migration, in seconds.
-const MIGRATION_WAIT_S: i64 = 300;
+const MIGRATION_WAIT_S: u64 = 300;
+
+/// Each `GET_LOCK` waits this long (seconds) and is asked again until
+/// [`MIGRATION_WAIT_S`] have passed: one long wait would outlast the
+/// connection's wait for an answer (`connection::answer_wait`).
+const LOCK_STEP_S: u64 = 5;
 
 impl Store {
     pub(super) fn migrate(&self, conn: &mut mysql::Conn) -> Result<()> {
@@ -41,15 +46,32 @@ impl Store {
                 return self.check_engines(conn);
             }
         }
-        let locked: Option<i64> = conn
-            .exec_first("SELECT GET_LOCK('tickler_migrate', ?)", (MIGRATION_WAIT_S,))?
-            .flatten();
-        if locked != Some(1) {
-            return Err(Error::Config(format!(
-                "another process has been migrating the schema in {} for {MIGRATION_WAIT_S} s \
-                 (GET_LOCK('tickler_migrate') not granted)",
-                self.describe()
-            )));
+        let asked = std::time::Instant::now();
+        let locked = loop {
+            let locked: Option<i64> = conn
+                .exec_first("SELECT GET_LOCK('tickler_migrate', ?)", (LOCK_STEP_S,))?
+                .flatten();
+            // 0 is a wait that ran out; 1 the lock, NULL an error (killed).
+            if locked != Some(0) || asked.elapsed().as_secs() >= MIGRATION_WAIT_S {
+                break locked;
+            }
+        };
+        match locked {
+            Some(1) => {}
+            Some(_) => {
+                return Err(Error::Config(format!(
+                    "another process has been migrating the schema in {} for {MIGRATION_WAIT_S} s \
+                     (GET_LOCK('tickler_migrate') not granted)",
+                    self.describe()
+                )))
+            }
+            None => {
+                return Err(Error::Config(format!(
+                    "GET_LOCK('tickler_migrate') failed in {} (the server returned NULL: \
+                     the query was killed or the server ran out of memory)",
+                    self.describe()
+                )))
+            }
         }
         let applied = (|| -> Result<()> {
             conn.query_drop(

@@ -60,7 +60,7 @@ use crate::engine::types::Durability;
 use crate::engine::OpenSettings;
 use crate::error::{Error, Result};
 use crate::retry::RetryPolicy;
-use connection::{connection_pool, Manager};
+use connection::connection_pool;
 use mysql::prelude::Queryable;
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,7 +68,7 @@ use std::time::Duration;
 /// The connections of one opened `Queue` (shared by its clones).
 pub(crate) struct Store {
     url: String,
-    pool: r2d2::Pool<Manager>,
+    pool: connection::Connections,
     clock: Arc<dyn Clock>,
     retry_policy: RetryPolicy,
     retry_window: Duration,
@@ -93,8 +93,8 @@ impl Store {
     /// Connects, checks the server, migrates the schema and starts the
     /// server clock.
     pub(crate) fn open(url: &str, settings: &OpenSettings<'_>) -> Result<Store> {
-        let opts = connection::opts(url, settings.busy_timeout)?;
         let retry_window = settings.busy_timeout + settings.busy_retry;
+        let opts = connection::opts(url, settings.busy_timeout, retry_window)?;
         connection::first_connection(&opts, &crate::engine::redacted_location(url), retry_window)?;
         let client_packet = opts.get_max_allowed_packet();
         let pool = connection_pool(opts, settings.max_connections);

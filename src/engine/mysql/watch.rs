@@ -12,7 +12,6 @@
 //! at the watcher's next timeout, which callers bound by the next due time
 //! they know of.
 
-use super::connection::Manager;
 use super::Store;
 use crossbeam_channel::{Receiver, Sender};
 use mysql::prelude::Queryable;
@@ -71,7 +70,7 @@ impl Signals {
 pub(crate) struct PollWatcher {
     wake: Receiver<()>,
     wake_tx: Sender<()>,
-    pool: r2d2::Pool<Manager>,
+    pool: super::connection::Connections,
     seen: Option<Fingerprint>,
     step: Duration,
     max_step: Duration,
