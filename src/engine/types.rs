@@ -35,6 +35,33 @@ pub(crate) const ROW_HEADROOM: usize = 1024 * 1024;
 /// limit used to lose every outcome of its batch.
 pub const MAX_ERROR_BYTES: usize = 8 * 1024;
 
+/// When a pooled connection was last given back to its pool. One taken
+/// again within [`Returned::UNCHECKED`] skips the round trip that checks
+/// it (r2d2's `is_valid`), which would double the round trips of a single
+/// enqueue: a connection that worked a moment ago is almost always still
+/// there, and if it is not, its first statement fails as a lost
+/// connection, which every transaction retries on another. One idle for
+/// longer (a server's `wait_timeout`, a proxy's idle cut) is checked, as
+/// is every connection handed to the application's own transaction.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Returned(std::time::Instant);
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl Returned {
+    const UNCHECKED: Duration = Duration::from_secs(1);
+
+    /// Stamped now (at connect, and by `has_broken` at each return).
+    pub(crate) fn now() -> Returned {
+        Returned(std::time::Instant::now())
+    }
+
+    /// Whether the connection has been idle long enough to be checked.
+    pub(crate) fn needs_check(self) -> bool {
+        self.0.elapsed() >= Self::UNCHECKED
+    }
+}
+
 /// How a server engine waits out what a retry may cure (a deadlock, a
 /// lock wait, a cut connection, a restart, a failover). Every transaction,
 /// the open's steps after its first connection, and the first sample of

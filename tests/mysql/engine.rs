@@ -641,3 +641,45 @@ fn a_server_that_stops_answering_fails_a_call_in_bounded_time_and_the_queue_reco
     });
     pool.shutdown(secs(10));
 }
+
+/// MySQL's (the server engines' pools skip the check of a connection used
+/// a moment ago; tickler's own transactions retry a dead one, the
+/// application's are not retried): right after the server killed every
+/// pooled connection, `complete_with` is handed a live one and stores the
+/// application's row with the outcome.
+#[test]
+fn an_application_transaction_right_after_its_connections_were_killed_gets_a_live_one() {
+    use tickler::mysql::prelude::Queryable as _;
+    let Some(db) = my::test_database() else {
+        return;
+    };
+    let queue = Queue::open(db.url()).expect("open");
+    db.connect()
+        .query_drop("CREATE TABLE app_effects (job_id BIGINT PRIMARY KEY)")
+        .unwrap();
+    for round in 0..5 {
+        let id = queue.enqueue(NewJob::new("app")).expect("enqueue");
+        let lease = queue
+            .manual()
+            .claim("default", "w", 1, secs(30))
+            .expect("claim")
+            .pop()
+            .expect("a job to claim");
+        // Every connection the claim left in the pool is cut now, well
+        // within the time a returned connection goes unchecked.
+        assert!(db.kill_connections() > 0, "round {round}: nothing to kill");
+        queue
+            .complete_with(&lease, |tx: &mut tickler::mysql::Transaction| {
+                tx.exec_drop("INSERT INTO app_effects (job_id) VALUES (?)", (id.0,))?;
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("round {round}: complete_with failed: {e}"));
+        assert_eq!(queue.get(id).expect("get").state, JobState::Succeeded);
+    }
+    let stored: i64 = db
+        .connect()
+        .query_first("SELECT count(*) FROM app_effects")
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored, 5);
+}

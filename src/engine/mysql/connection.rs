@@ -7,7 +7,7 @@
 
 use super::Store;
 use crate::clock::Clock;
-use crate::engine::types::{AppTxKind, Durability, Retries, ValidJob};
+use crate::engine::types::{AppTxKind, Durability, Retries, Returned, ValidJob};
 use crate::engine::{Capabilities, Watch};
 use crate::error::{mysql_unanswered, Error, Result};
 use crate::job::JobId;
@@ -267,6 +267,16 @@ pub(super) fn first_connection(opts: &mysql::Opts, describe: &str, window: Durat
 pub(crate) struct Conn {
     pub(super) conn: mysql::Conn,
     broken: bool,
+    returned: Returned,
+}
+
+impl Conn {
+    /// Drops this connection at its return if `e` left it unusable.
+    pub(super) fn mark_broken_by(&mut self, e: &Error) {
+        if breaks_connection(e) {
+            self.broken = true;
+        }
+    }
 }
 
 /// Makes the pool's connections, and remembers why the last one could not
@@ -300,14 +310,19 @@ impl r2d2::ManageConnection for Manager {
         Ok(Conn {
             conn: self.note(mysql::Conn::new(self.opts.clone()))?,
             broken: false,
+            returned: Returned::now(),
         })
     }
 
     fn is_valid(&self, conn: &mut Conn) -> std::result::Result<(), mysql::Error> {
+        if !conn.returned.needs_check() {
+            return Ok(());
+        }
         self.note(conn.conn.ping())
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
+        conn.returned = Returned::now();
         conn.broken
     }
 }
@@ -569,8 +584,18 @@ impl Store {
     }
 
     /// A connection of the pool, for the application's transactions.
+    /// Checked with a round trip however recently it was used (the
+    /// application's statements are not retried), and taken again while
+    /// the check fails, within the retry window.
     pub(crate) fn pooled(&self) -> Result<r2d2::PooledConnection<Manager>> {
-        self.pool.get()
+        RETRIES.run(self.retry_window, || {
+            let mut pooled = self.pool.get()?;
+            if let Err(e) = pooled.conn.ping() {
+                pooled.broken = true;
+                return Err(Error::from(e));
+            }
+            Ok(pooled)
+        })
     }
 }
 
@@ -672,7 +697,7 @@ pub(super) fn on_connection<T>(
         let mut pooled = pool.get()?;
         let result = f(&mut pooled.conn);
         if let Err(e) = &result {
-            pooled.broken = breaks_connection(e);
+            pooled.mark_broken_by(e);
         }
         result
     })

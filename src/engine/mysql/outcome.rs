@@ -348,23 +348,29 @@ impl Store {
         app_writes: &mut dyn FnMut(&mut mysql::Transaction<'_>) -> Result<()>,
     ) -> Result<()> {
         let mut pooled = self.pooled()?;
-        let mut app = pooled.conn.start_transaction(mysql::TxOpts::default())?;
-        app_writes(&mut app)?;
-        let changed = Tx::inside(&mut app).exec_named(
-            COMPLETE_SQL,
-            &[
-                ("now", v(self.now_ms())),
-                ("id", v(lease.job_id.0)),
-                ("token", v(lease.run_token.0.as_str())),
-            ],
-        )?;
-        if changed != 1 {
-            // Dropping `app` rolls the application's writes back too.
-            return Err(Error::LeaseLost {
-                job_id: lease.job_id,
-            });
+        let result = (|| {
+            let mut app = pooled.conn.start_transaction(mysql::TxOpts::default())?;
+            app_writes(&mut app)?;
+            let changed = Tx::inside(&mut app).exec_named(
+                COMPLETE_SQL,
+                &[
+                    ("now", v(self.now_ms())),
+                    ("id", v(lease.job_id.0)),
+                    ("token", v(lease.run_token.0.as_str())),
+                ],
+            )?;
+            if changed != 1 {
+                // Dropping `app` rolls the application's writes back too.
+                return Err(Error::LeaseLost {
+                    job_id: lease.job_id,
+                });
+            }
+            app.commit()?;
+            Ok(())
+        })();
+        if let Err(e) = &result {
+            pooled.mark_broken_by(e);
         }
-        app.commit()?;
-        Ok(())
+        result
     }
 }

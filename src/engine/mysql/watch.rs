@@ -91,7 +91,14 @@ impl PollWatcher {
     fn changed_elsewhere(&mut self) -> bool {
         let look = (|| -> crate::Result<Option<Fingerprint>> {
             let mut conn = self.pool.get()?;
-            Ok(conn.conn.exec_first(FINGERPRINT_SQL, (RECENT_IDS,))?)
+            let look = conn
+                .conn
+                .exec_first(FINGERPRINT_SQL, (RECENT_IDS,))
+                .map_err(crate::Error::from);
+            if let Err(e) = &look {
+                conn.mark_broken_by(e);
+            }
+            look
         })();
         match look {
             Ok(now) => {
