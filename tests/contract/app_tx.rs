@@ -103,6 +103,29 @@ fn complete_with_commits_the_writes_with_the_completion_and_a_lost_lease_writes_
 }
 }
 
+contract! { servers_only:
+/// Servers only: nobody can cut the connections to a SQLite file. Right
+/// after the server cut every connection of the queue (a DBA's kill, a
+/// proxy's idle cut, a failover), `complete_with` is handed a live one:
+/// the application's statements run once and are not retried, so the
+/// pool checks the connection it hands them however recently it was used.
+fn complete_with_right_after_the_connections_were_cut_gets_a_live_one() {
+    let (_dir, path) = temp_db();
+    create_effects(&path);
+    let queue = Queue::open(engine::target(&path)).unwrap();
+    for round in 0..5 {
+        let id = queue.enqueue(NewJob::new("k")).unwrap();
+        let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
+        // The claim's connection went back to the pool a moment ago.
+        assert!(engine::cut_connections(&path) > 0, "round {round}: nothing to cut");
+        complete_writing(&queue, &lease)
+            .unwrap_or_else(|e| panic!("round {round}: complete_with failed: {e}"));
+        assert_eq!(queue.get(id).unwrap().state, JobState::Succeeded);
+    }
+    assert_eq!(effects(&path), 5);
+}
+}
+
 #[cfg(feature = "postgres")]
 contract! {
 fn a_closure_over_another_engines_transaction_is_refused_and_writes_nothing() {

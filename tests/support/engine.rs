@@ -219,8 +219,9 @@ macro_rules! engine_cases {
 /// fn name() { … } }` keeps `name` as it is and adds the module `name`
 /// with a case per engine ([`engine_cases!`]).
 ///
-/// `contract! { sqlite_only: … }` generates the SQLite case alone; its doc
-/// must say why the guarantee is SQLite's alone.
+/// `contract! { sqlite_only: … }` generates the SQLite case alone, and
+/// `contract! { servers_only: … }` the cases of the server engines; the
+/// doc must say why the guarantee is not every engine's.
 #[macro_export]
 macro_rules! contract {
     ($(#[$meta:meta])* fn $name:ident() $body:block) => {
@@ -229,6 +230,26 @@ macro_rules! contract {
 
         mod $name {
             $crate::engine_cases!(super::$name);
+        }
+    };
+    (servers_only: $(#[$meta:meta])* fn $name:ident() $body:block) => {
+        $(#[$meta])*
+        // A build without a server engine has no case to run it.
+        #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+        fn $name() $body
+
+        mod $name {
+            #[cfg(feature = "postgres")]
+            #[test]
+            fn postgres() {
+                $crate::support::engine::run($crate::support::engine::Engine::Postgres, super::$name);
+            }
+
+            #[cfg(feature = "mysql")]
+            #[test]
+            fn mysql() {
+                $crate::support::engine::run($crate::support::engine::Engine::Mysql, super::$name);
+            }
         }
     };
     (sqlite_only: $(#[$meta:meta])* fn $name:ident() $body:block) => {
@@ -444,6 +465,19 @@ pub fn query_row(path: &Path, sql: &str, params: &[Value]) -> Vec<Value> {
     .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
+/// Cuts, on the server's side, every connection to the database of the
+/// queue whose file would be `path` but the one that cuts (as a DBA's
+/// kill, a proxy's idle cut or a failover would); returns how many. The
+/// next statement on a cut connection fails. Server engines only: nobody
+/// can cut the connections to a SQLite file.
+pub fn cut_connections(path: &Path) -> usize {
+    match engine_of(path) {
+        Engine::Postgres => pg::cut_connections(&target(path)),
+        Engine::Mysql => my::cut_connections(&target(path)),
+        Engine::Sqlite => panic!("cut_connections: a SQLite file has no server connections"),
+    }
+}
+
 /// A connection of the test's own to the MySQL database of the queue whose
 /// file would be `path`: for the application's transactions.
 #[cfg(feature = "mysql")]
@@ -529,6 +563,10 @@ mod pg {
             .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
     }
 
+    pub(super) fn cut_connections(url: &Path) -> usize {
+        crate::support::pg::terminate_connections(url.to_str().expect("a URL"), None)
+    }
+
     pub(super) fn query_row(url: &Path, sql: &str, params: &[Value]) -> Vec<Value> {
         let sql = placeholders(sql);
         let params: Vec<_> = params.iter().map(param).collect();
@@ -571,6 +609,10 @@ mod pg {
     }
 
     pub(super) fn query_row(_: &Path, _: &str, _: &[Value]) -> Vec<Value> {
+        unreachable!("target() refuses PostgreSQL without the feature")
+    }
+
+    pub(super) fn cut_connections(_: &Path) -> usize {
         unreachable!("target() refuses PostgreSQL without the feature")
     }
 }
@@ -650,6 +692,10 @@ mod my {
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
+    pub(super) fn cut_connections(url: &Path) -> usize {
+        crate::support::my::kill_connections(url.to_str().expect("a URL"))
+    }
+
     pub(super) fn query_row(url: &Path, sql: &str, values: &[Value]) -> Vec<Value> {
         let (sql, values) = positional(sql, values);
         let row: mysql::Row = connect(url)
@@ -692,6 +738,10 @@ mod my {
     }
 
     pub(super) fn query_row(_: &Path, _: &str, _: &[Value]) -> Vec<Value> {
+        unreachable!("target() refuses MySQL without the feature")
+    }
+
+    pub(super) fn cut_connections(_: &Path) -> usize {
         unreachable!("target() refuses MySQL without the feature")
     }
 }

@@ -82,18 +82,23 @@ impl TestDb {
     /// Cuts every connection to this database but the caller's (as a DBA's
     /// `KILL`, a proxy or a network fault would); returns how many.
     pub fn kill_connections(&self) -> usize {
-        let mut admin = connect(&self.server_url);
-        let ids: Vec<u64> = admin
-            .exec(
-                "SELECT ID FROM information_schema.PROCESSLIST
-                 WHERE DB = ? AND ID <> CONNECTION_ID()",
-                (self.name.as_str(),),
-            )
-            .expect("list connections");
-        ids.iter()
-            .filter(|id| admin.query_drop(format!("KILL CONNECTION {id}")).is_ok())
-            .count()
+        kill_connections(&self.url)
     }
+}
+
+/// Cuts every connection to the database of `url` but the one that cuts;
+/// returns how many.
+pub fn kill_connections(url: &str) -> usize {
+    let mut admin = connect(url);
+    let ids: Vec<u64> = admin
+        .query(
+            "SELECT ID FROM information_schema.PROCESSLIST
+             WHERE DB = DATABASE() AND ID <> CONNECTION_ID()",
+        )
+        .expect("list connections");
+    ids.iter()
+        .filter(|id| admin.query_drop(format!("KILL CONNECTION {id}")).is_ok())
+        .count()
 }
 
 impl Drop for TestDb {

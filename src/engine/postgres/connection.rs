@@ -6,7 +6,7 @@
 
 use super::Store;
 use crate::clock::Clock;
-use crate::engine::types::{AppTxKind, Retries, ValidJob};
+use crate::engine::types::{AppTxKind, Retries, Returned, ValidJob};
 use crate::engine::{Capabilities, Watch};
 use crate::error::{Error, Result};
 use crate::job::JobId;
@@ -24,6 +24,16 @@ pub(crate) struct Conn {
     pub(super) client: Client,
     statements: HashMap<String, Statement>,
     broken: bool,
+    returned: Returned,
+}
+
+impl Conn {
+    /// Drops this connection at its return if `e` left it unusable.
+    pub(super) fn mark_broken_by(&mut self, e: &Error) {
+        if breaks_connection(e) {
+            self.broken = true;
+        }
+    }
 }
 
 /// Makes the pool's connections; a connection that failed in a way that
@@ -43,14 +53,19 @@ impl r2d2::ManageConnection for Manager {
             client,
             statements: HashMap::new(),
             broken: false,
+            returned: Returned::now(),
         })
     }
 
     fn is_valid(&self, conn: &mut Conn) -> std::result::Result<(), postgres::Error> {
+        if !conn.returned.needs_check() && !conn.client.is_closed() {
+            return Ok(());
+        }
         conn.client.simple_query("").map(|_| ())
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
+        conn.returned = Returned::now();
         conn.broken || conn.client.is_closed()
     }
 }
@@ -281,16 +296,24 @@ impl Store {
             Ok(value)
         })();
         if let Err((e, _)) = &result {
-            if breaks_connection(e) {
-                conn.broken = true;
-            }
+            conn.mark_broken_by(e);
         }
         result
     }
 
-    /// A connection of the pool, for the application's transactions.
+    /// A connection of the pool, for the application's transactions:
+    /// checked with a round trip however recently it was used (the
+    /// application's statements are not retried), and taken again while
+    /// the check fails, within the retry window.
     pub(crate) fn pooled(&self) -> Result<r2d2::PooledConnection<Manager>> {
-        Ok(self.pool.get()?)
+        RETRIES.run(self.retry_window, || {
+            let mut pooled = self.pool.get()?;
+            if let Err(e) = pooled.client.simple_query("") {
+                pooled.broken = true;
+                return Err(Error::Postgres(e));
+            }
+            Ok(pooled)
+        })
     }
 }
 
@@ -398,14 +421,15 @@ enum Phase {
 /// down, it is read-only (a failover: the next connection may reach the
 /// new primary), a deadlock or serialization failure, too many
 /// connections for now, a lock not granted within the session's
-/// `lock_timeout` (a DBA's setting: contention of the moment), a prepared
+/// `lock_timeout` (a DBA's setting: contention of the moment), a session
+/// the server ended while it waited in the pool, a prepared
 /// statement whose table changed under it (the connection is replaced),
 /// or no pooled connection within its timeout.
 pub(crate) fn retryable(e: &Error) -> bool {
     match e {
         Error::Pool(_) => true,
         Error::Postgres(e) => {
-            if e.is_closed() || stale_plan(e) {
+            if e.is_closed() || stale_plan(e) || ended_session(e) {
                 return true;
             }
             match e.code() {
@@ -443,12 +467,29 @@ fn stale_plan(e: &postgres::Error) -> bool {
     })
 }
 
+/// An error the server sent as it ended the session (FATAL or PANIC: a
+/// DBA's `idle_session_timeout` or `idle_in_transaction_session_timeout`,
+/// `pg_terminate_backend`, a shutdown). A connection taken from the pool
+/// without a check may have been ended while it waited there, and its
+/// first statement reads this instead of running: the connection is
+/// dropped and the work retried on another.
+fn ended_session(e: &postgres::Error) -> bool {
+    use postgres::error::Severity;
+    e.as_db_error().is_some_and(|db| {
+        matches!(
+            db.parsed_severity(),
+            Some(Severity::Fatal) | Some(Severity::Panic)
+        )
+    })
+}
+
 /// Errors after which the connection must not be reused.
 fn breaks_connection(e: &Error) -> bool {
     match e {
         Error::Postgres(e) => {
             e.is_closed()
                 || stale_plan(e)
+                || ended_session(e)
                 || e.code().is_some_and(|c| {
                     c.code().starts_with("08")
                         || *c == SqlState::READ_ONLY_SQL_TRANSACTION

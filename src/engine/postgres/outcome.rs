@@ -318,21 +318,27 @@ impl Store {
         lease: &Lease,
         app_writes: &mut dyn FnMut(&mut postgres::Transaction<'_>) -> Result<()>,
     ) -> Result<()> {
-        let mut conn = self.pooled()?;
-        let conn = &mut *conn;
-        let mut app = conn.client.transaction()?;
-        app_writes(&mut app)?;
-        let changed = app.execute(
-            COMPLETE_SQL,
-            &[&self.now_ms(), &lease.job_id.0, &lease.run_token.0],
-        )?;
-        if changed != 1 {
-            // Dropping `app` rolls the application's writes back too.
-            return Err(Error::LeaseLost {
-                job_id: lease.job_id,
-            });
+        let mut pooled = self.pooled()?;
+        let conn = &mut *pooled;
+        let result = (|| {
+            let mut app = conn.client.transaction()?;
+            app_writes(&mut app)?;
+            let changed = app.execute(
+                COMPLETE_SQL,
+                &[&self.now_ms(), &lease.job_id.0, &lease.run_token.0],
+            )?;
+            if changed != 1 {
+                // Dropping `app` rolls the application's writes back too.
+                return Err(Error::LeaseLost {
+                    job_id: lease.job_id,
+                });
+            }
+            app.commit()?;
+            Ok(())
+        })();
+        if let Err(e) = &result {
+            conn.mark_broken_by(e);
         }
-        app.commit()?;
-        Ok(())
+        result
     }
 }
