@@ -300,28 +300,36 @@ impl From<rusqlite::Error> for Error {
 }
 
 /// The error of a read or write on a MySQL connection that waited longer
-/// than the connection allows (`busy_timeout + busy_retry`, at least 10 s),
+/// than the connection allows (`busy_timeout + busy_retry`, at least 10 s
+/// and `busy_timeout` + 2 s),
 /// in words that say so: the socket's own ("Resource temporarily
 /// unavailable") name no cause. Other errors are returned as they are.
 #[cfg(feature = "mysql")]
 pub(crate) fn mysql_unanswered(e: mysql::Error) -> mysql::Error {
+    if mysql_waited_out(&e) {
+        return mysql::Error::IoError(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the server did not answer within the connection's wait for an answer \
+             (busy_timeout + busy_retry, at least 10 s and busy_timeout + 2 s), so the connection \
+             was given up",
+        ));
+    }
+    e
+}
+
+/// Whether `e` is a connection's read or write timeout running out (the
+/// socket's `EAGAIN`, not the kernel's own `ETIMEDOUT`).
+#[cfg(feature = "mysql")]
+pub(crate) fn mysql_waited_out(e: &mysql::Error) -> bool {
     use std::error::Error as _;
-    use std::io::ErrorKind;
-    let io = match &e {
+    let io = match e {
         mysql::Error::IoError(io) => Some(io),
         mysql::Error::CodecError(codec) => codec
             .source()
             .and_then(|s| s.downcast_ref::<std::io::Error>()),
         _ => None,
     };
-    if io.is_some_and(|io| matches!(io.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)) {
-        return mysql::Error::IoError(std::io::Error::new(
-            ErrorKind::TimedOut,
-            "the server did not answer within the connection's wait for an answer \
-             (busy_timeout + busy_retry, at least 10 s), so the connection was given up",
-        ));
-    }
-    e
+    io.is_some_and(|io| io.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 #[cfg(feature = "mysql")]

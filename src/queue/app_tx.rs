@@ -125,7 +125,21 @@ impl Queue {
     ///   in transactions of their own that commit whatever becomes of this
     ///   one: write through `tx` (e.g. [`Queue::enqueue_tx`]) what must
     ///   commit with the completion. The connection goes back to tickler's
-    ///   pool afterwards: change settings with `SET LOCAL`, not `SET`.
+    ///   pool afterwards, with its settings set back (`RESET ALL`); other
+    ///   session state (temporary tables, advisory locks, `SET SESSION
+    ///   AUTHORIZATION`) stays: prefer `SET LOCAL`.
+    /// - **MySQL/MariaDB**: as on PostgreSQL, one transaction (READ
+    ///   COMMITTED) on one of tickler's connections, tried once. The
+    ///   connection goes back to tickler's pool with tickler's session set
+    ///   again (its settings, `autocommit`, `sql_select_limit`, the URL's
+    ///   `init` and the database, so a `USE` in `app_writes` does not move
+    ///   the queue); other session state (user variables, temporary
+    ///   tables, `GET_LOCK` locks, other settings) stays.
+    ///
+    /// On the server engines the fenced completion runs first, before
+    /// `app_writes`: the job's row is locked before any of the
+    /// application's (the order of tickler's other transactions), and a
+    /// lost lease is known before the application's writes run.
     ///
     /// `app_writes` may return [`Error::Aborted`] (or any error) to roll
     /// everything back.
@@ -147,8 +161,9 @@ impl Queue {
     /// [`Error::LeaseLost`]; the error `app_writes` returned;
     /// [`Error::Unsupported`] for a closure over another engine's
     /// transaction; [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]
-    /// on SQLite, [`Error::Postgres`] on PostgreSQL. On any error but one
-    /// during a PostgreSQL commit itself, nothing was written.
+    /// on SQLite, [`Error::Postgres`] on PostgreSQL, [`Error::Mysql`] on
+    /// MySQL. On any error but one during a server's commit itself,
+    /// nothing was written.
     pub fn complete_with<T, M>(
         &self,
         lease: &Lease,

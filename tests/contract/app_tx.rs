@@ -73,6 +73,30 @@ fn my_complete_writing(_: &Queue, _: &Lease) -> tickler::Result<()> {
     unreachable!("a MySQL case needs the `mysql` feature")
 }
 
+/// `complete_with` running `sql` (statements as text) in the engine's own
+/// transaction.
+fn complete_running(queue: &Queue, lease: &Lease, sql: &str) -> tickler::Result<()> {
+    #[cfg(feature = "postgres")]
+    if engine::on_postgres() {
+        return queue.complete_with(lease, |tx: &mut tickler::postgres::Transaction| {
+            tx.batch_execute(sql)?;
+            Ok(())
+        });
+    }
+    #[cfg(feature = "mysql")]
+    if engine::on_mysql() {
+        use tickler::mysql::prelude::Queryable;
+        return queue.complete_with(lease, |tx: &mut tickler::mysql::Transaction| {
+            tx.query_drop(sql)?;
+            Ok(())
+        });
+    }
+    queue.complete_with(lease, |tx: &tickler::rusqlite::Transaction| {
+        tx.execute_batch(sql)?;
+        Ok(())
+    })
+}
+
 contract! {
 fn complete_with_commits_the_writes_with_the_completion_and_a_lost_lease_writes_neither() {
     let (_dir, path) = temp_db();
@@ -159,5 +183,49 @@ fn a_closure_over_another_engines_transaction_is_refused_and_writes_nothing() {
     assert_eq!(job.state, JobState::Running, "{job:?}");
     assert_eq!(job.run_token.as_ref(), Some(&lease.run_token));
     queue.manual().complete(&lease).unwrap();
+}
+}
+
+contract! { servers_only:
+/// Servers only: a SQLite queue's write connection is the application's
+/// too, in its own process. A session setting the application changes in
+/// its `complete_with` transaction (a `SET` rather than a `SET LOCAL`)
+/// stays on tickler's pooled connection; here it is the one most harmful
+/// to tickler's next statements there: on MySQL `autocommit = 0` (an
+/// enqueue acknowledged but never committed), on PostgreSQL a
+/// `search_path` without tickler's tables.
+fn a_session_setting_changed_in_complete_with_does_not_reach_the_queue() {
+    let (_dir, path) = temp_db();
+    let harmful = if engine::on_mysql() {
+        "SET SESSION autocommit = 0"
+    } else {
+        "SET search_path = pg_catalog"
+    };
+    let queue = Queue::open(engine::target(&path)).unwrap();
+    for round in 0..3 {
+        queue.enqueue(NewJob::new("k")).unwrap();
+        let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
+        complete_running(&queue, &lease, harmful)
+            .unwrap_or_else(|e| panic!("round {round}: complete_with failed: {e}"));
+    }
+    for n in 0..10 {
+        queue
+            .enqueue(NewJob::new("after"))
+            .unwrap_or_else(|e| panic!("enqueue {n} after the application's SET: {e}"));
+    }
+    // Counted on a connection of the test's own: committed, not merely
+    // visible to the session that wrote it.
+    let committed = engine::query_int(
+        &path,
+        "SELECT count(*) FROM tickler_jobs WHERE kind = 'after'",
+        &[],
+    );
+    assert_eq!(committed, 10, "acknowledged enqueues that did not commit");
+    let succeeded = engine::query_int(
+        &path,
+        "SELECT count(*) FROM tickler_jobs WHERE status = 'succeeded'",
+        &[],
+    );
+    assert_eq!(succeeded, 3);
 }
 }

@@ -44,8 +44,10 @@ fn unfinished_per_key(conn: &mut mysql::Conn) -> Vec<(Vec<u8>, i64)> {
 /// back to what it was, also when `body` panics (the server outlives the
 /// test). For a test holding [`my::exclusive_database`].
 fn with_global(admin: &mut mysql::Conn, name: &str, value: i64, body: impl FnOnce()) {
-    let before: i64 = admin
-        .query_first(format!("SELECT @@GLOBAL.{name}"))
+    // Typed as the server gives it (a number, or an enumeration's name):
+    // the binary protocol's, not the text protocol's bytes.
+    let before: mysql::Value = admin
+        .exec_first(format!("SELECT @@GLOBAL.{name}"), ())
         .unwrap()
         .unwrap();
     admin
@@ -53,7 +55,7 @@ fn with_global(admin: &mut mysql::Conn, name: &str, value: i64, body: impl FnOnc
         .unwrap();
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
     admin
-        .query_drop(format!("SET GLOBAL {name} = {before}"))
+        .exec_drop(format!("SET GLOBAL {name} = ?"), (before,))
         .unwrap();
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);
@@ -640,4 +642,77 @@ fn a_server_that_stops_answering_fails_a_call_in_bounded_time_and_the_queue_reco
             .all(|id| queue.get(*id).is_ok_and(|j| j.state == JobState::Succeeded))
     });
     pool.shutdown(secs(10));
+}
+
+/// MySQL's: a server's configuration can turn `autocommit` off for every
+/// session (`autocommit = 0` in a my.cnf, or `completion_type = CHAIN`,
+/// which opens a new transaction at each COMMIT). A single enqueue is one
+/// statement that tickler commits by autocommit: on such a server it was
+/// acknowledged, seen by no other session, and lost when its connection
+/// went, unless the session sets both back.
+#[test]
+fn a_server_configured_without_autocommit_loses_no_acknowledged_enqueue() {
+    let Some(db) = my::exclusive_database() else {
+        return;
+    };
+    for (name, value) in [("autocommit", 0), ("completion_type", 1)] {
+        with_global(&mut db.connect(), name, value, || {
+            let queue = Queue::open(db.url()).unwrap();
+            queue.enqueue(NewJob::new(name).queue(name)).unwrap();
+            let claimed = queue.manual().claim(name, "w", 1, secs(30)).unwrap();
+            queue.manual().complete(&claimed[0]).unwrap();
+            // Last: a transaction started after them would commit them.
+            for _ in 0..2 {
+                queue.enqueue(NewJob::new(name).queue(name)).unwrap();
+            }
+            // Closing the queue's connections rolls back what they left open.
+            drop(queue);
+            let mut other = db.connect();
+            other
+                .query_drop("SET SESSION autocommit = 1, completion_type = 0")
+                .unwrap();
+            let stored: Vec<(Vec<u8>, i64)> = other
+                .exec(
+                    "SELECT status, count(*) FROM tickler_jobs WHERE kind = ? \
+                     GROUP BY status ORDER BY status",
+                    (name,),
+                )
+                .unwrap();
+            assert_eq!(
+                stored,
+                vec![(b"pending".to_vec(), 2), (b"succeeded".to_vec(), 1)],
+                "{name} = {value}: acknowledged writes another session cannot see"
+            );
+        });
+    }
+}
+
+/// MySQL's: a server whose default row format is COMPACT (an old my.cnf,
+/// a server upgraded in place) refuses an index on a column longer than
+/// 767 bytes, as the unique key's is. The first open creates every table
+/// with DYNAMIC rows instead of failing halfway with "Index column size
+/// too large".
+#[test]
+fn a_server_defaulting_to_compact_rows_opens_and_takes_long_unique_keys() {
+    let Some(db) = my::exclusive_database() else {
+        return;
+    };
+    // 1 is COMPACT among REDUNDANT, COMPACT, DYNAMIC.
+    with_global(&mut db.connect(), "innodb_default_row_format", 1, || {
+        let queue = Queue::open(db.url()).expect("open on a server defaulting to COMPACT");
+        let key = "k".repeat(1000);
+        queue.enqueue(NewJob::new("long").unique_key(&key)).unwrap();
+        let formats: Vec<(String, String)> = db
+            .connect()
+            .query(
+                "SELECT TABLE_NAME, ROW_FORMAT FROM information_schema.TABLES
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'tickler%'
+                 ORDER BY TABLE_NAME",
+            )
+            .unwrap();
+        assert!(formats.len() >= 4, "{formats:?}");
+        for (table, format) in formats {
+            assert_eq!(format, "Dynamic", "{table}");
+        }
+    });
 }

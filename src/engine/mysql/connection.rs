@@ -23,10 +23,16 @@ use std::time::{Duration, Instant};
 /// concurrent claims and enqueues wait for each other; strict mode turns
 /// a value the column cannot hold into an error instead of a warning and a
 /// changed value; UTC makes `NOW()` the Unix time the schema stores.
+///
+/// `autocommit` and `completion_type` are set because a server's
+/// configuration may change them (`autocommit = 0` in a my.cnf), and a
+/// single statement's write is acknowledged as committed;
+/// `sql_select_limit` because it would cut a claim's or a list's rows.
 const SESSION_SETUP: [&str; 2] = [
     "SET NAMES utf8mb4 COLLATE utf8mb4_bin, time_zone = '+00:00', \
-     SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,ERROR_FOR_DIVISION_BY_ZERO'",
-    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+     SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,ERROR_FOR_DIVISION_BY_ZERO', \
+     SESSION autocommit = 1, SESSION completion_type = 0, SESSION sql_select_limit = DEFAULT",
+    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE",
 ];
 
 /// How a connection uses TLS, as MySQL's own clients name it (their
@@ -175,12 +181,16 @@ const MIN_ANSWER_WAIT: Duration = Duration::from_secs(10);
 /// How long tickler's connections wait for the server to answer one
 /// statement (or to take one) before giving the connection up as lost:
 /// the retry window, which is as long as a caller agreed to wait, and at
-/// least [`MIN_ANSWER_WAIT`]. Without it a server that stops answering
-/// while its host still acknowledges (a stopped or frozen process, an
-/// address moved away in a failover) blocks a call until it answers
-/// again, or for the kernel's 15 minutes.
-pub(super) fn answer_wait(window: Duration) -> Duration {
-    window.max(MIN_ANSWER_WAIT)
+/// least [`MIN_ANSWER_WAIT`], and longer than a lock is waited for
+/// (`lock_wait`), so that the server's own "lock wait timeout" arrives
+/// first and is retried, rather than the connection given up. Without it
+/// a server that stops answering while its host still acknowledges (a
+/// stopped or frozen process, an address moved away in a failover)
+/// blocks a call until it answers again, or for the kernel's 15 minutes.
+pub(super) fn answer_wait(window: Duration, lock_wait: Duration) -> Duration {
+    window
+        .max(lock_wait + Duration::from_secs(2))
+        .max(MIN_ANSWER_WAIT)
 }
 
 /// The client options of a `mysql://` (or `mariadb://`) URL, with
@@ -189,7 +199,7 @@ pub(super) fn answer_wait(window: Duration) -> Duration {
 /// `busy_timeout` (at least 1 s, InnoDB's unit) rather than the server's
 /// 50 s and one day: the wait is then retried as a whole transaction, as
 /// a busy SQLite file is. Reads and writes on the socket give up after
-/// [`answer_wait`] of `window`.
+/// [`answer_wait`] of `window` and that lock wait.
 pub(super) fn opts(url: &str, busy_timeout: Duration, window: Duration) -> Result<mysql::Opts> {
     let (url, mode, ca) = split_tls_params(url)?;
     let parsed = mysql::Opts::from_url(&url)?;
@@ -213,8 +223,8 @@ pub(super) fn opts(url: &str, busy_timeout: Duration, window: Duration) -> Resul
         .prefer_socket(false)
         .ssl_opts(ssl)
         .tcp_connect_timeout(Some(connect_timeout))
-        .read_timeout(Some(answer_wait(window)))
-        .write_timeout(Some(answer_wait(window)))
+        .read_timeout(Some(answer_wait(window, Duration::from_secs(lock_wait))))
+        .write_timeout(Some(answer_wait(window, Duration::from_secs(lock_wait))))
         .stmt_cache_size(stmt_cache_size)
         .additional_capabilities(CapabilityFlags::CLIENT_FOUND_ROWS)
         .into())
@@ -268,6 +278,7 @@ pub(crate) struct Conn {
     pub(super) conn: mysql::Conn,
     broken: bool,
     returned: Returned,
+    restore: Arc<str>,
 }
 
 impl Conn {
@@ -277,28 +288,83 @@ impl Conn {
             self.broken = true;
         }
     }
+
+    /// Sets again, in one round trip, the session tickler set up (its
+    /// settings, the URL's `init` statements and the database), after the
+    /// application's statements ran on this connection: a `SET` or a
+    /// `USE` of theirs would otherwise reach tickler's next statements
+    /// here (a `USE` would send them to another database's queue). A
+    /// connection whose session cannot be set again is dropped.
+    pub(super) fn restore_session(&mut self) {
+        if self.broken {
+            return;
+        }
+        if let Err(e) = self.conn.query_drop(&*self.restore) {
+            log::warn!("dropping a connection whose session could not be set again: {e}");
+            self.broken = true;
+        }
+    }
 }
 
 /// Makes the pool's connections, and remembers why the last one could not
 /// be made or checked.
 pub(crate) struct Manager {
     opts: mysql::Opts,
-    last_fault: Arc<Mutex<Option<(Instant, String)>>>,
+    last_fault: Arc<Mutex<Option<Fault>>>,
+    restore: Arc<str>,
+}
+
+/// Why the last connection could not be made or checked, and when.
+pub(crate) struct Fault {
+    at: Instant,
+    message: String,
+    unanswered: bool,
 }
 
 impl Manager {
+    /// Remembers the fault of a connect or a check, and forgets it once
+    /// one succeeds.
     fn note<T>(
         &self,
         result: std::result::Result<T, mysql::Error>,
     ) -> std::result::Result<T, mysql::Error> {
-        result.map_err(|e| {
-            let e = mysql_unanswered(e);
-            *self
-                .last_fault
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), e.to_string()));
-            e
-        })
+        let mut last = self
+            .last_fault
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match result {
+            Ok(value) => {
+                *last = None;
+                Ok(value)
+            }
+            Err(e) => {
+                let unanswered = crate::error::mysql_waited_out(&e);
+                let e = mysql_unanswered(e);
+                *last = Some(Fault {
+                    at: Instant::now(),
+                    message: e.to_string(),
+                    unanswered,
+                });
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether a check of this pool's gave up waiting for the server within
+    /// the last answer wait: r2d2 checks its idle connections one after
+    /// another, each for a whole answer wait, so while the server is
+    /// silent they fail at once instead (and are dropped).
+    fn silent(&self) -> bool {
+        let wait = self
+            .opts
+            .get_read_timeout()
+            .copied()
+            .unwrap_or(MIN_ANSWER_WAIT);
+        self.last_fault
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|f| f.unanswered && f.at.elapsed() < wait)
     }
 }
 
@@ -311,12 +377,19 @@ impl r2d2::ManageConnection for Manager {
             conn: self.note(mysql::Conn::new(self.opts.clone()))?,
             broken: false,
             returned: Returned::now(),
+            restore: Arc::clone(&self.restore),
         })
     }
 
     fn is_valid(&self, conn: &mut Conn) -> std::result::Result<(), mysql::Error> {
         if !conn.returned.needs_check() {
             return Ok(());
+        }
+        if self.silent() {
+            return Err(mysql::Error::IoError(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                "the server did not answer another connection's check a moment ago",
+            )));
         }
         self.note(conn.conn.ping())
     }
@@ -562,9 +635,15 @@ impl Store {
         if let Err((e, phase)) = &result {
             // A transaction left open would hold its locks on a reused
             // connection: one that cannot roll back is dropped.
-            let rolled_back =
-                autocommit || *phase == Phase::Commit || conn.conn.query_drop("ROLLBACK").is_ok();
-            if breaks_connection(e) || !rolled_back {
+            // A connection the error broke (lost, or given up after the
+            // answer wait) is not asked: the server rolls back what it left
+            // open when it goes, and asking would wait a second time.
+            let broken = breaks_connection(e);
+            let rolled_back = broken
+                || autocommit
+                || *phase == Phase::Commit
+                || conn.conn.query_drop("ROLLBACK").is_ok();
+            if broken || !rolled_back {
                 conn.broken = true;
             }
         }
@@ -648,7 +727,7 @@ impl Capabilities for Store {
 #[derive(Clone)]
 pub(super) struct Connections {
     pool: r2d2::Pool<Manager>,
-    last_fault: Arc<Mutex<Option<(Instant, String)>>>,
+    last_fault: Arc<Mutex<Option<Fault>>>,
     timeout: Duration,
 }
 
@@ -666,17 +745,19 @@ impl Connections {
                 .last_fault
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .clone()
-                .filter(|(at, _)| at.elapsed() < self.timeout * 2);
+                .as_ref()
+                .filter(|f| f.at.elapsed() < self.timeout * 2)
+                .map(|f| (f.at, f.message.clone()));
             match fault {
                 Some((at, fault)) if bare => {
                     Error::Mysql(mysql::Error::IoError(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
                         format!(
-                            "no pooled connection came free within {:?} ({} open, all taken); \
+                            "no pooled connection came free within {:?} ({} open, {} idle); \
                              a connection failed {:.1} s ago: {fault}",
                             self.timeout,
                             self.pool.state().connections,
+                            self.pool.state().idle_connections,
                             at.elapsed().as_secs_f64()
                         ),
                     )))
@@ -728,6 +809,7 @@ pub(super) fn connection_pool(opts: mysql::Opts, max_connections: u32) -> Connec
         .connection_timeout(timeout)
         .error_handler(Box::new(ConnectFailed))
         .build_unchecked(Manager {
+            restore: session_statements(&opts).into(),
             opts,
             last_fault: Arc::clone(&last_fault),
         });
@@ -736,6 +818,16 @@ pub(super) fn connection_pool(opts: mysql::Opts, max_connections: u32) -> Connec
         last_fault,
         timeout,
     }
+}
+
+/// The statements that set up a connection's session (`opts`'s `init`
+/// and its database), as one text of several statements.
+fn session_statements(opts: &mysql::Opts) -> String {
+    let mut statements = opts.get_init();
+    if let Some(db) = opts.get_db_name() {
+        statements.push(format!("USE `{}`", db.replace('`', "``")));
+    }
+    statements.join("; ")
 }
 
 /// Logs a connection the pool could not open as a warning that says why

@@ -78,7 +78,7 @@ impl Store {
                 "CREATE TABLE IF NOT EXISTS tickler_schema_migrations (
                      version BIGINT NOT NULL PRIMARY KEY,
                      applied_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
-                 ) ENGINE = InnoDB",
+                 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC",
             )?;
             let found: i64 = conn
                 .query_first("SELECT coalesce(max(version), 0) FROM tickler_schema_migrations")?

@@ -184,6 +184,10 @@ impl Store {
                 self.describe()
             )));
         }
+        // MariaDB always has the variable; MySQL only with Galera built in.
+        let wsrep: Option<(String, String)> =
+            conn.query_first("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")?;
+        refuse_galera(&self.describe(), wsrep.as_ref().map(|(_, on)| on.as_str()))?;
         // A URL's max_allowed_packet is what the client holds itself to;
         // the server refuses what passes its own.
         let server_packet: Option<u64> = conn.query_first("SELECT @@max_allowed_packet")?;
@@ -231,6 +235,21 @@ fn parse_version(version: &str) -> (u16, u16, u16) {
     )
 }
 
+/// Refuses a Galera cluster node (`wsrep_on` is ON): its row locks are
+/// the node's alone, so claims on two nodes meet only at commit, where
+/// one fails, and it refuses `GET_LOCK`, which keeps a second process from
+/// migrating at the same time.
+fn refuse_galera(describe: &str, wsrep_on: Option<&str>) -> Result<()> {
+    if wsrep_on.is_some_and(|on| on.eq_ignore_ascii_case("ON") || on == "1") {
+        return Err(Error::Config(format!(
+            "{describe} is a node of a Galera cluster (wsrep_on = ON), which tickler does not \
+             support: row locks are each node's own and GET_LOCK is refused there; point \
+             tickler at one server (a primary with asynchronous replicas)"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -241,5 +260,14 @@ mod tests {
         );
         assert_eq!(super::parse_version("8.0.36"), (8, 0, 36));
         assert_eq!(super::parse_version("8.4.0-log"), (8, 4, 0));
+    }
+
+    #[test]
+    fn a_galera_node_is_refused_and_a_lone_server_is_not() {
+        let refused = super::refuse_galera("db", Some("ON")).unwrap_err();
+        assert!(refused.to_string().contains("Galera"), "{refused}");
+        assert!(super::refuse_galera("db", Some("OFF")).is_ok());
+        // MySQL without Galera has no such variable.
+        assert!(super::refuse_galera("db", None).is_ok());
     }
 }

@@ -350,7 +350,10 @@ impl Store {
         let mut pooled = self.pooled()?;
         let result = (|| {
             let mut app = pooled.conn.start_transaction(mysql::TxOpts::default())?;
-            app_writes(&mut app)?;
+            // The fenced completion first: the job's row is locked before
+            // any row of the application's, the order of tickler's other
+            // transactions, and a lost lease is known before the
+            // application's writes run.
             let changed = Tx::inside(&mut app).exec_named(
                 COMPLETE_SQL,
                 &[
@@ -360,17 +363,19 @@ impl Store {
                 ],
             )?;
             if changed != 1 {
-                // Dropping `app` rolls the application's writes back too.
                 return Err(Error::LeaseLost {
                     job_id: lease.job_id,
                 });
             }
+            // An error here drops `app`, which rolls the completion back.
+            app_writes(&mut app)?;
             app.commit()?;
             Ok(())
         })();
         if let Err(e) = &result {
             pooled.mark_broken_by(e);
         }
+        pooled.restore_session();
         result
     }
 }

@@ -21,6 +21,10 @@
 -- Names are VARBINARY: compared byte for byte (no collation folds case,
 -- accents or trailing spaces), as on the other engines. Text that JSON
 -- functions read (errors) and free text (errors, worker ids) is utf8mb4.
+--
+-- ROW_FORMAT = DYNAMIC on every table: a server configured (or upgraded)
+-- with COMPACT rows refuses an index on a column over 767 bytes, such as
+-- unique_live.
 
 -- migration: 1
 CREATE TABLE IF NOT EXISTS tickler_jobs (
@@ -75,7 +79,7 @@ CREATE TABLE IF NOT EXISTS tickler_jobs (
     -- Holders of a key (a cancelled run still stopping), and the key
     -- ranges of a schedule's runs.
     KEY tickler_jobs_unique_key (unique_key, status, lease_expires_at)
-) ENGINE = InnoDB;
+) ENGINE = InnoDB ROW_FORMAT = DYNAMIC;
 
 CREATE TABLE IF NOT EXISTS tickler_schedules (
     name             VARBINARY(255) NOT NULL PRIMARY KEY,
@@ -109,11 +113,11 @@ CREATE TABLE IF NOT EXISTS tickler_schedules (
     CONSTRAINT tickler_schedules_misfire CHECK ((misfire = 'fire_all') = (misfire_max IS NOT NULL)),
     KEY tickler_schedules_due (paused, next_tick_at),
     KEY tickler_schedules_updated (paused, updated_at)
-) ENGINE = InnoDB;
+) ENGINE = InnoDB ROW_FORMAT = DYNAMIC;
 
 -- Paused queues (Queue::pause_queue): a claim skips the queues listed here,
 -- read by the claiming transaction itself.
 CREATE TABLE IF NOT EXISTS tickler_paused_queues (
     queue     VARBINARY(255) NOT NULL PRIMARY KEY,
     paused_at BIGINT         NOT NULL
-) ENGINE = InnoDB;
+) ENGINE = InnoDB ROW_FORMAT = DYNAMIC;

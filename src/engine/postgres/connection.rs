@@ -34,6 +34,21 @@ impl Conn {
             self.broken = true;
         }
     }
+
+    /// Sets every session setting back to the connection's defaults, in one
+    /// round trip, after the application's statements ran on this
+    /// connection: a `SET search_path` of theirs would otherwise reach
+    /// tickler's next statements here. A connection whose settings cannot
+    /// be set back is dropped.
+    pub(super) fn restore_session(&mut self) {
+        if self.broken {
+            return;
+        }
+        if let Err(e) = self.client.batch_execute("RESET ALL") {
+            log::warn!("dropping a connection whose settings could not be set back: {e}");
+            self.broken = true;
+        }
+    }
 }
 
 /// Makes the pool's connections; a connection that failed in a way that

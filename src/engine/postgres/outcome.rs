@@ -322,23 +322,28 @@ impl Store {
         let conn = &mut *pooled;
         let result = (|| {
             let mut app = conn.client.transaction()?;
-            app_writes(&mut app)?;
+            // The fenced completion first: the job's row is locked before
+            // any row of the application's, the order of tickler's other
+            // transactions, and a lost lease is known before the
+            // application's writes run.
             let changed = app.execute(
                 COMPLETE_SQL,
                 &[&self.now_ms(), &lease.job_id.0, &lease.run_token.0],
             )?;
             if changed != 1 {
-                // Dropping `app` rolls the application's writes back too.
                 return Err(Error::LeaseLost {
                     job_id: lease.job_id,
                 });
             }
+            // An error here drops `app`, which rolls the completion back.
+            app_writes(&mut app)?;
             app.commit()?;
             Ok(())
         })();
         if let Err(e) = &result {
             conn.mark_broken_by(e);
         }
+        conn.restore_session();
         result
     }
 }
