@@ -644,6 +644,60 @@ fn a_server_that_stops_answering_fails_a_call_in_bounded_time_and_the_queue_reco
     pool.shutdown(secs(10));
 }
 
+/// MySQL's, as the test above: a call on a stopped server fails after one
+/// answer wait (10 s here), not one per connection it touches: neither a
+/// transaction's ROLLBACK on the connection that gave up, nor r2d2's check
+/// of each idle connection in turn (idle over 1 s, so each is checked),
+/// waits a whole answer wait again. Four idle connections and a
+/// transactional read would take 20 s and more.
+#[test]
+fn a_call_on_a_stopped_server_waits_one_answer_wait_however_many_connections_are_idle() {
+    let Some(db) = my::exclusive_database() else {
+        return;
+    };
+    let queue = Queue::builder(db.url())
+        .busy_timeout(secs(1))
+        .busy_retry(secs(2))
+        .postgres(|o| o.max_connections(4))
+        .open()
+        .expect("open");
+    let id = queue.enqueue(NewJob::new("work")).expect("enqueue");
+    // Several connections in use at once, then idle long enough to be
+    // checked at their next checkout.
+    let until = Instant::now() + Duration::from_millis(800);
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let q = queue.clone();
+            std::thread::spawn(move || {
+                while Instant::now() < until {
+                    q.get(id).expect("get");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let Some(stopped) = my::Stopped::server(db.url()) else {
+        return;
+    };
+    let started = Instant::now();
+    let got = queue.get(id);
+    let get_took = started.elapsed();
+    let started = Instant::now();
+    let enqueued = queue.enqueue(NewJob::new("work"));
+    let enqueue_took = started.elapsed();
+    drop(stopped);
+    assert!(got.is_err() && enqueued.is_err(), "{got:?} {enqueued:?}");
+    // One answer wait (10 s) and the pool's own second, with room for a
+    // slow machine; two answer waits would be 20 s.
+    for (what, took) in [("get", get_took), ("enqueue", enqueue_took)] {
+        assert!(took < secs(16), "a {what} on a stopped server took {took:?}");
+    }
+    queue.enqueue(NewJob::new("work")).expect("enqueue once the server is back");
+}
+
 /// MySQL's: a server's configuration can turn `autocommit` off for every
 /// session (`autocommit = 0` in a my.cnf, or `completion_type = CHAIN`,
 /// which opens a new transaction at each COMMIT). A single enqueue is one
