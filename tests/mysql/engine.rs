@@ -693,9 +693,14 @@ fn a_call_on_a_stopped_server_waits_one_answer_wait_however_many_connections_are
     // One answer wait (10 s) and the pool's own second, with room for a
     // slow machine; two answer waits would be 20 s.
     for (what, took) in [("get", get_took), ("enqueue", enqueue_took)] {
-        assert!(took < secs(16), "a {what} on a stopped server took {took:?}");
+        assert!(
+            took < secs(16),
+            "a {what} on a stopped server took {took:?}"
+        );
     }
-    queue.enqueue(NewJob::new("work")).expect("enqueue once the server is back");
+    queue
+        .enqueue(NewJob::new("work"))
+        .expect("enqueue once the server is back");
 }
 
 /// MySQL's: a server's configuration can turn `autocommit` off for every
