@@ -67,7 +67,7 @@ pub struct WorkerPoolBuilder {
 impl std::fmt::Debug for WorkerPoolBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkerPoolBuilder")
-            .field("queues", &self.queues)
+            .field("queues", &self.served_queues())
             .field("threads", &self.threads)
             .field("kinds", &self.handlers.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
@@ -75,8 +75,18 @@ impl std::fmt::Debug for WorkerPoolBuilder {
 }
 
 impl WorkerPoolBuilder {
-    /// Serve this queue too (default: only `"default"`; the first call
-    /// replaces the default).
+    /// The queues the pool serves: those named, or `"default"` alone.
+    pub(super) fn served_queues(&self) -> Vec<String> {
+        if self.queues.is_empty() {
+            vec![crate::job::DEFAULT_QUEUE.to_owned()]
+        } else {
+            self.queues.clone()
+        }
+    }
+
+    /// Serves this queue. A pool that names no queue serves `"default"`
+    /// alone; one that names queues serves exactly those, in any order
+    /// (name `"default"` among them to keep serving it).
     ///
     /// A pool serving several queues gives each a fair share of every
     /// claim (its free slots divided by the number of queues, rounded up;
@@ -84,9 +94,6 @@ impl WorkerPoolBuilder {
     /// is asked first changes from claim to claim: a flood in one queue
     /// cannot starve another.
     pub fn queue(mut self, name: impl Into<String>) -> Self {
-        if self.queues == [crate::job::DEFAULT_QUEUE] {
-            self.queues.clear();
-        }
         let name = name.into();
         if !self.queues.contains(&name) {
             self.queues.push(name);
@@ -347,7 +354,7 @@ impl WorkerPool {
     pub fn builder(queue: &Queue) -> WorkerPoolBuilder {
         WorkerPoolBuilder {
             queue: queue.clone(),
-            queues: vec![crate::job::DEFAULT_QUEUE.to_owned()],
+            queues: Vec::new(),
             threads: 4,
             handlers: HashMap::new(),
             retry_policies: HashMap::new(),

@@ -207,6 +207,7 @@ impl WorkerPoolBuilder {
                 self.lease
             )));
         }
+        let queues = self.served_queues();
         let worker_id = self
             .worker_id
             .clone()
@@ -254,7 +255,7 @@ impl WorkerPoolBuilder {
             let shared = Arc::clone(&shared);
             let config = DispatchConfig {
                 outcome_sync_interval: self.outcome_sync_interval,
-                queues: self.queues.clone(),
+                queues,
                 kinds,
                 worker_id: worker_id.clone(),
                 threads: self.threads,

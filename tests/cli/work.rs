@@ -270,3 +270,20 @@ fn refuses_a_queue_file_others_can_write() {
     env.run(&work_args(&["--drain", "--lease", "1s"])).ok();
     assert_eq!(env.job(id).state, JobState::Succeeded);
 }
+
+/// `--queue default --queue mail` serves both: naming `default` first used
+/// to replace it, the `default` job never ran and `--drain` never ended.
+#[test]
+fn work_serves_every_queue_it_names_and_drains() {
+    let env = Env::new();
+    let in_default = env.enqueue_shell(&["true"], &[]);
+    let in_mail = env.enqueue_shell(&["true"], &["--queue", "mail"]);
+    let elsewhere = env.enqueue_shell(&["true"], &["--queue", "other"]);
+    env.run(&work_args(&[
+        "--drain", "--lease", "1s", "--queue", "default", "--queue", "mail",
+    ]))
+    .ok();
+    assert_eq!(env.job(in_default).state, JobState::Succeeded);
+    assert_eq!(env.job(in_mail).state, JobState::Succeeded);
+    assert_eq!(env.job(elsewhere).state, JobState::Pending);
+}

@@ -38,6 +38,7 @@ mod pool_exactly_once;
 mod pool_lease_loss;
 mod pool_outcomes;
 mod pool_panic;
+mod pool_queues;
 mod pool_shutdown;
 mod pool_slots;
 mod pool_two_processes;
