@@ -775,3 +775,63 @@ fn a_server_defaulting_to_compact_rows_opens_and_takes_long_unique_keys() {
         }
     });
 }
+
+/// MySQL's: an InnoDB range scan with `FOR UPDATE` locks the first row
+/// past its range, until its transaction ends, and a claim skips what is
+/// locked. The reaper's look for finished jobs whose holder's lease ran
+/// out ended on the first pending row of its index, so a claim while the
+/// reaper's transaction was open took a lower-priority job first (one
+/// pool thread then ran its jobs out of order). A trigger holds the
+/// reaper's transaction open here; PostgreSQL locks only the rows a
+/// locking read returns, and SQLite has one writer.
+#[test]
+fn a_claim_while_the_reaper_is_in_its_transaction_takes_the_highest_priority_job() {
+    let Some(db) = my::test_database() else {
+        return;
+    };
+    let queue = Queue::open(db.url()).expect("open");
+    // A cancelled job whose holder's lease runs out: the reaper clears it.
+    let stopping = queue.enqueue(NewJob::new("k").priority(100)).unwrap();
+    let lease = queue
+        .manual()
+        .claim("default", "w", 1, Duration::from_millis(1))
+        .unwrap()
+        .remove(0);
+    assert_eq!(lease.job_id, stopping);
+    queue.cancel(stopping).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let first = queue.enqueue(NewJob::new("k").priority(10)).unwrap();
+    let second = queue.enqueue(NewJob::new("k").priority(0)).unwrap();
+    let mut conn = db.connect();
+    conn.query_drop(
+        "CREATE TRIGGER slow_reaper BEFORE UPDATE ON tickler_jobs FOR EACH ROW
+         IF OLD.status = 'cancelled' AND NEW.lease_expires_at IS NULL THEN DO SLEEP(3); END IF",
+    )
+    .unwrap();
+    std::thread::scope(|scope| {
+        let reaper = scope.spawn(|| queue.manual().reap().unwrap());
+        wait_until("the reaper sleeps in the trigger", secs(10), || {
+            let sleeping: Option<i64> = conn
+                .query_first(
+                    "SELECT count(*) FROM information_schema.PROCESSLIST
+                     WHERE INFO = 'DO SLEEP(3)' AND STATE = 'User sleep'",
+                )
+                .unwrap();
+            sleeping == Some(1)
+        });
+        let claimed = queue
+            .manual()
+            .claim("default", "w", 1, secs(60))
+            .unwrap()
+            .remove(0);
+        assert_eq!(
+            claimed.job_id, first,
+            "the claim skipped the highest-priority job"
+        );
+        reaper.join().unwrap();
+    });
+    let claimed = queue.manual().claim("default", "w", 1, secs(60)).unwrap();
+    assert_eq!(claimed[0].job_id, second);
+    let job = queue.get(stopping).unwrap();
+    assert_eq!(job.state, JobState::Cancelled);
+}

@@ -95,8 +95,13 @@ impl ClaimTx for InTransaction<'_, '_> {
     }
 
     fn promote_due(&mut self, queue: &str, now: i64, limit: i64) -> Result<u64> {
+        // The due-time index, named: with `(status, queue)` as its prefix
+        // the index of pending jobs looks as good to the optimizer, and
+        // through it this would sort (and lock) every scheduled job of the
+        // queue, due or not. Its range ends on a scheduled job not yet due,
+        // or another queue's: never on a pending one.
         let due = self.tx.rows(
-            "SELECT id FROM tickler_jobs
+            "SELECT id FROM tickler_jobs FORCE INDEX (tickler_jobs_due)
              WHERE status = 'scheduled' AND queue = ? AND run_at <= ?
              ORDER BY run_at LIMIT ? FOR UPDATE SKIP LOCKED",
             args![queue, now, limit],

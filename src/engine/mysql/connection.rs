@@ -469,6 +469,43 @@ impl<'a, Q: Queryable> Tx<'a, Q> {
         Ok(self.q.exec_first(sql, params(values))?)
     }
 
+    /// The `columns` of up to `limit` jobs matching `condition` (its
+    /// markers take `values`), in `order`, each locked, skipping those
+    /// another transaction holds. Found by a plain read and then locked by
+    /// primary key: a locking range scan on InnoDB also locks the first row
+    /// past its range until the transaction ends, which may be a pending job
+    /// that a claim beside it would then skip.
+    pub(crate) fn lock_found(
+        &mut self,
+        columns: &str,
+        condition: &str,
+        order: &str,
+        values: Vec<Value>,
+        limit: i64,
+    ) -> Result<Vec<Row>> {
+        let mut found = values.clone();
+        found.push(Value::from(limit));
+        let ids: Vec<Value> = self
+            .rows(
+                &format!("SELECT id FROM tickler_jobs WHERE {condition} {order} LIMIT ?"),
+                found,
+            )?
+            .iter()
+            .map(|r| super::rows::get::<i64>(r, 0).map(Value::from))
+            .collect::<Result<_>>()?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT {columns} FROM tickler_jobs FORCE INDEX (PRIMARY)
+             WHERE id IN ({}) AND {condition} {order} FOR UPDATE SKIP LOCKED",
+            marks(ids.len())
+        );
+        let mut values = values;
+        values.splice(0..0, ids);
+        self.rows(&sql, values)
+    }
+
     /// [`Tx::exec`] of a statement with named markers ([`named`]).
     pub(crate) fn exec_named(&mut self, sql: &str, values: &[(&str, Value)]) -> Result<u64> {
         let (sql, values) = named(sql, values);

@@ -136,7 +136,8 @@ impl Leases for Store {
                 }
                 let (sql, mut values) = named(
                     &format!(
-                        "UPDATE tickler_jobs SET {STEP_SET} WHERE {stepped} AND id IN ({})",
+                        "UPDATE tickler_jobs FORCE INDEX (PRIMARY) SET {STEP_SET}
+                         WHERE {stepped} AND id IN ({})",
                         marks(ids.len())
                     ),
                     &step,
@@ -145,21 +146,22 @@ impl Leases for Store {
                 tx.exec(&sql, values)?;
             }
             let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
-            let expired = tx.rows(
-                "SELECT id, run_token, attempts, coalesce(claimed_by, '?'), lease_expires_at
-                 FROM tickler_jobs
-                 WHERE status = 'running' AND lease_expires_at < ?
-                 ORDER BY lease_expires_at LIMIT ? FOR UPDATE SKIP LOCKED",
-                args![now, REAP_BATCH],
+            let expired = tx.lock_found(
+                "id, run_token, attempts, coalesce(claimed_by, '?'), lease_expires_at",
+                "status = 'running' AND lease_expires_at < ?",
+                "ORDER BY lease_expires_at",
+                args![now],
+                REAP_BATCH,
             )?;
             // Cancelled jobs whose holder's lease ran out: their unique key
             // is free again.
             let stopped: Vec<Value> = tx
-                .rows(
-                    "SELECT id FROM tickler_jobs
-                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at < ?
-                     LIMIT ? FOR UPDATE SKIP LOCKED",
-                    args![now, REAP_BATCH],
+                .lock_found(
+                    "id",
+                    "status IN ('cancelled', 'dead') AND lease_expires_at < ?",
+                    "",
+                    args![now],
+                    REAP_BATCH,
                 )?
                 .iter()
                 .map(|r| get::<i64>(r, 0).map(Value::from))
@@ -167,7 +169,8 @@ impl Leases for Store {
             if !stopped.is_empty() {
                 tx.exec(
                     &format!(
-                        "UPDATE tickler_jobs SET lease_expires_at = NULL WHERE id IN ({})",
+                        "UPDATE tickler_jobs FORCE INDEX (PRIMARY) SET lease_expires_at = NULL
+                         WHERE id IN ({})",
                         marks(stopped.len())
                     ),
                     stopped,

@@ -98,14 +98,16 @@ const HOLDER_STOPPED_SQL: &str = "UPDATE tickler_jobs SET lease_expires_at = NUL
 
 /// The running rows among `n` ids, locked in id order, so that two
 /// transactions updating several of the same rows (a pool's heartbeats
-/// and its outcomes) take them in the same order and never deadlock.
+/// and its outcomes) take them in the same order and never deadlock. By
+/// primary key: on a small table the optimizer may walk the index of
+/// running jobs instead, locking every running row in lease order.
 pub(super) fn lock_running_in_order<Q: Queryable>(
     tx: &mut Tx<'_, Q>,
     ids: &[i64],
 ) -> Result<HashMap<i64, String>> {
     let sql = format!(
-        "SELECT id, run_token FROM tickler_jobs WHERE id IN ({}) AND status = 'running'
-         ORDER BY id FOR UPDATE",
+        "SELECT id, run_token FROM tickler_jobs FORCE INDEX (PRIMARY)
+         WHERE id IN ({}) AND status = 'running' ORDER BY id FOR UPDATE",
         marks(ids.len())
     );
     let values = ids.iter().map(|id| Value::from(*id)).collect();
