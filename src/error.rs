@@ -222,11 +222,16 @@ pub enum Error {
     Sqlite(rusqlite::Error),
 
     /// A PostgreSQL error that retrying did not cure (or that retrying
-    /// cannot cure: a statement the server refused). Connection losses,
-    /// server restarts, failovers, deadlocks and serialization failures
-    /// are retried for `QueueBuilder::busy_retry` first.
+    /// cannot cure: a statement the server refused, a wrong password, a
+    /// database that does not exist, a missing privilege). Its text gives
+    /// the server's severity, message and SQLSTATE, and its detail and hint
+    /// where the server sent them (`ERROR: relation "x" does not exist
+    /// (SQLSTATE 42P01)`), or the client's error and the I/O error under
+    /// it. Connection losses, server restarts, failovers, deadlocks and
+    /// serialization failures are retried for `QueueBuilder::busy_retry`
+    /// first, and the last error of that window is the one reported.
     #[cfg(feature = "postgres")]
-    #[error("PostgreSQL error: {0}")]
+    #[error("PostgreSQL error: {}", postgres_text(.0))]
     Postgres(postgres::Error),
 
     /// A MySQL/MariaDB error that retrying did not cure (or cannot cure: a
@@ -361,6 +366,35 @@ impl From<mysql::UrlError> for Error {
     fn from(e: mysql::UrlError) -> Self {
         Error::Config(format!("not a MySQL URL ({e})"))
     }
+}
+
+/// A PostgreSQL error with what its `Display` leaves out ("db error"): the
+/// server's severity, message, SQLSTATE, detail and hint, or the cause
+/// under a client error (the I/O error of a lost connection, say).
+#[cfg(feature = "postgres")]
+pub(crate) fn postgres_text(e: &postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut text = format!(
+            "{}: {} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        );
+        if let Some(detail) = db.detail() {
+            text.push_str(&format!("; detail: {detail}"));
+        }
+        if let Some(hint) = db.hint() {
+            text.push_str(&format!("; hint: {hint}"));
+        }
+        return text;
+    }
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
 }
 
 #[cfg(feature = "postgres")]

@@ -170,3 +170,61 @@ fn a_transaction_of_the_other_engine_is_refused() {
     assert_eq!(file.count(JobState::Pending).unwrap(), 0);
     assert_eq!(queue.count(JobState::Pending).unwrap(), 0);
 }
+
+/// PostgreSQL's: `RESET ALL` keeps a `SET ROLE`. An application that
+/// switched to a role of its own inside `complete_with` (a role with no
+/// rights on tickler's tables, say) left tickler's pooled connection
+/// running every later statement as that role, and each failed with
+/// "permission denied". tickler's connections go back to the role they
+/// logged in as.
+#[test]
+fn a_role_set_in_complete_with_does_not_stay_on_ticklers_connection() {
+    let Some(db) = pg::test_database() else {
+        return;
+    };
+    let mut admin = db.connect();
+    admin
+        .batch_execute(
+            "DO $$ BEGIN
+               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'tickler_no_rights') THEN
+                 CREATE ROLE tickler_no_rights NOLOGIN;
+               END IF;
+             END $$;",
+        )
+        .unwrap();
+    let queue = Queue::builder(db.url())
+        .postgres(|o| o.max_connections(2))
+        .open()
+        .expect("open");
+    for round in 0..3 {
+        queue.enqueue(NewJob::new("k")).unwrap();
+        let lease = queue
+            .manual()
+            .claim("default", "w", 1, secs(30))
+            .unwrap()
+            .remove(0);
+        queue
+            .complete_with(&lease, |tx: &mut tickler::postgres::Transaction| {
+                tx.batch_execute("SET ROLE tickler_no_rights")?;
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+    }
+    for n in 0..20 {
+        queue
+            .enqueue(NewJob::new("after"))
+            .unwrap_or_else(|e| panic!("enqueue {n} after the application's SET ROLE: {e}"));
+        let lease = queue
+            .manual()
+            .claim("default", "w", 1, secs(30))
+            .unwrap_or_else(|e| panic!("claim {n}: {e}"))
+            .remove(0);
+        let user = queue
+            .complete_with(&lease, |tx: &mut tickler::postgres::Transaction| {
+                let row = tx.query_one("SELECT current_user = session_user", &[])?;
+                Ok(row.get::<_, bool>(0))
+            })
+            .unwrap();
+        assert!(user, "round {n}: tickler's connection runs as another role");
+    }
+}

@@ -1133,3 +1133,46 @@ mod unique {
         assert_eq!(id, held);
     }
 }
+
+/// PostgreSQL's: JIT (on by default since PostgreSQL 12) compiles every
+/// statement whose estimated cost passes `jit_above_cost`, and the planner
+/// prices a claim's `LIMIT` under its `NOT EXISTS` as a read of the whole
+/// table: on a deep queue each claim spent 300 ms compiling what ran in
+/// 0.3 ms. tickler's sessions turn it off, also on a database that turns
+/// it on for every statement, and again after the application's own
+/// statements in `complete_with` set it.
+#[test]
+fn tickler_sessions_never_compile_with_jit() {
+    let Some(db) = test_database() else {
+        return;
+    };
+    db.connect()
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{0}\" SET jit = on; ALTER DATABASE \"{0}\" SET jit_above_cost = 0",
+            db.name()
+        ))
+        .unwrap();
+    // The database's setting reaches a session that does not set its own.
+    let plain: String = db.connect().query_one("SHOW jit", &[]).unwrap().get(0);
+    assert_eq!(plain, "on");
+    let queue = Queue::open(db.url()).expect("open");
+    for round in 0..3 {
+        queue.enqueue(NewJob::new("k")).unwrap();
+        let lease = queue
+            .manual()
+            .claim("default", "w", 1, secs(30))
+            .unwrap()
+            .remove(0);
+        let seen = queue
+            .complete_with(&lease, |tx: &mut tickler::postgres::Transaction| {
+                let jit: String = tx.query_one("SHOW jit", &[])?.get(0);
+                tx.batch_execute("SET jit = on")?;
+                Ok(jit)
+            })
+            .unwrap();
+        assert_eq!(
+            seen, "off",
+            "round {round}: a session of tickler's compiles with JIT"
+        );
+    }
+}

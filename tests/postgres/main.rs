@@ -21,6 +21,8 @@ mod app_tx;
 mod engine;
 /// An enqueue whose commit reply is lost on the wire.
 mod enqueue_lost_commit;
+/// What the server said reaches the caller; refusals fail at once.
+mod errors;
 /// The test harness's databases of their own.
 mod harness;
 /// A job's whole life on a server.

@@ -323,7 +323,7 @@ fn postgres_target(path: &Path) -> PathBuf {
         .expect("a PostgreSQL case needs TICKLER_TEST_DATABASE_URL (.ci/postgres sets it)");
     let name = database_name(path);
     let mut admin = postgres::Client::connect(&server, postgres::NoTls)
-        .unwrap_or_else(|e| panic!("cannot connect to {server}: {e}"));
+        .unwrap_or_else(|e| panic!("cannot connect to {server}: {e:?}"));
     match admin.batch_execute(&format!("CREATE DATABASE \"{name}\" TEMPLATE template0")) {
         Ok(()) => {}
         Err(e) if e.code() == Some(&postgres::error::SqlState::DUPLICATE_DATABASE) => {}

@@ -15,7 +15,7 @@ use postgres::error::SqlState;
 use postgres::types::ToSql;
 use postgres::{Client, NoTls, Row, Statement};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 /// Connections of the pool: the client, its prepared statements, and
@@ -35,8 +35,8 @@ impl Conn {
         }
     }
 
-    /// Sets every session setting back to the connection's defaults, in one
-    /// round trip, after the application's statements ran on this
+    /// Sets the session back to how tickler opened it ([`SESSION_RESET`],
+    /// then [`SESSION_SETUP`]), in one round trip, after the application's statements ran on this
     /// connection: a `SET search_path` of theirs would otherwise reach
     /// tickler's next statements here. A connection whose settings cannot
     /// be set back is dropped.
@@ -44,18 +44,39 @@ impl Conn {
         if self.broken {
             return;
         }
-        if let Err(e) = self.client.batch_execute("RESET ALL") {
+        if let Err(e) = self
+            .client
+            .batch_execute(&format!("{SESSION_RESET} {SESSION_SETUP}"))
+        {
             log::warn!("dropping a connection whose settings could not be set back: {e}");
             self.broken = true;
         }
     }
 }
 
+/// What every connection of the pool sets for its session. No JIT:
+/// tickler's statements each read a few index entries, but the planner
+/// prices a `LIMIT` under a `NOT EXISTS` as a read of the whole table, and
+/// past `jit_above_cost` (PostgreSQL 12 and later, where JIT is on by
+/// default) each claim spent 300 ms compiling what runs in 0.3 ms.
+pub(super) const SESSION_SETUP: &str = "SET jit = off";
+
+/// What the application's statements may leave on a connection of
+/// tickler's, undone after them: its settings (`RESET ALL`), and what
+/// `RESET ALL` keeps: a `SET ROLE` or `SET SESSION AUTHORIZATION` (tickler's
+/// next statements would run as that role, and a role without rights on
+/// tickler's tables fails them), advisory locks held for the session, and
+/// temporary tables. `DISCARD ALL` would also drop the prepared statements
+/// tickler keeps for the connection.
+const SESSION_RESET: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ALL; \
+     SELECT pg_advisory_unlock_all(); DISCARD TEMP;";
+
 /// Makes the pool's connections; a connection that failed in a way that
 /// makes it useless (closed, or on a server that became read-only after a
 /// failover) is dropped rather than given out again.
 pub(crate) struct Manager {
     config: postgres::Config,
+    refused: Refused,
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -63,7 +84,9 @@ impl r2d2::ManageConnection for Manager {
     type Error = postgres::Error;
 
     fn connect(&self) -> std::result::Result<Conn, postgres::Error> {
-        let client = self.config.connect(NoTls)?;
+        let mut client = self.config.connect(NoTls)?;
+        client.batch_execute(SESSION_SETUP)?;
+        *self.refused.lock().unwrap_or_else(PoisonError::into_inner) = None;
         Ok(Conn {
             client,
             statements: HashMap::new(),
@@ -278,10 +301,7 @@ impl Store {
         attempt: Attempt,
         autocommit: bool,
     ) -> std::result::Result<T, (Error, Phase)> {
-        let mut conn = self
-            .pool
-            .get()
-            .map_err(|e| (Error::from(e), Phase::Begin))?;
+        let mut conn = self.connection().map_err(|e| (e, Phase::Begin))?;
         let conn = &mut *conn;
         let result = (|| {
             let session = if autocommit {
@@ -316,13 +336,18 @@ impl Store {
         result
     }
 
+    /// A connection of the pool ([`pooled_from`]).
+    pub(crate) fn connection(&self) -> Result<r2d2::PooledConnection<Manager>> {
+        pooled_from(&self.pool, &self.refused, || self.describe())
+    }
+
     /// A connection of the pool, for the application's transactions:
     /// checked with a round trip however recently it was used (the
     /// application's statements are not retried), and taken again while
     /// the check fails, within the retry window.
     pub(crate) fn pooled(&self) -> Result<r2d2::PooledConnection<Manager>> {
         RETRIES.run(self.retry_window, || {
-            let mut pooled = self.pool.get()?;
+            let mut pooled = self.connection()?;
             if let Err(e) = pooled.client.simple_query("") {
                 pooled.broken = true;
                 return Err(Error::Postgres(e));
@@ -375,6 +400,7 @@ impl Capabilities for Store {
 pub(super) fn connection_pool(
     config: &postgres::Config,
     max_connections: u32,
+    refused: &Refused,
 ) -> r2d2::Pool<Manager> {
     // r2d2's own helper threads would otherwise wait for the pool's
     // next scheduled idle check (up to 30 s) after the pool is
@@ -390,38 +416,65 @@ pub(super) fn connection_pool(
         .max_size(max_connections.max(2))
         .min_idle(Some(1))
         .connection_timeout(Duration::from_secs(10))
-        .error_handler(Box::new(ConnectFailed))
+        .error_handler(Box::new(ConnectFailed(refused.clone())))
         .build_unchecked(Manager {
             config: config.clone(),
+            refused: refused.clone(),
         })
 }
 
 /// What the pool does with a connection it could not open. r2d2's default
 /// logs an ERROR reading only "db error" or "error connecting to server":
 /// alarming while the server restarts (the pool and `Store::write` retry
-/// through that), and silent on the cause when it does not come back.
+/// through that), and silent on the cause when it does not come back. A
+/// refusal no retry cures is kept for the callers whose wait for a
+/// connection then times out.
 #[derive(Debug)]
-struct ConnectFailed;
+struct ConnectFailed(Refused);
 
 impl r2d2::HandleError<postgres::Error> for ConnectFailed {
     fn handle_error(&self, error: postgres::Error) {
-        log::warn!(
-            "cannot open a PostgreSQL connection ({}); retrying",
-            with_cause(&error)
-        );
+        let text = crate::error::postgres_text(&error);
+        let mut refused = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if never_cured(&error) {
+            log::warn!("cannot open a PostgreSQL connection ({text})");
+            *refused = Some((std::time::Instant::now(), text));
+        } else {
+            log::warn!("cannot open a PostgreSQL connection ({text}); retrying");
+            *refused = None;
+        }
     }
 }
 
-/// A PostgreSQL error with what its `Display` leaves out: the server's
-/// message and SQLSTATE, or the I/O error underneath.
-pub(crate) fn with_cause(e: &postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        return format!("{}: {} ({})", db.severity(), db.message(), db.code().code());
-    }
-    match std::error::Error::source(e) {
-        Some(cause) => format!("{e}: {cause}"),
-        None => e.to_string(),
-    }
+/// The last refusal of a new connection that no retry cures (a password
+/// changed since the open, a database dropped, a privilege revoked), and
+/// when it came; cleared by a connection made or failing otherwise.
+pub(super) type Refused = Arc<std::sync::Mutex<Option<(std::time::Instant, String)>>>;
+
+/// A connection of `pool`. A wait that timed out while new connections
+/// were being refused for a reason no retry cures fails with that reason
+/// ([`Error::Config`]), not with the pool's timeout retried for the whole
+/// retry window.
+pub(super) fn pooled_from(
+    pool: &r2d2::Pool<Manager>,
+    refused: &Refused,
+    describe: impl FnOnce() -> String,
+) -> Result<r2d2::PooledConnection<Manager>> {
+    pool.get().map_err(|e| {
+        let refusal = refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < Duration::from_secs(60))
+            .map(|(_, text)| text.clone());
+        match refusal {
+            Some(text) => Error::Config(format!(
+                "no connection to {} could be opened: {text}",
+                describe()
+            )),
+            None => Error::Pool(e),
+        }
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -444,6 +497,9 @@ pub(crate) fn retryable(e: &Error) -> bool {
     match e {
         Error::Pool(_) => true,
         Error::Postgres(e) => {
+            if never_cured(e) {
+                return false;
+            }
             if e.is_closed() || stale_plan(e) || ended_session(e) {
                 return true;
             }
@@ -466,6 +522,70 @@ pub(crate) fn retryable(e: &Error) -> bool {
             }
         }
         _ => false,
+    }
+}
+
+/// Errors no retry cures: the server refused the login (a wrong password,
+/// an unknown role, a `pg_hba.conf` without a line for this client), the
+/// database does not exist, a privilege is missing; or the client cannot
+/// even try (a malformed setting, TLS asked for and refused). The server
+/// sends the first ones as FATAL while it ends the session it was opening,
+/// which would otherwise read as a session ended while idle, and retried.
+pub(super) fn never_cured(e: &postgres::Error) -> bool {
+    if let Some(code) = e.code() {
+        return code.code().starts_with("28")
+            || *code == SqlState::INVALID_CATALOG_NAME
+            || *code == SqlState::INSUFFICIENT_PRIVILEGE;
+    }
+    // The client's own errors, known only by their text (their kind is
+    // private to the client library).
+    e.as_db_error().is_none()
+        && [
+            "authentication error",
+            "invalid configuration",
+            "invalid connection string",
+            "error performing TLS handshake",
+        ]
+        .contains(&e.to_string().as_str())
+}
+
+/// Opens one connection before the pool does, so that what no retry can
+/// cure ([`never_cured`]) fails the open at once with the server's reason
+/// instead of the pool's timeout 30 s later. A server that does not
+/// accept connections yet (starting, restarting, full) is tried again
+/// until `window` ends, and the last error is the one returned.
+pub(super) fn first_connection(
+    config: &postgres::Config,
+    describe: &str,
+    window: Duration,
+) -> Result<()> {
+    let deadline = std::time::Instant::now() + window;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match config.connect(NoTls) {
+            Ok(_) => return Ok(()),
+            // The server's refusal keeps its type and SQLSTATE.
+            Err(e) if never_cured(&e) && e.as_db_error().is_some() => {
+                return Err(Error::Postgres(e))
+            }
+            Err(e) if never_cured(&e) => {
+                return Err(Error::Config(format!(
+                    "cannot connect to {describe}: {}",
+                    crate::error::postgres_text(&e)
+                )))
+            }
+            Err(e) => {
+                if std::time::Instant::now() + pause >= deadline {
+                    return Err(Error::Postgres(e));
+                }
+                log::warn!(
+                    "cannot connect to {describe} yet ({}); retrying",
+                    crate::error::postgres_text(&e)
+                );
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        }
     }
 }
 
@@ -552,7 +672,7 @@ impl std::fmt::Debug for Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Mutex, PoisonError};
+    use std::sync::Mutex;
 
     /// Every record logged in this test binary (no other test logs).
     static LOGGED: Mutex<Vec<(log::Level, String)>> = Mutex::new(Vec::new());
@@ -583,7 +703,7 @@ mod tests {
         }
         // Nothing listens on port 1.
         let config: postgres::Config = "postgres://tickler@127.0.0.1:1/none".parse().unwrap();
-        let pool = connection_pool(&config, 2);
+        let pool = connection_pool(&config, 2, &Refused::default());
         assert!(pool.get_timeout(Duration::from_millis(300)).is_err());
         let logged = LOGGED
             .lock()

@@ -51,6 +51,8 @@ use std::time::{Duration, Instant};
 pub(crate) struct Store {
     url: String,
     pool: r2d2::Pool<Manager>,
+    /// The pool's last refusal of a connection that no retry cures.
+    refused: connection::Refused,
     clock: Arc<dyn Clock>,
     retry_policy: RetryPolicy,
     retry_window: Duration,
@@ -83,16 +85,24 @@ impl Store {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
         }
-        let pool = connection_pool(&config, settings.max_connections);
+        let retry_window = settings.busy_timeout + settings.busy_retry;
+        connection::first_connection(
+            &config,
+            &crate::engine::redacted_location(url),
+            retry_window,
+        )?;
+        let refused = connection::Refused::default();
+        let pool = connection_pool(&config, settings.max_connections, &refused);
         let signals = watch::Signals::new(config, settings.listen, settings.fallback_poll);
         let mut store = Store {
             url: url.to_owned(),
             pool,
+            refused,
             clock: Arc::new(crate::clock::SystemClock),
             retry_policy: settings.retry_policy,
             // Connection losses and restarts are retried as long as a
             // SQLite writer would wait for the lock and retry.
-            retry_window: settings.busy_timeout + settings.busy_retry,
+            retry_window,
             signals,
             vacuum_checked: Mutex::new(Instant::now()),
         };

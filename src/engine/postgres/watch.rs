@@ -12,8 +12,9 @@
 //! commit and the notification leaves the job to be found by the fallback
 //! poll or the next notification.
 
-use super::connection::{with_cause, Manager};
+use super::connection::Manager;
 use super::Store;
+use crate::error::postgres_text;
 use crossbeam_channel::{Receiver, Sender};
 use postgres::fallible_iterator::FallibleIterator;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -161,7 +162,7 @@ fn listener(signals: &Weak<Signals>, config: &postgres::Config) {
             Err(e) => {
                 log::warn!(
                     "cannot listen for new jobs ({}); polling until it can",
-                    with_cause(&e)
+                    postgres_text(&e)
                 );
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(RECONNECT_MAX);
@@ -200,14 +201,14 @@ fn listener(signals: &Weak<Signals>, config: &postgres::Config) {
                 return;
             }
             if let Some(e) = failed {
-                break with_cause(&e);
+                break postgres_text(&e);
             }
             if client.is_closed() {
                 break "connection closed".to_owned();
             }
             if quiet_since.elapsed() >= LISTEN_CHECK {
                 if let Err(e) = client.is_valid(Duration::from_secs(10)) {
-                    break with_cause(&e);
+                    break postgres_text(&e);
                 }
                 quiet_since = Instant::now();
             }
