@@ -776,6 +776,20 @@ fn a_server_defaulting_to_compact_rows_opens_and_takes_long_unique_keys() {
     });
 }
 
+/// Returns once a statement sleeps in a trigger's `DO SLEEP(3)` (as the
+/// transaction of `who` does, holding its locks).
+fn wait_for_trigger_sleep(conn: &mut mysql::Conn, who: &str) {
+    wait_until(&format!("{who} sleeps in the trigger"), secs(10), || {
+        let sleeping: Option<i64> = conn
+            .query_first(
+                "SELECT count(*) FROM information_schema.PROCESSLIST
+                 WHERE INFO = 'DO SLEEP(3)' AND STATE = 'User sleep'",
+            )
+            .unwrap();
+        sleeping == Some(1)
+    });
+}
+
 /// MySQL's: an InnoDB range scan with `FOR UPDATE` locks the first row
 /// past its range, until its transaction ends, and a claim skips what is
 /// locked. The reaper's look for finished jobs whose holder's lease ran
@@ -810,15 +824,7 @@ fn a_claim_while_the_reaper_is_in_its_transaction_takes_the_highest_priority_job
     .unwrap();
     std::thread::scope(|scope| {
         let reaper = scope.spawn(|| queue.manual().reap().unwrap());
-        wait_until("the reaper sleeps in the trigger", secs(10), || {
-            let sleeping: Option<i64> = conn
-                .query_first(
-                    "SELECT count(*) FROM information_schema.PROCESSLIST
-                     WHERE INFO = 'DO SLEEP(3)' AND STATE = 'User sleep'",
-                )
-                .unwrap();
-            sleeping == Some(1)
-        });
+        wait_for_trigger_sleep(&mut conn, "the reaper");
         let claimed = queue
             .manual()
             .claim("default", "w", 1, secs(60))
@@ -834,4 +840,44 @@ fn a_claim_while_the_reaper_is_in_its_transaction_takes_the_highest_priority_job
     assert_eq!(claimed[0].job_id, second);
     let job = queue.get(stopping).unwrap();
     assert_eq!(job.state, JobState::Cancelled);
+}
+
+/// MySQL's, as the reaper's case above: a claim promotes its queue's due
+/// scheduled jobs, and a locking scan over that queue's due times ended on
+/// the next entry of the index, the earliest scheduled job of the next
+/// queue, and held it until the claim committed. A claim of that queue
+/// beside it skipped its own due job and got nothing. A trigger holds the
+/// first claim's transaction open.
+#[test]
+fn a_claim_in_another_queue_beside_a_claim_in_its_transaction_gets_its_due_job() {
+    let Some(db) = my::test_database() else {
+        return;
+    };
+    let queue = Queue::open(db.url()).expect("open");
+    let soon = chrono::Utc::now() + chrono::Duration::milliseconds(200);
+    let a = queue
+        .enqueue(NewJob::new("k").queue("a").run_at(soon))
+        .unwrap();
+    let b = queue
+        .enqueue(NewJob::new("k").queue("b").run_at(soon))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut conn = db.connect();
+    conn.query_drop(
+        "CREATE TRIGGER slow_claim BEFORE UPDATE ON tickler_jobs FOR EACH ROW
+         IF NEW.queue = 'a' AND NEW.status = 'running' THEN DO SLEEP(3); END IF",
+    )
+    .unwrap();
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| queue.manual().claim("a", "w", 5, secs(60)).unwrap());
+        wait_for_trigger_sleep(&mut conn, "the claim of queue a");
+        let claimed = queue.manual().claim("b", "w", 1, secs(60)).unwrap();
+        assert_eq!(
+            claimed.iter().map(|l| l.job_id).collect::<Vec<_>>(),
+            vec![b],
+            "queue b's due job was skipped"
+        );
+        let first = first.join().unwrap();
+        assert_eq!(first[0].job_id, a);
+    });
 }

@@ -29,17 +29,31 @@ fn as_user(url: &str, user: &str, password: &str) -> String {
 /// the open took.
 fn open_fails(url: &str) -> (Error, Duration) {
     let start = Instant::now();
-    let result = Queue::builder(url)
-        .busy_timeout(Duration::from_secs(5))
-        .busy_retry(Duration::from_secs(55))
-        .open();
+    let result = open_with_a_long_window(url);
     match result {
         Ok(_) => panic!("the open of {url} succeeded"),
         Err(e) => (e, start.elapsed()),
     }
 }
 
-/// Sets the checked role's password, and lets it use `db`.
+/// The role for this test alone, with `password`.
+fn take_role(db: &pg::TestDb, password: &str) -> std::sync::MutexGuard<'static, ()> {
+    let guard = ROLE_USER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    set_role(db, password);
+    guard
+}
+
+/// `url` opened with a retry window of a minute.
+fn open_with_a_long_window(url: &str) -> tickler::Result<Queue> {
+    Queue::builder(url)
+        .busy_timeout(Duration::from_secs(5))
+        .busy_retry(Duration::from_secs(55))
+        .open()
+}
+
+/// Sets the checked role's password.
 fn set_role(db: &pg::TestDb, password: &str) {
     let mut admin = db.connect();
     admin
@@ -59,10 +73,7 @@ fn refusals_no_retry_cures_fail_the_open_at_once_with_the_servers_reason() {
     let Some(db) = pg::test_database() else {
         return;
     };
-    let _role = ROLE_USER
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    set_role(&db, "right");
+    let _role = take_role(&db, "right");
 
     // A wrong password: the server's reason and SQLSTATE, at once.
     let (e, took) = open_fails(&as_user(db.url(), ROLE, "wrong"));
@@ -120,18 +131,11 @@ fn a_password_changed_under_a_running_queue_fails_calls_with_the_reason() {
     let Some(db) = pg::test_database() else {
         return;
     };
-    let _role = ROLE_USER
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    set_role(&db, "right");
+    let _role = take_role(&db, "right");
     db.connect()
         .batch_execute(&format!("GRANT CREATE ON SCHEMA public TO {ROLE}"))
         .unwrap();
-    let queue = Queue::builder(as_user(db.url(), ROLE, "right"))
-        .busy_timeout(Duration::from_secs(5))
-        .busy_retry(Duration::from_secs(55))
-        .open()
-        .expect("open");
+    let queue = open_with_a_long_window(&as_user(db.url(), ROLE, "right")).expect("open");
     queue.enqueue(NewJob::new("k")).unwrap();
     set_role(&db, "changed");
     pg::terminate_connections(db.url(), Some("tickler"));

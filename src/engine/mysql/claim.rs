@@ -95,16 +95,19 @@ impl ClaimTx for InTransaction<'_, '_> {
     }
 
     fn promote_due(&mut self, queue: &str, now: i64, limit: i64) -> Result<u64> {
-        // The due-time index, named: with `(status, queue)` as its prefix
-        // the index of pending jobs looks as good to the optimizer, and
-        // through it this would sort (and lock) every scheduled job of the
-        // queue, due or not. Its range ends on a scheduled job not yet due,
-        // or another queue's: never on a pending one.
-        let due = self.tx.rows(
-            "SELECT id FROM tickler_jobs FORCE INDEX (tickler_jobs_due)
-             WHERE status = 'scheduled' AND queue = ? AND run_at <= ?
-             ORDER BY run_at LIMIT ? FOR UPDATE SKIP LOCKED",
-            args![queue, now, limit],
+        // Found by a plain read (usually nothing is due: no lock at all),
+        // then locked by primary key: the range over this queue's due
+        // times ends on the next entry of the index, another queue's
+        // earliest scheduled job, and a locking scan would hold that one
+        // until commit, so that queue's promote beside this claim would
+        // skip it.
+        let due = self.tx.lock_found(
+            "id",
+            "tickler_jobs_due",
+            "status = 'scheduled' AND queue = ? AND run_at <= ?",
+            "ORDER BY run_at",
+            args![queue, now],
+            limit,
         )?;
         if due.is_empty() {
             return Ok(0);
@@ -115,7 +118,7 @@ impl ClaimTx for InTransaction<'_, '_> {
             .collect::<Result<_>>()?;
         self.tx.exec(
             &format!(
-                "UPDATE tickler_jobs SET status = 'pending'
+                "UPDATE tickler_jobs FORCE INDEX (PRIMARY) SET status = 'pending'
                  WHERE id IN ({}) AND status = 'scheduled'",
                 marks(ids.len())
             ),

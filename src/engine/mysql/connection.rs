@@ -470,7 +470,7 @@ impl<'a, Q: Queryable> Tx<'a, Q> {
     }
 
     /// The `columns` of up to `limit` jobs matching `condition` (its
-    /// markers take `values`), in `order`, each locked, skipping those
+    /// markers take `values`; found through `index`), in `order`, each locked, skipping those
     /// another transaction holds. Found by a plain read and then locked by
     /// primary key: a locking range scan on InnoDB also locks the first row
     /// past its range until the transaction ends, which may be a pending job
@@ -478,6 +478,7 @@ impl<'a, Q: Queryable> Tx<'a, Q> {
     pub(crate) fn lock_found(
         &mut self,
         columns: &str,
+        index: &str,
         condition: &str,
         order: &str,
         values: Vec<Value>,
@@ -487,7 +488,10 @@ impl<'a, Q: Queryable> Tx<'a, Q> {
         found.push(Value::from(limit));
         let ids: Vec<Value> = self
             .rows(
-                &format!("SELECT id FROM tickler_jobs WHERE {condition} {order} LIMIT ?"),
+                &format!(
+                    "SELECT id FROM tickler_jobs FORCE INDEX ({index})
+                     WHERE {condition} {order} LIMIT ?"
+                ),
                 found,
             )?
             .iter()

@@ -148,6 +148,7 @@ impl Leases for Store {
             let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
             let expired = tx.lock_found(
                 "id, run_token, attempts, coalesce(claimed_by, '?'), lease_expires_at",
+                "tickler_jobs_running",
                 "status = 'running' AND lease_expires_at < ?",
                 "ORDER BY lease_expires_at",
                 args![now],
@@ -158,6 +159,7 @@ impl Leases for Store {
             let stopped: Vec<Value> = tx
                 .lock_found(
                     "id",
+                    "tickler_jobs_running",
                     "status IN ('cancelled', 'dead') AND lease_expires_at < ?",
                     "",
                     args![now],
