@@ -329,8 +329,11 @@ mod a_bad_snooze_in_an_outcome_batch {
     /// The bug it guards: see this module's doc (from a review).
     fn a_bad_snooze_alone_leaves_its_job_running_without_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
+        // An hour's backoff: the failed attempt's retry does not start (and
+        // show the job running again) before the check, on a slow machine.
         let queue = Queue::builder(common::engine::target(&dir.path().join("q.db")))
             .sqlite(|o| o.durability(Durability::Normal))
+            .retry_policy(crate::support::pool::hour_backoff())
             .open()
             .unwrap();
         let id = queue.enqueue(NewJob::new("bad")).unwrap();

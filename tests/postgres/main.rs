@@ -25,6 +25,8 @@ mod enqueue_lost_commit;
 mod errors;
 /// The test harness's databases of their own.
 mod harness;
+/// The plans of the hot statements at two depths.
+mod plans;
 /// A job's whole life on a server.
 mod smoke;
 /// Kills, cut connections and a server restart.

@@ -322,8 +322,23 @@ fn postgres_target(path: &Path) -> PathBuf {
     let server = std::env::var("TICKLER_TEST_DATABASE_URL")
         .expect("a PostgreSQL case needs TICKLER_TEST_DATABASE_URL (.ci/postgres sets it)");
     let name = database_name(path);
-    let mut admin = postgres::Client::connect(&server, postgres::NoTls)
-        .unwrap_or_else(|e| panic!("cannot connect to {server}: {e:?}"));
+    // Many cases at once may hold most of the server's connections for a
+    // moment (each queue has a pool and a listener): a full server is
+    // waited for, anything else fails the case.
+    let mut tries = 0;
+    let mut admin = loop {
+        match postgres::Client::connect(&server, postgres::NoTls) {
+            Ok(client) => break client,
+            Err(e)
+                if tries < 100
+                    && e.code() == Some(&postgres::error::SqlState::TOO_MANY_CONNECTIONS) =>
+            {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(e) => panic!("cannot connect to {server}: {e:?}"),
+        }
+    };
     match admin.batch_execute(&format!("CREATE DATABASE \"{name}\" TEMPLATE template0")) {
         Ok(()) => {}
         Err(e) if e.code() == Some(&postgres::error::SqlState::DUPLICATE_DATABASE) => {}
