@@ -783,7 +783,7 @@ fn wait_for_trigger_sleep(conn: &mut mysql::Conn, who: &str) {
         let sleeping: Option<i64> = conn
             .query_first(
                 "SELECT count(*) FROM information_schema.PROCESSLIST
-                 WHERE INFO = 'DO SLEEP(3)' AND STATE = 'User sleep'",
+                 WHERE INFO = 'DO SLEEP(3)' AND STATE = 'User sleep' AND DB = DATABASE()",
             )
             .unwrap();
         sleeping == Some(1)

@@ -228,3 +228,47 @@ fn a_role_set_in_complete_with_does_not_stay_on_ticklers_connection() {
         assert!(user, "round {n}: tickler's connection runs as another role");
     }
 }
+
+/// PostgreSQL's: the reset after `complete_with` must not drop a role the
+/// deployment made the login's default (`ALTER ROLE … SET role`, or the
+/// database's, as here), under which tickler's tables were created:
+/// `SET SESSION AUTHORIZATION DEFAULT` alone leaves no role set.
+#[test]
+fn a_default_role_of_the_login_stays_after_complete_with() {
+    let Some(db) = pg::test_database() else {
+        return;
+    };
+    let mut admin = db.connect();
+    admin
+        .batch_execute(&format!(
+            "DO $$ BEGIN
+               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'tickler_owner') THEN
+                 CREATE ROLE tickler_owner NOLOGIN;
+               END IF;
+             END $$;
+             GRANT CREATE, USAGE ON SCHEMA public TO tickler_owner;
+             ALTER DATABASE \"{}\" SET role = 'tickler_owner';",
+            db.name()
+        ))
+        .unwrap();
+    let queue = Queue::builder(db.url())
+        .postgres(|o| o.max_connections(2))
+        .open()
+        .expect("open");
+    for round in 0..6 {
+        queue.enqueue(NewJob::new("k")).unwrap();
+        let lease = queue
+            .manual()
+            .claim("default", "w", 1, secs(30))
+            .unwrap()
+            .remove(0);
+        let user: String = queue
+            .complete_with(&lease, |tx: &mut tickler::postgres::Transaction| {
+                let user = tx.query_one("SELECT current_user::text", &[])?.get(0);
+                tx.batch_execute("SET ROLE NONE")?;
+                Ok(user)
+            })
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(user, "tickler_owner", "round {round}");
+    }
+}

@@ -54,7 +54,7 @@ fn workload(queue: &Queue) {
 /// own), through `complete_with`, a few times to reach each of the pool's.
 fn statements(queue: &Queue) -> BTreeMap<String, Vec<String>> {
     let mut found = BTreeMap::new();
-    for _ in 0..6 {
+    for _ in 0..12 {
         queue.enqueue(NewJob::new("k").priority(1_000)).unwrap();
         let lease = queue
             .manual()
@@ -120,7 +120,10 @@ fn generic_plan(client: &mut postgres::Client, sql: &str, types: &[String]) -> (
 fn plans(db: &pg::TestDb, queue: &Queue) -> BTreeMap<String, (f64, String)> {
     let mut client = db.connect();
     client.batch_execute("ANALYZE tickler_jobs").unwrap();
-    workload(queue);
+    // A few times: each of the pool's connections prepares what it runs.
+    for _ in 0..4 {
+        workload(queue);
+    }
     statements(queue)
         .into_iter()
         .map(|(sql, types)| {
@@ -151,7 +154,12 @@ fn hot_statements_cost_the_same_at_1000_and_100000_jobs() {
     let Some(db) = pg::test_database() else {
         return;
     };
-    let queue = Queue::open(db.url()).expect("open");
+    // Two connections (the fewest a pool has), which the workload and the
+    // reads of their prepared statements both reach.
+    let queue = Queue::builder(db.url())
+        .postgres(|o| o.max_connections(2))
+        .open()
+        .expect("open");
     // The depth that grows is the pending jobs': the scheduled ones stay as
     // many, since the generic plan of the promotion prices its `run_at <=
     // now` as a third of them, whatever now is (a range on a parameter);

@@ -101,7 +101,7 @@ impl ClaimTx for InTransaction<'_, '_> {
         // earliest scheduled job, and a locking scan would hold that one
         // until commit, so that queue's promote beside this claim would
         // skip it.
-        let due = self.tx.lock_found(
+        let (due, _) = self.tx.lock_found(
             "id",
             "tickler_jobs_due",
             "status = 'scheduled' AND queue = ? AND run_at <= ?",

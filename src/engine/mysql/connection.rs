@@ -474,7 +474,8 @@ impl<'a, Q: Queryable> Tx<'a, Q> {
     /// another transaction holds. Found by a plain read and then locked by
     /// primary key: a locking range scan on InnoDB also locks the first row
     /// past its range until the transaction ends, which may be a pending job
-    /// that a claim beside it would then skip.
+    /// that a claim beside it would then skip. Also returns whether the plain
+    /// read found `limit` jobs (there may be more, though some were skipped).
     pub(crate) fn lock_found(
         &mut self,
         columns: &str,
@@ -483,7 +484,7 @@ impl<'a, Q: Queryable> Tx<'a, Q> {
         order: &str,
         values: Vec<Value>,
         limit: i64,
-    ) -> Result<Vec<Row>> {
+    ) -> Result<(Vec<Row>, bool)> {
         let mut found = values.clone();
         found.push(Value::from(limit));
         let ids: Vec<Value> = self
@@ -498,8 +499,9 @@ impl<'a, Q: Queryable> Tx<'a, Q> {
             .map(|r| super::rows::get::<i64>(r, 0).map(Value::from))
             .collect::<Result<_>>()?;
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), false));
         }
+        let full = ids.len() as i64 >= limit;
         let sql = format!(
             "SELECT {columns} FROM tickler_jobs FORCE INDEX (PRIMARY)
              WHERE id IN ({}) AND {condition} {order} FOR UPDATE SKIP LOCKED",
@@ -507,7 +509,7 @@ impl<'a, Q: Queryable> Tx<'a, Q> {
         );
         let mut values = values;
         values.splice(0..0, ids);
-        self.rows(&sql, values)
+        Ok((self.rows(&sql, values)?, full))
     }
 
     /// [`Tx::exec`] of a statement with named markers ([`named`]).

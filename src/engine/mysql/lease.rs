@@ -146,7 +146,7 @@ impl Leases for Store {
                 tx.exec(&sql, values)?;
             }
             let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
-            let expired = tx.lock_found(
+            let (expired, batch_full) = tx.lock_found(
                 "id, run_token, attempts, coalesce(claimed_by, '?'), lease_expires_at",
                 "tickler_jobs_running",
                 "status = 'running' AND lease_expires_at < ?",
@@ -165,6 +165,7 @@ impl Leases for Store {
                     args![now],
                     REAP_BATCH,
                 )?
+                .0
                 .iter()
                 .map(|r| get::<i64>(r, 0).map(Value::from))
                 .collect::<Result<_>>()?;
@@ -178,7 +179,6 @@ impl Leases for Store {
                     stopped,
                 )?;
             }
-            let batch_full = expired.len() as i64 >= REAP_BATCH;
             let mut taken = 0u64;
             let mut left = Vec::new();
             for row in &expired {

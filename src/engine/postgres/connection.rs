@@ -65,8 +65,9 @@ pub(super) const SESSION_SETUP: &str = "SET jit = off";
 /// tickler's, undone after them: its settings (`RESET ALL`), and what
 /// `RESET ALL` keeps: a `SET ROLE` or `SET SESSION AUTHORIZATION` (tickler's
 /// next statements would run as that role, and a role without rights on
-/// tickler's tables fails them), advisory locks held for the session, and
-/// temporary tables. `DISCARD ALL` would also drop the prepared statements
+/// tickler's tables fails them; a role the deployment made the default,
+/// `ALTER ROLE … SET role`, comes back), advisory locks held for the
+/// session, and temporary tables. `DISCARD ALL` would also drop the prepared statements
 /// tickler keeps for the connection.
 const SESSION_RESET: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ALL; \
      SELECT pg_advisory_unlock_all(); DISCARD TEMP;";
