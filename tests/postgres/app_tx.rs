@@ -197,12 +197,7 @@ fn a_role_set_in_complete_with_does_not_stay_on_ticklers_connection() {
         .open()
         .expect("open");
     for round in 0..3 {
-        queue.enqueue(NewJob::new("k")).unwrap();
-        let lease = queue
-            .manual()
-            .claim("default", "w", 1, secs(30))
-            .unwrap()
-            .remove(0);
+        let lease = pg::enqueue_and_claim(&queue, NewJob::new("k"));
         queue
             .complete_with(&lease, |tx: &mut tickler::postgres::Transaction| {
                 tx.batch_execute("SET ROLE tickler_no_rights")?;
@@ -256,12 +251,7 @@ fn a_default_role_of_the_login_stays_after_complete_with() {
         .open()
         .expect("open");
     for round in 0..6 {
-        queue.enqueue(NewJob::new("k")).unwrap();
-        let lease = queue
-            .manual()
-            .claim("default", "w", 1, secs(30))
-            .unwrap()
-            .remove(0);
+        let lease = pg::enqueue_and_claim(&queue, NewJob::new("k"));
         let user: String = queue
             .complete_with(&lease, |tx: &mut tickler::postgres::Transaction| {
                 let user = tx.query_one("SELECT current_user::text", &[])?.get(0);

@@ -1157,12 +1157,7 @@ fn tickler_sessions_never_compile_with_jit() {
     assert_eq!(plain, "on");
     let queue = Queue::open(db.url()).expect("open");
     for round in 0..3 {
-        queue.enqueue(NewJob::new("k")).unwrap();
-        let lease = queue
-            .manual()
-            .claim("default", "w", 1, secs(30))
-            .unwrap()
-            .remove(0);
+        let lease = pg::enqueue_and_claim(&queue, NewJob::new("k"));
         let seen = queue
             .complete_with(&lease, |tx: &mut tickler::postgres::Transaction| {
                 let jit: String = tx.query_one("SHOW jit", &[])?.get(0);

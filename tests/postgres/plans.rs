@@ -55,12 +55,7 @@ fn workload(queue: &Queue) {
 fn statements(queue: &Queue) -> BTreeMap<String, Vec<String>> {
     let mut found = BTreeMap::new();
     for _ in 0..12 {
-        queue.enqueue(NewJob::new("k").priority(1_000)).unwrap();
-        let lease = queue
-            .manual()
-            .claim("default", "w", 1, Duration::from_secs(60))
-            .unwrap()
-            .remove(0);
+        let lease = pg::enqueue_and_claim(queue, NewJob::new("k").priority(1_000));
         let rows = queue
             .complete_with(&lease, |tx: &mut tickler::postgres::Transaction| {
                 Ok(tx.query(

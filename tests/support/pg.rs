@@ -197,6 +197,17 @@ pub fn describe(e: &postgres::Error) -> String {
     }
 }
 
+/// Enqueues `job` and claims the first due job (the highest priority),
+/// with a 30 s lease: a job for a test's `complete_with`.
+pub fn enqueue_and_claim(queue: &tickler::Queue, job: tickler::NewJob) -> tickler::Lease {
+    queue.enqueue(job).unwrap();
+    queue
+        .manual()
+        .claim("default", "w", 1, Duration::from_secs(30))
+        .unwrap()
+        .remove(0)
+}
+
 /// Cuts, on the server side, the connections to the database of `url`
 /// (all of them with `None`, else those whose `application_name` is the
 /// given one), except the one this function opens to do it; returns once
