@@ -6,7 +6,7 @@ use super::context::CancelFlag;
 use super::in_flight::{remove_run, InFlight};
 use super::outcomes::{record, take_outcomes, take_outcomes_from, UnsyncedOutcomes};
 use super::prefetch::Ahead;
-use super::shared::Shared;
+use super::shared::{lock, Shared};
 use crate::engine::types::{ClaimRequest, Outcome};
 use crate::lease::Lease;
 use crate::queue::ChangeWatcher;
@@ -190,9 +190,16 @@ pub(super) fn dispatch_loop(
             Some(leases) => {
                 claimed = claimed.wrapping_add(leases.len());
                 error_pause = Duration::from_millis(50);
-                if shared.stopping.load(Ordering::SeqCst) {
-                    // The claim waited (for the write lock, say) while
-                    // shutdown began, which may already have returned.
+                // The claim may have committed while shutdown began. Until
+                // shutdown takes the channel (it waits for this loop to see
+                // `stopping`), its leases go there, and shutdown hands them
+                // back before it returns; after, shutdown may have returned
+                // and they are handed back with the next commit.
+                let channel = shared
+                    .stopping
+                    .load(Ordering::SeqCst)
+                    .then(|| lock(&shared.channel_taken));
+                if channel.as_ref().is_some_and(|taken| **taken) {
                     claimed_too_late.extend(leases.into_iter().map(|l| (l, Outcome::Release)));
                     continue;
                 }
@@ -217,7 +224,8 @@ pub(super) fn dispatch_loop(
                         let _ = jobs.send(lease);
                     }
                 }
-                // Issue 15: the heartbeat sleeps long while idle.
+                drop(channel);
+                // The heartbeat sleeps long while idle.
                 shared.wake_heartbeat();
             }
             None => {

@@ -243,6 +243,7 @@ impl WorkerPoolBuilder {
             run_time: RunTime::default(),
             handed_back: AtomicUsize::new(0),
             claims_over: AtomicBool::new(false),
+            channel_taken: Mutex::new(false),
             events: EventHub::default(),
         });
 
@@ -394,7 +395,11 @@ impl WorkerPool {
         }
         // Unstarted jobs go back at once; a worker that picks one up during
         // this race hands it back the same way.
-        let unstarted: Vec<Lease> = self.job_rx.try_iter().collect();
+        let unstarted: Vec<Lease> = {
+            let mut taken = lock(&shared.channel_taken);
+            *taken = true;
+            self.job_rx.try_iter().collect()
+        };
         let released = unstarted.len();
         if !unstarted.is_empty() {
             let outcomes: Vec<(&Lease, Outcome)> =

@@ -58,6 +58,11 @@ pub(super) struct Shared {
     /// more: every lease it claimed is in the job channel or with a worker
     /// by then (also set if the dispatcher thread ends).
     pub(super) claims_over: AtomicBool,
+    /// Set by `shutdown` when it takes the unstarted leases out of the job
+    /// channel. A claim that commits after shutdown began sends its leases
+    /// to the channel while this is unset (shutdown then hands them back
+    /// and counts them), and hands them back itself once it is set.
+    pub(super) channel_taken: Mutex<bool>,
     /// This pool's subscribers (`WorkerPool::subscribe`); the queue's get
     /// the same events.
     pub(super) events: EventHub,
