@@ -1631,7 +1631,8 @@ mod pg_bench {
                 for &n in depths {
                     let url = fresh_database(&server);
                     let url = if generic {
-                        format!("{url}?options=-c%20plan_cache_mode%3Dforce_generic_plan")
+                        let join = if url.contains('?') { '&' } else { '?' };
+                        format!("{url}{join}options=-c%20plan_cache_mode%3Dforce_generic_plan")
                     } else {
                         url
                     };

@@ -217,6 +217,8 @@ pub(crate) struct OpenSettings<'a> {
     pub listen: bool,
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub fallback_poll: Duration,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub postgres_tls: &'a types::PostgresTls,
 }
 
 /// The engine that `settings.location` names: PostgreSQL for a

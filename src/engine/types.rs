@@ -762,6 +762,7 @@ pub struct PostgresOptions {
     pub(crate) max_connections: u32,
     pub(crate) listen: bool,
     pub(crate) fallback_poll: Duration,
+    pub(crate) tls: PostgresTls,
 }
 
 impl Default for PostgresOptions {
@@ -770,8 +771,102 @@ impl Default for PostgresOptions {
             max_connections: 10,
             listen: true,
             fallback_poll: Duration::from_secs(1),
+            tls: PostgresTls::default(),
         }
     }
+}
+
+/// Whether and how a PostgreSQL connection uses TLS: libpq's `sslmode`,
+/// with libpq's meanings. Given as `sslmode=…` in the URL or with
+/// [`PostgresOptions::ssl_mode`]; the default is [`SslMode::Prefer`], as
+/// in libpq ([`SslMode::VerifyFull`] with `sslrootcert=system`).
+///
+/// Only [`SslMode::VerifyFull`] protects against a server that is not the
+/// one named (a man in the middle); [`SslMode::Require`] protects against
+/// eavesdropping only, and [`SslMode::Prefer`] sends everything in clear
+/// when the server offers no TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    /// No TLS.
+    Disable,
+    /// TLS if the server offers it, else in clear; the certificate is not
+    /// checked (unless root certificates are given: then as
+    /// [`SslMode::VerifyCa`]).
+    Prefer,
+    /// TLS or no connection; the certificate is not checked (unless root
+    /// certificates are given: then as [`SslMode::VerifyCa`]). Nothing,
+    /// the password included, is sent before TLS is up.
+    Require,
+    /// TLS, with a certificate signed by one of the root certificates
+    /// (`sslrootcert`); the host name is not checked.
+    VerifyCa,
+    /// TLS, with a certificate signed by one of the root certificates and
+    /// made out to the host name connected to (or its IP address).
+    VerifyFull,
+}
+
+impl SslMode {
+    /// The mode's name in a URL (`verify-full`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+impl std::str::FromStr for SslMode {
+    type Err = Error;
+
+    /// libpq's names. `allow` (in clear first, TLS if the server insists)
+    /// is refused: the client library tries TLS first or not at all.
+    fn from_str(s: &str) -> Result<SslMode> {
+        Ok(match s {
+            "disable" => SslMode::Disable,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            "allow" => {
+                return Err(Error::Config(
+                    "sslmode=allow is not supported (tickler offers TLS first or not at all): \
+                     use prefer, or disable"
+                        .into(),
+                ))
+            }
+            other => {
+                return Err(Error::Config(format!(
+                    "sslmode={other:?} is not one of disable, prefer, require, verify-ca, \
+                     verify-full"
+                )))
+            }
+        })
+    }
+}
+
+/// Where a PostgreSQL connection finds the certificates it checks the
+/// server's against (`sslrootcert`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootCerts {
+    /// A PEM file of one or more CA certificates.
+    File(std::path::PathBuf),
+    /// The operating system's trusted roots (`sslrootcert=system`, as in
+    /// libpq 16): for a server whose certificate a public CA signed. Only
+    /// with [`SslMode::VerifyFull`], its default.
+    System,
+}
+
+/// The TLS settings of [`PostgresOptions`]; each one set here wins over
+/// the URL's.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PostgresTls {
+    pub(crate) mode: Option<SslMode>,
+    pub(crate) root_certs: Option<RootCerts>,
+    /// Certificate chain and private key, PEM files.
+    pub(crate) client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 impl PostgresOptions {
@@ -799,6 +894,36 @@ impl PostgresOptions {
     /// back); default 1 s, at least 1 ms.
     pub fn fallback_poll(mut self, every: Duration) -> Self {
         self.fallback_poll = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Whether and how connections use TLS (default [`SslMode::Prefer`]);
+    /// wins over the URL's `sslmode`. Every connection uses it: the pool's
+    /// and the listening one.
+    pub fn ssl_mode(mut self, mode: SslMode) -> Self {
+        self.tls.mode = Some(mode);
+        self
+    }
+
+    /// The certificates the server's is checked against; wins over the
+    /// URL's `sslrootcert` (a path, or `system`). A PEM file that cannot
+    /// be read or holds no certificate fails the open with
+    /// [`Error::Config`] naming it.
+    pub fn ssl_root_certs(mut self, roots: RootCerts) -> Self {
+        self.tls.root_certs = Some(roots);
+        self
+    }
+
+    /// A client certificate for servers that ask for one (`cert`
+    /// authentication in `pg_hba.conf`, or `clientcert=verify-full`): the
+    /// certificate (chain) and its private key (PKCS#8, PKCS#1 or SEC1),
+    /// PEM files; wins over the URL's `sslcert` and `sslkey`.
+    pub fn ssl_client_cert(
+        mut self,
+        cert: impl Into<std::path::PathBuf>,
+        key: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.tls.client_cert = Some((cert.into(), key.into()));
         self
     }
 }

@@ -127,6 +127,7 @@ impl QueueBuilder {
             max_connections: self.postgres.max_connections,
             listen: self.postgres.listen,
             fallback_poll: self.postgres.fallback_poll,
+            postgres_tls: &self.postgres.tls,
         })?;
         Ok(Queue {
             inner: Arc::new(Inner {

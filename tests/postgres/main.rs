@@ -29,5 +29,7 @@ mod harness;
 mod plans;
 /// A job's whole life on a server.
 mod smoke;
+/// TLS with libpq's sslmode meanings, seen from the server.
+mod tls;
 /// Kills, cut connections and a server restart.
 mod torture_short;

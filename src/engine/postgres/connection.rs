@@ -4,6 +4,7 @@
 //! retry of a whole transaction through lost connections and restarts;
 //! and the engine's [`Capabilities`].
 
+use super::tls::Tls;
 use super::Store;
 use crate::clock::Clock;
 use crate::engine::types::{AppTxKind, Retries, Returned, ValidJob};
@@ -13,7 +14,7 @@ use crate::job::JobId;
 use crate::lease::Lease;
 use postgres::error::SqlState;
 use postgres::types::ToSql;
-use postgres::{Client, NoTls, Row, Statement};
+use postgres::{Client, Row, Statement};
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
@@ -77,6 +78,7 @@ const SESSION_RESET: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ALL; \
 /// failover) is dropped rather than given out again.
 pub(crate) struct Manager {
     config: postgres::Config,
+    tls: Tls,
     refused: Refused,
 }
 
@@ -85,7 +87,7 @@ impl r2d2::ManageConnection for Manager {
     type Error = postgres::Error;
 
     fn connect(&self) -> std::result::Result<Conn, postgres::Error> {
-        let mut client = self.config.connect(NoTls)?;
+        let mut client = self.tls.connect(&self.config)?;
         client.batch_execute(SESSION_SETUP)?;
         *self.refused.lock().unwrap_or_else(PoisonError::into_inner) = None;
         Ok(Conn {
@@ -400,6 +402,7 @@ impl Capabilities for Store {
 /// an outcome commits), one kept open.
 pub(super) fn connection_pool(
     config: &postgres::Config,
+    tls: &Tls,
     max_connections: u32,
     refused: &Refused,
 ) -> r2d2::Pool<Manager> {
@@ -420,6 +423,7 @@ pub(super) fn connection_pool(
         .error_handler(Box::new(ConnectFailed(refused.clone())))
         .build_unchecked(Manager {
             config: config.clone(),
+            tls: tls.clone(),
             refused: refused.clone(),
         })
 }
@@ -545,9 +549,39 @@ pub(super) fn never_cured(e: &postgres::Error) -> bool {
             "authentication error",
             "invalid configuration",
             "invalid connection string",
-            "error performing TLS handshake",
         ]
         .contains(&e.to_string().as_str())
+        || (tls_failed(e) && !tls_cut(e))
+}
+
+/// A TLS failure that a retry may cure: the connection was cut during the
+/// handshake (a restart, a pooler's reset), which the client library
+/// reports as a TLS error like a refused certificate. Refusals (a
+/// certificate, an alert, no TLS on the server) are not I/O errors or
+/// carry rustls's error.
+fn tls_cut(e: &postgres::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if cause.is::<rustls::Error>() {
+            return false;
+        }
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return !io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>());
+        }
+        source = cause.source();
+    }
+    false
+}
+
+/// The client library's text for every failure of TLS: the server offers
+/// none, or its certificate or handshake was refused (the cause follows
+/// as the error's source).
+const TLS_FAILED: &str = "error performing TLS handshake";
+
+fn tls_failed(e: &postgres::Error) -> bool {
+    e.as_db_error().is_none() && e.to_string() == TLS_FAILED
 }
 
 /// Opens one connection before the pool does, so that what no retry can
@@ -557,23 +591,29 @@ pub(super) fn never_cured(e: &postgres::Error) -> bool {
 /// until `window` ends, and the last error is the one returned.
 pub(super) fn first_connection(
     config: &postgres::Config,
+    tls: &Tls,
     describe: &str,
     window: Duration,
 ) -> Result<()> {
     let deadline = std::time::Instant::now() + window;
     let mut pause = Duration::from_millis(50);
     loop {
-        match config.connect(NoTls) {
+        match tls.connect(config) {
             Ok(_) => return Ok(()),
             // The server's refusal keeps its type and SQLSTATE.
             Err(e) if never_cured(&e) && e.as_db_error().is_some() => {
                 return Err(Error::Postgres(e))
             }
             Err(e) if never_cured(&e) => {
+                let checks = if tls_failed(&e) {
+                    format!(" ({})", tls.checks())
+                } else {
+                    String::new()
+                };
                 return Err(Error::Config(format!(
-                    "cannot connect to {describe}: {}",
+                    "cannot connect to {describe}: {}{checks}",
                     crate::error::postgres_text(&e)
-                )))
+                )));
             }
             Err(e) => {
                 if std::time::Instant::now() + pause >= deadline {
@@ -704,7 +744,8 @@ mod tests {
         }
         // Nothing listens on port 1.
         let config: postgres::Config = "postgres://tickler@127.0.0.1:1/none".parse().unwrap();
-        let pool = connection_pool(&config, 2, &Refused::default());
+        let tls = Tls::new(&Default::default(), &Default::default()).unwrap();
+        let pool = connection_pool(&config, &tls, 2, &Refused::default());
         assert!(pool.get_timeout(Duration::from_millis(300)).is_err());
         let logged = LOGGED
             .lock()

@@ -22,7 +22,8 @@
 //! The files are those of every engine: `connection.rs` (the pool,
 //! transactions and their retries, the capabilities), `migrate.rs` (with
 //! `schema.sql`), `enqueue.rs`, `claim.rs`, `outcome.rs`, `lease.rs`,
-//! `admin.rs`, `read.rs`, `schedules.rs`, `rows.rs` and `watch.rs`.
+//! `admin.rs`, `read.rs`, `schedules.rs`, `rows.rs` and `watch.rs`; and
+//! `tls.rs` (libpq's `sslmode` and certificates, through rustls).
 //! Machines' clocks differ, so every "now" that decides whether a job is
 //! due or a lease ran out is the server's (`engine/server_clock.rs`).
 
@@ -36,6 +37,7 @@ mod outcome;
 mod read;
 mod rows;
 mod schedules;
+mod tls;
 mod watch;
 
 use crate::clock::Clock;
@@ -76,9 +78,12 @@ impl Store {
                 crate::engine::types::MAX_PAYLOAD_BYTES_LIMIT
             )));
         }
-        let mut config: postgres::Config = url
+        let (client_url, url_tls) = tls::split_url(url)?;
+        let tls = tls::Tls::new(&url_tls, settings.postgres_tls)?;
+        let mut config: postgres::Config = client_url
             .parse()
             .map_err(|e| Error::Config(format!("not a PostgreSQL URL ({e})")))?;
+        tls.apply(&mut config);
         if config.get_application_name().is_none() {
             config.application_name("tickler");
         }
@@ -88,12 +93,13 @@ impl Store {
         let retry_window = settings.busy_timeout + settings.busy_retry;
         connection::first_connection(
             &config,
+            &tls,
             &crate::engine::redacted_location(url),
             retry_window,
         )?;
         let refused = connection::Refused::default();
-        let pool = connection_pool(&config, settings.max_connections, &refused);
-        let signals = watch::Signals::new(config, settings.listen, settings.fallback_poll);
+        let pool = connection_pool(&config, &tls, settings.max_connections, &refused);
+        let signals = watch::Signals::new(config, tls, settings.listen, settings.fallback_poll);
         let mut store = Store {
             url: url.to_owned(),
             pool,

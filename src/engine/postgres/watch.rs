@@ -13,6 +13,7 @@
 //! poll or the next notification.
 
 use super::connection::Manager;
+use super::tls::Tls;
 use super::Store;
 use crate::error::postgres_text;
 use crossbeam_channel::{Receiver, Sender};
@@ -34,6 +35,7 @@ const LISTEN_CHECK: Duration = Duration::from_secs(30);
 /// The wake-up machinery of one `Store`.
 pub(crate) struct Signals {
     config: postgres::Config,
+    tls: Tls,
     listen: bool,
     fallback_poll: Duration,
     /// In-process watchers.
@@ -50,11 +52,13 @@ pub(crate) struct Signals {
 impl Signals {
     pub(crate) fn new(
         config: postgres::Config,
+        tls: Tls,
         listen: bool,
         fallback_poll: Duration,
     ) -> Arc<Self> {
         Arc::new(Signals {
             config,
+            tls,
             listen,
             fallback_poll,
             watchers: Mutex::new(Vec::new()),
@@ -94,9 +98,10 @@ impl Signals {
             self.listener_started.call_once(|| {
                 let weak = Arc::downgrade(self);
                 let config = self.config.clone();
+                let tls = self.tls.clone();
                 let _ = std::thread::Builder::new()
                     .name("tickler-pg-listen".into())
-                    .spawn(move || listener(&weak, &config));
+                    .spawn(move || listener(&weak, &config, &tls));
             });
         }
         let (tx, rx) = crossbeam_channel::bounded(1);
@@ -147,13 +152,13 @@ fn notifier(signals: &Weak<Signals>, pool: &r2d2::Pool<Manager>) {
 /// Keeps one connection listening, reconnecting after losses; wakes every
 /// watcher on each notification and after each (re)connection (what was
 /// sent meanwhile is lost).
-fn listener(signals: &Weak<Signals>, config: &postgres::Config) {
+fn listener(signals: &Weak<Signals>, config: &postgres::Config, tls: &Tls) {
     let mut pause = Duration::from_millis(100);
     loop {
         if signals.strong_count() == 0 {
             return;
         }
-        let connected = config.connect(postgres::NoTls).and_then(|mut client| {
+        let connected = tls.connect(config).and_then(|mut client| {
             client.batch_execute(&format!("LISTEN {CHANNEL}"))?;
             Ok(client)
         });
