@@ -144,6 +144,7 @@ fn verify_full_refuses_a_wrong_host_name_and_an_unknown_authority_at_once() {
         "{text}"
     );
     assert!(text.contains("sslmode=verify-full"), "{text}");
+    assert!(text.contains("subjectAltName"), "no hint: {text}");
     assert!(
         took < Duration::from_secs(2),
         "retried for {took:?}: {text}"

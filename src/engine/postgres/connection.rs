@@ -575,6 +575,26 @@ fn tls_cut(e: &postgres::Error) -> bool {
     false
 }
 
+/// rustls's own error behind a TLS failure (a refused certificate, an
+/// alert), where there is one: the TLS layer hands it on inside an I/O
+/// error, whose `source` skips it.
+fn rustls_cause(e: &postgres::Error) -> Option<&rustls::Error> {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(found) = cause.downcast_ref::<rustls::Error>() {
+            return Some(found);
+        }
+        let inner = cause
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref());
+        if let Some(found) = inner.and_then(|i| i.downcast_ref::<rustls::Error>()) {
+            return Some(found);
+        }
+        source = cause.source();
+    }
+    None
+}
+
 /// The client library's text for every failure of TLS: the server offers
 /// none, or its certificate or handshake was refused (the cause follows
 /// as the error's source).
@@ -605,14 +625,14 @@ pub(super) fn first_connection(
                 return Err(Error::Postgres(e))
             }
             Err(e) if never_cured(&e) => {
+                let text = crate::error::postgres_text(&e);
                 let checks = if tls_failed(&e) {
-                    format!(" ({})", tls.checks())
+                    format!(" ({})", tls.checks(rustls_cause(&e)))
                 } else {
                     String::new()
                 };
                 return Err(Error::Config(format!(
-                    "cannot connect to {describe}: {}{checks}",
-                    crate::error::postgres_text(&e)
+                    "cannot connect to {describe}: {text}{checks}"
                 )));
             }
             Err(e) => {

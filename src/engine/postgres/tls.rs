@@ -206,9 +206,32 @@ impl Tls {
     }
 
     /// What is checked of the server's certificate, for an error that
-    /// came from the TLS handshake.
-    pub(super) fn checks(&self) -> &str {
-        &self.checks
+    /// came from the TLS handshake (`error`, as the client library gave
+    /// it), with what to do where libpq would have connected.
+    pub(super) fn checks(&self, error: Option<&rustls::Error>) -> String {
+        use CertificateError::{NotValidForName, NotValidForNameContext};
+        let refused = match error {
+            Some(rustls::Error::InvalidCertificate(refused)) => Some(refused),
+            _ => None,
+        };
+        // webpki's own reasons come as `Other`, known by their names.
+        let named = |name: &str| refused.is_some_and(|r| format!("{r:?}").contains(name));
+        let hint = if named("CaUsedAsEndEntity") {
+            "; the server's certificate is a CA certificate (as PostgreSQL's docs' self-signed \
+             `openssl req -x509` makes one), which rustls does not take as a server's: \
+             sign the server's certificate with a CA, or make it with basicConstraints=CA:FALSE"
+        } else if matches!(
+            refused,
+            Some(NotValidForName | NotValidForNameContext { .. })
+        ) {
+            "; only the certificate's subjectAltName is read (not its common name), and an IP \
+             address must be an IP entry there"
+        } else if named("UnsupportedCertVersion") {
+            "; the server's certificate is X.509 version 1: make it with extensions (version 3)"
+        } else {
+            ""
+        };
+        format!("{}{hint}", self.checks)
     }
 }
 
