@@ -62,13 +62,28 @@
 //! caller. The application's own transactions: [`Queue::enqueue_tx`] with
 //! a `&mut postgres::Transaction` (the same call as on SQLite, over
 //! [`AppTx`]), and [`Queue::complete_with`] with a closure over one
-//! (`|tx: &mut postgres::Transaction|`, over [`AppWrites`]). The README's
+//! (`|tx: &mut postgres::Transaction|`, over [`AppWrites`]). TLS takes
+//! libpq's `sslmode` ([`SslMode`], default `prefer`), `sslrootcert`
+//! ([`RootCerts`]), `sslcert` and `sslkey`, in the URL or with
+//! [`PostgresOptions::ssl_mode`] and its neighbours. The README's
 //! "PostgreSQL" section has the details.
 //!
 //! ```no_run
 //! # fn main() -> tickler::Result<()> {
 //! let queue = tickler::Queue::open("postgres://app@db.internal/jobs")?;
 //! assert_eq!(queue.ops().engine(), "PostgreSQL");
+//! // The server's certificate signed by this authority, for this host.
+//! let checked = tickler::Queue::open(
+//!     "postgres://app@db.internal/jobs?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem",
+//! )?;
+//! // The same from the builder, which wins over the URL.
+//! use tickler::{RootCerts, SslMode};
+//! let checked_too = tickler::Queue::builder("postgres://app@db.internal/jobs")
+//!     .postgres(|o| {
+//!         o.ssl_mode(SslMode::VerifyFull)
+//!             .ssl_root_certs(RootCerts::File("/etc/ssl/db-ca.pem".into()))
+//!     })
+//!     .open()?;
 //! # Ok(())
 //! # }
 //! ```
