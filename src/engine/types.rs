@@ -790,8 +790,10 @@ pub enum SslMode {
     /// No TLS.
     Disable,
     /// TLS if the server offers it, else in clear; the certificate is not
-    /// checked (unless root certificates are given: then as
-    /// [`SslMode::VerifyCa`]).
+    /// checked (unless root certificates are given: then its authority is,
+    /// as in [`SslMode::VerifyCa`], while a server without TLS is still
+    /// reached in clear). A TLS handshake that fails fails the connection
+    /// (libpq would go on in clear).
     Prefer,
     /// TLS or no connection; the certificate is not checked (unless root
     /// certificates are given: then as [`SslMode::VerifyCa`]). Nothing,

@@ -187,7 +187,22 @@ fn verify_ca_checks_the_authority_and_not_the_host_name() {
     );
     let queue = open(&url).expect("verify-ca to 127.0.0.1");
     queue.enqueue(NewJob::new("work")).unwrap();
-    assert!(tls_of(&db, app).iter().all(|&on| on));
+    let tls = tls_of(&db, app);
+    assert!(!tls.is_empty() && tls.iter().all(|&on| on), "{tls:?}");
+    // As libpq: with root certificates, require checks the authority too.
+    let (text, _) = refused(&with(
+        db.url(),
+        "postgres",
+        "127.0.0.1",
+        &format!(
+            "sslmode=require&sslrootcert={}",
+            q(&dir.join("other-ca.crt"))
+        ),
+    ));
+    assert!(
+        text.contains("UnknownIssuer") || text.contains("unknown issuer"),
+        "{text}"
+    );
     let (text, _) = refused(&with(
         db.url(),
         "postgres",
@@ -257,7 +272,10 @@ fn the_builders_settings_win_over_the_urls() {
         })
         .busy_retry(Duration::from_secs(3))
         .open();
-    assert!(wrong.is_err(), "the builder's roots were not used");
+    match wrong {
+        Err(Error::Config(text)) => assert!(text.contains("other-ca.crt"), "{text}"),
+        other => panic!("the builder's roots were not used: {:?}", other.map(|_| ())),
+    }
 }
 
 #[test]
@@ -302,6 +320,31 @@ fn a_client_certificate_logs_in_where_the_server_asks_for_one() {
         other => panic!("{:?}", other.map(|_| ())),
     }
     assert!(start.elapsed() < Duration::from_secs(2));
+    // A certificate of another authority: refused at once too (over TLS
+    // 1.3 the server's alert comes after the handshake, on the first read).
+    let start = Instant::now();
+    let text = match open(&with(
+        db.url(),
+        "tickler_cert",
+        "localhost",
+        &format!(
+            "{base}&sslcert={}&sslkey={}",
+            q(&dir.join("stranger.crt")),
+            q(&dir.join("stranger.key"))
+        ),
+    )) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a certificate of another authority logged in"),
+    };
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "retried for {:?}: {text}",
+        start.elapsed()
+    );
+    assert!(
+        text.to_lowercase().contains("unknown") || text.contains("Alert"),
+        "{text}"
+    );
 }
 
 #[test]

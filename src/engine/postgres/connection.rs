@@ -552,6 +552,9 @@ pub(super) fn never_cured(e: &postgres::Error) -> bool {
         ]
         .contains(&e.to_string().as_str())
         || (tls_failed(e) && !tls_cut(e))
+        // TLS 1.3: a refused client certificate comes as an alert after
+        // the handshake, on the first read, as an I/O error.
+        || rustls_cause(e).is_some()
 }
 
 /// A TLS failure that a retry may cure: the connection was cut during the
@@ -566,7 +569,15 @@ fn tls_cut(e: &postgres::Error) -> bool {
             return false;
         }
         if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            return !io
+            use std::io::ErrorKind::{
+                BrokenPipe, ConnectionAborted, ConnectionReset, TimedOut, UnexpectedEof,
+            };
+            // Other kinds are refusals too (a host name that is no TLS
+            // server name comes as InvalidInput).
+            return matches!(
+                io.kind(),
+                UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe | TimedOut
+            ) && !io
                 .get_ref()
                 .is_some_and(|inner| inner.is::<rustls::Error>());
         }

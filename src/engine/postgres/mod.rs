@@ -83,6 +83,14 @@ impl Store {
         let mut config: postgres::Config = client_url
             .parse()
             .map_err(|e| Error::Config(format!("not a PostgreSQL URL ({e})")))?;
+        if config.get_ssl_mode() != postgres::config::SslMode::Prefer {
+            // The client library read an sslmode that was not taken out.
+            return Err(Error::Config(format!(
+                "{}: sslmode in a place tickler does not read it (percent-encode `?` and `@` \
+                 in the user and password)",
+                crate::engine::redacted_location(url)
+            )));
+        }
         tls.apply(&mut config);
         if config.get_application_name().is_none() {
             config.application_name("tickler");

@@ -26,9 +26,17 @@ const TLS_KEYS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
 /// them (for the client library) and their values, percent-decoded.
 pub(super) fn split_url(url: &str) -> Result<(String, PostgresTls)> {
     let mut tls = PostgresTls::default();
-    let Some((base, query)) = url.split_once('?') else {
+    // As the client library reads it: the user and password run to the
+    // first `@`, which may have a `?` before it (a password not
+    // percent-encoded); the query starts after them.
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    let query_from = url[after_scheme..]
+        .find('@')
+        .map_or(after_scheme, |at| after_scheme + at + 1);
+    let Some(query_at) = url[query_from..].find('?').map(|i| query_from + i) else {
         return Ok((url.to_owned(), tls));
     };
+    let (base, query) = (&url[..query_at], &url[query_at + 1..]);
     let mut kept = Vec::new();
     let (mut cert, mut key) = (None, None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -90,10 +98,15 @@ impl Tls {
             .client_cert
             .clone()
             .or_else(|| url.client_cert.clone());
-        let mode = match (builder.mode.or(url.mode), &roots) {
-            (Some(mode), _) => mode,
-            (None, Some(RootCerts::System)) => SslMode::VerifyFull,
-            (None, _) => SslMode::Prefer,
+        // `sslrootcert=system` means verify-full wherever it is given,
+        // also when the builder then names other roots.
+        let system_named = [&builder.root_certs, &url.root_certs]
+            .iter()
+            .any(|r| **r == Some(RootCerts::System));
+        let mode = match builder.mode.or(url.mode) {
+            Some(mode) => mode,
+            None if system_named => SslMode::VerifyFull,
+            None => SslMode::Prefer,
         };
         if roots == Some(RootCerts::System) && mode != SslMode::VerifyFull {
             return Err(Error::Config(format!(
@@ -396,6 +409,15 @@ mod tests {
         assert_eq!(url, "postgres://h/db");
         assert_eq!(tls.root_certs, Some(RootCerts::System));
         assert_eq!(split_url("postgres://h/db").unwrap().0, "postgres://h/db");
+        // A `?` in a password that is not percent-encoded is the
+        // password's, as the client library reads it.
+        let (url, tls) = split_url("postgres://u:p?x@h/db?sslmode=require").unwrap();
+        assert_eq!(url, "postgres://u:p?x@h/db");
+        assert_eq!(tls.mode, Some(SslMode::Require));
+        let (url, tls) =
+            split_url("postgres://u@a:1,b:2/db?sslmode=disable&sslmode=require").unwrap();
+        assert_eq!(url, "postgres://u@a:1,b:2/db");
+        assert_eq!(tls.mode, Some(SslMode::Require), "the last one wins");
     }
 
     #[test]
@@ -451,5 +473,15 @@ mod tests {
                 .mode,
             SslMode::Prefer
         );
+        let (_, url) = split_url("postgres://h/db?sslrootcert=system").unwrap();
+        let builder = PostgresTls {
+            root_certs: Some(RootCerts::File(PathBuf::from("/no/such.pem"))),
+            ..PostgresTls::default()
+        };
+        match Tls::new(&url, &builder) {
+            // Verify-full still: the builder's file is read (and missing).
+            Err(Error::Config(text)) => assert!(text.contains("/no/such.pem"), "{text}"),
+            other => panic!("{:?}", other.map(|t| t.mode)),
+        }
     }
 }
