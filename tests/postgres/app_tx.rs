@@ -183,15 +183,7 @@ fn a_role_set_in_complete_with_does_not_stay_on_ticklers_connection() {
         return;
     };
     let mut admin = db.connect();
-    admin
-        .batch_execute(
-            "DO $$ BEGIN
-               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'tickler_no_rights') THEN
-                 CREATE ROLE tickler_no_rights NOLOGIN;
-               END IF;
-             END $$;",
-        )
-        .unwrap();
+    pg::ensure_role(&mut admin, "tickler_no_rights", "NOLOGIN");
     let queue = Queue::builder(db.url())
         .postgres(|o| o.max_connections(2))
         .open()
@@ -234,14 +226,10 @@ fn a_default_role_of_the_login_stays_after_complete_with() {
         return;
     };
     let mut admin = db.connect();
+    pg::ensure_role(&mut admin, "tickler_owner", "NOLOGIN");
     admin
         .batch_execute(&format!(
-            "DO $$ BEGIN
-               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'tickler_owner') THEN
-                 CREATE ROLE tickler_owner NOLOGIN;
-               END IF;
-             END $$;
-             GRANT CREATE, USAGE ON SCHEMA public TO tickler_owner;
+            "GRANT CREATE, USAGE ON SCHEMA public TO tickler_owner;
              ALTER DATABASE \"{}\" SET role = 'tickler_owner';",
             db.name()
         ))

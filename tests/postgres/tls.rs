@@ -284,15 +284,9 @@ fn a_client_certificate_logs_in_where_the_server_asks_for_one() {
         return;
     };
     let mut admin = db.connect();
+    pg::ensure_role(&mut admin, "tickler_cert", "LOGIN");
     admin
-        .batch_execute(
-            "DO $$ BEGIN
-               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'tickler_cert') THEN
-                 CREATE ROLE tickler_cert LOGIN;
-               END IF;
-             END $$;
-             GRANT ALL ON SCHEMA public TO tickler_cert;",
-        )
+        .batch_execute("GRANT ALL ON SCHEMA public TO tickler_cert")
         .unwrap();
     let ca = q(&dir.join("ca.crt"));
     let base = format!("sslmode=verify-full&sslrootcert={ca}");

@@ -86,6 +86,20 @@ pub fn connect(url: &str, application_name: &str) -> Client {
 
 pub use super::engine::with_dbname;
 
+/// Creates the role `name` with `options` (`LOGIN`, `NOLOGIN`) unless it
+/// exists: roles belong to the server and outlive the tests' databases.
+pub fn ensure_role(client: &mut Client, name: &str, options: &str) {
+    client
+        .batch_execute(&format!(
+            "DO $$ BEGIN
+               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{name}') THEN
+                 CREATE ROLE {name} {options};
+               END IF;
+             END $$;"
+        ))
+        .unwrap_or_else(|e| panic!("CREATE ROLE {name}: {}", describe(&e)));
+}
+
 /// A database of its own for one test: created from `template0` under a
 /// random name through the server URL, dropped (its connections cut first)
 /// when this is dropped.
