@@ -422,7 +422,7 @@ pub use async_queue::AsyncQueue;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::types::{
     AppTx, AppTxRef, AppWrites, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter,
-    Outcome, OutcomeSync, PostgresOptions, RootCerts, SqliteOptions, SslMode, Stats,
+    Outcome, OutcomeSync, Pooler, PostgresOptions, RootCerts, SqliteOptions, SslMode, Stats,
     BACKWARD_STEP_MARGIN, ERROR_HISTORY_MAX, MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES_LIMIT,
     MAX_TIMESTAMP_MS,
 };

@@ -219,6 +219,8 @@ pub(crate) struct OpenSettings<'a> {
     pub fallback_poll: Duration,
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub postgres_tls: &'a types::PostgresTls,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub pooler: Option<types::Pooler>,
 }
 
 /// The engine that `settings.location` names: PostgreSQL for a

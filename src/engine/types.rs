@@ -763,6 +763,7 @@ pub struct PostgresOptions {
     pub(crate) listen: bool,
     pub(crate) fallback_poll: Duration,
     pub(crate) tls: PostgresTls,
+    pub(crate) pooler: Option<Pooler>,
 }
 
 impl Default for PostgresOptions {
@@ -772,6 +773,82 @@ impl Default for PostgresOptions {
             listen: true,
             fallback_poll: Duration::from_secs(1),
             tls: PostgresTls::default(),
+            pooler: None,
+        }
+    }
+}
+
+/// What stands between tickler and the PostgreSQL server: given as
+/// `pooler=…` in the URL (`detect`, `session` or its other name `none`,
+/// `transaction`) or with
+/// [`PostgresOptions::pooler`], which wins; the default is
+/// [`Pooler::Detect`].
+///
+/// A pooler in transaction mode (PgBouncer's `pool_mode = transaction`,
+/// and most hosted "transaction" or "serverless" poolers) gives each
+/// transaction whichever server connection is free: a statement prepared
+/// by name in one transaction is not there in the next, a session's
+/// settings land on someone else's, and `LISTEN` hears nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooler {
+    /// Find out at open (the default): tickler sets a session setting on
+    /// one connection and reads it from a second; if the second sees it,
+    /// the two share a server connection, so a pooler in transaction mode
+    /// is in between and tickler runs as with [`Pooler::Transaction`],
+    /// saying so once in the log (INFO). A busy pooler may hand the second
+    /// connection another server connection, so this can miss one; a
+    /// server's answer that only such a pooler causes (a prepared
+    /// statement of tickler's that is not there, or one of that name that
+    /// already is) then switches the queue over too, with a warning, and
+    /// the transaction is retried. Until then a statement that another
+    /// process prepared under the same name (the client library numbers
+    /// them `s0`, `s1`, … in each process) can run in place of tickler's
+    /// without any error: name the pooler to rely on neither. A pooler
+    /// named [`Pooler::Session`] that answers so fails the transaction
+    /// at once with [`Error::Config`] saying to name it `transaction`.
+    Detect,
+    /// No pooler, or one that keeps each client's server connection for
+    /// its whole session (PgBouncer's `pool_mode = session`): statements
+    /// prepared once per connection, session settings (`jit = off`) and
+    /// `LISTEN` for wake-ups. Nothing is probed.
+    Session,
+    /// A pooler in transaction mode: no statement outlives its transaction
+    /// (each is sent unnamed, with its parameters' types, in the round
+    /// trip that runs it, and planned each time), no session setting is
+    /// made (set `jit = off` on the role or database, `ALTER ROLE … SET
+    /// jit = off`, where JIT is on), and there is no `LISTEN`: other
+    /// processes' work is seen every [`PostgresOptions::fallback_poll`],
+    /// as with `listen(false)` (the `NOTIFY`s still go out, for processes
+    /// connected without the pooler). An application's own statements in
+    /// [`crate::Queue::complete_with`] and [`crate::Queue::enqueue_tx`]
+    /// must keep to the transaction too (`SET LOCAL`, not `SET`). A
+    /// pooler in statement mode cannot be used: tickler needs
+    /// transactions.
+    Transaction,
+}
+
+impl Pooler {
+    /// The value's name in a URL (`transaction`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pooler::Detect => "detect",
+            Pooler::Session => "session",
+            Pooler::Transaction => "transaction",
+        }
+    }
+}
+
+impl std::str::FromStr for Pooler {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Pooler> {
+        match s {
+            "detect" => Ok(Pooler::Detect),
+            "session" | "none" => Ok(Pooler::Session),
+            "transaction" => Ok(Pooler::Transaction),
+            other => Err(Error::Config(format!(
+                "pooler={other:?} in the URL: expected detect, session (or none) or transaction"
+            ))),
         }
     }
 }
@@ -882,10 +959,10 @@ impl PostgresOptions {
     }
 
     /// Whether watchers `LISTEN` for other processes' commits (default
-    /// true). Turn it off behind a connection pooler in transaction mode
-    /// (PgBouncer's `pool_mode = transaction`), where `LISTEN` does not
-    /// work: watchers then look for work every
-    /// [`PostgresOptions::fallback_poll`].
+    /// true): without it, watchers look for other processes' work every
+    /// [`PostgresOptions::fallback_poll`]. Behind a pooler in transaction
+    /// mode ([`Pooler::Transaction`]) there is no `LISTEN` whatever this
+    /// says.
     pub fn listen(mut self, listen: bool) -> Self {
         self.listen = listen;
         self
@@ -896,6 +973,13 @@ impl PostgresOptions {
     /// back); default 1 s, at least 1 ms.
     pub fn fallback_poll(mut self, every: Duration) -> Self {
         self.fallback_poll = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// What stands between tickler and the server (default
+    /// [`Pooler::Detect`]); wins over the URL's `pooler`.
+    pub fn pooler(mut self, pooler: Pooler) -> Self {
+        self.pooler = Some(pooler);
         self
     }
 

@@ -128,6 +128,7 @@ impl QueueBuilder {
             listen: self.postgres.listen,
             fallback_poll: self.postgres.fallback_poll,
             postgres_tls: &self.postgres.tls,
+            pooler: self.postgres.pooler,
         })?;
         Ok(Queue {
             inner: Arc::new(Inner {

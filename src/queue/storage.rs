@@ -18,7 +18,9 @@ impl Queue {
     }
 
     /// Where this queue lives, for messages: the file's path, or the
-    /// PostgreSQL URL with its password replaced by `***`.
+    /// server's URL with its password replaced by `***` (on PostgreSQL
+    /// followed by ` (through a pooler in transaction mode)` when tickler
+    /// talks to one, [`crate::Pooler`]).
     pub fn location(&self) -> String {
         self.inner.engine.location()
     }

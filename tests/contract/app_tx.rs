@@ -97,7 +97,7 @@ fn complete_running(queue: &Queue, lease: &Lease, sql: &str) -> tickler::Result<
     })
 }
 
-contract! {
+contract! { poolers:
 fn complete_with_commits_the_writes_with_the_completion_and_a_lost_lease_writes_neither() {
     let (_dir, path) = temp_db();
     let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
@@ -151,7 +151,7 @@ fn complete_with_right_after_the_connections_were_cut_gets_a_live_one() {
 }
 
 #[cfg(feature = "postgres")]
-contract! {
+contract! { poolers:
 fn a_closure_over_another_engines_transaction_is_refused_and_writes_nothing() {
     // Here, not at the top: without the `postgres` feature this body is
     // not compiled, and the imports would be unused.

@@ -210,7 +210,7 @@ fn eight_threads(path: &Path, handle: impl Fn(usize) -> Queue) -> Vec<Claimed> {
     all
 }
 
-contract! {
+contract! { poolers:
 fn eight_threads_with_own_handles_never_share_a_job() {
     let (_dir, path) = common::temp_db();
     let ids = fill(&path);
@@ -219,7 +219,7 @@ fn eight_threads_with_own_handles_never_share_a_job() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn eight_threads_sharing_one_handle_never_share_a_job() {
     let (_dir, path) = common::temp_db();
     let ids = fill(&path);
@@ -229,7 +229,7 @@ fn eight_threads_sharing_one_handle_never_share_a_job() {
 }
 }
 
-contract! {
+contract! { poolers:
 /// The child side of [`three_processes_never_share_a_job`]: a no-op unless
 /// the parent set `TICKLER_TEST_CHILD_DB`.
 fn child_claimer() {
@@ -257,7 +257,7 @@ fn child_claimer() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn three_processes_never_share_a_job() {
     const CHILDREN: usize = 3;
     let (dir, path) = common::temp_db();

@@ -83,7 +83,7 @@ fn claim_one(queue: &Queue, lease: std::time::Duration) -> Lease {
     leases.remove(0)
 }
 
-contract! {
+contract! { poolers:
 fn reaped_holder_is_fenced_off_and_new_holder_wins() {
     let (_dir, path) = common::temp_db();
     let (queue, clock) = common::manual_queue_with_policy(&path, common::fixed_policy());
@@ -130,7 +130,7 @@ fn reaped_holder_is_fenced_off_and_new_holder_wins() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn one_lost_lease_in_a_batch_does_not_block_the_others() {
     let (_dir, path) = common::temp_db();
     let (queue, clock) = common::manual_queue_with_policy(&path, common::fixed_policy());
@@ -169,7 +169,7 @@ fn one_lost_lease_in_a_batch_does_not_block_the_others() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn cancelled_running_job_refuses_its_holder() {
     let (_dir, path) = common::temp_db();
     let (queue, clock) = common::manual_queue(&path);
@@ -197,7 +197,7 @@ fn cancelled_running_job_refuses_its_holder() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn heartbeat_of_held_lease_is_accepted_and_fenced_on_token() {
     // Control for the tests above: the same calls succeed while the lease is
     // held, and a lease with a made-up token for the same job is refused.
@@ -223,7 +223,7 @@ fn clock_now(queue: &Queue) -> chrono::DateTime<chrono::Utc> {
     queue.clock().now()
 }
 
-contract! {
+contract! { poolers:
 fn every_claim_gets_a_distinct_uuid_v4_token() {
     let (_dir, path) = common::temp_db();
     let (queue, _clock) = common::manual_queue(&path);

@@ -46,7 +46,7 @@ fn low_then_flood(queue: &Queue) -> JobId {
     low
 }
 
-contract! {
+contract! { poolers:
 fn a_low_priority_job_starts_early_in_a_flood_of_high_priority_ones() {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
@@ -62,7 +62,7 @@ fn a_low_priority_job_starts_early_in_a_flood_of_high_priority_ones() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn strict_priority_keeps_the_old_order() {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
@@ -77,7 +77,7 @@ fn strict_priority_keeps_the_old_order() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn a_second_queue_is_served_during_a_flood_in_the_first() {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
@@ -110,7 +110,7 @@ fn a_second_queue_is_served_during_a_flood_in_the_first() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn stats_show_the_oldest_due_job_per_queue_and_priority() {
     let (_dir, path) = temp_db();
     let (queue, clock) = common::manual_queue(&path);

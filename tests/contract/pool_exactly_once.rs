@@ -107,4 +107,4 @@ fn every_job_runs_exactly_once_and_succeeds(flavor: &Flavor) {
     }
 }
 
-flavored_tests!(every_job_runs_exactly_once_and_succeeds,);
+flavored_tests!(poolers: every_job_runs_exactly_once_and_succeeds,);

@@ -217,7 +217,7 @@ fn heartbeats_keep_a_job_running_three_times_its_lease(flavor: &Flavor) {
     pool.shutdown(secs(5));
 }
 
-contract! {
+contract! { poolers:
 /// A job that fails and is claimed again at once (zero backoff, in the same
 /// transaction that records the failure) must not be told it lost its lease
 /// because a heartbeat of its *previous* run, already in flight, came back
@@ -307,7 +307,7 @@ fn a_stale_heartbeat_of_a_previous_run_does_not_cancel_the_next_run() {
 }
 }
 
-flavored_tests!(
+flavored_tests!(poolers:
     reaped_lease_cancels_the_handler_and_its_late_outcome_is_refused,
     cancelled_job_cancels_the_handler_and_its_late_outcome_is_refused,
     heartbeats_keep_a_job_running_three_times_its_lease,

@@ -40,7 +40,7 @@ fn start_pool(queue: &Queue, rec: &std::sync::Arc<Recorder>) -> WorkerPool {
         .unwrap()
 }
 
-contract! {
+contract! { poolers:
 fn ok_retry_and_permanent() {
     let (_dir, path) = temp_db();
     // One-hour backoff: a retried job waits, scheduled, for the rest of the test.
@@ -92,7 +92,7 @@ fn ok_retry_and_permanent() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn snooze_reschedules_at_its_time_and_gives_the_attempt_back() {
     let (_dir, path) = temp_db();
     let queue = open_queue_slow_retry(&path);
@@ -122,7 +122,7 @@ fn snooze_reschedules_at_its_time_and_gives_the_attempt_back() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn snooze_to_an_exact_time() {
     let (_dir, path) = temp_db();
     let queue = open_queue_slow_retry(&path);
@@ -148,7 +148,7 @@ fn snooze_to_an_exact_time() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn payload_of_the_wrong_shape_is_dead() {
     let (_dir, path) = temp_db();
     let queue = open_queue_slow_retry(&path);
@@ -169,7 +169,7 @@ fn payload_of_the_wrong_shape_is_dead() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn a_pool_never_claims_a_kind_it_has_no_handler_for() {
     let (_dir, path) = temp_db();
     let queue = open_queue_slow_retry(&path);
@@ -202,7 +202,7 @@ fn a_pool_never_claims_a_kind_it_has_no_handler_for() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn timeout_sets_the_cancellation_flag_and_the_result_still_counts() {
     let (_dir, path) = temp_db();
     let queue = open_queue_slow_retry(&path);
@@ -244,7 +244,7 @@ mod snooze_for_a_huge_delay {
     use std::time::Duration;
     use tickler::{Durability, JobContext, JobError, NewJob, Queue, WorkerPool};
 
-    contract! {
+    contract! { poolers:
     /// The bug it guards (from a review):
     /// `JobContext::snooze_for(delay)` is
     /// `now + chrono::Duration::from_std(delay).unwrap_or_default()`:

@@ -97,7 +97,7 @@ fn panicking_handler_fails_its_job_and_the_worker_lives_on(flavor: &Flavor) {
     }
 }
 
-flavored_tests!(panicking_handler_fails_its_job_and_the_worker_lives_on,);
+flavored_tests!(poolers: panicking_handler_fails_its_job_and_the_worker_lives_on,);
 
 /// The bugs these guard (from a hunt through other queues' reports):
 /// pool failures reported against other queues,
@@ -109,7 +109,7 @@ mod other_queues_pool_reports {
     use std::time::Instant;
     use tickler::{JobContext, JobError, JobState, NewJob, WorkerPool};
 
-    contract! {
+    contract! { poolers:
     /// The bug it guards (from a hunt through other queues' reports):
     /// ruby-shoryuken/shoryuken#1020: a graceful stop blocked for ever on a
     /// worker that never finished.
@@ -131,7 +131,7 @@ mod other_queues_pool_reports {
     }
     }
 
-    contract! {
+    contract! { poolers:
     /// The bug it guards (from a hunt through other queues' reports):
     /// collectiveidea/delayed_job#1173 and verk#89: an error that could not be
     /// turned into a message crashed the worker, which took the job again.

@@ -38,7 +38,7 @@ fn served(named: &[&str]) -> Vec<String> {
         .collect()
 }
 
-contract! {
+contract! { poolers:
 fn default_named_first_last_or_alone_is_served_with_the_others() {
     assert_eq!(served(&["default", "mail"]), ["default", "mail"]);
     assert_eq!(served(&["mail", "default"]), ["default", "mail"]);

@@ -188,7 +188,7 @@ fn handler_polling_is_cancelled_stops_early_on_shutdown(flavor: &Flavor) {
     assert_eq!(job.last_error.as_deref(), Some("interrupted"));
 }
 
-flavored_tests!(
+flavored_tests!(poolers:
     unstarted_jobs_go_back_to_pending_with_their_attempt,
     grace_expiry_leaves_a_stubborn_handler_cancelled_with_shutdown,
     handler_polling_is_cancelled_stops_early_on_shutdown,
@@ -203,7 +203,7 @@ mod leases_of_handlers_running_after_shutdown {
     use std::time::{Duration, Instant};
     use tickler::{Durability, JobContext, JobError, JobState, NewJob, Queue, WorkerPool};
 
-    contract! {
+    contract! { poolers:
     /// The bug it guards (from a review):
     /// `WorkerPool::shutdown` says handlers still running after the
     /// grace period "keep their leases until they end (their outcome is still

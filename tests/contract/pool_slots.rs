@@ -12,13 +12,13 @@ use pool::{ms, open_queue, secs, temp_db, wait_until, Recorder};
 use std::collections::HashSet;
 use tickler::{JobFilter, JobState, NewJob, WorkerPool};
 
-contract! {
+contract! { poolers:
 fn a_busy_pool_claims_no_more_than_its_free_slots() {
     a_busy_pool_holds_its_threads_worth(Some(0));
 }
 }
 
-contract! {
+contract! { poolers:
 fn a_busy_pool_with_default_settings_claims_no_more_than_its_free_slots() {
     a_busy_pool_holds_its_threads_worth(None);
 }

@@ -182,7 +182,7 @@ fn two_pools_in_two_processes_never_deliver_a_job_twice(flavor: &Flavor) {
     }
 }
 
-flavored_tests!(two_pools_in_two_processes_never_deliver_a_job_twice,);
+flavored_tests!(poolers: two_pools_in_two_processes_never_deliver_a_job_twice,);
 
 /// One ledger line per delivery: one write(2) per line on an O_APPEND
 /// file, so lines never interleave.
@@ -193,7 +193,7 @@ fn append(ledger: &File, ctx: &JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
-contract! {
+contract! { poolers:
 /// The child side: does nothing unless started by the test above.
 fn pool_child_process() {
     let Some(db) = std::env::var_os(ENV_DB) else {

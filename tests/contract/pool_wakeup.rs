@@ -14,7 +14,7 @@ use pool::{ms, open_queue, secs, temp_db, wait_until, Recorder};
 use std::time::Instant;
 use tickler::{NewJob, WorkerPool};
 
-contract! {
+contract! { poolers:
 fn delayed_job_starts_at_its_due_time() {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
@@ -58,7 +58,7 @@ fn delayed_job_starts_at_its_due_time() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn job_from_another_handle_wakes_an_idle_pool_without_max_idle() {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);

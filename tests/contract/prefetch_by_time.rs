@@ -64,7 +64,7 @@ fn held_by(queue: &Queue, worker: &str) -> usize {
         .count()
 }
 
-contract! {
+contract! { poolers:
 fn jobs_claimed_ahead_of_busy_threads_are_handed_back_once() {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);
@@ -113,7 +113,7 @@ fn jobs_claimed_ahead_of_busy_threads_are_handed_back_once() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn an_idle_process_gets_the_jobs_a_busy_one_claimed_ahead() {
     let (dir, path) = temp_db();
     let queue = open_queue(&path);
@@ -173,7 +173,7 @@ fn scopeguard(child: std::process::Child) -> ChildGuard {
     ChildGuard(child)
 }
 
-contract! {
+contract! { poolers:
 /// Process B: a pool (default settings, a thread per long job), started
 /// when the parent writes `go`, whose handler blocks until the parent
 /// writes `release`, so the test can count what it holds. Does nothing
@@ -287,7 +287,7 @@ mod other_queues_prefetch_reports {
             .collect()
     }
 
-    contract! {
+    contract! { poolers:
     /// The bug it guards (from a hunt through other queues' reports):
     /// rq/rq#2292 "Job still runs when canceled with job.cancel() before it
     /// starts": a job cancelled while it waits in a pool's channel (claimed
@@ -331,7 +331,7 @@ mod other_queues_prefetch_reports {
     }
     }
 
-    contract! {
+    contract! { poolers:
     /// The bug it guards (from a hunt through other queues' reports):
     /// MassTransit/MassTransit#3585 "Extend SQS visibility timeout for
     /// prefetched messages" (and spulec/PyQS#29): a prefetched message's
@@ -396,7 +396,7 @@ mod other_queues_prefetch_reports {
     }
     }
 
-    contract! {
+    contract! { poolers:
     /// The bug it guards (from a hunt through other queues' reports):
     /// celery/celery#4537 "Worker prefetching tasks even after setting
     /// acks_late=True ...": stopped with 20 tasks reserved, the worker gave one
@@ -576,7 +576,7 @@ mod other_queues_prefetch_reports {
     }
     }
 
-    contract! {
+    contract! { poolers:
     /// The bug it guards (from a hunt through other queues' reports):
     /// The child of the test above: does nothing unless started by it.
     fn stop_while_a_claim_waits_child() {
@@ -592,7 +592,7 @@ mod other_queues_prefetch_reports {
     }
     }
 
-    contract! {
+    contract! { poolers:
     /// The bug it guards (from a hunt through other queues' reports):
     /// MassTransit/MassTransit#6179 (a duplicate delivery's lock context never
     /// completed) and sidekiq/sidekiq#3039 (duplicate jobs with the same JID):
@@ -664,7 +664,7 @@ mod other_queues_prefetch_reports {
     }
     }
 
-    contract! {
+    contract! { poolers:
     /// The bug it guards (from a hunt through other queues' reports):
     /// aspnetboilerplate/aspnetboilerplate#6647 "GetWaitingJobsAsync with
     /// 1000 ... high waiting time for tasks with higher priority": a batch
@@ -717,7 +717,7 @@ mod other_queues_prefetch_reports {
     }
     }
 
-    contract! {
+    contract! { poolers:
     /// The bug it guards (from a hunt through other queues' reports):
     /// Hand-back storms (the other side of celery/celery#2788, "Any way to
     /// disable prefetching?": a busy worker keeps what an idle one could run):
@@ -789,7 +789,7 @@ mod other_queues_prefetch_reports {
     }
     }
 
-    contract! {
+    contract! { poolers:
     /// The bug it guards (from a hunt through other queues' reports):
     /// Hand-backs must never cost an attempt (celery/celery#4537's requeued
     /// tasks counted as delivered; solid_queue#119's released executions):

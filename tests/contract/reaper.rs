@@ -15,7 +15,7 @@ fn claim_one(queue: &Queue, lease: std::time::Duration) -> tickler::Lease {
     leases.remove(0)
 }
 
-contract! {
+contract! { poolers:
 fn heartbeat_that_lands_first_wins() {
     let (_dir, path) = common::temp_db();
     let (queue, clock) = common::manual_queue_with_policy(&path, common::fixed_policy());
@@ -51,7 +51,7 @@ fn heartbeat_that_lands_first_wins() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn reaper_takes_exactly_the_expired_leases() {
     let (_dir, path) = common::temp_db();
     let (queue, clock) = common::manual_queue_with_policy(&path, common::fixed_policy());
@@ -101,7 +101,7 @@ fn reaper_takes_exactly_the_expired_leases() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn reaped_job_waits_out_backoff_and_keeps_its_attempt() {
     let (_dir, path) = common::temp_db();
     let (queue, clock) = common::manual_queue_with_policy(&path, common::fixed_policy());
@@ -142,7 +142,7 @@ fn reaped_job_waits_out_backoff_and_keeps_its_attempt() {
 }
 }
 
-contract! {
+contract! { poolers:
 fn reaper_leaves_other_states_alone() {
     let (_dir, path) = common::temp_db();
     let (queue, clock) = common::manual_queue_with_policy(&path, common::fixed_policy());
@@ -195,7 +195,7 @@ mod prune_ages_past_the_calendar {
             .unwrap()
     }
 
-    contract! {
+    contract! { poolers:
     /// The bug it guards: see this module's doc (from a review).
     fn keep_for_ever_does_not_prune_everything() {
         let dir = tempfile::tempdir().unwrap();
@@ -228,7 +228,7 @@ mod prune_ages_past_the_calendar {
     }
     }
 
-    contract! {
+    contract! { poolers:
     /// The bug it guards: see this module's doc (from a review).
     fn a_very_long_prune_age_does_not_stop_reaping() {
         let dir = tempfile::tempdir().unwrap();
@@ -271,7 +271,7 @@ mod other_queues_reports {
     use common::{fixed_policy, manual_queue_with_policy, secs, temp_db};
     use tickler::{JobState, NewJob};
 
-    contract! {
+    contract! { poolers:
     /// The bug it guards (from a hunt through other queues' reports):
     /// riverqueue/river#1302 (PR #1373): the rescuer overwrote a job that its
     /// worker completed between the rescuer's fetch and its update.

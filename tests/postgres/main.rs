@@ -27,6 +27,8 @@ mod errors;
 mod harness;
 /// The plans of the hot statements at two depths.
 mod plans;
+/// Through PgBouncer, in transaction and in session mode.
+mod pooler;
 /// A job's whole life on a server.
 mod smoke;
 /// TLS with libpq's sslmode meanings, seen from the server.

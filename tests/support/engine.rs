@@ -40,6 +40,12 @@ pub enum Engine {
     Sqlite,
     Postgres,
     Mysql,
+    /// PostgreSQL through PgBouncer in transaction mode, opened with
+    /// `pooler=transaction`: for the bodies of claims and pools
+    /// (`contract! { poolers: … }`).
+    PgBouncerTransaction,
+    /// PostgreSQL through PgBouncer in session mode, with the defaults.
+    PgBouncerSession,
 }
 
 impl Engine {
@@ -49,7 +55,18 @@ impl Engine {
             Engine::Sqlite => "sqlite",
             Engine::Postgres => "postgres",
             Engine::Mysql => "mysql",
+            Engine::PgBouncerTransaction => "pgbouncer_transaction",
+            Engine::PgBouncerSession => "pgbouncer_session",
         }
+    }
+
+    /// True for PostgreSQL, also through a pooler: the same server, SQL
+    /// and helpers.
+    pub fn is_postgres(self) -> bool {
+        matches!(
+            self,
+            Engine::Postgres | Engine::PgBouncerTransaction | Engine::PgBouncerSession
+        )
     }
 
     /// True for the engine without a server (SQLite): one file.
@@ -63,13 +80,21 @@ impl Engine {
             Engine::Sqlite => None,
             Engine::Postgres => Some("TICKLER_TEST_DATABASE_URL"),
             Engine::Mysql => Some("TICKLER_TEST_MYSQL_URL"),
+            Engine::PgBouncerTransaction => Some("TICKLER_TEST_PGBOUNCER_TX_URL"),
+            Engine::PgBouncerSession => Some("TICKLER_TEST_PGBOUNCER_SESSION_URL"),
         }
     }
 
     fn from_name(name: &str) -> Option<Engine> {
-        [Engine::Sqlite, Engine::Postgres, Engine::Mysql]
-            .into_iter()
-            .find(|e| e.name().eq_ignore_ascii_case(name))
+        [
+            Engine::Sqlite,
+            Engine::Postgres,
+            Engine::Mysql,
+            Engine::PgBouncerTransaction,
+            Engine::PgBouncerSession,
+        ]
+        .into_iter()
+        .find(|e| e.name().eq_ignore_ascii_case(name))
     }
 
     /// Tells a child process which engine it runs on.
@@ -114,9 +139,10 @@ pub fn engine_of(path: &Path) -> Engine {
         .unwrap_or_else(current)
 }
 
-/// True when this thread's case runs on PostgreSQL.
+/// True when this thread's case runs on PostgreSQL (also through a
+/// pooler).
 pub fn on_postgres() -> bool {
-    current() == Engine::Postgres
+    current().is_postgres()
 }
 
 /// True when this thread's case runs on MySQL/MariaDB.
@@ -213,6 +239,24 @@ macro_rules! engine_cases {
             $crate::support::engine::run($crate::support::engine::Engine::Mysql, $body);
         }
     };
+    (poolers: $body:path) => {
+        $crate::engine_cases!($body);
+
+        #[cfg(feature = "postgres")]
+        #[test]
+        fn pgbouncer_transaction() {
+            $crate::support::engine::run(
+                $crate::support::engine::Engine::PgBouncerTransaction,
+                $body,
+            );
+        }
+
+        #[cfg(feature = "postgres")]
+        #[test]
+        fn pgbouncer_session() {
+            $crate::support::engine::run($crate::support::engine::Engine::PgBouncerSession, $body);
+        }
+    };
 }
 
 /// One contract body, run on every engine: `contract! { /// doc
@@ -222,6 +266,9 @@ macro_rules! engine_cases {
 /// `contract! { sqlite_only: … }` generates the SQLite case alone, and
 /// `contract! { servers_only: … }` the cases of the server engines; the
 /// doc must say why the guarantee is not every engine's.
+/// `contract! { poolers: … }` adds, to every engine's case, PostgreSQL
+/// through PgBouncer in transaction and in session mode: the bodies of
+/// claims, fencing and pools, which a pooler must not change.
 #[macro_export]
 macro_rules! contract {
     ($(#[$meta:meta])* fn $name:ident() $body:block) => {
@@ -230,6 +277,14 @@ macro_rules! contract {
 
         mod $name {
             $crate::engine_cases!(super::$name);
+        }
+    };
+    (poolers: $(#[$meta:meta])* fn $name:ident() $body:block) => {
+        $(#[$meta])*
+        fn $name() $body
+
+        mod $name {
+            $crate::engine_cases!(poolers: super::$name);
         }
     };
     (servers_only: $(#[$meta:meta])* fn $name:ident() $body:block) => {
@@ -285,7 +340,38 @@ pub fn target(path: &Path) -> PathBuf {
         Engine::Sqlite => path.to_path_buf(),
         Engine::Postgres => postgres_target(path),
         Engine::Mysql => mysql_target(path),
+        pooled @ (Engine::PgBouncerTransaction | Engine::PgBouncerSession) => {
+            // Made on the server, reached through the pooler.
+            postgres_target(path);
+            let var = pooled.url_var().expect("a pooler's URL variable");
+            let pooler = std::env::var(var).unwrap_or_else(|_| {
+                panic!("a case through PgBouncer needs {var} (.ci/postgres sets it)")
+            });
+            let name = database_name(path);
+            let url = with_dbname(&pooler, &name);
+            PathBuf::from(if pooled == Engine::PgBouncerTransaction {
+                with_param(&url, "pooler=transaction")
+            } else {
+                url
+            })
+        }
     }
+}
+
+/// The URL of the server itself for the queue whose file would be `path`
+/// (also when the queue reaches it through a pooler): for the tests' own
+/// statements, which a pooler in transaction mode would not carry.
+pub fn server_target(path: &Path) -> PathBuf {
+    match engine_of(path) {
+        Engine::PgBouncerTransaction | Engine::PgBouncerSession => postgres_target(path),
+        _ => target(path),
+    }
+}
+
+/// `url` with `param` (`key=value`) added to its query.
+pub fn with_param(url: &str, param: &str) -> String {
+    let joint = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{joint}{param}")
 }
 
 /// The name of the database of the queue whose file would be `path`.
@@ -430,9 +516,9 @@ impl From<Option<i64>> for Value {
 /// `?`s on MySQL).
 pub fn execute(path: &Path, sql: &str, params: &[Value]) -> u64 {
     match engine_of(path) {
-        Engine::Postgres => return pg::execute(&target(path), sql, params),
+        e if e.is_postgres() => return pg::execute(&server_target(path), sql, params),
         Engine::Mysql => return my::execute(&target(path), sql, params),
-        Engine::Sqlite => {}
+        _ => {}
     }
     let conn = sqlite(path);
     let params: Vec<&dyn rusqlite::ToSql> = params.iter().map(sqlite_param).collect();
@@ -444,9 +530,9 @@ pub fn execute(path: &Path, sql: &str, params: &[Value]) -> u64 {
 /// (whose SQL differs between the engines).
 pub fn execute_batch(path: &Path, sql: &str) {
     match engine_of(path) {
-        Engine::Postgres => return pg::execute_batch(&target(path), sql),
+        e if e.is_postgres() => return pg::execute_batch(&server_target(path), sql),
         Engine::Mysql => return my::execute_batch(&target(path), sql),
-        Engine::Sqlite => {}
+        _ => {}
     }
     sqlite(path)
         .execute_batch(sql)
@@ -457,9 +543,9 @@ pub fn execute_batch(path: &Path, sql: &str) {
 /// integers (bool on PostgreSQL counts as one), text or NULL.
 pub fn query_row(path: &Path, sql: &str, params: &[Value]) -> Vec<Value> {
     match engine_of(path) {
-        Engine::Postgres => return pg::query_row(&target(path), sql, params),
+        e if e.is_postgres() => return pg::query_row(&server_target(path), sql, params),
         Engine::Mysql => return my::query_row(&target(path), sql, params),
-        Engine::Sqlite => {}
+        _ => {}
     }
     let conn = sqlite(path);
     let params: Vec<&dyn rusqlite::ToSql> = params.iter().map(sqlite_param).collect();
@@ -487,9 +573,9 @@ pub fn query_row(path: &Path, sql: &str, params: &[Value]) -> Vec<Value> {
 /// can cut the connections to a SQLite file.
 pub fn cut_connections(path: &Path) -> usize {
     match engine_of(path) {
-        Engine::Postgres => pg::cut_connections(&target(path)),
+        e if e.is_postgres() => pg::cut_connections(&server_target(path)),
         Engine::Mysql => my::cut_connections(&target(path)),
-        Engine::Sqlite => panic!("cut_connections: a SQLite file has no server connections"),
+        _ => panic!("cut_connections: a SQLite file has no server connections"),
     }
 }
 

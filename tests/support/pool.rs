@@ -350,8 +350,34 @@ impl ScriptHandler for tickler::WorkerPoolBuilder {
 /// `name(&Flavor::Sync)`) and, with the `tokio` feature, `tokio` (the same
 /// body with async handlers), each run on every engine: one body, both
 /// kinds of handler, every engine (`name::sync::sqlite`, …).
+///
+/// `flavored_tests!(poolers: …)` adds the cases through PgBouncer
+/// (`contract! { poolers: … }`).
 #[allow(unused_macros)]
 macro_rules! flavored_tests {
+    (poolers: $($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                fn sync() {
+                    super::$name(&$crate::support::pool::Flavor::sync());
+                }
+
+                mod sync {
+                    $crate::engine_cases!(poolers: super::sync);
+                }
+
+                #[cfg(feature = "tokio")]
+                fn tokio() {
+                    super::$name(&$crate::support::pool::Flavor::tokio());
+                }
+
+                #[cfg(feature = "tokio")]
+                mod tokio {
+                    $crate::engine_cases!(poolers: super::tokio);
+                }
+            }
+        )*
+    };
     ($($name:ident),* $(,)?) => {
         $(
             mod $name {

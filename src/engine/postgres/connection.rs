@@ -4,6 +4,7 @@
 //! retry of a whole transaction through lost connections and restarts;
 //! and the engine's [`Capabilities`].
 
+use super::pooler::{self, Pooling};
 use super::tls::Tls;
 use super::Store;
 use crate::clock::Clock;
@@ -13,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::job::JobId;
 use crate::lease::Lease;
 use postgres::error::SqlState;
-use postgres::types::ToSql;
+use postgres::types::{ToSql, Type};
 use postgres::{Client, Row, Statement};
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};
@@ -22,10 +23,33 @@ use std::time::Duration;
 /// Connections of the pool: the client, its prepared statements, and
 /// whether it must be dropped rather than reused.
 pub(crate) struct Conn {
+    // First: dropped before the statements, whose `Close` then goes
+    // nowhere rather than to a server connection a pooler gave another
+    // client.
     pub(super) client: Client,
-    statements: HashMap<String, Statement>,
+    statements: Statements,
     broken: bool,
     returned: Returned,
+    pooling: Arc<Pooling>,
+}
+
+/// How a connection's statements are sent: prepared once by name and
+/// kept, or (behind a pooler in transaction mode) each sent unnamed with
+/// its parameters' types, which are what is kept.
+pub(crate) struct Statements {
+    named: HashMap<String, Statement>,
+    types: HashMap<String, Vec<Type>>,
+    unnamed: bool,
+}
+
+impl Statements {
+    pub(super) fn new(unnamed: bool) -> Statements {
+        Statements {
+            named: HashMap::new(),
+            types: HashMap::new(),
+            unnamed,
+        }
+    }
 }
 
 impl Conn {
@@ -36,13 +60,20 @@ impl Conn {
         }
     }
 
+    /// Drops this connection at its return instead of reusing it.
+    pub(super) fn drop_after_use(&mut self) {
+        self.broken = true;
+    }
+
     /// Sets the session back to how tickler opened it ([`SESSION_RESET`],
     /// then [`SESSION_SETUP`]), in one round trip, after the application's statements ran on this
     /// connection: a `SET search_path` of theirs would otherwise reach
     /// tickler's next statements here. A connection whose settings cannot
     /// be set back is dropped.
     pub(super) fn restore_session(&mut self) {
-        if self.broken {
+        // Behind a pooler in transaction mode the session is no one's:
+        // what this would reset is some other server connection's.
+        if self.broken || self.pooling.transaction_mode() {
             return;
         }
         if let Err(e) = self
@@ -80,6 +111,7 @@ pub(crate) struct Manager {
     config: postgres::Config,
     tls: Tls,
     refused: Refused,
+    pooling: Arc<Pooling>,
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -88,13 +120,17 @@ impl r2d2::ManageConnection for Manager {
 
     fn connect(&self) -> std::result::Result<Conn, postgres::Error> {
         let mut client = self.tls.connect(&self.config)?;
-        client.batch_execute(SESSION_SETUP)?;
+        let unnamed = self.pooling.transaction_mode();
+        if !unnamed {
+            client.batch_execute(SESSION_SETUP)?;
+        }
         *self.refused.lock().unwrap_or_else(PoisonError::into_inner) = None;
         Ok(Conn {
             client,
-            statements: HashMap::new(),
+            statements: Statements::new(unnamed),
             broken: false,
             returned: Returned::now(),
+            pooling: Arc::clone(&self.pooling),
         })
     }
 
@@ -121,30 +157,51 @@ pub(crate) enum Session<'a> {
 }
 
 /// Statements in one transaction (or, for single-statement writes, in
-/// autocommit), prepared once per connection.
+/// autocommit), prepared once per connection or sent unnamed
+/// ([`Statements`]).
 pub(crate) struct Tx<'a> {
     pub(super) tx: Session<'a>,
-    pub(super) statements: &'a mut HashMap<String, Statement>,
+    pub(super) statements: &'a mut Statements,
+}
+
+/// A statement as a [`Tx`] sends it.
+enum Sent<'p> {
+    Named(Statement),
+    Unnamed(Vec<(&'p (dyn ToSql + Sync), Type)>),
 }
 
 impl Tx<'_> {
-    fn statement(&mut self, sql: &str) -> Result<Statement> {
-        if let Some(s) = self.statements.get(sql) {
-            return Ok(s.clone());
+    fn statement<'p>(&mut self, sql: &str, params: &[&'p (dyn ToSql + Sync)]) -> Result<Sent<'p>> {
+        if self.statements.unnamed {
+            let types = match self.statements.types.get(sql) {
+                Some(types) => types.clone(),
+                None => {
+                    let types = pooler::parameter_types(sql, params)?;
+                    self.statements.types.insert(sql.to_owned(), types.clone());
+                    types
+                }
+            };
+            return Ok(Sent::Unnamed(params.iter().copied().zip(types).collect()));
+        }
+        if let Some(s) = self.statements.named.get(sql) {
+            return Ok(Sent::Named(s.clone()));
         }
         let prepared = match &mut self.tx {
             Session::Transaction(tx) => tx.prepare(sql)?,
             Session::Autocommit(client) => client.prepare(sql)?,
         };
-        self.statements.insert(sql.to_owned(), prepared.clone());
-        Ok(prepared)
+        self.statements
+            .named
+            .insert(sql.to_owned(), prepared.clone());
+        Ok(Sent::Named(prepared))
     }
 
     pub(crate) fn query(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
-        let stmt = self.statement(sql)?;
-        Ok(match &mut self.tx {
-            Session::Transaction(tx) => tx.query(&stmt, params)?,
-            Session::Autocommit(client) => client.query(&stmt, params)?,
+        Ok(match (self.statement(sql, params)?, &mut self.tx) {
+            (Sent::Named(s), Session::Transaction(tx)) => tx.query(&s, params)?,
+            (Sent::Named(s), Session::Autocommit(client)) => client.query(&s, params)?,
+            (Sent::Unnamed(p), Session::Transaction(tx)) => tx.query_typed(sql, &p)?,
+            (Sent::Unnamed(p), Session::Autocommit(client)) => client.query_typed(sql, &p)?,
         })
     }
 
@@ -153,26 +210,29 @@ impl Tx<'_> {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>> {
-        let stmt = self.statement(sql)?;
-        Ok(match &mut self.tx {
-            Session::Transaction(tx) => tx.query_opt(&stmt, params)?,
-            Session::Autocommit(client) => client.query_opt(&stmt, params)?,
+        Ok(match (self.statement(sql, params)?, &mut self.tx) {
+            (Sent::Named(s), Session::Transaction(tx)) => tx.query_opt(&s, params)?,
+            (Sent::Named(s), Session::Autocommit(client)) => client.query_opt(&s, params)?,
+            (Sent::Unnamed(p), Session::Transaction(tx)) => tx.query_typed_opt(sql, &p)?,
+            (Sent::Unnamed(p), Session::Autocommit(client)) => client.query_typed_opt(sql, &p)?,
         })
     }
 
     pub(crate) fn query_one(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
-        let stmt = self.statement(sql)?;
-        Ok(match &mut self.tx {
-            Session::Transaction(tx) => tx.query_one(&stmt, params)?,
-            Session::Autocommit(client) => client.query_one(&stmt, params)?,
+        Ok(match (self.statement(sql, params)?, &mut self.tx) {
+            (Sent::Named(s), Session::Transaction(tx)) => tx.query_one(&s, params)?,
+            (Sent::Named(s), Session::Autocommit(client)) => client.query_one(&s, params)?,
+            (Sent::Unnamed(p), Session::Transaction(tx)) => tx.query_typed_one(sql, &p)?,
+            (Sent::Unnamed(p), Session::Autocommit(client)) => client.query_typed_one(sql, &p)?,
         })
     }
 
     pub(crate) fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
-        let stmt = self.statement(sql)?;
-        Ok(match &mut self.tx {
-            Session::Transaction(tx) => tx.execute(&stmt, params)?,
-            Session::Autocommit(client) => client.execute(&stmt, params)?,
+        Ok(match (self.statement(sql, params)?, &mut self.tx) {
+            (Sent::Named(s), Session::Transaction(tx)) => tx.execute(&s, params)?,
+            (Sent::Named(s), Session::Autocommit(client)) => client.execute(&s, params)?,
+            (Sent::Unnamed(p), Session::Transaction(tx)) => tx.execute_typed(sql, &p)?,
+            (Sent::Unnamed(p), Session::Autocommit(client)) => client.execute_typed(sql, &p)?,
         })
     }
 
@@ -306,6 +366,12 @@ impl Store {
     ) -> std::result::Result<T, (Error, Phase)> {
         let mut conn = self.connection().map_err(|e| (e, Phase::Begin))?;
         let conn = &mut *conn;
+        if self.pooling.transaction_mode() && !conn.statements.unnamed {
+            // Made before a pooler was found: its statements were
+            // prepared on server connections that are now anyone's.
+            conn.statements.unnamed = true;
+            conn.broken = true;
+        }
         let result = (|| {
             let session = if autocommit {
                 Session::Autocommit(&mut conn.client)
@@ -333,10 +399,13 @@ impl Store {
             tx.commit().map_err(|e| (e, Phase::Commit))?;
             Ok(value)
         })();
-        if let Err((e, _)) = &result {
-            conn.mark_broken_by(e);
+        match result {
+            Err((e, phase)) => {
+                conn.mark_broken_by(&e);
+                Err((self.pooling.after_error(e), phase))
+            }
+            ok => ok,
         }
-        result
     }
 
     /// A connection of the pool ([`pooled_from`]).
@@ -370,7 +439,11 @@ impl Capabilities for Store {
     }
 
     fn location(&self) -> String {
-        self.describe()
+        if self.pooling.transaction_mode() {
+            format!("{} (through a pooler in transaction mode)", self.describe())
+        } else {
+            self.describe()
+        }
     }
 
     fn watcher(&self) -> Result<Box<dyn Watch>> {
@@ -405,6 +478,7 @@ pub(super) fn connection_pool(
     tls: &Tls,
     max_connections: u32,
     refused: &Refused,
+    pooling: &Arc<Pooling>,
 ) -> r2d2::Pool<Manager> {
     // r2d2's own helper threads would otherwise wait for the pool's
     // next scheduled idle check (up to 30 s) after the pool is
@@ -425,6 +499,7 @@ pub(super) fn connection_pool(
             config: config.clone(),
             tls: tls.clone(),
             refused: refused.clone(),
+            pooling: Arc::clone(pooling),
         })
 }
 
@@ -505,7 +580,7 @@ pub(crate) fn retryable(e: &Error) -> bool {
             if never_cured(e) {
                 return false;
             }
-            if e.is_closed() || stale_plan(e) || ended_session(e) {
+            if e.is_closed() || stale_plan(e) || ended_session(e) || pooler::symptom(e) {
                 return true;
             }
             match e.code() {
@@ -537,6 +612,14 @@ pub(crate) fn retryable(e: &Error) -> bool {
 /// sends the first ones as FATAL while it ends the session it was opening,
 /// which would otherwise read as a session ended while idle, and retried.
 pub(super) fn never_cured(e: &postgres::Error) -> bool {
+    // A pooler's refusal of a startup parameter (PgBouncer's
+    // "unsupported startup parameter: options"): the URL must change.
+    if e.as_db_error().is_some_and(|db| {
+        *db.code() == SqlState::PROTOCOL_VIOLATION
+            && db.message().starts_with("unsupported startup parameter")
+    }) {
+        return true;
+    }
     if let Some(code) = e.code() {
         return code.code().starts_with("28")
             || *code == SqlState::INVALID_CATALOG_NAME
@@ -615,7 +698,7 @@ fn tls_failed(e: &postgres::Error) -> bool {
     e.as_db_error().is_none() && e.to_string() == TLS_FAILED
 }
 
-/// Opens one connection before the pool does, so that what no retry can
+/// Opens one connection before the pool does (and returns it), so that what no retry can
 /// cure ([`never_cured`]) fails the open at once with the server's reason
 /// instead of the pool's timeout 30 s later. A server that does not
 /// accept connections yet (starting, restarting, full) is tried again
@@ -625,12 +708,12 @@ pub(super) fn first_connection(
     tls: &Tls,
     describe: &str,
     window: Duration,
-) -> Result<()> {
+) -> Result<Client> {
     let deadline = std::time::Instant::now() + window;
     let mut pause = Duration::from_millis(50);
     loop {
         match tls.connect(config) {
-            Ok(_) => return Ok(()),
+            Ok(client) => return Ok(client),
             // The server's refusal keeps its type and SQLSTATE.
             Err(e) if never_cured(&e) && e.as_db_error().is_some() => {
                 return Err(Error::Postgres(e))
@@ -697,6 +780,7 @@ fn breaks_connection(e: &Error) -> bool {
             e.is_closed()
                 || stale_plan(e)
                 || ended_session(e)
+                || pooler::symptom(e)
                 || e.code().is_some_and(|c| {
                     c.code().starts_with("08")
                         || *c == SqlState::READ_ONLY_SQL_TRANSACTION
@@ -776,7 +860,8 @@ mod tests {
         // Nothing listens on port 1.
         let config: postgres::Config = "postgres://tickler@127.0.0.1:1/none".parse().unwrap();
         let tls = Tls::new(&Default::default(), &Default::default()).unwrap();
-        let pool = connection_pool(&config, &tls, 2, &Refused::default());
+        let pooling = Arc::new(Pooling::new(crate::Pooler::Session));
+        let pool = connection_pool(&config, &tls, 2, &Refused::default(), &pooling);
         assert!(pool.get_timeout(Duration::from_millis(300)).is_err());
         let logged = LOGGED
             .lock()

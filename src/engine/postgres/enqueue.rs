@@ -3,14 +3,13 @@
 //! COMMIT whose answer was lost, and jobs in the application's own
 //! transaction.
 
-use super::connection::{Attempt, Session, Tx};
+use super::connection::{Attempt, Session, Statements, Tx};
 use super::watch::CHANNEL;
 use super::Store;
 use crate::engine::types::*;
 use crate::engine::Enqueue;
 use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
-use std::collections::HashMap;
 
 const INSERT_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status, priority,
          run_at, max_attempts, unique_key, timeout_ms, created_at, enqueue_batch, enqueue_seq)
@@ -283,7 +282,9 @@ impl Store {
         app: &mut postgres::Transaction<'_>,
         rows: &[ValidJob],
     ) -> Result<Vec<JobId>> {
-        let mut statements = HashMap::new();
+        // Named ones would be closed before the caller's commit, on its
+        // server connection; unnamed behind a pooler in transaction mode.
+        let mut statements = Statements::new(self.pooling.transaction_mode());
         let mut tx = Tx {
             tx: Session::Transaction(app.savepoint("tickler_enqueue")?),
             statements: &mut statements,

@@ -235,7 +235,7 @@ impl Store {
         }
         let result = (|| -> Result<bool> {
             let mut conn = self.connection()?;
-            let row = conn.client.query_one(
+            let row = conn.client.query_typed_one(
                 "SELECT coalesce(n_live_tup, 0), coalesce(n_dead_tup, 0) FROM pg_stat_user_tables
                  WHERE relid = 'tickler_jobs'::regclass",
                 &[],

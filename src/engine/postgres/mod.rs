@@ -23,7 +23,9 @@
 //! transactions and their retries, the capabilities), `migrate.rs` (with
 //! `schema.sql`), `enqueue.rs`, `claim.rs`, `outcome.rs`, `lease.rs`,
 //! `admin.rs`, `read.rs`, `schedules.rs`, `rows.rs` and `watch.rs`; and
-//! `tls.rs` (libpq's `sslmode` and certificates, through rustls).
+//! `tls.rs` (libpq's `sslmode` and certificates, through rustls) and
+//! `pooler.rs` (poolers in transaction mode: found, and talked to without
+//! named statements, session settings or `LISTEN`).
 //! Machines' clocks differ, so every "now" that decides whether a job is
 //! due or a lease ran out is the server's (`engine/server_clock.rs`).
 
@@ -34,6 +36,7 @@ mod enqueue;
 mod lease;
 mod migrate;
 mod outcome;
+mod pooler;
 mod read;
 mod rows;
 mod schedules;
@@ -42,6 +45,7 @@ mod watch;
 
 use crate::clock::Clock;
 use crate::engine::server_clock::ServerClock;
+use crate::engine::types::Pooler;
 use crate::engine::OpenSettings;
 use crate::error::{Error, Result};
 use crate::retry::RetryPolicy;
@@ -59,6 +63,7 @@ pub(crate) struct Store {
     retry_policy: RetryPolicy,
     retry_window: Duration,
     signals: Arc<watch::Signals>,
+    pooling: Arc<pooler::Pooling>,
     /// When this store last looked whether the jobs table needs a vacuum.
     vacuum_checked: Mutex<Instant>,
 }
@@ -78,7 +83,7 @@ impl Store {
                 crate::engine::types::MAX_PAYLOAD_BYTES_LIMIT
             )));
         }
-        let (client_url, url_tls) = tls::split_url(url)?;
+        let (client_url, url_tls, url_pooler) = tls::split_url(url)?;
         let tls = tls::Tls::new(&url_tls, settings.postgres_tls)?;
         let mut config: postgres::Config = client_url
             .parse()
@@ -99,15 +104,21 @@ impl Store {
             config.connect_timeout(Duration::from_secs(10));
         }
         let retry_window = settings.busy_timeout + settings.busy_retry;
-        connection::first_connection(
-            &config,
-            &tls,
-            &crate::engine::redacted_location(url),
-            retry_window,
-        )?;
+        let describe = crate::engine::redacted_location(url);
+        let first = connection::first_connection(&config, &tls, &describe, retry_window)?;
+        let pooling = Arc::new(pooler::Pooling::new(
+            settings.pooler.or(url_pooler).unwrap_or(Pooler::Detect),
+        ));
+        pooling.detect(first, &config, &tls, &describe);
         let refused = connection::Refused::default();
-        let pool = connection_pool(&config, &tls, settings.max_connections, &refused);
-        let signals = watch::Signals::new(config, tls, settings.listen, settings.fallback_poll);
+        let pool = connection_pool(&config, &tls, settings.max_connections, &refused, &pooling);
+        let signals = watch::Signals::new(
+            config,
+            tls,
+            settings.listen,
+            settings.fallback_poll,
+            Arc::clone(&pooling),
+        );
         let mut store = Store {
             url: url.to_owned(),
             pool,
@@ -118,6 +129,7 @@ impl Store {
             // SQLite writer would wait for the lock and retry.
             retry_window,
             signals,
+            pooling,
             vacuum_checked: Mutex::new(Instant::now()),
         };
         store.migrate()?;
@@ -131,7 +143,9 @@ impl Store {
                 let pool = store.pool.clone();
                 ServerClock::start(move || {
                     let mut conn = pool.get()?;
-                    let row = conn.client.query_one(
+                    // Unnamed: one round trip, and nothing left on a
+                    // pooler's server connection.
+                    let row = conn.client.query_typed_one(
                         "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
                         &[],
                     )?;

@@ -11,6 +11,7 @@ use crate::engine::{fence, retry_or_dead};
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::retry::RetryPolicy;
+use postgres::types::Type;
 use std::collections::HashMap;
 
 /// `errors` with one more entry for the current attempt (at `$at`, error
@@ -326,9 +327,15 @@ impl Store {
             // any row of the application's, the order of tickler's other
             // transactions, and a lost lease is known before the
             // application's writes run.
-            let changed = app.execute(
+            // Unnamed, with its types: one round trip, and nothing left
+            // on a pooler's server connection.
+            let changed = app.execute_typed(
                 COMPLETE_SQL,
-                &[&self.now_ms(), &lease.job_id.0, &lease.run_token.0],
+                &[
+                    (&self.now_ms(), Type::INT8),
+                    (&lease.job_id.0, Type::INT8),
+                    (&lease.run_token.0, Type::TEXT),
+                ],
             )?;
             if changed != 1 {
                 return Err(Error::LeaseLost {
@@ -344,6 +351,14 @@ impl Store {
             conn.mark_broken_by(e);
         }
         conn.restore_session();
+        if self.pooling.transaction_mode() {
+            // The client library keeps, per connection, statements of its
+            // own that the application's writes may have made it prepare
+            // (to look up a type of the database's): behind a pooler in
+            // transaction mode they are on a server connection that is
+            // now anyone's.
+            conn.drop_after_use();
+        }
         result
     }
 }

@@ -4,8 +4,10 @@
 //! only `disable`, `prefer` and `require` and checks no certificate by
 //! itself: the URL's TLS keys are taken out here, before it reads the
 //! URL, and the checks are made by the rustls configuration built here.
+//! The URL's one other key of tickler's, `pooler` ([`Pooler`]), is taken
+//! out with them.
 
-use crate::engine::types::{PostgresTls, RootCerts, SslMode};
+use crate::engine::types::{Pooler, PostgresTls, RootCerts, SslMode};
 use crate::error::{Error, Result};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
@@ -19,13 +21,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-/// The URL's keys that are read here, not by the client library.
-const TLS_KEYS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+/// The URL's keys that tickler reads, not the client library: TLS's, and
+/// `pooler` ([`Pooler`]).
+const TICKLER_KEYS: [&str; 5] = ["sslmode", "sslrootcert", "sslcert", "sslkey", "pooler"];
 
-/// Takes the TLS keys out of a `postgres://` URL's query: the URL without
-/// them (for the client library) and their values, percent-decoded.
-pub(super) fn split_url(url: &str) -> Result<(String, PostgresTls)> {
+/// Takes tickler's keys out of a `postgres://` URL's query: the URL
+/// without them (for the client library) and their values,
+/// percent-decoded.
+pub(super) fn split_url(url: &str) -> Result<(String, PostgresTls, Option<Pooler>)> {
     let mut tls = PostgresTls::default();
+    let mut pooler = None;
     // As the client library reads it: the user and password run to the
     // first `@`, which may have a `?` before it (a password not
     // percent-encoded); the query starts after them.
@@ -34,7 +39,7 @@ pub(super) fn split_url(url: &str) -> Result<(String, PostgresTls)> {
         .find('@')
         .map_or(after_scheme, |at| after_scheme + at + 1);
     let Some(query_at) = url[query_from..].find('?').map(|i| query_from + i) else {
-        return Ok((url.to_owned(), tls));
+        return Ok((url.to_owned(), tls, pooler));
     };
     let (base, query) = (&url[..query_at], &url[query_at + 1..]);
     let mut kept = Vec::new();
@@ -42,7 +47,7 @@ pub(super) fn split_url(url: &str) -> Result<(String, PostgresTls)> {
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let k = decode(k)?;
-        if !TLS_KEYS.contains(&k.as_str()) {
+        if !TICKLER_KEYS.contains(&k.as_str()) {
             kept.push(pair);
             continue;
         }
@@ -52,6 +57,7 @@ pub(super) fn split_url(url: &str) -> Result<(String, PostgresTls)> {
             "sslrootcert" if v == "system" => tls.root_certs = Some(RootCerts::System),
             "sslrootcert" => tls.root_certs = Some(RootCerts::File(PathBuf::from(v))),
             "sslcert" => cert = Some(PathBuf::from(v)),
+            "pooler" => pooler = Some(v.parse()?),
             _ => key = Some(PathBuf::from(v)),
         }
     }
@@ -66,7 +72,7 @@ pub(super) fn split_url(url: &str) -> Result<(String, PostgresTls)> {
     } else {
         format!("{base}?{}", kept.join("&"))
     };
-    Ok((url, tls))
+    Ok((url, tls, pooler))
 }
 
 fn decode(text: &str) -> Result<String> {
@@ -391,7 +397,7 @@ mod tests {
 
     #[test]
     fn the_urls_tls_keys_are_taken_out_and_decoded() {
-        let (url, tls) = split_url(
+        let (url, tls, _) = split_url(
             "postgres://u:p@h:5432/db?application_name=x&sslmode=verify-full\
              &sslrootcert=%2Fetc%2Fca%20file.pem&connect_timeout=3",
         )
@@ -405,19 +411,28 @@ mod tests {
             tls.root_certs,
             Some(RootCerts::File(PathBuf::from("/etc/ca file.pem")))
         );
-        let (url, tls) = split_url("postgres://h/db?sslrootcert=system").unwrap();
+        let (url, tls, _) = split_url("postgres://h/db?sslrootcert=system").unwrap();
         assert_eq!(url, "postgres://h/db");
         assert_eq!(tls.root_certs, Some(RootCerts::System));
         assert_eq!(split_url("postgres://h/db").unwrap().0, "postgres://h/db");
         // A `?` in a password that is not percent-encoded is the
         // password's, as the client library reads it.
-        let (url, tls) = split_url("postgres://u:p?x@h/db?sslmode=require").unwrap();
+        let (url, tls, _) = split_url("postgres://u:p?x@h/db?sslmode=require").unwrap();
         assert_eq!(url, "postgres://u:p?x@h/db");
         assert_eq!(tls.mode, Some(SslMode::Require));
-        let (url, tls) =
+        let (url, tls, _) =
             split_url("postgres://u@a:1,b:2/db?sslmode=disable&sslmode=require").unwrap();
         assert_eq!(url, "postgres://u@a:1,b:2/db");
         assert_eq!(tls.mode, Some(SslMode::Require), "the last one wins");
+        let (url, _, pooler) =
+            split_url("postgres://h/db?pooler=transaction&application_name=x").unwrap();
+        assert_eq!(url, "postgres://h/db?application_name=x");
+        assert_eq!(pooler, Some(Pooler::Transaction));
+        assert_eq!(split_url("postgres://h/db").unwrap().2, None);
+        match split_url("postgres://h/db?pooler=statement") {
+            Err(Error::Config(text)) => assert!(text.contains("pooler=\"statement\""), "{text}"),
+            other => panic!("{:?}", other.map(|(u, _, _)| u)),
+        }
     }
 
     #[test]
@@ -432,20 +447,20 @@ mod tests {
         ] {
             match split_url(url) {
                 Err(Error::Config(text)) => assert!(text.contains(expect), "{text}"),
-                other => panic!("{url}: {:?}", other.map(|(u, _)| u)),
+                other => panic!("{url}: {:?}", other.map(|(u, _, _)| u)),
             }
         }
-        let (_, tls) = split_url("postgres://h/db?sslmode=verify-full").unwrap();
+        let (_, tls, _) = split_url("postgres://h/db?sslmode=verify-full").unwrap();
         match Tls::new(&tls, &PostgresTls::default()) {
             Err(Error::Config(text)) => assert!(text.contains("needs sslrootcert"), "{text}"),
             other => panic!("{:?}", other.is_ok()),
         }
-        let (_, tls) = split_url("postgres://h/db?sslmode=require&sslrootcert=system").unwrap();
+        let (_, tls, _) = split_url("postgres://h/db?sslmode=require&sslrootcert=system").unwrap();
         match Tls::new(&tls, &PostgresTls::default()) {
             Err(Error::Config(text)) => assert!(text.contains("verify-full"), "{text}"),
             other => panic!("{:?}", other.is_ok()),
         }
-        let (_, tls) =
+        let (_, tls, _) =
             split_url("postgres://h/db?sslmode=verify-ca&sslrootcert=/no/such.pem").unwrap();
         match Tls::new(&tls, &PostgresTls::default()) {
             Err(Error::Config(text)) => {
@@ -457,7 +472,7 @@ mod tests {
 
     #[test]
     fn the_builders_settings_win_over_the_urls() {
-        let (_, url) = split_url("postgres://h/db?sslmode=disable").unwrap();
+        let (_, url, _) = split_url("postgres://h/db?sslmode=disable").unwrap();
         let builder = PostgresTls {
             mode: Some(SslMode::Require),
             ..PostgresTls::default()
@@ -473,7 +488,7 @@ mod tests {
                 .mode,
             SslMode::Prefer
         );
-        let (_, url) = split_url("postgres://h/db?sslrootcert=system").unwrap();
+        let (_, url, _) = split_url("postgres://h/db?sslrootcert=system").unwrap();
         let builder = PostgresTls {
             root_certs: Some(RootCerts::File(PathBuf::from("/no/such.pem"))),
             ..PostgresTls::default()

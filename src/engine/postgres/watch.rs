@@ -13,6 +13,7 @@
 //! poll or the next notification.
 
 use super::connection::Manager;
+use super::pooler::Pooling;
 use super::tls::Tls;
 use super::Store;
 use crate::error::postgres_text;
@@ -38,6 +39,8 @@ pub(crate) struct Signals {
     tls: Tls,
     listen: bool,
     fallback_poll: Duration,
+    /// Behind a pooler in transaction mode nothing is heard.
+    pooling: Arc<Pooling>,
     /// In-process watchers.
     watchers: WakeSenders,
     /// The listening connection is up and listening.
@@ -55,12 +58,14 @@ impl Signals {
         tls: Tls,
         listen: bool,
         fallback_poll: Duration,
+        pooling: Arc<Pooling>,
     ) -> Arc<Self> {
         Arc::new(Signals {
             config,
             tls,
             listen,
             fallback_poll,
+            pooling,
             watchers: Mutex::new(Vec::new()),
             listening: AtomicBool::new(false),
             listener_started: Once::new(),
@@ -94,7 +99,7 @@ impl Signals {
 
     /// A new watcher; starts the listener with the first one.
     pub(crate) fn watcher(self: &Arc<Self>) -> NotifyWatcher {
-        if self.listen {
+        if self.listen && !self.pooling.transaction_mode() {
             self.listener_started.call_once(|| {
                 let weak = Arc::downgrade(self);
                 let config = self.config.clone();
@@ -155,8 +160,16 @@ fn notifier(signals: &Weak<Signals>, pool: &r2d2::Pool<Manager>) {
 fn listener(signals: &Weak<Signals>, config: &postgres::Config, tls: &Tls) {
     let mut pause = Duration::from_millis(100);
     loop {
-        if signals.strong_count() == 0 {
-            return;
+        match signals.upgrade() {
+            None => return,
+            // A pooler in transaction mode found since: a LISTEN there
+            // lands on a server connection anyone may be given.
+            Some(s) if s.pooling.transaction_mode() => {
+                s.listening.store(false, Ordering::SeqCst);
+                wake_all(&s.watchers);
+                return;
+            }
+            Some(_) => {}
         }
         let connected = tls.connect(config).and_then(|mut client| {
             client.batch_execute(&format!("LISTEN {CHANNEL}"))?;
@@ -202,8 +215,16 @@ fn listener(signals: &Weak<Signals>, config: &postgres::Config, tls: &Tls) {
                     }
                 }
             }
-            if signals.strong_count() == 0 {
-                return;
+            match signals.upgrade() {
+                None => return,
+                // Found since: this LISTEN is on a server connection that
+                // others are given; polling from now on.
+                Some(s) if s.pooling.transaction_mode() => {
+                    s.listening.store(false, Ordering::SeqCst);
+                    wake_all(&s.watchers);
+                    return;
+                }
+                Some(_) => {}
             }
             if let Some(e) = failed {
                 break postgres_text(&e);
@@ -243,7 +264,7 @@ impl std::fmt::Debug for NotifyWatcher {
 
 impl NotifyWatcher {
     fn listening(&self) -> bool {
-        self.signals.listening.load(Ordering::SeqCst)
+        self.signals.listening.load(Ordering::SeqCst) && !self.signals.pooling.transaction_mode()
     }
 
     pub(crate) fn wake_sender(&self) -> Sender<()> {
