@@ -154,22 +154,30 @@ fn notifier(signals: &Weak<Signals>, pool: &r2d2::Pool<Manager>) {
     }
 }
 
+/// True when the listener has no more use: its `Store` is gone, or a
+/// pooler in transaction mode was found since it started (a LISTEN there
+/// is on a server connection anyone may be given). The watchers are then
+/// told to poll.
+fn listener_done(signals: &Weak<Signals>) -> bool {
+    match signals.upgrade() {
+        None => true,
+        Some(s) if s.pooling.transaction_mode() => {
+            s.listening.store(false, Ordering::SeqCst);
+            wake_all(&s.watchers);
+            true
+        }
+        Some(_) => false,
+    }
+}
+
 /// Keeps one connection listening, reconnecting after losses; wakes every
 /// watcher on each notification and after each (re)connection (what was
 /// sent meanwhile is lost).
 fn listener(signals: &Weak<Signals>, config: &postgres::Config, tls: &Tls) {
     let mut pause = Duration::from_millis(100);
     loop {
-        match signals.upgrade() {
-            None => return,
-            // A pooler in transaction mode found since: a LISTEN there
-            // lands on a server connection anyone may be given.
-            Some(s) if s.pooling.transaction_mode() => {
-                s.listening.store(false, Ordering::SeqCst);
-                wake_all(&s.watchers);
-                return;
-            }
-            Some(_) => {}
+        if listener_done(signals) {
+            return;
         }
         let connected = tls.connect(config).and_then(|mut client| {
             client.batch_execute(&format!("LISTEN {CHANNEL}"))?;
@@ -215,16 +223,8 @@ fn listener(signals: &Weak<Signals>, config: &postgres::Config, tls: &Tls) {
                     }
                 }
             }
-            match signals.upgrade() {
-                None => return,
-                // Found since: this LISTEN is on a server connection that
-                // others are given; polling from now on.
-                Some(s) if s.pooling.transaction_mode() => {
-                    s.listening.store(false, Ordering::SeqCst);
-                    wake_all(&s.watchers);
-                    return;
-                }
-                Some(_) => {}
+            if listener_done(signals) {
+                return;
             }
             if let Some(e) = failed {
                 break postgres_text(&e);
