@@ -7,7 +7,8 @@
 //!   builds the engine a location names. [`Engine`] is made of one trait
 //!   per responsibility ([`Capabilities`], [`ScheduleStore`], [`Enqueue`],
 //!   [`Claims`], [`Leases`], [`Admin`], [`Reads`]), besides the
-//!   transactions the queue's rules run in ([`ClaimTx`], [`ScheduleTx`])
+//!   transactions the queue's rules run in ([`ClaimTx`], [`OutcomeTx`],
+//!   [`ScheduleTx`])
 //!   and the change watcher ([`Watch`]);
 //! - `sqlite/`, `postgres/`, `mysql/`: one folder per engine, each with its own SQL
 //!   and schema, and the same files in each, one per responsibility:
@@ -53,8 +54,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use types::{
-    Checkpoint, ClaimOrder, ClaimRequest, ClaimedRow, ConnectionHook, Durability, ExpiredLease,
-    JobFilter, Outcome, OutcomeSync, ReapLook, RetryDeadBatch, Stats, ValidJob,
+    Attempt, Checkpoint, ClaimOrder, ClaimRequest, ClaimedRow, ConnectionHook, Durability,
+    ExpiredLease, JobFilter, Outcome, OutcomeSync, ReapLook, RetryDeadBatch, Stats, ValidJob,
 };
 
 /// A claim as the queue hands it to an engine: what to claim, and the
@@ -102,6 +103,40 @@ pub(crate) trait ClaimTx {
     /// Makes a claimed job whose row cannot be read dead with `error`,
     /// fenced by its run_token.
     fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()>;
+}
+
+/// The statements of recording an outcome, in the engine's own
+/// transaction, that the outcome rules (`crate::queue::outcome`: a snooze
+/// past the storable range, a refused error text stored as a note, a
+/// holder that reports after its lease was lost) are made of.
+pub(crate) trait OutcomeTx {
+    /// The fenced statement of one outcome (`WHERE id = ? AND run_token =
+    /// ? AND status = 'running'`): the rows it changed, 1, or 0 when the
+    /// lease is no longer held. `note`, if given, is stored instead of a
+    /// failure's error text.
+    fn apply_outcome(
+        &mut self,
+        lease: &Lease,
+        outcome: &Outcome,
+        now: i64,
+        policy: &RetryPolicy,
+        note: Option<&str>,
+    ) -> Result<u64>;
+
+    /// After the fenced statement changed nothing: `Ok(())` if an earlier
+    /// try of this transaction (`attempt`) committed this lease's outcome
+    /// already, else `LeaseLost`, with the holder of a cancelled job marked
+    /// as stopped (its unique_key is free for the next job).
+    fn after_refused(&mut self, lease: &Lease, attempt: Attempt) -> Result<Result<()>>;
+
+    /// `f` in a savepoint: `Ok(Err(refused))` when the server refused one
+    /// of its statements for this outcome alone (bad data, a trigger, a
+    /// constraint), with its writes undone and the transaction usable.
+    #[allow(clippy::type_complexity)]
+    fn isolated(
+        &mut self,
+        f: &mut dyn FnMut(&mut dyn OutcomeTx) -> Result<Result<()>>,
+    ) -> Result<Result<Result<()>>>;
 }
 
 /// One round of firing due schedules, run by the engine in its write

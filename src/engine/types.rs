@@ -15,6 +15,17 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// What a server engine's write transaction is told about its earlier
+/// tries (SQLite's commit is never in doubt: it is always the default).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Attempt {
+    /// An earlier try lost its connection during `COMMIT`: its writes may
+    /// have landed. Fenced outcomes use this to tell "already recorded by
+    /// me" from "lost".
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) after_unknown_commit: bool,
+}
+
 /// Latest timestamp tickler stores: 9999-12-31T23:59:59.999Z, in ms.
 pub const MAX_TIMESTAMP_MS: i64 = 253_402_300_799_999;
 

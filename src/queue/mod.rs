@@ -44,6 +44,7 @@ mod builder;
 mod claim;
 mod manual;
 mod ops;
+pub(crate) mod outcome;
 mod readings;
 mod reap;
 mod schedules;

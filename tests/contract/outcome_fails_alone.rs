@@ -192,6 +192,32 @@ fn a_failure_whose_error_text_is_refused_is_recorded_with_a_short_note() {
 }
 
 contract! {
+fn a_retry_at_its_own_delay_whose_error_text_is_refused_is_recorded_with_a_short_note() {
+    // A kind's own retry policy (`FailRetryAfter`) goes through the same
+    // rule as the queue's: on the server engines it used to come back as
+    // the refusal, the job left running until its lease ran out.
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue(&path);
+    let id = queue.enqueue(NewJob::new("k")).unwrap();
+    let lease = claim_all(&queue, 1).remove(0);
+    refuse(&path, "no_secrets_later", "NEW.last_error LIKE '%password=%'");
+    let failure = Outcome::FailRetryAfter("login failed with password=hunter2".into(), secs(30));
+    let results = queue
+        .manual()
+        .record_outcomes(&[(&lease, failure)])
+        .expect("the transaction lands");
+    results[0]
+        .as_ref()
+        .expect("the failure is recorded, without the text that was refused");
+    let job = queue.get(id).unwrap();
+    assert_eq!(job.state, JobState::Scheduled);
+    let error = job.last_error.unwrap();
+    assert!(error.contains("could not be stored"), "{error}");
+    assert!(!error.contains("hunter2"), "{error}");
+}
+}
+
+contract! {
 fn a_heartbeat_sqlite_refuses_fails_alone_and_the_others_are_renewed() {
     let (_dir, path) = temp_db();
     let (queue, clock) = manual_queue(&path);

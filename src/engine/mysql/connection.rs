@@ -564,13 +564,7 @@ impl<'a, Q: Queryable> Tx<'a, Q> {
     }
 }
 
-/// What a transaction run by [`Store::write`] is told about earlier tries.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Attempt {
-    /// An earlier try lost its connection during `COMMIT`: its writes may
-    /// have landed.
-    pub(crate) after_unknown_commit: bool,
-}
+pub(crate) use crate::engine::types::Attempt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {

@@ -288,14 +288,7 @@ impl Tx<'_> {
     }
 }
 
-/// What a transaction run by [`Store::write`] is told about earlier tries.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Attempt {
-    /// An earlier try lost its connection during `COMMIT`: its writes may
-    /// have landed. Fenced outcomes use this to tell "already recorded by
-    /// me" from "lost".
-    pub(crate) after_unknown_commit: bool,
-}
+pub(crate) use crate::engine::types::Attempt;
 
 /// How PostgreSQL retries: from 10 ms, every retried error a warning.
 pub(super) const RETRIES: Retries = Retries {

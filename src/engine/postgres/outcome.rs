@@ -7,7 +7,7 @@
 use super::connection::{storable, Attempt, Tx};
 use super::Store;
 use crate::engine::types::*;
-use crate::engine::{fence, retry_or_dead};
+use crate::engine::{fence, retry_or_dead, OutcomeTx};
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::retry::RetryPolicy;
@@ -179,61 +179,6 @@ fn after_refused(tx: &mut Tx<'_>, lease: &Lease, attempt: Attempt) -> Result<Res
     }))
 }
 
-/// One outcome, fenced by run_token.
-fn record_in(
-    tx: &mut Tx<'_>,
-    lease: &Lease,
-    outcome: &Outcome,
-    now: i64,
-    policy: &RetryPolicy,
-    attempt: Attempt,
-) -> Result<Result<()>> {
-    if let Outcome::Snooze(until) = outcome {
-        if until.timestamp_millis() > MAX_TIMESTAMP_MS {
-            return Ok(Err(Error::TimeOutOfRange {
-                what: "snooze time",
-            }));
-        }
-    }
-    if apply_outcome(tx, lease, outcome, now, policy, None)? == 1 {
-        Ok(Ok(()))
-    } else {
-        after_refused(tx, lease, attempt)
-    }
-}
-
-/// After the server refused an outcome's statement (`refused`): a
-/// failure is recorded again with a short note instead of its error text,
-/// which may be what was refused (a trigger's condition on it), so that
-/// the job is not left running until its lease runs out, as on SQLite.
-/// Anything else, or a note refused too, is `refused` for this outcome.
-fn record_noted(
-    tx: &mut Tx<'_>,
-    lease: &Lease,
-    outcome: &Outcome,
-    now: i64,
-    policy: &RetryPolicy,
-    refused: Error,
-) -> Result<Result<()>> {
-    let (Outcome::Fail(error) | Outcome::FailPermanently(error) | Outcome::TimedOut(error)) =
-        outcome
-    else {
-        return Ok(Err(refused));
-    };
-    let note = format!(
-        "the handler's error ({} bytes) could not be stored: {refused}",
-        error.len()
-    );
-    let noted = tx.isolated(|tx| apply_outcome(tx, lease, outcome, now, policy, Some(&note)))?;
-    match noted {
-        Ok(1) => Ok(Ok(())),
-        Ok(_) => Ok(Err(Error::LeaseLost {
-            job_id: lease.job_id,
-        })),
-        Err(_) => Ok(Err(refused)),
-    }
-}
-
 /// Many successes in one statement.
 fn complete_many(
     tx: &mut Tx<'_>,
@@ -262,10 +207,8 @@ fn complete_many(
     Ok(recorded)
 }
 
-/// Records every outcome (in id order, so that two transactions locking
-/// the same rows take them in the same order). With `isolate`, each in a
-/// savepoint of its own: a statement the server refuses costs that
-/// outcome alone.
+/// Records every outcome by the shared rules (`crate::queue::outcome`);
+/// with `isolate`, each in a savepoint of its own.
 pub(super) fn record_all(
     tx: &mut Tx<'_>,
     outcomes: &[(&Lease, Outcome)],
@@ -274,40 +217,31 @@ pub(super) fn record_all(
     attempt: Attempt,
     isolate: bool,
 ) -> Result<Vec<Result<()>>> {
-    let mut results: Vec<Option<Result<()>>> = (0..outcomes.len()).map(|_| None).collect();
-    let mut order: Vec<usize> = (0..outcomes.len()).collect();
-    order.sort_by_key(|&i| outcomes[i].0.job_id.0);
-    if !isolate {
-        let completes: Vec<usize> = order
-            .iter()
-            .copied()
-            .filter(|&i| outcomes[i].1 == Outcome::Complete)
-            .collect();
-        if completes.len() > 1 {
-            let leases: Vec<&Lease> = completes.iter().map(|&i| outcomes[i].0).collect();
-            for (i, r) in completes
-                .iter()
-                .zip(complete_many(tx, &leases, now, attempt)?)
-            {
-                results[*i] = Some(r);
-            }
-        }
+    crate::queue::outcome::record_all(tx, outcomes, now, policy, attempt, isolate, complete_many)
+}
+
+impl OutcomeTx for Tx<'_> {
+    fn apply_outcome(
+        &mut self,
+        lease: &Lease,
+        outcome: &Outcome,
+        now: i64,
+        policy: &RetryPolicy,
+        note: Option<&str>,
+    ) -> Result<u64> {
+        apply_outcome(self, lease, outcome, now, policy, note)
     }
-    for i in order {
-        if results[i].is_some() {
-            continue;
-        }
-        let (lease, outcome) = &outcomes[i];
-        results[i] = Some(if isolate {
-            match tx.isolated(|tx| record_in(tx, lease, outcome, now, policy, attempt))? {
-                Ok(recorded) => recorded,
-                Err(refused) => record_noted(tx, lease, outcome, now, policy, refused)?,
-            }
-        } else {
-            record_in(tx, lease, outcome, now, policy, attempt)?
-        });
+
+    fn after_refused(&mut self, lease: &Lease, attempt: Attempt) -> Result<Result<()>> {
+        after_refused(self, lease, attempt)
     }
-    Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
+
+    fn isolated(
+        &mut self,
+        f: &mut dyn FnMut(&mut dyn OutcomeTx) -> Result<Result<()>>,
+    ) -> Result<Result<Result<()>>> {
+        Tx::isolated(self, |tx| f(tx))
+    }
 }
 
 /// Completing a job inside the application's own PostgreSQL transaction.

@@ -5,7 +5,7 @@
 use super::connection::isolated;
 use super::Store;
 use crate::engine::types::*;
-use crate::engine::{fence, retry_or_dead};
+use crate::engine::{fence, retry_or_dead, OutcomeTx};
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::retry::RetryPolicy;
@@ -101,10 +101,11 @@ pub(crate) const RELEASE_SQL: &str = concat!(
     fence!("?1", "?2")
 );
 
-/// One outcome, fenced by run_token. The outer error is the
-/// transaction's (it failed as a whole); the inner one is this outcome's
-/// alone: `LeaseLost` when the lease is no longer held, or a statement
-/// SQLite refused (see [`isolated`]), which changed nothing for it.
+/// One outcome, fenced by run_token, by the shared rules
+/// (`crate::queue::outcome`). The outer error is the transaction's (it
+/// failed as a whole); the inner one is this outcome's alone: `LeaseLost`
+/// when the lease is no longer held, or a statement SQLite refused (see
+/// [`isolated`]), which changed nothing for it.
 pub(crate) fn record_in(
     tx: &rusqlite::Transaction<'_>,
     lease: &Lease,
@@ -112,47 +113,49 @@ pub(crate) fn record_in(
     now: i64,
     policy: &RetryPolicy,
 ) -> Result<Result<()>> {
-    if let Outcome::Snooze(until) = outcome {
-        // Refused for this outcome only; the rest of the batch goes on. A
-        // time before 1970 is past, so due now, like a run_at.
-        if until.timestamp_millis() > MAX_TIMESTAMP_MS {
-            return Ok(Err(Error::TimeOutOfRange {
-                what: "snooze time",
-            }));
-        }
+    crate::queue::outcome::record_isolated(
+        &mut InTransaction(tx),
+        lease,
+        outcome,
+        now,
+        policy,
+        Attempt::default(),
+    )
+}
+
+/// The [`OutcomeTx`] of a write transaction on the file.
+struct InTransaction<'a, 'b>(&'a rusqlite::Transaction<'b>);
+
+impl OutcomeTx for InTransaction<'_, '_> {
+    fn apply_outcome(
+        &mut self,
+        lease: &Lease,
+        outcome: &Outcome,
+        now: i64,
+        policy: &RetryPolicy,
+        note: Option<&str>,
+    ) -> Result<u64> {
+        Ok(apply_outcome(self.0, lease, outcome, now, policy, note)? as u64)
     }
-    let changed = match isolated(tx, || apply_outcome(tx, lease, outcome, now, policy, None))? {
-        Err(refused) => match outcome {
-            // The error text may be what SQLite refused (over a lowered
-            // length limit, or refused by a trigger): record the failure
-            // with a short note instead, so the job is not left running
-            // until its lease runs out.
-            Outcome::Fail(error)
-            | Outcome::FailRetryAfter(error, _)
-            | Outcome::FailPermanently(error)
-            | Outcome::TimedOut(error) => {
-                let note = format!(
-                    "the handler's error ({} bytes) could not be stored: {refused}",
-                    error.len()
-                );
-                match isolated(tx, || {
-                    apply_outcome(tx, lease, outcome, now, policy, Some(&note))
-                })? {
-                    Ok(changed) => changed,
-                    Err(_) => return Ok(Err(refused)),
-                }
-            }
-            _ => return Ok(Err(refused)),
-        },
-        Ok(changed) => changed,
-    };
-    if changed == 0 {
+
+    /// A commit on the file is never in doubt, so `attempt` says nothing.
+    fn after_refused(&mut self, lease: &Lease, _attempt: Attempt) -> Result<Result<()>> {
         // A holder reporting after its job was cancelled has stopped: its
         // unique_key is free for the next job.
-        tx.prepare_cached(HOLDER_STOPPED_SQL)?
+        self.0
+            .prepare_cached(HOLDER_STOPPED_SQL)?
             .execute(params![lease.job_id.0, lease.run_token.0])?;
+        Ok(fenced(0, lease))
     }
-    Ok(fenced(changed, lease))
+
+    /// SQLite undoes a refused statement alone: no savepoint is needed.
+    fn isolated(
+        &mut self,
+        f: &mut dyn FnMut(&mut dyn OutcomeTx) -> Result<Result<()>>,
+    ) -> Result<Result<Result<()>>> {
+        let tx = self.0;
+        isolated(tx, || f(&mut InTransaction(tx)))
+    }
 }
 
 /// COMPLETE_SQL for many leases at once: ?1 now, ?2 a JSON object of
