@@ -18,7 +18,8 @@
 //!   `admin.rs`, `read.rs`, `schedules.rs` (with the [`ScheduleTx`]),
 //!   `rows.rs` and `watch.rs`. An engine's own extras are files of their
 //!   own, named in its `mod.rs`; `server_clock.rs` is the server engines'
-//!   clock (the database server's, sampled).
+//!   clock (the database server's, sampled), and `server_tx.rs` what they
+//!   do alike around their write transactions.
 //!
 //! What differs between engines is one of the [`Capabilities`] (durability
 //! and sync, checkpoints, write-lock waits, the file, the change watcher,
@@ -36,6 +37,8 @@ pub(crate) mod mysql;
 pub(crate) mod postgres;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod server_clock;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) mod server_tx;
 pub(crate) mod sqlite;
 
 pub(crate) mod types;

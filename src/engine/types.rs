@@ -132,16 +132,85 @@ impl Retries {
 /// stores the job or finds the next holder). SQLite's writer holds the
 /// only write lock, so its holder cannot finish in between.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) const UNIQUE_TRIES: u32 = 10;
+const UNIQUE_TRIES: u32 = 10;
 
-/// What an engine says when a unique_key changed hands on every one of
-/// [`UNIQUE_TRIES`] tries.
+/// A job with a unique_key on a server engine: `try_once` inserts it, or
+/// reads the id of the unfinished job that holds its key, and gives
+/// `None` when neither happened (the holder finished in between); tried
+/// [`UNIQUE_TRIES`] times before the job's key is said to keep changing
+/// hands.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn unique_kept_changing_hands(job: &NewJob) -> Error {
-    Error::Config(format!(
+pub(crate) fn insert_unique(
+    job: &NewJob,
+    mut try_once: impl FnMut() -> Result<Option<JobId>>,
+) -> Result<JobId> {
+    for _ in 0..UNIQUE_TRIES {
+        if let Some(id) = try_once()? {
+            return Ok(id);
+        }
+    }
+    Err(Error::Config(format!(
         "unique_key {:?} kept changing hands while a job with it was inserted",
         job.unique_key
-    ))
+    )))
+}
+
+/// The state a new job is stored in: scheduled if due after `now`, else
+/// pending (claims read pending jobs only).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn state_for(run_at: i64, now: i64) -> JobState {
+    if run_at <= now {
+        JobState::Pending
+    } else {
+        JobState::Scheduled
+    }
+}
+
+/// A job's place in its batch, as stored (`enqueue_seq`), by which a
+/// server engine finds the batch's rows again.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn seq_of(i: usize) -> i32 {
+    i32::try_from(i).unwrap_or(i32::MAX)
+}
+
+/// The ids of a batch of `n` jobs, each in its place, from rows found by
+/// the batch's mark as `(enqueue_seq, id)` pairs.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn ids_by_seq(
+    n: usize,
+    found: impl IntoIterator<Item = (i64, i64)>,
+) -> Vec<Option<JobId>> {
+    let mut ids = vec![None; n];
+    for (seq, id) in found {
+        if let Some(slot) = usize::try_from(seq).ok().and_then(|i| ids.get_mut(i)) {
+            *slot = Some(JobId(id));
+        }
+    }
+    ids
+}
+
+/// After a COMMIT whose answer was lost: the ids of the batch of `n` jobs
+/// that earlier try stored (`found` by its mark, as for [`ids_by_seq`]),
+/// a job it did not store (its unique_key held then) inserted again by
+/// `insert_one(i)`; or `None` if nothing was found, so the try did not
+/// commit and the batch is inserted anew.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn ids_after_lost_commit(
+    n: usize,
+    found: Vec<(i64, i64)>,
+    mut insert_one: impl FnMut(usize) -> Result<JobId>,
+) -> Result<Option<Vec<JobId>>> {
+    if found.is_empty() {
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(n);
+    for (i, id) in ids_by_seq(n, found).into_iter().enumerate() {
+        out.push(match id {
+            Some(id) => id,
+            None => insert_one(i)?,
+        });
+    }
+    Ok(Some(out))
 }
 
 /// Failed attempts whose errors a job keeps in [`Job::errors`](crate::Job::errors); older ones

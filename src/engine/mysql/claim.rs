@@ -7,21 +7,19 @@
 
 use super::connection::{args, marks, statement_level, Tx};
 use super::enqueue::check_name;
-use super::outcome::{record_all, DEAD_SQL};
+use super::outcome::{complete_many, DEAD_SQL};
 use super::rows::*;
 use super::Store;
 use crate::clock::ms_to_datetime;
+use crate::engine::server_tx::{record_beside_claim, record_then_claim, PARALLEL_OUTCOMES};
 use crate::engine::types::*;
 use crate::engine::{Claim, ClaimTx, Claims};
 use crate::error::{Error, Result};
 use crate::job::JobId;
 use crate::lease::Lease;
+use crate::queue::outcome::record_all;
 use chrono::{DateTime, Utc};
 use mysql::Value;
-
-/// Outcomes from which [`Claims::record_and_claim`] records them in a
-/// transaction of their own beside the claim's, rather than in one.
-const PARALLEL_OUTCOMES: usize = 64;
 
 /// Claimed rows per UPDATE: 3 placeholders each, so 3,000 a statement,
 /// whatever `max` a caller asks for.
@@ -319,28 +317,23 @@ impl Claims for Store {
             return Ok((Vec::new(), Vec::new()));
         }
         if let (Some((request, _)), true) = (&claim, outcomes.len() >= PARALLEL_OUTCOMES) {
-            // As on PostgreSQL: a large batch of outcomes and the next
-            // claim touch different rows, so they go in two transactions
-            // at once on two connections.
-            return std::thread::scope(|scope| {
-                let recording =
-                    scope.spawn(|| self.record_and_claim(outcomes, None, OutcomeSync::Now));
-                let claimed = self.record_and_claim(&[], Some(request), OutcomeSync::Now);
-                let recorded = recording
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                Ok((recorded?.0, claimed?.1))
-            });
+            // Two transactions at once (see `record_beside_claim`).
+            return record_beside_claim(
+                || Ok(self.record_and_claim(outcomes, None, OutcomeSync::Now)?.0),
+                || {
+                    Ok(self
+                        .record_and_claim(&[], Some(request), OutcomeSync::Now)?
+                        .1)
+                },
+            );
         }
         let policy = self.retry_policy;
-        let mut isolate = false;
-        let mut pending_outcomes = outcomes;
-        let mut results = Vec::with_capacity(outcomes.len());
         let last_claim = std::cell::Cell::new(None::<i64>);
-        let leases = loop {
-            let step = self.write(|tx, attempt| {
+        record_then_claim(outcomes, statement_level, |pending, isolate| {
+            self.write(|tx, attempt| {
                 let now = self.now_ms();
-                let recorded = record_all(tx, pending_outcomes, now, &policy, attempt, isolate)?;
+                let recorded =
+                    record_all(tx, pending, now, &policy, attempt, isolate, complete_many)?;
                 let claimed = match (&claim, last_claim.get()) {
                     (Some(_), Some(claim_id)) if attempt.after_unknown_commit => {
                         last_claim.set(None);
@@ -356,23 +349,8 @@ impl Claims for Store {
                     (None, _) => Some(Vec::new()),
                 };
                 Ok((recorded, claimed))
-            });
-            let (recorded, claimed) = match step {
-                Err(e) if !isolate && statement_level(&e) && !pending_outcomes.is_empty() => {
-                    // Again, each outcome in a savepoint, so that the
-                    // refusal stays with its own job.
-                    isolate = true;
-                    continue;
-                }
-                other => other?,
-            };
-            results.extend(recorded);
-            pending_outcomes = &[];
-            if let Some(claimed) = claimed {
-                break claimed;
-            }
-        };
-        Ok((results, leases))
+            })
+        })
     }
 }
 

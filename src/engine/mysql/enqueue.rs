@@ -10,7 +10,7 @@ use super::Store;
 use crate::engine::types::*;
 use crate::engine::Enqueue;
 use crate::error::{Error, Result};
-use crate::job::{JobId, JobState};
+use crate::job::JobId;
 use mysql::prelude::Queryable;
 
 /// The longest queue, kind or schedule name the schema holds, in bytes.
@@ -60,19 +60,6 @@ pub(crate) fn check_name(what: &str, value: &str) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// Scheduled if due after `now`, else pending.
-fn state_for(run_at: i64, now: i64) -> JobState {
-    if run_at <= now {
-        JobState::Pending
-    } else {
-        JobState::Scheduled
-    }
-}
-
-fn seq_of(i: usize) -> i32 {
-    i32::try_from(i).unwrap_or(i32::MAX)
 }
 
 /// Inserts validated jobs in `tx`; a job whose unique_key is held by an
@@ -152,10 +139,13 @@ pub(crate) fn insert_valid<Q: Queryable>(
              WHERE id >= ? AND enqueue_batch = ? ORDER BY id LIMIT ?",
             args![first, batch, bulk.len() as u64],
         )?;
-        for r in &found {
-            let seq: i64 = get(r, 0)?;
-            if let Some(slot) = usize::try_from(seq).ok().and_then(|i| ids.get_mut(i)) {
-                *slot = Some(JobId(get(r, 1)?));
+        let found = found
+            .iter()
+            .map(|r| Ok((get(r, 0)?, get(r, 1)?)))
+            .collect::<Result<Vec<(i64, i64)>>>()?;
+        for (i, id) in ids_by_seq(rows.len(), found).into_iter().enumerate() {
+            if id.is_some() {
+                ids[i] = id;
             }
         }
     }
@@ -173,7 +163,7 @@ fn insert_one<Q: Queryable>(
     (batch, i): (i64, usize),
 ) -> Result<JobId> {
     let job = &row.job;
-    for _ in 0..UNIQUE_TRIES {
+    insert_unique(job, || {
         let (_, id) = tx.insert(
             INSERT_SQL,
             args![
@@ -195,7 +185,7 @@ fn insert_one<Q: Queryable>(
             .and_then(|id| i64::try_from(id).ok())
             .filter(|id| *id > 0)
         {
-            return Ok(JobId(id));
+            return Ok(Some(JobId(id)));
         }
         // The OK packet's id is 0 after `ON DUPLICATE KEY UPDATE` when the
         // table has a trigger (MariaDB 10.11), so the holder is read here.
@@ -207,11 +197,10 @@ fn insert_one<Q: Queryable>(
                 "the server did not tell the id of a stored job".into(),
             ));
         };
-        if let Some(held) = tx.first(HELD_SQL, args![key])? {
-            return Ok(JobId(get(&held, 0)?));
-        }
-    }
-    Err(unique_kept_changing_hands(job))
+        tx.first(HELD_SQL, args![key])?
+            .map(|held| Ok(JobId(get(&held, 0)?)))
+            .transpose()
+    })
 }
 
 /// The ids of a batch whose earlier try committed after all (found by its
@@ -223,28 +212,17 @@ fn committed_before(
     now: i64,
     batch: i64,
 ) -> Result<Option<Vec<JobId>>> {
-    let found = tx.rows(
-        "SELECT enqueue_seq, id FROM tickler_jobs WHERE enqueue_batch = ?",
-        args![batch],
-    )?;
-    if found.is_empty() {
-        return Ok(None);
-    }
-    let mut ids: Vec<Option<JobId>> = vec![None; rows.len()];
-    for r in &found {
-        let seq: i64 = get(r, 0)?;
-        if let Some(slot) = usize::try_from(seq).ok().and_then(|i| ids.get_mut(i)) {
-            *slot = Some(JobId(get(r, 1)?));
-        }
-    }
-    let mut out = Vec::with_capacity(rows.len());
-    for (i, id) in ids.into_iter().enumerate() {
-        out.push(match id {
-            Some(id) => id,
-            None => insert_one(tx, &rows[i], rows[i].due.resolve(now)?, now, (batch, i))?,
-        });
-    }
-    Ok(Some(out))
+    let found = tx
+        .rows(
+            "SELECT enqueue_seq, id FROM tickler_jobs WHERE enqueue_batch = ?",
+            args![batch],
+        )?
+        .iter()
+        .map(|r| Ok((get(r, 0)?, get(r, 1)?)))
+        .collect::<Result<Vec<(i64, i64)>>>()?;
+    ids_after_lost_commit(rows.len(), found, |i| {
+        insert_one(tx, &rows[i], rows[i].due.resolve(now)?, now, (batch, i))
+    })
 }
 
 impl Enqueue for Store {

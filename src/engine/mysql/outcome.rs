@@ -121,77 +121,88 @@ fn v(x: impl Into<Value>) -> Value {
     x.into()
 }
 
-/// The fenced statement of one outcome; returns the rows matched (0: the
-/// lease is lost). `note`, if given, is stored instead of a failure's
-/// error text.
-fn apply_outcome<Q: Queryable>(
-    tx: &mut Tx<'_, Q>,
-    lease: &Lease,
-    outcome: &Outcome,
-    now: i64,
-    policy: &RetryPolicy,
-    note: Option<&str>,
-) -> Result<u64> {
-    let id = ("id", v(lease.job_id.0));
-    let token = ("token", v(lease.run_token.0.as_str()));
-    let at = ("now", v(now));
-    let error_of = |error: &str| ("error", v(cut_error(note.unwrap_or(error)).as_ref()));
-    match outcome {
-        Outcome::Complete => tx.exec_named(COMPLETE_SQL, &[at, id, token]),
-        Outcome::Fail(error) => {
-            let retry_at = ("retry_at", v(retry_time(now, policy, lease.attempt)));
-            tx.exec_named(FAIL_SQL, &[at, retry_at, error_of(error), id, token])
+impl OutcomeTx for Tx<'_> {
+    /// The fenced statement of one outcome; returns the rows matched (0: the
+    /// lease is lost). `note`, if given, is stored instead of a failure's
+    /// error text.
+    fn apply_outcome(
+        &mut self,
+        lease: &Lease,
+        outcome: &Outcome,
+        now: i64,
+        policy: &RetryPolicy,
+        note: Option<&str>,
+    ) -> Result<u64> {
+        let tx = self;
+        let id = ("id", v(lease.job_id.0));
+        let token = ("token", v(lease.run_token.0.as_str()));
+        let at = ("now", v(now));
+        let error_of = |error: &str| ("error", v(cut_error(note.unwrap_or(error)).as_ref()));
+        match outcome {
+            Outcome::Complete => tx.exec_named(COMPLETE_SQL, &[at, id, token]),
+            Outcome::Fail(error) => {
+                let retry_at = ("retry_at", v(retry_time(now, policy, lease.attempt)));
+                tx.exec_named(FAIL_SQL, &[at, retry_at, error_of(error), id, token])
+            }
+            Outcome::FailRetryAfter(error, delay) => {
+                let retry_at =
+                    add_ms(now, *delay).map_or(MAX_TIMESTAMP_MS, |t| t.min(MAX_TIMESTAMP_MS));
+                let retry_at = ("retry_at", v(retry_at));
+                tx.exec_named(FAIL_SQL, &[at, retry_at, error_of(error), id, token])
+            }
+            Outcome::FailPermanently(error) => {
+                tx.exec_named(DEAD_SQL, &[at, error_of(error), id, token])
+            }
+            Outcome::TimedOut(error) => {
+                let retry_at = ("retry_at", v(retry_time(now, policy, lease.attempt)));
+                tx.exec_named(TIMED_OUT_SQL, &[at, retry_at, error_of(error), id, token])
+            }
+            Outcome::Snooze(until) => {
+                let until = match until.timestamp_millis() {
+                    before_1970 if before_1970 < 0 => now,
+                    until => until,
+                };
+                tx.exec_named(SNOOZE_SQL, &[at, ("until", v(until)), id, token])
+            }
+            Outcome::Release => tx.exec_named(RELEASE_SQL, &[id, token]),
         }
-        Outcome::FailRetryAfter(error, delay) => {
-            let retry_at =
-                add_ms(now, *delay).map_or(MAX_TIMESTAMP_MS, |t| t.min(MAX_TIMESTAMP_MS));
-            let retry_at = ("retry_at", v(retry_at));
-            tx.exec_named(FAIL_SQL, &[at, retry_at, error_of(error), id, token])
-        }
-        Outcome::FailPermanently(error) => {
-            tx.exec_named(DEAD_SQL, &[at, error_of(error), id, token])
-        }
-        Outcome::TimedOut(error) => {
-            let retry_at = ("retry_at", v(retry_time(now, policy, lease.attempt)));
-            tx.exec_named(TIMED_OUT_SQL, &[at, retry_at, error_of(error), id, token])
-        }
-        Outcome::Snooze(until) => {
-            let until = match until.timestamp_millis() {
-                before_1970 if before_1970 < 0 => now,
-                until => until,
-            };
-            tx.exec_named(SNOOZE_SQL, &[at, ("until", v(until)), id, token])
-        }
-        Outcome::Release => tx.exec_named(RELEASE_SQL, &[id, token]),
     }
-}
 
-/// After a fenced statement changed nothing: a cancelled job's holder
-/// has stopped; and if an earlier try of this transaction may have
-/// committed, a row this lease already moved on counts as recorded.
-fn after_refused(tx: &mut Tx<'_>, lease: &Lease, attempt: Attempt) -> Result<Result<()>> {
-    let id = lease.job_id.0;
-    let token = lease.run_token.0.as_str();
-    if attempt.after_unknown_commit
-        && tx
-            .first(
-                "SELECT 1 FROM tickler_jobs WHERE id = ? AND run_token = ?
-                   AND status <> 'running'",
-                args![id, token],
-            )?
-            .is_some()
-    {
-        return Ok(Ok(()));
+    /// After a fenced statement changed nothing: a cancelled job's holder
+    /// has stopped; and if an earlier try of this transaction may have
+    /// committed, a row this lease already moved on counts as recorded.
+    fn after_refused(&mut self, lease: &Lease, attempt: Attempt) -> Result<Result<()>> {
+        let tx = self;
+        let id = lease.job_id.0;
+        let token = lease.run_token.0.as_str();
+        if attempt.after_unknown_commit
+            && tx
+                .first(
+                    "SELECT 1 FROM tickler_jobs WHERE id = ? AND run_token = ?
+                       AND status <> 'running'",
+                    args![id, token],
+                )?
+                .is_some()
+        {
+            return Ok(Ok(()));
+        }
+        tx.exec(HOLDER_STOPPED_SQL, args![id, token])?;
+        Ok(Err(Error::LeaseLost {
+            job_id: lease.job_id,
+        }))
     }
-    tx.exec(HOLDER_STOPPED_SQL, args![id, token])?;
-    Ok(Err(Error::LeaseLost {
-        job_id: lease.job_id,
-    }))
+
+    fn isolated(
+        &mut self,
+        f: &mut dyn FnMut(&mut dyn OutcomeTx) -> Result<Result<()>>,
+    ) -> Result<Result<Result<()>>> {
+        Tx::isolated(self, |tx| f(tx))
+    }
 }
 
 /// Many successes: the rows locked in id order, those still held by these
 /// leases completed in one statement.
-fn complete_many(
+pub(super) fn complete_many(
     tx: &mut Tx<'_>,
     leases: &[&Lease],
     now: i64,
@@ -232,47 +243,10 @@ fn complete_many(
             done.remove(&lease.job_id.0);
             recorded.push(Ok(()));
         } else {
-            recorded.push(after_refused(tx, lease, attempt)?);
+            recorded.push(tx.after_refused(lease, attempt)?);
         }
     }
     Ok(recorded)
-}
-
-/// Records every outcome by the shared rules (`crate::queue::outcome`);
-/// with `isolate`, each in a savepoint of its own.
-pub(super) fn record_all(
-    tx: &mut Tx<'_>,
-    outcomes: &[(&Lease, Outcome)],
-    now: i64,
-    policy: &RetryPolicy,
-    attempt: Attempt,
-    isolate: bool,
-) -> Result<Vec<Result<()>>> {
-    crate::queue::outcome::record_all(tx, outcomes, now, policy, attempt, isolate, complete_many)
-}
-
-impl OutcomeTx for Tx<'_> {
-    fn apply_outcome(
-        &mut self,
-        lease: &Lease,
-        outcome: &Outcome,
-        now: i64,
-        policy: &RetryPolicy,
-        note: Option<&str>,
-    ) -> Result<u64> {
-        apply_outcome(self, lease, outcome, now, policy, note)
-    }
-
-    fn after_refused(&mut self, lease: &Lease, attempt: Attempt) -> Result<Result<()>> {
-        after_refused(self, lease, attempt)
-    }
-
-    fn isolated(
-        &mut self,
-        f: &mut dyn FnMut(&mut dyn OutcomeTx) -> Result<Result<()>>,
-    ) -> Result<Result<Result<()>>> {
-        Tx::isolated(self, |tx| f(tx))
-    }
 }
 
 /// Completing a job inside the application's own MySQL transaction.

@@ -6,20 +6,18 @@
 
 use super::connection::{statement_level, storable, Tx};
 use super::enqueue::check_text;
-use super::outcome::{record_all, DEAD_SQL};
+use super::outcome::{complete_many, DEAD_SQL};
 use super::rows::*;
 use super::Store;
 use crate::clock::ms_to_datetime;
+use crate::engine::server_tx::{record_beside_claim, record_then_claim, PARALLEL_OUTCOMES};
 use crate::engine::types::*;
 use crate::engine::{Claim, ClaimTx, Claims};
 use crate::error::Result;
 use crate::job::JobId;
 use crate::lease::Lease;
+use crate::queue::outcome::record_all;
 use chrono::{DateTime, Utc};
-
-/// Outcomes from which [`Claims::record_and_claim`] records them in a
-/// transaction of their own beside the claim's, rather than in one.
-const PARALLEL_OUTCOMES: usize = 64;
 
 const PROMOTE_SQL: &str = "UPDATE tickler_jobs SET status = 'pending'
     WHERE id = ANY(ARRAY(
@@ -253,34 +251,26 @@ impl Claims for Store {
             return Ok((Vec::new(), Vec::new()));
         }
         if let (Some((request, _, _)), true) = (&claim, outcomes.len() >= PARALLEL_OUTCOMES) {
-            // A pool finishing a large batch and taking the next: the
-            // outcomes and the claim touch different rows, so they go in
-            // two transactions at once on two connections (PostgreSQL
-            // works on both in parallel) rather than one after the other
-            // in one.
-            return std::thread::scope(|scope| {
-                // Every commit is durable here: `sync` changes nothing.
-                let recording =
-                    scope.spawn(|| self.record_and_claim(outcomes, None, OutcomeSync::Now));
-                let claimed = self.record_and_claim(&[], Some(request), OutcomeSync::Now);
-                let recorded = recording
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                Ok((recorded?.0, claimed?.1))
-            });
+            // Two transactions at once (see `record_beside_claim`).
+            return record_beside_claim(
+                || Ok(self.record_and_claim(outcomes, None, OutcomeSync::Now)?.0),
+                || {
+                    Ok(self
+                        .record_and_claim(&[], Some(request), OutcomeSync::Now)?
+                        .1)
+                },
+            );
         }
         let policy = self.retry_policy;
-        let mut isolate = false;
-        let mut pending_outcomes = outcomes;
-        let mut results = Vec::with_capacity(outcomes.len());
         // The id of the last try's claim: if its COMMIT was lost with the
         // connection, the jobs it claimed may be ours already, and are
         // taken up rather than left to run out their lease.
         let last_claim = std::cell::Cell::new(None::<i64>);
-        let leases = loop {
-            let step = self.write(|tx, attempt| {
+        record_then_claim(outcomes, statement_level, |pending, isolate| {
+            self.write(|tx, attempt| {
                 let now = self.now_ms();
-                let recorded = record_all(tx, pending_outcomes, now, &policy, attempt, isolate)?;
+                let recorded =
+                    record_all(tx, pending, now, &policy, attempt, isolate, complete_many)?;
                 let claimed = match (&claim, last_claim.get()) {
                     (Some(_), Some(claim_id)) if attempt.after_unknown_commit => {
                         last_claim.set(None);
@@ -296,24 +286,8 @@ impl Claims for Store {
                     (None, _) => Some(Vec::new()),
                 };
                 Ok((recorded, claimed))
-            });
-            let (recorded, claimed) = match step {
-                Err(e) if !isolate && statement_level(&e) && !pending_outcomes.is_empty() => {
-                    // A statement the server refused rolled back the whole
-                    // transaction: again, each outcome in a savepoint, so
-                    // that the refusal stays with its own job.
-                    isolate = true;
-                    continue;
-                }
-                other => other?,
-            };
-            results.extend(recorded);
-            pending_outcomes = &[];
-            if let Some(claimed) = claimed {
-                break claimed;
-            }
-        };
-        Ok((results, leases))
+            })
+        })
     }
 }
 

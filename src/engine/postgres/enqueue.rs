@@ -9,7 +9,7 @@ use super::Store;
 use crate::engine::types::*;
 use crate::engine::Enqueue;
 use crate::error::{Error, Result};
-use crate::job::{JobId, JobState};
+use crate::job::JobId;
 
 const INSERT_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status, priority,
          run_at, max_attempts, unique_key, timeout_ms, created_at, enqueue_batch, enqueue_seq)
@@ -141,28 +141,17 @@ fn committed_before(
     now: i64,
     batch: i64,
 ) -> Result<Option<Vec<JobId>>> {
-    let found = tx.query(
-        "SELECT enqueue_seq, id FROM tickler_jobs WHERE enqueue_batch = $1::bigint",
-        &[&batch],
-    )?;
-    if found.is_empty() {
-        return Ok(None);
-    }
-    let mut ids: Vec<Option<JobId>> = vec![None; rows.len()];
-    for r in &found {
-        let seq: i32 = r.get(0);
-        if let Some(slot) = usize::try_from(seq).ok().and_then(|i| ids.get_mut(i)) {
-            *slot = Some(JobId(r.get(1)));
-        }
-    }
-    let mut out = Vec::with_capacity(rows.len());
-    for (i, id) in ids.into_iter().enumerate() {
-        out.push(match id {
-            Some(id) => id,
-            None => insert_one(tx, &rows[i], rows[i].due.resolve(now)?, now, (batch, i))?,
-        });
-    }
-    Ok(Some(out))
+    let found = tx
+        .query(
+            "SELECT enqueue_seq, id FROM tickler_jobs WHERE enqueue_batch = $1::bigint",
+            &[&batch],
+        )?
+        .iter()
+        .map(|r| (i64::from(r.get::<_, i32>(0)), r.get(1)))
+        .collect();
+    ids_after_lost_commit(rows.len(), found, |i| {
+        insert_one(tx, &rows[i], rows[i].due.resolve(now)?, now, (batch, i))
+    })
 }
 
 /// Before a batch inserts several unique keys: takes a lock per key in key
@@ -191,20 +180,6 @@ fn lock_keys_in_order(tx: &mut Tx<'_>, rows: &[ValidJob]) -> Result<()> {
     Ok(())
 }
 
-/// Scheduled if due after `now`, else pending.
-fn state_for(run_at: i64, now: i64) -> JobState {
-    if run_at <= now {
-        JobState::Pending
-    } else {
-        JobState::Scheduled
-    }
-}
-
-/// A job's place in its batch, as stored (`enqueue_seq`).
-fn seq_of(i: usize) -> i32 {
-    i32::try_from(i).unwrap_or(i32::MAX)
-}
-
 /// One job; with a unique_key held by an unfinished job, that job's id.
 fn insert_one(
     tx: &mut Tx<'_>,
@@ -216,7 +191,7 @@ fn insert_one(
     let job = &row.job;
     let state = state_for(run_at, now);
     let max_attempts = i64_of(job.max_attempts);
-    for _ in 0..UNIQUE_TRIES {
+    insert_unique(job, || {
         let inserted = tx.query_opt(
             INSERT_SQL,
             &[
@@ -235,13 +210,12 @@ fn insert_one(
             ],
         )?;
         if let Some(r) = inserted {
-            return Ok(JobId(r.get(0)));
+            return Ok(Some(JobId(r.get(0))));
         }
-        if let Some(r) = tx.query_opt(HELD_SQL, &[&job.unique_key])? {
-            return Ok(JobId(r.get(0)));
-        }
-    }
-    Err(unique_kept_changing_hands(job))
+        Ok(tx
+            .query_opt(HELD_SQL, &[&job.unique_key])?
+            .map(|r| JobId(r.get(0))))
+    })
 }
 
 impl Enqueue for Store {

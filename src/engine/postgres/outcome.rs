@@ -110,77 +110,88 @@ const HOLDER_STOPPED_SQL: &str = "UPDATE tickler_jobs SET lease_expires_at = NUL
     WHERE id = $1 AND run_token = $2 AND status IN ('cancelled', 'dead')
       AND lease_expires_at IS NOT NULL";
 
-/// The fenced statement of one outcome; returns the rows changed (0: the
-/// lease is lost). `note`, if given, is stored instead of a failure's
-/// error text.
-fn apply_outcome(
-    tx: &mut Tx<'_>,
-    lease: &Lease,
-    outcome: &Outcome,
-    now: i64,
-    policy: &RetryPolicy,
-    note: Option<&str>,
-) -> Result<u64> {
-    let id = lease.job_id.0;
-    let token = &lease.run_token.0;
-    let error_of = |error: &str| storable(&cut_error(note.unwrap_or(error))).into_owned();
-    match outcome {
-        Outcome::Complete => tx.execute(COMPLETE_SQL, &[&now, &id, token]),
-        Outcome::Fail(error) => {
-            let retry_at = retry_time(now, policy, lease.attempt);
-            tx.execute(FAIL_SQL, &[&now, &retry_at, &error_of(error), &id, token])
+impl OutcomeTx for Tx<'_> {
+    /// The fenced statement of one outcome; returns the rows changed (0: the
+    /// lease is lost). `note`, if given, is stored instead of a failure's
+    /// error text.
+    fn apply_outcome(
+        &mut self,
+        lease: &Lease,
+        outcome: &Outcome,
+        now: i64,
+        policy: &RetryPolicy,
+        note: Option<&str>,
+    ) -> Result<u64> {
+        let tx = self;
+        let id = lease.job_id.0;
+        let token = &lease.run_token.0;
+        let error_of = |error: &str| storable(&cut_error(note.unwrap_or(error))).into_owned();
+        match outcome {
+            Outcome::Complete => tx.execute(COMPLETE_SQL, &[&now, &id, token]),
+            Outcome::Fail(error) => {
+                let retry_at = retry_time(now, policy, lease.attempt);
+                tx.execute(FAIL_SQL, &[&now, &retry_at, &error_of(error), &id, token])
+            }
+            Outcome::FailRetryAfter(error, delay) => {
+                let retry_at =
+                    add_ms(now, *delay).map_or(MAX_TIMESTAMP_MS, |t| t.min(MAX_TIMESTAMP_MS));
+                tx.execute(FAIL_SQL, &[&now, &retry_at, &error_of(error), &id, token])
+            }
+            Outcome::FailPermanently(error) => {
+                tx.execute(DEAD_SQL, &[&now, &error_of(error), &id, token])
+            }
+            Outcome::TimedOut(error) => {
+                let retry_at = retry_time(now, policy, lease.attempt);
+                tx.execute(
+                    TIMED_OUT_SQL,
+                    &[&now, &retry_at, &error_of(error), &id, token],
+                )
+            }
+            Outcome::Snooze(until) => {
+                let until = match until.timestamp_millis() {
+                    before_1970 if before_1970 < 0 => now,
+                    until => until,
+                };
+                tx.execute(SNOOZE_SQL, &[&now, &until, &id, token])
+            }
+            Outcome::Release => tx.execute(RELEASE_SQL, &[&id, token]),
         }
-        Outcome::FailRetryAfter(error, delay) => {
-            let retry_at =
-                add_ms(now, *delay).map_or(MAX_TIMESTAMP_MS, |t| t.min(MAX_TIMESTAMP_MS));
-            tx.execute(FAIL_SQL, &[&now, &retry_at, &error_of(error), &id, token])
-        }
-        Outcome::FailPermanently(error) => {
-            tx.execute(DEAD_SQL, &[&now, &error_of(error), &id, token])
-        }
-        Outcome::TimedOut(error) => {
-            let retry_at = retry_time(now, policy, lease.attempt);
-            tx.execute(
-                TIMED_OUT_SQL,
-                &[&now, &retry_at, &error_of(error), &id, token],
-            )
-        }
-        Outcome::Snooze(until) => {
-            let until = match until.timestamp_millis() {
-                before_1970 if before_1970 < 0 => now,
-                until => until,
-            };
-            tx.execute(SNOOZE_SQL, &[&now, &until, &id, token])
-        }
-        Outcome::Release => tx.execute(RELEASE_SQL, &[&id, token]),
     }
-}
 
-/// After a fenced statement changed nothing: a cancelled job's holder
-/// has stopped; and if an earlier try of this transaction may have
-/// committed, a row this lease already moved on counts as recorded.
-fn after_refused(tx: &mut Tx<'_>, lease: &Lease, attempt: Attempt) -> Result<Result<()>> {
-    let id = lease.job_id.0;
-    let token = &lease.run_token.0;
-    if attempt.after_unknown_commit
-        && tx
-            .query_opt(
-                "SELECT 1 FROM tickler_jobs WHERE id = $1 AND run_token = $2
-                   AND status <> 'running'",
-                &[&id, token],
-            )?
-            .is_some()
-    {
-        return Ok(Ok(()));
+    /// After a fenced statement changed nothing: a cancelled job's holder
+    /// has stopped; and if an earlier try of this transaction may have
+    /// committed, a row this lease already moved on counts as recorded.
+    fn after_refused(&mut self, lease: &Lease, attempt: Attempt) -> Result<Result<()>> {
+        let tx = self;
+        let id = lease.job_id.0;
+        let token = &lease.run_token.0;
+        if attempt.after_unknown_commit
+            && tx
+                .query_opt(
+                    "SELECT 1 FROM tickler_jobs WHERE id = $1 AND run_token = $2
+                       AND status <> 'running'",
+                    &[&id, token],
+                )?
+                .is_some()
+        {
+            return Ok(Ok(()));
+        }
+        tx.execute(HOLDER_STOPPED_SQL, &[&id, token])?;
+        Ok(Err(Error::LeaseLost {
+            job_id: lease.job_id,
+        }))
     }
-    tx.execute(HOLDER_STOPPED_SQL, &[&id, token])?;
-    Ok(Err(Error::LeaseLost {
-        job_id: lease.job_id,
-    }))
+
+    fn isolated(
+        &mut self,
+        f: &mut dyn FnMut(&mut dyn OutcomeTx) -> Result<Result<()>>,
+    ) -> Result<Result<Result<()>>> {
+        Tx::isolated(self, |tx| f(tx))
+    }
 }
 
 /// Many successes in one statement.
-fn complete_many(
+pub(super) fn complete_many(
     tx: &mut Tx<'_>,
     leases: &[&Lease],
     now: i64,
@@ -201,47 +212,10 @@ fn complete_many(
             done.remove(&lease.job_id.0);
             recorded.push(Ok(()));
         } else {
-            recorded.push(after_refused(tx, lease, attempt)?);
+            recorded.push(tx.after_refused(lease, attempt)?);
         }
     }
     Ok(recorded)
-}
-
-/// Records every outcome by the shared rules (`crate::queue::outcome`);
-/// with `isolate`, each in a savepoint of its own.
-pub(super) fn record_all(
-    tx: &mut Tx<'_>,
-    outcomes: &[(&Lease, Outcome)],
-    now: i64,
-    policy: &RetryPolicy,
-    attempt: Attempt,
-    isolate: bool,
-) -> Result<Vec<Result<()>>> {
-    crate::queue::outcome::record_all(tx, outcomes, now, policy, attempt, isolate, complete_many)
-}
-
-impl OutcomeTx for Tx<'_> {
-    fn apply_outcome(
-        &mut self,
-        lease: &Lease,
-        outcome: &Outcome,
-        now: i64,
-        policy: &RetryPolicy,
-        note: Option<&str>,
-    ) -> Result<u64> {
-        apply_outcome(self, lease, outcome, now, policy, note)
-    }
-
-    fn after_refused(&mut self, lease: &Lease, attempt: Attempt) -> Result<Result<()>> {
-        after_refused(self, lease, attempt)
-    }
-
-    fn isolated(
-        &mut self,
-        f: &mut dyn FnMut(&mut dyn OutcomeTx) -> Result<Result<()>>,
-    ) -> Result<Result<Result<()>>> {
-        Tx::isolated(self, |tx| f(tx))
-    }
 }
 
 /// Completing a job inside the application's own PostgreSQL transaction.
