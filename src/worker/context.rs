@@ -268,6 +268,12 @@ impl JobContext {
     /// [`crate::Error::LeaseLost`] nothing was written; return the error
     /// (`?` turns it into a retry that the pool drops, as the lease is gone).
     ///
+    /// While it runs, the pool's heartbeat leaves this job's lease as it is
+    /// (the transaction keeps the job's row locked, and a heartbeat waiting
+    /// for it would renew none of the pool's other leases): keep the
+    /// closure's writes well within the lease. Should the completion fail,
+    /// the lease is renewed again from the next heartbeat.
+    ///
     /// # Errors
     /// As [`Queue::complete_with`].
     pub fn complete_with<T, M>(&self, app_writes: impl crate::AppWrites<T, M>) -> crate::Result<T> {

@@ -122,9 +122,15 @@ pub(super) fn heartbeat_loop(shared: &Arc<Shared>, interval: Duration, mut watch
             }
             in_flight
                 .values()
+                // Not a job whose handler is completing it (`complete_with`):
+                // that transaction keeps the job's row locked while the
+                // application's writes run, and a heartbeat waiting for
+                // the lock would renew none of the other leases, which then
+                // run out. Should the completion fail, the next beat
+                // renews the lease again.
                 .filter(|job| {
                     !job.finishing
-                        && !job.completion.committed()
+                        && !job.completion.started()
                         && job.cancel.get() != Some(CancelReason::LeaseLost)
                 })
                 .map(|job| job.lease.clone())

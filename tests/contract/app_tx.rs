@@ -229,3 +229,101 @@ fn a_session_setting_changed_in_complete_with_does_not_reach_the_queue() {
     assert_eq!(succeeded, 3);
 }
 }
+
+/// A handler's `complete_with` whose application writes take `pause`, on
+/// PostgreSQL or MySQL (`postgres`, `mysql`: told by the test's thread,
+/// which knows its engine) or SQLite.
+#[cfg_attr(
+    not(all(feature = "postgres", feature = "mysql")),
+    allow(unused_variables)
+)]
+fn complete_slowly(
+    ctx: &tickler::JobContext,
+    (postgres, mysql): (bool, bool),
+    pause: std::time::Duration,
+) -> tickler::Result<()> {
+    #[cfg(feature = "postgres")]
+    if postgres {
+        return ctx.complete_with(|_: &mut tickler::postgres::Transaction| {
+            std::thread::sleep(pause);
+            Ok(())
+        });
+    }
+    #[cfg(feature = "mysql")]
+    if mysql {
+        return ctx.complete_with(|_: &mut tickler::mysql::Transaction| {
+            std::thread::sleep(pause);
+            Ok(())
+        });
+    }
+    ctx.complete_with(|_: &tickler::rusqlite::Transaction| {
+        std::thread::sleep(pause);
+        Ok(())
+    })
+}
+
+contract! { servers_only:
+/// A pool's heartbeat renews all of its leases in one transaction, which
+/// locks their rows in id order. A handler's `complete_with` keeps its
+/// job's row locked for as long as the application's writes take, and a
+/// heartbeat that waited for that lock renewed none of the pool's other
+/// leases: they ran out, and those jobs ran a second time beside the
+/// first. (On SQLite the application's writes hold the file's one write
+/// lock, which every writer waits for: there, a long `complete_with`
+/// holds back every write, as the docs say.)
+fn a_long_complete_with_does_not_hold_back_the_other_leases_of_its_pool() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let (_dir, path) = temp_db();
+    let queue = Queue::builder(engine::target(&path))
+        .busy_timeout(secs(1))
+        .busy_retry(secs(2))
+        .open()
+        .expect("open");
+    let long_runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&long_runs);
+    let server = (engine::on_postgres(), engine::on_mysql());
+    let mut pool = tickler::WorkerPool::builder(&queue)
+        .threads(3)
+        .lease(secs(2))
+        .heartbeat_interval(std::time::Duration::from_millis(500))
+        .handler("slow", move |ctx: &tickler::JobContext| {
+            complete_slowly(ctx, server, secs(5))?;
+            Ok(())
+        })
+        .handler("long", move |_: &tickler::JobContext| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(secs(7));
+            Ok(())
+        })
+        .start()
+        .expect("pool");
+    // The slow job's id is the lower: a heartbeat locking rows in id order
+    // waits for it before it holds the long job's row, which the reaper can
+    // then take.
+    let slow = queue.enqueue(NewJob::new("slow")).unwrap();
+    let long = queue.enqueue(NewJob::new("long")).unwrap();
+    let deadline = std::time::Instant::now() + secs(40);
+    while [long, slow]
+        .iter()
+        .any(|id| queue.get(*id).unwrap().state != JobState::Succeeded)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the jobs did not finish: {:?}, the long one run {} times",
+            [long, slow].map(|id| {
+                let job = queue.get(id).unwrap();
+                (job.state, job.attempts, job.last_error)
+            }),
+            long_runs.load(std::sync::atomic::Ordering::SeqCst)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    pool.shutdown(secs(5));
+    assert_eq!(
+        long_runs.load(Ordering::SeqCst),
+        1,
+        "the long job ran again while it ran: its lease was not renewed"
+    );
+}
+}

@@ -881,3 +881,90 @@ fn a_claim_in_another_queue_beside_a_claim_in_its_transaction_gets_its_due_job()
         assert_eq!(first[0].job_id, a);
     });
 }
+
+/// MySQL's: a DBA's server-wide statement time limit (MariaDB's
+/// `max_statement_time`, MySQL's `max_execution_time`) ends any statement
+/// that runs longer, one that only waits for a row lock too, with an error
+/// no retry is for: in a pool, a whole batch of outcomes lost and those
+/// jobs run again. tickler's sessions lift it; their lock waits are
+/// bounded by `busy_timeout` instead.
+#[test]
+fn a_servers_statement_time_limit_does_not_end_ticklers_lock_waits() {
+    let Some(db) = my::exclusive_database() else {
+        return;
+    };
+    let mut admin = db.connect();
+    let version: String = admin.query_first("SELECT VERSION()").unwrap().unwrap();
+    let (name, limit) = if version.contains("MariaDB") {
+        ("max_statement_time", 1)
+    } else {
+        ("max_execution_time", 1000)
+    };
+    with_global(&mut admin, name, limit, || {
+        let queue = Queue::builder(db.url())
+            .busy_timeout(secs(4))
+            .open()
+            .expect("open");
+        let id = queue.enqueue(NewJob::new("k")).unwrap();
+        let lease = queue
+            .manual()
+            .claim("default", "w", 1, secs(60))
+            .unwrap()
+            .remove(0);
+        let mut other = db.connect();
+        other.query_drop("START TRANSACTION").unwrap();
+        other
+            .exec_drop(
+                "SELECT id FROM tickler_jobs WHERE id = ? FOR UPDATE",
+                (id.0,),
+            )
+            .unwrap();
+        let holder = std::thread::spawn(move || {
+            std::thread::sleep(secs(2));
+            other.query_drop("COMMIT").unwrap();
+        });
+        let completed = queue.manual().complete(&lease);
+        holder.join().unwrap();
+        completed.expect("the completion waits for the row lock, past the server's limit");
+        assert_eq!(queue.get(id).unwrap().state, JobState::Succeeded);
+    });
+}
+
+/// MySQL's: `GET_LOCK` names are the server's, not a database's. The
+/// migration's lock is named after its database, so a migration stuck in
+/// another database (its host gone without closing the connection, which
+/// the server keeps for hours) does not hold back the opens of this one,
+/// while processes opening this new database together still migrate it
+/// one at a time and all open.
+#[test]
+fn a_migration_waits_only_for_migrations_of_its_own_database() {
+    let Some(db) = my::test_database() else {
+        return;
+    };
+    let mut stuck = db.connect();
+    // The name tickler used for every database on the server.
+    let held: Option<i64> = stuck
+        .query_first("SELECT GET_LOCK('tickler_migrate', 0)")
+        .unwrap();
+    assert_eq!(held, Some(1));
+    let url = db.url().to_owned();
+    let (done, opened) = std::sync::mpsc::channel();
+    for _ in 0..4 {
+        let (url, done) = (url.clone(), done.clone());
+        std::thread::spawn(move || {
+            let _ = done.send(Queue::open(&url).and_then(|q| q.enqueue(NewJob::new("k"))));
+        });
+    }
+    for _ in 0..4 {
+        let id = opened
+            .recv_timeout(secs(30))
+            .expect("an open waited for another database's migration lock");
+        id.expect("open and enqueue");
+    }
+    let jobs: Option<i64> = db
+        .connect()
+        .query_first("SELECT COUNT(*) FROM tickler_jobs")
+        .unwrap();
+    assert_eq!(jobs, Some(4));
+    drop(stuck);
+}

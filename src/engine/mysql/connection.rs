@@ -230,17 +230,48 @@ pub(super) fn opts(url: &str, busy_timeout: Duration, window: Duration) -> Resul
         .into())
 }
 
+/// `opts` with the server's statement time limit lifted for tickler's
+/// sessions, on MariaDB (`max_statement_time`, in seconds) or MySQL
+/// (`max_execution_time`, in ms, which names the variable differently). A
+/// DBA's limit would end a statement that only waits for a row lock with
+/// an error no retry is for; tickler bounds its lock waits with
+/// `busy_timeout` and its answer waits with [`answer_wait`] instead. A
+/// URL's own `init` runs after, so a limit it sets holds.
+pub(super) fn lift_statement_limit(opts: mysql::Opts, mariadb: bool) -> mysql::Opts {
+    let mut init = opts.get_init();
+    init.insert(
+        0,
+        if mariadb {
+            "SET SESSION max_statement_time = 0".into()
+        } else {
+            "SET SESSION max_execution_time = 0".into()
+        },
+    );
+    mysql::OptsBuilder::from_opts(opts).init(init).into()
+}
+
 /// Opens one connection before the pool does, so that what no retry can
 /// cure (a wrong password, a missing database, a certificate that is not
 /// trusted, a server without TLS when TLS is asked for) is an error at
 /// open that says so, instead of the pool's timeout. A server that does
 /// not answer yet (restarting, say) is tried again until `window` ends.
-pub(super) fn first_connection(opts: &mysql::Opts, describe: &str, window: Duration) -> Result<()> {
+/// The connection it opened tells which server it is (`true`: MariaDB).
+pub(super) fn first_connection(
+    opts: &mysql::Opts,
+    describe: &str,
+    window: Duration,
+) -> Result<bool> {
     let deadline = Instant::now() + window;
     let mut pause = Duration::from_millis(50);
     loop {
         match mysql::Conn::new(opts.clone()).map_err(mysql_unanswered) {
-            Ok(_) => return Ok(()),
+            Ok(mut conn) => {
+                // VERSION(), not the handshake's version: MariaDB's
+                // handshake says 5.5.5 before its own version for old
+                // clients.
+                let version: Option<String> = conn.query_first("SELECT VERSION()")?;
+                return Ok(version.is_some_and(|v| v.contains("MariaDB")));
+            }
             // A wrong password or a missing database is final; a server
             // shutting down, full, or killing the session is not.
             Err(mysql::Error::MySqlError(server)) => {

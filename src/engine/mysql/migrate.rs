@@ -23,16 +23,32 @@ const MIGRATION_WAIT_S: u64 = 300;
 /// connection's wait for an answer (`connection::answer_wait`).
 const LOCK_STEP_S: u64 = 5;
 
+/// The migration's lock in `database`. `GET_LOCK` names are the server's,
+/// so one name for every database would make the migrations of all
+/// databases on a server wait for each other, and one stuck (a host gone
+/// without closing its connection, which the server keeps for hours)
+/// hold back the opens of all. Names hold 64 characters at most: a long
+/// database name is cut, and databases that share their first 48
+/// characters share a lock, which only makes their migrations wait.
+fn lock_name(database: &str) -> String {
+    let mut end = database.len().min(48);
+    while !database.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("tickler_migrate:{}", &database[..end])
+}
+
 impl Store {
     pub(super) fn migrate(&self, conn: &mut mysql::Conn) -> Result<()> {
         let latest = schema_version();
         let database: Option<String> = conn.query_first("SELECT DATABASE()")?.flatten();
-        if database.is_none() {
+        let Some(database) = database else {
             return Err(Error::Config(format!(
                 "{} names no database: give one as mysql://user@host/DATABASE",
                 self.describe()
             )));
-        }
+        };
+        let lock = lock_name(&database);
         // An up-to-date schema needs no DDL, which a user that may only
         // use the tables could not run.
         if let Some(found) = applied_version(conn)? {
@@ -49,7 +65,7 @@ impl Store {
         let asked = std::time::Instant::now();
         let locked = loop {
             let locked: Option<i64> = conn
-                .exec_first("SELECT GET_LOCK('tickler_migrate', ?)", (LOCK_STEP_S,))?
+                .exec_first("SELECT GET_LOCK(?, ?)", (&lock, LOCK_STEP_S))?
                 .flatten();
             // 0 is a wait that ran out; 1 the lock, NULL an error (killed).
             if locked != Some(0) || asked.elapsed().as_secs() >= MIGRATION_WAIT_S {
@@ -61,13 +77,13 @@ impl Store {
             Some(_) => {
                 return Err(Error::Config(format!(
                     "another process has been migrating the schema in {} for {MIGRATION_WAIT_S} s \
-                     (GET_LOCK('tickler_migrate') not granted)",
+                     (GET_LOCK('{lock}') not granted)",
                     self.describe()
                 )))
             }
             None => {
                 return Err(Error::Config(format!(
-                    "GET_LOCK('tickler_migrate') failed in {} (the server returned NULL: \
+                    "GET_LOCK('{lock}') failed in {} (the server returned NULL: \
                      the query was killed or the server ran out of memory)",
                     self.describe()
                 )))
@@ -100,7 +116,7 @@ impl Store {
             }
             Ok(())
         })();
-        let released = conn.query_drop("DO RELEASE_LOCK('tickler_migrate')");
+        let released = conn.exec_drop("DO RELEASE_LOCK(?)", (&lock,));
         applied?;
         released?;
         self.check_engines(conn)

@@ -95,7 +95,12 @@ impl Store {
     pub(crate) fn open(url: &str, settings: &OpenSettings<'_>) -> Result<Store> {
         let retry_window = settings.busy_timeout + settings.busy_retry;
         let opts = connection::opts(url, settings.busy_timeout, retry_window)?;
-        connection::first_connection(&opts, &crate::engine::redacted_location(url), retry_window)?;
+        let mariadb = connection::first_connection(
+            &opts,
+            &crate::engine::redacted_location(url),
+            retry_window,
+        )?;
+        let opts = connection::lift_statement_limit(opts, mariadb);
         let client_packet = opts.get_max_allowed_packet();
         let pool = connection_pool(opts, settings.max_connections);
         let mut store = Store {
