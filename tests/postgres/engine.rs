@@ -603,6 +603,102 @@ mod dba {
         }
     }
 
+    /// A DBA's `statement_timeout` ends a statement of tickler's that waits
+    /// for a row lock longer than it allows (here a completion behind an
+    /// operator's transaction on the job's row). The server cancels it
+    /// (57014); it is tried again within the retry window, as a lock wait
+    /// the server ended by `lock_timeout` is, instead of failing: in a pool,
+    /// that error dropped the batch's outcomes and those jobs ran again.
+    #[test]
+    fn a_lock_wait_past_a_dba_statement_timeout_is_tried_again() {
+        let Some(db) = test_database() else { return };
+        alter_database(&db, "statement_timeout = '200ms'");
+        let queue = Queue::open(db.url()).expect("open");
+        let id = queue.enqueue(NewJob::new("work")).expect("enqueue");
+        let lease = queue
+            .manual()
+            .claim("default", "w", 1, secs(60))
+            .expect("claim")
+            .remove(0);
+        let mut operator = db.connect();
+        let (locked, wait) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            let mut tx = operator.transaction().expect("BEGIN");
+            tx.execute(
+                "SELECT id FROM tickler_jobs WHERE id = $1 FOR UPDATE",
+                &[&id.0],
+            )
+            .expect("lock the job's row");
+            locked.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(1500));
+            tx.commit().expect("COMMIT");
+        });
+        wait.recv().unwrap();
+        let completed = queue.manual().complete(&lease);
+        holder.join().unwrap();
+        completed.expect("the completion waits past the DBA's statement_timeout");
+        assert_eq!(queue.get(id).expect("get").state, JobState::Succeeded);
+    }
+
+    /// All four of a DBA's timeouts set low on the database at once, with
+    /// idle pauses between bursts of work (so that pooled connections are
+    /// cut while idle), an operator's transaction holding one job's row and
+    /// a pool of 4 threads: every job succeeds, none runs twice (no outcome
+    /// lost to an error), and no enqueue fails.
+    #[test]
+    fn a_busy_pool_under_a_dbas_low_timeouts_loses_nothing() {
+        let Some(db) = test_database() else { return };
+        for setting in [
+            "statement_timeout = '100ms'",
+            "lock_timeout = '20ms'",
+            "idle_session_timeout = '250ms'",
+            "idle_in_transaction_session_timeout = '100ms'",
+        ] {
+            alter_database(&db, setting);
+        }
+        let queue = Queue::open(db.url()).expect("open");
+        let runs = super::Runs::default();
+        let mut pool = super::counting_pool(&queue, &runs, 4);
+        let errors = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut ids = Vec::new();
+        for burst in 0..4 {
+            ids.extend(
+                super::enqueue_in_background(&queue, 100, &errors)
+                    .join()
+                    .unwrap(),
+            );
+            if burst == 1 {
+                // An operator's transaction on the newest job's row, held
+                // past every timeout of tickler's statements.
+                let id = *ids.last().unwrap();
+                let mut operator = db.connect();
+                std::thread::spawn(move || {
+                    let mut tx = operator.transaction().expect("BEGIN");
+                    tx.batch_execute("SET LOCAL idle_in_transaction_session_timeout = 0")
+                        .unwrap();
+                    let _ = tx.execute(
+                        "SELECT id FROM tickler_jobs WHERE id = $1 FOR UPDATE",
+                        &[&id.0],
+                    );
+                    std::thread::sleep(Duration::from_millis(700));
+                    let _ = tx.commit();
+                });
+            }
+            std::thread::sleep(Duration::from_millis(600));
+        }
+        super::wait_all_succeeded(&queue, ids.len() as u64);
+        pool.shutdown(secs(5));
+        assert_eq!(
+            errors.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "enqueues failed"
+        );
+        super::assert_all_succeeded(&queue, &ids, &runs);
+        let runs = runs.lock().unwrap();
+        let twice: Vec<_> = runs.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(twice.is_empty(), "jobs that ran more than once: {twice:?}");
+    }
+
     /// pg-boss #58, raystack/entropy #91: a server (or database) whose time zone
     /// is not UTC shifted due times by the offset. tickler keeps milliseconds
     /// since the epoch and reads the server's clock as an instant.
@@ -982,6 +1078,36 @@ mod unique {
     use std::sync::{Arc, Barrier};
     use std::time::{Duration, Instant};
     use tickler::{JobFilter, NewJob, Queue};
+
+    /// A large batch of jobs with unique keys. The lock table is shared by
+    /// every session of the server (`max_locks_per_transaction` × the
+    /// connections: 6,400 entries on a stock server): a batch that took one
+    /// lock per key failed with "out of shared memory" (seen at 100,000 keys,
+    /// and at the 20,000 here, three times the table), and left none for the
+    /// server's other clients while it ran. All are stored, each key once,
+    /// and a second batch of the same keys stores nothing new.
+    #[test]
+    fn a_batch_of_unique_keys_larger_than_the_servers_lock_table_is_stored() {
+        const KEYS: usize = 20_000;
+        let Some(db) = test_database() else { return };
+        let queue = Queue::open(db.url()).expect("open");
+        let jobs = |n: usize| -> Vec<NewJob> {
+            (0..n)
+                .map(|i| NewJob::new("work").unique_key(format!("key-{i}")))
+                .collect()
+        };
+        let ids = queue.enqueue_batch(jobs(KEYS)).expect("the batch");
+        let distinct: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(distinct.len(), KEYS);
+        let again = queue
+            .enqueue_batch(jobs(KEYS))
+            .expect("the same batch again");
+        assert_eq!(again, ids, "each key's holder's id, in order");
+        assert_eq!(
+            queue.count(tickler::JobState::Pending).unwrap(),
+            KEYS as u64
+        );
+    }
 
     fn keyed_jobs(queue: &Queue, key: &str) -> usize {
         queue

@@ -562,7 +562,9 @@ enum Phase {
 /// down, it is read-only (a failover: the next connection may reach the
 /// new primary), a deadlock or serialization failure, too many
 /// connections for now, a lock not granted within the session's
-/// `lock_timeout` (a DBA's setting: contention of the moment), a session
+/// `lock_timeout` or a statement cancelled past a DBA's `statement_timeout`
+/// (tickler's statements are short, so one that runs that long waited for
+/// a lock: contention of the moment; its own long work goes in batches), a session
 /// the server ended while it waited in the pool, a prepared
 /// statement whose table changed under it (the connection is replaced),
 /// or no pooled connection within its timeout.
@@ -589,6 +591,7 @@ pub(crate) fn retryable(e: &Error) -> bool {
                             SqlState::TOO_MANY_CONNECTIONS,
                             SqlState::READ_ONLY_SQL_TRANSACTION,
                             SqlState::LOCK_NOT_AVAILABLE,
+                            SqlState::QUERY_CANCELED,
                         ]
                         .contains(code)
                 }
