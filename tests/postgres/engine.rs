@@ -699,6 +699,103 @@ mod dba {
         assert!(twice.is_empty(), "jobs that ran more than once: {twice:?}");
     }
 
+    /// A long transaction elsewhere (here a REPEATABLE READ snapshot left
+    /// open) keeps every dead row version visible, so a vacuum removes
+    /// nothing. tickler vacuums the jobs table itself when it holds many
+    /// dead versions; it used to do so again at every look (each second),
+    /// a full pass over the table each time for nothing. It now vacuums
+    /// once, says what holds the rows, and vacuums again once that is gone.
+    #[test]
+    fn a_vacuum_held_back_by_a_long_transaction_is_not_repeated() {
+        /// tickler's warnings about vacuums, from every test of this binary.
+        struct Warnings(std::sync::Mutex<Vec<String>>);
+        impl log::Log for Warnings {
+            fn enabled(&self, m: &log::Metadata) -> bool {
+                m.level() <= log::Level::Warn
+            }
+            fn log(&self, r: &log::Record) {
+                let text = r.args().to_string();
+                if text.contains("vacuum of the jobs table") {
+                    self.0.lock().unwrap().push(text);
+                }
+            }
+            fn flush(&self) {}
+        }
+        static WARNINGS: Warnings = Warnings(std::sync::Mutex::new(Vec::new()));
+        if log::set_logger(&WARNINGS).is_ok() {
+            log::set_max_level(log::LevelFilter::Warn);
+        }
+        let Some(db) = test_database() else { return };
+        let queue = Queue::open(db.url()).expect("open");
+        let mut admin = db.connect();
+        let vacuums = |admin: &mut postgres::Client| -> i64 {
+            admin
+                .query_one(
+                    "SELECT pg_stat_get_vacuum_count('tickler_jobs'::regclass)",
+                    &[],
+                )
+                .unwrap()
+                .get(0)
+        };
+        let mut holder = db.connect();
+        let holder_pid: i32 = holder
+            .query_one("SELECT pg_backend_pid()", &[])
+            .unwrap()
+            .get(0);
+        let mut snapshot = holder
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::RepeatableRead)
+            .start()
+            .expect("BEGIN");
+        snapshot.query_one("SELECT 1", &[]).unwrap();
+        // 6,000 jobs claimed and completed: 12,000 dead versions.
+        let _ = queue
+            .enqueue_batch((0..6000).map(|_| NewJob::new("work")).collect())
+            .unwrap();
+        loop {
+            let leases = queue.manual().claim("default", "w", 500, secs(60)).unwrap();
+            if leases.is_empty() {
+                break;
+            }
+            let outcomes: Vec<_> = leases
+                .iter()
+                .map(|l| (l, tickler::Outcome::Complete))
+                .collect();
+            queue.manual().record_outcomes(&outcomes).unwrap();
+        }
+        let before = vacuums(&mut admin);
+        for _ in 0..4 {
+            std::thread::sleep(Duration::from_millis(1100));
+            queue.manual().reap_at(queue.clock().now()).unwrap();
+        }
+        let held = vacuums(&mut admin) - before;
+        let dead: i64 = admin
+            .query_one(
+                "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'tickler_jobs'::regclass",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            held, 1,
+            "vacuums while a snapshot held the dead rows ({dead} dead)"
+        );
+        let said: Vec<String> = WARNINGS.0.lock().unwrap().clone();
+        assert_eq!(said.len(), 1, "one warning: {said:?}");
+        assert!(
+            said[0].contains(&format!("process {holder_pid} ")),
+            "the warning names the process whose snapshot holds the rows: {said:?}"
+        );
+        snapshot.commit().unwrap();
+        std::thread::sleep(Duration::from_millis(1100));
+        queue.manual().reap_at(queue.clock().now()).unwrap();
+        assert_eq!(
+            vacuums(&mut admin) - before,
+            2,
+            "a vacuum once the snapshot was gone"
+        );
+    }
+
     /// pg-boss #58, raystack/entropy #91: a server (or database) whose time zone
     /// is not UTC shifted due times by the offset. tickler keeps milliseconds
     /// since the epoch and reads the server's clock as an instant.

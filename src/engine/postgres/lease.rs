@@ -36,6 +36,30 @@ const VACUUM_CHECK: Duration = Duration::from_secs(1);
 /// Dead row versions below which the jobs table is left to autovacuum.
 const VACUUM_DEAD_MIN: i64 = 10_000;
 
+/// What keeps the oldest snapshot of the server (which decides what any
+/// vacuum may remove), as words for the log, and its transaction id: a
+/// session's open transaction, a replication slot or a prepared
+/// transaction. `None` if nothing does.
+const HORIZON_SQL: &str = "SELECT what, xmin FROM (
+      SELECT format('process %s (%s, %s, %s since %s: %s)', pid, usename, application_name,
+                    state, xact_start, left(query, 100)) AS what,
+             backend_xmin::text AS xmin, age(backend_xmin) AS age
+      FROM pg_stat_activity WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()
+      UNION ALL
+      SELECT format('replication slot %s', slot_name), xmin::text, age(xmin)
+      FROM pg_replication_slots WHERE xmin IS NOT NULL
+      UNION ALL
+      SELECT format('prepared transaction %s', gid), transaction::text, age(transaction)
+      FROM pg_prepared_xacts) AS holders
+    ORDER BY age DESC LIMIT 1";
+
+fn horizon_holder(conn: &mut super::connection::Conn) -> Result<Option<(String, String)>> {
+    Ok(conn
+        .client
+        .query_typed_opt(HORIZON_SQL, &[])?
+        .map(|r| (r.get(0), r.get(1))))
+}
+
 impl Leases for Store {
     fn heartbeat_many(
         &self,
@@ -233,20 +257,46 @@ impl Store {
             }
             *checked = Instant::now();
         }
-        let result = (|| -> Result<bool> {
+        let result = (|| -> Result<()> {
             let mut conn = self.connection()?;
-            let row = conn.client.query_typed_one(
-                "SELECT coalesce(n_live_tup, 0), coalesce(n_dead_tup, 0) FROM pg_stat_user_tables
-                 WHERE relid = 'tickler_jobs'::regclass",
-                &[],
-            )?;
-            let (live, dead): (i64, i64) = (row.get(0), row.get(1));
-            if dead < VACUUM_DEAD_MIN || dead < live / 5 {
-                return Ok(false);
+            let dead = |conn: &mut super::connection::Conn| -> Result<(i64, i64)> {
+                let row = conn.client.query_typed_one(
+                    "SELECT coalesce(n_live_tup, 0), coalesce(n_dead_tup, 0)
+                     FROM pg_stat_user_tables WHERE relid = 'tickler_jobs'::regclass",
+                    &[],
+                )?;
+                Ok((row.get(0), row.get(1)))
+            };
+            let (live, before) = dead(&mut conn)?;
+            if before < VACUUM_DEAD_MIN || before < live / 5 {
+                return Ok(());
+            }
+            let mut held = self
+                .vacuum_held
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(horizon) = held.as_ref() {
+                // The dead versions are still kept by the same oldest
+                // snapshot: a vacuum would read the table for nothing.
+                if horizon_holder(&mut conn)?.map(|(_, xmin)| xmin).as_ref() == Some(horizon) {
+                    return Ok(());
+                }
+                *held = None;
             }
             conn.client
                 .batch_execute("VACUUM (SKIP_LOCKED, ANALYZE) tickler_jobs")?;
-            Ok(true)
+            let (_, after) = dead(&mut conn)?;
+            if after * 2 >= before {
+                if let Some((holder, xmin)) = horizon_holder(&mut conn)? {
+                    log::warn!(
+                        "a vacuum of the jobs table removed few of its {before} dead row \
+                         versions: {holder} keeps them visible; tickler vacuums again once \
+                         that is over"
+                    );
+                    *held = Some(xmin);
+                }
+            }
+            Ok(())
         })();
         if let Err(e) = result {
             log::warn!("could not vacuum the jobs table: {e}");

@@ -66,6 +66,9 @@ pub(crate) struct Store {
     pooling: Arc<pooler::Pooling>,
     /// When this store last looked whether the jobs table needs a vacuum.
     vacuum_checked: Mutex<Instant>,
+    /// The oldest snapshot's transaction id when a vacuum last removed
+    /// little: the table is not vacuumed again until it changes.
+    vacuum_held: Mutex<Option<String>>,
 }
 
 impl Store {
@@ -131,6 +134,7 @@ impl Store {
             signals,
             pooling,
             vacuum_checked: Mutex::new(Instant::now()),
+            vacuum_held: Mutex::new(None),
         };
         store.migrate()?;
         store.clock = if settings.clock_set {
