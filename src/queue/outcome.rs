@@ -68,19 +68,17 @@ pub(crate) fn record_isolated(
         "the handler's error ({} bytes) could not be stored: {refused}",
         error.len()
     );
-    let noted = tx.isolated(&mut |tx| {
-        Ok(
-            match tx.apply_outcome(lease, outcome, now, policy, Some(&note))? {
-                1 => Ok(()),
-                _ => Err(Error::LeaseLost {
-                    job_id: lease.job_id,
-                }),
+    // The lost-lease step too, in the savepoint: a refusal of it must cost
+    // this outcome alone.
+    let noted =
+        tx.isolated(
+            &mut |tx| match tx.apply_outcome(lease, outcome, now, policy, Some(&note))? {
+                1 => Ok(Ok(())),
+                _ => tx.after_refused(lease, attempt),
             },
-        )
-    })?;
+        )?;
     match noted {
-        Ok(Ok(())) => Ok(Ok(())),
-        Ok(Err(_)) => tx.after_refused(lease, attempt),
+        Ok(recorded) => Ok(recorded),
         Err(_) => Ok(Err(refused)),
     }
 }

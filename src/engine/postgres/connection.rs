@@ -591,14 +591,23 @@ pub(crate) fn retryable(e: &Error) -> bool {
                             SqlState::TOO_MANY_CONNECTIONS,
                             SqlState::READ_ONLY_SQL_TRANSACTION,
                             SqlState::LOCK_NOT_AVAILABLE,
-                            SqlState::QUERY_CANCELED,
                         ]
                         .contains(code)
+                        || past_statement_timeout(e)
                 }
             }
         }
         _ => false,
     }
+}
+
+/// A statement the server cancelled because it ran past `statement_timeout`
+/// (not one an operator cancelled: `pg_cancel_backend` is not undone by
+/// running the statement again).
+fn past_statement_timeout(e: &postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        *db.code() == SqlState::QUERY_CANCELED && db.message().contains("statement timeout")
+    })
 }
 
 /// Errors no retry cures: the server refused the login (a wrong password,

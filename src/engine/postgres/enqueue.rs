@@ -154,25 +154,32 @@ fn committed_before(
     })
 }
 
-/// Lock slots the unique keys of batches are spread over: at most this
-/// many locks per batch, the budget per transaction of a stock server
-/// (`max_locks_per_transaction`, 64). The lock table is shared by every
-/// session of the server: one lock per key made a batch of 100,000 keys
-/// fail with "out of shared memory", and would have taken the table from
-/// the server's other clients while it ran.
-const KEY_LOCK_SLOTS: i32 = 64;
+/// Unique keys up to which a batch locks each of its keys (the lock table
+/// is shared by every session of the server: `max_locks_per_transaction`
+/// × the connections, 6,400 entries on a stock server, and a batch of
+/// 100,000 keys that took one lock each failed with "out of shared
+/// memory", leaving none to the server's other clients while it ran).
+const KEY_LOCKS_MAX: usize = 256;
 
-/// Before a batch inserts several unique keys: takes, in slot order, the
-/// lock of each slot its keys fall in. Each insert of a key waits for
-/// another transaction's uncommitted insert of it, so two batches holding
-/// keys in opposite orders would each wait for the other (a deadlock,
-/// broken only after `deadlock_timeout`); every batch taking its slots in
-/// one order, the second waits before it holds any key another needs.
-/// Two batches whose keys share a slot go one after the other, which for
-/// large batches is most of the time. The jobs still go in in input
-/// order, so their ids ascend as given.
+/// Lock slots the keys of a larger batch are spread over instead.
+const KEY_LOCK_SLOTS: i64 = 64;
+
+/// Before a batch inserts several unique keys: takes a lock per key in key
+/// order. Each insert of a key waits for another transaction's
+/// uncommitted insert of it, so two batches holding keys in opposite
+/// orders would each wait for the other (a deadlock, broken only after
+/// `deadlock_timeout`); with the keys locked in one order, the second
+/// waits before it holds any. The jobs still go in in input order, so
+/// their ids ascend as given.
+///
+/// A batch of more than [`KEY_LOCKS_MAX`] keys takes, in slot order, the
+/// lock of each of the [`KEY_LOCK_SLOTS`] slots its keys fall in (the
+/// server's hash of the key, the same for every process): such batches
+/// exclude each other as above, but not a smaller batch, with which one
+/// in opposite key order deadlocks, broken after `deadlock_timeout` (1 s)
+/// and retried as a whole.
 fn lock_keys_in_order(tx: &mut Tx<'_>, rows: &[ValidJob]) -> Result<()> {
-    let keys: Vec<&str> = rows
+    let mut keys: Vec<&str> = rows
         .iter()
         .filter_map(|r| r.job.unique_key.as_deref())
         .filter(|k| !k.contains('\0'))
@@ -180,11 +187,20 @@ fn lock_keys_in_order(tx: &mut Tx<'_>, rows: &[ValidJob]) -> Result<()> {
     if keys.len() < 2 {
         return Ok(());
     }
-    // The slot is the server's hash of the key, the same for every process
-    // whatever its build; the lock's first half names tickler ('tikl').
+    keys.sort_unstable();
+    keys.dedup();
+    if keys.len() <= KEY_LOCKS_MAX {
+        tx.execute(
+            "SELECT count(pg_advisory_xact_lock(hashtextextended(k, 7369401254420385313)))
+             FROM unnest($1::text[]) AS k",
+            &[&keys],
+        )?;
+        return Ok(());
+    }
+    // The lock's first half names tickler ('tikl').
     tx.execute(
         "SELECT count(pg_advisory_xact_lock(1953066860, slot))
-         FROM (SELECT DISTINCT (abs(hashtextextended(k, 0)) % $2::int)::int AS slot
+         FROM (SELECT DISTINCT (hashtextextended(k, 0) & ($2::bigint - 1))::int AS slot
                FROM unnest($1::text[]) AS k
                ORDER BY slot) AS slots",
         &[&keys, &KEY_LOCK_SLOTS],

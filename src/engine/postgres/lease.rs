@@ -43,15 +43,22 @@ const VACUUM_DEAD_MIN: i64 = 10_000;
 const HORIZON_SQL: &str = "SELECT what, xmin FROM (
       SELECT format('process %s (%s, %s, %s since %s: %s)', pid, usename, application_name,
                     state, xact_start, left(query, 100)) AS what,
-             backend_xmin::text AS xmin, age(backend_xmin) AS age
-      FROM pg_stat_activity WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()
+             coalesce(backend_xmin, backend_xid)::text AS xmin,
+             age(coalesce(backend_xmin, backend_xid)) AS age
+      FROM pg_stat_activity
+      WHERE coalesce(backend_xmin, backend_xid) IS NOT NULL AND pid <> pg_backend_pid()
+        AND datid = (SELECT oid FROM pg_database WHERE datname = current_database())
       UNION ALL
       SELECT format('replication slot %s', slot_name), xmin::text, age(xmin)
       FROM pg_replication_slots WHERE xmin IS NOT NULL
       UNION ALL
       SELECT format('prepared transaction %s', gid), transaction::text, age(transaction)
-      FROM pg_prepared_xacts) AS holders
+      FROM pg_prepared_xacts WHERE database = current_database()) AS holders
     ORDER BY age DESC LIMIT 1";
+
+/// The longest a vacuum is held off for one holder: past it, tickler
+/// vacuums again (and says so again) whatever holds the rows.
+const VACUUM_HOLD_MAX: Duration = Duration::from_secs(600);
 
 fn horizon_holder(conn: &mut super::connection::Conn) -> Result<Option<(String, String)>> {
     Ok(conn
@@ -275,25 +282,39 @@ impl Store {
                 .vacuum_held
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if let Some(horizon) = held.as_ref() {
+            if let Some((horizon, since)) = held.as_ref() {
                 // The dead versions are still kept by the same oldest
                 // snapshot: a vacuum would read the table for nothing.
-                if horizon_holder(&mut conn)?.map(|(_, xmin)| xmin).as_ref() == Some(horizon) {
+                if since.elapsed() < VACUUM_HOLD_MAX
+                    && horizon_holder(&mut conn)?.map(|(_, xmin)| xmin).as_ref() == Some(horizon)
+                {
                     return Ok(());
                 }
                 *held = None;
             }
+            let vacuums = |conn: &mut super::connection::Conn| -> Result<i64> {
+                Ok(conn
+                    .client
+                    .query_typed_one(
+                        "SELECT pg_stat_get_vacuum_count('tickler_jobs'::regclass)",
+                        &[],
+                    )?
+                    .get(0))
+            };
+            let vacuums_before = vacuums(&mut conn)?;
             conn.client
                 .batch_execute("VACUUM (SKIP_LOCKED, ANALYZE) tickler_jobs")?;
             let (_, after) = dead(&mut conn)?;
-            if after * 2 >= before {
+            // Judged only after a vacuum that ran (`SKIP_LOCKED` leaves the
+            // table to one under way) and whose count the statistics have.
+            if vacuums(&mut conn)? > vacuums_before && after * 2 >= before {
                 if let Some((holder, xmin)) = horizon_holder(&mut conn)? {
                     log::warn!(
                         "a vacuum of the jobs table removed few of its {before} dead row \
                          versions: {holder} keeps them visible; tickler vacuums again once \
                          that is over"
                     );
-                    *held = Some(xmin);
+                    *held = Some((xmin, Instant::now()));
                 }
             }
             Ok(())

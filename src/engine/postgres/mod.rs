@@ -67,8 +67,9 @@ pub(crate) struct Store {
     /// When this store last looked whether the jobs table needs a vacuum.
     vacuum_checked: Mutex<Instant>,
     /// The oldest snapshot's transaction id when a vacuum last removed
-    /// little: the table is not vacuumed again until it changes.
-    vacuum_held: Mutex<Option<String>>,
+    /// little, and when: the table is not vacuumed again until it changes
+    /// (or for `VACUUM_HOLD_MAX`).
+    vacuum_held: Mutex<Option<(String, Instant)>>,
 }
 
 impl Store {
