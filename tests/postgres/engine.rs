@@ -603,6 +603,120 @@ mod dba {
         }
     }
 
+    /// A DBA's `idle_session_timeout` ends every idle connection of a pool,
+    /// over and over: each replacement is normal work, not a warning. Said
+    /// once at info level per process, and the listening connection (idle
+    /// by nature) is not ended at each lull. Its own process: the log is
+    /// one per process, and the torture test of this binary owns this one's.
+    #[test]
+    fn sessions_ended_for_idling_are_replaced_without_a_warning() {
+        const CHILD: &str = "TICKLER_TEST_QUIET_IDLE_URL";
+        if let Some(url) = std::env::var_os(CHILD) {
+            idle_sessions_ended_in_this_process(url.to_str().expect("URL"));
+            return;
+        }
+        let Some(db) = test_database() else { return };
+        alter_database(&db, "idle_session_timeout = '200ms'");
+        let ended = |db: &pg::TestDb| -> i64 {
+            db.connect()
+                .query_one(
+                    "SELECT sessions_fatal FROM pg_stat_database WHERE datname = current_database()",
+                    &[],
+                )
+                .unwrap()
+                .get(0)
+        };
+        let before = ended(&db);
+        let exe = std::env::current_exe().expect("test binary");
+        let name = crate::support::engine::test_path(
+            module_path!(),
+            "sessions_ended_for_idling_are_replaced_without_a_warning",
+        );
+        let out = std::process::Command::new(exe)
+            .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+            .env(CHILD, db.url())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run the child");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "child failed:\n{text}");
+        assert!(text.contains("1 passed"), "the child ran no test:\n{text}");
+        let ended = ended(&db) - before;
+        assert!(
+            ended >= 3,
+            "the server ended {ended} idle sessions: the test saw too few to say"
+        );
+    }
+
+    /// The child of the test above: a pool and a queue idle longer than the
+    /// timeout between jobs, some pauses shorter than the pool's unchecked
+    /// reuse (the first statement meets the ended session), some longer
+    /// (the pool's check finds it).
+    fn idle_sessions_ended_in_this_process(url: &str) {
+        static LOGGED: std::sync::Mutex<Vec<(log::Level, String)>> =
+            std::sync::Mutex::new(Vec::new());
+        struct Capture;
+        impl log::Log for Capture {
+            fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+                true
+            }
+            fn log(&self, r: &log::Record<'_>) {
+                if r.level() <= log::Level::Info {
+                    let line = format!("{} {}", r.target(), r.args());
+                    LOGGED.lock().unwrap().push((r.level(), line));
+                }
+            }
+            fn flush(&self) {}
+        }
+        log::set_boxed_logger(Box::new(Capture)).expect("the child's only logger");
+        log::set_max_level(log::LevelFilter::Info);
+        let queue = Queue::open(url).expect("open");
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = std::sync::Arc::clone(&done);
+        let mut pool = tickler::WorkerPool::builder(&queue)
+            .threads(2)
+            .handler(
+                "work",
+                move |_: &tickler::JobContext| -> Result<(), tickler::JobError> {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok(())
+                },
+            )
+            .start()
+            .expect("start pool");
+        for (round, pause) in [400, 1500, 400, 600, 1500, 400].into_iter().enumerate() {
+            std::thread::sleep(Duration::from_millis(pause));
+            let id = queue
+                .enqueue(NewJob::new("work"))
+                .unwrap_or_else(|e| panic!("enqueue, round {round}: {e}"));
+            let deadline = std::time::Instant::now() + secs(30);
+            while queue.get(id).expect("get").state != JobState::Succeeded {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "round {round}: job not run"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        pool.shutdown(secs(10));
+        assert_eq!(done.load(std::sync::atomic::Ordering::SeqCst), 6);
+        let logged = LOGGED.lock().unwrap().clone();
+        let loud: Vec<_> = logged
+            .iter()
+            .filter(|(level, _)| *level <= log::Level::Warn)
+            .collect();
+        assert!(loud.is_empty(), "warnings: {loud:#?}");
+        let said = logged
+            .iter()
+            .filter(|(_, line)| line.contains("idle_session_timeout"))
+            .count();
+        assert!(said <= 1, "said more than once: {logged:#?}");
+    }
+
     /// A DBA's `statement_timeout` ends a statement of tickler's that waits
     /// for a row lock longer than it allows (here a completion behind an
     /// operator's transaction on the job's row). The server cancels it

@@ -31,6 +31,8 @@ mod plans;
 mod pooler;
 /// A job's whole life on a server.
 mod smoke;
+/// A real standby promoted in the middle of work.
+mod standby;
 /// TLS with libpq's sslmode meanings, seen from the server.
 mod tls;
 /// Kills, cut connections and a server restart.

@@ -48,3 +48,23 @@ fn pg_torture_role() {
         std::process::exit(torture::run_role());
     }
 }
+
+/// The same run on a primary and its synchronous standby of their own,
+/// with a failover (the primary stopped at once, the standby promoted)
+/// halfway instead of a restart: the URL names both servers with
+/// `target_session_attrs=read-write`, and the full check holds across the
+/// switch (synchronous replication: nothing acknowledged is lost).
+#[test]
+fn twenty_seconds_of_kills_cuts_and_a_failover_lose_nothing_and_finish_nothing_twice() {
+    let Some(pair) = pg::StandbyPair::start("torture", true) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = torture::Settings::new(dir.path().to_path_buf(), Duration::from_secs(20));
+    settings.db_url = Some(pair.url());
+    settings.cut_every = (Duration::from_secs(2), Duration::from_secs(5));
+    settings.server_ctl = Some(pair.failover_command());
+    settings.restarts = 1;
+    let report = torture::short_run(&settings, dir, "torture_short::pg_torture_role");
+    assert_eq!(report.restarts, 1, "no failover happened: {report}");
+}

@@ -386,3 +386,110 @@ impl Drop for ExclusiveServer {
         SERVER_USE_CHANGED.notify_all();
     }
 }
+
+// ------------------------------------------------ a primary and its standby
+
+/// A primary and a streaming standby of their own (`.ci/pg-standby`,
+/// through `TICKLER_TEST_PG_STANDBY`), for the failover tests: stopped and
+/// removed when dropped. The shared server is not touched.
+pub struct StandbyPair {
+    name: String,
+    command: String,
+    /// The primary's port, then the standby's, on 127.0.0.1.
+    pub ports: (u16, u16),
+}
+
+impl StandbyPair {
+    /// Starts a pair (`sync`: the primary's commits wait for the standby),
+    /// or `None` with a note where the command is not set and `CI` is not
+    /// `true`.
+    pub fn start(name: &str, sync: bool) -> Option<StandbyPair> {
+        let command = match std::env::var("TICKLER_TEST_PG_STANDBY") {
+            Ok(c) if !c.trim().is_empty() => c,
+            _ => {
+                assert!(
+                    !in_ci(),
+                    "a failover test found no TICKLER_TEST_PG_STANDBY: .ci/postgres sets it"
+                );
+                eprintln!(
+                    "note: {} skipped: TICKLER_TEST_PG_STANDBY is not set (run under .ci/postgres)",
+                    test_name()
+                );
+                return None;
+            }
+        };
+        let name = format!("{name}-{}", std::process::id());
+        let mut pair = StandbyPair {
+            name,
+            command,
+            ports: (0, 0),
+        };
+        let out = pair.run(&["start", if sync { "sync" } else { "async" }]);
+        let mut ports = out.split_whitespace().map(|p| p.parse().expect("a port"));
+        pair.ports = (ports.next().expect("port"), ports.next().expect("port"));
+        Some(pair)
+    }
+
+    /// A URL naming both servers, primary first, that connects only to the
+    /// one that takes writes (libpq's `target_session_attrs=read-write`).
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write&sslmode=disable",
+            self.ports.0, self.ports.1
+        )
+    }
+
+    /// A plain connection to the primary (`false`) or the standby (`true`).
+    pub fn connect(&self, standby: bool) -> Client {
+        let port = if standby { self.ports.1 } else { self.ports.0 };
+        connect(
+            &format!("postgres://postgres@127.0.0.1:{port}/postgres?sslmode=disable"),
+            "tickler_test_harness",
+        )
+    }
+
+    /// The standby stops receiving the primary's changes (an async pair).
+    pub fn cut(&self) {
+        self.run(&["cut"]);
+    }
+
+    /// The primary stops at once, as in a crash, and the standby is
+    /// promoted; returns once the standby takes writes.
+    pub fn failover(&self) {
+        self.run(&["failover"]);
+    }
+
+    /// The shell command that does [`StandbyPair::failover`], for a
+    /// harness that runs its own commands (the torture run's restarts).
+    pub fn failover_command(&self) -> String {
+        format!("{} failover {}", self.command, self.name)
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let script = format!("{} {} {}", self.command, args[0], self.name);
+        let script = args[1..].iter().fold(script, |s, a| format!("{s} {a}"));
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {script}: {e}"));
+        assert!(
+            out.status.success(),
+            "{script} failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for StandbyPair {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("{} stop {}", self.command, self.name))
+            .stdin(std::process::Stdio::null())
+            .output();
+    }
+}

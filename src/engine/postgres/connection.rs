@@ -290,13 +290,42 @@ impl Tx<'_> {
 
 pub(crate) use crate::engine::types::Attempt;
 
-/// How PostgreSQL retries: from 10 ms, every retried error a warning.
+/// How PostgreSQL retries: from 10 ms, every retried error a warning but
+/// a session the server ended for idling ([`ended_while_idle`]).
 pub(super) const RETRIES: Retries = Retries {
     engine: "PostgreSQL",
     first_pause: Duration::from_millis(10),
     retryable,
-    quiet: |_| false,
+    quiet: ended_while_idle,
 };
+
+/// A pooled connection the server ended while it waited in the pool, by a
+/// DBA's `idle_session_timeout` (57P05): normal under that setting, for
+/// every idle connection over and over, so it is said once per process
+/// (at info level) and each replacement after that only at debug level.
+/// The pool's own check of a connection it is about to give out meets the
+/// same ([`ConnectFailed`]).
+fn ended_while_idle(e: &Error) -> bool {
+    match e {
+        Error::Postgres(e) => ended_for_idling(e),
+        _ => false,
+    }
+}
+
+/// [`ended_while_idle`] for the client library's error.
+fn ended_for_idling(e: &postgres::Error) -> bool {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if e.code() != Some(&SqlState::IDLE_SESSION_TIMEOUT) {
+        return false;
+    }
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log::info!(
+            "the server ends sessions idle longer than its idle_session_timeout; tickler \
+             replaces each such connection when it next needs one (said once)"
+        );
+    }
+    true
+}
 
 impl Store {
     pub(crate) fn now_ms(&self) -> i64 {
@@ -509,7 +538,11 @@ impl r2d2::HandleError<postgres::Error> for ConnectFailed {
     fn handle_error(&self, error: postgres::Error) {
         let text = crate::error::postgres_text(&error);
         let mut refused = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if never_cured(&error) {
+        // r2d2 also sends here the failed check of an idle connection it
+        // was about to give out (and then opens another).
+        if ended_for_idling(&error) {
+            log::debug!("replacing a pooled connection the server ended ({text})");
+        } else if never_cured(&error) {
             log::warn!("cannot open a PostgreSQL connection ({text})");
             *refused = Some((std::time::Instant::now(), text));
         } else {

@@ -179,8 +179,15 @@ fn listener(signals: &Weak<Signals>, config: &postgres::Config, tls: &Tls) {
         if listener_done(signals) {
             return;
         }
+        // A listening connection is idle by nature: a DBA's
+        // `idle_session_timeout` (PostgreSQL 14 and later) would end it at
+        // each lull, and each notification sent until it was back would be
+        // missed, so it is turned off for this one session.
         let connected = tls.connect(config).and_then(|mut client| {
-            client.batch_execute(&format!("LISTEN {CHANNEL}"))?;
+            client.batch_execute(&format!(
+                "LISTEN {CHANNEL}; SELECT set_config(name, '0', false) FROM pg_settings \
+                 WHERE name = 'idle_session_timeout'"
+            ))?;
             Ok(client)
         });
         let mut client = match connected {
