@@ -77,6 +77,28 @@ impl Producer {
     }
 }
 
+/// Waits until the standby has replayed everything the primary wrote so far.
+fn caught_up(pair: &StandbyPair) {
+    let lsn: String = pair
+        .connect(false)
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .unwrap()
+        .get(0);
+    let mut standby = pair.connect(true);
+    let deadline = Instant::now() + secs(60);
+    while !standby
+        .query_one(
+            "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
+            &[&lsn],
+        )
+        .unwrap()
+        .get::<_, bool>(0)
+    {
+        assert!(Instant::now() < deadline, "the standby did not catch up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// With synchronous replication every commit tickler acknowledged is on
 /// the standby before the acknowledgement, so a failover in the middle of
 /// enqueues, claims and completions loses no job, every job still runs to
@@ -188,25 +210,7 @@ fn with_asynchronous_replication_a_failover_loses_what_the_standby_had_not_recei
         manual.complete(l).expect("complete");
     }
     let claimed_before = manual.claim("default", "w1", 20, lease).expect("claim");
-    let mut primary = pair.connect(false);
-    let lsn: String = primary
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
-        .unwrap()
-        .get(0);
-    let mut standby = pair.connect(true);
-    let deadline = Instant::now() + secs(60);
-    while !standby
-        .query_one(
-            "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
-            &[&lsn],
-        )
-        .unwrap()
-        .get::<_, bool>(0)
-    {
-        assert!(Instant::now() < deadline, "the standby did not catch up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    drop(standby);
+    caught_up(&pair);
     pair.cut();
 
     // Acknowledged by the primary alone.
@@ -275,4 +279,74 @@ fn with_asynchronous_replication_a_failover_loses_what_the_standby_had_not_recei
         gone[0],
         gone[gone.len() - 1]
     );
+}
+
+/// Due times and leases are counted on the database server's clock; after
+/// a failover that is the new primary's, which here runs an hour ahead of
+/// the old one's. The queue reads it within seconds of reaching the new
+/// primary (not at its next periodic sample, up to 30 s later): a job
+/// delayed by 30 minutes is then due, and a lease of 10 minutes taken
+/// before the switch has run out and is reaped.
+#[test]
+fn after_a_failover_due_times_and_leases_follow_the_new_primarys_clock() {
+    let ahead = secs(3600);
+    let Some(pair) = StandbyPair::start_with_standby_ahead("clock", false, Some(ahead)) else {
+        return;
+    };
+    let standby_ms = |pair: &StandbyPair| -> i64 {
+        pair.connect(true)
+            .query_one(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    let queue = Queue::open(pair.url()).expect("open");
+    let manual = queue.manual();
+    let old_ms = queue.clock().now_ms();
+    let shift = standby_ms(&pair) - old_ms;
+    assert!(
+        (3_590_000..3_610_000).contains(&shift),
+        "the standby's clock is {shift} ms ahead: the test cannot see a switch"
+    );
+    let delayed = queue
+        .enqueue(NewJob::new("work").delay(secs(1800)))
+        .expect("enqueue");
+    let leased = queue.enqueue(NewJob::new("work")).expect("enqueue");
+    let lease = manual
+        .claim("default", "w1", 10, secs(600))
+        .expect("claim")
+        .remove(0);
+    assert_eq!(lease.job_id, leased);
+    caught_up(&pair);
+    pair.failover();
+    // One statement reaches the new primary; the clock follows.
+    queue.get(delayed).expect("get after the failover");
+    let deadline = Instant::now() + secs(10);
+    while queue.clock().now_ms() < standby_ms(&pair) - 5_000 {
+        assert!(
+            Instant::now() < deadline,
+            "the queue's clock is still the old primary's: {} vs the new primary's {}",
+            queue.clock().now_ms(),
+            standby_ms(&pair)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let claimed = manual.claim("default", "w2", 10, secs(600)).expect("claim");
+    assert_eq!(
+        claimed.iter().map(|l| l.job_id).collect::<Vec<_>>(),
+        [delayed],
+        "the delayed job is due by the new primary's clock"
+    );
+    manual.reap_at(queue.clock().now()).expect("reap");
+    assert_ne!(
+        queue.get(leased).expect("get").state,
+        JobState::Running,
+        "a lease that ran out by the new primary's clock is reaped"
+    );
+    assert!(matches!(
+        manual.complete(&lease),
+        Err(Error::LeaseLost { .. })
+    ));
 }

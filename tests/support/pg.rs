@@ -404,6 +404,17 @@ impl StandbyPair {
     /// or `None` with a note where the command is not set and `CI` is not
     /// `true`.
     pub fn start(name: &str, sync: bool) -> Option<StandbyPair> {
+        StandbyPair::start_with_standby_ahead(name, sync, None)
+    }
+
+    /// [`StandbyPair::start`] with the standby's clock `ahead` of this
+    /// machine's (libfaketime): a promoted standby whose clock is not the
+    /// old primary's.
+    pub fn start_with_standby_ahead(
+        name: &str,
+        sync: bool,
+        ahead: Option<Duration>,
+    ) -> Option<StandbyPair> {
         let command = match std::env::var("TICKLER_TEST_PG_STANDBY") {
             Ok(c) if !c.trim().is_empty() => c,
             _ => {
@@ -424,7 +435,12 @@ impl StandbyPair {
             command,
             ports: (0, 0),
         };
-        let out = pair.run(&["start", if sync { "sync" } else { "async" }]);
+        let mode = if sync { "sync" } else { "async" };
+        let ahead = ahead.map(|d| d.as_secs().to_string());
+        let out = match &ahead {
+            Some(secs) => pair.run(&["start", mode, secs]),
+            None => pair.run(&["start", mode]),
+        };
         let mut ports = out.split_whitespace().map(|p| p.parse().expect("a port"));
         pair.ports = (ports.next().expect("port"), ports.next().expect("port"));
         Some(pair)

@@ -343,6 +343,9 @@ pub(crate) struct Manager {
     opts: mysql::Opts,
     last_fault: Arc<Mutex<Option<Fault>>>,
     restore: Arc<str>,
+    /// Set at each new connection: the server's clock is read again soon
+    /// (it may be another server's, after a failover).
+    pub(super) connected: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Why the last connection could not be made or checked, and when.
@@ -404,8 +407,11 @@ impl r2d2::ManageConnection for Manager {
     type Error = mysql::Error;
 
     fn connect(&self) -> std::result::Result<Conn, mysql::Error> {
+        let conn = self.note(mysql::Conn::new(self.opts.clone()))?;
+        self.connected
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(Conn {
-            conn: self.note(mysql::Conn::new(self.opts.clone()))?,
+            conn,
             broken: false,
             returned: Returned::now(),
             restore: Arc::clone(&self.restore),
@@ -797,6 +803,8 @@ pub(super) struct Connections {
     pool: r2d2::Pool<Manager>,
     last_fault: Arc<Mutex<Option<Fault>>>,
     timeout: Duration,
+    /// Set at each new connection ([`Manager`]'s).
+    pub(super) connected: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Connections {
@@ -870,6 +878,7 @@ pub(super) fn connection_pool(opts: mysql::Opts, max_connections: u32) -> Connec
             *wait + Duration::from_secs(1)
         });
     let last_fault = Arc::default();
+    let connected = Arc::default();
     let pool = r2d2::Pool::builder()
         .thread_pool(Arc::new(helpers))
         .max_size(max_connections.max(2))
@@ -880,9 +889,11 @@ pub(super) fn connection_pool(opts: mysql::Opts, max_connections: u32) -> Connec
             restore: session_statements(&opts).into(),
             opts,
             last_fault: Arc::clone(&last_fault),
+            connected: Arc::clone(&connected),
         });
     Connections {
         pool,
+        connected,
         last_fault,
         timeout,
     }

@@ -129,14 +129,20 @@ impl Store {
             // keeps the last one.
             let clock = connection::RETRIES.run(retry_window, || {
                 let pool = store.pool.clone();
-                ServerClock::start(move || {
-                    connection::on_connection(&pool, Duration::ZERO, &mut |conn| {
-                        let ms: Option<i64> = conn.query_first(
-                            "SELECT CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)",
-                        )?;
-                        ms.ok_or_else(|| Error::Config("the server did not tell its time".into()))
-                    })
-                })
+                let connected = Arc::clone(&pool.connected);
+                ServerClock::start(
+                    move || {
+                        connection::on_connection(&pool, Duration::ZERO, &mut |conn| {
+                            let ms: Option<i64> = conn.query_first(
+                                "SELECT CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)",
+                            )?;
+                            ms.ok_or_else(|| {
+                                Error::Config("the server did not tell its time".into())
+                            })
+                        })
+                    },
+                    connected,
+                )
             })?;
             Arc::new(clock)
         };

@@ -112,6 +112,9 @@ pub(crate) struct Manager {
     tls: Tls,
     refused: Refused,
     pooling: Arc<Pooling>,
+    /// Set at each new connection: the server's clock is read again soon
+    /// (it may be another server's, after a failover).
+    pub(super) connected: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -125,6 +128,8 @@ impl r2d2::ManageConnection for Manager {
             client.batch_execute(SESSION_SETUP)?;
         }
         *self.refused.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        self.connected
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(Conn {
             client,
             statements: Statements::new(unnamed),
@@ -501,6 +506,7 @@ pub(super) fn connection_pool(
     max_connections: u32,
     refused: &Refused,
     pooling: &Arc<Pooling>,
+    connected: &Arc<std::sync::atomic::AtomicBool>,
 ) -> r2d2::Pool<Manager> {
     // r2d2's own helper threads would otherwise wait for the pool's
     // next scheduled idle check (up to 30 s) after the pool is
@@ -521,6 +527,7 @@ pub(super) fn connection_pool(
             config: config.clone(),
             tls: tls.clone(),
             refused: refused.clone(),
+            connected: Arc::clone(connected),
             pooling: Arc::clone(pooling),
         })
 }
@@ -899,7 +906,14 @@ mod tests {
         let config: postgres::Config = "postgres://tickler@127.0.0.1:1/none".parse().unwrap();
         let tls = Tls::new(&Default::default(), &Default::default()).unwrap();
         let pooling = Arc::new(Pooling::new(crate::Pooler::Session));
-        let pool = connection_pool(&config, &tls, 2, &Refused::default(), &pooling);
+        let pool = connection_pool(
+            &config,
+            &tls,
+            2,
+            &Refused::default(),
+            &pooling,
+            &Arc::default(),
+        );
         assert!(pool.get_timeout(Duration::from_millis(300)).is_err());
         let logged = LOGGED
             .lock()

@@ -115,7 +115,15 @@ impl Store {
         ));
         pooling.detect(first, &config, &tls, &describe);
         let refused = connection::Refused::default();
-        let pool = connection_pool(&config, &tls, settings.max_connections, &refused, &pooling);
+        let connected = Arc::default();
+        let pool = connection_pool(
+            &config,
+            &tls,
+            settings.max_connections,
+            &refused,
+            &pooling,
+            &connected,
+        );
         let signals = watch::Signals::new(
             config,
             tls,
@@ -146,16 +154,20 @@ impl Store {
             // round trip spanned failed tries would set the clock ahead).
             let clock = connection::RETRIES.run(store.retry_window, || {
                 let pool = store.pool.clone();
-                ServerClock::start(move || {
-                    let mut conn = pool.get()?;
-                    // Unnamed: one round trip, and nothing left on a
-                    // pooler's server connection.
-                    let row = conn.client.query_typed_one(
-                        "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
-                        &[],
-                    )?;
-                    Ok(row.get(0))
-                })
+                let connected = Arc::clone(&connected);
+                ServerClock::start(
+                    move || {
+                        let mut conn = pool.get()?;
+                        // Unnamed: one round trip, and nothing left on a
+                        // pooler's server connection.
+                        let row = conn.client.query_typed_one(
+                            "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                            &[],
+                        )?;
+                        Ok(row.get(0))
+                    },
+                    connected,
+                )
             })?;
             Arc::new(clock)
         };
