@@ -39,6 +39,8 @@ pub(crate) mod postgres;
 pub(crate) mod server_clock;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod server_tx;
+
+pub(crate) mod group_commit;
 pub(crate) mod sqlite;
 
 pub(crate) mod types;

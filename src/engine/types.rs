@@ -397,6 +397,7 @@ impl Stats {
 }
 
 /// A job that passed validation, ready to insert.
+#[derive(Clone)]
 pub(crate) struct ValidJob {
     pub(crate) job: NewJob,
     pub(crate) payload: String,

@@ -227,24 +227,37 @@ fn committed_before(
 
 impl Enqueue for Store {
     fn enqueue(&self, rows: Vec<ValidJob>) -> Result<Vec<JobId>> {
+        // Callers that enqueue while another's commit is under way go in
+        // together next: one transaction and one redo-log flush for all.
+        let ids = self
+            .enqueues
+            .commit_together(rows, |rows| self.insert_rows(rows))?;
+        self.notify_watchers();
+        Ok(ids)
+    }
+}
+
+impl Store {
+    /// Stores `rows` in one transaction, their ids in order.
+    fn insert_rows(&self, rows: &[ValidJob]) -> Result<Vec<JobId>> {
+        // Marks this call's rows, so that a retry after a COMMIT whose
+        // answer was lost finds them instead of storing the jobs twice.
         let batch = fastrand::i64(..);
         let insert = |tx: &mut Tx<'_>, attempt: Attempt| {
             let now = self.now_ms();
             if attempt.after_unknown_commit {
-                if let Some(ids) = committed_before(tx, &rows, now, batch)? {
+                if let Some(ids) = committed_before(tx, rows, now, batch)? {
                     return Ok(ids);
                 }
             }
-            insert_valid(tx, &rows, now, batch, self.max_packet)
+            insert_valid(tx, rows, now, batch, self.max_packet)
         };
         // One job is one statement: no transaction of its own needed.
-        let ids = if rows.len() == 1 {
-            self.write_autocommit(insert)?
+        if rows.len() == 1 {
+            self.write_autocommit(insert)
         } else {
-            self.write(insert)?
-        };
-        self.notify_watchers();
-        Ok(ids)
+            self.write(insert)
+        }
     }
 }
 

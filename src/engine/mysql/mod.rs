@@ -55,6 +55,7 @@ mod schedules;
 mod watch;
 
 use crate::clock::Clock;
+use crate::engine::group_commit::{EnqueueGroup, ENQUEUE_GROUPS};
 use crate::engine::server_clock::ServerClock;
 use crate::engine::types::Durability;
 use crate::engine::OpenSettings;
@@ -79,6 +80,8 @@ pub(crate) struct Store {
     /// The server's `max_allowed_packet`, in bytes: how large one
     /// statement may be.
     max_packet: usize,
+    /// Concurrent enqueues, stored together.
+    enqueues: EnqueueGroup,
 }
 
 /// The oldest servers with `SKIP LOCKED` and descending indexes.
@@ -112,6 +115,7 @@ impl Store {
             signals: watch::Signals::new(settings.fallback_poll),
             durability: Durability::Full,
             max_packet: MARIADB_DEFAULT_PACKET,
+            enqueues: EnqueueGroup::concurrent(ENQUEUE_GROUPS),
         };
         // The open's own steps run on pooled connections outside any
         // transaction (DDL commits by itself); a cut or restart during one

@@ -248,6 +248,20 @@ fn insert_one(
 
 impl Enqueue for Store {
     fn enqueue(&self, rows: Vec<ValidJob>) -> Result<Vec<JobId>> {
+        // Callers that enqueue while another's statement is under way go
+        // in together next: one statement and one commit for all of them
+        // instead of a round trip and a WAL flush each.
+        let ids = self
+            .enqueues
+            .commit_together(rows, |rows| self.insert_rows(rows))?;
+        self.notify_watchers();
+        Ok(ids)
+    }
+}
+
+impl Store {
+    /// Stores `rows` in one transaction, their ids in order.
+    fn insert_rows(&self, rows: &[ValidJob]) -> Result<Vec<JobId>> {
         // Marks this call's rows, so that a retry after a COMMIT whose
         // answer was lost with the connection finds them instead of
         // storing the jobs twice.
@@ -255,21 +269,20 @@ impl Enqueue for Store {
         let insert = |tx: &mut Tx<'_>, attempt: Attempt| {
             let now = self.now_ms();
             if attempt.after_unknown_commit {
-                if let Some(ids) = committed_before(tx, &rows, now, batch)? {
+                if let Some(ids) = committed_before(tx, rows, now, batch)? {
                     return Ok(ids);
                 }
             }
-            insert_valid(tx, &rows, now, batch)
+            insert_valid(tx, rows, now, batch)
         };
         // One job is one INSERT (and, if its key is held, one read of the
-        // holder's id): no transaction of its own needed.
-        let ids = if rows.len() == 1 {
-            self.write_autocommit(insert)?
+        // holder's id), and jobs without keys are one INSERT together: no
+        // transaction of their own needed.
+        if rows.len() == 1 || rows.iter().all(|r| r.job.unique_key.is_none()) {
+            self.write_autocommit(insert)
         } else {
-            self.write(insert)?
-        };
-        self.notify_watchers();
-        Ok(ids)
+            self.write(insert)
+        }
     }
 }
 

@@ -44,6 +44,7 @@ mod tls;
 mod watch;
 
 use crate::clock::Clock;
+use crate::engine::group_commit::{EnqueueGroup, ENQUEUE_GROUPS};
 use crate::engine::server_clock::ServerClock;
 use crate::engine::types::Pooler;
 use crate::engine::OpenSettings;
@@ -70,6 +71,8 @@ pub(crate) struct Store {
     /// little, and when: the table is not vacuumed again until it changes
     /// (or for `VACUUM_HOLD_MAX`).
     vacuum_held: Mutex<Option<(String, Instant)>>,
+    /// Concurrent enqueues, stored together.
+    enqueues: EnqueueGroup,
 }
 
 impl Store {
@@ -144,6 +147,7 @@ impl Store {
             pooling,
             vacuum_checked: Mutex::new(Instant::now()),
             vacuum_held: Mutex::new(None),
+            enqueues: EnqueueGroup::concurrent(ENQUEUE_GROUPS),
         };
         store.migrate()?;
         store.clock = if settings.clock_set {

@@ -13,10 +13,9 @@ use crate::job::JobId;
 use crate::metrics::WriteLockWaits;
 use rusqlite::{Connection, TransactionBehavior};
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Calls of the busy handler on this thread so far: a change tells a
@@ -74,7 +73,7 @@ impl Store {
     /// Commits `rows` together with those of concurrent callers, in one
     /// durable write transaction per group (group commit); `write` inserts
     /// each caller's rows and returns their ids. Wakes this process's
-    /// fetchers. See [`EnqueueGroup`].
+    /// fetchers. See [`EnqueueGroup`](crate::engine::group_commit::EnqueueGroup).
     pub(crate) fn commit_grouped(
         &self,
         rows: Vec<ValidJob>,
@@ -394,11 +393,6 @@ const WAL_PINNED_FRAMES: i64 = 1_000;
 /// How long opening retries a busy switch to WAL mode.
 const OPEN_BUSY_RETRY: Duration = Duration::from_secs(30);
 
-/// Longest an enqueue group's leader waits for the callers of the last
-/// round to come back (see `EnqueueGroup`); a commit that waited long for
-/// another process's write lock must not make the next one wait as long.
-const ENQUEUE_LINGER_MAX: Duration = Duration::from_millis(10);
-
 /// The process's write connection and the `synchronous` level it is set to.
 pub(super) struct Writer {
     pub(super) conn: Connection,
@@ -440,158 +434,6 @@ pub(crate) enum Commit {
     /// that the reaper takes after restart. In WAL mode the next synced
     /// commit makes these durable too, since the log is written in order.
     Lazy,
-}
-
-/// Group commit of enqueues: while one caller (the leader) commits, others
-/// queue up; the next leader commits all of them in one transaction (one
-/// fsync), and each caller returns once the commit holding its jobs is done.
-/// Callers wait on a condition variable, not on the write lock, so a
-/// finished group's members return at once and can queue again.
-///
-/// A leader lingers (at most half of the last commit's duration, and at
-/// most `ENQUEUE_LINGER_MAX`) until as
-/// many callers are waiting as took part in the last round: the last group
-/// plus those that arrived while it committed. Without that, 16 callers
-/// settle into two alternating groups of about 8, each paying a full fsync.
-#[derive(Default)]
-pub(super) struct EnqueueGroup {
-    state: Mutex<GroupState>,
-    changed: std::sync::Condvar,
-    /// Wakes a lingering leader when a caller arrives.
-    arrived: std::sync::Condvar,
-}
-
-#[derive(Default)]
-struct GroupState {
-    next_ticket: u64,
-    waiting: Vec<(u64, Vec<ValidJob>)>,
-    /// Finished tickets: their ids, or their rows back when the group's
-    /// transaction failed (the owner then commits them alone).
-    done: HashMap<u64, std::result::Result<Vec<JobId>, Vec<ValidJob>>>,
-    leader_active: bool,
-    /// A leader is waiting on `arrived` for more callers.
-    lingering: bool,
-    /// Callers in the last round: the last group plus those that arrived
-    /// while it committed; how many a leader waits for.
-    expected: usize,
-    /// How long the last group's commit took.
-    last_commit: Duration,
-}
-
-impl EnqueueGroup {
-    fn lock(&self) -> std::sync::MutexGuard<'_, GroupState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Commits `rows` with whatever else is waiting, using `write` (given
-    /// each member's rows, returns each member's ids, in order).
-    fn commit(
-        &self,
-        rows: Vec<ValidJob>,
-        mut write: impl FnMut(&[Vec<ValidJob>]) -> Result<Vec<Vec<JobId>>>,
-    ) -> Result<Vec<JobId>> {
-        let mut state = self.lock();
-        let ticket = state.next_ticket;
-        state.next_ticket += 1;
-        state.waiting.push((ticket, rows));
-        if state.lingering {
-            self.arrived.notify_one();
-        }
-        let mut alone = false;
-        loop {
-            match state.done.remove(&ticket) {
-                Some(Ok(ids)) => return Ok(ids),
-                Some(Err(rows)) => {
-                    // The group failed; try once more on our own.
-                    state.waiting.push((ticket, rows));
-                    alone = true;
-                }
-                None => {}
-            }
-            if !state.leader_active {
-                break;
-            }
-            state = self
-                .changed
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        state.leader_active = true;
-        // Members of the last group are returning and queueing again; wait
-        // a little for them to join this group rather than the next fsync.
-        let linger_until = Instant::now() + (state.last_commit / 2).min(ENQUEUE_LINGER_MAX);
-        while !alone && state.waiting.len() < state.expected {
-            let left = linger_until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            state.lingering = true;
-            state = self
-                .arrived
-                .wait_timeout(state, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-            state.lingering = false;
-        }
-        let group: Vec<(u64, Vec<ValidJob>)> = if alone {
-            let at = state
-                .waiting
-                .iter()
-                .position(|(t, _)| *t == ticket)
-                .expect("own ticket is waiting");
-            vec![state.waiting.swap_remove(at)]
-        } else {
-            std::mem::take(&mut state.waiting)
-        };
-        drop(state);
-        let group_size = group.len();
-        let (tickets, rows): (Vec<u64>, Vec<Vec<ValidJob>>) = group.into_iter().unzip();
-        let started = Instant::now();
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(&rows)));
-        let mut state = self.lock();
-        state.leader_active = false;
-        state.last_commit = started.elapsed();
-        state.expected = group_size + state.waiting.len();
-        let result = match result {
-            Ok(result) => result,
-            Err(panic) => {
-                // Hand the others their rows back before unwinding, so
-                // nobody waits for a leader that is gone.
-                for (t, rows) in tickets.into_iter().zip(rows) {
-                    if t != ticket {
-                        state.done.insert(t, Err(rows));
-                    }
-                }
-                drop(state);
-                self.changed.notify_all();
-                std::panic::resume_unwind(panic);
-            }
-        };
-        let own = match result {
-            Ok(ids) => {
-                let mut own = Vec::new();
-                for (t, ids) in tickets.into_iter().zip(ids) {
-                    if t == ticket {
-                        own = ids;
-                    } else {
-                        state.done.insert(t, Ok(ids));
-                    }
-                }
-                Ok(own)
-            }
-            Err(e) => {
-                for (t, rows) in tickets.into_iter().zip(rows) {
-                    if t != ticket {
-                        state.done.insert(t, Err(rows));
-                    }
-                }
-                Err(e)
-            }
-        };
-        drop(state);
-        self.changed.notify_all();
-        own
-    }
 }
 
 /// The helper thread of a `Queue`'s read-connection pool: r2d2 opens read

@@ -38,16 +38,18 @@ pub(crate) use connection::{file_is_private, wal_path};
 pub(crate) use migrate::{file_schema_version, schema_version};
 
 use crate::clock::Clock;
+use crate::engine::group_commit::EnqueueGroup;
 use crate::engine::types::{
     check_payload_limit, ConnectionHook, Durability, MAX_PAYLOAD_BYTES_LIMIT, ROW_HEADROOM,
 };
+
 use crate::engine::OpenSettings;
 use crate::error::{Error, Result};
 use crate::metrics::WaitHistogram;
 use crate::retry::RetryPolicy;
 use connection::{
     configure_connection, create_owner_only, open_error, reader_pool_threads, set_busy_limit,
-    to_rusqlite, EnqueueGroup, Writer,
+    to_rusqlite, Writer,
 };
 use crossbeam_channel::Sender;
 use file_events::FileEvents;
