@@ -350,3 +350,148 @@ fn after_a_failover_due_times_and_leases_follow_the_new_primarys_clock() {
         Err(Error::LeaseLost { .. })
     ));
 }
+
+/// A session ended while its `COMMIT` waits for the synchronous standby
+/// (`pg_terminate_backend`, a pooler's or a supervisor's timeout) leaves
+/// the commit on the primary alone: visible there, and lost at the next
+/// failover. tickler's retry finds the job it stored there, but must not
+/// acknowledge it on that sight alone: only once a standby has it, or by
+/// storing it again on the promoted standby. Without that, the job whose
+/// id the caller got is gone after the failover.
+#[test]
+fn an_enqueue_whose_commit_stayed_on_the_primary_alone_is_acknowledged_only_once_it_survives_a_failover(
+) {
+    let Some(pair) = StandbyPair::start("local-commit", true) else {
+        return;
+    };
+    let queue = Queue::open(pair.url()).expect("open");
+    queue.enqueue(NewJob::new("before")).expect("enqueue");
+    // From here each commit on the primary waits for a standby that
+    // receives nothing.
+    pair.cut();
+    let (sent, answer) = std::sync::mpsc::channel();
+    let enqueuer = {
+        let queue = queue.clone();
+        std::thread::spawn(move || {
+            let _ = sent.send(queue.enqueue(NewJob::new("local")));
+        })
+    };
+    let mut primary = pair.connect(false);
+    let deadline = Instant::now() + secs(30);
+    let waiter: i32 = loop {
+        let rows = primary
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+                &[],
+            )
+            .unwrap();
+        if let Some(row) = rows.first() {
+            break row.get(0);
+        }
+        assert!(Instant::now() < deadline, "no commit waits for the standby");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    primary
+        .execute("SELECT pg_terminate_backend($1)", &[&waiter])
+        .unwrap();
+    // The ended session's commit is there, on the primary alone.
+    let deadline = Instant::now() + secs(10);
+    while primary
+        .query_one(
+            "SELECT count(*) FROM tickler_jobs WHERE kind = 'local'",
+            &[],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the ended session's commit is not on the primary"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Time for a retry that trusts what it reads to answer.
+    let early = answer.recv_timeout(secs(3));
+    drop(primary);
+    pair.failover();
+    let result = match early {
+        Ok(result) => result,
+        Err(_) => answer
+            .recv_timeout(secs(90))
+            .expect("the enqueue answered after the failover"),
+    };
+    enqueuer.join().unwrap();
+    let id = result.expect("the enqueue is acknowledged");
+    let job = queue
+        .get(id)
+        .unwrap_or_else(|e| panic!("acknowledged job {id:?} after the failover: {e}"));
+    assert_eq!(job.kind, "local");
+    let stored: i64 = pair
+        .connect(true)
+        .query_one(
+            "SELECT count(*) FROM tickler_jobs WHERE kind = 'local'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, 1, "the job is stored once on the promoted standby");
+}
+
+/// A primary that goes silent (a host that lost power, a partition: no
+/// reset, no answer) while its standby is promoted: every connection of
+/// the queue was waiting for an answer, or sent data that nothing
+/// acknowledges, and TCP alone would wait about 15 minutes before giving
+/// up on it. tickler's connections give up within seconds, and the work
+/// goes on on the promoted standby with no error reaching the caller and
+/// no acknowledged job lost.
+#[test]
+fn a_primary_gone_silent_is_left_for_the_promoted_standby_within_the_retry_window() {
+    let Some(pair) = StandbyPair::start("silent", true) else {
+        return;
+    };
+    let queue = Queue::open(pair.url()).expect("open");
+    let mut pool = WorkerPool::builder(&queue)
+        .threads(4)
+        .lease(secs(5))
+        .handler("work", |_: &JobContext| -> Result<(), JobError> {
+            std::thread::sleep(Duration::from_millis(2));
+            Ok(())
+        })
+        .start()
+        .expect("start pool");
+    let producer = Producer::start(&queue);
+    producer.wait_for(100, "before the primary went silent");
+    let before = producer.acked();
+    pair.silence();
+    pair.failover();
+    let promoted = Instant::now();
+    producer.wait_for(before + 100, "after the primary went silent");
+    let (acked, errors) = producer.finish();
+    assert!(errors.is_empty(), "errors reached the caller: {errors:?}");
+    let first_after = acked
+        .iter()
+        .find(|(_, at)| *at > promoted)
+        .map(|(_, at)| at.duration_since(promoted))
+        .expect("an enqueue after the promotion");
+    eprintln!("the first enqueue acknowledged after the promotion: {first_after:?} after it");
+    let deadline = Instant::now() + secs(90);
+    for (id, _) in &acked {
+        loop {
+            match queue.get(*id) {
+                Ok(job) if job.state == JobState::Succeeded => break,
+                Ok(job) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "job {id:?} is {:?} long after the failover",
+                        job.state
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("acknowledged job {id:?} after the failover: {e}"),
+            }
+        }
+    }
+    let report = pool.shutdown(secs(10));
+    eprintln!("{} jobs; pool: {report:?}", acked.len());
+}

@@ -464,9 +464,16 @@ impl StandbyPair {
         )
     }
 
-    /// The standby stops receiving the primary's changes (an async pair).
+    /// The standby stops receiving the primary's changes (a sync primary
+    /// then waits for it at each commit).
     pub fn cut(&self) {
         self.run(&["cut"]);
+    }
+
+    /// The primary goes silent, as a host that lost power does: every
+    /// packet to or from it is dropped, so no reset and no answer comes.
+    pub fn silence(&self) {
+        self.run(&["silence"]);
     }
 
     /// The primary stops at once, as in a crash, and the standby is

@@ -104,6 +104,77 @@ pub(super) const SESSION_SETUP: &str = "SET jit = off";
 const SESSION_RESET: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ALL; \
      SELECT pg_advisory_unlock_all(); DISCARD TEMP;";
 
+/// After a try whose earlier one's `COMMIT` went unanswered: returns once
+/// the server's synchronous standbys (if it has any) confirm everything
+/// written here so far. What this try read of the earlier one's writes may
+/// be on this server alone: a session ended while its `COMMIT` waited for
+/// the standby leaves that commit local and visible, and a failover then
+/// loses it. A commit of its own that wrote to the WAL waits for the
+/// standby up to a later point (a transaction id alone does not: the
+/// server waits only for commits that wrote WAL). Where the DBA revoked
+/// the function, this warns once and confirms nothing.
+fn confirm_replicated(client: &mut Client) -> Result<()> {
+    static REFUSED: std::sync::Once = std::sync::Once::new();
+    match client.batch_execute("SELECT pg_logical_emit_message(true, 'tickler', '')") {
+        Ok(()) => Ok(()),
+        Err(e)
+            if matches!(
+                e.code(),
+                Some(&SqlState::INSUFFICIENT_PRIVILEGE | &SqlState::UNDEFINED_FUNCTION)
+            ) =>
+        {
+            REFUSED.call_once(|| {
+                log::warn!(
+                    "after a COMMIT whose answer was lost, tickler cannot wait for a \
+                     synchronous standby to have it ({}): grant EXECUTE on \
+                     pg_logical_emit_message(boolean, text, text) to tickler's role, or a \
+                     failover right after such a commit may lose what it acknowledged",
+                    crate::error::postgres_text(&e)
+                );
+            });
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Socket settings for a server that stops answering without a word (a
+/// host that lost power, a network partition, a failover that moved the
+/// address): TCP gives up on data the peer does not acknowledge within
+/// [`UNACKNOWLEDGED_MAX`] (the kernel's own limit is about 15 minutes of
+/// retransmissions, for which a statement, a pool's check or `COMMIT`
+/// waited), and keepalives end a connection whose peer stays silent for
+/// about 11 s while tickler waits for an answer or holds it idle. A live
+/// server's kernel acknowledges at once however long a statement runs,
+/// so neither cuts a slow statement. Each is left as the URL sets it
+/// (`tcp_user_timeout`, `keepalives`, `keepalives_idle`,
+/// `keepalives_interval`, `keepalives_retries`).
+pub(super) fn detect_a_silent_peer(config: &mut postgres::Config) {
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(UNACKNOWLEDGED_MAX);
+    }
+    // The client library's default, which a URL cannot be told apart from.
+    if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+        config.keepalives_idle(Duration::from_secs(5));
+    }
+    if config.get_keepalives_interval().is_none() {
+        config.keepalives_interval(Duration::from_secs(2));
+    }
+    if config.get_keepalives_retries().is_none() {
+        config.keepalives_retries(3);
+    }
+}
+
+/// How long sent data may stay unacknowledged before TCP ends the
+/// connection ([`detect_a_silent_peer`]).
+pub(super) const UNACKNOWLEDGED_MAX: Duration = Duration::from_secs(10);
+
+/// How long a pooled connection's check waits for the server's answer: a
+/// server that accepts and stays silent (stopped, or overwhelmed) fails
+/// the check instead of holding the caller, who is given another
+/// connection or the pool's error within its window.
+const CHECK_ANSWER_MAX: Duration = Duration::from_secs(5);
+
 /// Makes the pool's connections; a connection that failed in a way that
 /// makes it useless (closed, or on a server that became read-only after a
 /// failover) is dropped rather than given out again.
@@ -115,6 +186,20 @@ pub(crate) struct Manager {
     /// Set at each new connection: the server's clock is read again soon
     /// (it may be another server's, after a failover).
     pub(super) connected: Arc<std::sync::atomic::AtomicBool>,
+    /// When a check last waited out [`CHECK_ANSWER_MAX`] for the server:
+    /// r2d2 checks its idle connections one after another, so while the
+    /// server is silent the others fail at once instead (and are
+    /// dropped), rather than one whole wait each.
+    silent_at: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl Manager {
+    fn silent(&self) -> bool {
+        self.silent_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|at| at.elapsed() < CHECK_ANSWER_MAX)
+    }
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -143,7 +228,21 @@ impl r2d2::ManageConnection for Manager {
         if !conn.returned.needs_check() && !conn.client.is_closed() {
             return Ok(());
         }
-        conn.client.simple_query("").map(|_| ())
+        if self.silent() {
+            // The client library's errors cannot be made outside it: a
+            // check that may not wait gives one at once (and the
+            // connection is dropped after it).
+            return conn.client.is_valid(Duration::ZERO);
+        }
+        let started = std::time::Instant::now();
+        let checked = conn.client.is_valid(CHECK_ANSWER_MAX);
+        if checked.is_err() && started.elapsed() >= CHECK_ANSWER_MAX {
+            *self
+                .silent_at
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(std::time::Instant::now());
+        }
+        checked
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
@@ -424,6 +523,9 @@ impl Store {
                 (e, phase)
             })?;
             tx.commit().map_err(|e| (e, Phase::Commit))?;
+            if attempt.after_unknown_commit {
+                confirm_replicated(&mut conn.client).map_err(|e| (e, Phase::Commit))?;
+            }
             Ok(value)
         })();
         match result {
@@ -447,7 +549,7 @@ impl Store {
     pub(crate) fn pooled(&self) -> Result<r2d2::PooledConnection<Manager>> {
         RETRIES.run(self.retry_window, || {
             let mut pooled = self.connection()?;
-            if let Err(e) = pooled.client.simple_query("") {
+            if let Err(e) = pooled.client.is_valid(CHECK_ANSWER_MAX) {
                 pooled.broken = true;
                 return Err(Error::Postgres(e));
             }
@@ -529,6 +631,7 @@ pub(super) fn connection_pool(
             refused: refused.clone(),
             connected: Arc::clone(connected),
             pooling: Arc::clone(pooling),
+            silent_at: std::sync::Mutex::new(None),
         })
 }
 

@@ -110,6 +110,7 @@ impl Store {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
         }
+        connection::detect_a_silent_peer(&mut config);
         let retry_window = settings.busy_timeout + settings.busy_retry;
         let describe = crate::engine::redacted_location(url);
         let first = connection::first_connection(&config, &tls, &describe, retry_window)?;
