@@ -252,8 +252,16 @@ mod prune_ages_past_the_calendar {
         );
         std::thread::sleep(Duration::from_millis(100));
         clock.advance(Duration::from_secs(5));
-        std::thread::sleep(Duration::from_millis(300));
-        let state = queue.get(id).unwrap().state;
+        // A round every 10 ms: a live reaper takes the job within a few
+        // rounds, a gone one never (10 s for a loaded machine's rounds).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let state = loop {
+            let state = queue.get(id).unwrap().state;
+            if state != JobState::Running || std::time::Instant::now() > deadline {
+                break state;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         eprintln!("job of a dead worker, lease expired 4 s ago: {state:?}");
         assert_ne!(
             state,

@@ -33,9 +33,10 @@ const UNBLOCKED: &str = "(job.unique_key IS NULL OR NOT EXISTS (
            AND stopping.status IN ('cancelled', 'dead')
            AND stopping.lease_expires_at >= $2::bigint))";
 
-/// The largest claim whose size is written into its statement: each size
-/// up to it is a statement of its own, prepared once per connection.
-const LITERAL_LIMITS: i64 = 64;
+/// The largest claim prepared once per connection (a statement for each
+/// size up to it); a larger one is sent unprepared, planned at each run
+/// (a pool's claims ahead are the rare large ones).
+const PREPARED_LIMITS: i64 = 64;
 
 /// The claiming UPDATE: $1 worker_id, $2 now, $3 lease expiry, $4 queue,
 /// $5 limit, $6 the claim's id, $7 kinds (if filtered). The queue's pause
@@ -52,20 +53,17 @@ const LITERAL_LIMITS: i64 = 64;
 /// index rather than the primary key (seen: 200 ms for 512 rows of a table
 /// not yet analyzed).
 ///
-/// A claim of at most [`LITERAL_LIMITS`] rows has its size written into the
-/// statement (`limit`), with `$5` only checked once: the planner prices a
-/// `LIMIT $5` it cannot see as a tenth of the rows the scan could return,
-/// so the generic plan a server switches to after five runs of a prepared
-/// statement cost more the deeper the queue (75,000 at 100,000 pending
-/// jobs, 812 at 1,000, for a read of a few rows): past `jit_above_cost`
-/// on a session with JIT, and a plan a planner may trade for a sort.
-fn claim_sql(kinds: bool, order: ClaimOrder, limit: Option<i64>) -> String {
+/// Every claim has its size written into the statement (`limit`), with
+/// `$5` only checked once: the planner prices a `LIMIT $5` it cannot see
+/// as a tenth of the rows the scan could return, so the generic plan a
+/// server switches to after five runs of a prepared statement cost more
+/// the deeper the queue (75,000 at 100,000 pending jobs, 812 at 1,000, for
+/// a read of a few rows; 86,000 at 100,000 for a claim of 512, which the
+/// depth benchmark printed): past `jit_above_cost` on a session with JIT,
+/// and a plan a planner may trade for a sort.
+fn claim_sql(kinds: bool, order: ClaimOrder, limit: i64) -> String {
     let order = order.sql();
     let kind_filter = if kinds { "AND kind = ANY($7)" } else { "" };
-    let limit = match limit {
-        Some(n) => format!("{n}"),
-        None => "$5".to_owned(),
-    };
     format!(
         "UPDATE tickler_jobs
          SET status = 'running', run_token = gen_random_uuid()::text, attempts = attempts + 1,
@@ -87,7 +85,6 @@ fn claim_sql(kinds: bool, order: ClaimOrder, limit: Option<i64>) -> String {
 /// commit whose acknowledgement was lost).
 struct InTransaction<'a, 'b> {
     tx: &'a mut Tx<'b>,
-    sql: &'a (String, String),
     claim_id: i64,
 }
 
@@ -109,25 +106,17 @@ impl ClaimTx for InTransaction<'_, '_> {
         now: i64,
         expires: i64,
     ) -> Result<Vec<ClaimedRow>> {
-        let literal;
-        let sql = match order {
-            _ if (1..=LITERAL_LIMITS).contains(&want) => {
-                literal = claim_sql(request.kinds.is_some(), order, Some(want));
-                &literal
-            }
-            ClaimOrder::Priority => &self.sql.0,
-            ClaimOrder::Oldest => &self.sql.1,
-        };
+        let sql = claim_sql(request.kinds.is_some(), order, want);
         let worker = storable(request.worker_id);
         let claim_id = self.claim_id;
-        let rows = match request.kinds {
-            Some(kinds) => self.tx.query(
-                sql,
-                &[&worker, &now, &expires, &queue, &want, &claim_id, &kinds],
-            )?,
-            None => self
-                .tx
-                .query(sql, &[&worker, &now, &expires, &queue, &want, &claim_id])?,
+        let params: &[&(dyn postgres::types::ToSql + Sync)] = match &request.kinds {
+            Some(kinds) => &[&worker, &now, &expires, &queue, &want, &claim_id, kinds],
+            None => &[&worker, &now, &expires, &queue, &want, &claim_id],
+        };
+        let rows = if want <= PREPARED_LIMITS {
+            self.tx.query(&sql, params)?
+        } else {
+            self.tx.query_unprepared(&sql, params)?
         };
         rows.iter().map(claimed_from_row).collect()
     }
@@ -239,18 +228,14 @@ impl Claims for Store {
             Some(claim @ Claim { request: c, .. })
                 if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) =>
             {
-                let sql = (
-                    claim_sql(c.kinds.is_some(), ClaimOrder::Priority, None),
-                    claim_sql(c.kinds.is_some(), ClaimOrder::Oldest, None),
-                );
-                Some((claim, duration_ms(c.lease, "lease")?, sql))
+                Some((claim, duration_ms(c.lease, "lease")?))
             }
             _ => None,
         };
         if outcomes.is_empty() && claim.is_none() {
             return Ok((Vec::new(), Vec::new()));
         }
-        if let (Some((request, _, _)), true) = (&claim, outcomes.len() >= PARALLEL_OUTCOMES) {
+        if let (Some((request, _)), true) = (&claim, outcomes.len() >= PARALLEL_OUTCOMES) {
             // Two transactions at once (see `record_beside_claim`).
             return record_beside_claim(
                 || Ok(self.record_and_claim(outcomes, None, OutcomeSync::Now)?.0),
@@ -276,11 +261,11 @@ impl Claims for Store {
                         last_claim.set(None);
                         Some(adopt_claimed(tx, claim_id)?)
                     }
-                    (Some((claim, lease_ms, sql)), _) => {
+                    (Some((claim, lease_ms)), _) => {
                         let claim_id = fastrand::i64(..);
                         last_claim.set(Some(claim_id));
                         let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
-                        let mut claim_tx = InTransaction { tx, sql, claim_id };
+                        let mut claim_tx = InTransaction { tx, claim_id };
                         (claim.rules)(&mut claim_tx, claim.request, now, expires)?
                     }
                     (None, _) => Some(Vec::new()),

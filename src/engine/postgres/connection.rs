@@ -309,6 +309,22 @@ impl Tx<'_> {
         })
     }
 
+    /// Sends `sql` unnamed whatever the mode: parsed and planned at this
+    /// run only, for a statement whose text changes from call to call (a
+    /// large claim's size), which a connection's cache would only fill.
+    pub(crate) fn query_unprepared(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        let types = pooler::parameter_types(sql, params)?;
+        let typed: Vec<_> = params.iter().copied().zip(types).collect();
+        Ok(match &mut self.tx {
+            Session::Transaction(tx) => tx.query_typed(sql, &typed)?,
+            Session::Autocommit(client) => client.query_typed(sql, &typed)?,
+        })
+    }
+
     pub(crate) fn query_opt(
         &mut self,
         sql: &str,
