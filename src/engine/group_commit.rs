@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 const ENQUEUE_LINGER_MAX: Duration = Duration::from_millis(10);
 
 /// How many enqueue groups a server engine has under way at once.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) const ENQUEUE_GROUPS: usize = 4;
 
 /// Group commit of enqueues: while one caller (the leader) commits, others
@@ -79,6 +80,7 @@ impl Default for EnqueueGroup {
 impl EnqueueGroup {
     /// Up to `leaders` groups under way at once, none lingering: a server
     /// engine's, each group on a connection of its own.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn concurrent(leaders: usize) -> Self {
         EnqueueGroup {
             leaders_max: leaders.max(1),
@@ -90,6 +92,7 @@ impl EnqueueGroup {
     /// Commits `rows` with whatever else is waiting, where one call of
     /// `write` stores the rows of all members together (in order) and
     /// returns their ids in that order: each member is given its own.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn commit_together(
         &self,
         rows: Vec<ValidJob>,
