@@ -6,6 +6,11 @@
 //! cargo bench --bench tickler_bench -- --only burn,depth
 //! cargo bench --bench tickler_bench -- --only idle [--tickler-bin OLD_BINARY]
 //! .ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg_raw
+//! .ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg [--quick]
+//!     (or one part: pg_burn, pg_enqueue, pg_wakeup, pg_depth)
+//! .ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg_churn
+//! .ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg_processes
+//! .ci/postgres benches/peers/compare-pg.sh [--quick] [ROUNDS]   (against graphile-worker)
 //! .ci/mariadb cargo bench --features mysql --bench tickler_bench -- --only mysql [--quick]
 //! cargo bench --features tokio --bench tickler_bench -- --only async_burn
 //! cargo bench --bench tickler_bench -- --only events
@@ -62,6 +67,8 @@ fn main() {
     if args.first().map(String::as_str) == Some("--child") {
         if args.get(1).map(String::as_str) == Some("idle") {
             idle_child(&args[2..]);
+        } else if args.get(1).map(String::as_str) == Some("pg_worker") {
+            pg_processes::child(&args[2..]);
         } else {
             child(&args[1..]);
         }
@@ -183,14 +190,31 @@ fn main() {
     if wants("pg_raw") {
         pg_raw(quick);
     }
-    if only.as_ref().is_some_and(|o| o.iter().any(|x| x == "pg")) {
-        pg_engine(quick);
+    // `pg` runs every part; `pg_burn`, `pg_enqueue`, `pg_wakeup` and
+    // `pg_depth` run that part alone (with the raw loops it is divided by).
+    let pg_parts: Vec<String> = only
+        .iter()
+        .flatten()
+        .filter_map(|x| match x.as_str() {
+            "pg" => Some("all".to_owned()),
+            "pg_burn" | "pg_enqueue" | "pg_wakeup" | "pg_depth" => Some(x[3..].to_owned()),
+            _ => None,
+        })
+        .collect();
+    if !pg_parts.is_empty() {
+        pg_engine(quick, &pg_parts);
     }
     if only
         .as_ref()
         .is_some_and(|o| o.iter().any(|x| x == "pg_churn"))
     {
         pg_churn(quick);
+    }
+    if only
+        .as_ref()
+        .is_some_and(|o| o.iter().any(|x| x == "pg_processes"))
+    {
+        pg_processes::run(quick);
     }
     if only
         .as_ref()
@@ -1309,13 +1333,13 @@ fn pg_raw(quick: bool) {
 /// `--only pg`: tickler's PostgreSQL engine against the raw loops, in the
 /// same run (issue 16's targets). Needs `--features postgres`.
 #[cfg(not(feature = "postgres"))]
-fn pg_engine(_quick: bool) {
+fn pg_engine(_quick: bool, _parts: &[String]) {
     eprintln!("# pg skipped: built without the `postgres` feature (cargo bench --features postgres --bench tickler_bench -- --only pg)");
 }
 
 #[cfg(feature = "postgres")]
-fn pg_engine(quick: bool) {
-    pg_bench::engine(quick);
+fn pg_engine(quick: bool, parts: &[String]) {
+    pg_bench::engine(quick, parts);
 }
 
 /// `--only pg_churn`: table and index size and burn-down over a long churn
@@ -1363,6 +1387,9 @@ fn mysql_engine(quick: bool) {
 #[path = "engines/mysql.rs"]
 mod mysql_bench;
 
+#[path = "engines/pg_processes.rs"]
+mod pg_processes;
+
 #[cfg(feature = "postgres")]
 mod pg_bench {
     use std::sync::{Arc, Barrier};
@@ -1379,7 +1406,7 @@ mod pg_bench {
 
     /// A table shaped like the engine's will be, with the partial index
     /// that a claim reads.
-    const TABLE: &str = "tickler_bench_pg_raw";
+    pub(super) const TABLE: &str = "tickler_bench_pg_raw";
 
     const THREADS: usize = 4;
     const INSERT_THREADS: usize = 16;
@@ -1503,7 +1530,8 @@ mod pg_bench {
         }
     }
 
-    pub fn engine(quick: bool) {
+    pub fn engine(quick: bool, parts: &[String]) {
+        let want = |part: &str| parts.iter().any(|p| p == "all" || p == part);
         let Some(server) = server_url() else { return };
         let (burn, inserts, wakeups) = if quick {
             (20_000, 4_000, 100)
@@ -1522,11 +1550,16 @@ mod pg_bench {
             .get(0);
 
         // The raw baselines, in this run.
-        fresh_table(&mut client, burn);
-        let raw_batched = claim_complete_batched(&server, burn);
-        check_done(&mut client, burn);
-        fresh_table(&mut client, 0);
-        let raw_insert = insert(&server, inserts);
+        let (mut raw_batched, mut raw_insert) = (f64::NAN, f64::NAN);
+        if want("burn") {
+            fresh_table(&mut client, burn);
+            raw_batched = claim_complete_batched(&server, burn);
+            check_done(&mut client, burn);
+        }
+        if want("enqueue") {
+            fresh_table(&mut client, 0);
+            raw_insert = insert(&server, inserts);
+        }
         client
             .batch_execute(&format!("DROP TABLE IF EXISTS {TABLE}"))
             .expect("drop table");
@@ -1537,95 +1570,108 @@ mod pg_bench {
         );
 
         // Burn-down of no-op jobs, 4 threads, default settings.
-        let url = fresh_database(&server);
-        let queue = Queue::open(&url).expect("open");
-        fill(&queue, burn);
-        let done = Arc::new(AtomicUsize::new(0));
-        let started = Instant::now();
-        let mut pool = noop_pool(&queue, THREADS, &done);
-        wait_for(&done, burn);
-        let rate = burn as f64 / started.elapsed().as_secs_f64();
-        pool.shutdown(Duration::from_secs(5));
-        emit(
-            json!({"scenario": "pg_burn_down", "threads": THREADS, "settings": "default",
+        if want("burn") {
+            let url = fresh_database(&server);
+            let queue = Queue::open(&url).expect("open");
+            fill(&queue, burn);
+            let done = Arc::new(AtomicUsize::new(0));
+            let started = Instant::now();
+            let mut pool = noop_pool(&queue, THREADS, &done);
+            wait_for(&done, burn);
+            let rate = burn as f64 / started.elapsed().as_secs_f64();
+            pool.shutdown(Duration::from_secs(5));
+            emit(
+                json!({"scenario": "pg_burn_down", "threads": THREADS, "settings": "default",
             "jobs": burn, "jobs_per_s": round(rate),
             "ratio_to_raw_batched": round(rate / raw_batched), "target": 0.7}),
-        );
-        drop(queue);
-
+            );
+            drop(queue);
+        }
         // Single enqueues from 16 threads, on a pool of as many
         // connections as the raw loop has (the default pool is 10).
-        let url = fresh_database(&server);
-        let queue = Queue::builder(&url)
-            .postgres(|o| o.max_connections(INSERT_THREADS as u32 + 1))
-            .open()
-            .expect("open");
-        let start = Arc::new(Barrier::new(INSERT_THREADS + 1));
-        let handles: Vec<_> = (0..INSERT_THREADS)
-            .map(|t| {
-                let (queue, start) = (queue.clone(), Arc::clone(&start));
-                std::thread::spawn(move || {
-                    let mine = inserts / INSERT_THREADS + usize::from(t < inserts % INSERT_THREADS);
-                    start.wait();
-                    for _ in 0..mine {
-                        queue.enqueue(NewJob::new("noop")).expect("enqueue");
-                    }
+        if want("enqueue") {
+            let url = fresh_database(&server);
+            let queue = Queue::builder(&url)
+                .postgres(|o| o.max_connections(INSERT_THREADS as u32 + 1))
+                .open()
+                .expect("open");
+            let start = Arc::new(Barrier::new(INSERT_THREADS + 1));
+            let handles: Vec<_> = (0..INSERT_THREADS)
+                .map(|t| {
+                    let (queue, start) = (queue.clone(), Arc::clone(&start));
+                    std::thread::spawn(move || {
+                        let mine =
+                            inserts / INSERT_THREADS + usize::from(t < inserts % INSERT_THREADS);
+                        start.wait();
+                        for _ in 0..mine {
+                            queue.enqueue(NewJob::new("noop")).expect("enqueue");
+                        }
+                    })
                 })
-            })
-            .collect();
-        start.wait();
-        let started = Instant::now();
-        for h in handles {
-            h.join().expect("enqueue thread");
-        }
-        let rate = inserts as f64 / started.elapsed().as_secs_f64();
-        emit(json!({"scenario": "pg_enqueue_16_threads", "jobs": inserts,
+                .collect();
+            start.wait();
+            let started = Instant::now();
+            for h in handles {
+                h.join().expect("enqueue thread");
+            }
+            let rate = inserts as f64 / started.elapsed().as_secs_f64();
+            emit(json!({"scenario": "pg_enqueue_16_threads", "jobs": inserts,
             "jobs_per_s": round(rate), "ratio_to_raw_insert": round(rate / raw_insert),
             "target": 0.8, "settings": "max_connections(17)"}));
-        drop(queue);
-
+            drop(queue);
+        }
         // Wake-up: a job enqueued through another Queue (its own
         // connections, no in-process wake-up: as another process) starts
         // on an idle pool.
-        let url = fresh_database(&server);
-        let worker = Queue::builder(&url)
-            .postgres(|o| o.fallback_poll(Duration::from_secs(30)))
-            .open()
-            .expect("open");
-        let started_at: Arc<Mutex<Vec<Instant>>> = Arc::default();
-        let seen = Arc::clone(&started_at);
-        let mut pool = WorkerPool::builder(&worker)
-            .threads(1)
-            .max_idle(Duration::from_secs(30))
-            .handler("tick", move |_: &JobContext| {
-                seen.lock().unwrap().push(Instant::now());
-                Ok::<(), JobError>(())
-            })
-            .start()
-            .expect("start pool");
-        std::thread::sleep(Duration::from_millis(500));
-        let producer = Queue::open(&url).expect("open");
-        let mut latencies = Vec::new();
-        for i in 0..wakeups {
-            let asked = Instant::now();
-            producer.enqueue(NewJob::new("tick")).expect("enqueue");
-            let until = Instant::now() + Duration::from_secs(10);
-            while started_at.lock().unwrap().len() <= i {
-                assert!(Instant::now() < until, "wake-up never came");
-                std::thread::sleep(Duration::from_micros(200));
+        if want("wakeup") {
+            let url = fresh_database(&server);
+            let worker = Queue::builder(&url)
+                .postgres(|o| o.fallback_poll(Duration::from_secs(30)))
+                .open()
+                .expect("open");
+            let started_at: Arc<Mutex<Vec<Instant>>> = Arc::default();
+            let seen = Arc::clone(&started_at);
+            let mut pool = WorkerPool::builder(&worker)
+                .threads(1)
+                .max_idle(Duration::from_secs(30))
+                .handler("tick", move |_: &JobContext| {
+                    seen.lock().unwrap().push(Instant::now());
+                    Ok::<(), JobError>(())
+                })
+                .start()
+                .expect("start pool");
+            std::thread::sleep(Duration::from_millis(500));
+            let producer = Queue::open(&url).expect("open");
+            let mut latencies = Vec::new();
+            for i in 0..wakeups {
+                let asked = Instant::now();
+                producer.enqueue(NewJob::new("tick")).expect("enqueue");
+                let until = Instant::now() + Duration::from_secs(10);
+                while started_at.lock().unwrap().len() <= i {
+                    assert!(Instant::now() < until, "wake-up never came");
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                let start = started_at.lock().unwrap()[i];
+                latencies.push((start - asked).as_secs_f64() * 1e3);
+                std::thread::sleep(Duration::from_millis(20));
             }
-            let start = started_at.lock().unwrap()[i];
-            latencies.push((start - asked).as_secs_f64() * 1e3);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        pool.shutdown(Duration::from_secs(5));
-        emit(json!({"scenario": "pg_wakeup_other_queue", "jobs": wakeups,
+            pool.shutdown(Duration::from_secs(5));
+            emit(json!({"scenario": "pg_wakeup_other_queue", "jobs": wakeups,
             "enqueue_to_start_ms": percentiles_ms(latencies), "target_p99_ms": 10,
             "note": "enqueue call (commit included) to handler start; producer and pool on separate Queue handles (separate connections, wake-up by NOTIFY), same process"}));
-        drop((worker, producer));
-
+            drop((worker, producer));
+        }
+        if !want("depth") {
+            return;
+        }
         // Claim cost by depth, also with 99 % of the jobs in the future at
         // a higher priority, also under generic plans.
+        let jit = jit_settings(&mut client);
+        emit(
+            json!({"scenario": "pg_jit", "jit_available": jit.available, "jit": jit.on,
+            "jit_above_cost": jit.above_cost,
+            "note": "the server's JIT as a new session sees it; tickler's sessions set jit = off"}),
+        );
         for generic in [false, true] {
             for shape in ["due", "future_99"] {
                 for &n in depths {
@@ -1673,11 +1719,163 @@ mod pg_bench {
                         queue.manual().complete(&leases[0]).expect("complete");
                     }
                     let us = started.elapsed().as_secs_f64() * 1e6 / measured as f64;
+                    // The claim's estimated cost, as tickler prepared it:
+                    // a cost that grows with the table is what crossed
+                    // the JIT thresholds (the timing above would not show
+                    // it, since tickler's sessions turn JIT off).
+                    let claim_costs = claim_plan_costs(&queue, &mut c);
+                    // The same shape of claim as tickler's before its pause
+                    // check named the queue (a correlated NOT EXISTS), on
+                    // a session with the server's JIT settings: this row
+                    // must grow with the depth, or the run could not see a
+                    // plan that does.
+                    let (old_ms, old_cost) = if generic {
+                        (None, None)
+                    } else {
+                        let (ms, cost) = correlated_claim(&mut c);
+                        (Some(round(ms)), Some(round(cost)))
+                    };
                     emit(json!({"scenario": "pg_depth", "shape": shape, "waiting": n,
-                        "generic_plans": generic, "claim_and_complete_us": round(us)}));
+                        "generic_plans": generic, "claim_and_complete_us": round(us),
+                        "claim_generic_plan_cost_by_limit": claim_costs,
+                        "jit_above_cost": jit.above_cost,
+                        "sensitivity_correlated_claim_ms": old_ms,
+                        "sensitivity_correlated_claim_cost": old_cost}));
                 }
             }
         }
+    }
+
+    /// What the server does with JIT, as a new session sees it.
+    struct Jit {
+        available: bool,
+        on: String,
+        above_cost: f64,
+    }
+
+    fn jit_settings(c: &mut Client) -> Jit {
+        let r = c
+            .query_one(
+                "SELECT pg_jit_available(), current_setting('jit'),
+                        current_setting('jit_above_cost')::float8",
+                &[],
+            )
+            .expect("jit settings");
+        Jit {
+            available: r.get(0),
+            on: r.get(1),
+            above_cost: r.get(2),
+        }
+    }
+
+    /// The estimated costs of the generic plans of tickler's claiming
+    /// statements, by their `LIMIT` (a size up to 64 is written into the
+    /// statement, a larger one is `$5`), read as tickler sent them from
+    /// `pg_prepared_statements` on its own connections (through
+    /// `complete_with`, a few times to reach each of the pool's), and
+    /// planned on `c`.
+    fn claim_plan_costs(
+        queue: &Queue,
+        c: &mut Client,
+    ) -> serde_json::Map<String, serde_json::Value> {
+        // Due jobs for claims of the sizes a pool asks for (a size up to
+        // 64 is written into its statement, a larger one is a parameter).
+        fill(queue, 3 * (1 + 32 + 512) + 64);
+        let mut found = std::collections::BTreeMap::new();
+        for size in [1, 32, 512].repeat(3) {
+            let mut leases = queue
+                .manual()
+                .claim("default", "bench", size, Duration::from_secs(60))
+                .expect("claim");
+            let Some(lease) = leases.pop() else { break };
+            for other in &leases {
+                queue.manual().complete(other).expect("complete");
+            }
+            let rows = queue
+                .complete_with(&lease, |tx: &mut tickler::postgres::Transaction| {
+                    Ok(tx.query(
+                        "SELECT statement, parameter_types::text[] FROM pg_prepared_statements
+                         WHERE NOT from_sql AND statement LIKE '%SKIP LOCKED%'
+                           AND statement LIKE '%SET status = ''running''%'",
+                        &[],
+                    )?)
+                })
+                .expect("complete_with");
+            for row in rows {
+                found.insert(row.get::<_, String>(0), row.get::<_, Vec<String>>(1));
+            }
+        }
+        c.batch_execute("SET plan_cache_mode = force_generic_plan")
+            .expect("set");
+        let mut costs = serde_json::Map::new();
+        for (sql, types) in found {
+            let limit = sql
+                .split("LIMIT ")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .unwrap_or("?")
+                .to_owned();
+            c.batch_execute(&format!(
+                "PREPARE tickler_claim ({}) AS {sql}",
+                types.join(", ")
+            ))
+            .expect("prepare");
+            let text = c
+                .simple_query(&format!(
+                    "EXPLAIN (FORMAT JSON) EXECUTE tickler_claim({})",
+                    vec!["NULL"; types.len()].join(", ")
+                ))
+                .expect("explain")
+                .into_iter()
+                .find_map(|m| match m {
+                    postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+                    _ => None,
+                })
+                .expect("a plan");
+            c.batch_execute("DEALLOCATE tickler_claim")
+                .expect("deallocate");
+            let plan: serde_json::Value = serde_json::from_str(&text).expect("json");
+            let cost = plan[0]["Plan"]["Total Cost"].as_f64().expect("cost");
+            costs.insert(limit, json!(round(cost)));
+        }
+        c.batch_execute("RESET plan_cache_mode").expect("reset");
+        costs
+    }
+
+    /// One run of the locking read of tickler's claim as it was before its
+    /// pause check named the queue (correlated with each row, which the
+    /// planner took to leave one row in a thousand), for 32 jobs, on `c`
+    /// with the server's JIT settings, rolled back: its time in ms and its
+    /// estimated cost.
+    fn correlated_claim(c: &mut Client) -> (f64, f64) {
+        const SQL: &str = "SELECT id FROM tickler_jobs AS job
+             WHERE status = 'pending' AND queue = 'default'
+               AND (job.unique_key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM tickler_jobs AS stopping
+                    WHERE stopping.unique_key = job.unique_key
+                      AND stopping.status IN ('cancelled', 'dead')
+                      AND stopping.lease_expires_at >= 0))
+               AND NOT EXISTS (SELECT 1 FROM tickler_paused_queues AS paused
+                               WHERE paused.queue = job.queue)
+             ORDER BY priority, run_at, id LIMIT 32 FOR UPDATE SKIP LOCKED";
+        let mut tx = c.transaction().expect("begin");
+        let text: String = tx
+            .simple_query(&format!("EXPLAIN (FORMAT JSON) {SQL}"))
+            .expect("explain")
+            .into_iter()
+            .find_map(|m| match m {
+                postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .expect("a plan");
+        let plan: serde_json::Value = serde_json::from_str(&text).expect("json");
+        let cost = plan[0]["Plan"]["Total Cost"].as_f64().expect("cost");
+        let started = Instant::now();
+        let rows = tx.query(SQL, &[]).expect("correlated claim");
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        assert!(!rows.is_empty(), "the correlated claim found due jobs");
+        tx.rollback().expect("rollback");
+        (ms, cost)
     }
 
     /// Table plus index bytes of the jobs table, and its dead tuples.
@@ -1785,7 +1983,7 @@ mod pg_bench {
     }
 
     /// A new table holding `n` due pending jobs, vacuumed and analyzed.
-    fn fresh_table(client: &mut Client, n: usize) {
+    pub(super) fn fresh_table(client: &mut Client, n: usize) {
         client
             .batch_execute(&format!(
                 "DROP TABLE IF EXISTS {TABLE};
@@ -1824,7 +2022,7 @@ mod pg_bench {
             .expect("vacuum");
     }
 
-    fn check_done(client: &mut Client, n: usize) {
+    pub(super) fn check_done(client: &mut Client, n: usize) {
         let row = client
             .query_one(
                 &format!(
@@ -1908,7 +2106,7 @@ mod pg_bench {
         n as f64 / secs
     }
 
-    fn claim_complete_batched(url: &str, n: usize) -> f64 {
+    pub(super) fn claim_complete_batched(url: &str, n: usize) -> f64 {
         let secs = on_threads(url, THREADS, |t, client| {
             let claim = client
                 .prepare(&format!(
