@@ -1413,14 +1413,7 @@ mod pg_bench {
     const BATCH: usize = 32;
 
     pub fn raw(quick: bool) {
-        let Some(url) = std::env::var("TICKLER_BENCH_DATABASE_URL")
-            .ok()
-            .filter(|u| !u.trim().is_empty())
-        else {
-            eprintln!(
-                "# pg_raw skipped: TICKLER_BENCH_DATABASE_URL is not set \
-                 (.ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg_raw)"
-            );
+        let Some(url) = server_url("pg_raw") else {
             return;
         };
         let (single, batched, inserts) = if quick {
@@ -1473,14 +1466,16 @@ mod pg_bench {
             .expect("drop table");
     }
 
-    fn server_url() -> Option<String> {
+    /// The server of the PostgreSQL scenarios, or `None` (said on stderr)
+    /// when `TICKLER_BENCH_DATABASE_URL` is not set.
+    pub(super) fn server_url(scenario: &str) -> Option<String> {
         let url = std::env::var("TICKLER_BENCH_DATABASE_URL")
             .ok()
             .filter(|u| !u.trim().is_empty());
         if url.is_none() {
             eprintln!(
-                "# pg skipped: TICKLER_BENCH_DATABASE_URL is not set \
-                 (.ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg)"
+                "# {scenario} skipped: TICKLER_BENCH_DATABASE_URL is not set \
+                 (.ci/postgres cargo bench --features postgres --bench tickler_bench -- --only {scenario})"
             );
         }
         url
@@ -1532,7 +1527,9 @@ mod pg_bench {
 
     pub fn engine(quick: bool, parts: &[String]) {
         let want = |part: &str| parts.iter().any(|p| p == "all" || p == part);
-        let Some(server) = server_url() else { return };
+        let Some(server) = server_url("pg") else {
+            return;
+        };
         let (burn, inserts, wakeups) = if quick {
             (20_000, 4_000, 100)
         } else {
@@ -1820,26 +1817,35 @@ mod pg_bench {
                 types.join(", ")
             ))
             .expect("prepare");
-            let text = c
-                .simple_query(&format!(
-                    "EXPLAIN (FORMAT JSON) EXECUTE tickler_claim({})",
+            let cost = plan_cost(
+                c,
+                &format!(
+                    "EXECUTE tickler_claim({})",
                     vec!["NULL"; types.len()].join(", ")
-                ))
-                .expect("explain")
-                .into_iter()
-                .find_map(|m| match m {
-                    postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
-                    _ => None,
-                })
-                .expect("a plan");
+                ),
+            );
             c.batch_execute("DEALLOCATE tickler_claim")
                 .expect("deallocate");
-            let plan: serde_json::Value = serde_json::from_str(&text).expect("json");
-            let cost = plan[0]["Plan"]["Total Cost"].as_f64().expect("cost");
             costs.insert(limit, json!(round(cost)));
         }
         c.batch_execute("RESET plan_cache_mode").expect("reset");
         costs
+    }
+
+    /// The estimated total cost of `sql`'s plan on `c`.
+    fn plan_cost(c: &mut impl postgres::GenericClient, sql: &str) -> f64 {
+        // As text: the column is of type json.
+        let text = c
+            .simple_query(&format!("EXPLAIN (FORMAT JSON) {sql}"))
+            .expect("explain")
+            .into_iter()
+            .find_map(|m| match m {
+                postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .expect("a plan");
+        let plan: serde_json::Value = serde_json::from_str(&text).expect("json");
+        plan[0]["Plan"]["Total Cost"].as_f64().expect("cost")
     }
 
     /// One run of the locking read of tickler's claim as it was before its
@@ -1859,17 +1865,7 @@ mod pg_bench {
                                WHERE paused.queue = job.queue)
              ORDER BY priority, run_at, id LIMIT 32 FOR UPDATE SKIP LOCKED";
         let mut tx = c.transaction().expect("begin");
-        let text: String = tx
-            .simple_query(&format!("EXPLAIN (FORMAT JSON) {SQL}"))
-            .expect("explain")
-            .into_iter()
-            .find_map(|m| match m {
-                postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
-                _ => None,
-            })
-            .expect("a plan");
-        let plan: serde_json::Value = serde_json::from_str(&text).expect("json");
-        let cost = plan[0]["Plan"]["Total Cost"].as_f64().expect("cost");
+        let cost = plan_cost(&mut tx, SQL);
         let started = Instant::now();
         let rows = tx.query(SQL, &[]).expect("correlated claim");
         let ms = started.elapsed().as_secs_f64() * 1e3;
@@ -1896,7 +1892,9 @@ mod pg_bench {
     /// second; reports size and rate at the first `window` jobs and at the
     /// last.
     pub fn churn(quick: bool) {
-        let Some(server) = server_url() else { return };
+        let Some(server) = server_url("pg_churn") else {
+            return;
+        };
         let (total, window) = if quick {
             (200_000, 20_000)
         } else {

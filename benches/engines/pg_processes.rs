@@ -89,14 +89,7 @@ mod imp {
     }
 
     pub fn run(quick: bool) {
-        let Some(server) = std::env::var("TICKLER_BENCH_DATABASE_URL")
-            .ok()
-            .filter(|u| !u.trim().is_empty())
-        else {
-            eprintln!(
-                "# pg_processes skipped: TICKLER_BENCH_DATABASE_URL is not set \
-                 (.ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg_processes)"
-            );
+        let Some(server) = pg_bench::server_url("pg_processes") else {
             return;
         };
         let sizes = if quick {
