@@ -128,14 +128,13 @@ impl EnqueueGroup {
         if state.lingering {
             self.arrived.notify_one();
         }
-        let mut alone = false;
         loop {
             match state.done.remove(&ticket) {
                 Some(Ok(ids)) => return Ok(ids),
                 Some(Err(rows)) => {
-                    // The group failed; try once more on our own.
-                    state.waiting.push((ticket, rows));
-                    alone = true;
+                    // The group failed: perhaps for another member's job.
+                    drop(state);
+                    return Self::alone(&mut write, rows);
                 }
                 None => {}
             }
@@ -155,7 +154,7 @@ impl EnqueueGroup {
         // Members of the last group are returning and queueing again; wait
         // a little for them to join this group rather than the next fsync.
         let linger_until = Instant::now() + (state.last_commit / 2).min(self.linger_max);
-        while !alone && state.waiting.len() < state.expected {
+        while state.waiting.len() < state.expected {
             let left = linger_until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -168,16 +167,7 @@ impl EnqueueGroup {
                 .0;
             state.lingering = false;
         }
-        let group: Vec<(u64, Vec<ValidJob>)> = if alone {
-            let at = state
-                .waiting
-                .iter()
-                .position(|(t, _)| *t == ticket)
-                .expect("own ticket is waiting");
-            vec![state.waiting.swap_remove(at)]
-        } else {
-            std::mem::take(&mut state.waiting)
-        };
+        let group: Vec<(u64, Vec<ValidJob>)> = std::mem::take(&mut state.waiting);
         drop(state);
         let group_size = group.len();
         let (tickets, rows): (Vec<u64>, Vec<Vec<ValidJob>>) = group.into_iter().unzip();
@@ -214,17 +204,35 @@ impl EnqueueGroup {
                 }
                 Ok(own)
             }
-            Err(e) => {
+            Err(e) if group_size == 1 => Err(e),
+            Err(_) => {
+                let mut own = Vec::new();
                 for (t, rows) in tickets.into_iter().zip(rows) {
-                    if t != ticket {
+                    if t == ticket {
+                        own = rows;
+                    } else {
                         state.done.insert(t, Err(rows));
                     }
                 }
-                Err(e)
+                drop(state);
+                self.changed.notify_all();
+                return Self::alone(&mut write, own);
             }
         };
         drop(state);
         self.changed.notify_all();
         own
+    }
+
+    /// After a group failed: stores one member's rows on their own, so
+    /// that a job the engine refuses fails its caller alone. Outside the
+    /// group and its limit on leaders, so that the members of a group
+    /// that failed for want of a server each wait at most one more retry
+    /// window, side by side, rather than a window each in turn.
+    fn alone(
+        write: &mut impl FnMut(&[Vec<ValidJob>]) -> Result<Vec<Vec<JobId>>>,
+        rows: Vec<ValidJob>,
+    ) -> Result<Vec<JobId>> {
+        Ok(write(&[rows])?.pop().unwrap_or_default())
     }
 }
