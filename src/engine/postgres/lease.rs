@@ -38,8 +38,9 @@ const VACUUM_DEAD_MIN: i64 = 10_000;
 
 /// What keeps the oldest snapshot of the server (which decides what any
 /// vacuum may remove), as words for the log, and its transaction id: a
-/// session's open transaction, a replication slot or a prepared
-/// transaction. `None` if nothing does.
+/// session's open transaction, a replication slot, a standby's
+/// `hot_standby_feedback` without a slot (its walsender's, of no
+/// database) or a prepared transaction. `None` if nothing does.
 const HORIZON_SQL: &str = "SELECT what, xmin FROM (
       SELECT format('process %s (%s, %s, %s since %s: %s)', pid, usename, application_name,
                     state, xact_start, left(query, 100)) AS what,
@@ -52,6 +53,10 @@ const HORIZON_SQL: &str = "SELECT what, xmin FROM (
       SELECT format('replication slot %s', slot_name), xmin::text, age(xmin)
       FROM pg_replication_slots WHERE xmin IS NOT NULL
       UNION ALL
+      SELECT format('standby %s at %s (hot_standby_feedback)', application_name, client_addr),
+             backend_xmin::text, age(backend_xmin)
+      FROM pg_stat_replication WHERE backend_xmin IS NOT NULL
+      UNION ALL
       SELECT format('prepared transaction %s', gid), transaction::text, age(transaction)
       FROM pg_prepared_xacts WHERE database = current_database()) AS holders
     ORDER BY age DESC LIMIT 1";
@@ -59,6 +64,20 @@ const HORIZON_SQL: &str = "SELECT what, xmin FROM (
 /// The longest a vacuum is held off for one holder: past it, tickler
 /// vacuums again (and says so again) whatever holds the rows.
 const VACUUM_HOLD_MAX: Duration = Duration::from_secs(600);
+
+/// How long a vacuum is held off after one that removed little for a
+/// reason tickler could not find (it would otherwise read the whole table
+/// each second for nothing), or after one that failed.
+const VACUUM_UNEXPLAINED_HOLD: Duration = Duration::from_secs(60);
+
+/// Whether tickler's role may vacuum the jobs table (its owner, a member
+/// of the owner's role, the database's owner or a superuser): otherwise
+/// the server only warns in its log, at every try.
+const MAY_VACUUM_SQL: &str = "SELECT pg_has_role(c.relowner, 'MEMBER')
+        OR pg_has_role(d.datdba, 'MEMBER')
+        OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+     FROM pg_class AS c, pg_database AS d
+     WHERE c.oid = 'tickler_jobs'::regclass AND d.datname = current_database()";
 
 fn horizon_holder(conn: &mut super::connection::Conn) -> Result<Option<(String, String)>> {
     Ok(conn
@@ -282,15 +301,36 @@ impl Store {
                 .vacuum_held
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if let Some((horizon, since)) = held.as_ref() {
+            match held.as_ref() {
+                // Nothing found that holds them, or no right to vacuum.
+                Some((None, since)) if since.elapsed() < VACUUM_UNEXPLAINED_HOLD => {
+                    return Ok(());
+                }
                 // The dead versions are still kept by the same oldest
                 // snapshot: a vacuum would read the table for nothing.
-                if since.elapsed() < VACUUM_HOLD_MAX
-                    && horizon_holder(&mut conn)?.map(|(_, xmin)| xmin).as_ref() == Some(horizon)
+                Some((Some(horizon), since))
+                    if since.elapsed() < VACUUM_HOLD_MAX
+                        && horizon_holder(&mut conn)?.map(|(_, xmin)| xmin).as_ref()
+                            == Some(horizon) =>
                 {
                     return Ok(());
                 }
-                *held = None;
+                _ => *held = None,
+            }
+            let may: Option<bool> = conn
+                .client
+                .query_typed_opt(MAY_VACUUM_SQL, &[])?
+                .and_then(|r| r.get(0));
+            if may == Some(false) {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    log::info!(
+                        "the jobs table holds {before} dead row versions, and tickler's role may \
+                     not vacuum it (only its owner may): autovacuum or its owner must"
+                    )
+                });
+                *held = Some((None, Instant::now()));
+                return Ok(());
             }
             let vacuums = |conn: &mut super::connection::Conn| -> Result<i64> {
                 Ok(conn
@@ -302,8 +342,25 @@ impl Store {
                     .get(0))
             };
             let vacuums_before = vacuums(&mut conn)?;
-            conn.client
-                .batch_execute("VACUUM (SKIP_LOCKED, ANALYZE) tickler_jobs")?;
+            // A vacuum of a large table may outlast a DBA's
+            // statement_timeout, which would cancel it at every try. (A
+            // SET beside the VACUUM would make one transaction of both,
+            // where VACUUM cannot run; behind a pooler in transaction mode
+            // a SET would be another client's.)
+            let own_session = !self.pooling.transaction_mode();
+            if own_session {
+                conn.client.batch_execute("SET statement_timeout = 0")?;
+            }
+            let vacuumed = conn
+                .client
+                .batch_execute("VACUUM (SKIP_LOCKED, ANALYZE) tickler_jobs");
+            if own_session {
+                conn.client.batch_execute("RESET statement_timeout")?;
+            }
+            if let Err(e) = vacuumed {
+                *held = Some((None, Instant::now()));
+                return Err(e.into());
+            }
             let (_, after) = dead(&mut conn)?;
             // Judged only after a vacuum that ran (`SKIP_LOCKED` leaves the
             // table to one under way) and whose count the statistics have.
@@ -314,7 +371,9 @@ impl Store {
                          versions: {holder} keeps them visible; tickler vacuums again once \
                          that is over"
                     );
-                    *held = Some((xmin, Instant::now()));
+                    *held = Some((Some(xmin), Instant::now()));
+                } else {
+                    *held = Some((None, Instant::now()));
                 }
             }
             Ok(())

@@ -69,8 +69,10 @@ pub(crate) struct Store {
     vacuum_checked: Mutex<Instant>,
     /// The oldest snapshot's transaction id when a vacuum last removed
     /// little, and when: the table is not vacuumed again until it changes
-    /// (or for `VACUUM_HOLD_MAX`).
-    vacuum_held: Mutex<Option<(String, Instant)>>,
+    /// (or for `VACUUM_HOLD_MAX`); `None` for an id when no holder was
+    /// found, the vacuum failed or the role may not vacuum (held for
+    /// `VACUUM_UNEXPLAINED_HOLD`).
+    vacuum_held: Mutex<Option<(Option<String>, Instant)>>,
     /// Concurrent enqueues, stored together.
     enqueues: EnqueueGroup,
 }
