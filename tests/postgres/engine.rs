@@ -813,6 +813,36 @@ mod dba {
         assert!(twice.is_empty(), "jobs that ran more than once: {twice:?}");
     }
 
+    /// Enqueues `jobs` jobs, then claims and completes them: about two dead
+    /// row versions each.
+    fn leave_dead_versions(queue: &Queue, jobs: usize) {
+        let _ = queue
+            .enqueue_batch((0..jobs).map(|_| NewJob::new("work")).collect())
+            .unwrap();
+        loop {
+            let leases = queue.manual().claim("default", "w", 500, secs(60)).unwrap();
+            if leases.is_empty() {
+                break;
+            }
+            let outcomes: Vec<_> = leases
+                .iter()
+                .map(|l| (l, tickler::Outcome::Complete))
+                .collect();
+            queue.manual().record_outcomes(&outcomes).unwrap();
+        }
+    }
+
+    /// How many vacuums of the jobs table the server has counted.
+    fn vacuum_count(admin: &mut postgres::Client) -> i64 {
+        admin
+            .query_one(
+                "SELECT pg_stat_get_vacuum_count('tickler_jobs'::regclass)",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    }
+
     /// A long transaction elsewhere (here a REPEATABLE READ snapshot left
     /// open) keeps every dead row version visible, so a vacuum removes
     /// nothing. tickler vacuums the jobs table itself when it holds many
@@ -832,15 +862,6 @@ mod dba {
         admin
             .batch_execute("ALTER TABLE tickler_jobs SET (autovacuum_enabled = false)")
             .unwrap();
-        let vacuums = |admin: &mut postgres::Client| -> i64 {
-            admin
-                .query_one(
-                    "SELECT pg_stat_get_vacuum_count('tickler_jobs'::regclass)",
-                    &[],
-                )
-                .unwrap()
-                .get(0)
-        };
         let mut holder = db.connect();
         let mut snapshot = holder
             .build_transaction()
@@ -849,26 +870,13 @@ mod dba {
             .expect("BEGIN");
         snapshot.query_one("SELECT 1", &[]).unwrap();
         // 6,000 jobs claimed and completed: 12,000 dead versions.
-        let _ = queue
-            .enqueue_batch((0..6000).map(|_| NewJob::new("work")).collect())
-            .unwrap();
-        loop {
-            let leases = queue.manual().claim("default", "w", 500, secs(60)).unwrap();
-            if leases.is_empty() {
-                break;
-            }
-            let outcomes: Vec<_> = leases
-                .iter()
-                .map(|l| (l, tickler::Outcome::Complete))
-                .collect();
-            queue.manual().record_outcomes(&outcomes).unwrap();
-        }
-        let before = vacuums(&mut admin);
+        leave_dead_versions(&queue, 6000);
+        let before = vacuum_count(&mut admin);
         for _ in 0..4 {
             std::thread::sleep(Duration::from_millis(1100));
             queue.manual().reap_at(queue.clock().now()).unwrap();
         }
-        let held = vacuums(&mut admin) - before;
+        let held = vacuum_count(&mut admin) - before;
         let dead: i64 = admin
             .query_one(
                 "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'tickler_jobs'::regclass",
@@ -888,7 +896,7 @@ mod dba {
             queue.manual().reap_at(queue.clock().now()).unwrap();
         }
         assert_eq!(
-            vacuums(&mut admin) - before,
+            vacuum_count(&mut admin) - before,
             2,
             "a vacuum once the snapshot was gone"
         );
@@ -907,20 +915,7 @@ mod dba {
         admin
             .batch_execute("ALTER TABLE tickler_jobs SET (autovacuum_enabled = false)")
             .unwrap();
-        let _ = queue
-            .enqueue_batch((0..6000).map(|_| NewJob::new("work")).collect())
-            .unwrap();
-        loop {
-            let leases = queue.manual().claim("default", "w", 500, secs(60)).unwrap();
-            if leases.is_empty() {
-                break;
-            }
-            let outcomes: Vec<_> = leases
-                .iter()
-                .map(|l| (l, tickler::Outcome::Complete))
-                .collect();
-            queue.manual().record_outcomes(&outcomes).unwrap();
-        }
+        leave_dead_versions(&queue, 6000);
         alter_database(&db, "vacuum_cost_delay = '2ms'");
         alter_database(&db, "vacuum_cost_limit = 1");
         alter_database(&db, "statement_timeout = '300ms'");
@@ -933,22 +928,13 @@ mod dba {
             .unwrap()
             .get(0);
         assert_eq!(timeout, "300ms");
-        let vacuums = |admin: &mut postgres::Client| -> i64 {
-            admin
-                .query_one(
-                    "SELECT pg_stat_get_vacuum_count('tickler_jobs'::regclass)",
-                    &[],
-                )
-                .unwrap()
-                .get(0)
-        };
-        let before = vacuums(&mut admin);
+        let before = vacuum_count(&mut admin);
         let started = std::time::Instant::now();
         std::thread::sleep(Duration::from_millis(1100));
         queue.manual().reap_at(queue.clock().now()).unwrap();
         let took = started.elapsed();
         super::wait_until("the vacuum is counted", secs(10), || {
-            vacuums(&mut admin) > before
+            vacuum_count(&mut admin) > before
         });
         assert!(
             took > Duration::from_millis(1400),
