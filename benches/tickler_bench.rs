@@ -1483,7 +1483,11 @@ mod pg_bench {
 
     /// A fresh, empty database for one scenario; returns its URL.
     fn fresh_database(server: &str) -> String {
-        let name = "tickler_bench_engine";
+        fresh_database_named(server, "tickler_bench_engine")
+    }
+
+    /// A fresh, empty database `name`; returns its URL.
+    pub(super) fn fresh_database_named(server: &str, name: &str) -> String {
         let mut admin = connect(server);
         admin
             .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -1494,7 +1498,7 @@ mod pg_bench {
         with_dbname(server, name)
     }
 
-    fn fill(queue: &Queue, n: usize) {
+    pub(super) fn fill(queue: &Queue, n: usize) {
         let mut left = n;
         while left > 0 {
             let chunk = left.min(5_000);

@@ -63,7 +63,7 @@ mod imp {
     use tickler::{JobContext, JobError, NewJob, Queue, WorkerPool};
 
     use crate::pg_bench;
-    use crate::{cpu_time, emit, percentiles_ms, round, with_dbname};
+    use crate::{cpu_time, emit, percentiles_ms, round};
 
     /// Worker processes per round.
     const PROCESSES: [usize; 5] = [1, 2, 4, 8, 16];
@@ -153,26 +153,12 @@ mod imp {
         max_connections: &str,
     ) {
         let name = format!("tickler_bench_processes_{p}");
-        let mut admin = connect(server);
-        admin
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .expect("drop database");
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .expect("create database");
-        let url = with_dbname(server, &name);
+        let url = pg_bench::fresh_database_named(server, &name);
         let producer = Queue::open(&url).expect("open");
         let mut watch = connect(&url);
 
         // 1. Throughput.
-        let mut left = sizes.jobs;
-        while left > 0 {
-            let chunk = left.min(5_000);
-            producer
-                .enqueue_batch((0..chunk).map(|_| NewJob::new("noop")).collect())
-                .expect("fill");
-            left -= chunk;
-        }
+        pg_bench::fill(&producer, sizes.jobs);
         let mut workers = Workers::start(&url, p);
         phase(p, "drain");
         let mut conns = Connections::default();
@@ -269,7 +255,7 @@ mod imp {
 
         drop(producer);
         drop(watch);
-        admin
+        connect(server)
             .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
             .expect("drop database");
     }
