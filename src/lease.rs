@@ -31,6 +31,11 @@ pub struct Lease {
     pub lease_expires_at: DateTime<Utc>,
     /// The job's per-run time limit, if it has one.
     pub timeout: Option<Duration>,
+    /// Earlier runs of this job given back without counting an attempt,
+    /// because their holder was gone before they started (a crash of a
+    /// process that had claimed it ahead). A worker pool records the
+    /// start of a job with any before its handler runs.
+    pub given_back: u32,
 }
 
 impl Lease {

@@ -47,6 +47,21 @@
 //!    job (it fails or goes `dead` with an error that says why), never the
 //!    other jobs of its batch, its queue or its pool. Error texts are cut to
 //!    [`MAX_ERROR_BYTES`]; every attempt's error is kept in [`Job::errors`].
+//! 9. **A crash costs only the run it interrupted.** An attempt counts when
+//!    its handler starts: a worker pool claims ahead of its free threads
+//!    ([`Manual::record_and_claim_ahead`]) and records each start about a
+//!    second after it ([`Manual::mark_started`]), and a job whose lease is
+//!    taken back before its start was recorded gets its attempt back
+//!    ([`Lease::given_back`] counts these). A job given back once has its
+//!    next start recorded before the handler runs, so a handler that kills
+//!    its process at once is given back uncounted at most once. Each lease
+//!    records its holder ([`holder`]): when a queue opens, and at each
+//!    pass of the reaper, the leases of a holder of this machine that is
+//!    gone (a process that ended, or one of an earlier boot) are taken back
+//!    at once, by the reaper's fenced statements; leases of other machines,
+//!    containers and live processes wait for their expiry. Holders are
+//!    judged on Linux only (from `/proc`); elsewhere every lease waits for
+//!    its expiry.
 //!
 //! ## PostgreSQL
 //!
@@ -383,6 +398,7 @@ mod clock;
 mod engine;
 mod error;
 mod events;
+pub mod holder;
 mod job;
 mod lease;
 mod metrics;

@@ -70,6 +70,11 @@ use types::{
 pub(crate) struct Claim<'a> {
     pub request: &'a ClaimRequest<'a>,
     pub rules: ClaimRules,
+    /// The claim starts the runs it hands out (a caller that runs what it
+    /// claims at once). A worker pool claims ahead of its free threads and
+    /// records each start later ([`Leases::mark_started`]), so that a run
+    /// that never started gives its attempt back when taken back.
+    pub starts: bool,
 }
 
 /// The claim's rules: given the engine's transaction, the request, now and
@@ -261,6 +266,8 @@ pub(crate) struct OpenSettings<'a> {
     pub postgres_tls: &'a types::PostgresTls,
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub pooler: Option<types::Pooler>,
+    /// This process, as each lease it claims records it.
+    pub holder: &'a str,
 }
 
 /// The engine that `settings.location` names: PostgreSQL for a
@@ -482,6 +489,23 @@ pub(crate) trait Leases {
     /// Wakes this process's watchers (other processes' watchers see the
     /// commit) after jobs became claimable outside a claim or an outcome.
     fn wake_watchers(&self);
+
+    /// The holders (`crate::holder::Holder` texts) starting with
+    /// `machine_prefix` of running jobs and of stopping ones (cancelled,
+    /// or dead past their timeout, that keep their lease), each with when
+    /// any of its leases was last granted or renewed (ms).
+    fn lease_holders(&self, machine_prefix: &str) -> Result<Vec<(String, i64)>>;
+
+    /// In one write transaction, takes back every lease held by one of
+    /// `holders` (known to be gone): a running job by the reaper's rule
+    /// (`types::reap_statement`, fenced by its run_token, whatever its
+    /// expiry), a stopping one loses the lease that kept its unique_key.
+    /// Returns how many running jobs were taken back; wakes watchers.
+    fn take_back_from(&self, holders: &[String]) -> Result<u64>;
+
+    /// Records that the runs of `leases` started (`started_at`, fenced by
+    /// run_token; a lease no longer held is passed over).
+    fn mark_started(&self, leases: &[&Lease]) -> Result<()>;
 
     /// The engine's upkeep, once per background reaper round (PostgreSQL:
     /// a vacuum of the jobs table when it needs one).

@@ -585,6 +585,66 @@ pub(crate) fn lease_expired_error(worker: &str, attempts: impl std::fmt::Display
     )
 }
 
+/// A running job whose lease the reaper takes back (it ran out, or its
+/// holder is gone), as its look read it.
+pub(crate) struct HeldRun {
+    pub lease: ExpiredLease,
+    pub attempts: u32,
+    /// Its `claimed_by`.
+    pub worker: String,
+    /// Whether the run's start was recorded (`started_at`).
+    pub started: bool,
+}
+
+/// How a lease taken back ends its run.
+pub(crate) enum ReapStatement {
+    /// The run never started: back to pending with its attempt given
+    /// back and `note` in its error history (the engine's
+    /// `GIVE_BACK_SQL`).
+    GiveBack { note: String },
+    /// The attempt counts: retry at `retry_at` or dead, with `error` (the
+    /// engine's `REAP_SQL`).
+    Fail { retry_at: i64, error: String },
+}
+
+/// The reaper's rule for a run whose lease it takes back, the same on
+/// every engine: an attempt counts when its handler starts, so a run
+/// whose start was never recorded (claimed ahead of a free thread, and
+/// its holder died) gives its attempt back. A pool records a start within
+/// `START_RECORD_DELAY` (src/worker/heartbeat.rs) of it, and before the handler runs for a job
+/// that was given back once already, so a handler that kills its process
+/// at once is given back uncounted at most once.
+/// `holder_gone`: taken back because its holder is known to be gone
+/// (else its lease ran out).
+pub(crate) fn reap_statement(
+    run: &HeldRun,
+    now: i64,
+    policy: &RetryPolicy,
+    holder_gone: bool,
+) -> ReapStatement {
+    if run.started {
+        ReapStatement::Fail {
+            retry_at: retry_time(now, policy, run.attempts),
+            error: if holder_gone {
+                format!(
+                    "worker gone: the process of worker {} ended during attempt {}",
+                    run.worker, run.attempts
+                )
+            } else {
+                lease_expired_error(&run.worker, run.attempts)
+            },
+        }
+    } else {
+        ReapStatement::GiveBack {
+            note: format!(
+                "not started: worker {} was gone before attempt {} started; \
+                 the attempt was given back",
+                run.worker, run.attempts
+            ),
+        }
+    }
+}
+
 /// A transaction of the application's own, on a connection to the queue's
 /// database, in which [`Queue::enqueue_tx`](crate::Queue::enqueue_tx) and
 /// its forms write jobs: the job exists if and only if the caller commits.

@@ -9,6 +9,7 @@ use crate::engine::types::*;
 use crate::engine::OpenSettings;
 use crate::error::Result;
 use crate::events::EventHub;
+use crate::holder::Holder;
 use crate::retry::RetryPolicy;
 use std::path::Path;
 use std::path::PathBuf;
@@ -29,6 +30,8 @@ pub struct QueueBuilder {
     pub(super) clock_set: bool,
     pub(super) sqlite: SqliteOptions,
     pub(super) postgres: PostgresOptions,
+    /// This process, as its leases record it.
+    pub(super) holder: Holder,
 }
 
 impl std::fmt::Debug for QueueBuilder {
@@ -43,6 +46,7 @@ impl std::fmt::Debug for QueueBuilder {
             .field("clock_set", &self.clock_set)
             .field("sqlite", &self.sqlite)
             .field("postgres", &self.postgres)
+            .field("holder", &self.holder)
             .finish()
     }
 }
@@ -101,6 +105,15 @@ impl QueueBuilder {
         self
     }
 
+    /// The process this queue's claims name as their leases' holder
+    /// (default: this process). For tests that play another process, an
+    /// earlier boot or another machine.
+    #[doc(hidden)]
+    pub fn holder(mut self, holder: Holder) -> Self {
+        self.holder = holder;
+        self
+    }
+
     /// Opens (creating if needed) the file and migrates its schema.
     ///
     /// A new file is created readable and writable by its owner only (0600).
@@ -129,15 +142,23 @@ impl QueueBuilder {
             fallback_poll: self.postgres.fallback_poll,
             postgres_tls: &self.postgres.tls,
             pooler: self.postgres.pooler,
+            holder: &self.holder.to_string(),
         })?;
-        Ok(Queue {
+        let queue = Queue {
             inner: Arc::new(Inner {
                 clock: engine.clock(),
                 config: self,
                 engine,
                 events: EventHub::default(),
             }),
-        })
+        };
+        // A process that restarts after a crash takes its predecessor's
+        // jobs back now rather than when their leases run out. Opening
+        // does not fail for it: the reaper tries again.
+        if let Err(e) = queue.take_back_from_gone_holders() {
+            log::warn!("looking for leases of processes that are gone failed: {e}");
+        }
+        Ok(queue)
     }
 }
 impl Queue {
@@ -158,6 +179,7 @@ impl Queue {
             clock_set: false,
             sqlite: SqliteOptions::default(),
             postgres: PostgresOptions::default(),
+            holder: Holder::this_process(),
         }
     }
 }

@@ -304,6 +304,42 @@ impl Manual<'_> {
         claim: Option<&ClaimRequest<'_>>,
         sync: OutcomeSync,
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
-        self.queue.record_and_claim(outcomes, claim, sync)
+        self.queue.record_and_claim(outcomes, claim, sync, false)
+    }
+
+    /// [`Manual::record_and_claim`] for a caller that claims ahead of its
+    /// free threads, as a worker pool does: the runs it claims have not
+    /// started, and the caller records each start with
+    /// [`Manual::mark_started`] (soon after it, in batches). A run whose
+    /// lease is taken back (expired, or its holder gone) before its start
+    /// was recorded gives its attempt back: a crash costs no attempt of a
+    /// job that never ran. The caller must record the start of a job whose
+    /// [`Lease::given_back`] is above 0 before its handler runs, so that a
+    /// handler that kills its process at once is given back at most once.
+    ///
+    /// # Errors
+    /// As [`Manual::record_and_claim`].
+    pub fn record_and_claim_ahead(
+        &self,
+        outcomes: &[(&Lease, Outcome)],
+        claim: Option<&ClaimRequest<'_>>,
+        sync: OutcomeSync,
+    ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
+        self.queue.record_and_claim(outcomes, claim, sync, true)
+    }
+
+    /// Records that the runs of `leases` (claimed with
+    /// [`Manual::record_and_claim_ahead`]) started: from now on, taking
+    /// their leases back counts their attempts. One write transaction; a
+    /// lease no longer held is passed over. Not synced on its own: a power
+    /// cut may undo it (the run is then given back uncounted).
+    ///
+    /// # Errors
+    /// The engine's write errors ([`Error::Busy`], [`Error::Sqlite`], …).
+    pub fn mark_started(&self, leases: &[&Lease]) -> Result<()> {
+        if leases.is_empty() {
+            return Ok(());
+        }
+        self.queue.engine().mark_started(leases)
     }
 }

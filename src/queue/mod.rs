@@ -242,7 +242,7 @@ impl Queue {
             oldest_first: 0,
         };
         Ok(self
-            .record_and_claim(&[], Some(&request), OutcomeSync::Now)?
+            .record_and_claim(&[], Some(&request), OutcomeSync::Now, false)?
             .1)
     }
 
@@ -310,19 +310,24 @@ impl Queue {
         &self,
         outcomes: &[(&Lease, Outcome)],
     ) -> Result<Vec<Result<()>>> {
-        Ok(self.record_and_claim(outcomes, None, OutcomeSync::Now)?.0)
+        Ok(self
+            .record_and_claim(outcomes, None, OutcomeSync::Now, false)?
+            .0)
     }
 
-    /// See [`Manual::record_and_claim`](crate::Manual::record_and_claim).
+    /// See [`Manual::record_and_claim`](crate::Manual::record_and_claim);
+    /// `ahead`: see [`Manual::record_and_claim_ahead`](crate::Manual::record_and_claim_ahead).
     pub(crate) fn record_and_claim(
         &self,
         outcomes: &[(&Lease, Outcome)],
         claim: Option<&ClaimRequest<'_>>,
         sync: OutcomeSync,
+        ahead: bool,
     ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
         let claim = claim.map(|request| crate::engine::Claim {
             request,
             rules: claim::claim_in,
+            starts: !ahead,
         });
         let recorded = self
             .engine()

@@ -32,7 +32,7 @@ impl Queue {
     pub(crate) fn reap_at(&self, now: DateTime<Utc>) -> Result<u64> {
         let engine = self.engine();
         let cutoff = now.timestamp_millis();
-        let mut total = 0u64;
+        let mut total = self.take_back_from_gone_holders()?;
         // The previous look: what it saw expired and left, and whether it
         // got the write transaction without waiting.
         let mut previous: Option<(HashSet<ExpiredLease>, bool)> = None;
@@ -66,6 +66,29 @@ impl Queue {
         // The background reaper's round is also the engine's upkeep.
         engine.upkeep();
         Ok(total)
+    }
+
+    /// Takes back at once the leases of this machine's holders that are
+    /// gone (see [`crate::holder`]); returns how many running jobs.
+    pub(crate) fn take_back_from_gone_holders(&self) -> Result<u64> {
+        let me = &self.inner.config.holder;
+        let gone: Vec<String> = self
+            .engine()
+            .lease_holders(&me.machine_prefix())?
+            .into_iter()
+            .filter(|(holder, renewed)| me.sees_gone(holder, *renewed))
+            .map(|(holder, _)| holder)
+            .collect();
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        let taken = self.engine().take_back_from(&gone)?;
+        if taken > 0 {
+            log::info!(
+                "took back {taken} job(s) at once: their holder, a process of this machine, is gone"
+            );
+        }
+        Ok(taken)
     }
 
     fn reap_expired_before(&self, cutoff: Option<i64>) -> Result<u64> {

@@ -218,6 +218,7 @@ pub(super) fn dispatch_loop(
                             run: Arc::default(),
                             thread: None,
                             started: None,
+                            start_recorded: false,
                         },
                     );
                     if let Some(jobs) = &jobs {

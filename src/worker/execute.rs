@@ -14,6 +14,23 @@ use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
+/// Records the start of a job that was given back uncounted before,
+/// before its handler runs: had its holder died within the heartbeat's
+/// delay again, a handler that kills its process at once would be given
+/// back for ever. A job given back at all is rare (its holder crashed),
+/// so this write is too.
+fn record_start_now(shared: &Shared, lease: &crate::lease::Lease) {
+    if let Some(job) = entry_of(&mut shared.lock_in_flight(), lease) {
+        job.start_recorded = true;
+    }
+    if let Err(e) = shared.queue.manual().mark_started(&[lease]) {
+        log::warn!(
+            "job {}: recording its start failed: {e}; should this process die during the run, its attempt is given back",
+            lease.job_id
+        );
+    }
+}
+
 /// Starts a worker thread and keeps its handle.
 pub(super) fn start_worker(shared: &Arc<Shared>, name: String) {
     let for_thread = Arc::clone(shared);
@@ -59,6 +76,9 @@ fn work_loop(shared: &Shared) {
                     shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
                     shared.fetcher_waker.wake();
                     continue;
+                }
+                if lease.given_back > 0 {
+                    record_start_now(shared, &lease);
                 }
                 let ctx = JobContext {
                     lease,

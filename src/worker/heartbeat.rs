@@ -83,6 +83,44 @@ fn write_off_stuck(shared: &Arc<Shared>, now: Instant) {
     }
 }
 
+/// How long after a handler started its start is recorded in the job's
+/// row, so that a crash from then on counts the attempt (before, the run
+/// is given back uncounted, see `Manual::record_and_claim_ahead`). Short
+/// runs finish first and cost no write; a start is written at most this
+/// late, in one transaction with the others due.
+pub(crate) const START_RECORD_DELAY: Duration = Duration::from_secs(1);
+
+/// Records the starts of the handlers that have run `START_RECORD_DELAY`.
+fn record_starts(shared: &Shared, now: Instant) {
+    let due: Vec<Lease> = {
+        let mut in_flight = shared.lock_in_flight();
+        in_flight
+            .values_mut()
+            .filter(|job| {
+                !job.start_recorded
+                    && !job.finishing
+                    && job
+                        .started
+                        .is_some_and(|at| now.duration_since(at) >= START_RECORD_DELAY)
+            })
+            .map(|job| {
+                job.start_recorded = true;
+                job.lease.clone()
+            })
+            .collect()
+    };
+    if due.is_empty() {
+        return;
+    }
+    let refs: Vec<&Lease> = due.iter().collect();
+    if let Err(e) = shared.queue.manual().mark_started(&refs) {
+        log::warn!(
+            "recording the start of {} job(s) failed: {e}; should this process die during their runs, their attempts are given back",
+            due.len()
+        );
+    }
+}
+
 /// How often the heartbeat thread looks for leases lost between heartbeats
 /// (a cancel, a reap), when any commit happened since the last look: how
 /// soon a handler learns that its job was cancelled.
@@ -109,6 +147,7 @@ pub(super) fn heartbeat_loop(shared: &Arc<Shared>, interval: Duration, mut watch
         shared.heartbeat_idle.store(false, Ordering::SeqCst);
         notice_lost_leases(shared, &mut watcher);
         let now = Instant::now();
+        record_starts(shared, now);
         write_off_stuck(shared, now);
         let leases: Vec<Lease> = {
             let in_flight = shared.lock_in_flight();

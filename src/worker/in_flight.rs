@@ -77,4 +77,7 @@ pub(super) struct InFlight {
     pub(super) thread: Option<(ThreadId, Arc<str>)>,
     /// When the handler started.
     pub(super) started: Option<Instant>,
+    /// The start is recorded in the job's row (`Manual::mark_started`), or
+    /// being recorded: from then on, a crash counts the attempt.
+    pub(super) start_recorded: bool,
 }

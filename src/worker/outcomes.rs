@@ -141,7 +141,7 @@ pub(super) fn record(
         match shared
             .queue
             .manual()
-            .record_and_claim(&outcomes, claim, OutcomeSync::Deferred)
+            .record_and_claim_ahead(&outcomes, claim, OutcomeSync::Deferred)
         {
             Err(e) if tries < 5 && (e.is_busy() || matches!(e, Error::DiskFull)) => {
                 log::warn!("worker {worker_id}: write failed: {e}; retrying");

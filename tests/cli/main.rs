@@ -12,6 +12,7 @@ mod import;
 mod no_orphans;
 mod ops;
 mod private_files;
+mod process_tree;
 mod schedule;
 mod schedule_cli_edges;
 mod serve;

@@ -1,36 +1,26 @@
 //! A `tickler work` killed with SIGKILL while a shell job runs must take
 //! the command with it. Before, the command (in its own process group)
 //! outlived the worker: the lease ran out, a second worker ran the job
-//! again, and both copies ran side by side. Linux only (the kernel's
-//! parent-death signal); see `shell.rs` for other systems.
+//! again, and both copies ran side by side. Linux only (reads /proc); the
+//! whole process tree is in `process_tree.rs`, other systems in
+//! `supervise.rs`.
 #![cfg(target_os = "linux")]
 
 use crate::support::cli;
 
-use cli::{eventually, wait_for, Env};
+use cli::{alive, eventually, wait_for, Env};
 use std::time::Duration;
 use tickler::JobState;
-
-/// Whether `pid` is a live process (a zombie, dead but not yet reaped by
-/// its new parent, counts as gone).
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            // The state follows the parenthesised command name.
-            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
-            !state.starts_with('Z') && !state.starts_with('X')
-        }
-        Err(_) => false,
-    }
-}
 
 #[test]
 fn a_killed_worker_takes_its_command_with_it_and_the_retry_never_overlaps() {
     let env = Env::new();
     env.run(&["init"]).ok();
     // Each attempt writes its pid, then "start N", works 2 s, then "end N".
-    let script = "echo $$ > pid.$TICKLER_ATTEMPT; echo start $TICKLER_ATTEMPT >> log; \
-                  sleep 2; echo end $TICKLER_ATTEMPT >> log";
+    // Runs are counted by the script: a run killed before its start was
+    // recorded gives its attempt back, so attempts do not count runs.
+    let script = "n=$(( $(cat runs 2>/dev/null || echo 0) + 1 )); echo $n > runs; \
+                  echo $$ > pid.$n; echo start $n >> log; sleep 2; echo end $n >> log";
     let id = env.enqueue_shell(&["sh", "-c", script], &["--max-attempts", "3"]);
     let fast = [
         "--lease",
@@ -73,7 +63,8 @@ fn a_killed_worker_takes_its_command_with_it_and_the_retry_never_overlaps() {
     assert_eq!(run.code, 0, "{run:#?}");
     let job = env.job(id);
     assert_eq!(job.state, JobState::Succeeded, "{job:#?}");
-    assert_eq!(job.attempts, 2);
+    // 1 if the killed run's start was not recorded yet (given back), else 2.
+    assert!((1..=2).contains(&job.attempts), "{job:#?}");
     // The first copy never got to its end, before or during the retry.
     let log = std::fs::read_to_string(env.dir.path().join("log")).unwrap();
     let lines: Vec<&str> = log.lines().collect();

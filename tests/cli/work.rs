@@ -7,7 +7,7 @@ use crate::support::cli;
 use cli::{eventually, signal, wait_for, Env};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tickler::{JobId, JobState};
 
 /// Flags that make retries quick (add a short `--lease` per test).
@@ -209,24 +209,44 @@ fn a_second_signal_stops_at_once() {
 }
 
 #[test]
-fn a_killed_worker_loses_its_job_to_the_next_reap() {
+fn a_killed_worker_loses_its_job_at_once_to_the_next_process() {
     let env = Env::new();
     let id = sleeper(&env, "30");
-    let child = env.spawn(&work_args(&["--lease", "300ms"]));
+    // An hour's lease: the job comes back because its holder is gone, not
+    // because the lease ran out.
+    let child = env.spawn(&work_args(&["--lease", "1h"]));
     let pid = wait_running(&env, id);
+    // Once the run's start is recorded (about a second after it), a crash
+    // counts its attempt.
+    let db = rusqlite::Connection::open(&env.db).unwrap();
+    let started = Instant::now();
+    while db
+        .query_row(
+            "SELECT started_at IS NULL FROM tickler_jobs WHERE id = ?1",
+            [id.0],
+            |r| r.get::<_, bool>(0),
+        )
+        .unwrap()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no start recorded"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     signal(&child, libc::SIGKILL);
-    // The orphaned command (which holds the output pipes) is ours to clean up.
-    // SAFETY: kill(2) on a process this test started.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    // Reading its output ends when the command, which holds the pipes,
+    // is gone: its supervisor kills it when the worker dies.
     let run = wait_for(child, Duration::from_secs(10));
     assert_eq!(run.code, -1);
+    assert!(!alive(pid));
 
-    std::thread::sleep(Duration::from_millis(400));
-    let out = env.run(&["reap"]).ok();
-    assert_eq!(out.trim(), "took back 1 job(s) with expired leases");
+    // The next process to open the file takes the job back.
+    env.run(&["stats"]).ok();
     let job = env.job(id);
-    assert_ne!(job.state, JobState::Running);
+    assert_ne!(job.state, JobState::Running, "{job:#?}");
     assert_eq!(job.attempts, 1);
+    assert!(job.last_error.unwrap().contains("worker gone"));
 }
 
 fn chmod(path: &Path, mode: u32) {
@@ -286,4 +306,35 @@ fn work_serves_every_queue_it_names_and_drains() {
     assert_eq!(env.job(in_default).state, JobState::Succeeded);
     assert_eq!(env.job(in_mail).state, JobState::Succeeded);
     assert_eq!(env.job(elsewhere).state, JobState::Pending);
+}
+
+/// The command's own status reaches the job's error as before, through
+/// the process that supervises it: an exit code, or the signal that
+/// killed it.
+#[test]
+fn a_command_killed_by_a_signal_fails_with_that_signal() {
+    let env = Env::new();
+    let signalled = env.enqueue_shell(&["sh", "-c", "kill -USR1 $$"], &["--max-attempts", "1"]);
+    let exited = env.enqueue_shell(
+        &["sh", "-c", "echo bye >&2; exit 7"],
+        &["--max-attempts", "1"],
+    );
+    env.run(&work_args(&["--drain", "--lease", "1s"])).ok();
+    assert_eq!(
+        env.job(signalled).last_error.as_deref(),
+        Some(format!("killed by signal {}", libc::SIGUSR1).as_str())
+    );
+    assert_eq!(
+        env.job(exited).last_error.as_deref(),
+        Some("exit code 7; stderr: bye")
+    );
+}
+
+/// The supervisor's subcommand is internal.
+#[test]
+fn help_does_not_list_the_supervisor() {
+    let env = Env::new();
+    let help = env.run(&["--help"]).ok();
+    assert!(help.contains("work"), "{help}");
+    assert!(!help.contains("supervise"), "{help}");
 }

@@ -62,6 +62,15 @@ fn reaped_lease_cancels_the_handler_and_its_late_outcome_is_refused(flavor: &Fla
     assert_eq!(first.job_id, id);
     assert_eq!(first.attempt, 1);
 
+    // The pool records the start about a second after it; from then on a
+    // lost lease counts the attempt.
+    wait_until("the pool recorded the start", secs(30), || {
+        crate::support::engine::query_int(
+            &path,
+            "SELECT count(*) FROM tickler_jobs WHERE started_at IS NOT NULL",
+            &[],
+        ) == 1
+    });
     // A reaper whose "now" is 100 days ahead finds the lease expired: its
     // update does not depend on any heartbeat timing.
     let day = secs(24 * 3600);

@@ -95,19 +95,21 @@ fn killed_inside_the_completion_transaction_leaves_neither_row_nor_success() {
         "ok"
     );
 
-    // The job is not lost: its lease runs out, it is reaped, and the rerun
-    // writes its rows exactly once.
+    // The job is not lost: its holder is gone, so the next process to open
+    // the file takes it back at once, and the rerun writes its rows
+    // exactly once.
     let (queue, clock) = manual_queue(&path);
+    assert_ne!(queue.get(id).unwrap().state, tickler::JobState::Running);
     clock.set(chrono::Utc::now() + chrono::Duration::hours(1));
-    assert_eq!(queue.manual().reap().unwrap(), 1);
-    clock.advance(secs(2));
     let lease = queue
         .manual()
         .claim("default", "rerun", 1, secs(30))
         .unwrap()
         .remove(0);
     assert_eq!(lease.job_id, id);
-    assert_eq!(lease.attempt, 2);
+    // 2 if the killed run's start was recorded (about a second after it
+    // began), else 1: a run whose start was not recorded is given back.
+    assert!((1..=2).contains(&lease.attempt), "{lease:?}");
     queue
         .complete_with(&lease, |tx: &tickler::rusqlite::Transaction| {
             insert_effect(tx, Some(id.0), Some(&lease.run_token.0), "effect")?;

@@ -216,3 +216,45 @@ pub fn mode(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
 }
+
+/// Whether `pid` is a live process: a zombie (dead, not yet reaped)
+/// counts as gone. Linux only (reads /proc).
+#[cfg(target_os = "linux")]
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // The state follows the parenthesised command name, which may
+            // itself hold a parenthesis.
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        }
+        Err(_) => false,
+    }
+}
+
+/// Live processes (zombies excluded) whose environment holds `var=value`:
+/// a variable a test gives a command is inherited by everything the
+/// command starts, even by what leaves its process group or session.
+/// Linux only (reads /proc; only this user's processes are readable).
+#[cfg(target_os = "linux")]
+pub fn processes_with_env(var: &str, value: &str) -> Vec<i32> {
+    let wanted = format!("{var}={value}");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found: Vec<i32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            // A zombie's environment reads as empty.
+            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| {
+                environ
+                    .split(|b| *b == 0)
+                    .any(|entry| entry == wanted.as_bytes())
+            })
+        })
+        .filter(|pid| alive(*pid))
+        .collect();
+    found.sort_unstable();
+    found
+}

@@ -635,6 +635,13 @@ pub struct Report {
     pub pg_live_tuples: i64,
     pub pg_dead_tuples: i64,
     pub pg_autovacuums: i64,
+    /// Jobs that used more than one attempt.
+    pub jobs_with_retries: usize,
+    /// Jobs, and runs, given back uncounted (claimed, never started).
+    pub jobs_given_back: usize,
+    pub runs_given_back: usize,
+    /// Jobs that used more attempts than they had runs that started.
+    pub attempts_without_a_start: usize,
     pub violations: Vec<String>,
 }
 
@@ -703,6 +710,14 @@ impl std::fmt::Display for Report {
             self.kills_hit_running,
             self.runs_hit_by_disruptions,
             self.live_runs_not_counted
+        )?;
+        writeln!(
+            f,
+            "  attempts:                   {} jobs used more than one; {} runs of {} jobs given back uncounted (claimed, never started); {} jobs used an attempt no run of theirs started",
+            self.jobs_with_retries,
+            self.runs_given_back,
+            self.jobs_given_back,
+            self.attempts_without_a_start
         )?;
         writeln!(
             f,
@@ -1208,6 +1223,32 @@ impl Probe {
         }
     }
 
+    /// Per job: its attempts, and its runs given back uncounted.
+    fn attempts(&mut self) -> HashMap<i64, (i64, i64)> {
+        let sql = "SELECT id, attempts, given_back FROM tickler_jobs";
+        match self {
+            Probe::Sqlite(c) => {
+                let mut stmt = c.prepare(sql).unwrap();
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))
+                    .unwrap();
+                rows.collect::<rusqlite::Result<_>>().unwrap()
+            }
+            #[cfg(feature = "postgres")]
+            Probe::Postgres(c) => c
+                .query(sql, &[])
+                .unwrap()
+                .iter()
+                .map(|r| (r.get(0), (r.get(1), r.get(2))))
+                .collect(),
+            #[cfg(feature = "mysql")]
+            Probe::Mysql(c) => my::query::<(i64, i64, i64)>(c, sql)
+                .into_iter()
+                .map(|(id, attempts, given_back)| (id, (attempts, given_back)))
+                .collect(),
+        }
+    }
+
     fn by_state(&mut self) -> BTreeMap<String, u64> {
         let sql = "SELECT status, count(*) FROM tickler_jobs GROUP BY status";
         match self {
@@ -1436,7 +1477,7 @@ fn check(settings: &Settings, queue: &Queue, killed: &HashSet<u32>, report: &mut
             && row
                 .new_error
                 .as_deref()
-                .is_some_and(|e| e.starts_with("lease expired"))
+                .is_some_and(|e| e.starts_with("lease expired") || e.starts_with("worker gone"))
         {
             EndedBy::Reaper
         } else {
@@ -1691,6 +1732,34 @@ fn check(settings: &Settings, queue: &Queue, killed: &HashSet<u32>, report: &mut
             report.runs_hit_by_disruptions,
             report.live_runs_not_counted
         ));
+    }
+
+    // An attempt counts when its handler starts: no job used more
+    // attempts than it had runs that started (a handler's `start` line),
+    // however often its claims were cut short by kills before a start.
+    let mut started_runs: HashMap<i64, i64> = HashMap::new();
+    for token in started_by.keys() {
+        if let Some(job) = claims.get(*token) {
+            *started_runs.entry(*job).or_default() += 1;
+        }
+    }
+    for (job, (attempts, given_back)) in db.attempts() {
+        let started = started_runs.get(&job).copied().unwrap_or(0);
+        if attempts > 1 {
+            report.jobs_with_retries += 1;
+        }
+        if given_back > 0 {
+            report.jobs_given_back += 1;
+            report.runs_given_back += given_back as usize;
+        }
+        if attempts > started {
+            report.attempts_without_a_start += 1;
+            if report.attempts_without_a_start <= 10 {
+                report.violations.push(format!(
+                    "job {job} used {attempts} attempt(s) but only {started} of its runs started"
+                ));
+            }
+        }
     }
 
     if !settings.is_server() && report.max_wal_bytes >= report.wal_bound {

@@ -113,6 +113,19 @@ pub enum Command {
     /// size before and after.
     #[command(after_help = "Example:\n  tickler checkpoint")]
     Checkpoint,
+
+    /// Internal: what `work` runs each shell command under, to stop the
+    /// command's whole process tree with its job (see supervise.rs).
+    #[command(name = crate::supervise::SUBCOMMAND, hide = true)]
+    Supervise(SuperviseArgs),
+}
+
+/// `__supervise` arguments.
+#[derive(Debug, Args)]
+pub struct SuperviseArgs {
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true)]
+    pub argv: Vec<std::ffi::OsString>,
 }
 
 const ENQUEUE_HELP: &str = "Examples:
@@ -137,12 +150,19 @@ The `shell` payload: {\"argv\": [\"cmd\", \"arg\"], \"cwd\": \"/some/dir\", \"en
 through; TICKLER_JOB_ID, TICKLER_ATTEMPT and TICKLER_RUN_TOKEN are set for it. Exit 0
 means succeeded; another exit code fails the attempt (retried after a backoff, dead
 when attempts are used up) with the exit code and the last 4 KiB of stderr as the
-error; past its timeout the command is killed and the attempt fails. Jobs of other
+error; past its timeout the command is stopped and the attempt fails. Jobs of other
 kinds are left for other workers. `work` also fires the due ticks of every schedule
 in the file (`tickler schedule add`), whatever their kind.
 
 First SIGINT/SIGTERM: stop claiming and wait up to --grace for running commands.
 Second: kill them now; they run again later without losing an attempt.
+
+A command is stopped with every process it started, and its job's outcome waits
+until they are all gone: SIGTERM, then SIGKILL 2s later, past its timeout or the
+--grace; SIGKILL at once on `tickler cancel`, on a second signal, or if `work` dies
+(each command runs under `tickler __supervise`). What a command leaves running when
+it exits is stopped too. Linux only for processes that left the command's process
+group.
 
 Whoever can write the queue file can run commands as you, so `work` refuses a file
 (or folder) that other users can write, unless --allow-shared-db.";

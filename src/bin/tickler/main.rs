@@ -12,6 +12,7 @@ mod schedule;
 #[cfg(feature = "serve")]
 mod serve;
 mod shell;
+mod supervise;
 mod work;
 
 use clap::Parser;
@@ -21,6 +22,11 @@ use error::CliError;
 
 fn main() {
     let cli = Cli::parse();
+    if let Command::Supervise(args) = &cli.command {
+        // Before the logger (its stderr is the job's) and with SIGPIPE
+        // still ignored (it must not die writing to a `work` that is gone).
+        supervise::run(&args.argv);
+    }
     if !matches!(cli.command, Command::Work(_)) {
         // Like other Unix tools, end quietly when the reader of our output
         // goes away (`tickler list | head`) instead of failing on a write.
@@ -57,6 +63,7 @@ fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Checkpoint => ops::checkpoint(db),
         Command::Work(args) => work::work(db, args, cli.allow_shared_db),
         Command::Schedule(command) => schedule::run(db, command, times),
+        Command::Supervise(args) => supervise::run(&args.argv),
         Command::Queue(command) => ops::queue(db, command),
         #[cfg(feature = "serve")]
         Command::Serve(args) => serve::serve(db, args),

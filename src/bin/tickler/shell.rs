@@ -1,8 +1,15 @@
-//! The built-in `shell` job kind: runs a command without a shell.
+//! The built-in `shell` job kind: runs a command without a shell, under a
+//! supervisor process (`supervise.rs`) that stops the command's whole
+//! process tree with it: on a timeout, a lost lease (cancel), a shutdown,
+//! or the death of `tickler work`; the job's outcome is reported only once
+//! the tree is gone.
 
+use crate::supervise;
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -107,25 +114,7 @@ impl Shell {
                     "payload timeout: {e}; write durations like 30s, 5m, 2h"
                 ))
             })?;
-        let mut command = Command::new(program);
-        command
-            .args(&payload.argv[1..])
-            .envs(&payload.env)
-            .env("TICKLER_JOB_ID", ctx.job_id().to_string())
-            .env("TICKLER_ATTEMPT", ctx.attempt().to_string())
-            .env("TICKLER_RUN_TOKEN", &ctx.run_token().0)
-            .stdin(Stdio::null())
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::piped())
-            // Its own process group: a Ctrl-C at the terminal reaches
-            // `tickler work` only (which then waits for the command), and a
-            // kill reaches the command's own children too.
-            .process_group(0);
-        if let Some(cwd) = &payload.cwd {
-            command.current_dir(cwd);
-        }
-        die_with_this_thread(&mut command);
-        let mut child = command.spawn().map_err(|e| {
+        let cannot_run = |e: std::io::Error| {
             let message = format!("cannot run {program:?}: {e}");
             match e.kind() {
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
@@ -133,12 +122,52 @@ impl Shell {
                 }
                 _ => JobError::Retry(message),
             }
-        })?;
+        };
+        // Ours is the end `work` keeps; its closing, when we die, tells the
+        // supervisor to kill the tree.
+        let (control, theirs) = UnixStream::pair().map_err(cannot_run)?;
+        let mut supervisor_command = Command::new(supervise::program().map_err(cannot_run)?);
+        supervisor_command
+            .arg0("tickler")
+            .arg(supervise::SUBCOMMAND)
+            .arg("--")
+            .args(&payload.argv)
+            // The supervisor passes its environment and folder on to the
+            // command, and a missing folder fails its start as it would
+            // fail the command's.
+            .envs(&payload.env)
+            .env("TICKLER_JOB_ID", ctx.job_id().to_string())
+            .env("TICKLER_ATTEMPT", ctx.attempt().to_string())
+            .env("TICKLER_RUN_TOKEN", &ctx.run_token().0)
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::piped())
+            // Its own process group: a Ctrl-C at the terminal reaches
+            // `tickler work` only, which then stops its jobs as it should.
+            .process_group(0);
+        if let Some(cwd) = &payload.cwd {
+            supervisor_command.current_dir(cwd);
+        }
+        // Keeps this process's leases from being taken back early (as a dead
+        // holder's) while the supervisor, and so the tree, still lives:
+        tickler::holder::pass_to(&mut supervisor_command);
+        let spawned = supervisor_command.spawn();
+        // It holds this process's copy of the supervisor's end, which must
+        // close for the supervisor to see end-of-file when `work` dies.
+        drop(supervisor_command);
+        let mut supervisor = Supervisor {
+            child: spawned.map_err(cannot_run)?,
+            control,
+        };
         let tail = Arc::new(Mutex::new(Vec::new()));
-        let reader_done = spawn_stderr_reader(&mut child, Arc::clone(&tail));
-        let end = self.wait(ctx, &mut child, timeout);
-        // Grandchildren that left the process group could keep the pipe
-        // open: do not wait for them.
+        let reader_done = spawn_stderr_reader(&mut supervisor.child, Arc::clone(&tail));
+        let end = self.wait(ctx, &mut supervisor, timeout);
+        if let Some(e) = supervisor.cannot_run(program) {
+            return Err(e);
+        }
+        // The tree is gone by now, but a process outside it that was given
+        // the pipe (or, without a subreaper, one that left the command's
+        // group) could keep it open: do not wait for it.
         let _ = reader_done.recv_timeout(Duration::from_secs(1));
         let stderr = stderr_text(&tail.lock().unwrap_or_else(PoisonError::into_inner));
         let with_stderr = |what: String| {
@@ -171,36 +200,60 @@ impl Shell {
         }
     }
 
-    /// Waits for the command, killing it on timeout, lost lease or shutdown.
-    fn wait(&self, ctx: &JobContext, child: &mut Child, timeout: Option<Duration>) -> End {
+    /// Waits for the supervisor, which exits once the command and all it
+    /// started are gone. A timeout, or the end of the shutdown's grace,
+    /// asks it to stop the tree (SIGTERM, then SIGKILL); a lost lease or a
+    /// second SIGINT/SIGTERM, to kill it at once (see `supervise.rs`).
+    fn wait(
+        &self,
+        ctx: &JobContext,
+        supervisor: &mut Supervisor,
+        timeout: Option<Duration>,
+    ) -> End {
         let started = Instant::now();
         let mut pause = Duration::from_millis(1);
+        let mut stopping: Option<Kill> = None;
+        let mut killing = false;
         loop {
-            match child.try_wait() {
-                Ok(Some(status)) => return End::Exited(status),
+            match supervisor.child.try_wait() {
+                Ok(Some(status)) => {
+                    return match stopping {
+                        Some(kill) => End::Killed(kill),
+                        None => End::Exited(status),
+                    }
+                }
                 Ok(None) => {}
                 Err(e) => {
                     log::warn!("job {}: waiting for the command: {e}", ctx.job_id());
                 }
             }
-            let kill = if self.hard_stop.load(Ordering::SeqCst) {
-                Some(Kill::Shutdown)
-            } else {
-                match ctx.cancel_reason() {
-                    Some(CancelReason::LeaseLost) => Some(Kill::LeaseLost),
-                    Some(CancelReason::Shutdown) => Some(Kill::Shutdown),
-                    Some(CancelReason::Timeout) => Some(Kill::Timeout(
-                        ctx.lease().timeout.unwrap_or_else(|| started.elapsed()),
-                    )),
-                    _ => timeout
-                        .filter(|limit| started.elapsed() >= *limit)
-                        .map(Kill::Timeout),
+            let hard_stop = self.hard_stop.load(Ordering::SeqCst);
+            let reason = ctx.cancel_reason();
+            let urgent = hard_stop || reason == Some(CancelReason::LeaseLost);
+            if stopping.is_none() {
+                stopping = if hard_stop {
+                    Some(Kill::Shutdown)
+                } else {
+                    match reason {
+                        Some(CancelReason::LeaseLost) => Some(Kill::LeaseLost),
+                        Some(CancelReason::Shutdown) => Some(Kill::Shutdown),
+                        Some(CancelReason::Timeout) => Some(Kill::Timeout(
+                            ctx.lease().timeout.unwrap_or_else(|| started.elapsed()),
+                        )),
+                        _ => timeout
+                            .filter(|limit| started.elapsed() >= *limit)
+                            .map(Kill::Timeout),
+                    }
+                };
+                if stopping.is_some() && !urgent {
+                    supervisor.send(supervise::STOP);
                 }
-            };
-            if let Some(kill) = kill {
-                kill_group(child);
-                let _ = child.wait();
-                return End::Killed(kill);
+            }
+            // Also during a stop under way: its grace is for a job that is
+            // still ours and a shutdown that is not hurried.
+            if stopping.is_some() && urgent && !killing {
+                supervisor.send(supervise::KILL);
+                killing = true;
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(20));
@@ -208,64 +261,43 @@ impl Shell {
     }
 }
 
-/// Makes the kernel SIGKILL the command when the thread that spawns it
-/// ends, which is when `tickler work` dies for any reason (SIGKILL, a
-/// crash, the OOM killer): otherwise the command, in its own process group,
-/// would go on after its worker, and the job's retry by another worker
-/// would run beside it.
-///
-/// Linux's `PR_SET_PDEATHSIG` is tied to the spawning *thread*, not the
-/// process. That thread is the pool's worker thread running this handler,
-/// which waits for the command before it returns, so it outlives the
-/// command in normal operation. The signal reaches the command itself;
-/// processes the command started in turn (a pipeline in `sh -c`) are
-/// orphaned, as with any parent that dies, unless they were already
-/// killed with the group (timeouts, lost leases, a second SIGTERM).
-///
-/// A subreaper (`PR_SET_CHILD_SUBREAPER`) would not help: it adopts
-/// orphans of a living worker, and dies with it.
-///
-/// macOS and the BSDs have no such signal (FreeBSD's
-/// `procctl(PROC_PDEATHSIG_CTL)` is not used here): there a command
-/// outlives a killed worker; its late result is refused by run_token
-/// fencing, but its side effects can overlap the retry's.
-#[cfg(target_os = "linux")]
-fn die_with_this_thread(command: &mut Command) {
-    // SAFETY: getpid has no preconditions.
-    let worker = unsafe { libc::getpid() };
-    // SAFETY: the closure runs in the forked child before exec and calls
-    // only prctl and getppid, which are async-signal-safe.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The worker may have died between fork and prctl.
-            if libc::getppid() != worker {
-                libc::_exit(137);
-            }
-            Ok(())
-        });
-    }
+/// A running supervisor and our end of its stdin.
+struct Supervisor {
+    child: Child,
+    /// Dropped only once the supervisor exited: closing it earlier would
+    /// make the supervisor kill the tree.
+    control: UnixStream,
 }
 
-#[cfg(not(target_os = "linux"))]
-fn die_with_this_thread(_command: &mut Command) {}
+impl Supervisor {
+    /// Sends [`supervise::STOP`] or [`supervise::KILL`]. A supervisor that
+    /// already exited cannot read it, and needs not.
+    fn send(&mut self, message: u8) {
+        // `work` ignores SIGPIPE, so a closed socket is only an error here.
+        let _ = self.control.write_all(&[message]);
+    }
 
-/// SIGKILL to the command's process group (its children too), then to the
-/// command itself in case it left the group.
-fn kill_group(child: &mut Child) {
-    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-        // SAFETY: kill(2) has no memory effects; a negative pid names the
-        // process group the child leads (set by `process_group(0)`).
-        unsafe {
-            libc::kill(-pid, libc::SIGKILL);
+    /// Why the command could not start, once the supervisor exited: what
+    /// it wrote back, if anything.
+    fn cannot_run(&mut self, program: &str) -> Option<JobError> {
+        let mut report = Vec::new();
+        // Not blocking: a copy of the supervisor's end may live on for a
+        // moment in another job's supervisor between its fork and exec
+        // (the end is close-on-exec), but what was written is there.
+        if self.control.set_nonblocking(true).is_ok() {
+            let _ = self.control.read_to_end(&mut report);
         }
+        let (&class, text) = report.split_first()?;
+        let message = format!("cannot run {program:?}: {}", String::from_utf8_lossy(text));
+        Some(if class == supervise::CANNOT_RUN_PERMANENT {
+            JobError::Permanent(message)
+        } else {
+            JobError::Retry(message)
+        })
     }
-    let _ = child.kill();
 }
 
-/// Reads the child's stderr, keeping the last [`STDERR_TAIL`] bytes; the
+/// Reads the supervisor's stderr (the command's), keeping the last [`STDERR_TAIL`] bytes; the
 /// receiver gets a message when the pipe closes.
 fn spawn_stderr_reader(child: &mut Child, tail: Arc<Mutex<Vec<u8>>>) -> mpsc::Receiver<()> {
     let (done_tx, done_rx) = mpsc::channel();

@@ -4,6 +4,7 @@ use crate::cli::WorkArgs;
 use crate::error::CliError;
 use crate::files;
 use crate::shell::{self, Shell};
+use crate::supervise;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use std::path::Path;
@@ -15,6 +16,20 @@ use tickler::{JobContext, Queue, ReaperConfig, RetryPolicy, WorkerPool};
 /// How long to wait, after the grace period, for killed commands' outcomes
 /// to be recorded.
 const AFTER_GRACE: Duration = Duration::from_secs(5);
+
+/// How long past a job's timeout the pool waits for its handler before it
+/// fails the job without it (and may run it again).
+const TIMEOUT_GRACE: Duration = Duration::from_secs(5);
+
+// A stopped command's tree gets SIGKILL after `KILL_GRACE` and its
+// outcome is recorded once the tree is gone: within both waits, with room
+// for a loaded machine, or the job would be recorded (and run again)
+// while the old tree still runs, or `work` would exit without waiting for
+// it.
+const _: () = assert!(
+    2 * supervise::KILL_GRACE.as_millis() <= AFTER_GRACE.as_millis()
+        && 2 * supervise::KILL_GRACE.as_millis() <= TIMEOUT_GRACE.as_millis()
+);
 
 /// `tickler work`.
 pub fn work(db: &Path, args: &WorkArgs, allow_shared_db: bool) -> Result<(), CliError> {
@@ -56,6 +71,7 @@ pub fn work(db: &Path, args: &WorkArgs, allow_shared_db: bool) -> Result<(), Cli
         .threads(args.threads as usize)
         .lease(args.lease)
         .shutdown_grace(args.grace)
+        .timeout_grace(TIMEOUT_GRACE)
         .reaper(ReaperConfig {
             interval: args.reap_interval,
             prune_finished_after: None,

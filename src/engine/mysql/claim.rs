@@ -85,6 +85,10 @@ fn run_token() -> String {
 struct InTransaction<'a, 'b> {
     tx: &'a mut Tx<'b>,
     claim_id: i64,
+    /// Written as each claimed job's holder.
+    holder: &'a str,
+    /// The claim starts the runs (see `Claim::starts`).
+    starts: bool,
 }
 
 impl ClaimTx for InTransaction<'_, '_> {
@@ -156,7 +160,7 @@ impl ClaimTx for InTransaction<'_, '_> {
             .chunks(CLAIM_ROWS_PER_UPDATE)
             .zip(tokens.chunks(CLAIM_ROWS_PER_UPDATE))
         {
-            let mut values = Vec::with_capacity(ids.len() * 3 + 5);
+            let mut values = Vec::with_capacity(ids.len() * 3 + 7);
             for (id, token) in ids.iter().zip(tokens) {
                 values.extend(args![*id, token.as_str()]);
             }
@@ -165,7 +169,9 @@ impl ClaimTx for InTransaction<'_, '_> {
                 now,
                 expires,
                 expires - now,
-                self.claim_id
+                self.claim_id,
+                self.holder,
+                self.starts.then_some(now)
             ]);
             values.extend(ids.iter().map(|id| Value::from(*id)));
             self.tx.exec(
@@ -173,7 +179,7 @@ impl ClaimTx for InTransaction<'_, '_> {
                     "UPDATE tickler_jobs
                      SET status = 'running', run_token = CASE id {} END, attempts = attempts + 1,
                          claimed_by = ?, claimed_at = ?, lease_expires_at = ?, lease_ms = ?,
-                         claim_id = ?
+                         claim_id = ?, holder = ?, started_at = ?
                      WHERE id IN ({})",
                     "WHEN ? THEN ? ".repeat(ids.len()),
                     marks(ids.len())
@@ -343,7 +349,12 @@ impl Claims for Store {
                         let claim_id = fastrand::i64(..);
                         last_claim.set(Some(claim_id));
                         let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
-                        let mut claim_tx = InTransaction { tx, claim_id };
+                        let mut claim_tx = InTransaction {
+                            tx,
+                            claim_id,
+                            holder: &self.holder,
+                            starts: claim.starts,
+                        };
                         (claim.rules)(&mut claim_tx, claim.request, now, expires)?
                     }
                     (None, _) => Some(Vec::new()),

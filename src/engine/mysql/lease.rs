@@ -3,8 +3,8 @@
 //! refused that), whether leases are still held, and the reaper's look
 //! (after moving leases a backward step of the clock left "in the future").
 
-use super::connection::{args, marks, named, statement_level};
-use super::outcome::{lock_running_in_order, REAP_SQL};
+use super::connection::{args, marks, named, statement_level, Tx};
+use super::outcome::{lock_running_in_order, GIVE_BACK_SQL, REAP_SQL};
 use super::rows::get;
 use super::Store;
 use crate::clock::ms_to_datetime;
@@ -147,7 +147,7 @@ impl Leases for Store {
             }
             let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
             let (expired, batch_full) = tx.lock_found(
-                "id, run_token, attempts, coalesce(claimed_by, '?'), lease_expires_at",
+                HELD_RUN_COLUMNS,
                 "tickler_jobs_running",
                 "status = 'running' AND lease_expires_at < ?",
                 "ORDER BY lease_expires_at",
@@ -179,36 +179,18 @@ impl Leases for Store {
                     stopped,
                 )?;
             }
-            let mut taken = 0u64;
             let mut left = Vec::new();
+            let mut chosen = Vec::new();
             for row in &expired {
-                let lease = ExpiredLease {
-                    id: get(row, 0)?,
-                    run_token: get(row, 1)?,
-                    expires_at: get(row, 4)?,
-                };
+                let run = held_run(row)?;
                 // No look waits for a lock on the whole database here.
-                if !take(&lease, false) {
-                    left.push(lease);
-                    continue;
+                if take(&run.lease, false) {
+                    chosen.push(run);
+                } else {
+                    left.push(run.lease);
                 }
-                let attempts: i64 = get(row, 2)?;
-                let worker: String = get(row, 3)?;
-                let attempt = u32::try_from(attempts.max(0)).unwrap_or(u32::MAX);
-                let retry_at = retry_time(now, &policy, attempt);
-                let error = lease_expired_error(&worker, attempts);
-                taken += tx.exec_named(
-                    REAP_SQL,
-                    &[
-                        ("now", Value::from(now)),
-                        ("retry_at", Value::from(retry_at)),
-                        ("error", Value::from(cut_error(&error).as_ref())),
-                        ("id", Value::from(lease.id)),
-                        ("token", Value::from(lease.run_token.as_str())),
-                        ("cutoff", Value::from(now)),
-                    ],
-                )?;
             }
+            let taken = take_back_runs(tx, &chosen, now, now, &policy)?;
             Ok(ReapLook {
                 taken,
                 left,
@@ -220,6 +202,155 @@ impl Leases for Store {
     fn wake_watchers(&self) {
         self.notify_watchers();
     }
+
+    fn lease_holders(&self, machine_prefix: &str) -> Result<Vec<(String, i64)>> {
+        let length = machine_prefix.len() as i64;
+        self.read(|tx| {
+            tx.rows(
+                &format!(
+                    "SELECT holder, CAST(max({RENEWED}) AS SIGNED) FROM tickler_jobs
+                     FORCE INDEX (tickler_jobs_running)
+                     WHERE status IN ('running', 'cancelled', 'dead')
+                       AND lease_expires_at IS NOT NULL
+                       AND substring(holder, 1, ?) = ?
+                     GROUP BY holder"
+                ),
+                args![length, machine_prefix],
+            )?
+            .iter()
+            .map(|r| Ok((get::<String>(r, 0)?, get::<i64>(r, 1)?)))
+            .collect()
+        })
+    }
+
+    fn take_back_from(&self, holders: &[String]) -> Result<u64> {
+        let policy = self.retry_policy;
+        let holders: Vec<Value> = holders.iter().map(|h| Value::from(h.as_str())).collect();
+        let condition = format!("holder IN ({})", marks(holders.len()));
+        let taken = self.write(|tx, _| {
+            let now = self.now_ms();
+            let (runs, _) = tx.lock_found(
+                HELD_RUN_COLUMNS,
+                "tickler_jobs_running",
+                &format!("status = 'running' AND {condition}"),
+                "",
+                holders.clone(),
+                REAP_BATCH,
+            )?;
+            let stopping: Vec<Value> = tx
+                .lock_found(
+                    "id",
+                    "tickler_jobs_running",
+                    &format!(
+                        "status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL \
+                         AND {condition}"
+                    ),
+                    "",
+                    holders.clone(),
+                    REAP_BATCH,
+                )?
+                .0
+                .iter()
+                .map(|r| get::<i64>(r, 0).map(Value::from))
+                .collect::<Result<_>>()?;
+            if !stopping.is_empty() {
+                tx.exec(
+                    &format!(
+                        "UPDATE tickler_jobs FORCE INDEX (PRIMARY) SET lease_expires_at = NULL
+                         WHERE id IN ({})",
+                        marks(stopping.len())
+                    ),
+                    stopping,
+                )?;
+            }
+            let runs = runs.iter().map(held_run).collect::<Result<Vec<_>>>()?;
+            take_back_runs(tx, &runs, now, MAX_TIMESTAMP_MS, &policy)
+        })?;
+        self.notify_watchers();
+        Ok(taken)
+    }
+
+    fn mark_started(&self, leases: &[&Lease]) -> Result<()> {
+        let mut order: Vec<&&Lease> = leases.iter().collect();
+        // In id order, as every batch of this engine locks rows.
+        order.sort_by_key(|l| l.job_id.0);
+        self.write(|tx, _| {
+            let now = self.now_ms();
+            for lease in &order {
+                tx.exec_named(
+                    concat!(
+                        "UPDATE tickler_jobs SET started_at = :now ",
+                        fence!(":id", ":token"),
+                        " AND started_at IS NULL"
+                    ),
+                    &[
+                        ("now", Value::from(now)),
+                        ("id", Value::from(lease.job_id.0)),
+                        ("token", Value::from(lease.run_token.0.as_str())),
+                    ],
+                )?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// When a lease was last granted or renewed (ms); see the SQLite engine.
+const RENEWED: &str = "lease_expires_at - coalesce(lease_ms, lease_expires_at - claimed_at)";
+
+/// The columns of a [`HeldRun`].
+const HELD_RUN_COLUMNS: &str = "id, run_token, attempts, coalesce(claimed_by, '?'), \
+     lease_expires_at, started_at IS NOT NULL";
+
+fn held_run(row: &mysql::Row) -> Result<HeldRun> {
+    let attempts: i64 = get(row, 2)?;
+    Ok(HeldRun {
+        lease: ExpiredLease {
+            id: get(row, 0)?,
+            run_token: get(row, 1)?,
+            expires_at: get(row, 4)?,
+        },
+        attempts: u32::try_from(attempts.max(0)).unwrap_or(u32::MAX),
+        worker: get(row, 3)?,
+        started: get::<i64>(row, 5)? != 0,
+    })
+}
+
+/// Takes back `runs` whose leases expired before `cutoff` (ms; at
+/// `MAX_TIMESTAMP_MS`, whatever their expiry: their holder is gone), at `now`,
+/// by the reaper's rule ([`reap_statement`]); returns how many.
+fn take_back_runs(
+    tx: &mut Tx<'_>,
+    runs: &[HeldRun],
+    now: i64,
+    cutoff: i64,
+    policy: &crate::retry::RetryPolicy,
+) -> Result<u64> {
+    let mut taken = 0u64;
+    for run in runs {
+        let lease = &run.lease;
+        let (sql, mut values) = match reap_statement(run, now, policy, cutoff == MAX_TIMESTAMP_MS) {
+            ReapStatement::GiveBack { note } => (
+                GIVE_BACK_SQL,
+                vec![("error", Value::from(cut_error(&note).as_ref()))],
+            ),
+            ReapStatement::Fail { retry_at, error } => (
+                REAP_SQL,
+                vec![
+                    ("retry_at", Value::from(retry_at)),
+                    ("error", Value::from(cut_error(&error).as_ref())),
+                ],
+            ),
+        };
+        values.extend([
+            ("now", Value::from(now)),
+            ("id", Value::from(lease.id)),
+            ("token", Value::from(lease.run_token.as_str())),
+            ("cutoff", Value::from(cutoff)),
+        ]);
+        taken += tx.exec_named(sql, &values)?;
+    }
+    Ok(taken)
 }
 
 impl Store {

@@ -72,6 +72,8 @@ pub(crate) struct Store {
     pool: connection::Connections,
     clock: Arc<dyn Clock>,
     retry_policy: RetryPolicy,
+    /// This process, as each lease it claims records it.
+    holder: String,
     retry_window: Duration,
     signals: Arc<watch::Signals>,
     /// `Full` when the server flushes InnoDB's log at every commit
@@ -111,6 +113,7 @@ impl Store {
             pool,
             clock: Arc::new(crate::clock::SystemClock),
             retry_policy: settings.retry_policy,
+            holder: settings.holder.to_owned(),
             retry_window,
             signals: watch::Signals::new(settings.fallback_poll),
             durability: Durability::Full,

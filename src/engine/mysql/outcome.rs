@@ -68,6 +68,18 @@ pub(super) const REAP_SQL: &str = concat!(
     " AND lease_expires_at < :cutoff"
 );
 
+/// The reaper's statement for a run that never started; see the SQLite
+/// engine. The error history is written before `attempts` changes (MySQL
+/// assigns left to right, each seeing the ones before). :now, :error (the
+/// note), :id, :token, :cutoff.
+pub(super) const GIVE_BACK_SQL: &str = concat!(
+    "UPDATE tickler_jobs SET status = 'pending', ",
+    append_error!(),
+    ", attempts = attempts - 1, given_back = given_back + 1, lease_expires_at = NULL ",
+    fence!(":id", ":token"),
+    " AND lease_expires_at < :cutoff AND started_at IS NULL"
+);
+
 /// :now, :error, :id, :token.
 pub(super) const DEAD_SQL: &str = concat!(
     "UPDATE tickler_jobs

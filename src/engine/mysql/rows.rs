@@ -15,7 +15,7 @@ use std::time::Duration;
 
 pub(crate) const LEASE_COLUMNS: &str =
     "id, queue, kind, payload, priority, run_at, attempts, max_attempts, run_token, \
-     lease_expires_at, timeout_ms";
+     lease_expires_at, timeout_ms, given_back";
 
 pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
@@ -93,6 +93,7 @@ pub(crate) fn claimed_from_row(r: &Row, fresh: Option<&Fresh<'_>>) -> Result<Cla
         run_token: RunToken(run_token.clone()),
         lease_expires_at: ms_to_datetime(expires),
         timeout: timeout(get(r, 10)?),
+        given_back: count(get(r, 11)?),
     };
     Ok(if problems.is_empty() {
         ClaimedRow::Readable(lease)

@@ -121,3 +121,14 @@ CREATE TABLE IF NOT EXISTS tickler_paused_queues (
     queue     VARBINARY(255) NOT NULL PRIMARY KEY,
     paused_at BIGINT         NOT NULL
 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC;
+
+-- migration: 2
+-- What a crash costs, as in the SQLite schema (migration 7 there): the
+-- process holding a lease, when its run was known to have started, and
+-- the runs given back uncounted. One statement: MySQL 8 applies it
+-- atomically, and both servers add these columns without copying rows.
+ALTER TABLE tickler_jobs
+    ADD COLUMN holder VARBINARY(1024),
+    ADD COLUMN started_at BIGINT,
+    ADD COLUMN given_back BIGINT NOT NULL DEFAULT 0,
+    ADD CONSTRAINT tickler_jobs_given_back CHECK (given_back >= 0);

@@ -39,7 +39,8 @@ const UNBLOCKED: &str = "(job.unique_key IS NULL OR NOT EXISTS (
 const PREPARED_LIMITS: i64 = 64;
 
 /// The claiming UPDATE: $1 worker_id, $2 now, $3 lease expiry, $4 queue,
-/// $5 limit, $6 the claim's id, $7 kinds (if filtered). The queue's pause
+/// $5 limit, $6 the claim's id, $7 holder, $8 started_at (NULL for a claim
+/// ahead of the handlers), $9 kinds (if filtered). The queue's pause
 /// flag is read by the same statement, in its snapshot: read by an earlier
 /// statement, a pause and an enqueue both committed in between would let
 /// the claim take the new jobs of the paused queue. It names the queue
@@ -63,12 +64,13 @@ const PREPARED_LIMITS: i64 = 64;
 /// and a plan a planner may trade for a sort.
 fn claim_sql(kinds: bool, order: ClaimOrder, limit: i64) -> String {
     let order = order.sql();
-    let kind_filter = if kinds { "AND kind = ANY($7)" } else { "" };
+    let kind_filter = if kinds { "AND kind = ANY($9)" } else { "" };
     format!(
         "UPDATE tickler_jobs
          SET status = 'running', run_token = gen_random_uuid()::text, attempts = attempts + 1,
              claimed_by = $1, claimed_at = $2::bigint, lease_expires_at = $3::bigint,
-             lease_ms = $3::bigint - $2::bigint, claim_id = $6::bigint
+             lease_ms = $3::bigint - $2::bigint, claim_id = $6::bigint,
+             holder = $7, started_at = $8::bigint
          WHERE id = ANY(ARRAY(
              SELECT id FROM tickler_jobs AS job
              WHERE status = 'pending' AND queue = $4 {kind_filter} AND {UNBLOCKED}
@@ -86,6 +88,10 @@ fn claim_sql(kinds: bool, order: ClaimOrder, limit: i64) -> String {
 struct InTransaction<'a, 'b> {
     tx: &'a mut Tx<'b>,
     claim_id: i64,
+    /// Written as each claimed job's holder.
+    holder: &'a str,
+    /// The claim starts the runs (see `Claim::starts`).
+    starts: bool,
 }
 
 impl ClaimTx for InTransaction<'_, '_> {
@@ -109,9 +115,30 @@ impl ClaimTx for InTransaction<'_, '_> {
         let sql = claim_sql(request.kinds.is_some(), order, want);
         let worker = storable(request.worker_id);
         let claim_id = self.claim_id;
+        let holder = self.holder;
+        let started_at = self.starts.then_some(now);
         let params: &[&(dyn postgres::types::ToSql + Sync)] = match &request.kinds {
-            Some(kinds) => &[&worker, &now, &expires, &queue, &want, &claim_id, kinds],
-            None => &[&worker, &now, &expires, &queue, &want, &claim_id],
+            Some(kinds) => &[
+                &worker,
+                &now,
+                &expires,
+                &queue,
+                &want,
+                &claim_id,
+                &holder,
+                &started_at,
+                kinds,
+            ],
+            None => &[
+                &worker,
+                &now,
+                &expires,
+                &queue,
+                &want,
+                &claim_id,
+                &holder,
+                &started_at,
+            ],
         };
         let rows = if want <= PREPARED_LIMITS {
             self.tx.query(&sql, params)?
@@ -265,7 +292,12 @@ impl Claims for Store {
                         let claim_id = fastrand::i64(..);
                         last_claim.set(Some(claim_id));
                         let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
-                        let mut claim_tx = InTransaction { tx, claim_id };
+                        let mut claim_tx = InTransaction {
+                            tx,
+                            claim_id,
+                            holder: &self.holder,
+                            starts: claim.starts,
+                        };
                         (claim.rules)(&mut claim_tx, claim.request, now, expires)?
                     }
                     (None, _) => Some(Vec::new()),

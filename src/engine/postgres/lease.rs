@@ -5,7 +5,7 @@
 //! jobs table when it needs one.
 
 use super::connection::{statement_level, storable};
-use super::outcome::{LOCK_IN_ORDER_SQL, REAP_SQL};
+use super::outcome::{GIVE_BACK_SQL, LOCK_IN_ORDER_SQL, REAP_SQL};
 use super::Store;
 use crate::clock::ms_to_datetime;
 use crate::engine::fence;
@@ -164,10 +164,11 @@ impl Leases for Store {
             tx.execute(CANCELLED_LEASE_STEP_SQL, &[&stepped_now, &margin])?;
             let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
             let expired = tx.query(
-                "SELECT id, run_token, attempts, coalesce(claimed_by, '?'), lease_expires_at
-                 FROM tickler_jobs
-                 WHERE status = 'running' AND lease_expires_at < $1::bigint
-                 ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+                &format!(
+                    "SELECT {HELD_RUN_COLUMNS} FROM tickler_jobs
+                     WHERE status = 'running' AND lease_expires_at < $1::bigint
+                     ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+                ),
                 &[&now, &REAP_BATCH],
             )?;
             tx.execute(
@@ -179,30 +180,17 @@ impl Leases for Store {
                 &[&now],
             )?;
             let batch_full = expired.len() as i64 >= REAP_BATCH;
-            let mut taken = 0u64;
             let mut left = Vec::new();
-            for row in expired {
-                let lease = ExpiredLease {
-                    id: row.get(0),
-                    run_token: row.get(1),
-                    expires_at: row.get(4),
-                };
+            let mut chosen = Vec::new();
+            for run in expired.iter().map(held_run) {
                 // No look waits for a lock on the whole database here.
-                if !take(&lease, false) {
-                    left.push(lease);
-                    continue;
+                if take(&run.lease, false) {
+                    chosen.push(run);
+                } else {
+                    left.push(run.lease);
                 }
-                let attempts: i64 = row.get(2);
-                let worker: String = row.get(3);
-                let attempt = u32::try_from(attempts.max(0)).unwrap_or(u32::MAX);
-                let retry_at = retry_time(now, &policy, attempt);
-                let error = lease_expired_error(&worker, attempts);
-                let error = storable(&cut_error(&error)).into_owned();
-                taken += tx.execute(
-                    REAP_SQL,
-                    &[&now, &retry_at, &error, &lease.id, &lease.run_token, &now],
-                )?;
             }
+            let taken = take_back_runs(tx, &chosen, now, now, &policy)?;
             Ok(ReapLook {
                 taken,
                 left,
@@ -218,6 +206,135 @@ impl Leases for Store {
     fn upkeep(&self) {
         self.maybe_vacuum();
     }
+
+    fn lease_holders(&self, machine_prefix: &str) -> Result<Vec<(String, i64)>> {
+        let length = machine_prefix.chars().count() as i32;
+        self.read(|tx| {
+            Ok(tx
+                .query(
+                    &format!(
+                        "SELECT holder, max({RENEWED})::bigint FROM tickler_jobs
+                         WHERE (status = 'running'
+                                OR (status IN ('cancelled', 'dead')
+                                    AND lease_expires_at IS NOT NULL))
+                           AND substr(holder, 1, $2) = $1
+                         GROUP BY holder"
+                    ),
+                    &[&machine_prefix, &length],
+                )?
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect())
+        })
+    }
+
+    fn take_back_from(&self, holders: &[String]) -> Result<u64> {
+        let policy = self.retry_policy;
+        let taken = self.write(|tx, _| {
+            let now = self.now_ms();
+            let runs = tx.query(
+                &format!(
+                    "SELECT {HELD_RUN_COLUMNS} FROM tickler_jobs
+                     WHERE status = 'running' AND holder = ANY($1)
+                     ORDER BY id FOR UPDATE SKIP LOCKED"
+                ),
+                &[&holders],
+            )?;
+            tx.execute(
+                "UPDATE tickler_jobs SET lease_expires_at = NULL
+                 WHERE id = ANY(ARRAY(
+                     SELECT id FROM tickler_jobs
+                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
+                       AND holder = ANY($1)
+                     FOR UPDATE SKIP LOCKED))",
+                &[&holders],
+            )?;
+            let runs: Vec<HeldRun> = runs.iter().map(held_run).collect();
+            take_back_runs(tx, &runs, now, MAX_TIMESTAMP_MS, &policy)
+        })?;
+        self.notify_watchers();
+        Ok(taken)
+    }
+
+    fn mark_started(&self, leases: &[&Lease]) -> Result<()> {
+        let mut order: Vec<&&Lease> = leases.iter().collect();
+        // In id order, as every batch of this engine locks rows.
+        order.sort_by_key(|l| l.job_id.0);
+        let ids: Vec<i64> = order.iter().map(|l| l.job_id.0).collect();
+        let tokens: Vec<&str> = order.iter().map(|l| l.run_token.0.as_str()).collect();
+        self.write(|tx, _| {
+            let now = self.now_ms();
+            tx.execute(
+                "UPDATE tickler_jobs AS job SET started_at = $1::bigint
+                 FROM unnest($2::bigint[], $3::text[]) AS started(id, run_token)
+                 WHERE job.id = started.id AND job.run_token = started.run_token
+                   AND job.status = 'running' AND job.started_at IS NULL",
+                &[&now, &ids, &tokens],
+            )?;
+            Ok(())
+        })
+    }
+}
+
+/// When a lease was last granted or renewed (ms); see the SQLite engine.
+const RENEWED: &str = "lease_expires_at - coalesce(lease_ms, lease_expires_at - claimed_at)";
+
+/// The columns of a [`HeldRun`].
+const HELD_RUN_COLUMNS: &str = "id, run_token, attempts, coalesce(claimed_by, '?'), \
+     lease_expires_at, started_at IS NOT NULL";
+
+fn held_run(row: &postgres::Row) -> HeldRun {
+    let attempts: i64 = row.get(2);
+    HeldRun {
+        lease: ExpiredLease {
+            id: row.get(0),
+            run_token: row.get(1),
+            expires_at: row.get(4),
+        },
+        attempts: u32::try_from(attempts.max(0)).unwrap_or(u32::MAX),
+        worker: row.get(3),
+        started: row.get(5),
+    }
+}
+
+/// Takes back `runs` whose leases expired before `cutoff` (ms; at
+/// `MAX_TIMESTAMP_MS`, whatever their expiry: their holder is gone), at `now`,
+/// by the reaper's rule ([`reap_statement`]); returns how many.
+fn take_back_runs(
+    tx: &mut super::connection::Tx<'_>,
+    runs: &[HeldRun],
+    now: i64,
+    cutoff: i64,
+    policy: &crate::retry::RetryPolicy,
+) -> Result<u64> {
+    let mut taken = 0u64;
+    for run in runs {
+        let lease = &run.lease;
+        taken += match reap_statement(run, now, policy, cutoff == MAX_TIMESTAMP_MS) {
+            ReapStatement::GiveBack { note } => {
+                let note = storable(&cut_error(&note)).into_owned();
+                tx.execute(
+                    GIVE_BACK_SQL,
+                    &[&now, &note, &lease.id, &lease.run_token, &cutoff],
+                )?
+            }
+            ReapStatement::Fail { retry_at, error } => {
+                let error = storable(&cut_error(&error)).into_owned();
+                tx.execute(
+                    REAP_SQL,
+                    &[
+                        &now,
+                        &retry_at,
+                        &error,
+                        &lease.id,
+                        &lease.run_token,
+                        &cutoff,
+                    ],
+                )?
+            }
+        };
+    }
+    Ok(taken)
 }
 
 impl Store {

@@ -62,6 +62,8 @@ pub(crate) struct Store {
     refused: connection::Refused,
     clock: Arc<dyn Clock>,
     retry_policy: RetryPolicy,
+    /// This process, as each lease it claims records it.
+    holder: String,
     retry_window: Duration,
     signals: Arc<watch::Signals>,
     pooling: Arc<pooler::Pooling>,
@@ -143,6 +145,7 @@ impl Store {
             refused,
             clock: Arc::new(crate::clock::SystemClock),
             retry_policy: settings.retry_policy,
+            holder: settings.holder.to_owned(),
             // Connection losses and restarts are retried as long as a
             // SQLite writer would wait for the lock and retry.
             retry_window,

@@ -82,6 +82,18 @@ pub(super) const REAP_SQL: &str = concat!(
     " AND lease_expires_at < $6::bigint"
 );
 
+/// The reaper's statement for a run that never started; see the SQLite
+/// engine. $1 now, $2 note, $3 id, $4 run_token, $5 cutoff.
+pub(super) const GIVE_BACK_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'pending', attempts = attempts - 1, given_back = given_back + 1,
+        lease_expires_at = NULL, ",
+    append_error!("$1", "$2"),
+    " ",
+    fence!("$3", "$4"),
+    " AND lease_expires_at < $5::bigint AND started_at IS NULL"
+);
+
 /// $1 now, $2 error, $3 id, $4 run_token.
 pub(super) const DEAD_SQL: &str = concat!(
     "UPDATE tickler_jobs

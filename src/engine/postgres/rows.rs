@@ -12,7 +12,7 @@ use std::time::Duration;
 
 pub(crate) const LEASE_COLUMNS: &str =
     "id, queue, kind, payload, priority, run_at, attempts, max_attempts, run_token, \
-     lease_expires_at, timeout_ms";
+     lease_expires_at, timeout_ms, given_back";
 
 pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
@@ -45,6 +45,7 @@ pub(crate) fn claimed_from_row(r: &Row) -> crate::Result<ClaimedRow> {
             run_token: RunToken(run_token.clone()),
             lease_expires_at: ms_to_datetime(r.try_get(9)?),
             timeout: timeout(r.try_get(10)?),
+            given_back: count(r.try_get(11)?),
         })
     };
     Ok(match serde_json::from_str(&payload) {

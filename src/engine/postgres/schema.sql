@@ -133,3 +133,13 @@ CREATE TABLE tickler_paused_queues (
 -- dashboard's counts and lists of finished jobs.
 CREATE INDEX tickler_jobs_finished_state
     ON tickler_jobs (status, queue, finished_at) WHERE finished_at IS NOT NULL;
+
+-- migration: 4
+-- What a crash costs, as in the SQLite schema (migration 7 there): the
+-- process holding a lease, when its run was known to have started, and
+-- the runs given back uncounted. Adding nullable columns, and one with a
+-- constant default, rewrites no row.
+ALTER TABLE tickler_jobs ADD COLUMN holder TEXT COLLATE "C";
+ALTER TABLE tickler_jobs ADD COLUMN started_at BIGINT;
+ALTER TABLE tickler_jobs ADD COLUMN given_back BIGINT NOT NULL DEFAULT 0
+    CHECK (given_back >= 0);

@@ -52,15 +52,17 @@ pub(crate) fn kind_filter(kinds: Option<&[&str]>, first: usize) -> String {
 }
 
 /// The claiming UPDATE; ?1 worker_id, ?2 now, ?3 lease expiry, ?4 queue,
-/// ?5 limit, ?6… kinds.
+/// ?5 limit, ?6 holder, ?7 started_at (NULL for a claim ahead of the
+/// handlers), ?8… kinds.
 pub(crate) fn claim_sql(kinds: Option<&[&str]>, order: ClaimOrder) -> String {
     let order = order.sql();
-    let kind_filter = kind_filter(kinds, 6);
+    let kind_filter = kind_filter(kinds, 8);
     let unblocked = unblocked("?2");
     format!(
         "UPDATE tickler_jobs
          SET status = 'running', run_token = {RUN_TOKEN_SQL}, attempts = attempts + 1,
-             claimed_by = ?1, claimed_at = ?2, lease_expires_at = ?3, lease_ms = ?3 - ?2
+             claimed_by = ?1, claimed_at = ?2, lease_expires_at = ?3, lease_ms = ?3 - ?2,
+             holder = ?6, started_at = ?7
          WHERE id IN (SELECT id FROM tickler_jobs AS job
                       WHERE status = 'pending' AND queue = ?4 {kind_filter} AND {unblocked}
                       ORDER BY {order} LIMIT +?5)
@@ -196,7 +198,12 @@ impl Claims for Store {
                     return Ok((recorded, Some(Vec::new())));
                 };
                 let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
-                let mut claim_tx = InTransaction { tx, sql };
+                let mut claim_tx = InTransaction {
+                    tx,
+                    sql,
+                    holder: &self.holder,
+                    starts: claim.starts,
+                };
                 let claimed = (claim.rules)(&mut claim_tx, claim.request, now, expires)?;
                 Ok((recorded, claimed))
             })?;
@@ -225,6 +232,10 @@ struct InTransaction<'a, 'c> {
     tx: &'a rusqlite::Transaction<'c>,
     /// The claiming UPDATE by priority, and by age.
     sql: &'a (String, String),
+    /// Written as each claimed job's holder.
+    holder: &'a str,
+    /// The claim starts the runs (see [`Claim::starts`]).
+    starts: bool,
 }
 
 impl ClaimTx for InTransaction<'_, '_> {
@@ -249,8 +260,16 @@ impl ClaimTx for InTransaction<'_, '_> {
         now: i64,
         expires: i64,
     ) -> Result<Vec<ClaimedRow>> {
-        let mut values: Vec<&dyn rusqlite::ToSql> =
-            vec![&request.worker_id, &now, &expires, &queue, &want];
+        let started_at = self.starts.then_some(now);
+        let mut values: Vec<&dyn rusqlite::ToSql> = vec![
+            &request.worker_id,
+            &now,
+            &expires,
+            &queue,
+            &want,
+            &self.holder,
+            &started_at,
+        ];
         if let Some(kinds) = request.kinds {
             values.extend(kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
         }

@@ -277,6 +277,17 @@ impl Store {
         }
     }
 
+    /// A read on the write connection, outside any transaction (so without
+    /// SQLite's write lock): for a read when a queue opens. The read pool
+    /// opens its connections in background threads on first use; a short
+    /// process (a CLI command) would exit with them still open, and SQLite
+    /// then leaves the -wal and -shm files behind.
+    pub(crate) fn read_on_writer<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        set_busy_limit(self.busy_timeout);
+        let writer = self.lock_writer()?;
+        f(&writer.conn)
+    }
+
     pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         set_busy_limit(self.busy_timeout);
         let conn = self.readers.get()?;

@@ -3,7 +3,7 @@
 //! backward step of the clock left "in the future").
 
 use super::connection::{busy_waits, isolated, Commit};
-use super::outcome::{fenced, REAP_SQL};
+use super::outcome::{fenced, GIVE_BACK_SQL, REAP_SQL};
 use super::Store;
 use crate::clock::ms_to_datetime;
 use crate::engine::fence;
@@ -114,24 +114,13 @@ impl Leases for Store {
             tx.prepare_cached(CANCELLED_LEASE_STEP_SQL)?
                 .execute(params![stepped_now, margin])?;
             let now = cutoff.map_or(stepped_now, |c| c.min(stepped_now));
-            let expired: Vec<(ExpiredLease, u32, String)> = tx
-                .prepare_cached(
-                    "SELECT id, run_token, lease_expires_at, attempts, coalesce(claimed_by, '?')
-                     FROM tickler_jobs
+            let expired: Vec<HeldRun> = tx
+                .prepare_cached(&format!(
+                    "SELECT {HELD_RUN_COLUMNS} FROM tickler_jobs
                      WHERE status = 'running' AND lease_expires_at < ?1
-                     ORDER BY lease_expires_at LIMIT +?2",
-                )?
-                .query_map(params![now, REAP_BATCH], |r| {
-                    Ok((
-                        ExpiredLease {
-                            id: r.get(0)?,
-                            run_token: r.get(1)?,
-                            expires_at: r.get(2)?,
-                        },
-                        r.get(3)?,
-                        r.get(4)?,
-                    ))
-                })?
+                     ORDER BY lease_expires_at LIMIT +?2"
+                ))?
+                .query_map(params![now, REAP_BATCH], held_run)?
                 .collect::<rusqlite::Result<_>>()?;
             // A cancelled job's holder that never reported is gone once its
             // lease ran out: its unique_key no longer waits for it.
@@ -141,32 +130,16 @@ impl Leases for Store {
             )?
             .execute([now])?;
             let batch_full = expired.len() as i64 >= REAP_BATCH;
-            let mut taken = 0u64;
             let mut left = Vec::new();
-            let mut reap = tx.prepare_cached(REAP_SQL)?;
-            for (lease, attempts, worker) in expired {
-                if !take(&lease, waited) {
-                    left.push(lease);
-                    continue;
-                }
-                let retry_at = retry_time(now, &policy, attempts);
-                let error = lease_expired_error(&worker, attempts);
-                // One row SQLite refuses (a trigger, damage) must not keep
-                // every other expired lease from being taken back.
-                match isolated(tx, || {
-                    Ok(reap.execute(params![
-                        now,
-                        retry_at,
-                        cut_error(&error),
-                        lease.id,
-                        lease.run_token,
-                        now
-                    ])?)
-                })? {
-                    Ok(n) => taken += n as u64,
-                    Err(e) => log::error!("reaper could not take back job {}: {e}", lease.id),
+            let mut chosen = Vec::new();
+            for run in expired {
+                if take(&run.lease, waited) {
+                    chosen.push(run);
+                } else {
+                    left.push(run.lease);
                 }
             }
+            let taken = take_back_runs(tx, &chosen, now, now, &policy)?;
             Ok(ReapLook {
                 taken,
                 left,
@@ -178,4 +151,140 @@ impl Leases for Store {
     fn wake_watchers(&self) {
         self.notify_watchers();
     }
+
+    fn lease_holders(&self, machine_prefix: &str) -> Result<Vec<(String, i64)>> {
+        self.read_on_writer(|conn| {
+            let rows = conn
+                .prepare_cached(&format!(
+                    "SELECT holder, max(renewed) FROM (
+                         SELECT holder, {RENEWED} AS renewed FROM tickler_jobs
+                         WHERE status = 'running' AND substr(holder, 1, ?2) = ?1
+                         UNION ALL
+                         SELECT holder, {RENEWED} FROM tickler_jobs
+                         WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
+                           AND substr(holder, 1, ?2) = ?1)
+                     GROUP BY holder"
+                ))?
+                .query_map(
+                    params![machine_prefix, machine_prefix.chars().count() as i64],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok(rows)
+        })
+    }
+
+    fn take_back_from(&self, holders: &[String]) -> Result<u64> {
+        let policy = self.retry_policy;
+        let holders = serde_json::to_string(holders)?;
+        let taken = self.write_with(Commit::Lazy, |tx| {
+            let now = self.now_ms();
+            let runs: Vec<HeldRun> = tx
+                .prepare_cached(&format!(
+                    "SELECT {HELD_RUN_COLUMNS} FROM tickler_jobs
+                     WHERE status = 'running'
+                       AND holder IN (SELECT value FROM json_each(?1))"
+                ))?
+                .query_map([&holders], held_run)?
+                .collect::<rusqlite::Result<_>>()?;
+            // A stopping job (cancelled, or dead past its timeout) whose
+            // holder is gone keeps its unique_key no longer.
+            tx.prepare_cached(
+                "UPDATE tickler_jobs SET lease_expires_at = NULL
+                 WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
+                   AND holder IN (SELECT value FROM json_each(?1))",
+            )?
+            .execute([&holders])?;
+            take_back_runs(tx, &runs, now, MAX_TIMESTAMP_MS, &policy)
+        })?;
+        self.notify_watchers();
+        Ok(taken)
+    }
+
+    fn mark_started(&self, leases: &[&Lease]) -> Result<()> {
+        self.write_with(Commit::Lazy, |tx| {
+            let now = self.now_ms();
+            let mut stmt = tx.prepare_cached(MARK_STARTED_SQL)?;
+            for lease in leases {
+                stmt.execute(params![now, lease.job_id.0, lease.run_token.0])?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// When a lease was last granted or renewed (ms): its expiry less its
+/// length (a lease granted before lease_ms existed counts from its claim).
+const RENEWED: &str = "lease_expires_at - coalesce(lease_ms, lease_expires_at - claimed_at)";
+
+/// ?1 now, ?2 id, ?3 run_token.
+const MARK_STARTED_SQL: &str = concat!(
+    "UPDATE tickler_jobs SET started_at = ?1 ",
+    fence!("?2", "?3"),
+    " AND started_at IS NULL"
+);
+
+/// The columns of a [`HeldRun`].
+const HELD_RUN_COLUMNS: &str =
+    "id, run_token, lease_expires_at, attempts, coalesce(claimed_by, '?'), started_at IS NOT NULL";
+
+fn held_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<HeldRun> {
+    Ok(HeldRun {
+        lease: ExpiredLease {
+            id: r.get(0)?,
+            run_token: r.get(1)?,
+            expires_at: r.get(2)?,
+        },
+        attempts: r.get(3)?,
+        worker: r.get(4)?,
+        started: r.get(5)?,
+    })
+}
+
+/// Takes back `runs` whose leases expired before `cutoff` (ms; at
+/// `MAX_TIMESTAMP_MS`, whatever their expiry: their holder is gone), at `now`,
+/// by the reaper's rule ([`reap_statement`]); returns how many.
+fn take_back_runs(
+    tx: &rusqlite::Transaction<'_>,
+    runs: &[HeldRun],
+    now: i64,
+    cutoff: i64,
+    policy: &crate::retry::RetryPolicy,
+) -> Result<u64> {
+    let mut taken = 0u64;
+    for run in runs {
+        let lease = &run.lease;
+        // One row SQLite refuses (a trigger, damage) must not keep every
+        // other lease from being taken back.
+        let done = isolated(tx, || {
+            Ok(
+                match reap_statement(run, now, policy, cutoff == MAX_TIMESTAMP_MS) {
+                    ReapStatement::GiveBack { note } => {
+                        tx.prepare_cached(GIVE_BACK_SQL)?.execute(params![
+                            now,
+                            cut_error(&note),
+                            lease.id,
+                            lease.run_token,
+                            cutoff
+                        ])?
+                    }
+                    ReapStatement::Fail { retry_at, error } => {
+                        tx.prepare_cached(REAP_SQL)?.execute(params![
+                            now,
+                            retry_at,
+                            cut_error(&error),
+                            lease.id,
+                            lease.run_token,
+                            cutoff
+                        ])?
+                    }
+                },
+            )
+        })?;
+        match done {
+            Ok(n) => taken += n as u64,
+            Err(e) => log::error!("reaper could not take back job {}: {e}", lease.id),
+        }
+    }
+    Ok(taken)
 }

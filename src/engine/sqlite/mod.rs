@@ -72,6 +72,8 @@ pub(crate) struct Store {
     clock: Arc<dyn Clock>,
     /// Backoff after failed attempts and expired leases.
     retry_policy: RetryPolicy,
+    /// This process, as each lease it claims records it.
+    holder: String,
     /// The process's single write path: in-process writers queue on this
     /// mutex instead of racing through SQLite's busy handler (whose sleeps
     /// grow to 100 ms and are unfair).
@@ -142,6 +144,7 @@ impl Store {
             on_connection: settings.on_connection.cloned(),
             clock: Arc::clone(&settings.clock),
             retry_policy: settings.retry_policy,
+            holder: settings.holder.to_owned(),
             writer: Mutex::new(Writer {
                 conn: writer,
                 synchronous: durability,

@@ -79,6 +79,21 @@ pub(crate) const REAP_SQL: &str = concat!(
     " AND lease_expires_at < ?6"
 );
 
+/// The reaper's statement for a run that never started (see
+/// `reap_statement`): pending again, in its place (its run_at is kept),
+/// with the attempt given back and `?2` in its error history (not in
+/// last_error: nothing failed). ?1 now, ?2 note, ?3 id, ?4 run_token, ?5
+/// the reaper's cutoff.
+pub(crate) const GIVE_BACK_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'pending', attempts = attempts - 1, given_back = given_back + 1,
+        lease_expires_at = NULL, ",
+    append_error!("?1", "?2"),
+    " ",
+    fence!("?3", "?4"),
+    " AND lease_expires_at < ?5 AND started_at IS NULL"
+);
+
 /// ?1 now, ?2 error, ?3 id, ?4 run_token.
 pub(crate) const DEAD_SQL: &str = concat!(
     "UPDATE tickler_jobs

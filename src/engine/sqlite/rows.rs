@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use std::time::Duration;
 
 pub(crate) const LEASE_COLUMNS: &str =
-    "id, queue, kind, payload, priority, run_at, attempts, max_attempts, run_token, lease_expires_at, timeout_ms";
+    "id, queue, kind, payload, priority, run_at, attempts, max_attempts, run_token, lease_expires_at, timeout_ms, given_back";
 
 pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
@@ -34,6 +34,7 @@ pub(crate) fn claimed_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Claime
         timeout: row
             .get::<Option<i64>>(10, "timeout_ms")
             .map(|ms| Duration::from_millis(ms.unsigned_abs())),
+        given_back: row.get(11, "given_back"),
     };
     Ok(match row.finish() {
         None => ClaimedRow::Readable(lease),

@@ -188,3 +188,25 @@ CREATE TABLE tickler_paused_queues (
 -- pruned or retried.
 CREATE INDEX tickler_jobs_finished_state
     ON tickler_jobs (status, queue, finished_at) WHERE finished_at IS NOT NULL;
+
+-- migration: 7
+-- What a crash costs (src/holder.rs, the reaper's rule in
+-- src/engine/types.rs):
+--
+-- holder: the process holding a running job's lease (machine, boot, PID
+-- namespace, process id and start time; see src/holder.rs), written by
+-- the claim. A queue that opens, and the reaper, take back at once the
+-- leases of a holder of this machine that is gone, instead of waiting for
+-- them to run out.
+ALTER TABLE tickler_jobs ADD COLUMN holder TEXT;
+-- started_at: when this run's handler was known to have started (ms),
+-- NULL until then. A pool claims ahead of its free threads and records
+-- starts shortly after they happen; an expired or abandoned lease whose
+-- run never started gives its attempt back (given_back + 1) instead of
+-- counting it.
+ALTER TABLE tickler_jobs ADD COLUMN started_at INTEGER;
+-- given_back: runs of this job given back uncounted. Once a job has one,
+-- its pools record each start before the handler runs, so that a handler
+-- that kills its process at once cannot be given back for ever.
+ALTER TABLE tickler_jobs ADD COLUMN given_back INTEGER NOT NULL DEFAULT 0
+    CHECK (given_back >= 0);
