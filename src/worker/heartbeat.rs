@@ -97,8 +97,11 @@ fn record_starts(shared: &Shared, now: Instant) {
         in_flight
             .values_mut()
             .filter(|job| {
+                // Not a job whose handler is completing it: that
+                // transaction keeps its row locked (see the heartbeat).
                 !job.start_recorded
                     && !job.finishing
+                    && !job.completion.started()
                     && job
                         .started
                         .is_some_and(|at| now.duration_since(at) >= START_RECORD_DELAY)

@@ -274,9 +274,26 @@ impl Leases for Store {
         let mut order: Vec<&&Lease> = leases.iter().collect();
         // In id order, as every batch of this engine locks rows.
         order.sort_by_key(|l| l.job_id.0);
+        let ids: Vec<Value> = order.iter().map(|l| Value::from(l.job_id.0)).collect();
         self.write(|tx, _| {
             let now = self.now_ms();
-            for lease in &order {
+            // A row locked by another transaction (its holder's
+            // `complete_with` under way) is passed over, not waited for:
+            // the pool's heartbeats must not wait behind it.
+            let free: std::collections::HashSet<i64> = tx
+                .rows(
+                    &format!(
+                        "SELECT id FROM tickler_jobs FORCE INDEX (PRIMARY)
+                         WHERE id IN ({}) AND status = 'running' AND started_at IS NULL
+                         ORDER BY id FOR UPDATE SKIP LOCKED",
+                        marks(ids.len())
+                    ),
+                    ids.clone(),
+                )?
+                .iter()
+                .map(|r| get::<i64>(r, 0))
+                .collect::<Result<_>>()?;
+            for lease in order.iter().filter(|l| free.contains(&l.job_id.0)) {
                 tx.exec_named(
                     concat!(
                         "UPDATE tickler_jobs SET started_at = :now ",

@@ -264,11 +264,18 @@ impl Leases for Store {
         let tokens: Vec<&str> = order.iter().map(|l| l.run_token.0.as_str()).collect();
         self.write(|tx, _| {
             let now = self.now_ms();
+            // A row locked by another transaction (its holder's
+            // `complete_with` under way) is passed over, not waited for:
+            // the pool's heartbeats must not wait behind it.
             tx.execute(
                 "UPDATE tickler_jobs AS job SET started_at = $1::bigint
-                 FROM unnest($2::bigint[], $3::text[]) AS started(id, run_token)
-                 WHERE job.id = started.id AND job.run_token = started.run_token
-                   AND job.status = 'running' AND job.started_at IS NULL",
+                 FROM (SELECT locked.id FROM tickler_jobs AS locked
+                       JOIN unnest($2::bigint[], $3::text[]) AS asked(id, run_token)
+                         ON locked.id = asked.id AND locked.run_token = asked.run_token
+                       WHERE locked.status = 'running' AND locked.started_at IS NULL
+                       ORDER BY locked.id
+                       FOR UPDATE OF locked SKIP LOCKED) AS started
+                 WHERE job.id = started.id",
                 &[&now, &ids, &tokens],
             )?;
             Ok(())
