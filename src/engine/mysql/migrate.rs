@@ -38,6 +38,9 @@ fn lock_name(database: &str) -> String {
     format!("tickler_migrate:{}", &database[..end])
 }
 
+/// ER_DUP_FIELDNAME: "Duplicate column name".
+const DUPLICATE_COLUMN: u16 = 1060;
+
 impl Store {
     pub(super) fn migrate(&self, conn: &mut mysql::Conn) -> Result<()> {
         let latest = schema_version();
@@ -107,7 +110,13 @@ impl Store {
             }
             for (version, sql) in migrations().into_iter().filter(|(v, _)| *v > found) {
                 for statement in statements(sql) {
-                    conn.query_drop(statement)?;
+                    match conn.query_drop(statement) {
+                        // An ALTER TABLE that added its columns before the
+                        // connection was cut (both servers apply one ALTER
+                        // atomically), in a migration not yet recorded.
+                        Err(mysql::Error::MySqlError(e)) if e.code == DUPLICATE_COLUMN => {}
+                        other => other?,
+                    }
                 }
                 conn.exec_drop(
                     "INSERT INTO tickler_schema_migrations (version) VALUES (?)",

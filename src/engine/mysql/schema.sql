@@ -125,10 +125,11 @@ CREATE TABLE IF NOT EXISTS tickler_paused_queues (
 -- migration: 2
 -- What a crash costs, as in the SQLite schema (migration 7 there): the
 -- process holding a lease, when its run was known to have started, and
--- the runs given back uncounted. One statement: MySQL 8 applies it
--- atomically, and both servers add these columns without copying rows.
+-- the runs given back uncounted. One statement, which both servers apply
+-- atomically and without copying rows: run again after a cut that came
+-- before the migration was recorded, it fails as a duplicate column,
+-- which the migration takes for done.
 ALTER TABLE tickler_jobs
     ADD COLUMN holder VARBINARY(1024),
     ADD COLUMN started_at BIGINT,
-    ADD COLUMN given_back BIGINT NOT NULL DEFAULT 0,
-    ADD CONSTRAINT tickler_jobs_given_back CHECK (given_back >= 0);
+    ADD COLUMN given_back BIGINT NOT NULL DEFAULT 0 CHECK (given_back >= 0);
