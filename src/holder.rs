@@ -20,8 +20,10 @@
 //!   an earlier boot is gone, but only if its lease was last renewed
 //!   before this boot began: two machines that share a machine id (a
 //!   cloned image) and a host name never take each other's live leases.
-//! - **PID namespace**: a process id means something only within one;
-//!   containers on one kernel share the boot id but not the namespace.
+//! - **PID and network namespaces**: a process id means something only
+//!   within its PID namespace (containers on one kernel share the boot id
+//!   but not the namespace), and the mark below is seen only from within
+//!   its network namespace. A holder of other namespaces is not judged.
 //! - **process id and start time** (in clock ticks since boot): a process
 //!   id that the kernel gave to an unrelated process since is not mistaken
 //!   for the holder.
@@ -47,6 +49,9 @@ pub struct Holder {
     pub booted_at_ms: i64,
     /// The PID namespace (empty where unknown).
     pub pid_ns: String,
+    /// The network namespace (empty where unknown): the mark, an abstract
+    /// socket, is seen only from within it.
+    pub net_ns: String,
     /// The process id.
     pub pid: u32,
     /// The process's start, in clock ticks since boot (0 where unknown).
@@ -60,8 +65,14 @@ impl fmt::Display for Holder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{FORMAT}|{}|{}|{}|{}|{}|{}",
-            self.machine, self.boot, self.booted_at_ms, self.pid_ns, self.pid, self.start
+            "{FORMAT}|{}|{}|{}|{}|{}|{}|{}",
+            self.machine,
+            self.boot,
+            self.booted_at_ms,
+            self.pid_ns,
+            self.net_ns,
+            self.pid,
+            self.start
         )
     }
 }
@@ -84,6 +95,7 @@ impl Holder {
             boot: parts.next()?.to_owned(),
             booted_at_ms: parts.next()?.parse().ok()?,
             pid_ns: parts.next()?.to_owned(),
+            net_ns: parts.next()?.to_owned(),
             pid: parts.next()?.parse().ok()?,
             start: parts.next()?.parse().ok()?,
         };
@@ -117,7 +129,13 @@ impl Holder {
             // a holder seen alive since then is another machine.
             return self.booted_at_ms > 0 && renewed_ms < self.booted_at_ms;
         }
-        if other.pid_ns.is_empty() || other.pid_ns != self.pid_ns {
+        // Process ids mean something only within one PID namespace, and
+        // the mark is seen only from within its network namespace.
+        if other.pid_ns.is_empty()
+            || other.pid_ns != self.pid_ns
+            || other.net_ns.is_empty()
+            || other.net_ns != self.net_ns
+        {
             return false;
         }
         if other.pid == self.pid && other.start == self.start {
@@ -160,18 +178,55 @@ mod os {
             .unwrap_or_default()
     }
 
-    /// A process's start time from `/proc/PID/stat` (field 22, after the
-    /// parenthesised command name, which may hold spaces and parentheses),
-    /// if it exists and has not exited: a zombie (state `Z`, a killed
-    /// process its parent has not waited for yet) or a dead one (`X`) runs
-    /// nothing any more.
-    fn start_of(pid: u32) -> Option<u64> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
-        if matches!(fields.next()?, "Z" | "X") {
-            return None;
+    /// What `/proc/PID/stat` says of a process.
+    enum Seen {
+        /// Running (or sleeping, stopped…), started at this many clock
+        /// ticks after boot (field 22).
+        Started(u64),
+        /// Exited: a zombie (state `Z`, a killed process its parent has
+        /// not waited for yet) or dead (`X`); it runs nothing any more.
+        Exited,
+        /// No entry: no such process, or one that `/proc` hides from this
+        /// user (mounted with `hidepid`).
+        Absent,
+    }
+
+    fn seen(pid: u32) -> Seen {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return Seen::Absent;
+        };
+        // After the parenthesised command name, which may hold spaces and
+        // parentheses.
+        let Some(close) = stat.rfind(')') else {
+            return Seen::Absent;
+        };
+        let mut fields = stat[close + 1..].split_whitespace();
+        match fields.next() {
+            Some("Z" | "X") => Seen::Exited,
+            Some(_) => fields
+                .nth(18)
+                .and_then(|v| v.parse().ok())
+                .map_or(Seen::Absent, Seen::Started),
+            None => Seen::Absent,
         }
-        fields.nth(18)?.parse().ok()
+    }
+
+    fn start_of(pid: u32) -> Option<u64> {
+        match seen(pid) {
+            Seen::Started(start) => Some(start),
+            Seen::Exited | Seen::Absent => None,
+        }
+    }
+
+    /// Whether a process with this id exists, as `kill(pid, 0)` tells
+    /// (also one `/proc` hides: the answer is then "not permitted").
+    fn exists(pid: u32) -> bool {
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            return false;
+        };
+        // SAFETY: signal 0 sends nothing; it only checks the process.
+        let sent = unsafe { libc::kill(pid, 0) };
+        sent == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
     }
 
     pub(super) fn this_process() -> Holder {
@@ -189,15 +244,18 @@ mod os {
                     .and_then(|v| v.trim().parse::<i64>().ok())
             })
             .map_or(0, |s| s.saturating_mul(1000));
-        let pid_ns = std::fs::read_link("/proc/self/ns/pid")
-            .map(|p| p.to_string_lossy().replace('|', "_"))
-            .unwrap_or_default();
+        let namespace = |kind: &str| {
+            std::fs::read_link(format!("/proc/self/ns/{kind}"))
+                .map(|p| p.to_string_lossy().replace('|', "_"))
+                .unwrap_or_default()
+        };
         let pid = std::process::id();
         Holder {
             machine,
             boot: read("/proc/sys/kernel/random/boot_id").replace('|', "_"),
             booted_at_ms,
-            pid_ns,
+            pid_ns: namespace("pid"),
+            net_ns: namespace("net"),
             pid,
             start: start_of(pid).unwrap_or(0),
         }
@@ -224,8 +282,14 @@ mod os {
     /// Gone: no process with the holder's id and start time, and no
     /// process keeps its mark.
     pub(super) fn process_gone(holder: &Holder) -> bool {
-        if start_of(holder.pid) == Some(holder.start) {
-            return false;
+        match seen(holder.pid) {
+            Seen::Started(start) if start == holder.start => return false,
+            // Another process has the id now, or the holder exited.
+            Seen::Started(_) | Seen::Exited => {}
+            // A process `/proc` does not show may still be the holder:
+            // "cannot tell" is never "gone".
+            Seen::Absent if exists(holder.pid) => return false,
+            Seen::Absent => {}
         }
         // Binding the mark's name succeeds only if nobody holds it; the
         // probe lets go of it at once.
@@ -268,6 +332,7 @@ mod os {
             boot: String::new(),
             booted_at_ms: 0,
             pid_ns: String::new(),
+            net_ns: String::new(),
             pid: std::process::id(),
             start: 0,
         }
@@ -291,8 +356,8 @@ mod tests {
         let me = Holder::this_process();
         assert_eq!(Holder::parse(&me.to_string()), Some(me.clone()));
         assert!(me.to_string().starts_with(&me.machine_prefix()));
-        assert_eq!(Holder::parse("h2|a|b|1|c|2|3"), None);
-        assert_eq!(Holder::parse("h1|a|b|1|c|2|3|4"), None);
+        assert_eq!(Holder::parse("h2|a|b|1|c|d|2|3"), None);
+        assert_eq!(Holder::parse("h1|a|b|1|c|d|2|3|4"), None);
     }
 
     #[cfg(target_os = "linux")]
@@ -318,13 +383,19 @@ mod tests {
         };
         assert!(me.sees_gone(&earlier_boot.to_string(), me.booted_at_ms - 1));
         assert!(!me.sees_gone(&earlier_boot.to_string(), me.booted_at_ms + 1));
-        // Another PID namespace: cannot tell.
+        // Another PID or network namespace: cannot tell.
         let container = Holder {
             pid_ns: "pid:[1]".into(),
             pid: 1 << 30,
             ..me.clone()
         };
         assert!(!me.sees_gone(&container.to_string(), now));
+        let other_network = Holder {
+            net_ns: "net:[1]".into(),
+            pid: 1 << 30,
+            ..me.clone()
+        };
+        assert!(!me.sees_gone(&other_network.to_string(), now));
         // A process id no process has.
         let vanished = Holder {
             pid: 1 << 30,

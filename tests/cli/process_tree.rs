@@ -390,3 +390,57 @@ fn what_a_finished_command_left_running_is_stopped_before_its_outcome() {
     worker.signal(libc::SIGTERM);
     assert_eq!(worker.wait(Duration::from_secs(30)).code, 0);
 }
+
+/// The parent process id of `pid` (field 4 of `/proc/PID/stat`).
+fn parent_of(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_name = &stat[stat.rfind(')').unwrap() + 1..];
+    after_name
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// systemd's default `KillMode=control-group` stops a service by sending
+/// SIGTERM to every process of its cgroup at once: `work`, each
+/// supervisor and each command. The command then dies of the signal
+/// before `work` asks anything; that is not the job's fault, and the job
+/// is handed back without using an attempt, as a shutdown does.
+#[test]
+fn a_sigterm_to_every_process_at_once_hands_the_job_back_without_an_attempt() {
+    let t = Trees::new();
+    let id = t.enqueue(
+        "tree",
+        "cgroup",
+        "default",
+        serde_json::json!({}),
+        &["--max-attempts", "5"],
+    );
+    let worker = t.work(&["--lease", "2s", "--grace", "60s"]);
+    t.wait_ready("cgroup");
+    let shell: i32 = t
+        .file("cgroup.pids")
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let supervisor = parent_of(shell);
+    worker.signal(libc::SIGTERM);
+    for pid in [supervisor, shell] {
+        // SAFETY: kill(2) on processes this test started.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    let run = worker.wait(Duration::from_secs(30));
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(t.left("cgroup"), Vec::<i32>::new());
+    let job = t.env.job(id);
+    assert_eq!(
+        (job.state, job.attempts),
+        (JobState::Pending, 0),
+        "a stop of the whole service used an attempt: {job:#?}"
+    );
+}

@@ -161,9 +161,13 @@ impl Shell {
         };
         let tail = Arc::new(Mutex::new(Vec::new()));
         let reader_done = spawn_stderr_reader(&mut supervisor.child, Arc::clone(&tail));
-        let end = self.wait(ctx, &mut supervisor, timeout);
-        if let Some(e) = supervisor.cannot_run(program) {
+        let mut end = self.wait(ctx, &mut supervisor, timeout);
+        let (signalled, cannot_run) = supervisor.report(program);
+        if let Some(e) = cannot_run {
             return Err(e);
+        }
+        if signalled && matches!(end, End::Exited(status) if !status.success()) {
+            end = End::Killed(Kill::Shutdown);
         }
         // The tree is gone by now, but a process outside it that was given
         // the pipe (or, without a subreaper, one that left the command's
@@ -277,9 +281,10 @@ impl Supervisor {
         let _ = self.control.write_all(&[message]);
     }
 
-    /// Why the command could not start, once the supervisor exited: what
-    /// it wrote back, if anything.
-    fn cannot_run(&mut self, program: &str) -> Option<JobError> {
+    /// What the supervisor wrote back, once it exited: whether a signal
+    /// from outside asked it to stop ([`supervise::SIGNALLED`]), and why
+    /// the command could not start, if it could not.
+    fn report(&mut self, program: &str) -> (bool, Option<JobError>) {
         let mut report = Vec::new();
         // Not blocking: a copy of the supervisor's end may live on for a
         // moment in another job's supervisor between its fork and exec
@@ -287,13 +292,21 @@ impl Supervisor {
         if self.control.set_nonblocking(true).is_ok() {
             let _ = self.control.read_to_end(&mut report);
         }
-        let (&class, text) = report.split_first()?;
-        let message = format!("cannot run {program:?}: {}", String::from_utf8_lossy(text));
-        Some(if class == supervise::CANNOT_RUN_PERMANENT {
-            JobError::Permanent(message)
-        } else {
-            JobError::Retry(message)
-        })
+        let signalled = report.first() == Some(&supervise::SIGNALLED);
+        let start = report
+            .iter()
+            .take_while(|&&b| b == supervise::SIGNALLED)
+            .count();
+        let report = &report[start..];
+        let cannot_run = report.split_first().map(|(&class, text)| {
+            let message = format!("cannot run {program:?}: {}", String::from_utf8_lossy(text));
+            if class == supervise::CANNOT_RUN_PERMANENT {
+                JobError::Permanent(message)
+            } else {
+                JobError::Retry(message)
+            }
+        });
+        (signalled, cannot_run)
     }
 }
 

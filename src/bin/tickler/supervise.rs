@@ -89,6 +89,12 @@ pub const STOP: u8 = b'T';
 /// From `work`: SIGKILL to the tree at once.
 pub const KILL: u8 = b'K';
 
+/// Supervisor to `work`: a signal from outside (SIGTERM, SIGINT, SIGHUP)
+/// asked this supervisor to stop, as systemd's default `KillMode` does to
+/// every process of a service it stops: the command's end is then not its
+/// own fault, and `work` hands the job back without using an attempt.
+pub const SIGNALLED: u8 = b'S';
+
 /// To `work`, before the rest of the message (the error's text): the
 /// command could not start, and trying again will not help (not found,
 /// not executable).
@@ -218,6 +224,9 @@ fn supervise(tree: &mut Tree, mut control: UnixStream, wake: &UnixStream) -> lib
             return tree.status.unwrap_or(CANNOT_RUN_EXIT << 8);
         }
         let asked_to_stop = STOP_SIGNALLED.swap(false, Ordering::SeqCst);
+        if asked_to_stop && control_open {
+            let _ = control.write_all(&[SIGNALLED]);
+        }
         let now = Instant::now();
         phase = match phase {
             Phase::Running if asked_to_stop || tree.status.is_some() => Phase::Stopping {
