@@ -444,3 +444,44 @@ fn a_sigterm_to_every_process_at_once_hands_the_job_back_without_an_attempt() {
         "a stop of the whole service used an attempt: {job:#?}"
     );
 }
+
+/// A stopped `work` (SIGSTOP, Ctrl-Z, a debugger) renews no lease, so its
+/// job may run again elsewhere: its command is stopped with it, so that
+/// the two copies never run side by side, and goes on when `work` does.
+#[test]
+fn a_stopped_worker_stops_its_command_too() {
+    let env = Env::new();
+    let ticks = env.dir.path().join("ticks");
+    let script = format!(
+        "for i in $(seq 1 100); do echo $i >> '{}'; sleep 0.02; done",
+        ticks.display()
+    );
+    env.enqueue_shell(&["sh", "-c", &script], &[]);
+    let worker = env.spawn(&["work", "--drain", "--lease", "1h", "--quiet"]);
+    let lines = || {
+        std::fs::read_to_string(&ticks)
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    };
+    eventually(Duration::from_secs(30), "the command to tick", || {
+        lines() >= 3
+    });
+    signal(&worker, libc::SIGSTOP);
+    // Followed within a look of the supervisor (200 ms): then no tick.
+    std::thread::sleep(Duration::from_millis(1_000));
+    let frozen = lines();
+    std::thread::sleep(Duration::from_millis(1_000));
+    let still = lines();
+    signal(&worker, libc::SIGCONT);
+    assert_eq!(
+        frozen, still,
+        "the command ran on while its worker was stopped"
+    );
+    assert!(
+        frozen < 100,
+        "the command finished before the test stopped it"
+    );
+    let run = wait_for(worker, Duration::from_secs(60));
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(lines(), 100);
+}

@@ -113,6 +113,9 @@ pub const KILL_GRACE: Duration = Duration::from_secs(2);
 /// The exit code when the command could not start (as a shell's).
 const CANNOT_RUN_EXIT: i32 = 127;
 
+/// How often a running supervisor looks whether `work` is stopped.
+const FOLLOW_WORK: Duration = Duration::from_millis(200);
+
 /// Set by SIGTERM, SIGINT and SIGHUP: stop the tree as on [`STOP`].
 static STOP_SIGNALLED: AtomicBool = AtomicBool::new(false);
 
@@ -186,6 +189,7 @@ pub fn run(argv: &[OsString]) -> ! {
         status: None,
         group_termed: false,
         termed: Vec::new(),
+        frozen: false,
     };
     let status = supervise(&mut tree, control, &wake);
     exit_like(status)
@@ -213,9 +217,14 @@ struct Tree {
     /// Children that got SIGTERM, so that none gets it twice (a second
     /// SIGTERM would run a shell's trap again).
     termed: Vec<libc::pid_t>,
+    /// Stopped, following a stopped `work` (see [`Tree::follow`]).
+    frozen: bool,
 }
 
 fn supervise(tree: &mut Tree, mut control: UnixStream, wake: &UnixStream) -> libc::c_int {
+    // SAFETY: getppid(2) has no memory effects. `work` is the parent until
+    // it dies, which the control socket tells.
+    let work = unsafe { libc::getppid() };
     let mut phase = Phase::Running;
     let mut control_open = true;
     loop {
@@ -236,13 +245,14 @@ fn supervise(tree: &mut Tree, mut control: UnixStream, wake: &UnixStream) -> lib
             phase => phase,
         };
         match phase {
-            Phase::Running => {}
+            Phase::Running => tree.follow(work),
             Phase::Stopping { .. } => tree.terminate(),
             Phase::Killing => tree.kill(),
         }
         let timeout = match phase {
-            // Signals and `work` wake us; the bound is only a safety net.
-            Phase::Running => Duration::from_secs(1),
+            // Signals and `work` wake us; the bound is how soon a
+            // stopped `work` is followed.
+            Phase::Running => FOLLOW_WORK,
             Phase::Stopping { kill_at } => kill_at.saturating_duration_since(now),
             // Each round kills the children adopted since the last one.
             Phase::Killing => Duration::from_millis(20),
@@ -332,6 +342,43 @@ impl Tree {
             send(child, libc::SIGKILL);
         }
     }
+
+    /// Stops the tree while `work` is stopped (SIGSTOP, a shell's Ctrl-Z,
+    /// a debugger, a frozen cgroup) and lets it go on when `work` does: a
+    /// stopped `work` renews no lease, the job may run again elsewhere,
+    /// and this copy must not run beside it. When `work` goes on, it
+    /// learns at its next look that the lease was lost and has the tree
+    /// killed.
+    fn follow(&mut self, work: libc::pid_t) {
+        let stopped = is_stopped(work);
+        if stopped == self.frozen {
+            return;
+        }
+        let signal = if stopped {
+            libc::SIGSTOP
+        } else {
+            libc::SIGCONT
+        };
+        if self.status.is_none() {
+            signal_group(self.command, signal);
+        }
+        for child in direct_children() {
+            send(child, signal);
+        }
+        self.frozen = stopped;
+    }
+}
+
+/// Whether process `pid` is stopped (state `T`) or stopped by a tracer
+/// (`t`), from `/proc/PID/stat`; false where that cannot be read.
+fn is_stopped(pid: libc::pid_t) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat[stat.rfind(')')? + 1..].split_whitespace().next()?;
+            Some(matches!(state, "T" | "t"))
+        })
+        .unwrap_or(false)
 }
 
 /// Only while the command is not reaped: until then its pid, and so its
