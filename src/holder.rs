@@ -145,6 +145,19 @@ impl Holder {
     }
 }
 
+/// The number a lease stores for the holder `text` (its row in
+/// `tickler_holders` has the text): a 63-bit FNV-1a hash, so that every
+/// process computes it alike and a claim writes 8 bytes, not the text
+/// (the text in every claimed row cost a third of a burn-down's speed).
+pub(crate) fn holder_id(text: &str) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (hash >> 1) as i64
+}
+
 /// The variable [`pass_to`] sets in the child's environment: the number of
 /// its file descriptor holding the mark.
 pub const MARK_FD_VAR: &str = "TICKLER_HOLDER_MARK_FD";

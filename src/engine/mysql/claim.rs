@@ -86,7 +86,7 @@ struct InTransaction<'a, 'b> {
     tx: &'a mut Tx<'b>,
     claim_id: i64,
     /// Written as each claimed job's holder.
-    holder: &'a str,
+    holder_id: i64,
     /// The claim starts the runs (see `Claim::starts`).
     starts: bool,
 }
@@ -170,7 +170,7 @@ impl ClaimTx for InTransaction<'_, '_> {
                 expires,
                 expires - now,
                 self.claim_id,
-                self.holder,
+                self.holder_id,
                 self.starts.then_some(now)
             ]);
             values.extend(ids.iter().map(|id| Value::from(*id)));
@@ -179,7 +179,7 @@ impl ClaimTx for InTransaction<'_, '_> {
                     "UPDATE tickler_jobs
                      SET status = 'running', run_token = CASE id {} END, attempts = attempts + 1,
                          claimed_by = ?, claimed_at = ?, lease_expires_at = ?, lease_ms = ?,
-                         claim_id = ?, holder = ?, started_at = ?
+                         claim_id = ?, holder_id = ?, started_at = ?
                      WHERE id IN ({})",
                     "WHEN ? THEN ? ".repeat(ids.len()),
                     marks(ids.len())
@@ -335,7 +335,7 @@ impl Claims for Store {
         }
         let policy = self.retry_policy;
         let last_claim = std::cell::Cell::new(None::<i64>);
-        record_then_claim(outcomes, statement_level, |pending, isolate| {
+        let recorded = record_then_claim(outcomes, statement_level, |pending, isolate| {
             self.write(|tx, attempt| {
                 let now = self.now_ms();
                 let recorded =
@@ -349,10 +349,19 @@ impl Claims for Store {
                         let claim_id = fastrand::i64(..);
                         last_claim.set(Some(claim_id));
                         let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
+                        if !self
+                            .holder_registered
+                            .load(std::sync::atomic::Ordering::Relaxed)
+                        {
+                            tx.exec(
+                                "INSERT IGNORE INTO tickler_holders (id, holder) VALUES (?, ?)",
+                                args![self.holder_id, self.holder.as_str()],
+                            )?;
+                        }
                         let mut claim_tx = InTransaction {
                             tx,
                             claim_id,
-                            holder: &self.holder,
+                            holder_id: self.holder_id,
                             starts: claim.starts,
                         };
                         (claim.rules)(&mut claim_tx, claim.request, now, expires)?
@@ -361,7 +370,12 @@ impl Claims for Store {
                 };
                 Ok((recorded, claimed))
             })
-        })
+        });
+        if recorded.is_ok() && claim.is_some() {
+            self.holder_registered
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        recorded
     }
 }
 

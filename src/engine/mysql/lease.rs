@@ -208,12 +208,13 @@ impl Leases for Store {
         self.read(|tx| {
             tx.rows(
                 &format!(
-                    "SELECT holder, CAST(max({RENEWED}) AS SIGNED) FROM tickler_jobs
-                     FORCE INDEX (tickler_jobs_running)
-                     WHERE status IN ('running', 'cancelled', 'dead')
-                       AND lease_expires_at IS NOT NULL
-                       AND substring(holder, 1, ?) = ?
-                     GROUP BY holder"
+                    "SELECT holder.holder, CAST(max({RENEWED}) AS SIGNED)
+                     FROM tickler_jobs AS job FORCE INDEX (tickler_jobs_running)
+                     JOIN tickler_holders AS holder ON holder.id = job.holder_id
+                     WHERE job.status IN ('running', 'cancelled', 'dead')
+                       AND job.lease_expires_at IS NOT NULL
+                       AND substring(holder.holder, 1, ?) = ?
+                     GROUP BY holder.holder"
                 ),
                 args![length, machine_prefix],
             )?
@@ -225,8 +226,11 @@ impl Leases for Store {
 
     fn take_back_from(&self, holders: &[String]) -> Result<u64> {
         let policy = self.retry_policy;
-        let holders: Vec<Value> = holders.iter().map(|h| Value::from(h.as_str())).collect();
-        let condition = format!("holder IN ({})", marks(holders.len()));
+        let holders: Vec<Value> = holders
+            .iter()
+            .map(|h| Value::from(crate::holder::holder_id(h)))
+            .collect();
+        let condition = format!("holder_id IN ({})", marks(holders.len()));
         let taken = self.write(|tx, _| {
             let now = self.now_ms();
             let (runs, _) = tx.lock_found(

@@ -8,8 +8,9 @@ use mysql::prelude::Queryable;
 
 /// The tables tickler claims in: all must be InnoDB's (row locks,
 /// `SKIP LOCKED`, transactions).
-const TABLES: [&str; 4] = [
+const TABLES: [&str; 5] = [
     "tickler_jobs",
+    "tickler_holders",
     "tickler_schedules",
     "tickler_paused_queues",
     "tickler_schema_migrations",

@@ -72,8 +72,13 @@ pub(crate) struct Store {
     pool: connection::Connections,
     clock: Arc<dyn Clock>,
     retry_policy: RetryPolicy,
-    /// This process, as each lease it claims records it.
+    /// This process, as each lease it claims records it: the text, and
+    /// the number the rows store (`crate::holder::holder_id`).
     holder: String,
+    holder_id: i64,
+    /// This process's row of `tickler_holders` is written (by the first
+    /// claim).
+    holder_registered: std::sync::atomic::AtomicBool,
     retry_window: Duration,
     signals: Arc<watch::Signals>,
     /// `Full` when the server flushes InnoDB's log at every commit
@@ -114,6 +119,8 @@ impl Store {
             clock: Arc::new(crate::clock::SystemClock),
             retry_policy: settings.retry_policy,
             holder: settings.holder.to_owned(),
+            holder_id: crate::holder::holder_id(settings.holder),
+            holder_registered: std::sync::atomic::AtomicBool::new(false),
             retry_window,
             signals: watch::Signals::new(settings.fallback_poll),
             durability: Durability::Full,

@@ -124,12 +124,18 @@ CREATE TABLE IF NOT EXISTS tickler_paused_queues (
 
 -- migration: 2
 -- What a crash costs, as in the SQLite schema (migration 7 there): the
--- process holding a lease, when its run was known to have started, and
--- the runs given back uncounted. One statement, which both servers apply
--- atomically and without copying rows: run again after a cut that came
--- before the migration was recorded, it fails as a duplicate column,
--- which the migration takes for done.
+-- process holding a lease (by its row in tickler_holders), when its run
+-- was known to have started, and the runs given back uncounted. The
+-- columns in one statement, which both servers apply atomically and
+-- without copying rows: run again after a cut that came before the
+-- migration was recorded, it fails as a duplicate column, which the
+-- migration takes for done.
 ALTER TABLE tickler_jobs
-    ADD COLUMN holder VARBINARY(1024),
+    ADD COLUMN holder_id BIGINT,
     ADD COLUMN started_at BIGINT,
     ADD COLUMN given_back BIGINT NOT NULL DEFAULT 0 CHECK (given_back >= 0);
+
+CREATE TABLE IF NOT EXISTS tickler_holders (
+    id     BIGINT         NOT NULL PRIMARY KEY,
+    holder VARBINARY(1024) NOT NULL
+) ENGINE = InnoDB ROW_FORMAT = DYNAMIC;

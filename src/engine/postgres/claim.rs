@@ -39,7 +39,7 @@ const UNBLOCKED: &str = "(job.unique_key IS NULL OR NOT EXISTS (
 const PREPARED_LIMITS: i64 = 64;
 
 /// The claiming UPDATE: $1 worker_id, $2 now, $3 lease expiry, $4 queue,
-/// $5 limit, $6 the claim's id, $7 holder, $8 started_at (NULL for a claim
+/// $5 limit, $6 the claim's id, $7 holder_id, $8 started_at (NULL for a claim
 /// ahead of the handlers), $9 kinds (if filtered). The queue's pause
 /// flag is read by the same statement, in its snapshot: read by an earlier
 /// statement, a pause and an enqueue both committed in between would let
@@ -70,7 +70,7 @@ fn claim_sql(kinds: bool, order: ClaimOrder, limit: i64) -> String {
          SET status = 'running', run_token = gen_random_uuid()::text, attempts = attempts + 1,
              claimed_by = $1, claimed_at = $2::bigint, lease_expires_at = $3::bigint,
              lease_ms = $3::bigint - $2::bigint, claim_id = $6::bigint,
-             holder = $7, started_at = $8::bigint
+             holder_id = $7::bigint, started_at = $8::bigint
          WHERE id = ANY(ARRAY(
              SELECT id FROM tickler_jobs AS job
              WHERE status = 'pending' AND queue = $4 {kind_filter} AND {UNBLOCKED}
@@ -89,7 +89,7 @@ struct InTransaction<'a, 'b> {
     tx: &'a mut Tx<'b>,
     claim_id: i64,
     /// Written as each claimed job's holder.
-    holder: &'a str,
+    holder_id: i64,
     /// The claim starts the runs (see `Claim::starts`).
     starts: bool,
 }
@@ -115,7 +115,7 @@ impl ClaimTx for InTransaction<'_, '_> {
         let sql = claim_sql(request.kinds.is_some(), order, want);
         let worker = storable(request.worker_id);
         let claim_id = self.claim_id;
-        let holder = self.holder;
+        let holder = self.holder_id;
         let started_at = self.starts.then_some(now);
         let params: &[&(dyn postgres::types::ToSql + Sync)] = match &request.kinds {
             Some(kinds) => &[
@@ -278,7 +278,7 @@ impl Claims for Store {
         // connection, the jobs it claimed may be ours already, and are
         // taken up rather than left to run out their lease.
         let last_claim = std::cell::Cell::new(None::<i64>);
-        record_then_claim(outcomes, statement_level, |pending, isolate| {
+        let recorded = record_then_claim(outcomes, statement_level, |pending, isolate| {
             self.write(|tx, attempt| {
                 let now = self.now_ms();
                 let recorded =
@@ -292,10 +292,20 @@ impl Claims for Store {
                         let claim_id = fastrand::i64(..);
                         last_claim.set(Some(claim_id));
                         let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
+                        if !self
+                            .holder_registered
+                            .load(std::sync::atomic::Ordering::Relaxed)
+                        {
+                            tx.execute(
+                                "INSERT INTO tickler_holders (id, holder) VALUES ($1, $2)
+                                 ON CONFLICT DO NOTHING",
+                                &[&self.holder_id, &self.holder],
+                            )?;
+                        }
                         let mut claim_tx = InTransaction {
                             tx,
                             claim_id,
-                            holder: &self.holder,
+                            holder_id: self.holder_id,
                             starts: claim.starts,
                         };
                         (claim.rules)(&mut claim_tx, claim.request, now, expires)?
@@ -304,7 +314,12 @@ impl Claims for Store {
                 };
                 Ok((recorded, claimed))
             })
-        })
+        });
+        if recorded.is_ok() && claim.is_some() {
+            self.holder_registered
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        recorded
     }
 }
 

@@ -213,12 +213,13 @@ impl Leases for Store {
             Ok(tx
                 .query(
                     &format!(
-                        "SELECT holder, max({RENEWED})::bigint FROM tickler_jobs
-                         WHERE (status = 'running'
-                                OR (status IN ('cancelled', 'dead')
-                                    AND lease_expires_at IS NOT NULL))
-                           AND substr(holder, 1, $2) = $1
-                         GROUP BY holder"
+                        "SELECT holder.holder, max({RENEWED})::bigint FROM tickler_jobs AS job
+                         JOIN tickler_holders AS holder ON holder.id = job.holder_id
+                         WHERE (job.status = 'running'
+                                OR (job.status IN ('cancelled', 'dead')
+                                    AND job.lease_expires_at IS NOT NULL))
+                           AND substr(holder.holder, 1, $2) = $1
+                         GROUP BY holder.holder"
                     ),
                     &[&machine_prefix, &length],
                 )?
@@ -230,12 +231,16 @@ impl Leases for Store {
 
     fn take_back_from(&self, holders: &[String]) -> Result<u64> {
         let policy = self.retry_policy;
+        let holders: Vec<i64> = holders
+            .iter()
+            .map(|h| crate::holder::holder_id(h))
+            .collect();
         let taken = self.write(|tx, _| {
             let now = self.now_ms();
             let runs = tx.query(
                 &format!(
                     "SELECT {HELD_RUN_COLUMNS} FROM tickler_jobs
-                     WHERE status = 'running' AND holder = ANY($1)
+                     WHERE status = 'running' AND holder_id = ANY($1)
                      ORDER BY id FOR UPDATE SKIP LOCKED"
                 ),
                 &[&holders],
@@ -245,7 +250,7 @@ impl Leases for Store {
                  WHERE id = ANY(ARRAY(
                      SELECT id FROM tickler_jobs
                      WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
-                       AND holder = ANY($1)
+                       AND holder_id = ANY($1)
                      FOR UPDATE SKIP LOCKED))",
                 &[&holders],
             )?;

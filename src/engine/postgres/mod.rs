@@ -62,8 +62,13 @@ pub(crate) struct Store {
     refused: connection::Refused,
     clock: Arc<dyn Clock>,
     retry_policy: RetryPolicy,
-    /// This process, as each lease it claims records it.
+    /// This process, as each lease it claims records it: the text, and
+    /// the number the rows store (`crate::holder::holder_id`).
     holder: String,
+    holder_id: i64,
+    /// This process's row of `tickler_holders` is written (by the first
+    /// claim).
+    holder_registered: std::sync::atomic::AtomicBool,
     retry_window: Duration,
     signals: Arc<watch::Signals>,
     pooling: Arc<pooler::Pooling>,
@@ -146,6 +151,8 @@ impl Store {
             clock: Arc::new(crate::clock::SystemClock),
             retry_policy: settings.retry_policy,
             holder: settings.holder.to_owned(),
+            holder_id: crate::holder::holder_id(settings.holder),
+            holder_registered: std::sync::atomic::AtomicBool::new(false),
             // Connection losses and restarts are retried as long as a
             // SQLite writer would wait for the lock and retry.
             retry_window,

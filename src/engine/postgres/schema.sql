@@ -136,10 +136,15 @@ CREATE INDEX tickler_jobs_finished_state
 
 -- migration: 4
 -- What a crash costs, as in the SQLite schema (migration 7 there): the
--- process holding a lease, when its run was known to have started, and
+-- process holding a lease (by its row in tickler_holders), when its run
+-- was known to have started, and
 -- the runs given back uncounted. Adding nullable columns, and one with a
 -- constant default, rewrites no row.
-ALTER TABLE tickler_jobs ADD COLUMN holder TEXT COLLATE "C";
+CREATE TABLE tickler_holders (
+    id     BIGINT PRIMARY KEY,
+    holder TEXT   COLLATE "C" NOT NULL
+);
+ALTER TABLE tickler_jobs ADD COLUMN holder_id BIGINT;
 ALTER TABLE tickler_jobs ADD COLUMN started_at BIGINT;
 ALTER TABLE tickler_jobs ADD COLUMN given_back BIGINT NOT NULL DEFAULT 0
     CHECK (given_back >= 0);

@@ -52,7 +52,7 @@ pub(crate) fn kind_filter(kinds: Option<&[&str]>, first: usize) -> String {
 }
 
 /// The claiming UPDATE; ?1 worker_id, ?2 now, ?3 lease expiry, ?4 queue,
-/// ?5 limit, ?6 holder, ?7 started_at (NULL for a claim ahead of the
+/// ?5 limit, ?6 holder_id, ?7 started_at (NULL for a claim ahead of the
 /// handlers), ?8… kinds.
 pub(crate) fn claim_sql(kinds: Option<&[&str]>, order: ClaimOrder) -> String {
     let order = order.sql();
@@ -62,7 +62,7 @@ pub(crate) fn claim_sql(kinds: Option<&[&str]>, order: ClaimOrder) -> String {
         "UPDATE tickler_jobs
          SET status = 'running', run_token = {RUN_TOKEN_SQL}, attempts = attempts + 1,
              claimed_by = ?1, claimed_at = ?2, lease_expires_at = ?3, lease_ms = ?3 - ?2,
-             holder = ?6, started_at = ?7
+             holder_id = ?6, started_at = ?7
          WHERE id IN (SELECT id FROM tickler_jobs AS job
                       WHERE status = 'pending' AND queue = ?4 {kind_filter} AND {unblocked}
                       ORDER BY {order} LIMIT +?5)
@@ -201,12 +201,25 @@ impl Claims for Store {
                 let mut claim_tx = InTransaction {
                     tx,
                     sql,
-                    holder: &self.holder,
+                    holder_id: self.holder_id,
                     starts: claim.starts,
                 };
+                if !self
+                    .holder_registered
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    tx.prepare_cached(
+                        "INSERT OR IGNORE INTO tickler_holders (id, holder) VALUES (?1, ?2)",
+                    )?
+                    .execute(params![self.holder_id, self.holder])?;
+                }
                 let claimed = (claim.rules)(&mut claim_tx, claim.request, now, expires)?;
                 Ok((recorded, claimed))
             })?;
+            if claim.is_some() {
+                self.holder_registered
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             results.extend(recorded);
             pending_outcomes = &[];
             commit = Commit::Lazy;
@@ -233,7 +246,7 @@ struct InTransaction<'a, 'c> {
     /// The claiming UPDATE by priority, and by age.
     sql: &'a (String, String),
     /// Written as each claimed job's holder.
-    holder: &'a str,
+    holder_id: i64,
     /// The claim starts the runs (see [`Claim::starts`]).
     starts: bool,
 }
@@ -267,7 +280,7 @@ impl ClaimTx for InTransaction<'_, '_> {
             &expires,
             &queue,
             &want,
-            &self.holder,
+            &self.holder_id,
             &started_at,
         ];
         if let Some(kinds) = request.kinds {

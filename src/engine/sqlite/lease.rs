@@ -156,14 +156,16 @@ impl Leases for Store {
         self.read_on_writer(|conn| {
             let rows = conn
                 .prepare_cached(&format!(
-                    "SELECT holder, max(renewed) FROM (
-                         SELECT holder, {RENEWED} AS renewed FROM tickler_jobs
-                         WHERE status = 'running' AND substr(holder, 1, ?2) = ?1
+                    "SELECT holder.holder, max(held.renewed) FROM (
+                         SELECT holder_id, {RENEWED} AS renewed FROM tickler_jobs
+                         WHERE status = 'running'
                          UNION ALL
-                         SELECT holder, {RENEWED} FROM tickler_jobs
-                         WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
-                           AND substr(holder, 1, ?2) = ?1)
-                     GROUP BY holder"
+                         SELECT holder_id, {RENEWED} FROM tickler_jobs
+                         WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL)
+                         AS held
+                     JOIN tickler_holders AS holder ON holder.id = held.holder_id
+                     WHERE substr(holder.holder, 1, ?2) = ?1
+                     GROUP BY holder.holder"
                 ))?
                 .query_map(
                     params![machine_prefix, machine_prefix.chars().count() as i64],
@@ -176,14 +178,18 @@ impl Leases for Store {
 
     fn take_back_from(&self, holders: &[String]) -> Result<u64> {
         let policy = self.retry_policy;
-        let holders = serde_json::to_string(holders)?;
+        let ids: Vec<i64> = holders
+            .iter()
+            .map(|h| crate::holder::holder_id(h))
+            .collect();
+        let holders = serde_json::to_string(&ids)?;
         let taken = self.write_with(Commit::Lazy, |tx| {
             let now = self.now_ms();
             let runs: Vec<HeldRun> = tx
                 .prepare_cached(&format!(
                     "SELECT {HELD_RUN_COLUMNS} FROM tickler_jobs
                      WHERE status = 'running'
-                       AND holder IN (SELECT value FROM json_each(?1))"
+                       AND holder_id IN (SELECT value FROM json_each(?1))"
                 ))?
                 .query_map([&holders], held_run)?
                 .collect::<rusqlite::Result<_>>()?;
@@ -192,7 +198,7 @@ impl Leases for Store {
             tx.prepare_cached(
                 "UPDATE tickler_jobs SET lease_expires_at = NULL
                  WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
-                   AND holder IN (SELECT value FROM json_each(?1))",
+                   AND holder_id IN (SELECT value FROM json_each(?1))",
             )?
             .execute([&holders])?;
             take_back_runs(tx, &runs, now, MAX_TIMESTAMP_MS, &policy)

@@ -72,8 +72,13 @@ pub(crate) struct Store {
     clock: Arc<dyn Clock>,
     /// Backoff after failed attempts and expired leases.
     retry_policy: RetryPolicy,
-    /// This process, as each lease it claims records it.
+    /// This process, as each lease it claims records it: the text, and
+    /// the number the rows store (`crate::holder::holder_id`).
     holder: String,
+    holder_id: i64,
+    /// This process's row of `tickler_holders` is written (by the first
+    /// claim).
+    holder_registered: std::sync::atomic::AtomicBool,
     /// The process's single write path: in-process writers queue on this
     /// mutex instead of racing through SQLite's busy handler (whose sleeps
     /// grow to 100 ms and are unfair).
@@ -145,6 +150,8 @@ impl Store {
             clock: Arc::clone(&settings.clock),
             retry_policy: settings.retry_policy,
             holder: settings.holder.to_owned(),
+            holder_id: crate::holder::holder_id(settings.holder),
+            holder_registered: std::sync::atomic::AtomicBool::new(false),
             writer: Mutex::new(Writer {
                 conn: writer,
                 synchronous: durability,

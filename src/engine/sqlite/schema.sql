@@ -193,12 +193,18 @@ CREATE INDEX tickler_jobs_finished_state
 -- What a crash costs (src/holder.rs, the reaper's rule in
 -- src/engine/types.rs):
 --
--- holder: the process holding a running job's lease (machine, boot, PID
--- namespace, process id and start time; see src/holder.rs), written by
--- the claim. A queue that opens, and the reaper, take back at once the
--- leases of a holder of this machine that is gone, instead of waiting for
--- them to run out.
-ALTER TABLE tickler_jobs ADD COLUMN holder TEXT;
+-- holder_id: the process holding a running job's lease, by its row in
+-- tickler_holders (machine, boot, PID and network namespaces, process id
+-- and start time; see src/holder.rs), written by the claim. A queue that
+-- opens, and the reaper, take back at once the leases of a holder of this
+-- machine that is gone, instead of waiting for them to run out.
+CREATE TABLE tickler_holders (
+    -- A hash of the text (src/holder.rs, holder_id): every process
+    -- computes its own.
+    id     INTEGER PRIMARY KEY,
+    holder TEXT    NOT NULL
+) STRICT;
+ALTER TABLE tickler_jobs ADD COLUMN holder_id INTEGER;
 -- started_at: when this run's handler was known to have started (ms),
 -- NULL until then. A pool claims ahead of its free threads and records
 -- starts shortly after they happen; an expired or abandoned lease whose
