@@ -294,3 +294,23 @@ fn concurrent_first_opens_of_a_new_file_all_succeed() {
         assert_eq!(common::row_count(&path), THREADS as i64);
     }
 }
+
+/// SQLite 3.7.0 to 3.51.2 can lose committed transactions, or corrupt the
+/// file, when a checkpoint starts while another connection's commit resets
+/// the WAL (SQLite's "WAL-reset bug", fixed in 3.51.3). tickler checkpoints
+/// from every process that writes, so the SQLite it is built with must be
+/// past it: this fails if a dependency change brings an older one back.
+#[test]
+fn the_sqlite_tickler_is_built_with_has_the_wal_reset_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = tickler::Queue::open(dir.path().join("q.db")).unwrap();
+    let conn = queue.open_connection().unwrap();
+    let version: String = conn
+        .query_row("SELECT sqlite_version()", [], |r| r.get(0))
+        .unwrap();
+    let number: Vec<u32> = version.split('.').map(|p| p.parse().unwrap()).collect();
+    assert!(
+        number.as_slice() >= [3, 51, 3].as_slice(),
+        "SQLite {version} has the WAL-reset bug (fixed in 3.51.3)"
+    );
+}

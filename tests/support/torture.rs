@@ -1254,7 +1254,9 @@ impl Probe {
         match self {
             Probe::Sqlite(c) => {
                 let mut stmt = c.prepare(sql).unwrap();
-                let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))
+                    .unwrap();
                 rows.collect::<rusqlite::Result<_>>().unwrap()
             }
             #[cfg(feature = "postgres")]
