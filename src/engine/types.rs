@@ -222,12 +222,18 @@ pub const ERROR_HISTORY_MAX: usize = 20;
 pub enum Durability {
     /// `synchronous=FULL`: every commit is fsynced before it returns, so an
     /// enqueue that returned `Ok` survives power loss. The default, because
-    /// edge boxes lose power.
+    /// edge boxes lose power. On macOS and iOS, where `fsync` leaves writes
+    /// in the drive's cache, also `fullfsync` (SQLite flushes the drive
+    /// with `F_FULLFSYNC`).
     #[default]
     Full,
     /// `synchronous=NORMAL`: commits survive a crash of the process but the
-    /// last ones may be lost on power loss or an OS crash. Much faster on
-    /// slow storage.
+    /// last ones may be lost on power loss or an OS crash (those after the
+    /// WAL's last sync, which a checkpoint makes). Much faster on slow
+    /// storage. The file itself is never damaged by a power cut: a
+    /// checkpoint syncs before it overwrites pages of the main file
+    /// (flushing the drive on macOS and iOS: `checkpoint_fullfsync`, set
+    /// under either level).
     Normal,
 }
 

@@ -165,3 +165,38 @@ fn a_hook_cannot_silently_weaken_durability() {
         }
     }
 }
+
+/// On Apple systems fsync() leaves writes in the drive's cache; SQLite
+/// flushes it (F_FULLFSYNC) only under `fullfsync` (every sync) or
+/// `checkpoint_fullfsync` (a checkpoint's). `Full` must set the first on
+/// every connection, both durabilities the second, and a hook must not
+/// undo them. Read as pragmas, so that this holds on every system the
+/// tests run on, where the flag is stored but changes nothing.
+#[test]
+fn connections_flush_the_drive_as_their_durability_promises() {
+    for (durability, fullfsync) in [(Durability::Full, 1), (Durability::Normal, 0)] {
+        let (_dir, path) = temp_db();
+        let queue = Queue::builder(&path)
+            .sqlite(|o| o.durability(durability))
+            .open()
+            .unwrap();
+        let conn = queue.open_connection().unwrap();
+        assert_eq!(pragma_i64(&conn, "fullfsync"), fullfsync, "{durability:?}");
+        assert_eq!(
+            pragma_i64(&conn, "checkpoint_fullfsync"),
+            1,
+            "{durability:?}"
+        );
+        drop(conn);
+        let weakened = Queue::builder(&path)
+            .sqlite(|o| o.durability(durability))
+            .sqlite(|o| {
+                o.on_connection(|conn| conn.execute_batch("PRAGMA checkpoint_fullfsync = 0"))
+            })
+            .open();
+        assert!(
+            matches!(weakened, Err(Error::PragmaMismatch { .. })),
+            "{durability:?}: {weakened:?}"
+        );
+    }
+}
