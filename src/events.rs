@@ -11,8 +11,9 @@
 use crate::job::{JobId, RunToken};
 use chrono::{DateTime, Utc};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 /// Buffer size of [`crate::Queue::subscribe`] and
@@ -182,6 +183,71 @@ pub(crate) struct EventHub {
     subscribers: RwLock<Vec<(Sender<Event>, Arc<SubState>)>>,
     /// Read without a lock on every emit: most programs never subscribe.
     any: AtomicBool,
+    /// Operations that publish their events after their commit (enqueue,
+    /// cancel, retry), and the job events held back meanwhile.
+    order: Mutex<Announcements>,
+    /// Some operation is announcing or some event is held: emit must look
+    /// at `order`. Read without a lock otherwise.
+    ordering: AtomicBool,
+}
+
+/// A job's events in the order they happened, across the threads of a
+/// process. An operation publishes its event after its commit returns;
+/// meanwhile another thread (a pool's) may act on what that commit made
+/// visible and publish first: start, even finish, a job whose `Enqueued`
+/// is still to come. So each such operation takes a ticket before it
+/// writes, and a job event emitted while a ticket taken earlier is out
+/// waits, in order, until every ticket up to the latest one taken when it
+/// was emitted has published. An event can depend only on commits that
+/// happened before it, made by operations that took their tickets before
+/// it was emitted: nothing waits for an operation that started later.
+#[derive(Debug, Default)]
+struct Announcements {
+    /// The next ticket.
+    next: u64,
+    /// Tickets out, their operations not yet published.
+    out: BTreeSet<u64>,
+    /// Held events, oldest first, each with the latest ticket taken when
+    /// it was emitted (so never decreasing).
+    held: VecDeque<(u64, Event)>,
+}
+
+/// An operation's ticket (see [`Announcements`]): [`Announcing::publish`]
+/// sends its events, then what waited for it. Dropped unpublished (the
+/// operation failed), it releases what waited.
+#[derive(Debug)]
+pub(crate) struct Announcing<'a> {
+    hub: &'a EventHub,
+    ticket: u64,
+}
+
+impl Announcing<'_> {
+    /// Sends `events` (built only now, as an operation knows its ids once
+    /// committed), then every held event whose tickets have all published.
+    pub(crate) fn publish(self, events: impl IntoIterator<Item = Event>) {
+        let mut order = self
+            .hub
+            .order
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for event in events {
+            self.hub.send(event);
+        }
+        self.hub.finish(&mut order, self.ticket);
+        drop(order);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Announcing<'_> {
+    fn drop(&mut self) {
+        let mut order = self
+            .hub
+            .order
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.hub.finish(&mut order, self.ticket);
+    }
 }
 
 impl EventHub {
@@ -238,8 +304,55 @@ impl EventHub {
         false
     }
 
-    /// Sends `event` to every subscriber without waiting.
+    /// A ticket for an operation that publishes its events after its
+    /// commit (see [`Announcements`]), taken before it writes; `None` when
+    /// no one listens (then nothing is held for it either).
+    pub(crate) fn announcing(&self) -> Option<Announcing<'_>> {
+        if !self.active() {
+            return None;
+        }
+        let mut order = self.order.lock().unwrap_or_else(PoisonError::into_inner);
+        let ticket = order.next;
+        order.next += 1;
+        order.out.insert(ticket);
+        self.ordering.store(true, Ordering::SeqCst);
+        Some(Announcing { hub: self, ticket })
+    }
+
+    /// Ends `ticket`, then sends the held events nothing earlier holds.
+    fn finish(&self, order: &mut Announcements, ticket: u64) {
+        order.out.remove(&ticket);
+        let oldest_out = order.out.first().copied().unwrap_or(u64::MAX);
+        while order
+            .held
+            .front()
+            .is_some_and(|(latest, _)| *latest < oldest_out)
+        {
+            let (_, event) = order.held.pop_front().expect("front exists");
+            self.send(event);
+        }
+        if order.out.is_empty() && order.held.is_empty() {
+            self.ordering.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Sends `event` to every subscriber without waiting, or holds it (a
+    /// job event) while an operation that began before it has its own
+    /// events still to publish; see [`Announcements`].
     pub(crate) fn emit(&self, event: Event) {
+        if self.ordering.load(Ordering::SeqCst) && matches!(event, Event::Job(_)) {
+            let mut order = self.order.lock().unwrap_or_else(PoisonError::into_inner);
+            // Nothing is held while no ticket is out (`finish` sends it all).
+            if !order.out.is_empty() {
+                let latest = order.next - 1;
+                order.held.push_back((latest, event));
+                return;
+            }
+        }
+        self.send(event);
+    }
+
+    fn send(&self, event: Event) {
         let mut gone = false;
         {
             let subs = self
@@ -343,5 +456,37 @@ mod tests {
         drop(sub);
         hub.emit(event(1));
         assert!(!hub.active());
+    }
+
+    fn ids(sub: &Subscription) -> Vec<i64> {
+        sub.drain()
+            .into_iter()
+            .map(|e| match e {
+                Event::Job(e) => e.job_id.0,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn events_wait_for_the_operations_that_began_before_them_only() {
+        let hub = EventHub::default();
+        assert!(hub.announcing().is_none(), "no ticket without a reader");
+        let sub = hub.subscribe(64);
+        let first = hub.announcing().unwrap();
+        hub.emit(event(1));
+        let second = hub.announcing().unwrap();
+        hub.emit(event(2));
+        assert!(ids(&sub).is_empty(), "both wait for the first ticket");
+        first.publish([event(10)]);
+        // 1 waited for the first ticket only; 2 was emitted after the
+        // second was taken, and waits for it.
+        assert_eq!(ids(&sub), vec![10, 1]);
+        // A failed operation (its ticket dropped) releases what waited.
+        drop(second);
+        assert_eq!(ids(&sub), vec![2]);
+        hub.emit(event(3));
+        assert_eq!(ids(&sub), vec![3], "nothing out: sent at once");
+        assert!(!hub.ordering.load(Ordering::SeqCst));
     }
 }

@@ -154,9 +154,15 @@ impl Queue {
                 .map(|r| (r.job.kind.clone(), r.job.queue.clone()))
                 .collect()
         });
+        let announcing = described
+            .as_ref()
+            .and_then(|_| self.inner.events.announcing());
         let ids = self.engine().enqueue(rows)?;
-        for (id, (kind, queue)) in ids.iter().zip(described.into_iter().flatten()) {
-            self.emit_job(JobEventKind::Enqueued, *id, kind, queue);
+        if let Some(announcing) = announcing {
+            let at = self.inner.clock.now();
+            announcing.publish(ids.iter().zip(described.into_iter().flatten()).map(
+                |(id, (kind, queue))| job_event(JobEventKind::Enqueued, *id, kind, queue, at),
+            ));
         }
         Ok(ids)
     }
@@ -171,6 +177,13 @@ impl Queue {
     /// is dropped and counted ([`Subscription::dropped`]), so a slow reader
     /// never slows the queue or its pools.
     ///
+    /// A job's events come in the order they happened in this process:
+    /// its `Enqueued` before a pool's `Started`, a `Cancelled` before the
+    /// pool's `LeaseLost`, although the enqueue or cancel publishes after
+    /// its commit, when a pool thread may already have acted on it (such
+    /// an event waits, a few milliseconds at most, for the enqueue or
+    /// cancel that began before it).
+    ///
     /// Events are this process's only: nothing is stored or sent between
     /// processes, and another process's enqueues, claims and outcomes
     /// (or changes made by hand in the file) are not seen. Read the queue
@@ -183,31 +196,25 @@ impl Queue {
         &self.inner.events
     }
 
-    fn emit_job(&self, what: JobEventKind, job_id: JobId, kind: String, queue: String) {
-        if !self.inner.events.offer() {
-            return;
+    /// Runs `change` (an operator action on job `id`), then reports
+    /// `what` for it with its kind and queue read back, if anyone listens
+    /// (operator actions are rare: one read is cheap). Events of the job
+    /// that the change causes elsewhere in this process (a pool's lost
+    /// lease) come after.
+    fn announced(
+        &self,
+        what: JobEventKind,
+        id: JobId,
+        change: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let announcing = self.inner.events.announcing();
+        change()?;
+        if let Some(announcing) = announcing {
+            let job = self.engine().get(id).ok();
+            let at = self.inner.clock.now();
+            announcing.publish(job.map(|job| job_event(what, id, job.kind, job.queue, at)));
         }
-        self.inner.events.emit(Event::Job(JobEvent {
-            what,
-            job_id,
-            kind,
-            queue,
-            attempt: None,
-            queue_time: None,
-            run_time: None,
-            at: self.inner.clock.now(),
-        }));
-    }
-
-    /// Emits `what` for job `id` with its kind and queue read back, if
-    /// anyone listens (operator actions are rare: one read is cheap).
-    fn emit_read_back(&self, what: JobEventKind, id: JobId) {
-        if !self.inner.events.active() {
-            return;
-        }
-        if let Ok(job) = self.engine().get(id) {
-            self.emit_job(what, id, job.kind, job.queue);
-        }
+        Ok(())
     }
 
     // ------------------------------------------------------------------ claim
@@ -402,9 +409,7 @@ impl Queue {
     /// # Errors
     /// [`Error::NotFound`]; [`Error::InvalidState`] if it already finished.
     pub fn cancel(&self, id: JobId) -> Result<()> {
-        self.engine().cancel(id)?;
-        self.emit_read_back(JobEventKind::Cancelled, id);
-        Ok(())
+        self.announced(JobEventKind::Cancelled, id, || self.engine().cancel(id))
     }
 
     /// Makes a dead or cancelled job pending again, due now, with fresh
@@ -417,9 +422,7 @@ impl Queue {
     /// [`Error::UniqueKeyHeld`] if its unique_key now belongs to another
     /// unfinished job.
     pub fn retry(&self, id: JobId) -> Result<()> {
-        self.engine().retry(id)?;
-        self.emit_read_back(JobEventKind::Retried, id);
-        Ok(())
+        self.announced(JobEventKind::Retried, id, || self.engine().retry(id))
     }
 
     /// Deletes finished jobs (succeeded, dead, cancelled) that finished
@@ -525,4 +528,24 @@ impl Queue {
     pub fn stats(&self) -> Result<Stats> {
         self.engine().stats()
     }
+}
+
+/// A job event of the queue's own (no run: no attempt or times).
+fn job_event(
+    what: JobEventKind,
+    job_id: JobId,
+    kind: String,
+    queue: String,
+    at: chrono::DateTime<chrono::Utc>,
+) -> Event {
+    Event::Job(JobEvent {
+        what,
+        job_id,
+        kind,
+        queue,
+        attempt: None,
+        queue_time: None,
+        run_time: None,
+        at,
+    })
 }
