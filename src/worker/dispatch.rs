@@ -18,6 +18,20 @@ use std::time::{Duration, Instant};
 /// How often a stopping dispatcher looks whether the last worker ended.
 const STOPPING_POLL: Duration = Duration::from_millis(10);
 
+/// A pool's first claims that hand out jobs are synced (under
+/// `Durability::Full`) before their jobs reach a handler. A claim commits
+/// without a sync, and a run's start is synced about a second after it: a
+/// handler that takes the machine down sooner (a kernel panic, a brown-out
+/// on a Raspberry Pi) left no trace on disk, and could run again uncounted
+/// after every reboot. A machine in such a loop restarts its pool each
+/// time, and runs the job among the pool's first claims (the jobs ahead of
+/// it finish and are synced, boot after boot, until it is): synced, its
+/// run is found after the reboot with its holder gone, given back once,
+/// and counted from its next start on (recorded before the handler, as
+/// for every job given back) until the job is dead. Later claims are not
+/// synced: a sync per claim would cost a busy pool a sync per few jobs.
+const SYNCED_FIRST_CLAIMS: u32 = 32;
+
 /// Sets `Shared::claims_over` when the dispatcher thread ends, however it
 /// ends, so that `shutdown` never waits for a dispatcher that is gone.
 pub(super) struct ClaimsOver<'a>(pub(super) &'a Shared);
@@ -69,6 +83,7 @@ pub(super) fn dispatch_loop(
     // Claimed by a claim that committed after shutdown began: handed back
     // with the next commit, never sent to a worker.
     let mut claimed_too_late: Vec<(Lease, Outcome)> = Vec::new();
+    let mut synced_claims = 0;
     loop {
         unsynced.sync_if_due(&shared.queue, false);
         let stopping = shared.stopping.load(Ordering::SeqCst);
@@ -204,6 +219,14 @@ pub(super) fn dispatch_loop(
                     continue;
                 }
                 more_may_be_due = want > 0 && leases.len() == want;
+                if !leases.is_empty() && synced_claims < SYNCED_FIRST_CLAIMS {
+                    synced_claims += 1;
+                    if let Err(e) = shared.queue.sync() {
+                        log::warn!(
+                            "syncing a claim failed: {e}; should the machine go down during these runs, they may run again uncounted"
+                        );
+                    }
+                }
                 ahead.sent(leases.len(), Instant::now());
                 for lease in leases {
                     shared.busy_slots.fetch_add(1, Ordering::SeqCst);

@@ -215,7 +215,12 @@ impl Leases for Store {
                 stmt.execute(params![now, lease.job_id.0, lease.run_token.0])?;
             }
             Ok(())
-        })
+        })?;
+        // A start is what counts an attempt. Lost to a power cut or an OS
+        // crash, it would leave a handler that takes the machine down free
+        // to run after every reboot; synced (under Full, outside the write
+        // lock, at most about once a second per pool), it counts.
+        self.sync()
     }
 }
 
