@@ -33,7 +33,7 @@
 //!    expiry. Heartbeats and outcomes only apply while the job is `running`
 //!    with that token; otherwise they return [`Error::LeaseLost`] and change
 //!    nothing.
-//! 4. **The reaper only takes what is really stale** ([`Queue::reap`]): its
+//! 4. **The reaper only takes what is really stale** ([`Manual::reap`]): its
 //!    update repeats the expiry condition, so a heartbeat that lands first
 //!    wins. Reaped jobs wait for a backoff, or are `dead` once their attempts
 //!    are used up.
@@ -54,7 +54,12 @@
 //!    taken back before its start was recorded gets its attempt back
 //!    ([`Lease::given_back`] counts these). A job given back once has its
 //!    next start recorded before the handler runs, so a handler that kills
-//!    its process at once is given back uncounted at most once. Each lease
+//!    its process at once is given back uncounted at most once. Under
+//!    [`Durability::Full`], recorded starts are synced, and so are a pool's
+//!    first 32 claims: a handler that takes the machine down (a kernel
+//!    panic, a brown-out) is counted like one that kills its process,
+//!    since after the reboot it runs among the new pool's first claims.
+//!    Each lease
 //!    records its holder ([`holder`]): when a queue opens, and at each
 //!    pass of the reaper, the leases of a holder of this machine that is
 //!    gone (a process that ended, or one of an earlier boot) are taken back
