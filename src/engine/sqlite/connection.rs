@@ -757,3 +757,113 @@ pub(crate) fn statement_level(e: &Error) -> bool {
         _ => false,
     }
 }
+
+/// The file system a queue file lives on, when it is one where SQLite's
+/// WAL is not safe: a network file system, or one that shares a folder
+/// between a virtual machine or container and its host (Docker Desktop,
+/// WSL's 9p, virtiofs). WAL keeps its index in shared memory that only one
+/// kernel's processes see; two kernels writing one file through such a
+/// mount damage it (SQLite's WAL documentation, and reports of zero-filled
+/// pages from apps whose host and container opened the same file). Read
+/// from `/proc/self/mountinfo` on Linux; `None` elsewhere or when unsure.
+pub(super) fn risky_file_system(path: &Path) -> Option<String> {
+    if !cfg!(target_os = "linux") {
+        return None;
+    }
+    let path = std::fs::canonicalize(path).ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let fs_type = file_system_in(&mounts, &path)?;
+    let risky = fs_type.starts_with("nfs")
+        || [
+            "cifs",
+            "smb3",
+            "smbfs",
+            "9p",
+            "virtiofs",
+            "fakeowner",
+            "ceph",
+            "afs",
+        ]
+        .contains(&fs_type.as_str())
+        || [
+            "fuse.grpcfuse",
+            "fuse.sshfs",
+            "fuse.glusterfs",
+            "fuse.s3fs",
+            "fuse.rclone",
+        ]
+        .contains(&fs_type.as_str());
+    risky.then_some(fs_type)
+}
+
+/// The type of the file system `path` (absolute, resolved) is on, by the
+/// longest mount point of `mountinfo` (the format of
+/// `/proc/self/mountinfo`) that holds it.
+fn file_system_in(mountinfo: &str, path: &Path) -> Option<String> {
+    let mut best: Option<(usize, String)> = None;
+    for line in mountinfo.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let (Some(point), Some(dash)) = (fields.get(4), fields.iter().position(|f| *f == "-"))
+        else {
+            continue;
+        };
+        let Some(fs_type) = fields.get(dash + 1) else {
+            continue;
+        };
+        // Spaces and the like are octal escapes (`\040`).
+        let point = PathBuf::from(unescape_mount(point));
+        let depth = point.components().count();
+        if path.starts_with(&point) && best.as_ref().is_none_or(|(d, _)| depth >= *d) {
+            best = Some((depth, (*fs_type).to_owned()));
+        }
+    }
+    best.map(|(_, fs_type)| fs_type)
+}
+
+fn unescape_mount(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        match (bytes[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod mount_tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+40 22 0:35 / /mnt/share rw,relatime shared:20 - nfs4 server:/export rw,vers=4.2
+41 40 0:36 / /mnt/share/local rw,relatime shared:21 - ext4 /dev/sdb1 rw
+42 22 0:37 / /mnt/my\\040docs rw,relatime - virtiofs docs rw
+";
+
+    #[test]
+    fn the_longest_mount_point_that_holds_the_file_names_its_file_system() {
+        let fs = |p: &str| file_system_in(MOUNTINFO, Path::new(p));
+        assert_eq!(fs("/home/app/q.db").as_deref(), Some("ext4"));
+        assert_eq!(fs("/mnt/share/q.db").as_deref(), Some("nfs4"));
+        assert_eq!(fs("/mnt/share/local/q.db").as_deref(), Some("ext4"));
+        assert_eq!(
+            fs("/mnt/shared/q.db").as_deref(),
+            Some("ext4"),
+            "not a prefix by characters"
+        );
+        assert_eq!(fs("/mnt/my docs/q.db").as_deref(), Some("virtiofs"));
+    }
+}

@@ -48,8 +48,8 @@ use crate::error::{Error, Result};
 use crate::metrics::WaitHistogram;
 use crate::retry::RetryPolicy;
 use connection::{
-    configure_connection, create_owner_only, open_error, reader_pool_threads, set_busy_limit,
-    to_rusqlite, Writer,
+    configure_connection, create_owner_only, open_error, reader_pool_threads, risky_file_system,
+    set_busy_limit, to_rusqlite, Writer,
 };
 use crossbeam_channel::Sender;
 use file_events::FileEvents;
@@ -169,6 +169,12 @@ impl Store {
             Error::Sqlite(inner) => open_error(&path, inner),
             other => other,
         })?;
+        if let Some(fs_type) = risky_file_system(&path) {
+            log::warn!(
+                "{} is on a {fs_type} file system, where SQLite's WAL is not safe if processes of another machine, virtual machine or container (or its host) open it too: they do not share the WAL's index and damage the file; keep the queue on a local disk or a container's own volume",
+                path.display()
+            );
+        }
         if let Ok(false) = file_is_private(&path) {
             log::warn!(
                 "{}: other users can read (or write) this queue file or its -wal/-shm file, and so every job's payload; `chmod 600` them unless they are meant to be shared",
