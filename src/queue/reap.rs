@@ -61,6 +61,7 @@ impl Queue {
             }
         }
         if total > 0 {
+            synced_after_taking_back(self);
             engine.wake_watchers();
         }
         // The background reaper's round is also the engine's upkeep.
@@ -84,6 +85,7 @@ impl Queue {
         }
         let taken = self.engine().take_back_from(&gone)?;
         if taken > 0 {
+            synced_after_taking_back(self);
             log::info!(
                 "took back {taken} job(s) at once: their holder, a process of this machine, is gone"
             );
@@ -101,8 +103,20 @@ impl Queue {
             }
         }
         if total > 0 {
+            synced_after_taking_back(self);
             self.engine().wake_watchers();
         }
         Ok(total)
+    }
+}
+
+/// Leases taken back are committed without a sync of their own; rare as
+/// they are, they are synced (under `Durability::Full`) at once: a job
+/// whose last attempt made the machine go down is dead only once that is
+/// on disk, and with no handler running nothing else may sync it before
+/// the next power cut, which would bring it back to run once more.
+fn synced_after_taking_back(queue: &Queue) {
+    if let Err(e) = queue.sync() {
+        log::warn!("syncing the leases taken back failed: {e}; the next commit retries");
     }
 }

@@ -5,6 +5,10 @@
 #[macro_use]
 #[path = "../support/mod.rs"]
 mod support;
+/// The power-cut harness: an `LD_PRELOAD` shim that keeps what a disk would
+/// hold, and the cuts.
+#[path = "../support/powercut.rs"]
+mod powercut;
 /// The kill -9 torture run, shared with `examples/torture.rs`.
 #[path = "../support/torture.rs"]
 mod torture;
@@ -27,6 +31,9 @@ mod faults;
 /// SQLite's write lock held by another process while leases run and the
 /// reaper waits for it.
 mod lock_stall_keeps_live_leases;
+/// Power cuts: SQLite's, as the engine writes and fsyncs its own file;
+/// a server owns its durability (its own fsyncs, its own settings).
+mod power_cut;
 /// The file's schema version (`user_version`), WAL mode, a non-SQLite file.
 mod schema;
 /// kill -9 against processes on one file: the WAL and `integrity_check`.

@@ -224,7 +224,8 @@ pub enum Launcher {
 pub struct Ledger(Arc<File>);
 
 impl Ledger {
-    fn create(path: &Path) -> Ledger {
+    /// Opens (creates) the ledger at `path` for appending.
+    pub fn create(path: &Path) -> Ledger {
         let file = OpenOptions::new()
             .create(true)
             .append(true)
@@ -233,7 +234,9 @@ impl Ledger {
         Ledger(Arc::new(file))
     }
 
-    fn line(&self, text: &str) {
+    /// Appends `text` (newlines made spaces) after the wall-clock time in
+    /// milliseconds, in one `write(2)`.
+    pub fn line(&self, text: &str) {
         let line = format!("{} {}\n", now_ms(), text.replace('\n', " "));
         let written = (&*self.0)
             .write(line.as_bytes())
@@ -265,7 +268,9 @@ impl log::Log for LedgerLogger {
     fn flush(&self) {}
 }
 
-fn install_logger(ledger: &Ledger) {
+/// Sends tickler's warnings and errors to `ledger` as `log` lines (once per
+/// process).
+pub fn install_logger(ledger: &Ledger) {
     if log::set_boxed_logger(Box::new(LedgerLogger(ledger.clone()))).is_ok() {
         log::set_max_level(log::LevelFilter::Warn);
     }
