@@ -946,17 +946,7 @@ pub fn machine_down(dir: &Path, max_attempts: u32, boots: usize) -> Vec<(String,
             std::thread::sleep(Duration::from_millis(2));
         }
         // The cut, as in a round: no sync completes after this instant.
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&file.lock)
-            .expect("the shim's lock file");
-        // SAFETY: flock on a descriptor this process owns.
-        let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
-        assert_eq!(rc, 0, "flock");
-        File::create(file.images.join("frozen")).expect("freezing the images");
+        let lock = file.freeze();
         let _ = child.kill();
         let _ = child.wait();
         drop(lock);
@@ -1272,17 +1262,7 @@ impl<'a> FileRun<'a> {
 
         // The cut: no sync completes after this instant.
         let mut problems = Vec::new();
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&self.lock)
-            .expect("the shim's lock file");
-        // SAFETY: flock on a descriptor this process owns.
-        let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
-        assert_eq!(rc, 0, "flock");
-        File::create(self.images.join("frozen")).expect("freezing the images");
+        let lock = self.freeze();
         let cut_at = mono_ns();
         for (name, child) in &mut children {
             if let Ok(Some(status)) = child.try_wait() {
@@ -1415,6 +1395,24 @@ impl<'a> FileRun<'a> {
         );
         figures.failures.push(text);
         false
+    }
+
+    /// The cut's first step: takes the shim's lock, so that no sync
+    /// completes after this instant, and freezes the images (a sync that
+    /// comes later blocks for ever). Kill the processes, then drop the lock.
+    fn freeze(&self) -> File {
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&self.lock)
+            .expect("the shim's lock file");
+        // SAFETY: flock on a descriptor this process owns.
+        let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+        assert_eq!(rc, 0, "flock");
+        File::create(self.images.join("frozen")).expect("freezing the images");
+        lock
     }
 
     /// Makes the images the files: each file its image (drop), or its image
