@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::job::{JobId, NewJob, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
 use crate::queue::Queue;
 use crate::retry::RetryPolicy;
+use crate::schedule::NewSchedule;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -117,6 +118,51 @@ impl NewJob {
             job = job.unique_key(key);
         }
         Ok(job)
+    }
+}
+
+impl NewSchedule {
+    /// A schedule `name` firing on `cron` whose ticks enqueue jobs of kind
+    /// `A::KIND` with `args` as their payload, on the queue and with the
+    /// priority, attempts and timeout `args` gives ([`JobArgs`]), so that
+    /// the kind and the payload cannot disagree. The other settings are
+    /// [`NewSchedule::new`]'s, and its setters still apply. `args`'s
+    /// unique key is not used: each tick's job has the schedule's own.
+    ///
+    /// ```
+    /// use serde::{Deserialize, Serialize};
+    /// use tickler::{JobArgs, NewSchedule};
+    ///
+    /// #[derive(Serialize, Deserialize)]
+    /// struct Backup {}
+    ///
+    /// impl JobArgs for Backup {
+    ///     const KIND: &'static str = "backup";
+    /// }
+    ///
+    /// let nightly = NewSchedule::for_args("nightly", "0 3 * * *", &Backup {})?
+    ///     .time_zone("Europe/Berlin");
+    /// # Ok::<(), tickler::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`crate::Error::Json`] if `args` cannot be serialized. The cron
+    /// expression and the time zone are checked when the schedule is
+    /// stored ([`Queue::upsert_schedule`]).
+    pub fn for_args<A: JobArgs>(
+        name: impl Into<String>,
+        cron: impl Into<String>,
+        args: &A,
+    ) -> Result<NewSchedule> {
+        let mut schedule = NewSchedule::new(name, cron, A::KIND)
+            .payload(serde_json::to_value(args)?)
+            .queue(args.queue())
+            .priority(args.priority())
+            .max_attempts(args.max_attempts());
+        if let Some(timeout) = args.timeout() {
+            schedule = schedule.timeout(timeout);
+        }
+        Ok(schedule)
     }
 }
 

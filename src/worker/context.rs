@@ -299,14 +299,27 @@ impl JobContext {
 
 /// Typed payloads ([`JobArgs`]): the handler's view of its args.
 impl JobContext {
-    /// The payload read as `A`, the args of a typed job.
+    /// The payload read as `A`, the args of a typed job. A `null` payload
+    /// (a job enqueued by kind alone) is read as `{}` when `A` does not
+    /// take `null` itself, so that a type with no fields runs from it.
     ///
     /// # Errors
     /// A [`JobError::Permanent`] naming the job's kind, the type and the
     /// serde error when the payload does not fit `A` (retrying would not
     /// help).
     pub fn args<A: JobArgs>(&self) -> std::result::Result<A, JobError> {
-        serde_json::from_value(self.payload().clone()).map_err(|e| {
+        let payload = self.payload();
+        // A job enqueued by kind alone (a schedule made with
+        // `NewSchedule::new`, `tickler enqueue KIND`) has a `null` payload:
+        // a type with no fields (`struct Heartbeat {}`) is read from `{}`.
+        let decoded = serde_json::from_value(payload.clone()).or_else(|e| {
+            if payload.is_null() {
+                serde_json::from_value(serde_json::json!({})).map_err(|_| e)
+            } else {
+                Err(e)
+            }
+        });
+        decoded.map_err(|e| {
             JobError::permanent(format!(
                 "payload of job {} (kind {:?}) does not fit {}: {e}",
                 self.job_id(),

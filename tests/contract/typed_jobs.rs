@@ -257,3 +257,108 @@ fn a_kinds_retry_policy_decides_its_backoff_other_kinds_keep_the_queues() {
         .contains("by hand panics"));
 }
 }
+
+/// A job type with no fields, as a schedule's job often is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Heartbeat {}
+
+impl JobArgs for Heartbeat {
+    const KIND: &'static str = "heartbeat";
+
+    fn queue(&self) -> String {
+        "beats".into()
+    }
+
+    fn max_attempts(&self) -> u32 {
+        2
+    }
+}
+
+contract! {
+/// A schedule made from a typed value carries its kind, payload and
+/// settings, so that kind and payload cannot disagree: a schedule of a
+/// typed kind made with `NewSchedule::new` stored a `null` payload, and
+/// every tick of `struct Heartbeat {}` went dead at run time.
+fn a_schedule_for_typed_args_carries_their_kind_payload_and_settings() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue_slow_retry(&path);
+    let stored = queue
+        .upsert_schedule(
+            tickler::NewSchedule::for_args("beat", "*/5 * * * *", &Heartbeat {})
+                .unwrap()
+                .time_zone("Europe/Berlin"),
+        )
+        .unwrap();
+    assert_eq!(stored.kind, "heartbeat");
+    assert_eq!(stored.payload, serde_json::json!({}));
+    assert_eq!(stored.queue, "beats");
+    assert_eq!(stored.max_attempts, 2);
+    assert_eq!(stored.time_zone, "Europe/Berlin");
+
+    let mail = queue
+        .upsert_schedule(tickler::NewSchedule::for_args("digest", "0 8 * * *", &email(4)).unwrap())
+        .unwrap();
+    assert_eq!(mail.kind, "send_email");
+    assert_eq!(serde_json::from_value::<SendEmail>(mail.payload).unwrap(), email(4));
+    assert_eq!((mail.queue.as_str(), mail.priority, mail.timeout), ("mail", 7, Some(secs(90))));
+}
+}
+
+contract! {
+/// A job of a type with no fields (or of a unit type) runs from a `null`
+/// payload, as a schedule made with `NewSchedule::new` or a job enqueued by
+/// kind alone (`tickler enqueue heartbeat`) has: it went dead with "invalid
+/// type: null, expected struct Heartbeat".
+fn a_typed_handler_of_an_empty_type_runs_a_job_without_payload() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue_slow_retry(&path);
+    let id = queue.enqueue(NewJob::new("heartbeat").queue("beats")).unwrap();
+    let mut pool = WorkerPool::builder(&queue)
+        .queue("beats")
+        .threads(1)
+        .handler_for(|_: &JobContext, _: Heartbeat| Ok::<(), JobError>(()))
+        .start()
+        .unwrap();
+    wait_until("the job finished", secs(15), || {
+        queue.get(id).unwrap().state.is_terminal()
+    });
+    pool.shutdown(secs(5));
+    let job = queue.get(id).unwrap();
+    assert_eq!(job.state, JobState::Succeeded, "{:?}", job.last_error);
+}
+}
+
+contract! {
+/// A payload that does not fit its type is an event as well as a dead
+/// job, so that an application without a logger sees why: the `Dead`
+/// event names the kind, the type and serde's error.
+fn a_misfit_payload_is_a_dead_event_that_says_why() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue_slow_retry(&path);
+    let sub = queue.subscribe(64);
+    let misfit = queue
+        .enqueue(NewJob::new("plain").payload(serde_json::json!({"n": "nine"})))
+        .unwrap();
+    let mut pool = WorkerPool::builder(&queue)
+        .threads(1)
+        .handler_for(|_: &JobContext, _: Plain| Ok::<(), JobError>(()))
+        .start()
+        .unwrap();
+    let deadline = std::time::Instant::now() + secs(15);
+    let error = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match sub.recv_timeout(left) {
+            Some(tickler::Event::Job(e)) if e.job_id == misfit => {
+                if let tickler::JobEventKind::Dead { error } = e.what {
+                    break error;
+                }
+            }
+            Some(_) => {}
+            None => panic!("no Dead event for job {misfit}"),
+        }
+    };
+    pool.shutdown(secs(5));
+    assert!(error.contains("\"plain\"") && error.contains("Plain"), "{error}");
+    assert!(error.contains("expected u32"), "{error}");
+}
+}
