@@ -265,13 +265,19 @@ pub(super) fn first_connection(
     let mut pause = Duration::from_millis(50);
     loop {
         match mysql::Conn::new(opts.clone()).map_err(mysql_unanswered) {
-            Ok(mut conn) => {
-                // VERSION(), not the handshake's version: MariaDB's
-                // handshake says 5.5.5 before its own version for old
-                // clients.
-                let version: Option<String> = conn.query_first("SELECT VERSION()")?;
-                return Ok(version.is_some_and(|v| v.contains("MariaDB")));
-            }
+            // VERSION(), not the handshake's version: MariaDB's handshake
+            // says 5.5.5 before its own version for old clients.
+            Ok(mut conn) => match conn.query_first::<String, _>("SELECT VERSION()") {
+                Ok(version) => return Ok(version.is_some_and(|v| v.contains("MariaDB"))),
+                // Cut right after it was made (a DBA killing sessions, a
+                // proxy, a restart): the server answered, so try again.
+                Err(e) if lost_connection(&e) && Instant::now() + pause < deadline => {
+                    log::warn!("the first connection to {describe} was lost ({e}); retrying");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => return Err(Error::Mysql(e)),
+            },
             // A wrong password or a missing database is final; a server
             // shutting down, full, or killing the session is not.
             Err(mysql::Error::MySqlError(server)) => {
