@@ -2,11 +2,14 @@
 
 use crate::engine::types::{JobFilter, Stats};
 use crate::error::{Error, Result};
+use crate::events::Subscription;
 use crate::job::{Job, JobId, JobState, NewJob};
 use crate::queue::Queue;
-use crate::schedule::{NewSchedule, Schedule};
+use crate::queue::{ActivityBucket, QueueBuilder, QueueCounts};
+use crate::schedule::{NewSchedule, Schedule, Tick};
 use crate::typed::JobArgs;
 use chrono::{DateTime, Utc};
+use std::path::Path;
 
 /// The [`Queue`] API for async code. Each call runs the blocking call of
 /// the same name on tokio's blocking thread pool (`spawn_blocking`), so a
@@ -58,7 +61,39 @@ impl Queue {
     }
 }
 
+impl QueueBuilder {
+    /// [`QueueBuilder::open`] off the runtime's worker threads (feature
+    /// `tokio`): opening creates or migrates the file, or connects to a
+    /// server, and may wait for a lock.
+    ///
+    /// # Errors
+    /// As [`QueueBuilder::open`]; [`Error::Aborted`] if the runtime shut
+    /// down before the call started.
+    pub async fn open_async(self) -> Result<AsyncQueue> {
+        off_runtime(move || self.open())
+            .await
+            .map(|queue| queue.to_async())
+    }
+}
+
 impl AsyncQueue {
+    /// Opens the queue at `location` (a file's path, or a server's URL)
+    /// with default settings, off the runtime's worker threads; see
+    /// [`Queue::open`] and, for settings, [`QueueBuilder::open_async`].
+    ///
+    /// # Errors
+    /// As [`Queue::open`]; [`Error::Aborted`] if the runtime shut down
+    /// before the call started.
+    pub async fn open(location: impl AsRef<Path>) -> Result<AsyncQueue> {
+        Queue::builder(location).open_async().await
+    }
+
+    /// [`Queue::subscribe`]: read it with [`Subscription::recv`], which
+    /// waits without blocking a thread.
+    pub fn subscribe(&self, capacity: usize) -> Subscription {
+        self.queue.subscribe(capacity)
+    }
+
     /// The blocking queue underneath.
     pub fn queue(&self) -> &Queue {
         &self.queue
@@ -112,7 +147,8 @@ impl AsyncQueue {
     ///
     /// # Errors
     /// As [`Queue::list`] and [`AsyncQueue::enqueue`].
-    pub async fn list(&self, filter: JobFilter) -> Result<Vec<Job>> {
+    pub async fn list(&self, filter: &JobFilter) -> Result<Vec<Job>> {
+        let filter = filter.clone();
         blocking!(self, |queue| queue.list(&filter))
     }
 
@@ -170,5 +206,158 @@ impl AsyncQueue {
     /// As [`Queue::sync`] and [`AsyncQueue::enqueue`].
     pub async fn sync(&self) -> Result<()> {
         blocking!(self, |queue| queue.sync())
+    }
+
+    /// [`Queue::pause_queue`].
+    ///
+    /// # Errors
+    /// As [`Queue::pause_queue`] and [`AsyncQueue::enqueue`].
+    pub async fn pause_queue(&self, name: &str) -> Result<()> {
+        let name = name.to_owned();
+        blocking!(self, |queue| queue.pause_queue(&name))
+    }
+
+    /// [`Queue::resume_queue`].
+    ///
+    /// # Errors
+    /// As [`Queue::resume_queue`] and [`AsyncQueue::enqueue`].
+    pub async fn resume_queue(&self, name: &str) -> Result<()> {
+        let name = name.to_owned();
+        blocking!(self, |queue| queue.resume_queue(&name))
+    }
+
+    /// [`Queue::paused_queues`].
+    ///
+    /// # Errors
+    /// As [`Queue::paused_queues`] and [`AsyncQueue::enqueue`].
+    pub async fn paused_queues(&self) -> Result<Vec<String>> {
+        blocking!(self, |queue| queue.paused_queues())
+    }
+
+    /// [`Queue::retry_dead`].
+    ///
+    /// # Errors
+    /// As [`Queue::retry_dead`] and [`AsyncQueue::enqueue`].
+    pub async fn retry_dead(&self, name: Option<&str>) -> Result<(u64, u64)> {
+        let name = name.map(str::to_owned);
+        blocking!(self, |queue| queue.retry_dead(name.as_deref()))
+    }
+
+    /// [`Queue::prune_state`].
+    ///
+    /// # Errors
+    /// As [`Queue::prune_state`] and [`AsyncQueue::enqueue`].
+    pub async fn prune_state(
+        &self,
+        finished_before: DateTime<Utc>,
+        state: JobState,
+    ) -> Result<u64> {
+        blocking!(self, |queue| queue.prune_state(finished_before, state))
+    }
+
+    /// [`Queue::pause_schedule`].
+    ///
+    /// # Errors
+    /// As [`Queue::pause_schedule`] and [`AsyncQueue::enqueue`].
+    pub async fn pause_schedule(&self, name: &str) -> Result<()> {
+        let name = name.to_owned();
+        blocking!(self, |queue| queue.pause_schedule(&name))
+    }
+
+    /// [`Queue::resume_schedule`].
+    ///
+    /// # Errors
+    /// As [`Queue::resume_schedule`] and [`AsyncQueue::enqueue`].
+    pub async fn resume_schedule(&self, name: &str) -> Result<()> {
+        let name = name.to_owned();
+        blocking!(self, |queue| queue.resume_schedule(&name))
+    }
+
+    /// [`Queue::delete_schedule`].
+    ///
+    /// # Errors
+    /// As [`Queue::delete_schedule`] and [`AsyncQueue::enqueue`].
+    pub async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        let name = name.to_owned();
+        blocking!(self, |queue| queue.delete_schedule(&name))
+    }
+
+    /// [`Queue::get_schedule`].
+    ///
+    /// # Errors
+    /// As [`Queue::get_schedule`] and [`AsyncQueue::enqueue`].
+    pub async fn get_schedule(&self, name: &str) -> Result<Schedule> {
+        let name = name.to_owned();
+        blocking!(self, |queue| queue.get_schedule(&name))
+    }
+
+    /// [`Queue::list_schedules`].
+    ///
+    /// # Errors
+    /// As [`Queue::list_schedules`] and [`AsyncQueue::enqueue`].
+    pub async fn list_schedules(&self) -> Result<Vec<Schedule>> {
+        blocking!(self, |queue| queue.list_schedules())
+    }
+
+    /// [`Queue::next_ticks`] of the stored schedule `name`.
+    ///
+    /// # Errors
+    /// As [`Queue::next_ticks`] and [`AsyncQueue::enqueue`].
+    pub async fn next_ticks(&self, name: &str, n: usize) -> Result<Vec<Tick>> {
+        let name = name.to_owned();
+        blocking!(self, |queue| queue.next_ticks(name.as_str(), n))
+    }
+
+    /// [`Ops::counts_by_queue`](crate::Ops::counts_by_queue).
+    ///
+    /// # Errors
+    /// As that method and [`AsyncQueue::enqueue`].
+    pub async fn counts_by_queue(&self, cap: u64) -> Result<QueueCounts> {
+        blocking!(self, |queue| queue.ops().counts_by_queue(cap))
+    }
+
+    /// [`Ops::list_state`](crate::Ops::list_state).
+    ///
+    /// # Errors
+    /// As that method and [`AsyncQueue::enqueue`].
+    pub async fn list_state(&self, state: JobState, limit: usize) -> Result<Vec<Job>> {
+        blocking!(self, |queue| queue.ops().list_state(state, limit))
+    }
+
+    /// [`Ops::activity`](crate::Ops::activity).
+    ///
+    /// # Errors
+    /// As that method and [`AsyncQueue::enqueue`].
+    pub async fn activity(
+        &self,
+        slices: usize,
+        width: std::time::Duration,
+        cap: u64,
+    ) -> Result<Vec<ActivityBucket>> {
+        blocking!(self, |queue| queue.ops().activity(slices, width, cap))
+    }
+
+    /// [`Ops::finished_since`](crate::Ops::finished_since).
+    ///
+    /// # Errors
+    /// As that method and [`AsyncQueue::enqueue`].
+    pub async fn finished_since(&self, since: DateTime<Utc>) -> Result<u64> {
+        blocking!(self, |queue| queue.ops().finished_since(since))
+    }
+
+    /// [`Ops::unfinished`](crate::Ops::unfinished).
+    ///
+    /// # Errors
+    /// As that method and [`AsyncQueue::enqueue`].
+    pub async fn unfinished(&self, queues: &[&str], kinds: Option<&[&str]>) -> Result<u64> {
+        let queues: Vec<String> = queues.iter().map(|q| (*q).to_owned()).collect();
+        let kinds: Option<Vec<String>> = kinds.map(|k| k.iter().map(|k| (*k).to_owned()).collect());
+        blocking!(self, |queue| {
+            let queues: Vec<&str> = queues.iter().map(String::as_str).collect();
+            let kinds: Option<Vec<&str>> = kinds
+                .as_ref()
+                .map(|k| k.iter().map(String::as_str).collect());
+            queue.ops().unfinished(&queues, kinds.as_deref())
+        })
     }
 }

@@ -140,6 +140,9 @@ struct SubState {
     dropped: AtomicU64,
     /// The reader dropped its end.
     closed: AtomicBool,
+    /// Wakes an async reader ([`Subscription::recv`]) after each send.
+    #[cfg(feature = "tokio")]
+    sent: tokio::sync::Notify,
 }
 
 impl Drop for Subscription {
@@ -168,6 +171,34 @@ impl Subscription {
     /// since it was made.
     pub fn dropped(&self) -> u64 {
         self.state.dropped.load(Ordering::Relaxed)
+    }
+
+    /// The next event, waited for without blocking a thread (feature
+    /// `tokio`; any runtime, or none: it is a plain future). `None` once
+    /// every queue and pool that could send to it is gone. Events that did
+    /// not fit the buffer meanwhile are counted in [`Subscription::dropped`].
+    ///
+    /// ```no_run
+    /// # async fn app(queue: tickler::AsyncQueue) {
+    /// let events = queue.subscribe(tickler::DEFAULT_EVENT_BUFFER);
+    /// while let Some(event) = events.recv().await {
+    ///     println!("{event:?}");
+    /// }
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn recv(&self) -> Option<Event> {
+        loop {
+            // Registered before the look, so that a send between the look
+            // and the wait still wakes it.
+            let mut sent = std::pin::pin!(self.state.sent.notified());
+            sent.as_mut().enable();
+            match self.rx.try_recv() {
+                Ok(event) => return Some(event),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+                Err(crossbeam_channel::TryRecvError::Empty) => sent.await,
+            }
+        }
     }
 
     /// The channel itself, for `crossbeam_channel::select!` with other
@@ -361,7 +392,10 @@ impl EventHub {
                 .unwrap_or_else(PoisonError::into_inner);
             for (tx, state) in subs.iter() {
                 match tx.try_send(event.clone()) {
-                    Ok(()) => {}
+                    Ok(()) => {
+                        #[cfg(feature = "tokio")]
+                        state.sent.notify_waiters();
+                    }
                     Err(TrySendError::Full(_)) => {
                         state.dropped.fetch_add(1, Ordering::Relaxed);
                     }
@@ -382,6 +416,23 @@ impl EventHub {
             .unwrap_or_else(PoisonError::into_inner);
         subs.retain(|(_, state)| !state.closed.load(Ordering::Relaxed));
         self.any.store(!subs.is_empty(), Ordering::Release);
+    }
+}
+
+/// The queue or pool is gone: an async reader waiting for its next event
+/// learns that the channel is closed.
+#[cfg(feature = "tokio")]
+impl Drop for EventHub {
+    fn drop(&mut self) {
+        let subs = std::mem::take(
+            self.subscribers
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        let states: Vec<Arc<SubState>> = subs.into_iter().map(|(_, state)| state).collect();
+        for state in states {
+            state.sent.notify_waiters();
+        }
     }
 }
 

@@ -57,7 +57,7 @@ async fn the_async_api_reads_and_writes_like_the_queue() {
     assert_eq!(batch.len(), 2);
     assert_eq!(queue.get(b).await.unwrap().payload["name"], "ada");
     let greets = queue
-        .list(JobFilter {
+        .list(&JobFilter {
             kind: Some("greet".into()),
             ..JobFilter::default()
         })
@@ -75,6 +75,99 @@ async fn the_async_api_reads_and_writes_like_the_queue() {
         Err(tickler::Error::NotFound(_))
     ));
     queue.sync().await.unwrap();
+}
+
+/// The rest of `Queue`'s API on `AsyncQueue`: opening, pauses, the dead
+/// jobs' retry and pruning, schedules, the operator's readings, and events
+/// read with `recv().await` (an app polled `drain()` on an interval or
+/// parked a thread on `recv_timeout`).
+#[tokio::test(flavor = "current_thread")]
+async fn the_whole_queue_api_is_async_and_events_are_awaited() {
+    let (_dir, path) = temp_db();
+    let queue = tickler::AsyncQueue::open(&path).await.unwrap();
+    let again = tickler::Queue::builder(&path)
+        .busy_timeout(secs(5))
+        .open_async()
+        .await
+        .unwrap();
+    let events = queue.subscribe(64);
+
+    queue.pause_queue("mail").await.unwrap();
+    assert_eq!(again.paused_queues().await.unwrap(), ["mail"]);
+    queue.resume_queue("mail").await.unwrap();
+    assert!(queue.paused_queues().await.unwrap().is_empty());
+
+    let id = queue
+        .enqueue(NewJob::new("doomed").max_attempts(1))
+        .await
+        .unwrap();
+    // The event arrives while this task waits on it, on one thread.
+    let event = tokio::time::timeout(secs(5), events.recv()).await.unwrap();
+    match event {
+        Some(tickler::Event::Job(e)) => {
+            assert_eq!((e.job_id, e.what), (id, tickler::JobEventKind::Enqueued));
+        }
+        other => panic!("{other:?}"),
+    }
+    queue.cancel(id).await.unwrap();
+    assert_eq!(
+        queue.retry_dead(None).await.unwrap(),
+        (0, 0),
+        "cancelled is not dead"
+    );
+    assert_eq!(
+        queue.list_state(JobState::Cancelled, 10).await.unwrap()[0].id,
+        id
+    );
+    assert_eq!(queue.counts_by_queue(100).await.unwrap().counts.len(), 1);
+    assert_eq!(queue.unfinished(&["default"], None).await.unwrap(), 0);
+    assert_eq!(
+        queue
+            .finished_since(chrono::DateTime::UNIX_EPOCH)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(queue.activity(4, secs(60), 100).await.unwrap().len(), 4);
+    let future = chrono::Utc::now() + chrono::Duration::days(1);
+    assert_eq!(
+        queue
+            .prune_state(future, JobState::Cancelled)
+            .await
+            .unwrap(),
+        1
+    );
+
+    queue
+        .upsert_schedule(
+            tickler::NewSchedule::for_args("hello", "0 8 * * *", &Greet { name: "ada".into() })
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(queue.get_schedule("hello").await.unwrap().kind, "greet");
+    assert_eq!(queue.next_ticks("hello", 3).await.unwrap().len(), 3);
+    queue.pause_schedule("hello").await.unwrap();
+    assert!(queue.list_schedules().await.unwrap()[0].paused);
+    queue.resume_schedule("hello").await.unwrap();
+    assert!(queue.delete_schedule("hello").await.unwrap());
+    assert!(queue.list_schedules().await.unwrap().is_empty());
+
+    // Once every queue that could send is gone, the reader is told so.
+    let waiting = tokio::spawn(async move {
+        let mut after = Vec::new();
+        while let Some(event) = events.recv().await {
+            after.push(event);
+        }
+        after
+    });
+    tokio::task::yield_now().await;
+    drop((queue, again));
+    let after = tokio::time::timeout(secs(5), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(after.len(), 1, "the cancel, then the end: {after:?}");
 }
 
 #[tokio::test(flavor = "current_thread")]
