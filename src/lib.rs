@@ -298,13 +298,15 @@
 //!
 //! ## Async applications
 //!
-//! With the `tokio` feature (off by default; it adds only tokio's `rt`):
+//! With the `tokio` feature (off by default; it adds only tokio's `rt` and
+//! `sync`):
 //!
-//! - `Queue::to_async()` gives an `AsyncQueue` whose `enqueue`,
-//!   `enqueue_args`, `get`, `list`, `count`, `stats`, `cancel`, `retry`,
-//!   `prune`, `upsert_schedule` and `sync` are `async fn`s running the
-//!   blocking call on tokio's blocking pool: a runtime thread never waits
-//!   for the write lock or an fsync.
+//! - `AsyncQueue::open(path).await` (or `Queue::to_async()`) gives an
+//!   `AsyncQueue`: every call of `Queue` (enqueue, reads, cancel and
+//!   retry, pauses, schedules, the operator's readings) as an `async fn`
+//!   running the blocking call on tokio's blocking pool: a runtime thread
+//!   never waits for the write lock or an fsync. Events are read with
+//!   `subscription.recv().await`.
 //! - `WorkerPoolBuilder::async_handler` and `async_handler_for` register
 //!   async handlers on the same [`WorkerPool`]: its threads still claim,
 //!   renew leases, fence and group-commit; each job's future runs as a task
