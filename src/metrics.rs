@@ -61,7 +61,7 @@ fn bucket_upper_us(bucket: usize) -> f64 {
 }
 
 /// A snapshot of how long this process's write transactions waited for the
-/// write lock, from [`crate::Queue::write_lock_waits`].
+/// write lock, from [`crate::Ops::write_lock_waits`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct WriteLockWaits {
     counts: Vec<u64>,

@@ -34,15 +34,16 @@ pub struct ReaperConfig {
     /// **Backward steps** need no hold and no setting. Leases are granted
     /// from the wall clock, so after the clock is set back by X every lease
     /// granted before the step looks X longer. Each pass of
-    /// [`Queue::reap`] therefore treats a lease whose expiry lies further
-    /// ahead than its own length (the length of its claim or of its latest
-    /// heartbeat) plus [`BACKWARD_STEP_MARGIN`](crate::BACKWARD_STEP_MARGIN) (2 s) as expiring one lease
-    /// length from now: an abandoned job is taken back one lease length
-    /// after the step (not X later), while a live holder's next heartbeat
-    /// renews its lease from the new time as usual. Steps back of less
-    /// than the margin are left alone (they delay a take-back by at most
-    /// the margin). This is judged from the stored leases alone, so a
-    /// reaper started after the step (a reboot) applies it too.
+    /// [`Manual::reap`](crate::Manual::reap) therefore treats a lease whose
+    /// expiry lies further ahead than its own length (the length of its claim
+    /// or of its latest heartbeat) plus
+    /// [`BACKWARD_STEP_MARGIN`](crate::BACKWARD_STEP_MARGIN) (2 s) as expiring
+    /// one lease length from now: an abandoned job is taken back one lease
+    /// length after the step (not X later), while a live holder's next
+    /// heartbeat renews its lease from the new time as usual. Steps back of
+    /// less than the margin are left alone (they delay a take-back by at most
+    /// the margin). This is judged from the stored leases alone, so a reaper
+    /// started after the step (a reboot) applies it too.
     pub clock_step_hold: Duration,
 }
 
@@ -68,9 +69,9 @@ pub struct Reaper {
 }
 
 impl Reaper {
-    /// Starts a thread that calls [`Queue::reap_at`] (and [`Queue::prune`] if
-    /// configured) every `config.interval`. Errors are logged and the next
-    /// pass tries again.
+    /// Starts a thread that calls [`Manual::reap_at`](crate::Manual::reap_at)
+    /// (and [`Queue::prune`] if configured) every `config.interval`. Errors are
+    /// logged and the next pass tries again.
     pub fn spawn(queue: Queue, config: ReaperConfig) -> Reaper {
         let stop = Arc::new(AtomicBool::new(false));
         let stop_flag = Arc::clone(&stop);

@@ -42,9 +42,10 @@ impl Default for SchedulerConfig {
 }
 
 /// A running scheduler thread: fires the due ticks of every schedule in
-/// the file with [`Queue::run_due_ticks`]. Stops when [`Scheduler::stop`]
-/// is called or it is dropped. A [`WorkerPool`](crate::WorkerPool) starts
-/// one unless built with `without_scheduler()`.
+/// the file with [`Manual::run_due_ticks`](crate::Manual::run_due_ticks).
+/// Stops when [`Scheduler::stop`] is called or it is dropped. A
+/// [`WorkerPool`](crate::WorkerPool) starts one unless built with
+/// `without_scheduler()`.
 ///
 /// It sleeps until the earliest `next_tick_at` of the active schedules (no
 /// poll once a second), woken at once when a schedule is changed through
@@ -61,9 +62,9 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// Starts a thread that fires due ticks with [`Queue::run_due_ticks`]
-    /// and sleeps until the next one. Errors are logged and retried with
-    /// backoff (up to 5 s).
+    /// Starts a thread that fires due ticks with
+    /// [`Manual::run_due_ticks`](crate::Manual::run_due_ticks) and sleeps until
+    /// the next one. Errors are logged and retried with backoff (up to 5 s).
     ///
     /// # Errors
     /// [`Error::Sqlite`](crate::Error::Sqlite) if its watcher connection

@@ -12,7 +12,7 @@ use crossbeam_channel::Sender;
 use std::time::Duration;
 
 /// Wakes a fetcher when the queue may hold new work; see
-/// [`crate::Queue::watcher`].
+/// [`crate::Manual::watcher`].
 #[derive(Debug)]
 pub struct ChangeWatcher {
     source: Box<dyn Watch>,

@@ -251,7 +251,8 @@ impl Durability {
 /// [`SqliteOptions::on_connection`].
 pub type ConnectionHook = Arc<dyn Fn(&Connection) -> rusqlite::Result<()> + Send + Sync>;
 
-/// What to record for a claimed job; see [`Queue::record_outcomes`](crate::Queue::record_outcomes).
+/// What to record for a claimed job; see
+/// [`Manual::record_outcomes`](crate::Manual::record_outcomes).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// The job succeeded.
@@ -282,7 +283,9 @@ pub enum Outcome {
     TimedOut(String),
 }
 
-/// When the outcomes of [`Queue::record_and_claim`](crate::Queue::record_and_claim) reach the disk.
+/// When the outcomes of
+/// [`Manual::record_and_claim`](crate::Manual::record_and_claim) reach the
+/// disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutcomeSync {
     /// With this commit (fsync under [`Durability::Full`]).
@@ -294,7 +297,8 @@ pub enum OutcomeSync {
     Deferred,
 }
 
-/// What to claim; see [`Queue::record_and_claim`](crate::Queue::record_and_claim).
+/// What to claim; see
+/// [`Manual::record_and_claim`](crate::Manual::record_and_claim).
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimRequest<'a> {
     /// Queues to claim from. Each first gets a fair share of `max`
@@ -367,7 +371,7 @@ impl Default for JobFilter {
     }
 }
 
-/// What [`Queue::checkpoint`](crate::Queue::checkpoint) did.
+/// What [`Ops::checkpoint`](crate::Ops::checkpoint) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Checkpoint {
     /// Size of the `-wal` file before, in bytes.
@@ -541,9 +545,10 @@ impl From<StoredAttemptError> for crate::job::AttemptError {
     }
 }
 /// Backward steps of the wall clock up to this are treated as noise by the
-/// reaper's lease rule (see [`ReaperConfig::clock_step_hold`]): a lease
-/// expiring more than its own length plus this margin from now is set to
-/// expire one length from now.
+/// reaper's lease rule (see
+/// [`ReaperConfig::clock_step_hold`](crate::ReaperConfig::clock_step_hold)):
+/// a lease expiring more than its own length plus this margin from now is
+/// set to expire one length from now.
 pub const BACKWARD_STEP_MARGIN: Duration = Duration::from_secs(2);
 
 /// Most expired leases one reaper look takes back.

@@ -11,11 +11,12 @@ use rusqlite::Connection;
 
 impl Queue {
     /// Opens a new connection to this queue's file with the settings tickler
-    /// uses (WAL, `synchronous` per [`Durability`], tickler's busy handler,
-    /// `foreign_keys`, and any [`crate::SqliteOptions::on_connection`] hook), for
-    /// the application's own tables and for [`Queue::enqueue_tx`]. Using it
-    /// keeps the application and tickler from disagreeing about the journal
-    /// mode or durability of the shared file.
+    /// uses (WAL, `synchronous` per [`Durability`](crate::Durability),
+    /// tickler's busy handler, `foreign_keys`, and any
+    /// [`crate::SqliteOptions::on_connection`] hook), for the application's own
+    /// tables and for [`Queue::enqueue_tx`]. Using it keeps the application and
+    /// tickler from disagreeing about the journal mode or durability of the
+    /// shared file.
     ///
     /// Open write transactions on it with
     /// `transaction_with_behavior(TransactionBehavior::Immediate)`: a
@@ -68,7 +69,7 @@ impl Queue {
     /// written and the caller's transaction is open and usable. On SQLite's
     /// [`Error::DiskFull`] SQLite has already rolled back the caller's whole
     /// transaction (nothing of it lands; its commit fails with "no
-    /// transaction is active"). On PostgreSQL, [`Error::Postgres`] for the
+    /// transaction is active"). On PostgreSQL, `Error::Postgres` for the
     /// server's errors (not retried: the transaction is the caller's).
     pub fn enqueue_tx<'a, 'b: 'a>(&self, tx: impl AppTx<'a, 'b>, job: NewJob) -> Result<JobId> {
         Ok(self.enqueue_batch_tx(tx, vec![job])?.remove(0))
@@ -109,12 +110,12 @@ impl Queue {
     /// by the job id or run_token.
     ///
     /// - **SQLite**: one `BEGIN IMMEDIATE` transaction on tickler's write
-    ///   connection, committed with the queue's [`Durability`]. It holds the
-    ///   write lock of the whole file while `app_writes` runs: keep it short
-    ///   (a few statements). `app_writes` must not open its own transaction
-    ///   nor call other `Queue` writes (they return
-    ///   [`Error::InvalidArgument`]; write through `tx`, e.g.
-    ///   [`Queue::enqueue_tx`]). A busy error it returns comes back as
+    ///   connection, committed with the queue's
+    ///   [`Durability`](crate::Durability). It holds the write lock of the
+    ///   whole file while `app_writes` runs: keep it short (a few statements).
+    ///   `app_writes` must not open its own transaction nor call other `Queue`
+    ///   writes (they return [`Error::InvalidArgument`]; write through `tx`,
+    ///   e.g. [`Queue::enqueue_tx`]). A busy error it returns comes back as
     ///   [`Error::Aborted`], not retried; only a busy `BEGIN`, before
     ///   `app_writes` ran, is.
     /// - **PostgreSQL**: one transaction on one of tickler's connections,
@@ -161,7 +162,7 @@ impl Queue {
     /// [`Error::LeaseLost`]; the error `app_writes` returned;
     /// [`Error::Unsupported`] for a closure over another engine's
     /// transaction; [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]
-    /// on SQLite, [`Error::Postgres`] on PostgreSQL, [`Error::Mysql`] on
+    /// on SQLite, `Error::Postgres` on PostgreSQL, `Error::Mysql` on
     /// MySQL. On any error but one during a server's commit itself,
     /// nothing was written.
     pub fn complete_with<T, M>(

@@ -77,7 +77,8 @@ impl QueueBuilder {
     }
 
     /// After the busy timeout, how long the whole transaction is retried
-    /// with jittered backoff before [`Error::Busy`] (default 25 s).
+    /// with jittered backoff before [`Error::Busy`](crate::Error::Busy)
+    /// (default 25 s).
     pub fn busy_retry(mut self, window: Duration) -> Self {
         self.busy_retry = window;
         self
@@ -125,6 +126,14 @@ impl QueueBuilder {
     /// not modified), [`Error::ReadOnly`], [`Error::SchemaTooNew`],
     /// [`Error::NotWal`], [`Error::PragmaMismatch`], [`Error::Io`],
     /// [`Error::Busy`].
+    ///
+    /// [`Error::NotADatabase`]: crate::Error::NotADatabase
+    /// [`Error::ReadOnly`]: crate::Error::ReadOnly
+    /// [`Error::SchemaTooNew`]: crate::Error::SchemaTooNew
+    /// [`Error::NotWal`]: crate::Error::NotWal
+    /// [`Error::PragmaMismatch`]: crate::Error::PragmaMismatch
+    /// [`Error::Io`]: crate::Error::Io
+    /// [`Error::Busy`]: crate::Error::Busy
     pub fn open(self) -> Result<Queue> {
         let engine = crate::engine::open(&OpenSettings {
             location: &self.path,

@@ -32,7 +32,7 @@ use crate::watch::ChangeWatcher;
 use chrono::{DateTime, Utc};
 use std::time::Duration;
 
-/// The manual toolkit on one [`Queue`]; see the [module docs](self).
+/// The manual toolkit on one [`Queue`]; see the module docs.
 #[derive(Debug, Clone, Copy)]
 pub struct Manual<'q> {
     queue: &'q Queue,
@@ -62,13 +62,14 @@ impl Manual<'_> {
     /// Fires every due tick of every active schedule: each becomes one job
     /// (the schedule's template, run_at = the tick's instant, unique_key
     /// `tickler:schedule:<name>:<tick ms>`), missed ticks per the schedule's
-    /// [`MisfirePolicy`], and the schedule's `next_tick_at` moves to its
-    /// first tick after now, in the same `BEGIN IMMEDIATE` transaction
-    /// (batches of 100 schedules per transaction). Safe to call from any
-    /// number of threads and processes: a tick is enqueued once.
+    /// [`MisfirePolicy`](crate::MisfirePolicy), and the schedule's
+    /// `next_tick_at` moves to its first tick after now, in the same
+    /// `BEGIN IMMEDIATE` transaction (batches of 100 schedules per
+    /// transaction). Safe to call from any number of threads and processes:
+    /// a tick is enqueued once.
     ///
     /// The rules for DST nights, misfires and clock steps are on
-    /// [`NewSchedule`].
+    /// [`NewSchedule`](crate::NewSchedule).
     ///
     /// A schedule whose stored expression or template no longer validates
     /// with this build (a time zone dropped from the database, a payload
@@ -274,8 +275,8 @@ impl Manual<'_> {
     /// [`MAX_ERROR_BYTES`] (the first 6 KiB and the end, with a note of
     /// how much was cut); a failure whose error text SQLite still refuses is
     /// recorded with a short note in its place. Each failure also appends
-    /// to the job's error history ([`Job::errors`], the last
-    /// [`ERROR_HISTORY_MAX`]).
+    /// to the job's error history ([`Job::errors`](crate::Job::errors), the
+    /// last [`ERROR_HISTORY_MAX`]).
     ///
     /// # Errors
     /// Outer: the transaction failed and nothing was recorded

@@ -355,7 +355,7 @@ impl Queue {
 
     /// Pauses a queue: from the moment this returns, no claim of any
     /// process or machine sharing the queue takes a job of it, and
-    /// [`Queue::next_due`] treats it as having nothing due (so idle worker
+    /// [`Manual::next_due`] treats it as having nothing due (so idle worker
     /// pools sleep instead of polling it). Nothing else changes: jobs can
     /// still be enqueued into it, scheduled jobs still fall due, jobs
     /// already claimed run on and their outcomes are recorded, and the

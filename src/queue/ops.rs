@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// Operators' readings and upkeep on one [`Queue`]; see the
-/// [module docs](self).
+/// module docs.
 #[derive(Debug, Clone, Copy)]
 pub struct Ops<'q> {
     queue: &'q Queue,
@@ -59,15 +59,15 @@ impl Ops<'_> {
     /// last `slices` slices of time of `width` each, the last one ending at
     /// now (this queue's clock), oldest first. Each slice counts the jobs
     /// that finished in it through the index on the finish time, up to
-    /// `cap`, and reads at most [`ACTIVITY_SAMPLE`] of them for lateness
-    /// and run time, so the cost is bounded by `slices`, `cap` and the
-    /// sample, not by the table. Pruned jobs are gone from these figures.
-    /// Each slice is its own read: the slices are not one snapshot.
+    /// `cap`, and reads at most [`ACTIVITY_SAMPLE`](crate::ACTIVITY_SAMPLE) of
+    /// them for lateness and run time, so the cost is bounded by `slices`,
+    /// `cap` and the sample, not by the table. Pruned jobs are gone from these
+    /// figures. Each slice is its own read: the slices are not one snapshot.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a `width` under 1 ms, no slice, or
-    /// more than [`ACTIVITY_MAX_BUCKETS`]; [`Error::Sqlite`],
-    /// [`Error::Pool`], [`Error::Postgres`].
+    /// more than [`ACTIVITY_MAX_BUCKETS`](crate::ACTIVITY_MAX_BUCKETS);
+    /// [`Error::Sqlite`], [`Error::Pool`], `Error::Postgres`.
     ///
     /// # Example
     /// ```
@@ -176,9 +176,9 @@ impl Ops<'_> {
     /// (those that exist) are private to their owner: no read, write or
     /// execute permission for group or others. Jobs' payloads (a shell
     /// job's `env`, say) are readable by whoever can read these files.
-    /// [`QueueBuilder::open`] logs a warning when they are not; an
-    /// application that keeps secrets in payloads can refuse to go on.
-    /// Always true where files have no Unix permission bits.
+    /// [`QueueBuilder::open`](crate::QueueBuilder::open) logs a warning when
+    /// they are not; an application that keeps secrets in payloads can refuse
+    /// to go on. Always true where files have no Unix permission bits.
     ///
     /// # Errors
     /// [`Error::Io`] if `path` cannot be examined (it does not exist, or a

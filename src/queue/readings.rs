@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// Counts from [`Queue::counts_by_queue`].
+/// Counts from [`Ops::counts_by_queue`](crate::Ops::counts_by_queue).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct QueueCounts {
     /// Number of jobs per (queue, state), at most the cap asked for; states
@@ -20,8 +20,9 @@ pub struct QueueCounts {
     pub capped: std::collections::BTreeSet<(String, JobState)>,
 }
 
-/// One slice of time from [`Queue::activity`]: how many jobs finished in
-/// it, and how late and how long a sample of them ran.
+/// One slice of time from [`Ops::activity`](crate::Ops::activity): how
+/// many jobs finished in it, and how late and how long a sample of them
+/// ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActivityBucket {
     /// Start of the slice (inclusive).
@@ -29,7 +30,8 @@ pub struct ActivityBucket {
     /// End of the slice (exclusive); the next slice's start.
     pub end: DateTime<Utc>,
     /// Jobs that reached a finished state (succeeded, dead, cancelled) in
-    /// the slice, counted up to the cap given to [`Queue::activity`].
+    /// the slice, counted up to the cap given to
+    /// [`Ops::activity`](crate::Ops::activity).
     pub finished: u64,
     /// `finished` reached the cap: at least that many finished.
     pub capped: bool,
@@ -93,7 +95,7 @@ fn activity_bucket(
 /// run time.
 pub const ACTIVITY_SAMPLE: usize = 200;
 
-/// Most slices one [`Queue::activity`] call reads.
+/// Most slices one [`Ops::activity`](crate::Ops::activity) call reads.
 pub const ACTIVITY_MAX_BUCKETS: usize = 10_000;
 impl Queue {
     /// See [`Ops::counts_by_queue`](crate::Ops::counts_by_queue).

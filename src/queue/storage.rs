@@ -44,7 +44,7 @@ impl Queue {
     /// of the process.
     ///
     /// # Errors
-    /// [`Error::Io`] if the log cannot be opened or synced.
+    /// [`Error::Io`](crate::Error::Io) if the log cannot be opened or synced.
     pub fn sync(&self) -> Result<()> {
         self.engine().sync()
     }

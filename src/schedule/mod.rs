@@ -100,11 +100,12 @@ pub enum OverlapPolicy {
     /// [`Schedule::skipped_ticks`] and logged; it is not fired later.
     #[default]
     Forbid,
-    /// Cancel the unfinished earlier runs ([`Queue::cancel`]) and fire the
-    /// tick. A cancelled run that is running is fenced: its holder gets
-    /// [`Error::LeaseLost`] for its heartbeat and its outcome, which is
-    /// refused. The cancel is made right after the new run's job is
-    /// committed.
+    /// Cancel the unfinished earlier runs
+    /// ([`Queue::cancel`](crate::Queue::cancel)) and fire the tick. A cancelled
+    /// run that is running is fenced: its holder gets
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost) for its heartbeat and its
+    /// outcome, which is refused. The cancel is made right after the new run's
+    /// job is committed.
     Replace,
 }
 
@@ -137,7 +138,8 @@ impl std::fmt::Display for OverlapPolicy {
     }
 }
 
-/// A schedule to store with [`Queue::upsert_schedule`]: a name, a cron
+/// A schedule to store with
+/// [`Queue::upsert_schedule`](crate::Queue::upsert_schedule): a name, a cron
 /// expression read in a time zone, and the template of the job each tick
 /// enqueues.
 ///
@@ -159,10 +161,11 @@ impl std::fmt::Display for OverlapPolicy {
 ///
 /// A schedule is a cron expression read in a time zone, a job template and
 /// a [`MisfirePolicy`]. Each occurrence of the expression is a **tick**.
-/// [`Queue::run_due_ticks`] (run by a [`Scheduler`](crate::Scheduler)
-/// thread, which a [`WorkerPool`](crate::WorkerPool) starts by default)
-/// turns every due tick into one job, due (`run_at`) at exactly the tick's
-/// instant, so a job's lateness is measured against its tick.
+/// [`Manual::run_due_ticks`](crate::Manual::run_due_ticks) (run by a
+/// [`Scheduler`](crate::Scheduler) thread, which a
+/// [`WorkerPool`](crate::WorkerPool) starts by default) turns every due tick
+/// into one job, due (`run_at`) at exactly the tick's instant, so a job's
+/// lateness is measured against its tick.
 ///
 /// **One tick per occurrence.** The transaction (`BEGIN IMMEDIATE`) that
 /// enqueues a schedule's due ticks also moves its `next_tick_at` past them,
@@ -259,9 +262,10 @@ impl std::fmt::Display for OverlapPolicy {
 /// heartbeat (every third of the lease, on the monotonic clock); a worker
 /// that is really gone loses its job once the hold is over. A reaper that
 /// did not see the step (started after it) can still take a live job whose
-/// lease looks expired: its holder then gets [`Error::LeaseLost`] for its
-/// outcome and the job runs again, which the at-least-once contract
-/// allows; it never has two recorded outcomes.
+/// lease looks expired: its holder then gets
+/// [`Error::LeaseLost`](crate::Error::LeaseLost) for its outcome and the job
+/// runs again, which the at-least-once contract allows; it never has two
+/// recorded outcomes.
 /// After a backward step of X, scheduled jobs and backoffs wait X longer;
 /// leases do not: the reaper treats a lease that expires further ahead
 /// than its own length (plus [`crate::BACKWARD_STEP_MARGIN`], 2 s) as
@@ -312,7 +316,8 @@ impl NewSchedule {
     /// day-of-week runs to 6, so `1/2` is Monday, Wednesday, Friday. (`*/n`
     /// starts at the field's minimum instead: `*/3` in the hour field is
     /// 00:00, 03:00, ….) A step with no start (`/10`) is refused. Errors are
-    /// [`Error::InvalidSchedule`] naming the field and its range.
+    /// [`Error::InvalidSchedule`](crate::Error::InvalidSchedule) naming the
+    /// field and its range.
     pub fn new(name: impl Into<String>, cron: impl Into<String>, kind: impl Into<String>) -> Self {
         NewSchedule {
             name: name.into(),
@@ -405,7 +410,8 @@ impl NewSchedule {
     }
 }
 
-/// A stored schedule, as read by [`Queue::list_schedules`].
+/// A stored schedule, as read by
+/// [`Queue::list_schedules`](crate::Queue::list_schedules).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Schedule {
     /// Its name (unique in the file).
@@ -451,7 +457,8 @@ pub struct Schedule {
     pub updated_at: DateTime<Utc>,
 }
 
-/// One occurrence of a schedule, as previewed by [`Queue::next_ticks`].
+/// One occurrence of a schedule, as previewed by
+/// [`Queue::next_ticks`](crate::Queue::next_ticks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tick {
     /// The instant, UTC (the job's run_at).
@@ -461,8 +468,8 @@ pub struct Tick {
     pub local: DateTime<FixedOffset>,
 }
 
-/// Which schedule [`Queue::next_ticks`] previews: a stored one by name, or
-/// a spec that is not stored.
+/// Which schedule [`Queue::next_ticks`](crate::Queue::next_ticks)
+/// previews: a stored one by name, or a spec that is not stored.
 #[derive(Debug, Clone, Copy)]
 pub enum ScheduleRef<'a> {
     /// A stored schedule.
@@ -489,7 +496,7 @@ impl<'a> From<&'a NewSchedule> for ScheduleRef<'a> {
     }
 }
 
-/// What [`Queue::run_due_ticks`] did.
+/// What [`Manual::run_due_ticks`](crate::Manual::run_due_ticks) did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TickRun {
     /// Ids of the jobs the due ticks enqueued, per schedule in due order
@@ -504,8 +511,8 @@ pub struct TickRun {
 }
 
 /// The upcoming ticks of a schedule, one at a time (see
-/// [`Queue::upcoming_ticks`]); ends when the expression fires no more
-/// (before year 5000).
+/// [`Queue::upcoming_ticks`](crate::Queue::upcoming_ticks)); ends when the
+/// expression fires no more (before year 5000).
 #[derive(Debug, Clone)]
 pub struct UpcomingTicks {
     pub(crate) ticks: Ticks,

@@ -282,7 +282,7 @@ impl WorkerPoolBuilder {
     /// often a sleeping fetcher checks `PRAGMA data_version` for commits by
     /// other processes (default 2 ms, doubling while nothing changes up to
     /// 50 ms). With notifications (Linux, macOS, the BSDs) an idle fetcher
-    /// does not poll; see [`Queue::watcher`].
+    /// does not poll; see [`Manual::watcher`](crate::Manual::watcher).
     pub fn poll_interval(mut self, d: Duration) -> Self {
         self.poll = d.max(Duration::from_micros(100));
         self
