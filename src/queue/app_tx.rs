@@ -140,7 +140,12 @@ impl Queue {
     /// On the server engines the fenced completion runs first, before
     /// `app_writes`: the job's row is locked before any of the
     /// application's (the order of tickler's other transactions), and a
-    /// lost lease is known before the application's writes run.
+    /// lost lease is known before the application's writes run. A
+    /// deadlock, a lock wait past the busy timeout or a lost connection
+    /// met there, before `app_writes` ran, is tried again within the
+    /// queue's retry window (busy timeout plus busy retry), as every other
+    /// transaction of tickler's is; "tried once" means `app_writes` runs
+    /// at most once.
     ///
     /// `app_writes` may return [`Error::Aborted`] (or any error) to roll
     /// everything back.

@@ -327,3 +327,29 @@ fn a_long_complete_with_does_not_hold_back_the_other_leases_of_its_pool() {
     );
 }
 }
+
+contract! { poolers:
+/// A lock on the job's row that outlasts one lock wait (a deadlock broken
+/// by the server, a long transaction of someone else's, SQLite's write
+/// lock) is waited out within the retry window when it is met before the
+/// application's writes ran: nothing of theirs ran yet, so another try
+/// runs them once. A handler's `complete_with` on MySQL failed with
+/// "Deadlock found" under a busy pool.
+fn complete_with_waits_out_a_lock_met_before_the_applications_writes() {
+    let (_dir, path) = temp_db();
+    create_effects(&path);
+    let queue = Queue::builder(engine::target(&path))
+        .busy_timeout(secs(1))
+        .busy_retry(secs(10))
+        .open()
+        .expect("open");
+    let id = queue.enqueue(NewJob::new("k")).unwrap();
+    let lease = queue.manual().claim("default", "w", 1, secs(30)).unwrap().remove(0);
+    let holder = engine::hold_job_row(&path, id.0, std::time::Duration::from_millis(2500));
+    let done = complete_writing(&queue, &lease);
+    holder.join().expect("the lock's holder");
+    done.unwrap_or_else(|e| panic!("complete_with gave up inside its window: {e}"));
+    assert_eq!(effects(&path), 1, "the application's writes ran once");
+    assert_eq!(queue.get(id).unwrap().state, JobState::Succeeded);
+}
+}

@@ -566,6 +566,36 @@ pub fn query_row(path: &Path, sql: &str, params: &[Value]) -> Vec<Value> {
     .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
+/// Locks the row of job `id` from a connection of the test's own (on
+/// SQLite, the file's write lock) and holds it for `hold`, as a long
+/// transaction of the application or a DBA's would; returns once the lock
+/// is held, with the thread that lets it go.
+pub fn hold_job_row(
+    path: &Path,
+    id: i64,
+    hold: std::time::Duration,
+) -> std::thread::JoinHandle<()> {
+    let (held, is_held) = std::sync::mpsc::channel();
+    let engine = engine_of(path);
+    let (sqlite_path, server) = (path.to_path_buf(), server_target(path));
+    let mysql_url = target(path);
+    let lock = "SELECT id FROM tickler_jobs WHERE id = ?1 FOR UPDATE";
+    let holder = std::thread::spawn(move || match engine {
+        e if e.is_postgres() => pg::hold(&server, lock, id, hold, held),
+        Engine::Mysql => my::hold(&mysql_url, lock, id, hold, held),
+        _ => {
+            let conn = sqlite(&sqlite_path);
+            conn.execute_batch("BEGIN IMMEDIATE")
+                .expect("take the write lock");
+            held.send(()).expect("the test waits");
+            std::thread::sleep(hold);
+            conn.execute_batch("COMMIT").expect("let the write lock go");
+        }
+    });
+    is_held.recv().expect("the row was locked");
+    holder
+}
+
 /// Cuts, on the server's side, every connection to the database of the
 /// queue whose file would be `path` but the one that cuts (as a DBA's
 /// kill, a proxy's idle cut or a failover would); returns how many. The
@@ -668,6 +698,22 @@ mod pg {
         crate::support::pg::terminate_connections(url.to_str().expect("a URL"), None)
     }
 
+    pub(super) fn hold(
+        url: &Path,
+        sql: &str,
+        id: i64,
+        hold: std::time::Duration,
+        held: std::sync::mpsc::Sender<()>,
+    ) {
+        let mut client = connect(url);
+        let mut tx = client.transaction().expect("begin");
+        tx.execute(placeholders(sql).as_str(), &[&id])
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        held.send(()).expect("the test waits");
+        std::thread::sleep(hold);
+        tx.commit().expect("commit");
+    }
+
     pub(super) fn query_row(url: &Path, sql: &str, params: &[Value]) -> Vec<Value> {
         let sql = placeholders(sql);
         let params: Vec<_> = params.iter().map(param).collect();
@@ -715,6 +761,16 @@ mod pg {
 
     pub(super) fn cut_connections(_: &Path) -> usize {
         unreachable!("target() refuses PostgreSQL without the feature")
+    }
+
+    pub(super) fn hold(
+        _: &Path,
+        _: &str,
+        _: i64,
+        _: std::time::Duration,
+        _: std::sync::mpsc::Sender<()>,
+    ) {
+        unreachable!("target() refuses this engine without its feature")
     }
 }
 
@@ -797,6 +853,25 @@ mod my {
         crate::support::my::kill_connections(url.to_str().expect("a URL"))
     }
 
+    pub(super) fn hold(
+        url: &Path,
+        sql: &str,
+        id: i64,
+        hold: std::time::Duration,
+        held: std::sync::mpsc::Sender<()>,
+    ) {
+        let (sql, values) = positional(sql, &[Value::Int(id)]);
+        let mut conn = connect(url);
+        let mut tx = conn
+            .start_transaction(mysql::TxOpts::default())
+            .expect("begin");
+        tx.exec_drop(sql.as_str(), params(values))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        held.send(()).expect("the test waits");
+        std::thread::sleep(hold);
+        tx.commit().expect("commit");
+    }
+
     pub(super) fn query_row(url: &Path, sql: &str, values: &[Value]) -> Vec<Value> {
         let (sql, values) = positional(sql, values);
         let row: mysql::Row = connect(url)
@@ -844,5 +919,15 @@ mod my {
 
     pub(super) fn cut_connections(_: &Path) -> usize {
         unreachable!("target() refuses MySQL without the feature")
+    }
+
+    pub(super) fn hold(
+        _: &Path,
+        _: &str,
+        _: i64,
+        _: std::time::Duration,
+        _: std::sync::mpsc::Sender<()>,
+    ) {
+        unreachable!("target() refuses this engine without its feature")
     }
 }

@@ -5,7 +5,7 @@
 //! refused one), telling a lost lease from an outcome already recorded by
 //! a try whose COMMIT answer was lost, and `complete_with`.
 
-use super::connection::{args, marks, Attempt, Tx};
+use super::connection::{args, marks, Attempt, Tx, RETRIES};
 use super::rows::get;
 use super::Store;
 use crate::engine::types::*;
@@ -263,12 +263,31 @@ pub(super) fn complete_many(
 
 /// Completing a job inside the application's own MySQL transaction.
 impl Store {
-    /// See [`crate::Queue::complete_with`]: one try, as `app_writes` runs
-    /// once.
+    /// See [`crate::Queue::complete_with`]. Tried again within the retry
+    /// window only while `app_writes` has not run: a deadlock or lock wait
+    /// on the job's row, or a connection lost before it; once the
+    /// application's writes ran, any error is the caller's.
     pub(crate) fn complete_with(
         &self,
         lease: &Lease,
         app_writes: &mut dyn FnMut(&mut mysql::Transaction<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let mut handed = false;
+        RETRIES
+            .run(self.retry_window, || {
+                match self.complete_with_once(lease, app_writes, &mut handed) {
+                    Err(e) if handed => Ok(Err(e)),
+                    tried => tried.map(Ok),
+                }
+            })
+            .and_then(|settled| settled)
+    }
+
+    fn complete_with_once(
+        &self,
+        lease: &Lease,
+        app_writes: &mut dyn FnMut(&mut mysql::Transaction<'_>) -> Result<()>,
+        handed: &mut bool,
     ) -> Result<()> {
         let mut pooled = self.pooled()?;
         let result = (|| {
@@ -290,6 +309,7 @@ impl Store {
                     job_id: lease.job_id,
                 });
             }
+            *handed = true;
             // An error here drops `app`, which rolls the completion back.
             app_writes(&mut app)?;
             app.commit()?;
