@@ -19,12 +19,15 @@ use crate::lease::Lease;
 use std::time::Duration;
 
 /// Entered for the whole run of one handler: a `tracing` span
-/// `tickler.job` with the job's `kind`, `id`, `attempt` and `queue`. An
-/// async handler's task runs on the application's runtime, outside this
-/// thread's span: `Instrument` its future with `tracing::Span::current()`
-/// taken in the handler's synchronous part if it should nest.
+/// `tickler.job` with the job's `kind`, `id`, `attempt` and `queue`; an
+/// async handler's task runs inside it too ([`in_run_span`]).
 #[cfg(feature = "tracing")]
 pub(crate) fn run_span(lease: &Lease) -> tracing::span::EnteredSpan {
+    job_span(lease).entered()
+}
+
+#[cfg(feature = "tracing")]
+fn job_span(lease: &Lease) -> tracing::Span {
     tracing::info_span!(
         "tickler.job",
         kind = %lease.kind,
@@ -32,7 +35,21 @@ pub(crate) fn run_span(lease: &Lease) -> tracing::span::EnteredSpan {
         attempt = lease.attempt,
         queue = %lease.queue
     )
-    .entered()
+}
+
+/// An async handler's run inside the span of [`run_span`], entered at
+/// each poll.
+#[cfg(all(feature = "tracing", feature = "tokio"))]
+pub(crate) fn in_run_span<F: std::future::Future>(
+    lease: &Lease,
+    run: F,
+) -> tracing::instrument::Instrumented<F> {
+    tracing::Instrument::instrument(run, job_span(lease))
+}
+
+#[cfg(all(not(feature = "tracing"), feature = "tokio"))]
+pub(crate) fn in_run_span<F: std::future::Future>(_lease: &Lease, run: F) -> F {
+    run
 }
 
 /// What `run_span` returns without the `tracing` feature: nothing to enter.

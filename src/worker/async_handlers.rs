@@ -1,18 +1,242 @@
 //! The async face of the pool (feature `tokio`): async handlers, which run
-//! as tasks on the application's runtime, and [`WorkerPool::shutdown_async`].
-//! The builder's runtime fields, their check in `start` and the drop of a
-//! pool on a runtime thread stay with their types.
+//! as tasks on the application's runtime in slots of their own (a task
+//! lane: no thread waits for a task), the end of a run whose runtime shut
+//! down, and [`WorkerPool::shutdown_async`]. The builder's runtime fields,
+//! their check in `start` and the drop of a pool on a runtime thread stay
+//! with their types.
 
-use super::context::JobContext;
-use super::handler::{Handler, JobError};
+use super::context::{CancelReason, JobContext};
+use super::execute::{begin, finish, Runner, Started};
+use super::handler::JobError;
+use super::in_flight::entry_of;
+use super::shared::Shared;
 use super::{ShutdownReport, WorkerPool, WorkerPoolBuilder};
+use crate::engine::types::Outcome;
+use crate::lease::Lease;
+use crate::queue::Waker;
 use crate::typed::JobArgs;
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 // Named by doc links only.
 #[cfg(doc)]
 use crate::error::Error;
+
+/// Default of [`WorkerPoolBuilder::async_concurrency`]: the most async
+/// handlers a pool runs at once (kinds given their own concurrency
+/// aside). A task waiting on a timer or a socket costs a few hundred
+/// bytes, not a thread, so this is high; it bounds what one pool claims
+/// and renews.
+pub const DEFAULT_ASYNC_CONCURRENCY: usize = 256;
+
+/// How long a run dropped by its runtime's shutdown waits for its
+/// hand-back to be recorded (all such runs together): the process often
+/// exits right after its runtime, and a run whose start was recorded
+/// would otherwise count its attempt when taken back.
+const HAND_BACK_WAIT: Duration = Duration::from_secs(2);
+
+type Run = Pin<Box<dyn Future<Output = Result<(), JobError>> + Send>>;
+
+/// An async handler as the pool keeps it: the runtime its tasks run on,
+/// and how to start one run.
+pub(super) struct TaskHandler {
+    runtime: tokio::runtime::Handle,
+    call: Box<dyn Fn(JobContext) -> Run + Send + Sync>,
+    /// Set when a run of this handler was dropped unfinished by its
+    /// runtime (it shut down): no more jobs of the kind are claimed.
+    gone: AtomicBool,
+}
+
+/// The slots of async runs: the pool's shared lane, or one kind's own.
+pub(super) struct TaskLane {
+    pub(super) handlers: HashMap<String, Arc<TaskHandler>>,
+    pub(super) limit: usize,
+    /// Runs claimed and not yet ended.
+    pub(super) busy: AtomicUsize,
+    /// Wakes this lane's dispatcher.
+    pub(super) waker: Waker,
+    /// Until when runs dropped by a runtime's shutdown wait for their
+    /// hand-back to be recorded.
+    hand_back_until: Mutex<Option<Instant>>,
+}
+
+impl TaskLane {
+    pub(super) fn new(
+        handlers: HashMap<String, Arc<TaskHandler>>,
+        limit: usize,
+        waker: Waker,
+    ) -> TaskLane {
+        TaskLane {
+            handlers,
+            limit,
+            busy: AtomicUsize::new(0),
+            waker,
+            hand_back_until: Mutex::new(None),
+        }
+    }
+
+    pub(super) fn any_runtime_gone(&self) -> bool {
+        self.handlers
+            .values()
+            .any(|h| h.gone.load(Ordering::Relaxed))
+    }
+
+    /// `kinds` but those whose runtime is gone.
+    pub(super) fn open_kinds<'a>(&self, kinds: &[&'a str]) -> Vec<&'a str> {
+        kinds
+            .iter()
+            .copied()
+            .filter(|kind| {
+                self.handlers
+                    .get(*kind)
+                    .is_some_and(|h| !h.gone.load(Ordering::Relaxed))
+            })
+            .collect()
+    }
+
+    fn free(&self) {
+        self.busy.fetch_sub(1, Ordering::SeqCst);
+        self.waker.wake();
+    }
+}
+
+/// Starts the run of a claimed job as a task on its handler's runtime
+/// (the dispatcher calls this; the run's slot is taken and its in-flight
+/// entry made). Its handler is called on the runtime, never here.
+pub(super) fn spawn_run(shared: &Arc<Shared>, lane: &Arc<TaskLane>, lease: Lease) {
+    let handler = match lane.handlers.get(&lease.kind) {
+        Some(h) if !h.gone.load(Ordering::SeqCst) && !shared.stopping.load(Ordering::SeqCst) => {
+            Arc::clone(h)
+        }
+        // Unstarted at shutdown, or its runtime is gone: handed back
+        // without using the attempt.
+        _ => {
+            let _ = shared.outcomes.send((lease, Outcome::Release));
+            lane.free();
+            return;
+        }
+    };
+    let Some(started) = begin(shared, lease, Runner::Task) else {
+        lane.free();
+        return;
+    };
+    let lease = started.ctx.lease.clone();
+    let ctx = started.ctx.clone();
+    let run = TaskRun {
+        shared: Arc::clone(shared),
+        lane: Arc::clone(lane),
+        handler: Arc::clone(&handler),
+        started: Some(started),
+    };
+    let call = Arc::clone(&handler);
+    let span_lease = lease.clone();
+    SPAWNING.with(|spawning| spawning.set(true));
+    let task = handler.runtime.spawn(async move {
+        // The handler's synchronous part runs here too, on the runtime,
+        // and a panic there is the run's like any other.
+        let result = CatchUnwind(Box::pin(crate::observe::in_run_span(
+            &span_lease,
+            async move { (call.call)(ctx).await },
+        )))
+        .await;
+        run.finish(result);
+    });
+    SPAWNING.with(|spawning| spawning.set(false));
+    if let Some(job) = entry_of(&mut shared.lock_in_flight(), &lease) {
+        job.abort = Some(task.abort_handle());
+    }
+}
+
+thread_local! {
+    /// Set while a dispatcher spawns a run.
+    static SPAWNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// One run on the runtime. Dropped unfinished, it was aborted (written
+/// off past its timeout) or dropped by its runtime shutting down.
+struct TaskRun {
+    shared: Arc<Shared>,
+    lane: Arc<TaskLane>,
+    handler: Arc<TaskHandler>,
+    started: Option<Started>,
+}
+
+impl TaskRun {
+    fn finish(mut self, result: std::thread::Result<Result<(), JobError>>) {
+        if let Some(started) = self.started.take() {
+            finish(&self.shared, started, result, "its task");
+            self.lane.free();
+        }
+    }
+}
+
+impl Drop for TaskRun {
+    fn drop(&mut self) {
+        let Some(Started { ctx, run, .. }) = self.started.take() else {
+            return;
+        };
+        let shared = &self.shared;
+        if run.end().is_ok() {
+            // Not written off: its runtime shut down under the pool.
+            if !self.handler.gone.swap(true, Ordering::SeqCst) {
+                log::warn!(
+                    "the tokio runtime of the async handler of kind {:?} shut down while its worker pool lives on: its running jobs are handed back with their attempts given back, and the pool claims no more jobs of the kind",
+                    ctx.lease.kind,
+                );
+            }
+            ctx.cancel.set(CancelReason::Shutdown);
+        }
+        // Written off, its refused hand-back frees the job's unique_key;
+        // dropped by its runtime, it hands the job back.
+        // Under the in-flight lock: after the timeout of a run written off.
+        let start_recorded = {
+            let mut in_flight = shared.lock_in_flight();
+            let _ = shared.outcomes.send((ctx.lease.clone(), Outcome::Release));
+            entry_of(&mut in_flight, &ctx.lease).is_some_and(|job| job.start_recorded)
+        };
+        shared.wake_dispatchers();
+        // Not on the dispatcher's thread, which records the hand-back: a
+        // runtime already shut down drops the task as it is spawned.
+        if start_recorded && !SPAWNING.with(std::cell::Cell::get) {
+            self.wait_for_hand_back(&ctx.lease);
+        }
+        self.lane.free();
+    }
+}
+
+impl TaskRun {
+    /// Waits, within the lane's shared bound, until the dispatcher has
+    /// recorded this run's hand-back.
+    fn wait_for_hand_back(&self, lease: &Lease) {
+        let until = *super::shared::lock(&self.lane.hand_back_until)
+            .get_or_insert_with(|| Instant::now() + HAND_BACK_WAIT);
+        while Instant::now() < until && entry_of(&mut self.shared.lock_in_flight(), lease).is_some()
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// A future's panic as its output, as `catch_unwind` gives a closure's.
+struct CatchUnwind(Run);
+
+impl Future for CatchUnwind {
+    type Output = std::thread::Result<Result<(), JobError>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let run = &mut self.0;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(result)) => Poll::Ready(Ok(result)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    }
+}
 
 /// Async handlers and shutdown (feature `tokio`).
 impl WorkerPoolBuilder {
@@ -24,27 +248,52 @@ impl WorkerPoolBuilder {
         self
     }
 
+    /// The most async handlers of this pool running at once (default
+    /// [`DEFAULT_ASYNC_CONCURRENCY`], at least 1), apart from
+    /// [`WorkerPool::builder`]'s [`WorkerPoolBuilder::threads`], which
+    /// run sync handlers only. Kinds given their own
+    /// ([`WorkerPoolBuilder::async_concurrency_for`]) are not counted
+    /// here.
+    pub fn async_concurrency(mut self, n: usize) -> Self {
+        self.async_concurrency = n.max(1);
+        self
+    }
+
+    /// The most async handlers of `kind` running at once in this pool (at
+    /// least 1), in slots of the kind's own: a slow kind neither waits
+    /// for nor holds back the pool's other async kinds. Each kind given
+    /// its own concurrency has a dispatcher thread of its own (and, on a
+    /// server, a connection to watch for work).
+    pub fn async_concurrency_for(mut self, kind: impl Into<String>, n: usize) -> Self {
+        self.kind_concurrency.insert(kind.into(), n.max(1));
+        self
+    }
+
     /// Runs jobs of `kind` with an async handler: for each job, `handler`
-    /// is called with an owned [`JobContext`] and the future it returns is
-    /// spawned as a task on the application's runtime (see
-    /// [`WorkerPoolBuilder::runtime`]). Everything else is the pool's, as
-    /// for sync handlers: claims, heartbeats, fencing by run_token, group
-    /// commit, timeouts, the hand-back rules of shutdown.
-    ///
-    /// Concurrency: one of the pool's [`WorkerPoolBuilder::threads`] waits
-    /// (parked, off the runtime) for each running task, so a pool runs at
-    /// most `threads` async handlers at a time: that is the per-pool
-    /// limit, and it keeps a slow handler from taking more jobs than the
-    /// pool can renew and record. Raise `threads` for more concurrency.
+    /// is called on the application's runtime (see
+    /// [`WorkerPoolBuilder::runtime`]) with an owned [`JobContext`], and
+    /// the future it returns runs there as a task. No thread of the pool
+    /// waits for it: a task waiting on a timer or a socket holds a slot
+    /// ([`WorkerPoolBuilder::async_concurrency`], default
+    /// [`DEFAULT_ASYNC_CONCURRENCY`]), not a thread. Everything else is
+    /// the pool's, as for sync handlers: claims, heartbeats, fencing by
+    /// run_token, group commit, timeouts, the hand-back rules of shutdown.
     ///
     /// Results: the future's `Ok` and [`JobError`] mean what they mean for
-    /// sync handlers; a panic in the task fails the job with the panic
-    /// message; a task dropped because the runtime shut down fails the
-    /// attempt (retried per the retry policy). Cancellation (timeout, a
-    /// lost lease, the end of the shutdown grace) reaches the handler as
-    /// [`JobContext::cancelled`]. A handler that ignores it past its
-    /// timeout plus [`WorkerPoolBuilder::timeout_grace`] is written off as
-    /// a sync one is (the task is not aborted: it may be inside a write).
+    /// sync handlers, and a panic fails the job with the panic message.
+    /// Cancellation (timeout, a lost lease, the end of the shutdown grace)
+    /// reaches the handler as [`JobContext::cancelled`]. A task that
+    /// ignores it past its timeout plus
+    /// [`WorkerPoolBuilder::timeout_grace`] is aborted at its next `.await`
+    /// and its job failed as timed out (the attempt counts).
+    ///
+    /// Should the runtime shut down under the pool (the end of
+    /// `#[tokio::main]`, a runtime dropped or shut down with
+    /// `shutdown_timeout` while the pool lives on), its running tasks are
+    /// dropped by tokio: each one's job is handed back with its attempt
+    /// given back (its cancellation flag set first, for what the handler
+    /// handed to other threads), the pool claims no more jobs of the kinds
+    /// on that runtime, and says so once in the log (a warning).
     ///
     /// The handler must not block its runtime thread: call
     /// [`JobContext::complete_with`] (a write transaction) through
@@ -52,24 +301,34 @@ impl WorkerPoolBuilder {
     /// other `Queue` calls.
     ///
     /// With no runtime named and none current, [`WorkerPoolBuilder::start`]
-    /// returns [`Error::InvalidArgument`].
+    /// returns [`Error::InvalidArgument`]. Registering a kind again, sync
+    /// or async, keeps the last handler.
     pub fn async_handler<F, Fut>(mut self, kind: impl Into<String>, handler: F) -> Self
     where
         F: Fn(JobContext) -> Fut + Send + Sync + 'static,
-        Fut: std::future::Future<Output = Result<(), JobError>> + Send + 'static,
+        Fut: Future<Output = Result<(), JobError>> + Send + 'static,
     {
         let kind = kind.into();
         let runtime = self
             .runtime
             .clone()
             .or_else(|| tokio::runtime::Handle::try_current().ok());
+        self.handlers.remove(&kind);
         match runtime {
-            Some(runtime) => self.handler(kind, AsyncHandler { runtime, handler }),
+            Some(runtime) => {
+                let handler = TaskHandler {
+                    runtime,
+                    call: Box::new(move |ctx| Box::pin(handler(ctx))),
+                    gone: AtomicBool::new(false),
+                };
+                self.async_handlers.insert(kind, Arc::new(handler));
+            }
             None => {
+                self.async_handlers.remove(&kind);
                 self.missing_runtime = Some(kind);
-                self
             }
         }
+        self
     }
 
     /// [`WorkerPoolBuilder::handler_for`] for an async handler: runs typed
@@ -80,7 +339,7 @@ impl WorkerPoolBuilder {
     where
         A: JobArgs,
         F: Fn(JobContext, A) -> Fut + Send + Sync + 'static,
-        Fut: std::future::Future<Output = Result<(), JobError>> + Send + 'static,
+        Fut: Future<Output = Result<(), JobError>> + Send + 'static,
     {
         if let Some(policy) = A::retry_policy() {
             self.retry_policies.insert(A::KIND.to_owned(), policy);
@@ -96,30 +355,35 @@ impl WorkerPoolBuilder {
     }
 }
 
-/// An async handler as the pool's threads see it: the task runs on the
-/// application's runtime while this thread waits for it, off the runtime.
-struct AsyncHandler<F> {
-    runtime: tokio::runtime::Handle,
-    handler: F,
-}
-
-impl<F, Fut> Handler for AsyncHandler<F>
-where
-    F: Fn(JobContext) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<(), JobError>> + Send + 'static,
-{
-    fn run(&self, ctx: &JobContext) -> Result<(), JobError> {
-        let task = self.runtime.spawn((self.handler)(ctx.clone()));
-        // Waiting for a JoinHandle needs no driver of the runtime, so this
-        // works for a `current_thread` runtime driven by another thread.
-        match self.runtime.block_on(task) {
-            Ok(result) => result,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => Err(JobError::retry(format!(
-                "the async handler's task did not finish: {e} (the tokio runtime shut down?)"
-            ))),
+/// The task lanes of a pool's async handlers: the pool's shared one (first)
+/// and one per kind given its own concurrency, each with the watcher of
+/// its dispatcher.
+pub(super) fn task_lanes(
+    handlers: HashMap<String, Arc<TaskHandler>>,
+    kind_concurrency: &HashMap<String, usize>,
+    concurrency: usize,
+    mut watcher: impl FnMut() -> crate::Result<crate::queue::ChangeWatcher>,
+) -> crate::Result<Vec<(Arc<TaskLane>, crate::queue::ChangeWatcher)>> {
+    let mut shared_lane = HashMap::new();
+    let mut lanes = Vec::new();
+    for (kind, handler) in handlers {
+        match kind_concurrency.get(&kind) {
+            Some(&limit) => {
+                let w = watcher()?;
+                let lane = TaskLane::new(HashMap::from([(kind, handler)]), limit, w.waker());
+                lanes.push((Arc::new(lane), w));
+            }
+            None => {
+                shared_lane.insert(kind, handler);
+            }
         }
     }
+    if !shared_lane.is_empty() {
+        let w = watcher()?;
+        let lane = TaskLane::new(shared_lane, concurrency, w.waker());
+        lanes.insert(0, (Arc::new(lane), w));
+    }
+    Ok(lanes)
 }
 
 impl WorkerPool {

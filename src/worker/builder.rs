@@ -60,6 +60,12 @@ pub struct WorkerPoolBuilder {
     /// `start`.
     #[cfg(feature = "tokio")]
     pub(super) missing_runtime: Option<String>,
+    #[cfg(feature = "tokio")]
+    pub(super) async_handlers: HashMap<String, Arc<super::async_handlers::TaskHandler>>,
+    #[cfg(feature = "tokio")]
+    pub(super) async_concurrency: usize,
+    #[cfg(feature = "tokio")]
+    pub(super) kind_concurrency: HashMap<String, usize>,
     #[cfg(feature = "metrics")]
     pub(super) metrics_interval: Duration,
 }
@@ -101,7 +107,10 @@ impl WorkerPoolBuilder {
         self
     }
 
-    /// Number of worker threads, each running one job at a time (default 4).
+    /// Number of worker threads, each running one job of a sync handler at
+    /// a time (default 4). Async handlers run as tasks in slots of their
+    /// own (see `WorkerPoolBuilder::async_concurrency`, feature `tokio`); a
+    /// pool with no sync handler starts no worker thread.
     pub fn threads(mut self, n: usize) -> Self {
         self.threads = n.max(1);
         self
@@ -110,7 +119,10 @@ impl WorkerPoolBuilder {
     /// Runs jobs of `kind` with `handler`. The pool claims only kinds it
     /// has handlers for; registering a kind twice keeps the last handler.
     pub fn handler(mut self, kind: impl Into<String>, handler: impl Handler) -> Self {
-        self.handlers.insert(kind.into(), Arc::new(handler));
+        let kind = kind.into();
+        #[cfg(feature = "tokio")]
+        self.async_handlers.remove(&kind);
+        self.handlers.insert(kind, Arc::new(handler));
         self
     }
 
@@ -377,6 +389,12 @@ impl WorkerPool {
             runtime: None,
             #[cfg(feature = "tokio")]
             missing_runtime: None,
+            #[cfg(feature = "tokio")]
+            async_handlers: HashMap::new(),
+            #[cfg(feature = "tokio")]
+            async_concurrency: super::async_handlers::DEFAULT_ASYNC_CONCURRENCY,
+            #[cfg(feature = "tokio")]
+            kind_concurrency: HashMap::new(),
             #[cfg(feature = "metrics")]
             metrics_interval: Duration::from_secs(15),
         }

@@ -32,13 +32,89 @@ const STOPPING_POLL: Duration = Duration::from_millis(10);
 /// synced: a sync per claim would cost a busy pool a sync per few jobs.
 const SYNCED_FIRST_CLAIMS: u32 = 32;
 
-/// Sets `Shared::claims_over` when the dispatcher thread ends, however it
+/// Counts one dispatcher out of `Shared::claimers` once it will claim no
+/// more: when it sees `stopping`, or when its thread ends, however it
 /// ends, so that `shutdown` never waits for a dispatcher that is gone.
-pub(super) struct ClaimsOver<'a>(pub(super) &'a Shared);
+pub(super) struct ClaimsOver<'a> {
+    shared: &'a Shared,
+    counted: std::cell::Cell<bool>,
+}
+
+impl<'a> ClaimsOver<'a> {
+    pub(super) fn new(shared: &'a Shared) -> Self {
+        ClaimsOver {
+            shared,
+            counted: std::cell::Cell::new(false),
+        }
+    }
+
+    fn over(&self) {
+        if !self.counted.replace(true) {
+            self.shared.claimers.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
 
 impl Drop for ClaimsOver<'_> {
     fn drop(&mut self) {
-        self.0.claims_over.store(true, Ordering::SeqCst);
+        self.over();
+    }
+}
+
+/// Where a dispatcher's claimed jobs go, and whose free slots bound what
+/// it claims.
+pub(super) enum Lane {
+    /// To the pool's worker threads through the job channel (closed, by
+    /// dropping it, when claims end): slots are the threads, plus jobs
+    /// claimed ahead of them.
+    Threads(Option<Sender<Lease>>),
+    /// As tasks on the application's runtime (feature `tokio`): slots are
+    /// the lane's own concurrency, and no thread waits for a task.
+    #[cfg(feature = "tokio")]
+    Tasks(Arc<super::async_handlers::TaskLane>),
+}
+
+impl Lane {
+    fn busy(&self, shared: &Shared) -> usize {
+        match self {
+            Lane::Threads(_) => shared.busy_slots.load(Ordering::SeqCst),
+            #[cfg(feature = "tokio")]
+            Lane::Tasks(lane) => lane.busy.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Every run this lane started has ended (but threads written off).
+    fn runs_over(&self, shared: &Shared) -> bool {
+        match self {
+            Lane::Threads(_) => shared.live_workers_finished(),
+            #[cfg(feature = "tokio")]
+            Lane::Tasks(lane) => lane.busy.load(Ordering::SeqCst) == 0,
+        }
+    }
+
+    fn close(&mut self) {
+        match self {
+            Lane::Threads(jobs) => *jobs = None,
+            #[cfg(feature = "tokio")]
+            Lane::Tasks(_) => {}
+        }
+    }
+
+    /// Hands a claimed run to its runner; its in-flight entry exists.
+    fn deliver(&self, shared: &Arc<Shared>, lease: Lease) {
+        match self {
+            Lane::Threads(jobs) => {
+                shared.busy_slots.fetch_add(1, Ordering::SeqCst);
+                if let Some(jobs) = jobs {
+                    let _ = jobs.send(lease);
+                }
+            }
+            #[cfg(feature = "tokio")]
+            Lane::Tasks(lane) => {
+                lane.busy.fetch_add(1, Ordering::SeqCst);
+                super::async_handlers::spawn_run(shared, lane, lease);
+            }
+        }
     }
 }
 
@@ -62,17 +138,19 @@ pub(super) struct DispatchConfig {
 /// is nothing to record and nothing due it sleeps until the next due time,
 /// woken early by commits (its watcher) and by workers finishing.
 pub(super) fn dispatch_loop(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     config: &DispatchConfig,
     mut watcher: ChangeWatcher,
-    jobs: Sender<Lease>,
+    mut lane: Lane,
     outcomes: &Receiver<(Lease, Outcome)>,
 ) {
+    let over = ClaimsOver::new(shared);
+    let threads = matches!(lane, Lane::Threads(_));
     let mut queues: Vec<&str> = config.queues.iter().map(String::as_str).collect();
     let kinds: Vec<&str> = config.kinds.iter().map(String::as_str).collect();
     // Jobs claimed so far, for priority aging.
     let mut claimed = 0usize;
-    let mut jobs = Some(jobs);
+    let mut claiming = true;
     // After a claim that got all it asked for, more may be due; otherwise
     // ask the (cheap, lock-free) read path before taking the write lock.
     let mut more_may_be_due = true;
@@ -87,16 +165,17 @@ pub(super) fn dispatch_loop(
     loop {
         unsynced.sync_if_due(&shared.queue, false);
         let stopping = shared.stopping.load(Ordering::SeqCst);
-        if stopping && jobs.is_some() {
+        if stopping && claiming {
             // Workers end once the job channel is closed and empty. A claim
             // that committed while shutdown began has been sent by now, so
             // shutdown can hand back all that is in the channel.
-            jobs = None;
-            shared.claims_over.store(true, Ordering::SeqCst);
+            claiming = false;
+            lane.close();
+            over.over();
         }
         let mut finished = take_outcomes(shared, outcomes);
         finished.append(&mut claimed_too_late);
-        if jobs.is_some() {
+        if claiming && threads {
             let expired = ahead.take_expired(shared, hold, Instant::now());
             if !expired.is_empty() {
                 log::info!(
@@ -127,15 +206,29 @@ pub(super) fn dispatch_loop(
                 None => wait,
             }
         };
-        let slots = config.threads + ahead.budget(shared, config);
-        let free = slots.saturating_sub(shared.busy_slots.load(Ordering::SeqCst));
-        let mut want = if jobs.is_some() && free > 0 {
+        #[cfg(feature = "tokio")]
+        let open_kinds: Vec<&str>;
+        let kinds: &[&str] = match &lane {
+            #[cfg(feature = "tokio")]
+            Lane::Tasks(tasks) if tasks.any_runtime_gone() => {
+                open_kinds = tasks.open_kinds(&kinds);
+                &open_kinds
+            }
+            _ => &kinds,
+        };
+        let slots = match &lane {
+            Lane::Threads(_) => config.threads + ahead.budget(shared, config),
+            #[cfg(feature = "tokio")]
+            Lane::Tasks(tasks) => tasks.limit,
+        };
+        let free = slots.saturating_sub(lane.busy(shared));
+        let mut want = if claiming && free > 0 && !kinds.is_empty() {
             free.min(config.claim_batch)
         } else {
             0
         };
         if want > 0 && !more_may_be_due {
-            match shared.queue.manual().next_due(&queues, Some(&kinds)) {
+            match shared.queue.manual().next_due(&queues, Some(kinds)) {
                 Ok(Some(due)) if due <= shared.queue.clock().now() => more_may_be_due = true,
                 Ok(next) => {
                     want = 0;
@@ -164,14 +257,14 @@ pub(super) fn dispatch_loop(
             }
         }
         if finished.is_empty() && want == 0 {
-            if stopping || jobs.is_none() {
+            if stopping || !claiming {
                 // Short waits: shutdown is waiting for the last outcomes.
                 match outcomes.recv_timeout(unsynced.cap(STOPPING_POLL)) {
                     Ok(first) => {
                         let batch = take_outcomes_from(shared, Some(first), outcomes);
                         record(shared, &batch, None, &config.worker_id, &mut unsynced);
                     }
-                    Err(_) if outcomes.is_empty() && shared.live_workers_finished() => {
+                    Err(_) if outcomes.is_empty() && lane.runs_over(shared) => {
                         unsynced.sync_if_due(&shared.queue, true);
                         return;
                     }
@@ -197,7 +290,7 @@ pub(super) fn dispatch_loop(
             worker_id: &config.worker_id,
             max: want,
             lease: shared.lease,
-            kinds: Some(&kinds),
+            kinds: Some(kinds),
             oldest_first,
         };
         let claim = (want > 0).then_some(&request);
@@ -227,9 +320,10 @@ pub(super) fn dispatch_loop(
                         );
                     }
                 }
-                ahead.sent(leases.len(), Instant::now());
+                if threads {
+                    ahead.sent(leases.len(), Instant::now());
+                }
                 for lease in leases {
-                    shared.busy_slots.fetch_add(1, Ordering::SeqCst);
                     shared.lock_in_flight().insert(
                         lease.job_id,
                         InFlight {
@@ -240,13 +334,15 @@ pub(super) fn dispatch_loop(
                             completion: Arc::default(),
                             run: Arc::default(),
                             thread: None,
+                            #[cfg(feature = "tokio")]
+                            task: false,
+                            #[cfg(feature = "tokio")]
+                            abort: None,
                             started: None,
                             start_recorded: false,
                         },
                     );
-                    if let Some(jobs) = &jobs {
-                        let _ = jobs.send(lease);
-                    }
+                    lane.deliver(shared, lease);
                 }
                 drop(channel);
                 // The heartbeat sleeps long while idle.

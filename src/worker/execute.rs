@@ -7,6 +7,7 @@ use super::in_flight::{entry_of, remove_run, RunState};
 use super::shared::{lock, spawn, Shared};
 use crate::engine::types::Outcome;
 use crate::events::JobEventKind;
+use crate::lease::Lease;
 use crate::retry::RetryPolicy;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 /// delay again, a handler that kills its process at once would be given
 /// back for ever. A job given back at all is rare (its holder crashed),
 /// so this write is too.
-fn record_start_now(shared: &Shared, lease: &crate::lease::Lease) {
+fn record_start_now(shared: &Shared, lease: &Lease) {
     if let Some(job) = entry_of(&mut shared.lock_in_flight(), lease) {
         job.start_recorded = true;
     }
@@ -38,115 +39,173 @@ pub(super) fn start_worker(shared: &Arc<Shared>, name: String) {
     lock(&shared.workers).push(handle);
 }
 
+/// Who runs a job's handler, as its in-flight entry names it.
+pub(super) enum Runner {
+    Thread((ThreadId, Arc<str>)),
+    /// A task on the application's runtime; its abort handle is set once
+    /// it is spawned.
+    #[cfg(feature = "tokio")]
+    Task,
+}
+
+/// A run about to call its handler.
+pub(super) struct Started {
+    pub(super) ctx: JobContext,
+    pub(super) run: Arc<RunState>,
+    pub(super) began: Instant,
+}
+
+/// Marks `lease`'s run as started by `runner` (its deadline, its start
+/// time) and announces it. `None` when the handler must not be called:
+/// the run is no longer this pool's, or its lease was lost while it
+/// waited (then its refused hand-back is sent, telling a cancelled job's
+/// unique_key that the run has stopped). Either way the caller frees the
+/// run's slot.
+pub(super) fn begin(shared: &Shared, lease: Lease, runner: Runner) -> Option<Started> {
+    let started = {
+        let mut in_flight = shared.lock_in_flight();
+        entry_of(&mut in_flight, &lease).map(|job| {
+            job.deadline = lease.timeout.map(|t| Instant::now() + t);
+            match runner {
+                Runner::Thread(thread) => job.thread = Some(thread),
+                #[cfg(feature = "tokio")]
+                Runner::Task => job.task = true,
+            }
+            job.started = Some(Instant::now());
+            (
+                Arc::clone(&job.cancel),
+                Arc::clone(&job.completion),
+                Arc::clone(&job.run),
+            )
+        })
+    };
+    // No longer this pool's (defensive: the dispatcher takes the leases it
+    // hands back out of the channel itself).
+    let (cancel, completion, run) = started?;
+    if cancel.get() == Some(CancelReason::LeaseLost) {
+        // Cancelled (or reaped) while waiting for a thread: not started;
+        // the refused hand-back says it has stopped.
+        let _ = shared.outcomes.send((lease, Outcome::Release));
+        return None;
+    }
+    if lease.given_back > 0 {
+        record_start_now(shared, &lease);
+    }
+    let ctx = JobContext {
+        lease,
+        cancel,
+        clock: Arc::clone(shared.queue.clock()),
+        queue: shared.queue.clone(),
+        completion,
+    };
+    let queue_time = (ctx.now() - ctx.lease.run_at)
+        .to_std()
+        .unwrap_or(Duration::ZERO);
+    shared.emit(
+        &ctx.lease,
+        || JobEventKind::Started {
+            run_token: ctx.lease.run_token.clone(),
+        },
+        Some(queue_time),
+        None,
+    );
+    crate::observe::started(&ctx.lease, queue_time);
+    Some(Started {
+        ctx,
+        run,
+        began: Instant::now(),
+    })
+}
+
+/// What became of a run whose handler returned.
+pub(super) enum Finished {
+    /// Its outcome is sent to the dispatcher.
+    Recorded,
+    /// Written off as stuck while it ran (its job failed as timed out);
+    /// the state says whether a replacement took its slot.
+    WrittenOff(u8),
+}
+
+/// Sends what to record for a handler's `result` (or panic): its
+/// outcome, nothing when the handler completed the job itself, a refused
+/// hand-back when the run was written off meanwhile.
+pub(super) fn finish(
+    shared: &Shared,
+    started: Started,
+    result: std::thread::Result<Result<(), JobError>>,
+    runner: &str,
+) -> Finished {
+    let Started { ctx, run, began } = started;
+    shared.run_time.record(began.elapsed());
+    if let Err(state) = run.end() {
+        // Written off by the heartbeat thread while it ran: the job was
+        // failed as timed out and may run elsewhere now.
+        log::warn!(
+            "job {}: handler on {runner} returned after its job was failed as timed out; what it returned is dropped",
+            ctx.lease.job_id,
+        );
+        // Refused (the lease is gone), it tells the job's unique_key that
+        // this run has stopped; sent under the in-flight lock, after the
+        // timeout the heartbeat sent under it.
+        let _in_flight = shared.lock_in_flight();
+        let _ = shared.outcomes.send((ctx.lease, Outcome::Release));
+        return Finished::WrittenOff(state);
+    }
+    if ctx.completion.committed() {
+        // Completed inside the handler's own transaction.
+        remove_run(&mut shared.lock_in_flight(), &ctx.lease);
+        return Finished::Recorded;
+    }
+    // The queue's policy is applied here too (not left to the engine), so
+    // that a failure's event knows its retry delay.
+    let policy = shared
+        .retry_policies
+        .get(&ctx.lease.kind)
+        .copied()
+        .unwrap_or_else(|| shared.queue.retry_policy());
+    let outcome = outcome_of(result, Some(&policy), ctx.lease.attempt);
+    let _ = shared.outcomes.send((ctx.lease, outcome));
+    Finished::Recorded
+}
+
 fn work_loop(shared: &Shared) {
-    let outcomes = &shared.outcomes;
     let me = std::thread::current();
     let thread: (ThreadId, Arc<str>) = (me.id(), Arc::from(me.name().unwrap_or("(unnamed)")));
-    while let Ok(lease) = shared.jobs.recv() {
-        shared.received.fetch_add(1, Ordering::SeqCst);
-        let handler = shared.handlers.get(&lease.kind);
-        let outcome = match handler {
-            // Unstarted at shutdown (or, impossibly, a kind without handler):
-            // hand back without using the attempt.
-            Some(handler) if !shared.stopping.load(Ordering::SeqCst) => {
-                let started = {
-                    let mut in_flight = shared.lock_in_flight();
-                    entry_of(&mut in_flight, &lease).map(|job| {
-                        job.deadline = lease.timeout.map(|t| Instant::now() + t);
-                        job.thread = Some(thread.clone());
-                        job.started = Some(Instant::now());
-                        (
-                            Arc::clone(&job.cancel),
-                            Arc::clone(&job.completion),
-                            Arc::clone(&job.run),
-                        )
-                    })
-                };
-                let Some((cancel, completion, run)) = started else {
-                    // No longer this pool's (defensive: the dispatcher takes
-                    // the leases it hands back out of the channel itself).
-                    shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
-                    shared.fetcher_waker.wake();
-                    continue;
-                };
-                if cancel.get() == Some(CancelReason::LeaseLost) {
-                    // Cancelled (or reaped) while waiting for a thread: not
-                    // started; the refused hand-back says it has stopped.
-                    let _ = outcomes.send((lease, Outcome::Release));
-                    shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
-                    shared.fetcher_waker.wake();
-                    continue;
-                }
-                if lease.given_back > 0 {
-                    record_start_now(shared, &lease);
-                }
-                let ctx = JobContext {
-                    lease,
-                    cancel,
-                    clock: Arc::clone(shared.queue.clock()),
-                    queue: shared.queue.clone(),
-                    completion,
-                };
-                let queue_time = (ctx.now() - ctx.lease.run_at)
-                    .to_std()
-                    .unwrap_or(Duration::ZERO);
-                shared.emit(
-                    &ctx.lease,
-                    || JobEventKind::Started {
-                        run_token: ctx.lease.run_token.clone(),
-                    },
-                    Some(queue_time),
-                    None,
-                );
-                crate::observe::started(&ctx.lease, queue_time);
-                let began = Instant::now();
-                let result = {
-                    let _span = crate::observe::run_span(&ctx.lease);
-                    catch_unwind(AssertUnwindSafe(|| handler.run(&ctx)))
-                };
-                shared.run_time.record(began.elapsed());
-                if let Err(state) = run.end() {
-                    // Written off by the heartbeat thread while it ran: the
-                    // job was failed as timed out and may run elsewhere now.
-                    log::warn!(
-                        "job {}: handler on thread {} returned after its job was failed as timed out; what it returned is dropped",
-                        ctx.lease.job_id,
-                        thread.1
-                    );
-                    lock(&shared.stuck).remove(&thread.0);
-                    // Refused (the lease is gone), it tells the job's
-                    // unique_key that this run has stopped.
-                    let _ = outcomes.send((ctx.lease.clone(), Outcome::Release));
-                    if state == RunState::REPLACED {
-                        // A replacement thread has this one's slot.
-                        return;
-                    }
-                    shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
-                    shared.fetcher_waker.wake();
-                    continue;
-                }
-                if ctx.completion.committed() {
-                    // Completed inside the handler's own transaction.
-                    remove_run(&mut shared.lock_in_flight(), &ctx.lease);
-                    shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
-                    shared.fetcher_waker.wake();
-                    continue;
-                }
-                // The queue's policy is applied here too (not left to the
-                // engine), so that a failure's event knows its retry delay.
-                let policy = shared
-                    .retry_policies
-                    .get(&ctx.lease.kind)
-                    .copied()
-                    .unwrap_or_else(|| shared.queue.retry_policy());
-                let outcome = outcome_of(result, Some(&policy), ctx.lease.attempt);
-                (ctx.lease, outcome)
-            }
-            _ => (lease, Outcome::Release),
-        };
-        let _ = outcomes.send(outcome);
+    let free_slot = || {
         shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
         shared.fetcher_waker.wake();
+    };
+    while let Ok(lease) = shared.jobs.recv() {
+        shared.received.fetch_add(1, Ordering::SeqCst);
+        let handler = match shared.handlers.get(&lease.kind) {
+            Some(handler) if !shared.stopping.load(Ordering::SeqCst) => handler,
+            // Unstarted at shutdown (or, impossibly, a kind without
+            // handler): hand back without using the attempt.
+            _ => {
+                let _ = shared.outcomes.send((lease, Outcome::Release));
+                free_slot();
+                continue;
+            }
+        };
+        let Some(started) = begin(shared, lease, Runner::Thread(thread.clone())) else {
+            free_slot();
+            continue;
+        };
+        let result = {
+            let _span = crate::observe::run_span(&started.ctx.lease);
+            catch_unwind(AssertUnwindSafe(|| handler.run(&started.ctx)))
+        };
+        match finish(shared, started, result, &format!("thread {}", thread.1)) {
+            Finished::Recorded => {}
+            Finished::WrittenOff(state) => {
+                lock(&shared.stuck).remove(&thread.0);
+                if state == RunState::REPLACED {
+                    // A replacement thread has this one's slot.
+                    return;
+                }
+            }
+        }
+        free_slot();
     }
 }
 

@@ -23,13 +23,34 @@ use std::time::{Duration, Instant};
 fn write_off_stuck(shared: &Arc<Shared>, now: Instant) {
     let grace = shared.timeout_grace;
     let mut stuck = Vec::new();
+    // Aborted once their runs' timeouts are sent: a dropped task hands its
+    // job back (refused once the timeout is recorded), and that hand-back
+    // must not reach the dispatcher first.
+    #[cfg(feature = "tokio")]
+    let mut aborts = Vec::new();
     {
         let mut in_flight = shared.lock_in_flight();
         for job in in_flight.values_mut() {
             let overdue = job.deadline.is_some_and(|d| now >= d + grace);
-            if !overdue || job.finishing || job.completion.started() || job.thread.is_none() {
+            if !overdue || job.finishing || job.completion.started() {
                 continue;
             }
+            #[cfg(feature = "tokio")]
+            if job.task {
+                // A task holds no thread: aborted, it ends at its next
+                // `.await`, and its slot comes back then.
+                if job.run.write_off(RunState::KEPT) {
+                    job.finishing = true;
+                    job.cancel.set(CancelReason::Timeout);
+                    aborts.extend(job.abort.clone());
+                    timed_out(shared, &job.lease, "its task aborted");
+                    stuck.push((job.lease.clone(), None, false));
+                }
+                continue;
+            }
+            let Some((thread_id, name)) = job.thread.clone() else {
+                continue;
+            };
             let replace = shared
                 .replaced
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
@@ -50,37 +71,57 @@ fn write_off_stuck(shared: &Arc<Shared>, now: Instant) {
             }
             job.finishing = true;
             job.cancel.set(CancelReason::Timeout);
-            let (thread_id, name) = job.thread.clone().expect("checked above");
             // Before the in-flight lock is let go: the handler may return
             // at once, and it takes its thread back out of the set.
             lock(&shared.stuck).insert(thread_id);
-            stuck.push((job.lease.clone(), name, replace));
+            timed_out(shared, &job.lease, &format!("thread {name} written off"));
+            stuck.push((job.lease.clone(), Some(name), replace));
         }
     }
-    for (lease, name, replace) in stuck {
+    for (lease, thread, replace) in stuck {
         let timeout = lease.timeout.unwrap_or_default();
+        let runner = match &thread {
+            Some(name) => format!("thread {name}"),
+            None => "its task".to_owned(),
+        };
         log::warn!(
-            "job {} ({}) is still running on thread {name} {grace:?} after its timeout of {timeout:?}; \
-             failing it as timed out and writing the thread off ({})",
+            "job {} ({}) is still running on {runner} {grace:?} after its timeout of {timeout:?}; \
+             failing it as timed out ({})",
             lease.job_id,
             lease.kind,
-            if replace {
-                "a replacement thread starts"
-            } else {
-                "replacement bound reached: the pool runs one thread short until it returns"
+            match (&thread, replace) {
+                (None, _) => "aborting the task at its next await",
+                (Some(_), true) => "writing the thread off; a replacement thread starts",
+                (Some(_), false) => "writing the thread off; replacement bound reached: the pool runs one thread short until it returns",
             }
         );
-        let error = format!(
-            "timed out after {timeout:?}: the handler did not stop within {grace:?} of its cancellation (thread {name} written off)"
-        );
-        let _ = shared.outcomes.send((lease, Outcome::TimedOut(error)));
         if replace {
             let n = shared.replaced.load(Ordering::SeqCst);
             start_worker(shared, format!("tickler-worker-r{n}"));
             shared.busy_slots.fetch_sub(1, Ordering::SeqCst);
         }
-        shared.fetcher_waker.wake();
+        shared.wake_dispatchers();
     }
+    #[cfg(feature = "tokio")]
+    for task in aborts {
+        task.abort();
+    }
+}
+
+/// Sends the timeout of a run written off. Under the in-flight lock: a
+/// handler that returns at once learns it was written off, and sends its
+/// refused hand-back under the same lock, after this; the other way round
+/// the hand-back would be recorded first, the job pending again with its
+/// attempt given back.
+fn timed_out(shared: &Shared, lease: &Lease, written_off: &str) {
+    let timeout = lease.timeout.unwrap_or_default();
+    let grace = shared.timeout_grace;
+    let error = format!(
+        "timed out after {timeout:?}: the handler did not stop within {grace:?} of its cancellation ({written_off})"
+    );
+    let _ = shared
+        .outcomes
+        .send((lease.clone(), Outcome::TimedOut(error)));
 }
 
 /// How long after a handler started its start is recorded in the job's

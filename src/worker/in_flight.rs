@@ -75,6 +75,12 @@ pub(super) struct InFlight {
     pub(super) run: Arc<RunState>,
     /// The worker thread running the handler (set when it starts).
     pub(super) thread: Option<(ThreadId, Arc<str>)>,
+    /// The handler runs as a task on the application's runtime (set when
+    /// it starts); `abort` ends the task once it is written off.
+    #[cfg(feature = "tokio")]
+    pub(super) task: bool,
+    #[cfg(feature = "tokio")]
+    pub(super) abort: Option<tokio::task::AbortHandle>,
     /// When the handler started.
     pub(super) started: Option<Instant>,
     /// The start is recorded in the job's row (`Manual::mark_started`), or

@@ -82,7 +82,7 @@ use crate::lease::Lease;
 use crate::reaper::Reaper;
 use crate::scheduler::Scheduler;
 use crossbeam_channel::Receiver;
-use dispatch::{dispatch_loop, ClaimsOver, DispatchConfig};
+use dispatch::{dispatch_loop, DispatchConfig, Lane};
 use execute::start_worker;
 use heartbeat::heartbeat_loop;
 use in_flight::remove_run;
@@ -128,7 +128,8 @@ pub struct WorkerPool {
     worker_id: String,
     job_rx: Receiver<Lease>,
     threads: usize,
-    dispatcher: Option<JoinHandle<()>>,
+    /// One per lane: the worker threads', and each task lane's.
+    dispatchers: Vec<JoinHandle<()>>,
     heartbeat: Option<JoinHandle<()>>,
     reaper: Option<Reaper>,
     scheduler: Option<Scheduler>,
@@ -192,7 +193,11 @@ impl WorkerPoolBuilder {
                 "the async handler of kind {kind:?} has no tokio runtime to run on: register it inside the runtime or name one with WorkerPoolBuilder::runtime first"
             )));
         }
-        if self.handlers.is_empty() {
+        #[cfg(feature = "tokio")]
+        let no_async = self.async_handlers.is_empty();
+        #[cfg(not(feature = "tokio"))]
+        let no_async = true;
+        if self.handlers.is_empty() && no_async {
             return Err(Error::InvalidArgument(
                 "a worker pool needs at least one handler".into(),
             ));
@@ -215,7 +220,25 @@ impl WorkerPoolBuilder {
         // Unbounded: the dispatcher sends no more than it has slots for.
         let (job_tx, job_rx) = crossbeam_channel::unbounded::<Lease>();
         let (outcome_tx, outcome_rx) = crossbeam_channel::unbounded::<(Lease, Outcome)>();
-        let watcher = self.queue.manual().watcher()?;
+        // One dispatcher per lane, each with its watcher: the worker
+        // threads' lane (sync handlers), and the task lanes (async ones).
+        let thread_watcher = if self.handlers.is_empty() {
+            None
+        } else {
+            Some(self.queue.manual().watcher()?)
+        };
+        #[cfg(feature = "tokio")]
+        let task_lanes = async_handlers::task_lanes(
+            self.async_handlers,
+            &self.kind_concurrency,
+            self.async_concurrency,
+            || self.queue.manual().watcher(),
+        )?;
+        #[cfg_attr(not(feature = "tokio"), allow(unused_mut))]
+        let mut wakers: Vec<crate::queue::Waker> =
+            thread_watcher.iter().map(|w| w.waker()).collect();
+        #[cfg(feature = "tokio")]
+        wakers.extend(task_lanes.iter().map(|(lane, _)| lane.waker.clone()));
         let scheduler = match self.scheduler {
             Some(config) => Some(Scheduler::spawn(self.queue.clone(), config)?),
             None => None,
@@ -228,7 +251,7 @@ impl WorkerPoolBuilder {
             busy_slots: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             stop_background: AtomicBool::new(false),
-            fetcher_waker: watcher.waker(),
+            fetcher_waker: wakers[0].clone(),
             lease: self.lease,
             heartbeat_idle: AtomicBool::new(false),
             heartbeat_thread: std::sync::OnceLock::new(),
@@ -242,21 +265,22 @@ impl WorkerPoolBuilder {
             received: AtomicU64::new(0),
             run_time: RunTime::default(),
             handed_back: AtomicUsize::new(0),
-            claims_over: AtomicBool::new(false),
+            claimers: AtomicUsize::new(wakers.len()),
+            wakers,
+            #[cfg(feature = "tokio")]
+            task_lanes: task_lanes
+                .iter()
+                .map(|(lane, _)| Arc::clone(lane))
+                .collect(),
             channel_taken: Mutex::new(false),
             events: EventHub::default(),
         });
 
-        let mut kinds: Vec<String> = shared.handlers.keys().cloned().collect();
-        kinds.sort();
-        for i in 0..self.threads {
-            start_worker(&shared, format!("tickler-worker-{i}"));
-        }
-        let dispatcher = {
-            let shared = Arc::clone(&shared);
-            let config = DispatchConfig {
+        let config = |mut kinds: Vec<String>| {
+            kinds.sort();
+            DispatchConfig {
                 outcome_sync_interval: self.outcome_sync_interval,
-                queues,
+                queues: queues.clone(),
                 kinds,
                 worker_id: worker_id.clone(),
                 threads: self.threads,
@@ -266,12 +290,32 @@ impl WorkerPoolBuilder {
                 max_idle: self.max_idle,
                 poll: self.poll,
                 aging_every: self.priority_aging,
-            };
-            spawn("tickler-dispatcher", move || {
-                let _over = ClaimsOver(&shared);
-                dispatch_loop(&shared, &config, watcher, job_tx, &outcome_rx)
-            })
+            }
         };
+        let mut dispatchers = Vec::new();
+        if let Some(watcher) = thread_watcher {
+            for i in 0..self.threads {
+                start_worker(&shared, format!("tickler-worker-{i}"));
+            }
+            let shared = Arc::clone(&shared);
+            let config = config(shared.handlers.keys().cloned().collect());
+            let outcomes = outcome_rx.clone();
+            let lane = Lane::Threads(Some(job_tx));
+            dispatchers.push(spawn("tickler-dispatcher", move || {
+                dispatch_loop(&shared, &config, watcher, lane, &outcomes)
+            }));
+        }
+        #[cfg(feature = "tokio")]
+        for (i, (lane, watcher)) in task_lanes.into_iter().enumerate() {
+            let shared = Arc::clone(&shared);
+            let config = config(lane.handlers.keys().cloned().collect());
+            let outcomes = outcome_rx.clone();
+            let lane = Lane::Tasks(lane);
+            dispatchers.push(spawn(&format!("tickler-tasks-{i}"), move || {
+                dispatch_loop(&shared, &config, watcher, lane, &outcomes)
+            }));
+        }
+        drop(outcome_rx);
         let heartbeat = {
             let shared = Arc::clone(&shared);
             let watcher = self.queue.manual().watcher()?;
@@ -309,7 +353,7 @@ impl WorkerPoolBuilder {
             worker_id,
             job_rx,
             threads: self.threads,
-            dispatcher: Some(dispatcher),
+            dispatchers,
             heartbeat: Some(heartbeat),
             reaper,
             scheduler,
@@ -374,7 +418,7 @@ impl WorkerPool {
         self.shut_down = true;
         let shared = &self.shared;
         shared.stopping.store(true, Ordering::SeqCst);
-        shared.fetcher_waker.wake();
+        shared.wake_dispatchers();
         let deadline = Instant::now() + grace;
         // A claim under way (waiting for the write lock, or a server's
         // answer on a loaded machine) may still commit: wait until the
@@ -383,11 +427,12 @@ impl WorkerPool {
         // handlers' grace: a short grace must not leave claimed jobs to the
         // reaper because one statement was slow.
         let claims_deadline = deadline.max(Instant::now() + CLAIM_SETTLE_WAIT);
-        while !shared.claims_over.load(Ordering::SeqCst) && Instant::now() < claims_deadline {
-            shared.fetcher_waker.wake();
+        let claims_over = || shared.claimers.load(Ordering::SeqCst) == 0;
+        while !claims_over() && Instant::now() < claims_deadline {
+            shared.wake_dispatchers();
             std::thread::sleep(Duration::from_millis(1));
         }
-        if !shared.claims_over.load(Ordering::SeqCst) {
+        if !claims_over() {
             log::warn!(
                 "shutdown: the dispatcher's last claim had not finished within the grace period; \
                  jobs it claims are handed back by the workers, or taken back by the reaper"
@@ -415,11 +460,11 @@ impl WorkerPool {
             }
             shared.busy_slots.fetch_sub(released, Ordering::SeqCst);
         }
-        while !shared.live_workers_finished() && Instant::now() < deadline {
+        while !shared.runs_over() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(2));
         }
         let mut still_running = 0;
-        if shared.live_workers_finished() {
+        if shared.runs_over() {
             // Stuck threads (written off) are left to end on their own.
             let finished: Vec<JoinHandle<()>> = {
                 let mut workers = lock(&shared.workers);
@@ -430,8 +475,9 @@ impl WorkerPool {
             for worker in finished {
                 let _ = worker.join();
             }
-            // Records the last outcomes, then ends: every live worker is gone.
-            if let Some(dispatcher) = self.dispatcher.take() {
+            // Each records the last outcomes, then ends: every live run
+            // is over.
+            for dispatcher in self.dispatchers.drain(..) {
                 let _ = dispatcher.join();
             }
         } else {
@@ -483,7 +529,7 @@ impl Drop for WorkerPool {
                 worker_id: self.worker_id.clone(),
                 job_rx: self.job_rx.clone(),
                 threads: self.threads,
-                dispatcher: self.dispatcher.take(),
+                dispatchers: std::mem::take(&mut self.dispatchers),
                 heartbeat: self.heartbeat.take(),
                 reaper: self.reaper.take(),
                 scheduler: self.scheduler.take(),

@@ -54,10 +54,15 @@ pub(super) struct Shared {
     pub(super) run_time: RunTime,
     /// Jobs handed back for waiting past the holding time.
     pub(super) handed_back: AtomicUsize,
-    /// Set by the dispatcher once it has seen `stopping` and will claim no
-    /// more: every lease it claimed is in the job channel or with a worker
-    /// by then (also set if the dispatcher thread ends).
-    pub(super) claims_over: AtomicBool,
+    /// Dispatchers that may still claim: each counts itself out once it
+    /// has seen `stopping` (every lease it claimed is in the job channel,
+    /// with a worker or spawned as a task by then) or its thread ended.
+    pub(super) claimers: AtomicUsize,
+    /// Wakes every dispatcher (one per lane).
+    pub(super) wakers: Vec<Waker>,
+    /// The slots of async handlers' runs.
+    #[cfg(feature = "tokio")]
+    pub(super) task_lanes: Vec<Arc<super::async_handlers::TaskLane>>,
     /// Set by `shutdown` when it takes the unstarted leases out of the job
     /// channel. A claim that commits after shutdown began sends its leases
     /// to the channel while this is unset (shutdown then hands them back
@@ -114,6 +119,26 @@ impl Shared {
 
     pub(super) fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, InFlight>> {
         lock(&self.in_flight)
+    }
+
+    pub(super) fn wake_dispatchers(&self) {
+        for waker in &self.wakers {
+            waker.wake();
+        }
+    }
+
+    /// Every run has ended: worker threads (but those written off as
+    /// stuck) and tasks.
+    pub(super) fn runs_over(&self) -> bool {
+        #[cfg(feature = "tokio")]
+        if self
+            .task_lanes
+            .iter()
+            .any(|lane| lane.busy.load(Ordering::SeqCst) > 0)
+        {
+            return false;
+        }
+        self.live_workers_finished()
     }
 
     /// Every worker thread has ended, but those written off as stuck.

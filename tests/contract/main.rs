@@ -34,6 +34,8 @@ mod queue_drop;
 mod unreadable_row_fails_alone;
 
 // Worker pools.
+#[cfg(feature = "tokio")]
+mod async_task_lanes;
 mod no_starvation;
 mod pool_exactly_once;
 mod pool_lease_loss;
