@@ -12,7 +12,7 @@
 //! .ci/postgres cargo bench --features postgres --bench tickler_bench -- --only pg_processes
 //! .ci/postgres benches/peers/compare-pg.sh [--quick] [ROUNDS]   (against graphile-worker)
 //! .ci/mariadb cargo bench --features mysql --bench tickler_bench -- --only mysql [--quick]
-//! cargo bench --features tokio --bench tickler_bench -- --only async_burn
+//! cargo bench --features tokio --bench tickler_bench -- --only async_burn,async_timers
 //! cargo bench --bench tickler_bench -- --only events
 //! cargo bench --bench tickler_bench -- --only dashboard
 //! ```
@@ -227,6 +227,9 @@ fn main() {
     }
     if wants("async_burn") {
         async_burn(if quick { 5_000 } else { 50_000 });
+    }
+    if wants("async_timers") {
+        async_timers(if quick { 2_000 } else { 10_000 });
     }
     if wants("dashboard") {
         dashboard(if quick { 100_000 } else { 1_000_000 });
@@ -1293,7 +1296,6 @@ fn async_burn(jobs: usize) {
                         return noop_pool(queue, 4, None, done);
                     }
                     WorkerPool::builder(queue)
-                        .threads(4)
                         .runtime(runtime.handle().clone())
                         .async_handler("noop", move |_: JobContext| {
                             let done = Arc::clone(&done);
@@ -1307,13 +1309,92 @@ fn async_burn(jobs: usize) {
                 });
                 emit(
                     json!({"scenario": "async_burn", "durability": d, "round": round_no + 1,
-                    "handlers": handlers, "threads": 4, "jobs": jobs, "finished": burn.finished,
+                    "handlers": handlers, "settings": "default", "jobs": jobs, "finished": burn.finished,
                     "jobs_per_s": round(burn.jobs_per_s),
                     "cpu_ms_per_1000_jobs": round(burn.cpu_ms_per_1000_jobs)}),
                 );
             }
         }
     }
+}
+
+#[cfg(not(feature = "tokio"))]
+fn async_timers(_jobs: usize) {
+    eprintln!("# async_timers skipped: built without the `tokio` feature (cargo bench --features tokio --bench tickler_bench -- --only async_timers)");
+}
+
+/// The OS threads of this process now (Linux), from /proc/self/status.
+fn os_threads() -> Option<usize> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// `--only async_timers`: `jobs` async jobs each awaiting a 1 s timer, on a
+/// pool with default settings, against the same timers as plain tokio
+/// tasks on the same runtime (the raw baseline: no queue at all), with the
+/// most OS threads the process had beyond those it had before the pool
+/// started (the runtime's own, the main thread).
+#[cfg(feature = "tokio")]
+fn async_timers(jobs: usize) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .expect("tokio runtime");
+    let started = Instant::now();
+    runtime.block_on(async {
+        let timers: Vec<_> = (0..jobs)
+            .map(|_| tokio::spawn(tokio::time::sleep(Duration::from_secs(1))))
+            .collect();
+        for timer in timers {
+            timer.await.expect("a timer task");
+        }
+    });
+    let raw = started.elapsed();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, queue) = fresh(&dir, Durability::Normal);
+    fill(&queue, jobs);
+    let before = os_threads();
+    let done = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut pool = {
+        let done = Arc::clone(&done);
+        WorkerPool::builder(&queue)
+            .runtime(runtime.handle().clone())
+            .async_handler("noop", move |_: JobContext| {
+                let done = Arc::clone(&done);
+                async move {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    done.fetch_add(1, Ordering::Relaxed);
+                    Ok::<(), JobError>(())
+                }
+            })
+            .start()
+            .expect("start pool")
+    };
+    let mut most = before;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while done.load(Ordering::Relaxed) < jobs && Instant::now() < deadline {
+        most = most.max(os_threads());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let elapsed = started.elapsed();
+    let finished = done.load(Ordering::Relaxed) >= jobs;
+    pool.shutdown(Duration::from_secs(5));
+    emit(
+        json!({"scenario": "async_timers", "settings": "default", "jobs": jobs,
+        "timer_s": 1, "finished": finished,
+        "seconds": round(elapsed.as_secs_f64()),
+        "raw_tasks_seconds": round(raw.as_secs_f64()),
+        "ratio_to_raw_tasks": round(elapsed.as_secs_f64() / raw.as_secs_f64()),
+        "pool_os_threads": most.zip(before).map(|(m, b)| m - b),
+        "note": "each job awaits a 1 s tokio timer; raw: the same timers as plain tasks on the same runtime; pool_os_threads: the most OS threads beyond those before the pool started"}),
+    );
 }
 
 /// `--only pg_raw`: the raw PostgreSQL loops that the future engine's

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tickler::{
-    JobArgs, JobContext, JobError, JobState, NewJob, NewSchedule, Queue, RetryPolicy, WorkerPool,
+    AsyncQueue, JobArgs, JobContext, JobError, JobState, NewJob, NewSchedule, RetryPolicy,
+    WorkerPool,
 };
 
 /// Make a thumbnail of a picture the user added.
@@ -96,16 +97,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let temp = tempfile::tempdir()?;
     let path = arg("--db").map_or_else(|| temp.path().join("app.db"), Into::into);
 
-    // Opening migrates the schema: blocking work, off the runtime.
-    let queue = tokio::task::spawn_blocking(move || Queue::open(path))
-        .await??
-        .to_async();
+    // Opening migrates the schema: AsyncQueue does it off the runtime.
+    let queue = AsyncQueue::open(path).await?;
 
     let ticks = Arc::new(AtomicU32::new(0));
     let pool = {
         let ticks = Arc::clone(&ticks);
+        // Each job runs as a task on this runtime: a job waiting on the
+        // network holds one of the pool's async slots, not a thread.
         WorkerPool::builder(queue.queue())
-            .threads(4)
+            .async_concurrency(64)
             .async_handler_for(|_ctx: JobContext, job: Thumbnail| async move {
                 work(50).await;
                 println!("thumbnail of {} at {} px done", job.path, job.width);

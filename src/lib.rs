@@ -298,31 +298,78 @@
 //!
 //! ## Async applications
 //!
-//! With the `tokio` feature (off by default; it adds only tokio's `rt` and
-//! `sync`):
+//! Turn on the `tokio` feature (off by default; it adds only tokio's `rt`
+//! and `sync`). A tokio application then uses tickler without ever
+//! blocking its runtime:
 //!
-//! - `AsyncQueue::open(path).await` (or `Queue::to_async()`) gives an
-//!   `AsyncQueue`: every call of `Queue` (enqueue, reads, cancel and
-//!   retry, pauses, schedules, the operator's readings) as an `async fn`
-//!   running the blocking call on tokio's blocking pool: a runtime thread
-//!   never waits for the write lock or an fsync. Events are read with
+//! ```no_run
+//! # #[cfg(feature = "tokio")]
+//! # async fn app() -> tickler::Result<()> {
+//! use std::time::Duration;
+//! use tickler::{AsyncQueue, JobContext, JobError, NewJob, WorkerPool};
+//!
+//! let queue = AsyncQueue::open("app.db").await?;
+//! let pool = WorkerPool::builder(queue.queue())
+//!     .async_handler("fetch", |ctx: JobContext| async move {
+//!         tokio::select! {
+//!             _ = tokio::time::sleep(Duration::from_secs(1)) => Ok::<(), JobError>(()),
+//!             why = ctx.cancelled() => Err(JobError::retry(format!("stopped: {why:?}"))),
+//!         }
+//!     })
+//!     .start()?;
+//! queue.enqueue(NewJob::new("fetch")).await?;
+//! // … the application runs …
+//! pool.shutdown_async(Duration::from_secs(10)).await;
+//! # Ok(())
+//! # }
+//! # fn main() {}
+//! ```
+//!
+//! - **The queue.** `AsyncQueue::open(path).await` (or
+//!   `Queue::to_async()`) has every call of [`Queue`] (enqueue, reads,
+//!   cancel and retry, pauses, schedules, the operator's readings) as an
+//!   `async fn`, run on tokio's blocking pool: a runtime thread never
+//!   waits for the write lock, a server or an fsync. Events come with
 //!   `subscription.recv().await`.
-//! - `WorkerPoolBuilder::async_handler` and `async_handler_for` register
-//!   async handlers on the same [`WorkerPool`]: its threads still claim,
-//!   renew leases, fence and group-commit; each job's future runs as a task
-//!   on the application's runtime while one pool thread waits for it, so a
-//!   pool runs at most [`WorkerPoolBuilder::threads`] handlers at a time.
-//!   [`JobContext::cancelled`] is a future to `select!` on: it is ready on
-//!   the job's timeout, a lost lease (cancel, reap) or the end of the
-//!   shutdown grace.
-//! - `WorkerPool::shutdown_async(grace).await` shuts down with the same
-//!   hand-back rules as [`WorkerPool::shutdown`], off the runtime's
-//!   threads. A pool *dropped* on a runtime thread does not block it: its
-//!   shutdown goes on in a thread of its own and the drop returns at once
-//!   (a process that exits right after leaves running jobs to the reaper).
-//!   Never call the blocking `shutdown` on a runtime thread: on a
-//!   `current_thread` runtime it waits out its whole grace for handlers
-//!   that need that very thread.
+//! - **Handlers are tasks.** `WorkerPoolBuilder::async_handler` (and
+//!   `async_handler_for`, for typed jobs) runs each job as a task on your
+//!   runtime: the one it is registered in, or the one named with
+//!   `WorkerPoolBuilder::runtime`. A job waiting on a timer or a socket
+//!   holds a slot, not a thread: a pool runs up to `async_concurrency`
+//!   async jobs at once (default 10,000; `async_concurrency_for(kind, n)`
+//!   gives a kind slots of its own), whatever its
+//!   [`WorkerPoolBuilder::threads`], which run sync handlers only (a pool
+//!   with no sync handler starts no worker thread). The pool's own few
+//!   threads claim, renew leases, fence and group-commit exactly as for
+//!   sync handlers.
+//! - **Cancellation.** [`JobContext::cancelled`] is a future to `select!`
+//!   on: ready at the job's timeout, when its lease is lost (cancelled,
+//!   reaped) or at the end of the shutdown grace. A task that ignores it
+//!   past its timeout plus [`WorkerPoolBuilder::timeout_grace`] is aborted
+//!   at its next `.await`, and its attempt counts.
+//! - **Blocking work** inside a handler (a long computation,
+//!   [`JobContext::complete_with`], which is a write transaction) goes
+//!   through `tokio::task::spawn_blocking`.
+//! - **Stopping.** Call `WorkerPool::shutdown_async(grace).await` before
+//!   your runtime ends: it hands back what has not started and waits up to
+//!   `grace` for what runs, off the runtime's threads. Never call the
+//!   blocking [`WorkerPool::shutdown`] on a runtime thread (on a
+//!   `current_thread` runtime it would wait out its whole grace for
+//!   handlers that need that very thread). A pool *dropped* on a runtime
+//!   thread shuts down on a thread of its own, and the drop returns at
+//!   once.
+//! - **When the runtime ends first** (`#[tokio::main]` returns, a GUI
+//!   quits and drops its runtime, `shutdown_timeout`), tokio drops the
+//!   running tasks. tickler hands their jobs back with their attempts
+//!   given back (even if the process exits right after), claims no more
+//!   jobs of those kinds, and says so once in the log: quitting an app
+//!   never spends an attempt, though its jobs start over next time.
+//! - **GUI applications** (Tauri, egui or iced with a tokio runtime):
+//!   start the pool from inside the runtime (or pass its
+//!   `tokio::runtime::Handle` to `WorkerPoolBuilder::runtime`), keep it in
+//!   the application's state, and when the window closes run
+//!   `shutdown_async` on the runtime and wait for it before letting the
+//!   runtime go.
 //!
 //! `tests/async_no_blocking.rs` holds the runtime to this: a 1-ms ticker
 //! on a `current_thread` runtime stays under 20 ms p99 lateness while the
@@ -469,6 +516,8 @@ pub use schedule::{
 };
 pub use scheduler::{Scheduler, SchedulerConfig};
 pub use typed::JobArgs;
+#[cfg(feature = "tokio")]
+pub use worker::DEFAULT_ASYNC_CONCURRENCY;
 pub use worker::{
     CancelReason, Handler, JobContext, JobError, PoolStats, ShutdownReport, WorkerPool,
     WorkerPoolBuilder, DEFAULT_PREFETCH, DEFAULT_PREFETCH_HOLD, DEFAULT_PRIORITY_AGING,

@@ -29,10 +29,14 @@ use crate::error::Error;
 
 /// Default of [`WorkerPoolBuilder::async_concurrency`]: the most async
 /// handlers a pool runs at once (kinds given their own concurrency
-/// aside). A task waiting on a timer or a socket costs a few hundred
-/// bytes, not a thread, so this is high; it bounds what one pool claims
-/// and renews.
-pub const DEFAULT_ASYNC_CONCURRENCY: usize = 256;
+/// aside). A task waiting on a timer or a socket costs its lease and a
+/// few hundred bytes, not a thread, so this is high: 10,000 jobs that
+/// each await a 1 s timer finish in about a second. It still bounds
+/// what one pool claims and renews. Set it lower when the handlers all
+/// call one service that cannot take that many at once, or when a
+/// backlog should be shared among several processes rather than claimed
+/// by the first.
+pub const DEFAULT_ASYNC_CONCURRENCY: usize = 10_000;
 
 /// How long a run dropped by its runtime's shutdown waits for its
 /// hand-back to be recorded (all such runs together): the process often
@@ -275,7 +279,7 @@ impl WorkerPoolBuilder {
     /// the future it returns runs there as a task. No thread of the pool
     /// waits for it: a task waiting on a timer or a socket holds a slot
     /// ([`WorkerPoolBuilder::async_concurrency`], default
-    /// [`DEFAULT_ASYNC_CONCURRENCY`]), not a thread. Everything else is
+    /// [`DEFAULT_ASYNC_CONCURRENCY`], 10,000), not a thread. Everything else is
     /// the pool's, as for sync handlers: claims, heartbeats, fencing by
     /// run_token, group commit, timeouts, the hand-back rules of shutdown.
     ///

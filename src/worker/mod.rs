@@ -68,6 +68,8 @@ mod prefetch;
 mod shared;
 mod testing;
 
+#[cfg(feature = "tokio")]
+pub use async_handlers::DEFAULT_ASYNC_CONCURRENCY;
 pub use builder::{
     WorkerPoolBuilder, DEFAULT_PREFETCH, DEFAULT_PREFETCH_HOLD, DEFAULT_PRIORITY_AGING,
 };
