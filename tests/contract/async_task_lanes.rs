@@ -166,6 +166,9 @@ enum RuntimeEnd {
     /// As `#[tokio::main]` does: the pool is started inside `block_on`,
     /// which returns it, and the runtime is dropped after.
     MainReturns,
+    /// The same on a `current_thread` runtime (`#[tokio::main(flavor =
+    /// "current_thread")]`), whose tasks run only inside `block_on`.
+    CurrentThreadMainReturns,
 }
 
 /// Jobs of `max_attempts(1)` running on a runtime that ends under the live
@@ -190,7 +193,13 @@ fn jobs_running_when_the_runtime_ends_go_back_pending(end: RuntimeEnd) {
     let ids: Vec<JobId> = (0..3)
         .map(|_| queue.enqueue(NewJob::new("k").max_attempts(1)).unwrap())
         .collect();
-    let rt = runtime();
+    let rt = match end {
+        RuntimeEnd::CurrentThreadMainReturns => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime"),
+        _ => runtime(),
+    };
     let start_pool = |queue: &Queue| {
         WorkerPool::builder(queue)
             .async_handler("k", handler.clone())
@@ -198,11 +207,14 @@ fn jobs_running_when_the_runtime_ends_go_back_pending(end: RuntimeEnd) {
             .unwrap()
     };
     let mut pool = match end {
-        RuntimeEnd::MainReturns => rt.block_on(async {
+        RuntimeEnd::MainReturns | RuntimeEnd::CurrentThreadMainReturns => rt.block_on(async {
             let pool = start_pool(&queue);
             while running.now.load(Ordering::SeqCst) < 3 {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
+            // Past the pool's delay before it records a start, so that a
+            // crash would count these attempts.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
             pool
         }),
         _ => {
@@ -210,15 +222,13 @@ fn jobs_running_when_the_runtime_ends_go_back_pending(end: RuntimeEnd) {
             wait_until("the jobs started", secs(10), || {
                 running.now.load(Ordering::SeqCst) == 3
             });
+            std::thread::sleep(Duration::from_millis(1500));
             pool
         }
     };
-    // Past the pool's delay before it records a start, so that a crash
-    // would count these attempts.
-    std::thread::sleep(Duration::from_millis(1500));
     match end {
         RuntimeEnd::ShutdownTimeout => rt.shutdown_timeout(Duration::from_millis(100)),
-        RuntimeEnd::Dropped | RuntimeEnd::MainReturns => drop(rt),
+        _ => drop(rt),
     }
     assert_eq!(
         running.now.load(Ordering::SeqCst),
@@ -286,6 +296,12 @@ fn jobs_running_at_a_runtimes_shutdown_timeout_go_back_pending() {
 contract! {
 fn jobs_running_when_a_tokio_main_returns_go_back_pending() {
     jobs_running_when_the_runtime_ends_go_back_pending(RuntimeEnd::MainReturns);
+}
+}
+
+contract! {
+fn jobs_running_when_a_current_thread_tokio_main_returns_go_back_pending() {
+    jobs_running_when_the_runtime_ends_go_back_pending(RuntimeEnd::CurrentThreadMainReturns);
 }
 }
 
