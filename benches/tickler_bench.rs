@@ -1323,6 +1323,7 @@ fn async_timers(_jobs: usize) {
     eprintln!("# async_timers skipped: built without the `tokio` feature (cargo bench --features tokio --bench tickler_bench -- --only async_timers)");
 }
 
+#[cfg(feature = "tokio")]
 /// The OS threads of this process now (Linux), from /proc/self/status.
 fn os_threads() -> Option<usize> {
     std::fs::read_to_string("/proc/self/status")

@@ -6,7 +6,7 @@
 //! with their types.
 
 use super::context::{CancelReason, JobContext};
-use super::execute::{begin, finish, Runner, Started};
+use super::execute::{finish, prepare, start, Finished, Prepared, Runner, Started};
 use super::handler::JobError;
 use super::in_flight::entry_of;
 use super::shared::Shared;
@@ -15,6 +15,7 @@ use crate::engine::types::Outcome;
 use crate::lease::Lease;
 use crate::queue::Waker;
 use crate::typed::JobArgs;
+use crossbeam_channel::{Receiver, Sender};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -38,10 +39,10 @@ use crate::error::Error;
 /// by the first.
 pub const DEFAULT_ASYNC_CONCURRENCY: usize = 10_000;
 
-/// How long a run dropped by its runtime's shutdown waits for its
-/// hand-back to be recorded (all such runs together): the process often
-/// exits right after its runtime, and a run whose start was recorded
-/// would otherwise count its attempt when taken back.
+/// How long the runs dropped by a runtime's shutdown wait, together,
+/// for their hand-backs to be recorded: the process often exits right
+/// after its runtime, and a run whose start was recorded would otherwise
+/// count its attempt when taken back.
 const HAND_BACK_WAIT: Duration = Duration::from_secs(2);
 
 type Run = Pin<Box<dyn Future<Output = Result<(), JobError>> + Send>>;
@@ -56,32 +57,40 @@ pub(super) struct TaskHandler {
     gone: AtomicBool,
 }
 
-/// The slots of async runs: the pool's shared lane, or one kind's own.
+/// The slots of async runs: the pool's shared lane, or one kind's own,
+/// with its dispatcher's outcome channel.
 pub(super) struct TaskLane {
     pub(super) handlers: HashMap<String, Arc<TaskHandler>>,
     pub(super) limit: usize,
-    /// Runs claimed and not yet ended.
+    /// Runs claimed and not yet ended (or written off).
     pub(super) busy: AtomicUsize,
     /// Wakes this lane's dispatcher.
     pub(super) waker: Waker,
-    /// Until when runs dropped by a runtime's shutdown wait for their
-    /// hand-back to be recorded.
+    /// To this lane's dispatcher, the only one that records its runs'
+    /// outcomes.
+    pub(super) outcomes: Sender<(Lease, Outcome)>,
+    /// Until when the runs dropped by the runtime's shutdown under way
+    /// wait for their hand-backs to be recorded.
     hand_back_until: Mutex<Option<Instant>>,
 }
 
 impl TaskLane {
+    /// A lane, and the receiving end of its outcome channel.
     pub(super) fn new(
         handlers: HashMap<String, Arc<TaskHandler>>,
         limit: usize,
         waker: Waker,
-    ) -> TaskLane {
-        TaskLane {
+    ) -> (TaskLane, Receiver<(Lease, Outcome)>) {
+        let (outcomes, received) = crossbeam_channel::unbounded();
+        let lane = TaskLane {
             handlers,
             limit,
             busy: AtomicUsize::new(0),
             waker,
+            outcomes,
             hand_back_until: Mutex::new(None),
-        }
+        };
+        (lane, received)
     }
 
     pub(super) fn any_runtime_gone(&self) -> bool {
@@ -103,44 +112,60 @@ impl TaskLane {
             .collect()
     }
 
-    fn free(&self) {
+    pub(super) fn free(&self) {
         self.busy.fetch_sub(1, Ordering::SeqCst);
         self.waker.wake();
+    }
+
+    /// When the hand-backs of the runtime shutdown under way stop being
+    /// waited for: a new bound once the last one has passed.
+    fn hand_back_deadline(&self) -> Instant {
+        let now = Instant::now();
+        let mut until = super::shared::lock(&self.hand_back_until);
+        match *until {
+            Some(at) if at > now => at,
+            _ => *until.insert(now + HAND_BACK_WAIT),
+        }
     }
 }
 
 /// Starts the run of a claimed job as a task on its handler's runtime
 /// (the dispatcher calls this; the run's slot is taken and its in-flight
-/// entry made). Its handler is called on the runtime, never here.
+/// entry made). The run starts (its timeout counts, its `Started` event
+/// goes out) at the task's first poll, and its handler is called there,
+/// on the runtime, never on this thread.
 pub(super) fn spawn_run(shared: &Arc<Shared>, lane: &Arc<TaskLane>, lease: Lease) {
+    let stopping = shared.stopping.load(Ordering::SeqCst);
     let handler = match lane.handlers.get(&lease.kind) {
-        Some(h) if !h.gone.load(Ordering::SeqCst) && !shared.stopping.load(Ordering::SeqCst) => {
-            Arc::clone(h)
-        }
+        Some(h) if !h.gone.load(Ordering::SeqCst) && !stopping => Arc::clone(h),
         // Unstarted at shutdown, or its runtime is gone: handed back
         // without using the attempt.
         _ => {
-            let _ = shared.outcomes.send((lease, Outcome::Release));
+            if stopping {
+                shared.released_late.fetch_add(1, Ordering::SeqCst);
+            }
+            let _ = lane.outcomes.send((lease, Outcome::Release));
             lane.free();
             return;
         }
     };
-    let Some(started) = begin(shared, lease, Runner::Task) else {
+    let Some(prepared) = prepare(shared, lease) else {
         lane.free();
         return;
     };
-    let lease = started.ctx.lease.clone();
-    let ctx = started.ctx.clone();
-    let run = TaskRun {
+    let lease = prepared.ctx.lease.clone();
+    let mut run = TaskRun {
         shared: Arc::clone(shared),
         lane: Arc::clone(lane),
         handler: Arc::clone(&handler),
-        started: Some(started),
+        prepared: Some(prepared),
+        started: None,
     };
     let call = Arc::clone(&handler);
     let span_lease = lease.clone();
     SPAWNING.with(|spawning| spawning.set(true));
     let task = handler.runtime.spawn(async move {
+        let ctx = run.start();
         // The handler's synchronous part runs here too, on the runtime,
         // and a panic there is the run's like any other.
         let result = CatchUnwind(Box::pin(crate::observe::in_run_span(
@@ -152,7 +177,9 @@ pub(super) fn spawn_run(shared: &Arc<Shared>, lane: &Arc<TaskLane>, lease: Lease
     });
     SPAWNING.with(|spawning| spawning.set(false));
     if let Some(job) = entry_of(&mut shared.lock_in_flight(), &lease) {
-        job.abort = Some(task.abort_handle());
+        if let Some(slot) = &mut job.task {
+            slot.abort = Some(task.abort_handle());
+        }
     }
 }
 
@@ -162,67 +189,80 @@ thread_local! {
 }
 
 /// One run on the runtime. Dropped unfinished, it was aborted (written
-/// off past its timeout) or dropped by its runtime shutting down.
+/// off by the heartbeat) or dropped by its runtime shutting down.
 struct TaskRun {
     shared: Arc<Shared>,
     lane: Arc<TaskLane>,
     handler: Arc<TaskHandler>,
+    /// Until the task's first poll.
+    prepared: Option<Prepared>,
+    /// From the task's first poll.
     started: Option<Started>,
 }
 
 impl TaskRun {
+    /// The run starts: see [`start`].
+    fn start(&mut self) -> JobContext {
+        let prepared = self.prepared.take().expect("a run starts once");
+        let started = start(&self.shared, prepared, Runner::Task);
+        let ctx = started.ctx.clone();
+        self.started = Some(started);
+        ctx
+    }
+
     fn finish(mut self, result: std::thread::Result<Result<(), JobError>>) {
         if let Some(started) = self.started.take() {
-            finish(&self.shared, started, result, "its task");
-            self.lane.free();
+            match finish(&self.shared, started, result, "its task") {
+                Finished::Recorded => self.lane.free(),
+                // The heartbeat freed its slot as it wrote it off.
+                Finished::WrittenOff(_) => {}
+            }
         }
     }
 }
 
 impl Drop for TaskRun {
     fn drop(&mut self) {
-        let Some(Started { ctx, run, .. }) = self.started.take() else {
-            return;
+        let (ctx, run, outcomes) = match (self.started.take(), self.prepared.take()) {
+            (Some(s), _) => (s.ctx, s.run, s.outcomes),
+            (None, Some(p)) => (p.ctx, p.run, p.outcomes),
+            (None, None) => return,
         };
         let shared = &self.shared;
-        if run.end().is_ok() {
-            // Not written off: its runtime shut down under the pool.
-            if !self.handler.gone.swap(true, Ordering::SeqCst) {
-                log::warn!(
-                    "the tokio runtime of the async handler of kind {:?} shut down while its worker pool lives on: its running jobs are handed back with their attempts given back, and the pool claims no more jobs of the kind",
-                    ctx.lease.kind,
-                );
-            }
-            ctx.cancel.set(CancelReason::Shutdown);
+        if run.end().is_err() {
+            // Aborted by the heartbeat, which freed its slot and recorded
+            // what there was to record: its refused hand-back frees the
+            // job's unique_key. Sent under the in-flight lock, after the
+            // timeout the heartbeat sent under it.
+            let _in_flight = shared.lock_in_flight();
+            let _ = outcomes.send((ctx.lease, Outcome::Release));
+            return;
         }
-        // Written off, its refused hand-back frees the job's unique_key;
-        // dropped by its runtime, it hands the job back.
-        // Under the in-flight lock: after the timeout of a run written off.
+        // Dropped by its runtime's shutdown under the live pool.
+        if !self.handler.gone.swap(true, Ordering::SeqCst) {
+            log::warn!(
+                "the tokio runtime of the async handler of kind {:?} shut down while its worker pool lives on: its running jobs are handed back with their attempts given back, and the pool claims no more jobs of the kind",
+                ctx.lease.kind,
+            );
+        }
+        ctx.cancel.set(CancelReason::Shutdown);
         let start_recorded = {
             let mut in_flight = shared.lock_in_flight();
-            let _ = shared.outcomes.send((ctx.lease.clone(), Outcome::Release));
+            let _ = outcomes.send((ctx.lease.clone(), Outcome::Release));
             entry_of(&mut in_flight, &ctx.lease).is_some_and(|job| job.start_recorded)
         };
-        shared.wake_dispatchers();
+        self.lane.waker.wake();
         // Not on the dispatcher's thread, which records the hand-back: a
         // runtime already shut down drops the task as it is spawned.
         if start_recorded && !SPAWNING.with(std::cell::Cell::get) {
-            self.wait_for_hand_back(&ctx.lease);
+            let until = self.lane.hand_back_deadline();
+            while Instant::now() < until
+                && entry_of(&mut shared.lock_in_flight(), &ctx.lease).is_some()
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
         self.lane.free();
-    }
-}
-
-impl TaskRun {
-    /// Waits, within the lane's shared bound, until the dispatcher has
-    /// recorded this run's hand-back.
-    fn wait_for_hand_back(&self, lease: &Lease) {
-        let until = *super::shared::lock(&self.lane.hand_back_until)
-            .get_or_insert_with(|| Instant::now() + HAND_BACK_WAIT);
-        while Instant::now() < until && entry_of(&mut self.shared.lock_in_flight(), lease).is_some()
-        {
-            std::thread::sleep(Duration::from_millis(1));
-        }
     }
 }
 
@@ -359,6 +399,14 @@ impl WorkerPoolBuilder {
     }
 }
 
+/// A task lane, its dispatcher's watcher and the receiving end of its
+/// outcome channel.
+pub(super) type LaneParts = (
+    Arc<TaskLane>,
+    crate::queue::ChangeWatcher,
+    Receiver<(Lease, Outcome)>,
+);
+
 /// The task lanes of a pool's async handlers: the pool's shared one (first)
 /// and one per kind given its own concurrency, each with the watcher of
 /// its dispatcher.
@@ -367,15 +415,16 @@ pub(super) fn task_lanes(
     kind_concurrency: &HashMap<String, usize>,
     concurrency: usize,
     mut watcher: impl FnMut() -> crate::Result<crate::queue::ChangeWatcher>,
-) -> crate::Result<Vec<(Arc<TaskLane>, crate::queue::ChangeWatcher)>> {
+) -> crate::Result<Vec<LaneParts>> {
     let mut shared_lane = HashMap::new();
     let mut lanes = Vec::new();
     for (kind, handler) in handlers {
         match kind_concurrency.get(&kind) {
             Some(&limit) => {
                 let w = watcher()?;
-                let lane = TaskLane::new(HashMap::from([(kind, handler)]), limit, w.waker());
-                lanes.push((Arc::new(lane), w));
+                let (lane, outcomes) =
+                    TaskLane::new(HashMap::from([(kind, handler)]), limit, w.waker());
+                lanes.push((Arc::new(lane), w, outcomes));
             }
             None => {
                 shared_lane.insert(kind, handler);
@@ -384,8 +433,8 @@ pub(super) fn task_lanes(
     }
     if !shared_lane.is_empty() {
         let w = watcher()?;
-        let lane = TaskLane::new(shared_lane, concurrency, w.waker());
-        lanes.insert(0, (Arc::new(lane), w));
+        let (lane, outcomes) = TaskLane::new(shared_lane, concurrency, w.waker());
+        lanes.insert(0, (Arc::new(lane), w, outcomes));
     }
     Ok(lanes)
 }

@@ -121,7 +121,12 @@ impl WorkerPoolBuilder {
     pub fn handler(mut self, kind: impl Into<String>, handler: impl Handler) -> Self {
         let kind = kind.into();
         #[cfg(feature = "tokio")]
-        self.async_handlers.remove(&kind);
+        {
+            self.async_handlers.remove(&kind);
+            if self.missing_runtime.as_ref() == Some(&kind) {
+                self.missing_runtime = None;
+            }
+        }
         self.handlers.insert(kind, Arc::new(handler));
         self
     }

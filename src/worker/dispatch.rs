@@ -92,6 +92,15 @@ impl Lane {
         }
     }
 
+    /// Where the outcomes of this lane's runs go.
+    fn outcomes(&self, shared: &Shared) -> Sender<(Lease, Outcome)> {
+        match self {
+            Lane::Threads(_) => shared.outcomes.clone(),
+            #[cfg(feature = "tokio")]
+            Lane::Tasks(lane) => lane.outcomes.clone(),
+        }
+    }
+
     fn close(&mut self) {
         match self {
             Lane::Threads(jobs) => *jobs = None,
@@ -264,7 +273,15 @@ pub(super) fn dispatch_loop(
                         let batch = take_outcomes_from(shared, Some(first), outcomes);
                         record(shared, &batch, None, &config.worker_id, &mut unsynced);
                     }
-                    Err(_) if outcomes.is_empty() && lane.runs_over(shared) => {
+                    // Under the in-flight lock: a run written off sends
+                    // its timeout under it before it stops counting as
+                    // running.
+                    Err(_)
+                        if {
+                            let _in_flight = shared.lock_in_flight();
+                            outcomes.is_empty() && lane.runs_over(shared)
+                        } =>
+                    {
                         unsynced.sync_if_due(&shared.queue, true);
                         return;
                     }
@@ -323,25 +340,40 @@ pub(super) fn dispatch_loop(
                 if threads {
                     ahead.sent(leases.len(), Instant::now());
                 }
+                {
+                    let mut in_flight = shared.lock_in_flight();
+                    for lease in &leases {
+                        in_flight.insert(
+                            lease.job_id,
+                            InFlight {
+                                lease: lease.clone(),
+                                cancel: Arc::new(CancelFlag::default()),
+                                deadline: None,
+                                finishing: false,
+                                completion: Arc::default(),
+                                run: Arc::default(),
+                                thread: None,
+                                #[cfg(feature = "tokio")]
+                                task: match &lane {
+                                    Lane::Tasks(lane) => Some(super::in_flight::TaskSlot {
+                                        lane: Arc::clone(lane),
+                                        abort: None,
+                                        lost_at: None,
+                                    }),
+                                    Lane::Threads(_) => None,
+                                },
+                                outcomes: lane.outcomes(shared),
+                                started: None,
+                                start_recorded: false,
+                            },
+                        );
+                    }
+                }
+                #[cfg(feature = "tokio")]
+                if !threads {
+                    record_given_back_starts(shared, &leases);
+                }
                 for lease in leases {
-                    shared.lock_in_flight().insert(
-                        lease.job_id,
-                        InFlight {
-                            lease: lease.clone(),
-                            cancel: Arc::new(CancelFlag::default()),
-                            deadline: None,
-                            finishing: false,
-                            completion: Arc::default(),
-                            run: Arc::default(),
-                            thread: None,
-                            #[cfg(feature = "tokio")]
-                            task: false,
-                            #[cfg(feature = "tokio")]
-                            abort: None,
-                            started: None,
-                            start_recorded: false,
-                        },
-                    );
                     lane.deliver(shared, lease);
                 }
                 drop(channel);
@@ -353,5 +385,30 @@ pub(super) fn dispatch_loop(
                 error_pause = (error_pause * 2).min(Duration::from_secs(2));
             }
         }
+    }
+}
+
+/// Records, in one write, the starts of the jobs of a task lane's claim
+/// that were given back before (their next start counts, see
+/// `execute::prepare`), rather than one write per job on this thread.
+#[cfg(feature = "tokio")]
+fn record_given_back_starts(shared: &Shared, leases: &[Lease]) {
+    let given_back: Vec<&Lease> = leases.iter().filter(|l| l.given_back > 0).collect();
+    if given_back.is_empty() {
+        return;
+    }
+    {
+        let mut in_flight = shared.lock_in_flight();
+        for lease in &given_back {
+            if let Some(job) = super::in_flight::entry_of(&mut in_flight, lease) {
+                job.start_recorded = true;
+            }
+        }
+    }
+    if let Err(e) = shared.queue.manual().mark_started(&given_back) {
+        log::warn!(
+            "recording the start of {} job(s) given back before failed: {e}; should this process die during their runs, their attempts are given back again",
+            given_back.len()
+        );
     }
 }

@@ -9,6 +9,7 @@ use crate::engine::types::Outcome;
 use crate::events::JobEventKind;
 use crate::lease::Lease;
 use crate::retry::RetryPolicy;
+use crossbeam_channel::Sender;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -53,42 +54,44 @@ pub(super) struct Started {
     pub(super) ctx: JobContext,
     pub(super) run: Arc<RunState>,
     pub(super) began: Instant,
+    /// Where its outcome goes (its lane's dispatcher).
+    pub(super) outcomes: Sender<(Lease, Outcome)>,
 }
 
-/// Marks `lease`'s run as started by `runner` (its deadline, its start
-/// time) and announces it. `None` when the handler must not be called:
-/// the run is no longer this pool's, or its lease was lost while it
-/// waited (then its refused hand-back is sent, telling a cancelled job's
-/// unique_key that the run has stopped). Either way the caller frees the
-/// run's slot.
-pub(super) fn begin(shared: &Shared, lease: Lease, runner: Runner) -> Option<Started> {
-    let started = {
+/// A run handed to its runner, not started yet.
+pub(super) struct Prepared {
+    pub(super) ctx: JobContext,
+    pub(super) run: Arc<RunState>,
+    pub(super) outcomes: Sender<(Lease, Outcome)>,
+}
+
+/// Makes the context of `lease`'s run. `None` when the handler must not
+/// be called: the run is no longer this pool's, or its lease was lost
+/// while it waited (then its refused hand-back is sent, telling a
+/// cancelled job's unique_key that the run has stopped). Either way the
+/// caller frees the run's slot. May write (the start of a job given back
+/// before): not on a runtime thread.
+pub(super) fn prepare(shared: &Shared, lease: Lease) -> Option<Prepared> {
+    let (cancel, completion, run, outcomes, start_recorded) = {
         let mut in_flight = shared.lock_in_flight();
-        entry_of(&mut in_flight, &lease).map(|job| {
-            job.deadline = lease.timeout.map(|t| Instant::now() + t);
-            match runner {
-                Runner::Thread(thread) => job.thread = Some(thread),
-                #[cfg(feature = "tokio")]
-                Runner::Task => job.task = true,
-            }
-            job.started = Some(Instant::now());
-            (
-                Arc::clone(&job.cancel),
-                Arc::clone(&job.completion),
-                Arc::clone(&job.run),
-            )
-        })
+        // No longer this pool's (defensive: the dispatcher takes the
+        // leases it hands back out of the channel itself).
+        let job = entry_of(&mut in_flight, &lease)?;
+        (
+            Arc::clone(&job.cancel),
+            Arc::clone(&job.completion),
+            Arc::clone(&job.run),
+            job.outcomes.clone(),
+            job.start_recorded,
+        )
     };
-    // No longer this pool's (defensive: the dispatcher takes the leases it
-    // hands back out of the channel itself).
-    let (cancel, completion, run) = started?;
     if cancel.get() == Some(CancelReason::LeaseLost) {
         // Cancelled (or reaped) while waiting for a thread: not started;
         // the refused hand-back says it has stopped.
-        let _ = shared.outcomes.send((lease, Outcome::Release));
+        let _ = outcomes.send((lease, Outcome::Release));
         return None;
     }
-    if lease.given_back > 0 {
+    if lease.given_back > 0 && !start_recorded {
         record_start_now(shared, &lease);
     }
     let ctx = JobContext {
@@ -98,6 +101,25 @@ pub(super) fn begin(shared: &Shared, lease: Lease, runner: Runner) -> Option<Sta
         queue: shared.queue.clone(),
         completion,
     };
+    Some(Prepared { ctx, run, outcomes })
+}
+
+/// Marks a run as started by `runner` as its handler is called: its
+/// timeout counts from now, and so does the delay after which its start
+/// is recorded; announces it. A task is started at its first poll, not
+/// when it is spawned: a busy runtime's queue of tasks spends none of
+/// their timeouts.
+pub(super) fn start(shared: &Shared, prepared: Prepared, runner: Runner) -> Started {
+    let Prepared { ctx, run, outcomes } = prepared;
+    if let Some(job) = entry_of(&mut shared.lock_in_flight(), &ctx.lease) {
+        job.deadline = ctx.lease.timeout.map(|t| Instant::now() + t);
+        match runner {
+            Runner::Thread(thread) => job.thread = Some(thread),
+            #[cfg(feature = "tokio")]
+            Runner::Task => {}
+        }
+        job.started = Some(Instant::now());
+    }
     let queue_time = (ctx.now() - ctx.lease.run_at)
         .to_std()
         .unwrap_or(Duration::ZERO);
@@ -110,11 +132,12 @@ pub(super) fn begin(shared: &Shared, lease: Lease, runner: Runner) -> Option<Sta
         None,
     );
     crate::observe::started(&ctx.lease, queue_time);
-    Some(Started {
+    Started {
         ctx,
         run,
         began: Instant::now(),
-    })
+        outcomes,
+    }
 }
 
 /// What became of a run whose handler returned.
@@ -135,8 +158,9 @@ pub(super) fn finish(
     result: std::thread::Result<Result<(), JobError>>,
     runner: &str,
 ) -> Finished {
-    let Started { ctx, run, began } = started;
-    shared.run_time.record(began.elapsed());
+    let Started {
+        ctx, run, outcomes, ..
+    } = started;
     if let Err(state) = run.end() {
         // Written off by the heartbeat thread while it ran: the job was
         // failed as timed out and may run elsewhere now.
@@ -148,7 +172,7 @@ pub(super) fn finish(
         // this run has stopped; sent under the in-flight lock, after the
         // timeout the heartbeat sent under it.
         let _in_flight = shared.lock_in_flight();
-        let _ = shared.outcomes.send((ctx.lease, Outcome::Release));
+        let _ = outcomes.send((ctx.lease, Outcome::Release));
         return Finished::WrittenOff(state);
     }
     if ctx.completion.committed() {
@@ -164,7 +188,7 @@ pub(super) fn finish(
         .copied()
         .unwrap_or_else(|| shared.queue.retry_policy());
     let outcome = outcome_of(result, Some(&policy), ctx.lease.attempt);
-    let _ = shared.outcomes.send((ctx.lease, outcome));
+    let _ = outcomes.send((ctx.lease, outcome));
     Finished::Recorded
 }
 
@@ -187,14 +211,18 @@ fn work_loop(shared: &Shared) {
                 continue;
             }
         };
-        let Some(started) = begin(shared, lease, Runner::Thread(thread.clone())) else {
+        let Some(prepared) = prepare(shared, lease) else {
             free_slot();
             continue;
         };
+        let started = start(shared, prepared, Runner::Thread(thread.clone()));
         let result = {
             let _span = crate::observe::run_span(&started.ctx.lease);
             catch_unwind(AssertUnwindSafe(|| handler.run(&started.ctx)))
         };
+        // Threads' run times only: they decide what to claim ahead of
+        // the threads.
+        shared.run_time.record(started.began.elapsed());
         match finish(shared, started, result, &format!("thread {}", thread.1)) {
             Finished::Recorded => {}
             Finished::WrittenOff(state) => {

@@ -18,34 +18,29 @@ use std::time::{Duration, Instant};
 /// timeout plus the pool's grace after it started, and writes its thread
 /// off: no more heartbeats for it, its slot goes to a replacement thread
 /// (up to the pool's bound), and whatever the handler returns later is
-/// dropped. A handler completing its job itself (`complete_with` under
-/// way) is left to finish.
+/// dropped. A task is aborted instead (see `task_to_abort`), also one
+/// still running the grace after its lease was lost. A handler
+/// completing its job itself (`complete_with` under way) is left to
+/// finish.
 fn write_off_stuck(shared: &Arc<Shared>, now: Instant) {
     let grace = shared.timeout_grace;
     let mut stuck = Vec::new();
-    // Aborted once their runs' timeouts are sent: a dropped task hands its
-    // job back (refused once the timeout is recorded), and that hand-back
-    // must not reach the dispatcher first.
+    // Aborted (and their slots freed) once the in-flight lock is let go:
+    // a dropped task sends its refused hand-back under that lock.
     #[cfg(feature = "tokio")]
-    let mut aborts = Vec::new();
+    let mut aborted = Vec::new();
     {
         let mut in_flight = shared.lock_in_flight();
         for job in in_flight.values_mut() {
-            let overdue = job.deadline.is_some_and(|d| now >= d + grace);
-            if !overdue || job.finishing || job.completion.started() {
+            #[cfg(feature = "tokio")]
+            if job.task.is_some() {
+                if let Some(abort) = task_to_abort(shared, job, now) {
+                    aborted.push(abort);
+                }
                 continue;
             }
-            #[cfg(feature = "tokio")]
-            if job.task {
-                // A task holds no thread: aborted, it ends at its next
-                // `.await`, and its slot comes back then.
-                if job.run.write_off(RunState::KEPT) {
-                    job.finishing = true;
-                    job.cancel.set(CancelReason::Timeout);
-                    aborts.extend(job.abort.clone());
-                    timed_out(shared, &job.lease, "its task aborted");
-                    stuck.push((job.lease.clone(), None, false));
-                }
+            let overdue = job.deadline.is_some_and(|d| now >= d + grace);
+            if !overdue || job.finishing || job.completion.started() {
                 continue;
             }
             let Some((thread_id, name)) = job.thread.clone() else {
@@ -74,25 +69,21 @@ fn write_off_stuck(shared: &Arc<Shared>, now: Instant) {
             // Before the in-flight lock is let go: the handler may return
             // at once, and it takes its thread back out of the set.
             lock(&shared.stuck).insert(thread_id);
-            timed_out(shared, &job.lease, &format!("thread {name} written off"));
-            stuck.push((job.lease.clone(), Some(name), replace));
+            timed_out(job, grace, &format!("thread {name} written off"));
+            stuck.push((job.lease.clone(), name, replace));
         }
     }
-    for (lease, thread, replace) in stuck {
+    for (lease, name, replace) in stuck {
         let timeout = lease.timeout.unwrap_or_default();
-        let runner = match &thread {
-            Some(name) => format!("thread {name}"),
-            None => "its task".to_owned(),
-        };
         log::warn!(
-            "job {} ({}) is still running on {runner} {grace:?} after its timeout of {timeout:?}; \
-             failing it as timed out ({})",
+            "job {} ({}) is still running on thread {name} {grace:?} after its timeout of {timeout:?}; \
+             failing it as timed out and writing the thread off ({})",
             lease.job_id,
             lease.kind,
-            match (&thread, replace) {
-                (None, _) => "aborting the task at its next await",
-                (Some(_), true) => "writing the thread off; a replacement thread starts",
-                (Some(_), false) => "writing the thread off; replacement bound reached: the pool runs one thread short until it returns",
+            if replace {
+                "a replacement thread starts"
+            } else {
+                "replacement bound reached: the pool runs one thread short until it returns"
             }
         );
         if replace {
@@ -103,9 +94,65 @@ fn write_off_stuck(shared: &Arc<Shared>, now: Instant) {
         shared.wake_dispatchers();
     }
     #[cfg(feature = "tokio")]
-    for task in aborts {
-        task.abort();
+    for (abort, lane) in aborted {
+        if let Some(abort) = abort {
+            abort.abort();
+        }
+        // Its slot is free now: should the task never reach an `.await`
+        // (blocking its runtime thread), the lane goes on without it, as
+        // a replacement thread stands in for a stuck one.
+        lane.free();
     }
+}
+
+/// A task to write off now, if any: past its timeout plus the grace (its
+/// job failed as timed out, the attempt counted), or past the grace
+/// since its lease was lost (nothing to record: the lease is gone), in
+/// either case deaf to `ctx.cancelled()`. Unlike a thread, a task can be
+/// made to stop: it is aborted and ends at its next `.await`.
+#[cfg(feature = "tokio")]
+fn task_to_abort(
+    shared: &Shared,
+    job: &mut InFlight,
+    now: Instant,
+) -> Option<(
+    Option<tokio::task::AbortHandle>,
+    Arc<super::async_handlers::TaskLane>,
+)> {
+    let grace = shared.timeout_grace;
+    if job.finishing || job.completion.started() {
+        return None;
+    }
+    let task = job.task.as_mut()?;
+    let lost = job.cancel.get() == Some(CancelReason::LeaseLost);
+    if lost {
+        task.lost_at.get_or_insert(now);
+    }
+    let overdue = job.deadline.is_some_and(|d| now >= d + grace);
+    let lost_long = task.lost_at.is_some_and(|at| now >= at + grace);
+    if !(overdue || lost_long) || !job.run.write_off(RunState::KEPT) {
+        return None;
+    }
+    job.finishing = true;
+    let task = job.task.as_ref()?;
+    let written_off = (task.abort.clone(), Arc::clone(&task.lane));
+    if lost {
+        log::warn!(
+            "job {} ({}): its task ran on {grace:?} after its lease was lost; aborting it",
+            job.lease.job_id,
+            job.lease.kind
+        );
+    } else {
+        job.cancel.set(CancelReason::Timeout);
+        log::warn!(
+            "job {} ({}) is still running on its task {grace:?} after its timeout of {:?}; failing it as timed out and aborting the task at its next await",
+            job.lease.job_id,
+            job.lease.kind,
+            job.lease.timeout.unwrap_or_default()
+        );
+        timed_out(job, grace, "its task aborted");
+    }
+    Some(written_off)
 }
 
 /// Sends the timeout of a run written off. Under the in-flight lock: a
@@ -113,15 +160,14 @@ fn write_off_stuck(shared: &Arc<Shared>, now: Instant) {
 /// refused hand-back under the same lock, after this; the other way round
 /// the hand-back would be recorded first, the job pending again with its
 /// attempt given back.
-fn timed_out(shared: &Shared, lease: &Lease, written_off: &str) {
-    let timeout = lease.timeout.unwrap_or_default();
-    let grace = shared.timeout_grace;
+fn timed_out(job: &InFlight, grace: Duration, written_off: &str) {
+    let timeout = job.lease.timeout.unwrap_or_default();
     let error = format!(
         "timed out after {timeout:?}: the handler did not stop within {grace:?} of its cancellation ({written_off})"
     );
-    let _ = shared
+    let _ = job
         .outcomes
-        .send((lease.clone(), Outcome::TimedOut(error)));
+        .send((job.lease.clone(), Outcome::TimedOut(error)));
 }
 
 /// How long after a handler started its start is recorded in the job's

@@ -2,8 +2,10 @@
 //! its recorded outcome, found by job id and run_token.
 
 use super::context::{CancelFlag, SelfCompletion};
+use crate::engine::types::Outcome;
 use crate::job::JobId;
 use crate::lease::Lease;
+use crossbeam_channel::Sender;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -75,15 +77,25 @@ pub(super) struct InFlight {
     pub(super) run: Arc<RunState>,
     /// The worker thread running the handler (set when it starts).
     pub(super) thread: Option<(ThreadId, Arc<str>)>,
-    /// The handler runs as a task on the application's runtime (set when
-    /// it starts); `abort` ends the task once it is written off.
+    /// The run is a task on the application's runtime (set as it is
+    /// spawned).
     #[cfg(feature = "tokio")]
-    pub(super) task: bool,
-    #[cfg(feature = "tokio")]
-    pub(super) abort: Option<tokio::task::AbortHandle>,
+    pub(super) task: Option<TaskSlot>,
+    /// Where this run's outcomes go: its lane's dispatcher, the only one
+    /// that records them, so that they are recorded in the order sent.
+    pub(super) outcomes: Sender<(Lease, Outcome)>,
     /// When the handler started.
     pub(super) started: Option<Instant>,
     /// The start is recorded in the job's row (`Manual::mark_started`), or
     /// being recorded: from then on, a crash counts the attempt.
     pub(super) start_recorded: bool,
+}
+
+/// A run that is a task: its lane (whose slot it holds), how to abort it,
+/// and since when its lease is known lost.
+#[cfg(feature = "tokio")]
+pub(super) struct TaskSlot {
+    pub(super) lane: Arc<super::async_handlers::TaskLane>,
+    pub(super) abort: Option<tokio::task::AbortHandle>,
+    pub(super) lost_at: Option<Instant>,
 }

@@ -100,6 +100,11 @@ use std::time::{Duration, Instant};
 /// that the jobs it claims are handed back rather than left to the reaper.
 const CLAIM_SETTLE_WAIT: Duration = Duration::from_secs(2);
 
+/// How long a pool dropped on a runtime thread waits for the outcomes of
+/// handlers that already returned to be recorded.
+#[cfg(feature = "tokio")]
+const FLUSH_ON_DROP: Duration = Duration::from_secs(2);
+
 // Named by doc links only.
 #[cfg(doc)]
 use crate::queue::Queue;
@@ -152,7 +157,8 @@ impl std::fmt::Debug for WorkerPool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct PoolStats {
-    /// Worker threads asked for ([`WorkerPoolBuilder::threads`]).
+    /// Worker threads asked for ([`WorkerPoolBuilder::threads`]); 0 for a
+    /// pool with no sync handler, which starts none.
     pub threads: usize,
     /// Jobs claimed and not yet finished (running or waiting for a thread).
     pub in_flight: usize,
@@ -193,6 +199,16 @@ impl WorkerPoolBuilder {
         if let Some(kind) = &self.missing_runtime {
             return Err(Error::InvalidArgument(format!(
                 "the async handler of kind {kind:?} has no tokio runtime to run on: register it inside the runtime or name one with WorkerPoolBuilder::runtime first"
+            )));
+        }
+        #[cfg(feature = "tokio")]
+        if let Some(kind) = self
+            .kind_concurrency
+            .keys()
+            .find(|kind| !self.async_handlers.contains_key(*kind))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "async_concurrency_for names kind {kind:?}, which has no async handler in this pool"
             )));
         }
         #[cfg(feature = "tokio")]
@@ -240,7 +256,7 @@ impl WorkerPoolBuilder {
         let mut wakers: Vec<crate::queue::Waker> =
             thread_watcher.iter().map(|w| w.waker()).collect();
         #[cfg(feature = "tokio")]
-        wakers.extend(task_lanes.iter().map(|(lane, _)| lane.waker.clone()));
+        wakers.extend(task_lanes.iter().map(|(lane, ..)| lane.waker.clone()));
         let scheduler = match self.scheduler {
             Some(config) => Some(Scheduler::spawn(self.queue.clone(), config)?),
             None => None,
@@ -272,8 +288,9 @@ impl WorkerPoolBuilder {
             #[cfg(feature = "tokio")]
             task_lanes: task_lanes
                 .iter()
-                .map(|(lane, _)| Arc::clone(lane))
+                .map(|(lane, ..)| Arc::clone(lane))
                 .collect(),
+            released_late: AtomicUsize::new(0),
             channel_taken: Mutex::new(false),
             events: EventHub::default(),
         });
@@ -301,23 +318,20 @@ impl WorkerPoolBuilder {
             }
             let shared = Arc::clone(&shared);
             let config = config(shared.handlers.keys().cloned().collect());
-            let outcomes = outcome_rx.clone();
             let lane = Lane::Threads(Some(job_tx));
             dispatchers.push(spawn("tickler-dispatcher", move || {
-                dispatch_loop(&shared, &config, watcher, lane, &outcomes)
+                dispatch_loop(&shared, &config, watcher, lane, &outcome_rx)
             }));
         }
         #[cfg(feature = "tokio")]
-        for (i, (lane, watcher)) in task_lanes.into_iter().enumerate() {
+        for (i, (lane, watcher, outcomes)) in task_lanes.into_iter().enumerate() {
             let shared = Arc::clone(&shared);
             let config = config(lane.handlers.keys().cloned().collect());
-            let outcomes = outcome_rx.clone();
             let lane = Lane::Tasks(lane);
             dispatchers.push(spawn(&format!("tickler-tasks-{i}"), move || {
                 dispatch_loop(&shared, &config, watcher, lane, &outcomes)
             }));
         }
-        drop(outcome_rx);
         let heartbeat = {
             let shared = Arc::clone(&shared);
             let watcher = self.queue.manual().watcher()?;
@@ -351,10 +365,15 @@ impl WorkerPoolBuilder {
             Reaper::spawn(self.queue.clone(), config)
         });
         Ok(WorkerPool {
+            // No worker thread without a sync handler.
+            threads: if shared.handlers.is_empty() {
+                0
+            } else {
+                self.threads
+            },
             shared,
             worker_id,
             job_rx,
-            threads: self.threads,
             dispatchers,
             heartbeat: Some(heartbeat),
             reaper,
@@ -507,7 +526,7 @@ impl WorkerPool {
             scheduler.stop();
         }
         ShutdownReport {
-            released,
+            released: released + shared.released_late.load(Ordering::SeqCst),
             still_running,
         }
     }
@@ -520,12 +539,26 @@ impl Drop for WorkerPool {
     /// (that would stall the runtime, and on a `current_thread` runtime
     /// also the async handlers the shutdown waits for): the same shutdown
     /// runs on a thread of its own (`tickler-shutdown`) and the drop
-    /// returns at once. A process that exits before that thread ends
-    /// leaves the jobs still running to the reaper; use
-    /// `WorkerPool::shutdown_async` (feature `tokio`) to know when the pool has stopped.
+    /// returns once the outcomes of the handlers that already returned are
+    /// recorded (up to 2 s: the process often exits right after, as at the
+    /// end of `#[tokio::main]`, and a finished job whose outcome is lost
+    /// would run again, its attempt counted). A process that exits before
+    /// that thread ends leaves the jobs still running to the reaper, or to
+    /// the runtime's shutdown, which hands async ones back; use
+    /// `WorkerPool::shutdown_async` (feature `tokio`) to know when the pool
+    /// has stopped.
     fn drop(&mut self) {
         #[cfg(feature = "tokio")]
         if !self.shut_down && tokio::runtime::Handle::try_current().is_ok() {
+            let shared = &self.shared;
+            shared.stopping.store(true, Ordering::SeqCst);
+            shared.wake_dispatchers();
+            // No write here (a server engine's client cannot block inside
+            // the runtime): the dispatchers record, this thread waits.
+            let until = Instant::now() + FLUSH_ON_DROP;
+            while !shared.outcomes_recorded() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             let mut pool = WorkerPool {
                 shared: Arc::clone(&self.shared),
                 worker_id: self.worker_id.clone(),

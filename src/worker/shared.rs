@@ -37,7 +37,11 @@ pub(super) struct Shared {
     pub(super) heartbeat_thread: std::sync::OnceLock<std::thread::Thread>,
     /// For worker threads started later (replacements).
     pub(super) jobs: Receiver<Lease>,
+    /// The worker threads' lane's outcomes (each task lane has its own).
     pub(super) outcomes: Sender<(Lease, Outcome)>,
+    /// Claims that committed after shutdown began and were handed back by
+    /// a task lane (the worker threads' are counted by `shutdown`).
+    pub(super) released_late: AtomicUsize,
     /// Every worker thread started, replacements too.
     pub(super) workers: Mutex<Vec<JoinHandle<()>>>,
     /// Threads written off: their handler ran past its timeout plus the
@@ -119,6 +123,17 @@ impl Shared {
 
     pub(super) fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, InFlight>> {
         lock(&self.in_flight)
+    }
+
+    #[cfg(feature = "tokio")]
+    /// Every outcome sent so far is recorded (or refused): no lane's
+    /// channel holds one and no dispatcher is writing one.
+    pub(super) fn outcomes_recorded(&self) -> bool {
+        #[cfg(feature = "tokio")]
+        if self.task_lanes.iter().any(|lane| !lane.outcomes.is_empty()) {
+            return false;
+        }
+        self.outcomes.is_empty() && !self.lock_in_flight().values().any(|job| job.finishing)
     }
 
     pub(super) fn wake_dispatchers(&self) {
