@@ -346,7 +346,9 @@
 //!   on: ready at the job's timeout, when its lease is lost (cancelled,
 //!   reaped) or at the end of the shutdown grace. A task that ignores it
 //!   past its timeout plus [`WorkerPoolBuilder::timeout_grace`] is aborted
-//!   at its next `.await`, and its attempt counts.
+//!   at its next `.await`, and its attempt counts; one that ignores a lost
+//!   lease for the grace is aborted too. The timeout counts from the
+//!   task's first poll.
 //! - **Blocking work** inside a handler (a long computation,
 //!   [`JobContext::complete_with`], which is a write transaction) goes
 //!   through `tokio::task::spawn_blocking`.

@@ -329,7 +329,11 @@ impl WorkerPoolBuilder {
     /// reaches the handler as [`JobContext::cancelled`]. A task that
     /// ignores it past its timeout plus
     /// [`WorkerPoolBuilder::timeout_grace`] is aborted at its next `.await`
-    /// and its job failed as timed out (the attempt counts).
+    /// and its job failed as timed out (the attempt counts); one that
+    /// ignores a lost lease (its job cancelled or taken back) for the grace
+    /// is aborted too. Either way its slot is free at once. A run's
+    /// timeout counts from its task's first poll, so a busy runtime's
+    /// backlog of tasks spends none of theirs.
     ///
     /// Should the runtime shut down under the pool (the end of
     /// `#[tokio::main]`, a runtime dropped or shut down with
