@@ -127,6 +127,26 @@ impl Retries {
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl Retries {
+    /// [`Retries::run`] for work that hands over, part way, to code that
+    /// must run at most once (the application's writes in
+    /// `complete_with`): `once` sets its flag as it hands over, and an
+    /// error after that is returned, never tried again.
+    pub(crate) fn run_until_handed<T>(
+        &self,
+        window: Duration,
+        mut once: impl FnMut(&mut bool) -> Result<T>,
+    ) -> Result<T> {
+        let mut handed = false;
+        self.run(window, || match once(&mut handed) {
+            Err(e) if handed => Ok(Err(e)),
+            tried => tried.map(Ok),
+        })
+        .and_then(|settled| settled)
+    }
+}
+
 /// Tries of an insert whose unique_key's holder finished between the
 /// insert and the read of its id (the key is free then, and the next try
 /// stores the job or finds the next holder). SQLite's writer holds the

@@ -104,6 +104,34 @@ fn async_jobs_take_slots_of_their_lane_not_threads() {
 }
 }
 
+/// A pool of one async slot for kind `k`, counting its runs in `running`:
+/// a job whose payload says `"deaf": true` awaits 10 minutes, deaf to
+/// `ctx.cancelled()`; any other returns at once.
+fn one_slot_pool(
+    queue: &Queue,
+    rt: &tokio::runtime::Runtime,
+    running: &Arc<Running>,
+    grace: Duration,
+) -> WorkerPool {
+    let running = Arc::clone(running);
+    WorkerPool::builder(queue)
+        .async_concurrency(1)
+        .timeout_grace(grace)
+        .runtime(rt.handle().clone())
+        .async_handler("k", move |ctx: JobContext| {
+            let running = Arc::clone(&running);
+            async move {
+                let _in = running.enter();
+                if ctx.payload()["deaf"].as_bool() == Some(true) {
+                    tokio::time::sleep(secs(600)).await;
+                }
+                Ok::<(), JobError>(())
+            }
+        })
+        .start()
+        .unwrap()
+}
+
 contract! {
 /// A task that ignores its cancellation past its timeout plus the grace is
 /// aborted (its future dropped at its next `.await`), its job failed as
@@ -114,30 +142,11 @@ fn a_task_past_its_timeout_and_grace_is_aborted_and_its_slot_comes_back() {
     let queue = open_queue(&path);
     let rt = runtime();
     let running = Arc::new(Running::default());
-    let mut pool = {
-        let running = Arc::clone(&running);
-        WorkerPool::builder(&queue)
-            .async_concurrency(1)
-            .timeout_grace(Duration::from_millis(200))
-            .runtime(rt.handle().clone())
-            .async_handler("k", move |ctx: JobContext| {
-                let running = Arc::clone(&running);
-                async move {
-                    let _in = running.enter();
-                    if ctx.payload()["stubborn"].as_bool() == Some(true) {
-                        // Deaf to ctx.cancelled().
-                        tokio::time::sleep(secs(600)).await;
-                    }
-                    Ok::<(), JobError>(())
-                }
-            })
-            .start()
-            .unwrap()
-    };
+    let mut pool = one_slot_pool(&queue, &rt, &running, Duration::from_millis(200));
     let stubborn = queue
         .enqueue(
             NewJob::new("k")
-                .payload(serde_json::json!({"stubborn": true}))
+                .payload(serde_json::json!({"deaf": true}))
                 .timeout(Duration::from_millis(300))
                 .max_attempts(1),
         )
@@ -721,25 +730,7 @@ fn a_task_deaf_to_its_lost_lease_is_aborted_after_the_grace() {
     let queue = open_queue(&path);
     let rt = runtime();
     let running = Arc::new(Running::default());
-    let mut pool = {
-        let running = Arc::clone(&running);
-        WorkerPool::builder(&queue)
-            .async_concurrency(1)
-            .timeout_grace(Duration::from_millis(300))
-            .runtime(rt.handle().clone())
-            .async_handler("k", move |ctx: JobContext| {
-                let running = Arc::clone(&running);
-                async move {
-                    let _in = running.enter();
-                    if ctx.payload()["deaf"].as_bool() == Some(true) {
-                        tokio::time::sleep(secs(600)).await;
-                    }
-                    Ok::<(), JobError>(())
-                }
-            })
-            .start()
-            .unwrap()
-    };
+    let mut pool = one_slot_pool(&queue, &rt, &running, Duration::from_millis(300));
     let deaf = queue
         .enqueue(NewJob::new("k").payload(serde_json::json!({"deaf": true})))
         .unwrap();

@@ -272,15 +272,9 @@ impl Store {
         lease: &Lease,
         app_writes: &mut dyn FnMut(&mut mysql::Transaction<'_>) -> Result<()>,
     ) -> Result<()> {
-        let mut handed = false;
-        RETRIES
-            .run(self.retry_window, || {
-                match self.complete_with_once(lease, app_writes, &mut handed) {
-                    Err(e) if handed => Ok(Err(e)),
-                    tried => tried.map(Ok),
-                }
-            })
-            .and_then(|settled| settled)
+        RETRIES.run_until_handed(self.retry_window, |handed| {
+            self.complete_with_once(lease, app_writes, handed)
+        })
     }
 
     fn complete_with_once(
