@@ -14,6 +14,7 @@
 //! .ci/mariadb cargo bench --features mysql --bench tickler_bench -- --only mysql [--quick]
 //! cargo bench --features tokio --bench tickler_bench -- --only async_burn,async_timers
 //! cargo bench --bench tickler_bench -- --only events
+//! cargo bench --bench tickler_bench -- --only progress
 //! cargo bench --bench tickler_bench -- --only dashboard
 //! ```
 //!
@@ -224,6 +225,9 @@ fn main() {
     }
     if wants("events") {
         events(sizes.burn_jobs);
+    }
+    if wants("progress") {
+        progress_cost(if quick { 100_000 } else { 1_000_000 });
     }
     if wants("async_burn") {
         async_burn(if quick { 5_000 } else { 50_000 });
@@ -895,6 +899,77 @@ fn burn_down(durability: Durability, sizes: &Sizes, baselines: Baselines) {
             "ratio_to_raw_cycle": round(rate / baselines.cycle),
             "note": "includes starting the two processes"}),
         );
+    }
+}
+
+/// `--only progress`: what `JobContext::progress` costs a handler that
+/// calls it in a tight loop. One job's handler runs `reports` steps of a
+/// little work each (hashing 64 bytes), alone and then with a report per
+/// step, on a pool with default settings; the rounds alternate, three
+/// each. Also counts the progress writes the pool made, with a trigger on
+/// the file (SQLite), per second of the reporting run.
+fn progress_cost(reports: usize) {
+    use std::hash::{Hash, Hasher};
+    fn step(i: usize) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        [i as u64; 8].hash(&mut h);
+        h.finish()
+    }
+    for round_no in 0..3 {
+        for report in [false, true] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let (path, queue) = fresh(&dir, Durability::Normal);
+            let conn = Connection::open(&path).expect("open");
+            conn.execute_batch(
+                "CREATE TABLE progress_writes (n INTEGER);
+                 CREATE TRIGGER count_progress AFTER UPDATE OF progress ON tickler_jobs
+                 BEGIN INSERT INTO progress_writes VALUES (1); END;",
+            )
+            .expect("trigger");
+            let took = Arc::new(Mutex::new(Duration::ZERO));
+            let mut pool = {
+                let took = Arc::clone(&took);
+                WorkerPool::builder(&queue)
+                    .handler("noop", move |ctx: &JobContext| {
+                        let started = Instant::now();
+                        let mut sum = 0u64;
+                        for i in 0..reports {
+                            sum = sum.wrapping_add(step(i));
+                            if report {
+                                ctx.progress(i as f64 / reports as f64, "hashing")?;
+                            }
+                        }
+                        *took.lock().expect("lock") = started.elapsed();
+                        // Then 2 s of reports, for the writes they cost.
+                        let mut i = 0;
+                        while report && started.elapsed() < Duration::from_secs(2) {
+                            sum = sum.wrapping_add(step(i));
+                            ctx.progress(0.5, "hashing on")?;
+                            i += 1;
+                        }
+                        std::hint::black_box(sum);
+                        Ok::<(), JobError>(())
+                    })
+                    .start()
+                    .expect("pool")
+            };
+            queue.enqueue(NewJob::new("noop")).expect("enqueue");
+            while queue.count(JobState::Succeeded).expect("count") < 1 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            pool.shutdown(Duration::from_secs(5));
+            let took = *took.lock().expect("lock");
+            let writes: i64 = conn
+                .query_row("SELECT count(*) FROM progress_writes", [], |r| r.get(0))
+                .expect("count writes");
+            emit(
+                json!({"scenario": "progress", "round": round_no + 1, "reports": report,
+                "steps": reports, "run_ms": round(took.as_secs_f64() * 1e3),
+                "ns_per_step": round(took.as_secs_f64() * 1e9 / reports as f64),
+                "progress_writes_in_2_s": writes,
+                "note": "steps of hashing 64 bytes, with or without a progress report each; then, with reports, 2 s of reports in a loop, whose stored writes are counted by a trigger"}),
+            );
+        }
     }
 }
 

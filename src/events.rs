@@ -109,6 +109,16 @@ pub enum JobEventKind {
         /// Whether the job is now `dead`.
         dead: bool,
     },
+    /// The handler reported how far it is
+    /// ([`crate::JobContext::progress`]): every report, from memory, as it
+    /// is made (the stored value, written a few times a second at most,
+    /// is what other processes see).
+    Progress {
+        /// From 0 to 1.
+        fraction: f64,
+        /// What it is doing.
+        message: String,
+    },
 }
 
 /// A schedule's tick handled by this process.

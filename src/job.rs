@@ -253,7 +253,26 @@ pub struct Job {
     pub created_at: DateTime<Utc>,
     /// When it reached a terminal state, UTC.
     pub finished_at: Option<DateTime<Utc>>,
+    /// What its handler last reported with
+    /// [`JobContext::progress`](crate::JobContext::progress), as stored (a
+    /// pool writes a running job's progress a few times a second at
+    /// most); kept once the job has finished.
+    pub progress: Option<Progress>,
 }
+
+/// How far a running job is, as its handler reported it with
+/// [`JobContext::progress`](crate::JobContext::progress).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Progress {
+    /// From 0 (nothing done) to 1 (all done).
+    pub fraction: f64,
+    /// What it is doing, for a person to read ("exporting video"); at most
+    /// [`MAX_PROGRESS_MESSAGE_BYTES`].
+    pub message: String,
+}
+
+/// The longest progress message [`JobContext::progress`](crate::JobContext::progress) takes, in bytes.
+pub const MAX_PROGRESS_MESSAGE_BYTES: usize = 1024;
 
 /// One failed attempt of a job, as kept in [`Job::errors`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -502,7 +502,8 @@ pub use engine::{is_file_location, redacted_location};
 pub use error::{Error, Result};
 pub use events::{Event, JobEvent, JobEventKind, Subscription, TickEvent, DEFAULT_EVENT_BUFFER};
 pub use job::{
-    AttemptError, Job, JobId, JobState, NewJob, RunToken, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE,
+    AttemptError, Job, JobId, JobState, NewJob, Progress, RunToken, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE, MAX_PROGRESS_MESSAGE_BYTES,
 };
 pub use lease::Lease;
 pub use metrics::WriteLockWaits;

@@ -507,6 +507,12 @@ pub(crate) trait Leases {
     /// run_token; a lease no longer held is passed over).
     fn mark_started(&self, leases: &[&Lease]) -> Result<()>;
 
+    /// Stores each run's progress (a fraction in 0..=1, already checked,
+    /// and a message), fenced by run_token: a lease no longer held is
+    /// passed over, and on a server a row locked by another transaction
+    /// too (its next report carries the progress on). Not synced.
+    fn record_progress(&self, updates: &[(&Lease, f64, &str)]) -> Result<()>;
+
     /// The engine's upkeep, once per background reaper round (PostgreSQL:
     /// a vacuum of the jobs table when it needs one).
     fn upkeep(&self) {}

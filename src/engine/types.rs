@@ -1185,3 +1185,14 @@ impl PostgresOptions {
         self
     }
 }
+
+/// A job's stored progress: none until its handler first reported one.
+pub(crate) fn progress(
+    fraction: Option<f64>,
+    message: Option<String>,
+) -> Option<crate::job::Progress> {
+    fraction.map(|fraction| crate::job::Progress {
+        fraction,
+        message: message.unwrap_or_default(),
+    })
+}

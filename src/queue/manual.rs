@@ -343,4 +343,44 @@ impl Manual<'_> {
         }
         self.queue.engine().mark_started(leases)
     }
+
+    /// Stores the progress of running jobs, each `(lease, fraction,
+    /// message)`, in one write transaction, each fenced by its run_token:
+    /// a lease no longer held is passed over (a stale holder's progress is
+    /// refused like its outcome), and on a server so is a job whose row
+    /// another transaction holds (its holder's `complete_with`). Not
+    /// synced. A worker pool calls this with what its handlers reported
+    /// through [`JobContext::progress`](crate::JobContext::progress), a
+    /// few times a second at most.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a fraction outside 0..=1 (or NaN) or
+    /// a message over [`MAX_PROGRESS_MESSAGE_BYTES`](crate::MAX_PROGRESS_MESSAGE_BYTES),
+    /// before anything is written; the engine's write errors.
+    pub fn record_progress(&self, updates: &[(&Lease, f64, &str)]) -> Result<()> {
+        if updates.is_empty() {
+            return Ok(());
+        }
+        for (lease, fraction, message) in updates {
+            check_progress(*fraction, message)
+                .map_err(|e| crate::Error::InvalidArgument(format!("job {}: {e}", lease.job_id)))?;
+        }
+        self.queue.engine().record_progress(updates)
+    }
+}
+
+/// Why a progress report is refused, if it is: a fraction outside 0..=1
+/// (or not a number) or a message too long.
+pub(crate) fn check_progress(fraction: f64, message: &str) -> std::result::Result<(), String> {
+    if !(0.0..=1.0).contains(&fraction) {
+        return Err(format!("progress {fraction} is outside 0..=1"));
+    }
+    if message.len() > crate::MAX_PROGRESS_MESSAGE_BYTES {
+        return Err(format!(
+            "a progress message of {} bytes is over the {} allowed",
+            message.len(),
+            crate::MAX_PROGRESS_MESSAGE_BYTES
+        ));
+    }
+    Ok(())
 }

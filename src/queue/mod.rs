@@ -43,6 +43,7 @@ mod app_tx;
 mod builder;
 mod claim;
 mod manual;
+pub(crate) use manual::check_progress;
 mod ops;
 pub(crate) mod outcome;
 mod readings;

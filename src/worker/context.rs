@@ -118,6 +118,34 @@ pub struct JobContext {
     /// Where `complete_with` is: once committed the pool records nothing
     /// and the heartbeat leaves the job alone.
     pub(super) completion: Arc<SelfCompletion>,
+    /// What the handler last reported, until the pool stores it.
+    pub(super) progress: Arc<ProgressCell>,
+    /// The pool, for the progress events of this run (none when the run
+    /// is `testing::run_one`'s).
+    pub(super) pool: Option<std::sync::Weak<super::shared::Shared>>,
+}
+
+/// A run's last progress report and whether it is stored yet, shared by
+/// its [`JobContext`] and the pool's in-flight entry.
+#[derive(Debug, Default)]
+pub(super) struct ProgressCell(Mutex<Option<(f64, String, bool)>>);
+
+impl ProgressCell {
+    fn set(&self, fraction: f64, message: String) {
+        *lock(&self.0) = Some((fraction, message, false));
+    }
+
+    /// The last report if it is not stored yet, marked as stored.
+    pub(super) fn take_unstored(&self) -> Option<(f64, String)> {
+        let mut last = lock(&self.0);
+        match last.as_mut() {
+            Some((fraction, message, stored)) if !*stored => {
+                *stored = true;
+                Some((*fraction, message.clone()))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Progress of a handler completing its own job with
@@ -247,6 +275,47 @@ impl JobContext {
     /// ```
     pub fn cancelled(&self) -> impl std::future::Future<Output = CancelReason> + Send + 'static {
         Cancelled(Arc::clone(&self.cancel))
+    }
+
+    /// Reports how far the job is: `fraction` from 0 to 1 and a short
+    /// `message` for a person ("exporting video"). Cheap enough to call in
+    /// a tight loop: it is kept in memory, sent at once to the pool's and
+    /// the queue's subscribers in this process (a
+    /// [`JobEventKind::Progress`](crate::JobEventKind::Progress) event),
+    /// and stored by the pool a few times a second at most (and before
+    /// the job's outcome), fenced by the run_token like the outcome (never
+    /// a write on the caller's thread, so an async handler calls it as it
+    /// is): what
+    /// [`Queue::get`] shows in [`Job::progress`](crate::Job::progress),
+    /// other processes and the dashboard read.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] for a fraction outside 0..=1 (or
+    /// NaN) or a message over
+    /// [`MAX_PROGRESS_MESSAGE_BYTES`](crate::MAX_PROGRESS_MESSAGE_BYTES);
+    /// [`crate::Error::LeaseLost`] once this run is known to have lost its
+    /// lease (its reports would be refused).
+    pub fn progress(&self, fraction: f64, message: impl Into<String>) -> crate::Result<()> {
+        let message = message.into();
+        crate::queue::check_progress(fraction, &message).map_err(crate::Error::InvalidArgument)?;
+        if self.cancel.get() == Some(CancelReason::LeaseLost) {
+            return Err(crate::Error::LeaseLost {
+                job_id: self.lease.job_id,
+            });
+        }
+        if let Some(pool) = self.pool.as_ref().and_then(std::sync::Weak::upgrade) {
+            pool.emit(
+                &self.lease,
+                || crate::events::JobEventKind::Progress {
+                    fraction,
+                    message: message.clone(),
+                },
+                None,
+                None,
+            );
+        }
+        self.progress.set(fraction, message);
+        Ok(())
     }
 
     /// Now, from the queue's clock (UTC).

@@ -363,6 +363,7 @@ pub(super) fn dispatch_loop(
                                     Lane::Threads(_) => None,
                                 },
                                 outcomes: lane.outcomes(shared),
+                                progress: Arc::default(),
                                 started: None,
                                 start_recorded: false,
                             },

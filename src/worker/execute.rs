@@ -71,8 +71,8 @@ pub(super) struct Prepared {
 /// cancelled job's unique_key that the run has stopped). Either way the
 /// caller frees the run's slot. May write (the start of a job given back
 /// before): not on a runtime thread.
-pub(super) fn prepare(shared: &Shared, lease: Lease) -> Option<Prepared> {
-    let (cancel, completion, run, outcomes, start_recorded) = {
+pub(super) fn prepare(shared: &Arc<Shared>, lease: Lease) -> Option<Prepared> {
+    let (cancel, completion, run, outcomes, start_recorded, progress) = {
         let mut in_flight = shared.lock_in_flight();
         // No longer this pool's (defensive: the dispatcher takes the
         // leases it hands back out of the channel itself).
@@ -83,6 +83,7 @@ pub(super) fn prepare(shared: &Shared, lease: Lease) -> Option<Prepared> {
             Arc::clone(&job.run),
             job.outcomes.clone(),
             job.start_recorded,
+            Arc::clone(&job.progress),
         )
     };
     if cancel.get() == Some(CancelReason::LeaseLost) {
@@ -100,6 +101,8 @@ pub(super) fn prepare(shared: &Shared, lease: Lease) -> Option<Prepared> {
         clock: Arc::clone(shared.queue.clock()),
         queue: shared.queue.clone(),
         completion,
+        progress,
+        pool: Some(Arc::downgrade(shared)),
     };
     Some(Prepared { ctx, run, outcomes })
 }
@@ -192,7 +195,7 @@ pub(super) fn finish(
     Finished::Recorded
 }
 
-fn work_loop(shared: &Shared) {
+fn work_loop(shared: &Arc<Shared>) {
     let me = std::thread::current();
     let thread: (ThreadId, Arc<str>) = (me.id(), Arc::from(me.name().unwrap_or("(unnamed)")));
     let free_slot = || {

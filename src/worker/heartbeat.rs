@@ -177,6 +177,46 @@ fn timed_out(job: &InFlight, grace: Duration, written_off: &str) {
 /// late, in one transaction with the others due.
 pub(crate) const START_RECORD_DELAY: Duration = Duration::from_secs(1);
 
+/// How often the heartbeat stores the progress handlers reported: a
+/// handler may report in a tight loop, and what it says between two
+/// stores costs no write.
+pub(crate) const PROGRESS_STORE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The progress reported by the runs of `jobs` since it was last taken
+/// (taken under the in-flight lock, stored after it is let go); runs
+/// whose handler is completing the job itself or that lost their lease
+/// are passed over.
+pub(super) fn unstored_progress<'a>(
+    jobs: impl Iterator<Item = &'a InFlight>,
+) -> Vec<(Lease, f64, String)> {
+    jobs.filter(|job| {
+        !job.completion.started() && job.cancel.get() != Some(CancelReason::LeaseLost)
+    })
+    .filter_map(|job| {
+        job.progress
+            .take_unstored()
+            .map(|(fraction, message)| (job.lease.clone(), fraction, message))
+    })
+    .collect()
+}
+
+/// Stores `reports` in one write.
+pub(super) fn store_progress(shared: &Shared, reports: &[(Lease, f64, String)]) {
+    if reports.is_empty() {
+        return;
+    }
+    let updates: Vec<(&Lease, f64, &str)> = reports
+        .iter()
+        .map(|(lease, fraction, message)| (lease, *fraction, message.as_str()))
+        .collect();
+    if let Err(e) = shared.queue.manual().record_progress(&updates) {
+        log::warn!(
+            "storing the progress of {} job(s) failed: {e}",
+            updates.len()
+        );
+    }
+}
+
 /// Records the starts of the handlers that have run `START_RECORD_DELAY`.
 fn record_starts(shared: &Shared, now: Instant) {
     let due: Vec<Lease> = {
@@ -219,6 +259,7 @@ const LOST_LEASE_CHECK: Duration = Duration::from_millis(100);
 pub(super) fn heartbeat_loop(shared: &Arc<Shared>, interval: Duration, mut watcher: ChangeWatcher) {
     let tick = interval.min(LOST_LEASE_CHECK);
     let mut next_beat = Instant::now() + interval;
+    let mut next_progress = Instant::now() + PROGRESS_STORE_INTERVAL;
     loop {
         if shared.stop_background.load(Ordering::SeqCst) && shared.lock_in_flight().is_empty() {
             return;
@@ -238,6 +279,16 @@ pub(super) fn heartbeat_loop(shared: &Arc<Shared>, interval: Duration, mut watch
         notice_lost_leases(shared, &mut watcher);
         let now = Instant::now();
         record_starts(shared, now);
+        if now >= next_progress {
+            next_progress = now + PROGRESS_STORE_INTERVAL;
+            let reports = unstored_progress(
+                shared
+                    .lock_in_flight()
+                    .values()
+                    .filter(|job| !job.finishing),
+            );
+            store_progress(shared, &reports);
+        }
         write_off_stuck(shared, now);
         let leases: Vec<Lease> = {
             let in_flight = shared.lock_in_flight();

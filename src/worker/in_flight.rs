@@ -1,7 +1,7 @@
 //! The in-flight registry: one entry per claimed run, from its claim to
 //! its recorded outcome, found by job id and run_token.
 
-use super::context::{CancelFlag, SelfCompletion};
+use super::context::{CancelFlag, ProgressCell, SelfCompletion};
 use crate::engine::types::Outcome;
 use crate::job::JobId;
 use crate::lease::Lease;
@@ -84,6 +84,9 @@ pub(super) struct InFlight {
     /// Where this run's outcomes go: its lane's dispatcher, the only one
     /// that records them, so that they are recorded in the order sent.
     pub(super) outcomes: Sender<(Lease, Outcome)>,
+    /// What the handler last reported (`JobContext::progress`), until
+    /// the heartbeat stores it.
+    pub(super) progress: Arc<ProgressCell>,
     /// When the handler started.
     pub(super) started: Option<Instant>,
     /// The start is recorded in the job's row (`Manual::mark_started`), or

@@ -113,6 +113,17 @@ pub(super) fn record(
     worker_id: &str,
     unsynced: &mut UnsyncedOutcomes,
 ) -> Option<Vec<Lease>> {
+    // The last progress a finished run reported, before its outcome ends
+    // the lease that fences it.
+    let reports = {
+        let in_flight = shared.lock_in_flight();
+        super::heartbeat::unstored_progress(finished.iter().filter_map(|(lease, _)| {
+            in_flight
+                .get(&lease.job_id)
+                .filter(|job| job.lease.run_token == lease.run_token)
+        }))
+    };
+    super::heartbeat::store_progress(shared, &reports);
     let outcomes: Vec<(&Lease, Outcome)> = finished.iter().map(|(l, o)| (l, o.clone())).collect();
     // Runs already known to have lost their lease were reported when taken.
     let (known_lost, run_times): (HashSet<JobId>, Vec<Option<Duration>>) = {

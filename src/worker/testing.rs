@@ -77,11 +77,18 @@ pub fn run_one(
         clock: Arc::clone(queue.clock()),
         queue: queue.clone(),
         completion: Arc::default(),
+        progress: Arc::default(),
+        pool: None,
     };
     let result = catch_unwind(AssertUnwindSafe(|| handler.run(&ctx)));
     let id = ctx.lease.job_id;
     if ctx.completion.committed() {
         return Ok(Some((id, Outcome::Complete)));
+    }
+    if let Some((fraction, message)) = ctx.progress.take_unstored() {
+        queue
+            .manual()
+            .record_progress(&[(&ctx.lease, fraction, message.as_str())])?;
     }
     let outcome = outcome_of(result, None, ctx.lease.attempt);
     queue

@@ -47,6 +47,7 @@ mod pool_slots;
 mod pool_two_processes;
 mod pool_wakeup;
 mod prefetch_by_time;
+mod progress;
 mod timeout_enforced;
 
 // Schedules.

@@ -174,6 +174,10 @@ pub fn job_json(job: &Job) -> serde_json::Value {
         "unreadable": job.unreadable,
         "created_at": rfc3339(job.created_at),
         "finished_at": job.finished_at.map(rfc3339),
+        "progress": job.progress.as_ref().map(|p| json!({
+            "fraction": p.fraction,
+            "message": p.message,
+        })),
     })
 }
 
@@ -208,6 +212,13 @@ pub fn job_fields(job: &Job, times: Times) -> Vec<(&'static str, String)> {
                 .map_or_else(|| "-".to_owned(), |t| t.0.clone()),
         ),
         ("payload", job.payload.to_string()),
+        (
+            "progress",
+            job.progress.as_ref().map_or_else(
+                || "-".to_owned(),
+                |p| format!("{:.0} % {}", p.fraction * 100.0, p.message),
+            ),
+        ),
         ("last_error", or_dash(&job.last_error)),
         ("errors", error_history(job, times)),
         ("unreadable", or_dash(&job.unreadable)),

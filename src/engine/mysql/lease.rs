@@ -274,6 +274,10 @@ impl Leases for Store {
         Ok(taken)
     }
 
+    fn record_progress(&self, updates: &[(&Lease, f64, &str)]) -> Result<()> {
+        self.store_progress(updates)
+    }
+
     fn mark_started(&self, leases: &[&Lease]) -> Result<()> {
         let mut order: Vec<&&Lease> = leases.iter().collect();
         // In id order, as every batch of this engine locks rows.
@@ -306,6 +310,51 @@ impl Leases for Store {
                     ),
                     &[
                         ("now", Value::from(now)),
+                        ("id", Value::from(lease.job_id.0)),
+                        ("token", Value::from(lease.run_token.0.as_str())),
+                    ],
+                )?;
+            }
+            Ok(())
+        })
+    }
+}
+
+impl Store {
+    /// See `Leases::record_progress`.
+    pub(super) fn store_progress(&self, updates: &[(&Lease, f64, &str)]) -> Result<()> {
+        let mut order: Vec<&(&Lease, f64, &str)> = updates.iter().collect();
+        // In id order, as every batch of this engine locks rows.
+        order.sort_by_key(|(l, ..)| l.job_id.0);
+        let ids: Vec<Value> = order
+            .iter()
+            .map(|(l, ..)| Value::from(l.job_id.0))
+            .collect();
+        self.write(|tx, _| {
+            // A row locked by another transaction (its holder's
+            // `complete_with` under way) is passed over, not waited for.
+            let free: std::collections::HashSet<i64> = tx
+                .rows(
+                    &format!(
+                        "SELECT id FROM tickler_jobs FORCE INDEX (PRIMARY)
+                         WHERE id IN ({}) AND status = 'running'
+                         ORDER BY id FOR UPDATE SKIP LOCKED",
+                        marks(ids.len())
+                    ),
+                    ids.clone(),
+                )?
+                .iter()
+                .map(|r| get::<i64>(r, 0))
+                .collect::<Result<_>>()?;
+            for (lease, fraction, message) in order.iter().filter(|(l, ..)| free.contains(&l.job_id.0)) {
+                tx.exec_named(
+                    concat!(
+                        "UPDATE tickler_jobs SET progress = :progress, progress_message = :message ",
+                        fence!(":id", ":token")
+                    ),
+                    &[
+                        ("progress", Value::from(*fraction)),
+                        ("message", Value::from(*message)),
                         ("id", Value::from(lease.job_id.0)),
                         ("token", Value::from(lease.run_token.0.as_str())),
                     ],

@@ -20,7 +20,7 @@ pub(crate) const LEASE_COLUMNS: &str =
 pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
-    created_at, finished_at, errors";
+    created_at, finished_at, errors, progress, progress_message";
 
 /// Column `i` of `r` as a `T`.
 pub(crate) fn get<T: FromValue>(r: &Row, i: usize) -> Result<T> {
@@ -149,6 +149,7 @@ pub(crate) fn job_from_row(r: &Row) -> Result<Job> {
         finished_at: opt_time(17)?,
         errors,
         unreadable: (!problems.is_empty()).then(|| problems.join("; ")),
+        progress: crate::engine::types::progress(get(r, 19)?, get(r, 20)?),
     })
 }
 

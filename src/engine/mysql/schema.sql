@@ -139,3 +139,11 @@ CREATE TABLE IF NOT EXISTS tickler_holders (
     id     BIGINT         NOT NULL PRIMARY KEY,
     holder VARBINARY(1024) NOT NULL
 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC;
+
+-- migration: 3
+-- A running job's progress, as in the SQLite schema (migration 8 there),
+-- in one statement (see migration 2 for a rerun after a cut).
+ALTER TABLE tickler_jobs
+    ADD COLUMN progress DOUBLE
+        CHECK (progress IS NULL OR (progress >= 0 AND progress <= 1)),
+    ADD COLUMN progress_message TEXT;

@@ -261,6 +261,10 @@ impl Leases for Store {
         Ok(taken)
     }
 
+    fn record_progress(&self, updates: &[(&Lease, f64, &str)]) -> Result<()> {
+        self.store_progress(updates)
+    }
+
     fn mark_started(&self, leases: &[&Lease]) -> Result<()> {
         let mut order: Vec<&&Lease> = leases.iter().collect();
         // In id order, as every batch of this engine locks rows.
@@ -282,6 +286,38 @@ impl Leases for Store {
                        FOR UPDATE OF locked SKIP LOCKED) AS started
                  WHERE job.id = started.id",
                 &[&now, &ids, &tokens],
+            )?;
+            Ok(())
+        })
+    }
+}
+
+impl Store {
+    /// See `Leases::record_progress`.
+    pub(super) fn store_progress(&self, updates: &[(&Lease, f64, &str)]) -> Result<()> {
+        let mut order: Vec<&(&Lease, f64, &str)> = updates.iter().collect();
+        // In id order, as every batch of this engine locks rows.
+        order.sort_by_key(|(l, ..)| l.job_id.0);
+        let ids: Vec<i64> = order.iter().map(|(l, ..)| l.job_id.0).collect();
+        let tokens: Vec<&str> = order.iter().map(|(l, ..)| l.run_token.0.as_str()).collect();
+        let fractions: Vec<f64> = order.iter().map(|(_, f, _)| *f).collect();
+        let messages: Vec<&str> = order.iter().map(|(.., m)| *m).collect();
+        self.write(|tx, _| {
+            // A row locked by another transaction (its holder's
+            // `complete_with` under way) is passed over, not waited for.
+            tx.execute(
+                "UPDATE tickler_jobs AS job
+                 SET progress = asked.progress, progress_message = asked.message
+                 FROM (SELECT locked.id FROM tickler_jobs AS locked
+                       JOIN unnest($1::bigint[], $2::text[]) AS held(id, run_token)
+                         ON locked.id = held.id AND locked.run_token = held.run_token
+                       WHERE locked.status = 'running'
+                       ORDER BY locked.id
+                       FOR UPDATE OF locked SKIP LOCKED) AS free,
+                      unnest($1::bigint[], $3::float8[], $4::text[])
+                        AS asked(id, progress, message)
+                 WHERE job.id = free.id AND asked.id = free.id",
+                &[&ids, &tokens, &fractions, &messages],
             )?;
             Ok(())
         })

@@ -223,7 +223,7 @@ pub(super) fn parameter_types(sql: &str, params: &[&(dyn ToSql + Sync)]) -> Resu
 }
 
 /// The PostgreSQL types of the Rust values tickler binds, most used first.
-const NAMED_TYPES: [Type; 11] = [
+const NAMED_TYPES: [Type; 12] = [
     Type::INT8,
     Type::TEXT,
     Type::INT4,
@@ -232,6 +232,7 @@ const NAMED_TYPES: [Type; 11] = [
     Type::TEXT_ARRAY,
     Type::INT4_ARRAY,
     Type::FLOAT8,
+    Type::FLOAT8_ARRAY,
     Type::JSONB,
     Type::BYTEA,
     Type::INT2,

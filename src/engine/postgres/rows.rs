@@ -17,7 +17,7 @@ pub(crate) const LEASE_COLUMNS: &str =
 pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
-    created_at, finished_at, errors::text";
+    created_at, finished_at, errors::text, progress, progress_message";
 
 fn count(n: i64) -> u32 {
     u32::try_from(n.max(0)).unwrap_or(u32::MAX)
@@ -102,6 +102,7 @@ pub(crate) fn job_from_row(r: &Row) -> crate::Result<Job> {
         finished_at: opt_time(17)?,
         errors,
         unreadable: (!problems.is_empty()).then(|| problems.join("; ")),
+        progress: crate::engine::types::progress(r.try_get(19)?, r.try_get(20)?),
     })
 }
 

@@ -148,3 +148,10 @@ ALTER TABLE tickler_jobs ADD COLUMN holder_id BIGINT;
 ALTER TABLE tickler_jobs ADD COLUMN started_at BIGINT;
 ALTER TABLE tickler_jobs ADD COLUMN given_back BIGINT NOT NULL DEFAULT 0
     CHECK (given_back >= 0);
+
+-- migration: 5
+-- A running job's progress, as in the SQLite schema (migration 8 there).
+ALTER TABLE tickler_jobs
+    ADD COLUMN progress DOUBLE PRECISION
+        CHECK (progress IS NULL OR (progress >= 0 AND progress <= 1)),
+    ADD COLUMN progress_message TEXT;

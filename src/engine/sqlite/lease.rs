@@ -222,11 +222,32 @@ impl Leases for Store {
         // lock, at most about once a second per pool), it counts.
         self.sync()
     }
+
+    fn record_progress(&self, updates: &[(&Lease, f64, &str)]) -> Result<()> {
+        self.write_with(Commit::Lazy, |tx| {
+            let mut stmt = tx.prepare_cached(PROGRESS_SQL)?;
+            for (lease, fraction, message) in updates {
+                stmt.execute(params![
+                    fraction,
+                    message,
+                    lease.job_id.0,
+                    lease.run_token.0
+                ])?;
+            }
+            Ok(())
+        })
+    }
 }
 
 /// When a lease was last granted or renewed (ms): its expiry less its
 /// length (a lease granted before lease_ms existed counts from its claim).
 const RENEWED: &str = "lease_expires_at - coalesce(lease_ms, lease_expires_at - claimed_at)";
+
+/// ?1 progress, ?2 message, ?3 id, ?4 run_token.
+const PROGRESS_SQL: &str = concat!(
+    "UPDATE tickler_jobs SET progress = ?1, progress_message = ?2 ",
+    fence!("?3", "?4")
+);
 
 /// ?1 now, ?2 id, ?3 run_token.
 const MARK_STARTED_SQL: &str = concat!(

@@ -14,7 +14,7 @@ pub(crate) const LEASE_COLUMNS: &str =
 pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
-    created_at, finished_at, errors";
+    created_at, finished_at, errors, progress, progress_message";
 
 pub(crate) fn claimed_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let job_id = JobId(r.get(0)?);
@@ -45,6 +45,8 @@ pub(crate) fn claimed_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Claime
         },
     })
 }
+
+use crate::engine::types::progress;
 
 pub(crate) fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
     let id = JobId(r.get(0)?);
@@ -77,6 +79,10 @@ pub(crate) fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
         finished_at: row.opt_time(17, "finished_at"),
         errors: row.errors(18),
         unreadable: None,
+        progress: progress(
+            row.get::<Option<f64>>(19, "progress"),
+            row.opt_text(20, "progress_message"),
+        ),
     };
     job.unreadable = row.finish();
     Ok(job)

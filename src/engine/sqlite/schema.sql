@@ -216,3 +216,12 @@ ALTER TABLE tickler_jobs ADD COLUMN started_at INTEGER;
 -- that kills its process at once cannot be given back for ever.
 ALTER TABLE tickler_jobs ADD COLUMN given_back INTEGER NOT NULL DEFAULT 0
     CHECK (given_back >= 0);
+
+-- migration: 8
+-- A running job's progress (JobContext::progress): a fraction from 0 to 1
+-- and a short message, written by its holder, fenced by its run_token,
+-- at most a few times a second. NULL until the first report; kept once
+-- the job finished, as the last thing its handler said.
+ALTER TABLE tickler_jobs ADD COLUMN progress REAL
+    CHECK (progress IS NULL OR (progress >= 0 AND progress <= 1));
+ALTER TABLE tickler_jobs ADD COLUMN progress_message TEXT;
