@@ -15,6 +15,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Most jobs a task lane claims in one transaction (its slots may be
+/// thousands): a batch this size is spawned and recorded while the next
+/// is claimed, and the heartbeat's looks at every run in flight stay
+/// short.
+const TASK_CLAIM_MAX: usize = 256;
+
 /// How often a stopping dispatcher looks whether the last worker ended.
 const STOPPING_POLL: Duration = Duration::from_millis(10);
 
@@ -233,6 +239,7 @@ pub(super) fn dispatch_loop(
         let free = slots.saturating_sub(lane.busy(shared));
         let mut want = if claiming && free > 0 && !kinds.is_empty() {
             free.min(config.claim_batch)
+                .min(if threads { usize::MAX } else { TASK_CLAIM_MAX })
         } else {
             0
         };
