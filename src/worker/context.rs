@@ -125,26 +125,37 @@ pub struct JobContext {
     pub(super) pool: Option<std::sync::Weak<super::shared::Shared>>,
 }
 
-/// A run's last progress report and whether it is stored yet, shared by
-/// its [`JobContext`] and the pool's in-flight entry.
+/// A run's last progress report and which report is stored, shared by
+/// its [`JobContext`] and the pool's in-flight entry. Reports are
+/// numbered; one counts as stored only once its write committed, so a
+/// write that failed is made again with the next.
 #[derive(Debug, Default)]
-pub(super) struct ProgressCell(Mutex<Option<(f64, String, bool)>>);
+pub(super) struct ProgressCell {
+    last: Mutex<Option<(f64, String, u64)>>,
+    stored: std::sync::atomic::AtomicU64,
+}
 
 impl ProgressCell {
     fn set(&self, fraction: f64, message: String) {
-        *lock(&self.0) = Some((fraction, message, false));
+        let mut last = lock(&self.last);
+        let number = last.as_ref().map_or(1, |(.., n)| n + 1);
+        *last = Some((fraction, message, number));
     }
 
-    /// The last report if it is not stored yet, marked as stored.
-    pub(super) fn take_unstored(&self) -> Option<(f64, String)> {
-        let mut last = lock(&self.0);
-        match last.as_mut() {
-            Some((fraction, message, stored)) if !*stored => {
-                *stored = true;
-                Some((*fraction, message.clone()))
+    /// The last report and its number, if it is not stored yet.
+    pub(super) fn unstored(&self) -> Option<(f64, String, u64)> {
+        let last = lock(&self.last);
+        match last.as_ref() {
+            Some((fraction, message, number)) if *number > self.stored.load(Ordering::SeqCst) => {
+                Some((*fraction, message.clone(), *number))
             }
             _ => None,
         }
+    }
+
+    /// Report `number` (and those before it) is stored.
+    pub(super) fn stored(&self, number: u64) {
+        self.stored.fetch_max(number, Ordering::SeqCst);
     }
 }
 
@@ -286,8 +297,8 @@ impl JobContext {
     /// the job's outcome), fenced by the run_token like the outcome (never
     /// a write on the caller's thread, so an async handler calls it as it
     /// is): what
-    /// [`Queue::get`] shows in [`Job::progress`](crate::Job::progress),
-    /// other processes and the dashboard read.
+    /// [`Queue::get`] shows in [`Job::progress`](crate::Job::progress) and
+    /// other processes read.
     ///
     /// # Errors
     /// [`crate::Error::InvalidArgument`] for a fraction outside 0..=1 (or
@@ -346,6 +357,21 @@ impl JobContext {
     /// # Errors
     /// As [`Queue::complete_with`].
     pub fn complete_with<T, M>(&self, app_writes: impl crate::AppWrites<T, M>) -> crate::Result<T> {
+        // Its last report first: once the job has succeeded, the fence
+        // refuses it. A failed store fails nothing else.
+        if let Some((fraction, message, number)) = self.progress.unstored() {
+            match self
+                .queue
+                .manual()
+                .record_progress(&[(&self.lease, fraction, message.as_str())])
+            {
+                Ok(()) => self.progress.stored(number),
+                Err(e) => log::warn!(
+                    "job {}: storing its last progress failed: {e}",
+                    self.lease.job_id
+                ),
+            }
+        }
         // Marked before the commit, not after: the heartbeat can renew the
         // lease between the commit and this thread's next instruction.
         let _under_way = self.completion.begin();

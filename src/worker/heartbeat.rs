@@ -182,38 +182,58 @@ pub(crate) const START_RECORD_DELAY: Duration = Duration::from_secs(1);
 /// stores costs no write.
 pub(crate) const PROGRESS_STORE_INTERVAL: Duration = Duration::from_millis(500);
 
-/// The progress reported by the runs of `jobs` since it was last taken
-/// (taken under the in-flight lock, stored after it is let go); runs
-/// whose handler is completing the job itself or that lost their lease
-/// are passed over.
-pub(super) fn unstored_progress<'a>(
-    jobs: impl Iterator<Item = &'a InFlight>,
-) -> Vec<(Lease, f64, String)> {
+/// A report a run made and the pool has not stored yet.
+pub(super) struct Unstored {
+    lease: Lease,
+    fraction: f64,
+    message: String,
+    cell: Arc<super::context::ProgressCell>,
+    number: u64,
+}
+
+/// The reports of the runs of `jobs` not stored yet (read under the
+/// in-flight lock, stored after it is let go); runs whose handler is
+/// completing the job itself (it stores its last report first) or that
+/// lost their lease are passed over.
+pub(super) fn unstored_progress<'a>(jobs: impl Iterator<Item = &'a InFlight>) -> Vec<Unstored> {
     jobs.filter(|job| {
         !job.completion.started() && job.cancel.get() != Some(CancelReason::LeaseLost)
     })
     .filter_map(|job| {
         job.progress
-            .take_unstored()
-            .map(|(fraction, message)| (job.lease.clone(), fraction, message))
+            .unstored()
+            .map(|(fraction, message, number)| Unstored {
+                lease: job.lease.clone(),
+                fraction,
+                message,
+                cell: Arc::clone(&job.progress),
+                number,
+            })
     })
     .collect()
 }
 
-/// Stores `reports` in one write.
-pub(super) fn store_progress(shared: &Shared, reports: &[(Lease, f64, String)]) {
+/// Stores `reports` in one write; only once it committed do they count as
+/// stored (a failed write is made again with the next reports, or before
+/// the outcome).
+pub(super) fn store_progress(shared: &Shared, reports: &[Unstored]) {
     if reports.is_empty() {
         return;
     }
     let updates: Vec<(&Lease, f64, &str)> = reports
         .iter()
-        .map(|(lease, fraction, message)| (lease, *fraction, message.as_str()))
+        .map(|r| (&r.lease, r.fraction, r.message.as_str()))
         .collect();
-    if let Err(e) = shared.queue.manual().record_progress(&updates) {
-        log::warn!(
+    match shared.queue.manual().record_progress(&updates) {
+        Ok(()) => {
+            for report in reports {
+                report.cell.stored(report.number);
+            }
+        }
+        Err(e) => log::warn!(
             "storing the progress of {} job(s) failed: {e}",
             updates.len()
-        );
+        ),
     }
 }
 

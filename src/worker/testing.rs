@@ -85,10 +85,13 @@ pub fn run_one(
     if ctx.completion.committed() {
         return Ok(Some((id, Outcome::Complete)));
     }
-    if let Some((fraction, message)) = ctx.progress.take_unstored() {
-        queue
+    if let Some((fraction, message, _)) = ctx.progress.unstored() {
+        if let Err(e) = queue
             .manual()
-            .record_progress(&[(&ctx.lease, fraction, message.as_str())])?;
+            .record_progress(&[(&ctx.lease, fraction, message.as_str())])
+        {
+            log::warn!("job {id}: storing its last progress failed: {e}");
+        }
     }
     let outcome = outcome_of(result, None, ctx.lease.attempt);
     queue

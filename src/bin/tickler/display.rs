@@ -216,7 +216,13 @@ pub fn job_fields(job: &Job, times: Times) -> Vec<(&'static str, String)> {
             "progress",
             job.progress.as_ref().map_or_else(
                 || "-".to_owned(),
-                |p| format!("{:.0} % {}", p.fraction * 100.0, p.message),
+                |p| {
+                    format!(
+                        "{:.1} % {}",
+                        (p.fraction * 1000.0).floor() / 10.0,
+                        p.message
+                    )
+                },
             ),
         ),
         ("last_error", or_dash(&job.last_error)),

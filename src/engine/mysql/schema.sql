@@ -146,4 +146,4 @@ CREATE TABLE IF NOT EXISTS tickler_holders (
 ALTER TABLE tickler_jobs
     ADD COLUMN progress DOUBLE
         CHECK (progress IS NULL OR (progress >= 0 AND progress <= 1)),
-    ADD COLUMN progress_message TEXT;
+    ADD COLUMN progress_message TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;

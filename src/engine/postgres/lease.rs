@@ -295,28 +295,40 @@ impl Leases for Store {
 impl Store {
     /// See `Leases::record_progress`.
     pub(super) fn store_progress(&self, updates: &[(&Lease, f64, &str)]) -> Result<()> {
-        let mut order: Vec<&(&Lease, f64, &str)> = updates.iter().collect();
-        // In id order, as every batch of this engine locks rows.
-        order.sort_by_key(|(l, ..)| l.job_id.0);
-        let ids: Vec<i64> = order.iter().map(|(l, ..)| l.job_id.0).collect();
-        let tokens: Vec<&str> = order.iter().map(|(l, ..)| l.run_token.0.as_str()).collect();
-        let fractions: Vec<f64> = order.iter().map(|(_, f, _)| *f).collect();
-        let messages: Vec<&str> = order.iter().map(|(.., m)| *m).collect();
+        // One report per run, the last given (as SQLite applies them in
+        // order), in id order, as every batch of this engine locks rows;
+        // the fence below keeps the run that holds the lease.
+        let mut last: std::collections::BTreeMap<(i64, &str), &(&Lease, f64, &str)> =
+            std::collections::BTreeMap::new();
+        for update in updates {
+            last.insert((update.0.job_id.0, update.0.run_token.0.as_str()), update);
+        }
+        let ids: Vec<i64> = last.keys().map(|(id, _)| *id).collect();
+        let tokens: Vec<&str> = last
+            .values()
+            .map(|(l, ..)| l.run_token.0.as_str())
+            .collect();
+        let fractions: Vec<f64> = last.values().map(|(_, f, _)| *f).collect();
+        let messages: Vec<String> = last
+            .values()
+            .map(|(.., m)| super::connection::storable(m).into_owned())
+            .collect();
         self.write(|tx, _| {
             // A row locked by another transaction (its holder's
             // `complete_with` under way) is passed over, not waited for.
             tx.execute(
                 "UPDATE tickler_jobs AS job
                  SET progress = asked.progress, progress_message = asked.message
-                 FROM (SELECT locked.id FROM tickler_jobs AS locked
+                 FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::text[])
+                        AS asked(id, run_token, progress, message),
+                      (SELECT locked.id FROM tickler_jobs AS locked
                        JOIN unnest($1::bigint[], $2::text[]) AS held(id, run_token)
                          ON locked.id = held.id AND locked.run_token = held.run_token
                        WHERE locked.status = 'running'
                        ORDER BY locked.id
-                       FOR UPDATE OF locked SKIP LOCKED) AS free,
-                      unnest($1::bigint[], $3::float8[], $4::text[])
-                        AS asked(id, progress, message)
-                 WHERE job.id = free.id AND asked.id = free.id",
+                       FOR UPDATE OF locked SKIP LOCKED) AS free
+                 WHERE job.id = free.id AND asked.id = free.id
+                   AND job.run_token = asked.run_token",
                 &[&ids, &tokens, &fractions, &messages],
             )?;
             Ok(())
