@@ -285,22 +285,7 @@ impl Leases for Store {
         let ids: Vec<Value> = order.iter().map(|l| Value::from(l.job_id.0)).collect();
         self.write(|tx, _| {
             let now = self.now_ms();
-            // A row locked by another transaction (its holder's
-            // `complete_with` under way) is passed over, not waited for:
-            // the pool's heartbeats must not wait behind it.
-            let free: std::collections::HashSet<i64> = tx
-                .rows(
-                    &format!(
-                        "SELECT id FROM tickler_jobs FORCE INDEX (PRIMARY)
-                         WHERE id IN ({}) AND status = 'running' AND started_at IS NULL
-                         ORDER BY id FOR UPDATE SKIP LOCKED",
-                        marks(ids.len())
-                    ),
-                    ids.clone(),
-                )?
-                .iter()
-                .map(|r| get::<i64>(r, 0))
-                .collect::<Result<_>>()?;
+            let free = running_rows_not_locked(tx, &ids, " AND started_at IS NULL")?;
             for lease in order.iter().filter(|l| free.contains(&l.job_id.0)) {
                 tx.exec_named(
                     concat!(
@@ -320,6 +305,30 @@ impl Leases for Store {
     }
 }
 
+/// Of the running jobs `ids` (in id order) and `also` (an extra
+/// condition), those whose rows this transaction now holds: a row locked
+/// by another transaction (its holder's `complete_with` under way) is
+/// passed over, not waited for, as the pool's heartbeat thread must not
+/// wait behind it.
+fn running_rows_not_locked(
+    tx: &mut Tx<'_>,
+    ids: &[Value],
+    also: &str,
+) -> Result<std::collections::HashSet<i64>> {
+    tx.rows(
+        &format!(
+            "SELECT id FROM tickler_jobs FORCE INDEX (PRIMARY)
+             WHERE id IN ({}) AND status = 'running'{also}
+             ORDER BY id FOR UPDATE SKIP LOCKED",
+            marks(ids.len())
+        ),
+        ids.to_vec(),
+    )?
+    .iter()
+    .map(|r| get::<i64>(r, 0))
+    .collect()
+}
+
 impl Store {
     /// See `Leases::record_progress`.
     pub(super) fn store_progress(&self, updates: &[(&Lease, f64, &str)]) -> Result<()> {
@@ -331,21 +340,7 @@ impl Store {
             .map(|(l, ..)| Value::from(l.job_id.0))
             .collect();
         self.write(|tx, _| {
-            // A row locked by another transaction (its holder's
-            // `complete_with` under way) is passed over, not waited for.
-            let free: std::collections::HashSet<i64> = tx
-                .rows(
-                    &format!(
-                        "SELECT id FROM tickler_jobs FORCE INDEX (PRIMARY)
-                         WHERE id IN ({}) AND status = 'running'
-                         ORDER BY id FOR UPDATE SKIP LOCKED",
-                        marks(ids.len())
-                    ),
-                    ids.clone(),
-                )?
-                .iter()
-                .map(|r| get::<i64>(r, 0))
-                .collect::<Result<_>>()?;
+            let free = running_rows_not_locked(tx, &ids, "")?;
             for (lease, fraction, message) in order.iter().filter(|(l, ..)| free.contains(&l.job_id.0)) {
                 tx.exec_named(
                     concat!(
