@@ -37,6 +37,10 @@ pub enum JobState {
     Scheduled,
     /// Due and waiting for a worker.
     Pending,
+    /// Due, but waiting for a slot of its concurrency limit
+    /// ([`NewJob::limit`]): out of the claim's way until a holder of its
+    /// key gives a slot up, which makes it pending in the same transaction.
+    Blocked,
     /// Claimed by a worker that holds its lease.
     Running,
     /// Finished successfully (terminal).
@@ -49,9 +53,10 @@ pub enum JobState {
 
 impl JobState {
     /// Every state, in life order.
-    pub const ALL: [JobState; 6] = [
+    pub const ALL: [JobState; 7] = [
         JobState::Scheduled,
         JobState::Pending,
+        JobState::Blocked,
         JobState::Running,
         JobState::Succeeded,
         JobState::Dead,
@@ -63,6 +68,7 @@ impl JobState {
         match self {
             JobState::Scheduled => "scheduled",
             JobState::Pending => "pending",
+            JobState::Blocked => "blocked",
             JobState::Running => "running",
             JobState::Succeeded => "succeeded",
             JobState::Dead => "dead",
@@ -94,7 +100,7 @@ impl FromStr for JobState {
             .find(|state| state.as_str() == s)
             .ok_or_else(|| {
                 crate::Error::InvalidArgument(format!(
-                    "unknown job state {s:?}; expected one of scheduled, pending, running, succeeded, dead, cancelled"
+                    "unknown job state {s:?}; expected one of scheduled, pending, blocked, running, succeeded, dead, cancelled"
                 ))
             })
     }
@@ -129,6 +135,8 @@ pub struct NewJob {
     pub(crate) max_attempts: u32,
     pub(crate) unique_key: Option<String>,
     pub(crate) timeout: Option<Duration>,
+    pub(crate) limit: Option<(String, String)>,
+    pub(crate) limit_weight: u32,
 }
 
 impl NewJob {
@@ -145,6 +153,8 @@ impl NewJob {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             unique_key: None,
             timeout: None,
+            limit: None,
+            limit_weight: 1,
         }
     }
 
@@ -202,6 +212,45 @@ impl NewJob {
         self.timeout = Some(timeout);
         self
     }
+
+    /// Runs under the concurrency limit `name` (set with
+    /// [`Queue::set_limit`](crate::Queue::set_limit)), as one holder of
+    /// `key`: at every instant the jobs of that key holding a lease weigh at
+    /// most the limit's `max_per_key` together (and those of all its keys
+    /// at most its `max_total`). A job that does not fit is
+    /// [`JobState::Blocked`] until a slot is free. Weight 1 unless
+    /// [`NewJob::limit_weight`] says otherwise. A limit that is not set
+    /// (or was deleted) limits nothing.
+    ///
+    /// ```
+    /// let job = tickler::NewJob::new("sync").limit("sync", "account-42");
+    /// ```
+    pub fn limit(mut self, name: impl Into<String>, key: impl Into<String>) -> Self {
+        self.limit = Some((name.into(), key.into()));
+        self
+    }
+
+    /// How many slots of its limit's key (and total) the job takes while it
+    /// runs (default 1, at least 1): a 4K transcode may take both slots of
+    /// a box that runs two small ones. Without [`NewJob::limit`] it means
+    /// nothing. A weight over the limit can never run: the claim makes such
+    /// a job dead, saying why.
+    pub fn limit_weight(mut self, weight: u32) -> Self {
+        self.limit_weight = weight;
+        self
+    }
+}
+
+/// The slot of a concurrency limit a job takes while it holds a lease
+/// ([`NewJob::limit`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LimitSlot {
+    /// The limit's name.
+    pub name: String,
+    /// The key within the limit (an account, a device, a remote host).
+    pub key: String,
+    /// Slots taken, at least 1.
+    pub weight: u32,
 }
 
 /// A stored job, as read by `Queue::get` and `Queue::list`.
@@ -258,6 +307,9 @@ pub struct Job {
     /// pool writes a running job's progress a few times a second at
     /// most); kept once the job has finished.
     pub progress: Option<Progress>,
+    /// The concurrency limit slot it takes while it runs
+    /// ([`NewJob::limit`]).
+    pub limit: Option<LimitSlot>,
 }
 
 /// How far a running job is, as its handler reported it with

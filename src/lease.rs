@@ -36,6 +36,9 @@ pub struct Lease {
     /// process that had claimed it ahead). A worker pool records the
     /// start of a job with any before its handler runs.
     pub given_back: u32,
+    /// The concurrency limit slot this run holds ([`crate::NewJob::limit`]);
+    /// it is given up by the fenced statement that ends the lease.
+    pub limit: Option<crate::LimitSlot>,
 }
 
 impl Lease {

@@ -457,6 +457,7 @@ mod events;
 pub mod holder;
 mod job;
 mod lease;
+mod limit;
 mod metrics;
 mod observe;
 mod queue;
@@ -502,10 +503,11 @@ pub use engine::{is_file_location, redacted_location};
 pub use error::{Error, Result};
 pub use events::{Event, JobEvent, JobEventKind, Subscription, TickEvent, DEFAULT_EVENT_BUFFER};
 pub use job::{
-    AttemptError, Job, JobId, JobState, NewJob, Progress, RunToken, DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_QUEUE, MAX_PROGRESS_MESSAGE_BYTES,
+    AttemptError, Job, JobId, JobState, LimitSlot, NewJob, Progress, RunToken,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MAX_PROGRESS_MESSAGE_BYTES,
 };
 pub use lease::Lease;
+pub use limit::{Limit, LimitInfo, LimitKeyUsage, MAX_LIMIT_KEY_BYTES, MAX_LIMIT_NAME_BYTES};
 pub use metrics::WriteLockWaits;
 pub use queue::{
     ActivityBucket, ChangeWatcher, Manual, Ops, Queue, QueueBuilder, QueueCounts, Waker,

@@ -61,6 +61,15 @@ pub(crate) fn run_span(_lease: &Lease) -> NoSpan {
     NoSpan
 }
 
+/// The limits' safety sweep made `n` blocked jobs pending.
+#[cfg(feature = "metrics")]
+pub(crate) fn limit_sweep_unblocked(n: u64) {
+    metrics::counter!("tickler_limit_sweep_unblocked_total").increment(n);
+}
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn limit_sweep_unblocked(_n: u64) {}
+
 /// A handler starts, `lateness` after its job was due.
 #[cfg(feature = "metrics")]
 pub(crate) fn started(lease: &Lease, lateness: Duration) {

@@ -149,6 +149,79 @@ pub(crate) trait OutcomeTx {
     ) -> Result<Result<Result<()>>>;
 }
 
+/// The statements concurrency limits are kept with, in the engine's own
+/// write transaction; the rules that use them are
+/// `crate::queue::limits` (see there for why each lock is taken).
+pub(crate) trait LimitTx {
+    /// The stored limits among `names` (in byte order, each once), locked
+    /// until the transaction ends, in that order: a server engine takes
+    /// each limit's row for update, so the transactions that claim or
+    /// release slots of one limit take turns, and never deadlock on each
+    /// other. A name with no stored limit is absent.
+    fn lock_limits(
+        &mut self,
+        names: &[String],
+    ) -> Result<std::collections::HashMap<String, crate::Limit>>;
+
+    /// The weight of the lease holders of `key` of limit `name` (of all
+    /// its keys for `None`): running jobs, and cancelled or dead ones
+    /// whose lease runs to `now` or later (a holder not yet stopped). Read
+    /// in this transaction, so it counts this transaction's claims.
+    fn held(&mut self, name: &str, key: Option<&str>, now: i64) -> Result<i64>;
+
+    /// Pushes claimed runs back, fenced by their run_tokens: `blocked`,
+    /// with the claim's attempt given back and its lease cleared.
+    fn block(&mut self, leases: &[&Lease]) -> Result<()>;
+
+    /// Makes a claimed job dead with `error`, fenced by its run_token.
+    fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()>;
+
+    /// Up to `n` blocked jobs of `key` of limit `name` (of any key for
+    /// `None`) in claim order (priority, due time, id): id, key, weight.
+    fn blocked(
+        &mut self,
+        name: &str,
+        key: Option<&str>,
+        n: i64,
+    ) -> Result<Vec<crate::queue::limits::Blocked>>;
+
+    /// Makes these blocked jobs pending (those still blocked).
+    fn unblock(&mut self, ids: &[JobId]) -> Result<()>;
+
+    /// Up to `n` (limit, key) pairs with blocked jobs, in byte order, after
+    /// `after`, of limit `only` if given.
+    fn blocked_keys(
+        &mut self,
+        after: Option<&(String, String)>,
+        only: Option<&str>,
+        n: i64,
+    ) -> Result<Vec<(String, String)>>;
+}
+
+/// An engine's stored concurrency limits (each engine's `limits.rs`).
+pub(crate) trait LimitStore {
+    /// Stores `limit` under `name` or replaces it, and makes pending the
+    /// blocked jobs a raise lets run, in one transaction; see
+    /// [`crate::Queue::set_limit`].
+    fn set_limit(&self, name: &str, limit: &crate::Limit) -> Result<()>;
+
+    /// See [`crate::Queue::delete_limit`].
+    fn delete_limit(&self, name: &str) -> Result<bool>;
+
+    /// See [`crate::Queue::limits`].
+    fn limits(&self) -> Result<Vec<crate::LimitInfo>>;
+
+    /// See [`crate::Queue::limit_usage`].
+    fn limit_usage(&self, name: Option<&str>) -> Result<Vec<crate::LimitKeyUsage>>;
+
+    /// One round of the reaper's safety sweep (`crate::queue::limits::sweep`)
+    /// in a write transaction: jobs made pending, and where to go on from.
+    fn sweep_limits(
+        &self,
+        after: Option<&(String, String)>,
+    ) -> Result<(u64, Option<(String, String)>)>;
+}
+
 /// One round of firing due schedules, run by the engine in its write
 /// transaction with its "now" (ms): what was fired, whether the batch was
 /// full (more may be due), and the next tick of any active schedule. See
@@ -605,12 +678,21 @@ pub(crate) trait Reads {
 /// each, since a type has one impl block per trait; every type with all of
 /// them is an engine.
 pub(crate) trait Engine:
-    Capabilities + ScheduleStore + Enqueue + Claims + Leases + Admin + Reads + Send + Sync
+    Capabilities + ScheduleStore + LimitStore + Enqueue + Claims + Leases + Admin + Reads + Send + Sync
 {
 }
 
 impl<T> Engine for T where
-    T: Capabilities + ScheduleStore + Enqueue + Claims + Leases + Admin + Reads + Send + Sync
+    T: Capabilities
+        + ScheduleStore
+        + LimitStore
+        + Enqueue
+        + Claims
+        + Leases
+        + Admin
+        + Reads
+        + Send
+        + Sync
 {
 }
 
@@ -637,6 +719,8 @@ pub(crate) const STATS_COUNTS_SQL: &str =
      UNION ALL
      SELECT queue, 'scheduled', count(*) FROM tickler_jobs WHERE status = 'scheduled' GROUP BY queue
      UNION ALL
+     SELECT queue, 'blocked', count(*) FROM tickler_jobs WHERE status = 'blocked' GROUP BY queue
+     UNION ALL
      SELECT queue, 'running', count(*) FROM tickler_jobs WHERE status = 'running' GROUP BY queue
      UNION ALL
      SELECT queue, status, count(*) FROM tickler_jobs
@@ -649,6 +733,7 @@ pub(crate) const STATS_COUNTS_SQL: &str =
 pub(crate) fn state_index(state: JobState) -> (&'static str, &'static str) {
     match state {
         JobState::Pending => ("status = 'pending'", "priority DESC, run_at, id"),
+        JobState::Blocked => ("status = 'blocked'", "priority DESC, run_at, id"),
         JobState::Scheduled => ("status = 'scheduled'", "run_at, id"),
         JobState::Running => ("status = 'running'", "lease_expires_at, id"),
         JobState::Succeeded => (

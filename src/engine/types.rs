@@ -426,6 +426,21 @@ impl Stats {
     }
 }
 
+/// The limit slot stored in a job's row (`limit_name`, `limit_key`,
+/// `limit_weight`), or `None` for a job without a limit. A key read as NULL
+/// beside a name is the empty key.
+pub(crate) fn limit_slot(
+    name: Option<String>,
+    key: Option<String>,
+    weight: i64,
+) -> Option<crate::job::LimitSlot> {
+    name.map(|name| crate::job::LimitSlot {
+        name,
+        key: key.unwrap_or_default(),
+        weight: u32::try_from(weight.max(1)).unwrap_or(u32::MAX),
+    })
+}
+
 /// A job that passed validation, ready to insert.
 #[derive(Clone)]
 pub(crate) struct ValidJob {
@@ -625,6 +640,8 @@ pub(crate) struct HeldRun {
     pub worker: String,
     /// Whether the run's start was recorded (`started_at`).
     pub started: bool,
+    /// The limit slot it holds, given up when it is taken back.
+    pub limit: Option<crate::job::LimitSlot>,
 }
 
 /// How a lease taken back ends its run.

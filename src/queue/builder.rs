@@ -159,6 +159,7 @@ impl QueueBuilder {
                 config: self,
                 engine,
                 events: EventHub::default(),
+                limit_sweep: Default::default(),
             }),
         };
         // A process that restarts after a crash takes its predecessor's

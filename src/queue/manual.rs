@@ -82,6 +82,18 @@ impl Manual<'_> {
         self.queue.run_due_ticks()
     }
 
+    /// A whole pass of the limits' safety sweep, at once: every key of
+    /// every limit that has blocked jobs is released if it has room.
+    /// Returns how many jobs it made pending, which is 0 unless a release
+    /// was missed (the background [`crate::Reaper`] sweeps a part of the
+    /// keys each round).
+    ///
+    /// # Errors
+    /// The engine's write errors.
+    pub fn sweep_limits(&self) -> Result<u64> {
+        self.queue.sweep_limits()
+    }
+
     /// Takes back jobs whose lease ran out (`lease_expires_at < now`): to
     /// waiting with backoff if attempts are left, else `dead`, with
     /// `last_error` saying the lease expired. Each update repeats the

@@ -42,6 +42,7 @@
 mod app_tx;
 mod builder;
 mod claim;
+pub(crate) mod limits;
 mod manual;
 pub(crate) use manual::check_progress;
 mod ops;
@@ -89,6 +90,9 @@ struct Inner {
     engine: Box<dyn Engine>,
     /// Subscribers to what this process does through this queue.
     events: EventHub,
+    /// Where the reaper's safety sweep of blocked jobs goes on from, and
+    /// what it found (`crate::queue::limits::sweep`).
+    limit_sweep: limits::SweepState,
 }
 
 impl std::fmt::Debug for Inner {
@@ -343,10 +347,11 @@ impl Queue {
         // An outcome that makes a job claimable again (a retry, a snooze, a
         // release) or frees a unique_key wakes this process's fetchers;
         // other processes see the commit.
-        if outcomes
-            .iter()
-            .any(|(_, o)| !matches!(o, Outcome::Complete | Outcome::FailPermanently(_)))
-        {
+        // So does one that freed a limit's slot (a blocked job may be
+        // pending now).
+        if outcomes.iter().any(|(lease, o)| {
+            lease.limit.is_some() || !matches!(o, Outcome::Complete | Outcome::FailPermanently(_))
+        }) {
             self.engine().wake_watchers();
         }
         Ok(recorded)

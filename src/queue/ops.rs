@@ -31,6 +31,13 @@ impl Queue {
 }
 
 impl Ops<'_> {
+    /// Blocked jobs the limits' safety sweep of this process made pending
+    /// since the queue was opened: each a slot some release failed to hand
+    /// on. It should stay 0.
+    pub fn limit_sweep_unblocked(&self) -> u64 {
+        self.queue.limit_sweep_unblocked()
+    }
+
     /// Jobs per queue and state for a dashboard, each counted through an
     /// index of its state up to `cap`: the cost grows with the queues and
     /// `cap`, not with the table. A count that reached `cap` is in

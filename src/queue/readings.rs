@@ -125,7 +125,7 @@ impl Queue {
             jobs.extend(engine.list_in_queue(state, &queue, limit)?);
         }
         match state {
-            JobState::Pending => {
+            JobState::Pending | JobState::Blocked => {
                 jobs.sort_by_key(|j| (std::cmp::Reverse(j.priority), j.run_at, j.id))
             }
             JobState::Scheduled => jobs.sort_by_key(|j| (j.run_at, j.id)),

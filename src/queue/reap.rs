@@ -64,6 +64,8 @@ impl Queue {
             synced_after_taking_back(self);
             engine.wake_watchers();
         }
+        // And the limits' safety sweep: a bounded part of it per round.
+        self.sweep_limits_round()?;
         // The background reaper's round is also the engine's upkeep.
         engine.upkeep();
         Ok(total)

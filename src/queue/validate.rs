@@ -34,6 +34,23 @@ pub(crate) fn json_depth_exceeds(value: &serde_json::Value, limit: usize) -> boo
     }
     false
 }
+/// A limit's name: not empty, at most [`crate::MAX_LIMIT_NAME_BYTES`].
+pub(crate) fn check_limit_name(name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::InvalidArgument(
+            "limit name is empty: name the limit set with Queue::set_limit".into(),
+        ));
+    }
+    if name.len() > crate::MAX_LIMIT_NAME_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "limit name is {} bytes; the longest is {} (MAX_LIMIT_NAME_BYTES)",
+            name.len(),
+            crate::MAX_LIMIT_NAME_BYTES
+        )));
+    }
+    Ok(())
+}
+
 impl Queue {
     pub(crate) fn validate(&self, job: NewJob, now: i64) -> Result<ValidJob> {
         if job.kind.is_empty() {
@@ -58,6 +75,21 @@ impl Queue {
                 })
             }
             _ => {}
+        }
+        if let Some((name, key)) = &job.limit {
+            check_limit_name(name)?;
+            if key.len() > crate::MAX_LIMIT_KEY_BYTES {
+                return Err(Error::InvalidArgument(format!(
+                    "limit key is {} bytes; the longest is {} (MAX_LIMIT_KEY_BYTES)",
+                    key.len(),
+                    crate::MAX_LIMIT_KEY_BYTES
+                )));
+            }
+        }
+        if job.limit_weight == 0 {
+            return Err(Error::InvalidArgument(
+                "limit_weight is 0: a job takes at least one slot of its limit".into(),
+            ));
         }
         if json_depth_exceeds(&job.payload, MAX_PAYLOAD_DEPTH) {
             return Err(Error::PayloadTooDeep {

@@ -14,6 +14,7 @@ mod backoff;
 mod claim_exclusivity;
 mod clock_step;
 mod clock_step_backward;
+mod concurrency_limits;
 mod crash_costs;
 mod fencing;
 mod paused_holder;

@@ -314,3 +314,59 @@ fn the_sqlite_tickler_is_built_with_has_the_wal_reset_fix() {
         "SQLite {version} has the WAL-reset bug (fixed in 3.51.3)"
     );
 }
+
+/// The status CHECK is loosened in place to admit `blocked` (SQLite cannot
+/// alter a CHECK): a file written by the previous schema keeps its jobs and
+/// passes SQLite's integrity check, its unique keys still hold, and a
+/// blocked job can be stored in it at once, on the connection that
+/// migrated it and on others.
+#[cfg(unix)]
+#[test]
+fn a_file_of_the_schema_before_limits_migrates_keeping_its_jobs() {
+    let (_dir, path) = common::temp_db();
+    let schema = include_str!("../../src/engine/sqlite/schema.sql");
+    let before = &schema[..schema.find("\n-- migration: 9").expect("migration 9")];
+    {
+        let conn = common::raw(&path);
+        conn.execute_batch("PRAGMA journal_mode = WAL").unwrap();
+        let body = before[before.find("-- migration: 1").unwrap()..].to_owned();
+        conn.execute_batch(&format!("BEGIN; {body}; PRAGMA user_version = 8; COMMIT;"))
+            .unwrap();
+        insert_raw(&conn, &[("unique_key", "'only-one'")]).unwrap();
+        insert_raw(&conn, &[("status", "'blocked'")]).unwrap_err();
+    }
+    let queue = Queue::open(&path).unwrap();
+    assert_eq!(user_version(&path), tickler::Ops::schema_version());
+    let kept = queue.get(tickler::JobId(1)).unwrap();
+    assert_eq!(kept.unique_key.as_deref(), Some("only-one"));
+    assert_eq!(
+        queue
+            .enqueue(NewJob::new("k").unique_key("only-one"))
+            .unwrap(),
+        tickler::JobId(1)
+    );
+    queue.set_limit("l", tickler::Limit::per_key(1)).unwrap();
+    let a = queue.enqueue(NewJob::new("k").limit("l", "x")).unwrap();
+    let b = queue.enqueue(NewJob::new("k").limit("l", "x")).unwrap();
+    let claimed = queue
+        .manual()
+        .claim("default", "w", 10, common::secs(30))
+        .unwrap();
+    assert_eq!(claimed.len(), 2, "job 1 and one of a, b");
+    let blocked = if claimed.iter().any(|l| l.job_id == a) {
+        b
+    } else {
+        a
+    };
+    assert_eq!(
+        queue.get(blocked).unwrap().state,
+        tickler::JobState::Blocked
+    );
+    let conn = common::raw(&path);
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    insert_raw(&conn, &[("status", "'blocked'")]).unwrap();
+    insert_raw(&conn, &[("status", "'waiting'")]).unwrap_err();
+}

@@ -638,20 +638,21 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
     for state in [
         JobState::Dead,
         JobState::Running,
+        JobState::Blocked,
         JobState::Pending,
         JobState::Scheduled,
         JobState::Cancelled,
         JobState::Succeeded,
     ] {
         let jobs = queue.ops().list_state(state, LISTED)?;
-        let _ = write!(html, "<h2>{} ({} {LISTED})</h2><table id=jobs-{}><tr><th>id</th><th>queue</th><th>kind</th><th>attempts</th><th>when (UTC)</th><th>errors</th><th></th></tr>", state.as_str(), if matches!(state, JobState::Pending | JobState::Scheduled | JobState::Running) { "first" } else { "newest" }, state.as_str());
+        let _ = write!(html, "<h2>{} ({} {LISTED})</h2><table id=jobs-{}><tr><th>id</th><th>queue</th><th>kind</th><th>attempts</th><th>when (UTC)</th><th>errors</th><th></th></tr>", state.as_str(), if matches!(state, JobState::Pending | JobState::Blocked | JobState::Scheduled | JobState::Running) { "first" } else { "newest" }, state.as_str());
         for job in jobs {
             let errors = error_cell(&job);
             let actions = match state {
                 JobState::Dead | JobState::Cancelled => {
                     button(csrf, "retry", "id", &job.id.0.to_string(), "retry")
                 }
-                JobState::Scheduled | JobState::Pending | JobState::Running => {
+                JobState::Scheduled | JobState::Pending | JobState::Blocked | JobState::Running => {
                     button(csrf, "cancel", "id", &job.id.0.to_string(), "cancel")
                 }
                 JobState::Succeeded => String::new(),
@@ -661,6 +662,13 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
             };
             let when = match state {
                 JobState::Scheduled | JobState::Pending => format!("due {}", at(Some(job.run_at))),
+                JobState::Blocked => format!(
+                    "due {}, waiting for limit {}",
+                    at(Some(job.run_at)),
+                    job.limit
+                        .as_ref()
+                        .map_or_else(String::new, |l| format!("{}/{}", l.name, l.key))
+                ),
                 JobState::Running => format!(
                     "started {} by {}, lease until {}",
                     at(job.claimed_at),

@@ -378,6 +378,7 @@ fn held_run(row: &mysql::Row) -> Result<HeldRun> {
         attempts: u32::try_from(attempts.max(0)).unwrap_or(u32::MAX),
         worker: get(row, 3)?,
         started: get::<i64>(row, 5)? != 0,
+        limit: None,
     })
 }
 

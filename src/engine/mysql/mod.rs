@@ -47,6 +47,7 @@ mod claim;
 mod connection;
 mod enqueue;
 mod lease;
+mod limits;
 mod migrate;
 mod outcome;
 mod read;

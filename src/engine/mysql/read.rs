@@ -114,7 +114,7 @@ impl Reads for Store {
         };
         let sql = format!(
             "SELECT count(*) FROM tickler_jobs
-             WHERE status IN ('scheduled', 'pending', 'running')
+             WHERE status IN ('scheduled', 'pending', 'blocked', 'running')
                AND queue IN ({}) {kind_filter}",
             marks(queues.len())
         );

@@ -20,7 +20,8 @@ pub(crate) const LEASE_COLUMNS: &str =
 pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
-    created_at, finished_at, errors, progress, progress_message";
+    created_at, finished_at, errors, progress, progress_message, \
+    limit_name, limit_key, limit_weight";
 
 /// Column `i` of `r` as a `T`.
 pub(crate) fn get<T: FromValue>(r: &Row, i: usize) -> Result<T> {
@@ -94,6 +95,7 @@ pub(crate) fn claimed_from_row(r: &Row, fresh: Option<&Fresh<'_>>) -> Result<Cla
         lease_expires_at: ms_to_datetime(expires),
         timeout: timeout(get(r, 10)?),
         given_back: count(get(r, 11)?),
+        limit: None,
     };
     Ok(if problems.is_empty() {
         ClaimedRow::Readable(lease)
@@ -150,6 +152,7 @@ pub(crate) fn job_from_row(r: &Row) -> Result<Job> {
         errors,
         unreadable: (!problems.is_empty()).then(|| problems.join("; ")),
         progress: crate::engine::types::progress(get(r, 19)?, get(r, 20)?),
+        limit: crate::engine::types::limit_slot(get(r, 21)?, get(r, 22)?, get(r, 23)?),
     })
 }
 

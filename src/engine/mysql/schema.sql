@@ -147,3 +147,31 @@ ALTER TABLE tickler_jobs
     ADD COLUMN progress DOUBLE
         CHECK (progress IS NULL OR (progress >= 0 AND progress <= 1)),
     ADD COLUMN progress_message TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+
+-- migration: 4
+-- Concurrency limits, as in the SQLite schema (migration 9 there): the
+-- limit, key and weight a job names, the state `blocked`, a blocked job
+-- keeping its unique_key, and the stored limits. The job table's part in
+-- one statement (see migration 2 for a rerun after a cut).
+ALTER TABLE tickler_jobs
+    ADD COLUMN limit_name VARBINARY(255),
+    ADD COLUMN limit_key VARBINARY(1024),
+    ADD COLUMN limit_weight BIGINT NOT NULL DEFAULT 1 CHECK (limit_weight >= 1),
+    DROP CONSTRAINT tickler_jobs_status,
+    ADD CONSTRAINT tickler_jobs_status CHECK (status IN
+        ('scheduled', 'pending', 'blocked', 'running', 'succeeded', 'dead', 'cancelled')),
+    MODIFY COLUMN unique_live VARBINARY(1024)
+        AS (CASE WHEN status IN ('scheduled', 'pending', 'blocked', 'running')
+                 THEN unique_key END) STORED,
+    ADD KEY tickler_jobs_limit (limit_name, status, limit_key, lease_expires_at),
+    ADD KEY tickler_jobs_blocked (status, limit_name, limit_key, priority DESC, run_at, id),
+    ADD KEY tickler_jobs_blocked_total (status, limit_name, priority DESC, run_at, id);
+
+CREATE TABLE IF NOT EXISTS tickler_limits (
+    name        VARBINARY(255) NOT NULL PRIMARY KEY,
+    max_per_key BIGINT         NOT NULL,
+    max_total   BIGINT,
+    updated_at  BIGINT         NOT NULL,
+    CONSTRAINT tickler_limits_values CHECK (length(name) > 0 AND max_per_key >= 1
+                                            AND (max_total IS NULL OR max_total >= 1))
+) ENGINE = InnoDB ROW_FORMAT = DYNAMIC;

@@ -354,6 +354,7 @@ fn held_run(row: &postgres::Row) -> HeldRun {
         attempts: u32::try_from(attempts.max(0)).unwrap_or(u32::MAX),
         worker: row.get(3),
         started: row.get(5),
+        limit: None,
     }
 }
 

@@ -17,7 +17,8 @@ pub(crate) const LEASE_COLUMNS: &str =
 pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
-    created_at, finished_at, errors::text, progress, progress_message";
+    created_at, finished_at, errors::text, progress, progress_message, \
+    limit_name, limit_key, limit_weight";
 
 fn count(n: i64) -> u32 {
     u32::try_from(n.max(0)).unwrap_or(u32::MAX)
@@ -46,6 +47,7 @@ pub(crate) fn claimed_from_row(r: &Row) -> crate::Result<ClaimedRow> {
             lease_expires_at: ms_to_datetime(r.try_get(9)?),
             timeout: timeout(r.try_get(10)?),
             given_back: count(r.try_get(11)?),
+            limit: None,
         })
     };
     Ok(match serde_json::from_str(&payload) {
@@ -103,6 +105,7 @@ pub(crate) fn job_from_row(r: &Row) -> crate::Result<Job> {
         errors,
         unreadable: (!problems.is_empty()).then(|| problems.join("; ")),
         progress: crate::engine::types::progress(r.try_get(19)?, r.try_get(20)?),
+        limit: crate::engine::types::limit_slot(r.try_get(21)?, r.try_get(22)?, r.try_get(23)?),
     })
 }
 

@@ -155,3 +155,33 @@ ALTER TABLE tickler_jobs
     ADD COLUMN progress DOUBLE PRECISION
         CHECK (progress IS NULL OR (progress >= 0 AND progress <= 1)),
     ADD COLUMN progress_message TEXT;
+
+-- migration: 6
+-- Concurrency limits, as in the SQLite schema (migration 9 there): the
+-- stored limits, the limit, key and weight a job names, the state
+-- `blocked`, and a blocked job keeping its unique_key.
+CREATE TABLE tickler_limits (
+    name        TEXT   COLLATE "C" PRIMARY KEY CHECK (length(name) > 0),
+    max_per_key BIGINT NOT NULL CHECK (max_per_key >= 1),
+    max_total   BIGINT CHECK (max_total IS NULL OR max_total >= 1),
+    updated_at  BIGINT NOT NULL
+);
+ALTER TABLE tickler_jobs
+    ADD COLUMN limit_name TEXT COLLATE "C",
+    ADD COLUMN limit_key TEXT COLLATE "C",
+    ADD COLUMN limit_weight BIGINT NOT NULL DEFAULT 1 CHECK (limit_weight >= 1),
+    DROP CONSTRAINT tickler_jobs_status_check,
+    ADD CONSTRAINT tickler_jobs_status_check CHECK (status IN
+        ('scheduled', 'pending', 'blocked', 'running', 'succeeded', 'dead', 'cancelled'));
+DROP INDEX tickler_jobs_unique_key;
+CREATE UNIQUE INDEX tickler_jobs_unique_key
+    ON tickler_jobs (unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'pending', 'blocked', 'running');
+CREATE INDEX tickler_jobs_limit
+    ON tickler_jobs (limit_name, status, limit_key, lease_expires_at) WHERE limit_name IS NOT NULL;
+CREATE INDEX tickler_jobs_blocked
+    ON tickler_jobs (limit_name, limit_key, priority DESC, run_at, id) WHERE status = 'blocked';
+CREATE INDEX tickler_jobs_blocked_queue
+    ON tickler_jobs (queue, priority DESC, run_at, id) WHERE status = 'blocked';
+CREATE INDEX tickler_jobs_blocked_total
+    ON tickler_jobs (limit_name, priority DESC, run_at, id) WHERE status = 'blocked';

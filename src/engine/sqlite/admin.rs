@@ -47,7 +47,7 @@ impl Admin for Store {
                 .prepare_cached(
                     "SELECT held.unique_key, held.id FROM tickler_jobs AS job
                      JOIN tickler_jobs AS held ON held.unique_key = job.unique_key
-                     WHERE job.id = ?1 AND held.status IN ('scheduled', 'pending', 'running')",
+                     WHERE job.id = ?1 AND held.status IN ('scheduled', 'pending', 'blocked', 'running')",
                 )?
                 .query_row([id.0], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()?;
@@ -124,7 +124,7 @@ impl Admin for Store {
                 .collect::<rusqlite::Result<_>>()?;
             let mut held = tx.prepare_cached(
                 "SELECT 1 FROM tickler_jobs WHERE unique_key = ?1
-                   AND status IN ('scheduled', 'pending', 'running')",
+                   AND status IN ('scheduled', 'pending', 'blocked', 'running')",
             )?;
             let mut revive = tx.prepare_cached(
                 "UPDATE tickler_jobs SET status = 'pending', attempts = 0, run_at = ?1,

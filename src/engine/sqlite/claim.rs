@@ -194,7 +194,19 @@ impl Claims for Store {
                         rest = after;
                     }
                 }
+                // The slots these outcomes gave up go to the jobs blocked
+                // on them, in this transaction.
+                let freed: Vec<&crate::job::LimitSlot> = pending_outcomes
+                    .iter()
+                    .filter_map(|(lease, _)| lease.limit.as_ref())
+                    .collect();
                 let Some((claim, lease_ms, sql)) = &claim else {
+                    crate::queue::limits::settle(
+                        &mut super::limits::InTransaction(tx),
+                        &freed,
+                        Vec::new(),
+                        now,
+                    )?;
                     return Ok((recorded, Some(Vec::new())));
                 };
                 let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
@@ -214,6 +226,16 @@ impl Claims for Store {
                     .execute(params![self.holder_id, self.holder])?;
                 }
                 let claimed = (claim.rules)(&mut claim_tx, claim.request, now, expires)?;
+                let limits = &mut super::limits::InTransaction(tx);
+                let claimed = match claimed {
+                    Some(claimed) => {
+                        Some(crate::queue::limits::settle(limits, &freed, claimed, now)?.0)
+                    }
+                    None => {
+                        crate::queue::limits::settle(limits, &freed, Vec::new(), now)?;
+                        None
+                    }
+                };
                 Ok((recorded, claimed))
             })?;
             if claim.is_some() {

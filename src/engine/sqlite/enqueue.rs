@@ -18,13 +18,14 @@ pub(crate) fn insert_valid(
 ) -> Result<Vec<JobId>> {
     let mut insert = tx.prepare_cached(
         "INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at,
-             max_attempts, unique_key, timeout_ms, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+             max_attempts, unique_key, timeout_ms, created_at, limit_name, limit_key,
+             limit_weight)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
          ON CONFLICT DO NOTHING",
     )?;
     let mut held = tx.prepare_cached(
         "SELECT id FROM tickler_jobs WHERE unique_key = ?1
-           AND status IN ('scheduled', 'pending', 'running')",
+           AND status IN ('scheduled', 'pending', 'blocked', 'running')",
     )?;
     let mut ids = Vec::with_capacity(rows.len());
     for row in rows {
@@ -34,6 +35,10 @@ pub(crate) fn insert_valid(
             JobState::Pending
         } else {
             JobState::Scheduled
+        };
+        let (limit_name, limit_key) = match &job.limit {
+            Some((name, key)) => (Some(name), Some(key)),
+            None => (None, None),
         };
         let inserted = insert.execute(params![
             job.queue,
@@ -45,7 +50,10 @@ pub(crate) fn insert_valid(
             job.max_attempts,
             job.unique_key,
             row.timeout_ms,
-            now
+            now,
+            limit_name,
+            limit_key,
+            job.limit_weight
         ])?;
         if inserted == 1 {
             ids.push(JobId(tx.last_insert_rowid()));

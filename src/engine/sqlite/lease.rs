@@ -124,11 +124,14 @@ impl Leases for Store {
                 .collect::<rusqlite::Result<_>>()?;
             // A cancelled job's holder that never reported is gone once its
             // lease ran out: its unique_key no longer waits for it.
-            tx.prepare_cached(
-                "UPDATE tickler_jobs SET lease_expires_at = NULL
-                 WHERE status IN ('cancelled', 'dead') AND lease_expires_at < ?1",
-            )?
-            .execute([now])?;
+            let stopped = tx
+                .prepare_cached(
+                    "UPDATE tickler_jobs SET lease_expires_at = NULL
+                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at < ?1
+                     RETURNING limit_name, limit_key, limit_weight",
+                )?
+                .query_map([now], slot_of)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
             let batch_full = expired.len() as i64 >= REAP_BATCH;
             let mut left = Vec::new();
             let mut chosen = Vec::new();
@@ -140,6 +143,7 @@ impl Leases for Store {
                 }
             }
             let taken = take_back_runs(tx, &chosen, now, now, &policy)?;
+            release_slots(tx, &chosen, &stopped, stepped_now)?;
             Ok(ReapLook {
                 taken,
                 left,
@@ -195,13 +199,18 @@ impl Leases for Store {
                 .collect::<rusqlite::Result<_>>()?;
             // A stopping job (cancelled, or dead past its timeout) whose
             // holder is gone keeps its unique_key no longer.
-            tx.prepare_cached(
-                "UPDATE tickler_jobs SET lease_expires_at = NULL
-                 WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
-                   AND holder_id IN (SELECT value FROM json_each(?1))",
-            )?
-            .execute([&holders])?;
-            take_back_runs(tx, &runs, now, MAX_TIMESTAMP_MS, &policy)
+            let stopped = tx
+                .prepare_cached(
+                    "UPDATE tickler_jobs SET lease_expires_at = NULL
+                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
+                       AND holder_id IN (SELECT value FROM json_each(?1))
+                     RETURNING limit_name, limit_key, limit_weight",
+                )?
+                .query_map([&holders], slot_of)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let taken = take_back_runs(tx, &runs, now, MAX_TIMESTAMP_MS, &policy)?;
+            release_slots(tx, &runs, &stopped, now)?;
+            Ok(taken)
         })?;
         self.notify_watchers();
         Ok(taken)
@@ -256,9 +265,40 @@ const MARK_STARTED_SQL: &str = concat!(
     " AND started_at IS NULL"
 );
 
+/// The limit slot in `limit_name, limit_key, limit_weight`, if any.
+fn slot_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Option<crate::job::LimitSlot>> {
+    Ok(limit_slot(r.get(0)?, r.get(1)?, r.get(2)?))
+}
+
+/// Hands the slots of `runs` (taken back, or left running if a heartbeat
+/// won: an extra look costs nothing) and of stopped holders to the jobs
+/// blocked on them, in the transaction that freed them.
+fn release_slots(
+    tx: &rusqlite::Transaction<'_>,
+    runs: &[HeldRun],
+    stopped: &[Option<crate::job::LimitSlot>],
+    now: i64,
+) -> Result<()> {
+    let freed: Vec<&crate::job::LimitSlot> = runs
+        .iter()
+        .filter_map(|r| r.limit.as_ref())
+        .chain(stopped.iter().flatten())
+        .collect();
+    if !freed.is_empty() {
+        crate::queue::limits::settle(
+            &mut super::limits::InTransaction(tx),
+            &freed,
+            Vec::new(),
+            now,
+        )?;
+    }
+    Ok(())
+}
+
 /// The columns of a [`HeldRun`].
 const HELD_RUN_COLUMNS: &str =
-    "id, run_token, lease_expires_at, attempts, coalesce(claimed_by, '?'), started_at IS NOT NULL";
+    "id, run_token, lease_expires_at, attempts, coalesce(claimed_by, '?'), started_at IS NOT NULL, \
+    limit_name, limit_key, limit_weight";
 
 fn held_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<HeldRun> {
     Ok(HeldRun {
@@ -270,6 +310,7 @@ fn held_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<HeldRun> {
         attempts: r.get(3)?,
         worker: r.get(4)?,
         started: r.get(5)?,
+        limit: limit_slot(r.get(6)?, r.get(7)?, r.get(8)?),
     })
 }
 

@@ -27,6 +27,7 @@ mod connection;
 mod enqueue;
 mod file_events;
 mod lease;
+mod limits;
 mod migrate;
 mod outcome;
 mod read;

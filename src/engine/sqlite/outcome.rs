@@ -339,12 +339,22 @@ impl Store {
     ) -> Result<()> {
         self.write(|tx| {
             app_writes(tx).map_err(|e| if e.is_busy() { Error::aborted(e) } else { e })?;
+            let now = self.now_ms();
             let changed = tx.prepare_cached(COMPLETE_SQL)?.execute(params![
-                self.now_ms(),
+                now,
                 lease.job_id.0,
                 lease.run_token.0
             ])?;
-            fenced(changed, lease)
+            fenced(changed, lease)?;
+            if let Some(slot) = &lease.limit {
+                crate::queue::limits::settle(
+                    &mut super::limits::InTransaction(tx),
+                    &[slot],
+                    Vec::new(),
+                    now,
+                )?;
+            }
+            Ok(())
         })
     }
 }

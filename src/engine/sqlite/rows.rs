@@ -9,12 +9,13 @@ use chrono::{DateTime, Utc};
 use std::time::Duration;
 
 pub(crate) const LEASE_COLUMNS: &str =
-    "id, queue, kind, payload, priority, run_at, attempts, max_attempts, run_token, lease_expires_at, timeout_ms, given_back";
+    "id, queue, kind, payload, priority, run_at, attempts, max_attempts, run_token, lease_expires_at, timeout_ms, given_back, \
+    limit_name, limit_key, limit_weight";
 
 pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
-    created_at, finished_at, errors, progress, progress_message";
+    created_at, finished_at, errors, progress, progress_message, limit_name, limit_key, limit_weight";
 
 pub(crate) fn claimed_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let job_id = JobId(r.get(0)?);
@@ -35,6 +36,11 @@ pub(crate) fn claimed_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Claime
             .get::<Option<i64>>(10, "timeout_ms")
             .map(|ms| Duration::from_millis(ms.unsigned_abs())),
         given_back: row.get(11, "given_back"),
+        limit: limit_slot(
+            row.opt_text(12, "limit_name"),
+            row.opt_text(13, "limit_key"),
+            row.get(14, "limit_weight"),
+        ),
     };
     Ok(match row.finish() {
         None => ClaimedRow::Readable(lease),
@@ -46,7 +52,7 @@ pub(crate) fn claimed_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Claime
     })
 }
 
-use crate::engine::types::progress;
+use crate::engine::types::{limit_slot, progress};
 
 pub(crate) fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
     let id = JobId(r.get(0)?);
@@ -82,6 +88,11 @@ pub(crate) fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
         progress: progress(
             row.get::<Option<f64>>(19, "progress"),
             row.opt_text(20, "progress_message"),
+        ),
+        limit: limit_slot(
+            row.opt_text(21, "limit_name"),
+            row.opt_text(22, "limit_key"),
+            row.get(23, "limit_weight"),
         ),
     };
     job.unreadable = row.finish();

@@ -15,6 +15,7 @@
 --              run_at"); promoted to pending by the claim transaction once due.
 --              Kept apart so a claim never scans jobs that are not due.
 --   pending    due, waiting for a worker.
+--   blocked    due, waiting for a slot of its concurrency limit (migration 9).
 --   running    claimed: has a run_token and a lease.
 --   succeeded, dead, cancelled: terminal, have finished_at.
 
@@ -225,3 +226,50 @@ ALTER TABLE tickler_jobs ADD COLUMN given_back INTEGER NOT NULL DEFAULT 0
 ALTER TABLE tickler_jobs ADD COLUMN progress REAL
     CHECK (progress IS NULL OR (progress >= 0 AND progress <= 1));
 ALTER TABLE tickler_jobs ADD COLUMN progress_message TEXT;
+
+-- migration: 9
+-- Concurrency limits (src/limit.rs, the rules in src/queue/limits.rs).
+--
+-- A limit stored by name: at most max_per_key slots taken per key, and
+-- at most max_total over all its keys if set.
+CREATE TABLE tickler_limits (
+    name        TEXT    PRIMARY KEY CHECK (length(name) > 0),
+    max_per_key INTEGER NOT NULL CHECK (max_per_key >= 1),
+    max_total   INTEGER CHECK (max_total IS NULL OR max_total >= 1),
+    updated_at  INTEGER NOT NULL
+) STRICT;
+-- The limit, key and weight a job names. A job holds limit_weight slots
+-- of its key while its row holds a lease: running, or cancelled or dead
+-- with lease_expires_at set (a holder that has not stopped yet). Nothing
+-- else counts slots, so there is nothing to get out of step with the rows.
+ALTER TABLE tickler_jobs ADD COLUMN limit_name TEXT;
+ALTER TABLE tickler_jobs ADD COLUMN limit_key TEXT;
+ALTER TABLE tickler_jobs ADD COLUMN limit_weight INTEGER NOT NULL DEFAULT 1
+    CHECK (limit_weight >= 1);
+-- The state `blocked`: due, but waiting for a slot of its limit, out of
+-- the claim's index. The status CHECK above gains it in place (SQLite's
+-- documented way to loosen a CHECK: the stored rows do not change).
+PRAGMA writable_schema = ON;
+UPDATE sqlite_schema
+   SET sql = replace(sql, '(''scheduled'', ''pending'', ''running'', ''succeeded'', ''dead'', ''cancelled'')',
+                     '(''scheduled'', ''pending'', ''blocked'', ''running'', ''succeeded'', ''dead'', ''cancelled'')')
+ WHERE type = 'table' AND name = 'tickler_jobs';
+PRAGMA writable_schema = RESET;
+-- A blocked job keeps its unique_key like any unfinished job.
+DROP INDEX tickler_jobs_unique_key;
+CREATE UNIQUE INDEX tickler_jobs_unique_key
+    ON tickler_jobs (unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'pending', 'blocked', 'running');
+-- Slots held and pending per key: the rows of limited jobs by state.
+CREATE INDEX tickler_jobs_limit
+    ON tickler_jobs (limit_name, status, limit_key, lease_expires_at) WHERE limit_name IS NOT NULL;
+-- Blocked jobs of a key in claim order: the next to get a freed slot.
+CREATE INDEX tickler_jobs_blocked
+    ON tickler_jobs (limit_name, limit_key, priority DESC, run_at, id) WHERE status = 'blocked';
+-- The operator's lists of blocked jobs by queue.
+CREATE INDEX tickler_jobs_blocked_queue
+    ON tickler_jobs (queue, priority DESC, run_at, id) WHERE status = 'blocked';
+-- Blocked jobs of a limit in claim order, whatever their key (a limit
+-- with a total: a freed slot may go to any key).
+CREATE INDEX tickler_jobs_blocked_total
+    ON tickler_jobs (limit_name, priority DESC, run_at, id) WHERE status = 'blocked';

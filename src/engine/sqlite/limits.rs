@@ -1,0 +1,286 @@
+//! Concurrency limits on SQLite: the stored limits, and the [`LimitTx`]
+//! the rules of `crate::queue::limits` run on. A file has one writer at a
+//! time, so the write transaction is the limits' lock: nothing more is
+//! taken.
+
+use super::outcome::DEAD_SQL;
+use super::Store;
+use crate::clock::ms_to_datetime;
+use crate::engine::{LimitStore, LimitTx};
+use crate::error::Result;
+use crate::job::JobId;
+use crate::lease::Lease;
+use crate::limit::{Limit, LimitInfo, LimitKeyUsage};
+use crate::queue::limits::{self, Blocked};
+use rusqlite::{params, OptionalExtension};
+use std::collections::HashMap;
+
+/// The weight of the lease holders of one key (?1 name, ?2 key, ?3 now):
+/// one term per state, each a range of the limit index.
+const HELD_KEY_SQL: &str = "SELECT
+      (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
+       WHERE limit_name = ?1 AND status = 'running' AND limit_key = ?2)
+    + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
+       WHERE limit_name = ?1 AND status = 'cancelled' AND limit_key = ?2
+         AND lease_expires_at >= ?3)
+    + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
+       WHERE limit_name = ?1 AND status = 'dead' AND limit_key = ?2
+         AND lease_expires_at >= ?3)";
+
+/// HELD_KEY_SQL over all keys of a limit (?1 name, ?2 now).
+const HELD_TOTAL_SQL: &str = "SELECT
+      (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
+       WHERE limit_name = ?1 AND status = 'running')
+    + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
+       WHERE limit_name = ?1 AND status IN ('cancelled', 'dead') AND lease_expires_at >= ?2)";
+
+/// A claimed run pushed back for want of a slot: as before its claim,
+/// blocked. ?1 id, ?2 run_token.
+const BLOCK_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'blocked', attempts = attempts - 1, run_token = NULL,
+        lease_expires_at = NULL, claimed_by = NULL, claimed_at = NULL, holder_id = NULL,
+        started_at = NULL ",
+    crate::engine::fence!("?1", "?2")
+);
+
+/// The [`LimitTx`] of a write transaction on the file.
+pub(crate) struct InTransaction<'a, 'c>(pub(crate) &'a rusqlite::Transaction<'c>);
+
+impl LimitTx for InTransaction<'_, '_> {
+    fn lock_limits(&mut self, names: &[String]) -> Result<HashMap<String, Limit>> {
+        let names = serde_json::to_string(names)?;
+        let rows = self
+            .0
+            .prepare_cached(
+                "SELECT name, max_per_key, max_total FROM tickler_limits
+                 WHERE name IN (SELECT value FROM json_each(?1))",
+            )?
+            .query_map([names], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    Limit {
+                        max_per_key: stored_count(r.get(1)?),
+                        max_total: r.get::<_, Option<i64>>(2)?.map(stored_count),
+                    },
+                ))
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(rows)
+    }
+
+    fn held(&mut self, name: &str, key: Option<&str>, now: i64) -> Result<i64> {
+        Ok(match key {
+            Some(key) => self
+                .0
+                .prepare_cached(HELD_KEY_SQL)?
+                .query_row(params![name, key, now], |r| r.get(0))?,
+            None => self
+                .0
+                .prepare_cached(HELD_TOTAL_SQL)?
+                .query_row(params![name, now], |r| r.get(0))?,
+        })
+    }
+
+    fn block(&mut self, leases: &[&Lease]) -> Result<()> {
+        let mut stmt = self.0.prepare_cached(BLOCK_SQL)?;
+        for lease in leases {
+            stmt.execute(params![lease.job_id.0, lease.run_token.0])?;
+        }
+        Ok(())
+    }
+
+    fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()> {
+        self.0
+            .prepare_cached(DEAD_SQL)?
+            .execute(params![now, error, job_id.0, run_token])?;
+        Ok(())
+    }
+
+    fn blocked(&mut self, name: &str, key: Option<&str>, n: i64) -> Result<Vec<Blocked>> {
+        let row = |r: &rusqlite::Row<'_>| {
+            Ok((
+                JobId(r.get(0)?),
+                r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                r.get::<_, i64>(2)?,
+            ))
+        };
+        let rows = match key {
+            Some(key) => self
+                .0
+                .prepare_cached(
+                    "SELECT id, limit_key, limit_weight FROM tickler_jobs
+                     WHERE status = 'blocked' AND limit_name = ?1 AND limit_key = ?2
+                     ORDER BY priority DESC, run_at, id LIMIT +?3",
+                )?
+                .query_map(params![name, key, n], row)?
+                .collect::<rusqlite::Result<_>>()?,
+            None => self
+                .0
+                .prepare_cached(
+                    "SELECT id, limit_key, limit_weight FROM tickler_jobs
+                     WHERE status = 'blocked' AND limit_name = ?1
+                     ORDER BY priority DESC, run_at, id LIMIT +?2",
+                )?
+                .query_map(params![name, n], row)?
+                .collect::<rusqlite::Result<_>>()?,
+        };
+        Ok(rows)
+    }
+
+    fn unblock(&mut self, ids: &[JobId]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let ids = serde_json::to_string(&ids.iter().map(|id| id.0).collect::<Vec<_>>())?;
+        self.0
+            .prepare_cached(
+                "UPDATE tickler_jobs SET status = 'pending'
+                 WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'blocked'",
+            )?
+            .execute([ids])?;
+        Ok(())
+    }
+
+    fn blocked_keys(
+        &mut self,
+        after: Option<&(String, String)>,
+        only: Option<&str>,
+        n: i64,
+    ) -> Result<Vec<(String, String)>> {
+        // One seek of the blocked index per key: a key with many blocked
+        // jobs is stepped over, not read.
+        let mut stmt = self.0.prepare_cached(
+            "SELECT limit_name, limit_key FROM tickler_jobs INDEXED BY tickler_jobs_blocked
+             WHERE status = 'blocked' AND (limit_name, limit_key) > (?1, ?2)
+               AND (?3 IS NULL OR limit_name = ?3)
+             ORDER BY limit_name, limit_key LIMIT 1",
+        )?;
+        let mut keys = Vec::new();
+        // By default before every key: no limit's name is empty.
+        let mut from = after.cloned().unwrap_or_default();
+        while (keys.len() as i64) < n {
+            let next: Option<(String, String)> = stmt
+                .query_row(params![from.0, from.1, only], |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                    ))
+                })
+                .optional()?;
+            match next {
+                Some(key) => {
+                    from = key.clone();
+                    keys.push(key);
+                }
+                None => break,
+            }
+        }
+        Ok(keys)
+    }
+}
+
+/// A count stored as at least 1 (the schema's CHECK), as a `u32`.
+fn stored_count(n: i64) -> u32 {
+    u32::try_from(n.max(1)).unwrap_or(u32::MAX)
+}
+
+impl LimitStore for Store {
+    fn set_limit(&self, name: &str, limit: &Limit) -> Result<()> {
+        self.write(|tx| {
+            let now = self.now_ms();
+            tx.prepare_cached(
+                "INSERT INTO tickler_limits (name, max_per_key, max_total, updated_at)
+                 VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (name) DO UPDATE SET max_per_key = excluded.max_per_key,
+                     max_total = excluded.max_total, updated_at = excluded.updated_at",
+            )?
+            .execute(params![name, limit.max_per_key, limit.max_total, now])?;
+            limits::release_limit(&mut InTransaction(tx), name, now)
+        })?;
+        self.notify_watchers();
+        Ok(())
+    }
+
+    fn delete_limit(&self, name: &str) -> Result<bool> {
+        let deleted = self.write(|tx| {
+            let deleted = tx
+                .prepare_cached("DELETE FROM tickler_limits WHERE name = ?1")?
+                .execute([name])?;
+            // Nothing limits its jobs any more: every blocked one may run.
+            tx.prepare_cached(
+                "UPDATE tickler_jobs SET status = 'pending'
+                 WHERE status = 'blocked' AND limit_name = ?1",
+            )?
+            .execute([name])?;
+            Ok(deleted > 0)
+        })?;
+        self.notify_watchers();
+        Ok(deleted)
+    }
+
+    fn limits(&self) -> Result<Vec<LimitInfo>> {
+        self.read(|conn| {
+            let rows = conn
+                .prepare_cached(
+                    "SELECT name, max_per_key, max_total, updated_at FROM tickler_limits
+                     ORDER BY name",
+                )?
+                .query_map([], |r| {
+                    Ok(LimitInfo {
+                        name: r.get(0)?,
+                        limit: Limit {
+                            max_per_key: stored_count(r.get(1)?),
+                            max_total: r.get::<_, Option<i64>>(2)?.map(stored_count),
+                        },
+                        updated_at: ms_to_datetime(r.get(3)?),
+                    })
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok(rows)
+        })
+    }
+
+    fn limit_usage(&self, name: Option<&str>) -> Result<Vec<LimitKeyUsage>> {
+        let now = self.now_ms();
+        self.read(|conn| {
+            let rows = conn
+                .prepare_cached(
+                    "SELECT limit_name, coalesce(limit_key, ''),
+                         sum(CASE WHEN status = 'running' OR lease_expires_at >= ?2
+                                  THEN limit_weight ELSE 0 END),
+                         sum(status = 'running' OR lease_expires_at >= ?2),
+                         sum(status = 'blocked'), sum(status = 'pending')
+                     FROM tickler_jobs INDEXED BY tickler_jobs_limit
+                     WHERE limit_name IS NOT NULL AND (?1 IS NULL OR limit_name = ?1)
+                       AND (status IN ('pending', 'blocked', 'running')
+                            OR (status IN ('cancelled', 'dead') AND lease_expires_at >= ?2))
+                     GROUP BY limit_name, limit_key
+                     ORDER BY limit_name, limit_key",
+                )?
+                .query_map(params![name, now], |r| {
+                    Ok(LimitKeyUsage {
+                        name: r.get(0)?,
+                        key: r.get(1)?,
+                        held: r.get::<_, i64>(2)?.max(0) as u64,
+                        holders: r.get::<_, i64>(3)?.max(0) as u64,
+                        blocked: r.get::<_, i64>(4)?.max(0) as u64,
+                        pending: r.get::<_, i64>(5)?.max(0) as u64,
+                    })
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok(rows)
+        })
+    }
+
+    fn sweep_limits(
+        &self,
+        after: Option<&(String, String)>,
+    ) -> Result<(u64, Option<(String, String)>)> {
+        let swept = self.write(|tx| limits::sweep(&mut InTransaction(tx), after, self.now_ms()))?;
+        if swept.0 > 0 {
+            self.notify_watchers();
+        }
+        Ok(swept)
+    }
+}
