@@ -35,7 +35,7 @@ fn ids(leases: &[Lease]) -> Vec<JobId> {
     ids
 }
 
-contract! { sqlite_only:
+contract! {
 fn a_key_runs_at_most_its_limit_and_a_freed_slot_goes_to_the_next_blocked_job() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
@@ -84,7 +84,7 @@ fn a_key_runs_at_most_its_limit_and_a_freed_slot_goes_to_the_next_blocked_job() 
 }
 }
 
-contract! { sqlite_only:
+contract! {
 fn a_holder_whose_lease_was_taken_back_frees_nothing_twice() {
     let (_dir, path) = temp_db();
     let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
@@ -119,7 +119,7 @@ fn a_holder_whose_lease_was_taken_back_frees_nothing_twice() {
 }
 }
 
-contract! { sqlite_only:
+contract! {
 fn weights_and_a_total_are_kept_and_a_job_heavier_than_its_limit_is_dead_saying_why() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
@@ -157,7 +157,7 @@ fn weights_and_a_total_are_kept_and_a_job_heavier_than_its_limit_is_dead_saying_
 }
 }
 
-contract! { sqlite_only:
+contract! {
 fn raising_a_limit_hands_out_the_new_slots_at_once_and_lowering_it_admits_nothing_until_below() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
@@ -196,7 +196,7 @@ fn raising_a_limit_hands_out_the_new_slots_at_once_and_lowering_it_admits_nothin
 }
 }
 
-contract! { sqlite_only:
+contract! {
 fn a_cancelled_holder_keeps_its_slot_until_it_stops_and_a_blocked_job_can_be_cancelled() {
     let (_dir, path) = temp_db();
     let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
@@ -233,7 +233,7 @@ fn a_cancelled_holder_keeps_its_slot_until_it_stops_and_a_blocked_job_can_be_can
 }
 }
 
-contract! { sqlite_only:
+contract! {
 fn bad_limits_are_refused_before_anything_is_written() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
@@ -258,7 +258,7 @@ fn bad_limits_are_refused_before_anything_is_written() {
 }
 }
 
-contract! { sqlite_only:
+contract! { poolers:
 fn a_pool_of_many_threads_never_runs_more_than_a_keys_limit_at_once() {
     let (_dir, path) = temp_db();
     let queue = open_queue(&path);

@@ -12,23 +12,26 @@ use crate::error::{Error, Result};
 use crate::job::JobId;
 
 const INSERT_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status, priority,
-         run_at, max_attempts, unique_key, timeout_ms, created_at, enqueue_batch, enqueue_seq)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+         run_at, max_attempts, unique_key, timeout_ms, created_at, enqueue_batch, enqueue_seq,
+         limit_name, limit_key, limit_weight)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
      ON CONFLICT DO NOTHING RETURNING id";
 
 /// Many jobs without a unique_key: $1 queues, $2 kinds, $3 payloads,
 /// $4 states, $5 priorities, $6 run_ats, $7 max_attempts, $8 timeouts,
-/// $9 now, $10 the batch's id, $11 each job's place in the batch. Rows are
+/// $9 now, $10 the batch's id, $11 each job's place in the batch, $12
+/// limit names, $13 limit keys, $14 limit weights. Rows are
 /// produced in input order (`ORDER BY ord`), so their ids ascend in that
 /// order.
 const INSERT_MANY_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status, priority,
-         run_at, max_attempts, timeout_ms, created_at, enqueue_batch, enqueue_seq)
+         run_at, max_attempts, timeout_ms, created_at, enqueue_batch, enqueue_seq, limit_name,
+         limit_key, limit_weight)
      SELECT queue, kind, payload, status, priority, run_at, max_attempts, timeout_ms, $9::bigint,
-            $10::bigint, seq
+            $10::bigint, seq, limit_name, limit_key, limit_weight
      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bigint[],
-                 $7::bigint[], $8::bigint[], $11::int[])
+                 $7::bigint[], $8::bigint[], $11::int[], $12::text[], $13::text[], $14::bigint[])
           WITH ORDINALITY AS t(queue, kind, payload, status, priority, run_at, max_attempts,
-                               timeout_ms, seq, ord)
+                               timeout_ms, seq, limit_name, limit_key, limit_weight, ord)
      ORDER BY ord
      RETURNING id";
 
@@ -72,6 +75,10 @@ pub(crate) fn insert_valid(
         if let Some(key) = &job.unique_key {
             check_text("unique_key", key)?;
         }
+        if let Some((name, key)) = &job.limit {
+            check_text("limit name", name)?;
+            check_text("limit key", key)?;
+        }
         let run_at = row.due.resolve(now)?;
         if job.unique_key.is_none() && rows.len() > 1 {
             bulk.push((i, run_at));
@@ -95,6 +102,18 @@ pub(crate) fn insert_valid(
             .collect();
         let timeouts: Vec<Option<i64>> = bulk.iter().map(|&(i, _)| rows[i].timeout_ms).collect();
         let seqs: Vec<i32> = bulk.iter().map(|&(i, _)| seq_of(i)).collect();
+        let limit_names: Vec<Option<&str>> = bulk
+            .iter()
+            .map(|&(i, _)| rows[i].job.limit.as_ref().map(|l| l.0.as_str()))
+            .collect();
+        let limit_keys: Vec<Option<&str>> = bulk
+            .iter()
+            .map(|&(i, _)| rows[i].job.limit.as_ref().map(|l| l.1.as_str()))
+            .collect();
+        let limit_weights: Vec<i64> = bulk
+            .iter()
+            .map(|&(i, _)| i64_of(rows[i].job.limit_weight))
+            .collect();
         let mut inserted: Vec<i64> = tx
             .query(
                 INSERT_MANY_SQL,
@@ -110,6 +129,9 @@ pub(crate) fn insert_valid(
                     &now,
                     &batch,
                     &seqs,
+                    &limit_names,
+                    &limit_keys,
+                    &limit_weights,
                 ],
             )?
             .iter()
@@ -219,6 +241,11 @@ fn insert_one(
     let job = &row.job;
     let state = state_for(run_at, now);
     let max_attempts = i64_of(job.max_attempts);
+    let (limit_name, limit_key) = match &job.limit {
+        Some((name, key)) => (Some(name.as_str()), Some(key.as_str())),
+        None => (None, None),
+    };
+    let limit_weight = i64_of(job.limit_weight);
     insert_unique(job, || {
         let inserted = tx.query_opt(
             INSERT_SQL,
@@ -235,6 +262,9 @@ fn insert_one(
                 &now,
                 &batch,
                 &seq_of(i),
+                &limit_name,
+                &limit_key,
+                &limit_weight,
             ],
         )?;
         if let Some(r) = inserted {

@@ -4,7 +4,7 @@
 //! "in the future"), and the upkeep of the reaper's rounds: a vacuum of the
 //! jobs table when it needs one.
 
-use super::connection::{statement_level, storable};
+use super::connection::{statement_level, storable, Tx};
 use super::outcome::{GIVE_BACK_SQL, LOCK_IN_ORDER_SQL, REAP_SQL};
 use super::Store;
 use crate::clock::ms_to_datetime;
@@ -171,12 +171,13 @@ impl Leases for Store {
                 ),
                 &[&now, &REAP_BATCH],
             )?;
-            tx.execute(
+            let stopped = tx.query(
                 "UPDATE tickler_jobs SET lease_expires_at = NULL
                  WHERE id = ANY(ARRAY(
                      SELECT id FROM tickler_jobs
                      WHERE status IN ('cancelled', 'dead') AND lease_expires_at < $1::bigint
-                     FOR UPDATE SKIP LOCKED))",
+                     FOR UPDATE SKIP LOCKED))
+                 RETURNING limit_name, limit_key, limit_weight",
                 &[&now],
             )?;
             let batch_full = expired.len() as i64 >= REAP_BATCH;
@@ -191,6 +192,7 @@ impl Leases for Store {
                 }
             }
             let taken = take_back_runs(tx, &chosen, now, now, &policy)?;
+            release_slots(tx, &chosen, &stopped, stepped_now)?;
             Ok(ReapLook {
                 taken,
                 left,
@@ -245,17 +247,20 @@ impl Leases for Store {
                 ),
                 &[&holders],
             )?;
-            tx.execute(
+            let stopped = tx.query(
                 "UPDATE tickler_jobs SET lease_expires_at = NULL
                  WHERE id = ANY(ARRAY(
                      SELECT id FROM tickler_jobs
                      WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
                        AND holder_id = ANY($1)
-                     FOR UPDATE SKIP LOCKED))",
+                     FOR UPDATE SKIP LOCKED))
+                 RETURNING limit_name, limit_key, limit_weight",
                 &[&holders],
             )?;
             let runs: Vec<HeldRun> = runs.iter().map(held_run).collect();
-            take_back_runs(tx, &runs, now, MAX_TIMESTAMP_MS, &policy)
+            let taken = take_back_runs(tx, &runs, now, MAX_TIMESTAMP_MS, &policy)?;
+            release_slots(tx, &runs, &stopped, now)?;
+            Ok(taken)
         })?;
         self.notify_watchers();
         Ok(taken)
@@ -341,7 +346,32 @@ const RENEWED: &str = "lease_expires_at - coalesce(lease_ms, lease_expires_at - 
 
 /// The columns of a [`HeldRun`].
 const HELD_RUN_COLUMNS: &str = "id, run_token, attempts, coalesce(claimed_by, '?'), \
-     lease_expires_at, started_at IS NOT NULL";
+     lease_expires_at, started_at IS NOT NULL, limit_name, limit_key, limit_weight";
+
+/// Hands the slots of `runs` (taken back, or left running if a heartbeat
+/// won: an extra look costs nothing) and of the stopped holders whose
+/// rows `stopped` returned to the jobs blocked on them, in this
+/// transaction.
+fn release_slots(
+    tx: &mut Tx<'_>,
+    runs: &[HeldRun],
+    stopped: &[postgres::Row],
+    now: i64,
+) -> Result<()> {
+    let stopped: Vec<crate::job::LimitSlot> = stopped
+        .iter()
+        .filter_map(|r| limit_slot(r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let freed: Vec<&crate::job::LimitSlot> = runs
+        .iter()
+        .filter_map(|r| r.limit.as_ref())
+        .chain(&stopped)
+        .collect();
+    if !freed.is_empty() {
+        super::limits::settle(tx, &freed, Vec::new(), now)?;
+    }
+    Ok(())
+}
 
 fn held_run(row: &postgres::Row) -> HeldRun {
     let attempts: i64 = row.get(2);
@@ -354,7 +384,7 @@ fn held_run(row: &postgres::Row) -> HeldRun {
         attempts: u32::try_from(attempts.max(0)).unwrap_or(u32::MAX),
         worker: row.get(3),
         started: row.get(5),
-        limit: None,
+        limit: limit_slot(row.get(6), row.get(7), row.get(8)),
     }
 }
 

@@ -1,40 +1,311 @@
-//! Concurrency limits on PostgreSQL: not built yet; every call says so.
+//! Concurrency limits on PostgreSQL: the stored limits, and the
+//! [`LimitTx`] the rules of `crate::queue::limits` run on. A transaction
+//! that claims or frees slots of a limit first locks the limit's row
+//! (`FOR UPDATE`, in name order): the transactions of one limit take turns
+//! there, after the job rows they lock, so they never wait for each other
+//! in a cycle, and each counts the holders after the previous one
+//! committed (READ COMMITTED: every statement reads the latest commits).
 
+use super::connection::Tx;
+use super::outcome::DEAD_SQL;
 use super::Store;
-use crate::engine::LimitStore;
-use crate::error::{Error, Result};
+use crate::clock::ms_to_datetime;
+use crate::engine::{LimitStore, LimitTx};
+use crate::error::Result;
+use crate::job::JobId;
+use crate::lease::Lease;
 use crate::limit::{Limit, LimitInfo, LimitKeyUsage};
+use crate::queue::limits::{self, Blocked};
+use postgres::types::ToSql;
+use postgres::Row;
+use std::collections::HashMap;
 
-fn unsupported() -> Error {
-    Error::Unsupported {
-        what: "concurrency limits",
-        engine: ENGINE,
+/// The weight of the lease holders of one key ($1 name, $2 key, $3 now):
+/// one term per state, each a range of the limit index.
+const HELD_KEY_SQL: &str = "SELECT (
+      (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
+       WHERE limit_name = $1 AND status = 'running' AND limit_key = $2)
+    + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
+       WHERE limit_name = $1 AND status = 'cancelled' AND limit_key = $2
+         AND lease_expires_at >= $3::bigint)
+    + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
+       WHERE limit_name = $1 AND status = 'dead' AND limit_key = $2
+         AND lease_expires_at >= $3::bigint))::bigint";
+
+/// HELD_KEY_SQL over all keys of a limit ($1 name, $2 now).
+const HELD_TOTAL_SQL: &str = "SELECT (
+      (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
+       WHERE limit_name = $1 AND status = 'running')
+    + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
+       WHERE limit_name = $1 AND status IN ('cancelled', 'dead')
+         AND lease_expires_at >= $2::bigint))::bigint";
+
+/// Claimed runs pushed back for want of a slot ($1 ids, $2 run_tokens):
+/// as before their claim, blocked.
+const BLOCK_SQL: &str = "UPDATE tickler_jobs AS job
+    SET status = 'blocked', attempts = attempts - 1, run_token = NULL,
+        lease_expires_at = NULL, claimed_by = NULL, claimed_at = NULL, holder_id = NULL,
+        started_at = NULL, claim_id = NULL
+    FROM unnest($1::bigint[], $2::text[]) AS pushed(id, run_token)
+    WHERE job.id = pushed.id AND job.run_token = pushed.run_token AND job.status = 'running'";
+
+/// What the limits' statements are sent on: tickler's own transaction, or
+/// the application's (`complete_with`), where each statement goes unnamed
+/// with its types, leaving nothing on a pooler's server connection.
+pub(crate) trait Exec {
+    fn rows(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>>;
+}
+
+impl Exec for Tx<'_> {
+    fn rows(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+        self.query(sql, params)
     }
 }
 
-const ENGINE: &str = "PostgreSQL";
+impl Exec for postgres::Transaction<'_> {
+    fn rows(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+        let types = super::pooler::parameter_types(sql, params)?;
+        let typed: Vec<_> = params.iter().copied().zip(types).collect();
+        Ok(self.query_typed(sql, &typed)?)
+    }
+}
 
-impl LimitStore for Store {
-    fn set_limit(&self, _name: &str, _limit: &Limit) -> Result<()> {
-        Err(unsupported())
+/// The [`LimitTx`] of a transaction.
+pub(crate) struct InTransaction<'a, E: Exec>(pub(crate) &'a mut E);
+
+impl<E: Exec> LimitTx for InTransaction<'_, E> {
+    fn lock_limits(&mut self, names: &[String]) -> Result<HashMap<String, Limit>> {
+        // Locked as the rows come, in name order (byte order: "C").
+        let rows = self.0.rows(
+            "SELECT name, max_per_key, max_total FROM tickler_limits
+             WHERE name = ANY($1) ORDER BY name FOR UPDATE",
+            &[&names],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    r.get::<_, String>(0),
+                    Limit {
+                        max_per_key: stored_count(r.get(1)),
+                        max_total: r.get::<_, Option<i64>>(2).map(stored_count),
+                    },
+                )
+            })
+            .collect())
     }
 
-    fn delete_limit(&self, _name: &str) -> Result<bool> {
-        Err(unsupported())
+    fn held(&mut self, name: &str, key: Option<&str>, now: i64) -> Result<i64> {
+        let rows = match key {
+            Some(key) => self.0.rows(HELD_KEY_SQL, &[&name, &key, &now])?,
+            None => self.0.rows(HELD_TOTAL_SQL, &[&name, &now])?,
+        };
+        Ok(rows.first().map_or(0, |r| r.get(0)))
+    }
+
+    fn block(&mut self, leases: &[&Lease]) -> Result<()> {
+        let ids: Vec<i64> = leases.iter().map(|l| l.job_id.0).collect();
+        let tokens: Vec<&str> = leases.iter().map(|l| l.run_token.0.as_str()).collect();
+        self.0.rows(BLOCK_SQL, &[&ids, &tokens])?;
+        Ok(())
+    }
+
+    fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()> {
+        self.0
+            .rows(DEAD_SQL, &[&now, &error, &job_id.0, &run_token])?;
+        Ok(())
+    }
+
+    fn blocked(&mut self, name: &str, key: Option<&str>, n: i64) -> Result<Vec<Blocked>> {
+        let rows = match key {
+            Some(key) => self.0.rows(
+                "SELECT id, limit_key, limit_weight FROM tickler_jobs
+                 WHERE status = 'blocked' AND limit_name = $1 AND limit_key = $2
+                 ORDER BY priority DESC, run_at, id LIMIT $3",
+                &[&name, &key, &n],
+            )?,
+            None => self.0.rows(
+                "SELECT id, limit_key, limit_weight FROM tickler_jobs
+                 WHERE status = 'blocked' AND limit_name = $1
+                 ORDER BY priority DESC, run_at, id LIMIT $2",
+                &[&name, &n],
+            )?,
+        };
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    JobId(r.get(0)),
+                    r.get::<_, Option<String>>(1).unwrap_or_default(),
+                    r.get::<_, i64>(2),
+                )
+            })
+            .collect())
+    }
+
+    fn unblock(&mut self, ids: &[JobId]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<i64> = ids.iter().map(|id| id.0).collect();
+        self.0.rows(
+            "UPDATE tickler_jobs SET status = 'pending'
+             WHERE id = ANY($1) AND status = 'blocked'",
+            &[&ids],
+        )?;
+        Ok(())
+    }
+
+    fn blocked_keys(
+        &mut self,
+        after: Option<&(String, String)>,
+        only: Option<&str>,
+        n: i64,
+    ) -> Result<Vec<(String, String)>> {
+        // One seek of the blocked index per key: a key with many blocked
+        // jobs is stepped over, not read.
+        let mut keys = Vec::new();
+        // By default before every key: no limit's name is empty.
+        let mut from = after.cloned().unwrap_or_default();
+        while (keys.len() as i64) < n {
+            let rows = self.0.rows(
+                "SELECT limit_name, limit_key FROM tickler_jobs
+                 WHERE status = 'blocked' AND (limit_name, limit_key) > ($1, $2)
+                   AND ($3::text IS NULL OR limit_name = $3)
+                 ORDER BY limit_name, limit_key LIMIT 1",
+                &[&from.0, &from.1, &only],
+            )?;
+            let Some(row) = rows.first() else {
+                break;
+            };
+            let key: (String, String) = (row.get(0), row.get::<_, Option<String>>(1).unwrap_or_default());
+            from = key.clone();
+            keys.push(key);
+        }
+        Ok(keys)
+    }
+}
+
+/// A count stored as at least 1 (the schema's CHECK), as a `u32`.
+fn stored_count(n: i64) -> u32 {
+    u32::try_from(n.max(1)).unwrap_or(u32::MAX)
+}
+
+impl LimitStore for Store {
+    fn set_limit(&self, name: &str, limit: &Limit) -> Result<()> {
+        super::enqueue::check_text("limit name", name)?;
+        let per_key = i64::from(limit.max_per_key);
+        let total = limit.max_total.map(i64::from);
+        self.write(|tx, _| {
+            let now = self.now_ms();
+            tx.execute(
+                "INSERT INTO tickler_limits (name, max_per_key, max_total, updated_at)
+                 VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (name) DO UPDATE SET max_per_key = excluded.max_per_key,
+                     max_total = excluded.max_total, updated_at = excluded.updated_at",
+                &[&name, &per_key, &total, &now],
+            )?;
+            // The row is this transaction's now: the releases below run
+            // under its lock, as every claim's and release's do.
+            let limits = &mut InTransaction(tx);
+            limits.lock_limits(&[name.to_owned()])?;
+            limits::release_limit(limits, name, now)
+        })?;
+        self.notify_watchers();
+        Ok(())
+    }
+
+    fn delete_limit(&self, name: &str) -> Result<bool> {
+        super::enqueue::check_text("limit name", name)?;
+        let deleted = self.write(|tx, _| {
+            let deleted = tx.execute("DELETE FROM tickler_limits WHERE name = $1", &[&name])?;
+            // Nothing limits its jobs any more: every blocked one may run.
+            tx.execute(
+                "UPDATE tickler_jobs SET status = 'pending'
+                 WHERE status = 'blocked' AND limit_name = $1",
+                &[&name],
+            )?;
+            Ok(deleted > 0)
+        })?;
+        self.notify_watchers();
+        Ok(deleted)
     }
 
     fn limits(&self) -> Result<Vec<LimitInfo>> {
-        Ok(Vec::new())
+        self.read(|tx| {
+            Ok(tx
+                .query(
+                    "SELECT name, max_per_key, max_total, updated_at FROM tickler_limits
+                     ORDER BY name",
+                    &[],
+                )?
+                .iter()
+                .map(|r| LimitInfo {
+                    name: r.get(0),
+                    limit: Limit {
+                        max_per_key: stored_count(r.get(1)),
+                        max_total: r.get::<_, Option<i64>>(2).map(stored_count),
+                    },
+                    updated_at: ms_to_datetime(r.get(3)),
+                })
+                .collect())
+        })
     }
 
-    fn limit_usage(&self, _name: Option<&str>) -> Result<Vec<LimitKeyUsage>> {
-        Ok(Vec::new())
+    fn limit_usage(&self, name: Option<&str>) -> Result<Vec<LimitKeyUsage>> {
+        let now = self.now_ms();
+        self.read(|tx| {
+            Ok(tx
+                .query(
+                    "SELECT limit_name, coalesce(limit_key, ''),
+                         sum(CASE WHEN status = 'running' OR lease_expires_at >= $2::bigint
+                                  THEN limit_weight ELSE 0 END)::bigint,
+                         count(*) FILTER (WHERE status = 'running'
+                                          OR lease_expires_at >= $2::bigint),
+                         count(*) FILTER (WHERE status = 'blocked'),
+                         count(*) FILTER (WHERE status = 'pending')
+                     FROM tickler_jobs
+                     WHERE limit_name IS NOT NULL AND ($1::text IS NULL OR limit_name = $1)
+                       AND (status IN ('pending', 'blocked', 'running')
+                            OR (status IN ('cancelled', 'dead')
+                                AND lease_expires_at >= $2::bigint))
+                     GROUP BY limit_name, limit_key
+                     ORDER BY limit_name, limit_key",
+                    &[&name, &now],
+                )?
+                .iter()
+                .map(|r| LimitKeyUsage {
+                    name: r.get(0),
+                    key: r.get(1),
+                    held: r.get::<_, i64>(2).max(0) as u64,
+                    holders: r.get::<_, i64>(3).max(0) as u64,
+                    blocked: r.get::<_, i64>(4).max(0) as u64,
+                    pending: r.get::<_, i64>(5).max(0) as u64,
+                })
+                .collect())
+        })
     }
 
     fn sweep_limits(
         &self,
-        _after: Option<&(String, String)>,
+        after: Option<&(String, String)>,
     ) -> Result<(u64, Option<(String, String)>)> {
-        Ok((0, None))
+        let swept =
+            self.write(|tx, _| limits::sweep(&mut InTransaction(tx), after, self.now_ms()))?;
+        if swept.0 > 0 {
+            self.notify_watchers();
+        }
+        Ok(swept)
     }
+}
+
+/// Hands the slots `freed` gave up (and checks `claimed`) in `tx`; see
+/// [`limits::settle`].
+pub(crate) fn settle<E: Exec>(
+    tx: &mut E,
+    freed: &[&crate::job::LimitSlot],
+    claimed: Vec<Lease>,
+    now: i64,
+) -> Result<Vec<Lease>> {
+    Ok(limits::settle(&mut InTransaction(tx), freed, claimed, now)?.0)
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 pub(crate) const LEASE_COLUMNS: &str =
     "id, queue, kind, payload, priority, run_at, attempts, max_attempts, run_token, \
-     lease_expires_at, timeout_ms, given_back";
+     lease_expires_at, timeout_ms, given_back, limit_name, limit_key, limit_weight";
 
 pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
@@ -47,7 +47,7 @@ pub(crate) fn claimed_from_row(r: &Row) -> crate::Result<ClaimedRow> {
             lease_expires_at: ms_to_datetime(r.try_get(9)?),
             timeout: timeout(r.try_get(10)?),
             given_back: count(r.try_get(11)?),
-            limit: None,
+            limit: crate::engine::types::limit_slot(r.try_get(12)?, r.try_get(13)?, r.try_get(14)?),
         })
     };
     Ok(match serde_json::from_str(&payload) {
