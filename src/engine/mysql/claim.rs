@@ -340,6 +340,12 @@ impl Claims for Store {
                 let now = self.now_ms();
                 let recorded =
                     record_all(tx, pending, now, &policy, attempt, isolate, complete_many)?;
+                // The slots these outcomes gave up go to the jobs blocked
+                // on them, in this transaction, with this claim's check.
+                let freed: Vec<&crate::job::LimitSlot> = pending
+                    .iter()
+                    .filter_map(|(lease, _)| lease.limit.as_ref())
+                    .collect();
                 let claimed = match (&claim, last_claim.get()) {
                     (Some(_), Some(claim_id)) if attempt.after_unknown_commit => {
                         last_claim.set(None);
@@ -367,6 +373,13 @@ impl Claims for Store {
                         (claim.rules)(&mut claim_tx, claim.request, now, expires)?
                     }
                     (None, _) => Some(Vec::new()),
+                };
+                let claimed = match claimed {
+                    Some(claimed) => Some(super::limits::settle(tx, &freed, claimed, now)?),
+                    None => {
+                        super::limits::settle(tx, &freed, Vec::new(), now)?;
+                        None
+                    }
                 };
                 Ok((recorded, claimed))
             })

@@ -21,11 +21,11 @@ pub(crate) const MAX_NAME_BYTES: usize = 255;
 /// `CLIENT_FOUND_ROWS` both cases match one row.)
 const INSERT_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, status, priority,
          run_at, max_attempts, unique_key, timeout_ms, created_at, enqueue_batch, enqueue_seq,
-         errors)
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '[]')
+         limit_name, limit_key, limit_weight, errors)
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '[]')
      ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id)";
 
-/// Jobs per multi-row INSERT: 12 values each, well under the 65,535
+/// Jobs per multi-row INSERT: 14 values each, well under the 65,535
 /// placeholders a statement may have.
 const ROWS_PER_INSERT: usize = 500;
 
@@ -78,6 +78,9 @@ pub(crate) fn insert_valid<Q: Queryable>(
     for (i, row) in rows.iter().enumerate() {
         check_name("queue", &row.job.queue)?;
         check_name("kind", &row.job.kind)?;
+        if let Some((name, _)) = &row.job.limit {
+            check_name("limit name", name)?;
+        }
         let run_at = row.due.resolve(now)?;
         if row.job.unique_key.is_none() && rows.len() > 1 {
             bulk.push((i, run_at));
@@ -91,7 +94,11 @@ pub(crate) fn insert_valid<Q: Queryable>(
     let (mut from, mut bytes) = (0, 0);
     for (n, &(i, _)) in bulk.iter().enumerate() {
         let row = &rows[i];
-        let size = row.payload.len() + row.job.queue.len() + row.job.kind.len() + ROW_BYTES;
+        let size = row.payload.len()
+            + row.job.queue.len()
+            + row.job.kind.len()
+            + row.job.limit.as_ref().map_or(0, |(n, k)| n.len() + k.len())
+            + ROW_BYTES;
         if n > from && (n - from == ROWS_PER_INSERT || bytes + size > budget) {
             chunks.push(&bulk[from..n]);
             (from, bytes) = (n, 0);
@@ -104,14 +111,15 @@ pub(crate) fn insert_valid<Q: Queryable>(
     for chunk in chunks {
         let mut sql = String::from(
             "INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at,
-                 max_attempts, timeout_ms, created_at, enqueue_batch, enqueue_seq, errors) VALUES ",
+                 max_attempts, timeout_ms, created_at, enqueue_batch, enqueue_seq, limit_name,
+                 limit_key, limit_weight, errors) VALUES ",
         );
-        let mut values = Vec::with_capacity(chunk.len() * 11);
+        let mut values = Vec::with_capacity(chunk.len() * 14);
         for (n, &(i, run_at)) in chunk.iter().enumerate() {
             if n > 0 {
                 sql.push_str(", ");
             }
-            sql.push_str("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '[]')");
+            sql.push_str("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '[]')");
             let row = &rows[i];
             values.extend(args![
                 row.job.queue.as_str(),
@@ -125,6 +133,9 @@ pub(crate) fn insert_valid<Q: Queryable>(
                 now,
                 batch,
                 seq_of(i),
+                row.job.limit.as_ref().map(|l| l.0.as_str()),
+                row.job.limit.as_ref().map(|l| l.1.as_str()),
+                i64::from(row.job.limit_weight),
             ]);
         }
         let (_, first) = tx.insert(&sql, values)?;
@@ -179,6 +190,9 @@ fn insert_one<Q: Queryable>(
                 now,
                 batch,
                 seq_of(i),
+                job.limit.as_ref().map(|l| l.0.as_str()),
+                job.limit.as_ref().map(|l| l.1.as_str()),
+                i64::from(job.limit_weight),
             ],
         )?;
         if let Some(id) = id

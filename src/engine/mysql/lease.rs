@@ -156,19 +156,17 @@ impl Leases for Store {
             )?;
             // Cancelled jobs whose holder's lease ran out: their unique key
             // is free again.
-            let stopped: Vec<Value> = tx
-                .lock_found(
-                    "id",
+            let (stopped, stopped_slots) = stopped_rows(
+                tx.lock_found(
+                    STOPPED_COLUMNS,
                     "tickler_jobs_running",
                     "status IN ('cancelled', 'dead') AND lease_expires_at < ?",
                     "",
                     args![now],
                     REAP_BATCH,
                 )?
-                .0
-                .iter()
-                .map(|r| get::<i64>(r, 0).map(Value::from))
-                .collect::<Result<_>>()?;
+                .0,
+            )?;
             if !stopped.is_empty() {
                 tx.exec(
                     &format!(
@@ -191,6 +189,7 @@ impl Leases for Store {
                 }
             }
             let taken = take_back_runs(tx, &chosen, now, now, &policy)?;
+            release_slots(tx, &chosen, &stopped_slots, stepped_now)?;
             Ok(ReapLook {
                 taken,
                 left,
@@ -241,9 +240,9 @@ impl Leases for Store {
                 holders.clone(),
                 REAP_BATCH,
             )?;
-            let stopping: Vec<Value> = tx
-                .lock_found(
-                    "id",
+            let (stopping, stopped_slots) = stopped_rows(
+                tx.lock_found(
+                    STOPPED_COLUMNS,
                     "tickler_jobs_running",
                     &format!(
                         "status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL \
@@ -253,10 +252,8 @@ impl Leases for Store {
                     holders.clone(),
                     REAP_BATCH,
                 )?
-                .0
-                .iter()
-                .map(|r| get::<i64>(r, 0).map(Value::from))
-                .collect::<Result<_>>()?;
+                .0,
+            )?;
             if !stopping.is_empty() {
                 tx.exec(
                     &format!(
@@ -268,7 +265,9 @@ impl Leases for Store {
                 )?;
             }
             let runs = runs.iter().map(held_run).collect::<Result<Vec<_>>>()?;
-            take_back_runs(tx, &runs, now, MAX_TIMESTAMP_MS, &policy)
+            let taken = take_back_runs(tx, &runs, now, MAX_TIMESTAMP_MS, &policy)?;
+            release_slots(tx, &runs, &stopped_slots, now)?;
+            Ok(taken)
         })?;
         self.notify_watchers();
         Ok(taken)
@@ -365,7 +364,41 @@ const RENEWED: &str = "lease_expires_at - coalesce(lease_ms, lease_expires_at - 
 
 /// The columns of a [`HeldRun`].
 const HELD_RUN_COLUMNS: &str = "id, run_token, attempts, coalesce(claimed_by, '?'), \
-     lease_expires_at, started_at IS NOT NULL";
+     lease_expires_at, started_at IS NOT NULL, limit_name, limit_key, limit_weight";
+
+/// The columns of a stopped holder's row: its id and its limit slot.
+const STOPPED_COLUMNS: &str = "id, limit_name, limit_key, limit_weight";
+
+/// The ids of stopped holders' rows (as values to bind) and their slots.
+fn stopped_rows(rows: Vec<mysql::Row>) -> Result<(Vec<Value>, Vec<Option<crate::job::LimitSlot>>)> {
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut slots = Vec::with_capacity(rows.len());
+    for r in &rows {
+        ids.push(Value::from(get::<i64>(r, 0)?));
+        slots.push(limit_slot(get(r, 1)?, get(r, 2)?, get(r, 3)?));
+    }
+    Ok((ids, slots))
+}
+
+/// Hands the slots of `runs` (taken back, or left running if a heartbeat
+/// won: an extra look costs nothing) and of stopped holders to the jobs
+/// blocked on them, in this transaction.
+fn release_slots(
+    tx: &mut Tx<'_>,
+    runs: &[HeldRun],
+    stopped: &[Option<crate::job::LimitSlot>],
+    now: i64,
+) -> Result<()> {
+    let freed: Vec<&crate::job::LimitSlot> = runs
+        .iter()
+        .filter_map(|r| r.limit.as_ref())
+        .chain(stopped.iter().flatten())
+        .collect();
+    if !freed.is_empty() {
+        super::limits::settle(tx, &freed, Vec::new(), now)?;
+    }
+    Ok(())
+}
 
 fn held_run(row: &mysql::Row) -> Result<HeldRun> {
     let attempts: i64 = get(row, 2)?;
@@ -378,7 +411,7 @@ fn held_run(row: &mysql::Row) -> Result<HeldRun> {
         attempts: u32::try_from(attempts.max(0)).unwrap_or(u32::MAX),
         worker: get(row, 3)?,
         started: get::<i64>(row, 5)? != 0,
-        limit: None,
+        limit: limit_slot(get(row, 6)?, get(row, 7)?, get(row, 8)?),
     })
 }
 

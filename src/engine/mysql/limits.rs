@@ -1,40 +1,337 @@
-//! Concurrency limits on MySQL: not built yet; every call says so.
+//! Concurrency limits on MySQL/MariaDB: the stored limits, and the
+//! [`LimitTx`] the rules of `crate::queue::limits` run on. As on
+//! PostgreSQL, a transaction that claims or frees slots of a limit first
+//! locks the limit's row (`FOR UPDATE`, by primary key in name order),
+//! after the job rows it locks: the transactions of one limit take turns
+//! there without a cycle of waits, and under READ COMMITTED each reads
+//! the holders after the previous one committed.
 
+use super::connection::{args, marks, Tx};
+use super::outcome::DEAD_SQL;
+use super::rows::get;
 use super::Store;
-use crate::engine::LimitStore;
-use crate::error::{Error, Result};
+use crate::clock::ms_to_datetime;
+use crate::engine::{LimitStore, LimitTx};
+use crate::error::Result;
+use crate::job::JobId;
+use crate::lease::Lease;
 use crate::limit::{Limit, LimitInfo, LimitKeyUsage};
+use crate::queue::limits::{self, Blocked};
+use mysql::prelude::Queryable;
+use mysql::Value;
+use std::collections::HashMap;
 
-fn unsupported() -> Error {
-    Error::Unsupported {
-        what: "concurrency limits",
-        engine: ENGINE,
+/// The weight of the lease holders of one key (name, key, now): one term
+/// per state, each a range of the limit index.
+const HELD_KEY_SQL: &str = "SELECT CAST(
+      (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs FORCE INDEX (tickler_jobs_limit)
+       WHERE limit_name = :name AND status = 'running' AND limit_key = :key)
+    + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs FORCE INDEX (tickler_jobs_limit)
+       WHERE limit_name = :name AND status = 'cancelled' AND limit_key = :key
+         AND lease_expires_at >= :now)
+    + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs FORCE INDEX (tickler_jobs_limit)
+       WHERE limit_name = :name AND status = 'dead' AND limit_key = :key
+         AND lease_expires_at >= :now) AS SIGNED)";
+
+/// HELD_KEY_SQL over all keys of a limit (name, now).
+const HELD_TOTAL_SQL: &str = "SELECT CAST(
+      (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs FORCE INDEX (tickler_jobs_limit)
+       WHERE limit_name = :name AND status = 'running')
+    + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs FORCE INDEX (tickler_jobs_limit)
+       WHERE limit_name = :name AND status = 'cancelled' AND lease_expires_at >= :now)
+    + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs FORCE INDEX (tickler_jobs_limit)
+       WHERE limit_name = :name AND status = 'dead' AND lease_expires_at >= :now) AS SIGNED)";
+
+/// A claimed run pushed back for want of a slot (id, run_token): as
+/// before its claim, blocked.
+const BLOCK_SQL: &str = "UPDATE tickler_jobs
+    SET status = 'blocked', attempts = attempts - 1, run_token = NULL,
+        lease_expires_at = NULL, claimed_by = NULL, claimed_at = NULL, holder_id = NULL,
+        started_at = NULL, claim_id = NULL
+    WHERE id = ? AND run_token = ? AND status = 'running'";
+
+/// The [`LimitTx`] of a transaction (tickler's, or the application's in
+/// `complete_with`).
+pub(crate) struct InTransaction<'a, 'b, Q: Queryable>(pub(crate) &'a mut Tx<'b, Q>);
+
+impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
+    fn lock_limits(&mut self, names: &[String]) -> Result<HashMap<String, Limit>> {
+        if names.is_empty() {
+            return Ok(HashMap::new());
+        }
+        // Locked as the primary key is read, in name order.
+        let rows = self.0.rows(
+            &format!(
+                "SELECT name, max_per_key, max_total FROM tickler_limits
+                 WHERE name IN ({}) ORDER BY name FOR UPDATE",
+                marks(names.len())
+            ),
+            names.iter().map(|n| Value::from(n.as_str())).collect(),
+        )?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    get::<String>(r, 0)?,
+                    Limit {
+                        max_per_key: stored_count(get(r, 1)?),
+                        max_total: get::<Option<i64>>(r, 2)?.map(stored_count),
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    fn held(&mut self, name: &str, key: Option<&str>, now: i64) -> Result<i64> {
+        let rows = match key {
+            Some(key) => self.0.rows_named(
+                HELD_KEY_SQL,
+                &[
+                    ("name", Value::from(name)),
+                    ("key", Value::from(key)),
+                    ("now", Value::from(now)),
+                ],
+            )?,
+            None => self.0.rows_named(
+                HELD_TOTAL_SQL,
+                &[("name", Value::from(name)), ("now", Value::from(now))],
+            )?,
+        };
+        rows.first().map_or(Ok(0), |r| get(r, 0))
+    }
+
+    fn block(&mut self, leases: &[&Lease]) -> Result<()> {
+        for lease in leases {
+            self.0
+                .exec(BLOCK_SQL, args![lease.job_id.0, lease.run_token.0.as_str()])?;
+        }
+        Ok(())
+    }
+
+    fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()> {
+        self.0.exec_named(
+            DEAD_SQL,
+            &[
+                ("now", Value::from(now)),
+                ("error", Value::from(error)),
+                ("id", Value::from(job_id.0)),
+                ("token", Value::from(run_token)),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn blocked(&mut self, name: &str, key: Option<&str>, n: i64) -> Result<Vec<Blocked>> {
+        let rows = match key {
+            Some(key) => self.0.rows(
+                "SELECT id, limit_key, limit_weight FROM tickler_jobs
+                     FORCE INDEX (tickler_jobs_blocked)
+                 WHERE status = 'blocked' AND limit_name = ? AND limit_key = ?
+                 ORDER BY priority DESC, run_at, id LIMIT ?",
+                args![name, key, n],
+            )?,
+            None => self.0.rows(
+                "SELECT id, limit_key, limit_weight FROM tickler_jobs
+                     FORCE INDEX (tickler_jobs_blocked_total)
+                 WHERE status = 'blocked' AND limit_name = ?
+                 ORDER BY priority DESC, run_at, id LIMIT ?",
+                args![name, n],
+            )?,
+        };
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    JobId(get(r, 0)?),
+                    get::<Option<String>>(r, 1)?.unwrap_or_default(),
+                    get::<i64>(r, 2)?,
+                ))
+            })
+            .collect()
+    }
+
+    fn unblock(&mut self, ids: &[JobId]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.0.exec(
+            &format!(
+                "UPDATE tickler_jobs FORCE INDEX (PRIMARY) SET status = 'pending'
+                 WHERE id IN ({}) AND status = 'blocked'",
+                marks(ids.len())
+            ),
+            ids.iter().map(|id| Value::from(id.0)).collect(),
+        )?;
+        Ok(())
+    }
+
+    fn blocked_keys(
+        &mut self,
+        after: Option<&(String, String)>,
+        only: Option<&str>,
+        n: i64,
+    ) -> Result<Vec<(String, String)>> {
+        // One seek of the blocked index per key: a key with many blocked
+        // jobs is stepped over, not read. Written without a row
+        // comparison, which not every server reads as a range.
+        let mut keys = Vec::new();
+        // By default before every key: no limit's name is empty.
+        let mut from = after.cloned().unwrap_or_default();
+        while (keys.len() as i64) < n {
+            let row = match only {
+                None => self.0.first(
+                    "SELECT limit_name, limit_key FROM tickler_jobs
+                         FORCE INDEX (tickler_jobs_blocked)
+                     WHERE status = 'blocked'
+                       AND (limit_name > ? OR (limit_name = ? AND limit_key > ?))
+                     ORDER BY limit_name, limit_key LIMIT 1",
+                    args![from.0.as_str(), from.0.as_str(), from.1.as_str()],
+                )?,
+                // Within the name: after the last key seen, or from its
+                // first (which may be the empty key).
+                Some(name) if from.0.as_str() == name => self.0.first(
+                    "SELECT limit_name, limit_key FROM tickler_jobs
+                         FORCE INDEX (tickler_jobs_blocked)
+                     WHERE status = 'blocked' AND limit_name = ? AND limit_key > ?
+                     ORDER BY limit_key LIMIT 1",
+                    args![name, from.1.as_str()],
+                )?,
+                Some(name) => self.0.first(
+                    "SELECT limit_name, limit_key FROM tickler_jobs
+                         FORCE INDEX (tickler_jobs_blocked)
+                     WHERE status = 'blocked' AND limit_name = ?
+                     ORDER BY limit_key LIMIT 1",
+                    args![name],
+                )?,
+            };
+            let Some(row) = row else {
+                break;
+            };
+            let key: (String, String) = (
+                get(&row, 0)?,
+                get::<Option<String>>(&row, 1)?.unwrap_or_default(),
+            );
+            from = key.clone();
+            keys.push(key);
+        }
+        Ok(keys)
     }
 }
 
-const ENGINE: &str = "MySQL";
+/// A count stored as at least 1 (the schema's CHECK), as a `u32`.
+fn stored_count(n: i64) -> u32 {
+    u32::try_from(n.max(1)).unwrap_or(u32::MAX)
+}
 
 impl LimitStore for Store {
-    fn set_limit(&self, _name: &str, _limit: &Limit) -> Result<()> {
-        Err(unsupported())
+    fn set_limit(&self, name: &str, limit: &Limit) -> Result<()> {
+        super::enqueue::check_name("limit name", name)?;
+        self.write(|tx, _| {
+            let now = self.now_ms();
+            tx.exec(
+                "INSERT INTO tickler_limits (name, max_per_key, max_total, updated_at)
+                 VALUES (?, ?, ?, ?)
+                 ON DUPLICATE KEY UPDATE max_per_key = VALUES(max_per_key),
+                     max_total = VALUES(max_total), updated_at = VALUES(updated_at)",
+                args![name, limit.max_per_key, limit.max_total, now],
+            )?;
+            let limits = &mut InTransaction(tx);
+            limits.lock_limits(&[name.to_owned()])?;
+            limits::release_limit(limits, name, now)
+        })?;
+        self.notify_watchers();
+        Ok(())
     }
 
-    fn delete_limit(&self, _name: &str) -> Result<bool> {
-        Err(unsupported())
+    fn delete_limit(&self, name: &str) -> Result<bool> {
+        super::enqueue::check_name("limit name", name)?;
+        let deleted = self.write(|tx, _| {
+            let deleted = tx.exec("DELETE FROM tickler_limits WHERE name = ?", args![name])?;
+            // Nothing limits its jobs any more: every blocked one may run.
+            tx.exec(
+                "UPDATE tickler_jobs FORCE INDEX (tickler_jobs_blocked) SET status = 'pending'
+                 WHERE status = 'blocked' AND limit_name = ?",
+                args![name],
+            )?;
+            Ok(deleted > 0)
+        })?;
+        self.notify_watchers();
+        Ok(deleted)
     }
 
     fn limits(&self) -> Result<Vec<LimitInfo>> {
-        Ok(Vec::new())
+        self.read(|tx| {
+            tx.rows(
+                "SELECT name, max_per_key, max_total, updated_at FROM tickler_limits
+                 ORDER BY name",
+                Vec::new(),
+            )?
+            .iter()
+            .map(|r| {
+                Ok(LimitInfo {
+                    name: get(r, 0)?,
+                    limit: Limit {
+                        max_per_key: stored_count(get(r, 1)?),
+                        max_total: get::<Option<i64>>(r, 2)?.map(stored_count),
+                    },
+                    updated_at: ms_to_datetime(get(r, 3)?),
+                })
+            })
+            .collect()
+        })
     }
 
-    fn limit_usage(&self, _name: Option<&str>) -> Result<Vec<LimitKeyUsage>> {
-        Ok(Vec::new())
+    fn limit_usage(&self, name: Option<&str>) -> Result<Vec<LimitKeyUsage>> {
+        let now = self.now_ms();
+        self.read(|tx| {
+            tx.rows_named(
+                "SELECT limit_name, coalesce(limit_key, ''),
+                     CAST(sum(CASE WHEN status = 'running' OR lease_expires_at >= :now
+                              THEN limit_weight ELSE 0 END) AS SIGNED),
+                     CAST(sum(status = 'running' OR lease_expires_at >= :now) AS SIGNED),
+                     CAST(sum(status = 'blocked') AS SIGNED),
+                     CAST(sum(status = 'pending') AS SIGNED)
+                 FROM tickler_jobs
+                 WHERE limit_name IS NOT NULL AND (:name IS NULL OR limit_name = :name)
+                   AND (status IN ('pending', 'blocked', 'running')
+                        OR (status IN ('cancelled', 'dead') AND lease_expires_at >= :now))
+                 GROUP BY limit_name, limit_key
+                 ORDER BY limit_name, limit_key",
+                &[("name", Value::from(name)), ("now", Value::from(now))],
+            )?
+            .iter()
+            .map(|r| {
+                Ok(LimitKeyUsage {
+                    name: get(r, 0)?,
+                    key: get(r, 1)?,
+                    held: get::<i64>(r, 2)?.max(0) as u64,
+                    holders: get::<i64>(r, 3)?.max(0) as u64,
+                    blocked: get::<i64>(r, 4)?.max(0) as u64,
+                    pending: get::<i64>(r, 5)?.max(0) as u64,
+                })
+            })
+            .collect()
+        })
     }
 
     fn sweep_limits(
         &self,
-        _after: Option<&(String, String)>,
+        after: Option<&(String, String)>,
     ) -> Result<(u64, Option<(String, String)>)> {
-        Ok((0, None))
+        let swept =
+            self.write(|tx, _| limits::sweep(&mut InTransaction(tx), after, self.now_ms()))?;
+        if swept.0 > 0 {
+            self.notify_watchers();
+        }
+        Ok(swept)
     }
+}
+
+/// Hands the slots `freed` gave up (and checks `claimed`) in `tx`; see
+/// [`limits::settle`].
+pub(crate) fn settle<Q: Queryable>(
+    tx: &mut Tx<'_, Q>,
+    freed: &[&crate::job::LimitSlot],
+    claimed: Vec<Lease>,
+    now: i64,
+) -> Result<Vec<Lease>> {
+    Ok(limits::settle(&mut InTransaction(tx), freed, claimed, now)?.0)
 }

@@ -306,6 +306,16 @@ impl Store {
             *handed = true;
             // An error here drops `app`, which rolls the completion back.
             app_writes(&mut app)?;
+            // The freed slot is handed on last: the limit's lock is not
+            // held while the application's writes run.
+            if let Some(slot) = &lease.limit {
+                super::limits::settle(
+                    &mut Tx::inside(&mut app),
+                    &[slot],
+                    Vec::new(),
+                    self.now_ms(),
+                )?;
+            }
             app.commit()?;
             Ok(())
         })();

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 pub(crate) const LEASE_COLUMNS: &str =
     "id, queue, kind, payload, priority, run_at, attempts, max_attempts, run_token, \
-     lease_expires_at, timeout_ms, given_back";
+     lease_expires_at, timeout_ms, given_back, limit_name, limit_key, limit_weight";
 
 pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
@@ -95,7 +95,7 @@ pub(crate) fn claimed_from_row(r: &Row, fresh: Option<&Fresh<'_>>) -> Result<Cla
         lease_expires_at: ms_to_datetime(expires),
         timeout: timeout(get(r, 10)?),
         given_back: count(get(r, 11)?),
-        limit: None,
+        limit: crate::engine::types::limit_slot(get(r, 12)?, get(r, 13)?, get(r, 14)?),
     };
     Ok(if problems.is_empty() {
         ClaimedRow::Readable(lease)

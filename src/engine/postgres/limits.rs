@@ -178,7 +178,10 @@ impl<E: Exec> LimitTx for InTransaction<'_, E> {
             let Some(row) = rows.first() else {
                 break;
             };
-            let key: (String, String) = (row.get(0), row.get::<_, Option<String>>(1).unwrap_or_default());
+            let key: (String, String) = (
+                row.get(0),
+                row.get::<_, Option<String>>(1).unwrap_or_default(),
+            );
             from = key.clone();
             keys.push(key);
         }
