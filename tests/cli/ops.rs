@@ -242,9 +242,13 @@ fn stats_counts_per_queue_and_state() {
         "{out}"
     );
     let default: Vec<&str> = lines[1].split_whitespace().collect();
-    assert_eq!(default, ["default", "0", "2", "0", "0", "0", "0"], "{out}");
+    assert_eq!(
+        default,
+        ["default", "0", "2", "0", "0", "0", "0", "0"],
+        "{out}"
+    );
     let mail: Vec<&str> = lines[2].split_whitespace().collect();
-    assert_eq!(mail, ["mail", "1", "0", "0", "0", "0", "1"], "{out}");
+    assert_eq!(mail, ["mail", "1", "0", "0", "0", "0", "0", "1"], "{out}");
     assert!(out.contains("oldest due job: waiting"), "{out}");
     assert!(out.contains("finished in the last minute: 1"), "{out}");
     assert!(out.contains("WAL file: "), "{out}");
@@ -510,4 +514,58 @@ fn files_the_binary_creates_are_owner_only() {
     let mut wal = env.db.clone().into_os_string();
     wal.push("-wal");
     assert_eq!(mode(std::path::Path::new(&wal)), 0o600);
+}
+
+/// `tickler limit` sets, lists and deletes concurrency limits, `enqueue
+/// --limit NAME:KEY --limit-weight N` names one, and `list --state blocked`
+/// and `show` show who waits for which.
+#[test]
+fn limits_are_set_listed_and_deleted_and_jobs_name_them() {
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    env.run(&["limit", "set", "sync", "--per-key", "1", "--total", "5"])
+        .ok();
+    let first = env.enqueue(&["k", "--limit", "sync:account:42"]);
+    let second = env.enqueue(&["k", "--limit", "sync:account:42", "--limit-weight", "1"]);
+    let claimed = env
+        .queue()
+        .manual()
+        .claim("default", "t", 10, std::time::Duration::from_secs(3600))
+        .unwrap();
+    assert_eq!(
+        claimed.iter().map(|l| l.job_id).collect::<Vec<_>>(),
+        [first]
+    );
+
+    let out = env.run(&["limit", "list"]).ok();
+    assert!(out.contains("1 per key, 5 in all"), "{out}");
+    let key: Vec<&str> = out
+        .lines()
+        .find(|l| l.contains("account:42"))
+        .unwrap_or_else(|| panic!("{out}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(key, ["account:42", "1", "of", "1", "1", "1", "0"], "{out}");
+    let json = env.run(&["limit", "list", "sync", "--json"]).ok();
+    let json: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(json["max_total"], 5);
+    assert_eq!(json["keys"][0]["blocked"], 1);
+    let blocked = env.run(&["list", "--state", "blocked"]).ok();
+    assert!(blocked.contains(&second.to_string()), "{blocked}");
+    let show = env.run(&["show", &second.to_string()]).ok();
+    assert!(show.contains("sync key account:42 (weight 1)"), "{show}");
+
+    for args in [
+        &["enqueue", "k", "--limit", "nameless"][..],
+        &["limit", "set", "sync", "--per-key", "0"],
+    ] {
+        let out = env.command(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+    }
+    env.run(&["limit", "delete", "sync"]).ok();
+    assert_eq!(
+        env.queue().get(second).unwrap().state,
+        tickler::JobState::Pending
+    );
+    env.run(&["limit", "delete", "sync"]).ok();
 }

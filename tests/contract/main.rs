@@ -28,6 +28,8 @@ mod durability;
 mod enqueue_group_commit;
 mod error_history;
 mod limits_at_the_edges;
+#[cfg(unix)]
+mod limits_soak;
 mod operator;
 mod operator_cli_support;
 mod outcome_fails_alone;

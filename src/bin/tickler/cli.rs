@@ -104,6 +104,11 @@ pub enum Command {
     #[command(subcommand, after_help = QUEUE_HELP)]
     Queue(QueueCommand),
 
+    /// Concurrency limits shared by every process: set, delete, list them
+    /// with their holders and blocked jobs per key.
+    #[command(subcommand, after_help = LIMIT_HELP)]
+    Limit(LimitCommand),
+
     /// Run a worker pool on the file, executing jobs of kind `shell`, until
     /// SIGINT or SIGTERM.
     #[command(after_help = WORK_HELP)]
@@ -221,6 +226,15 @@ pub struct EnqueueArgs {
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<Duration>,
 
+    /// Run under the concurrency limit NAME as one holder of KEY
+    /// (`--limit sync:account-42`; see `tickler limit`).
+    #[arg(long, value_name = "NAME:KEY", value_parser = parse_limit_slot)]
+    pub limit: Option<(String, String)>,
+
+    /// Slots of its limit the job takes while it runs (default 1).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), requires = "limit")]
+    pub limit_weight: Option<u32>,
+
     /// Create the queue file if it does not exist (otherwise a mistyped
     /// path is refused rather than made into a queue no worker watches).
     #[arg(long)]
@@ -234,6 +248,8 @@ pub enum StateArg {
     Scheduled,
     /// Due, waiting for a worker.
     Pending,
+    /// Due, waiting for a slot of its concurrency limit.
+    Blocked,
     /// Held by a worker.
     Running,
     /// Finished successfully.
@@ -249,6 +265,7 @@ impl From<StateArg> for JobState {
         match s {
             StateArg::Scheduled => JobState::Scheduled,
             StateArg::Pending => JobState::Pending,
+            StateArg::Blocked => JobState::Blocked,
             StateArg::Running => JobState::Running,
             StateArg::Succeeded => JobState::Succeeded,
             StateArg::Dead => JobState::Dead,
@@ -419,6 +436,71 @@ const QUEUE_HELP: &str = "Examples:
 A pause is stored in the file and holds for every process: their claims skip the
 queue until it is resumed. Jobs can still be enqueued into it; jobs already running
 finish.";
+
+/// `limit` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum LimitCommand {
+    /// Set a limit, or change it (a raise lets blocked jobs run at once; a
+    /// lowering lets current holders finish).
+    Set(LimitSetArgs),
+    /// Delete a limit: its jobs run unlimited, the blocked ones at once.
+    Delete(LimitNameArgs),
+    /// List the limits and, per key with unfinished jobs, the weight held,
+    /// the holders, the blocked and the pending jobs.
+    List(LimitListArgs),
+}
+
+/// `tickler limit set`.
+#[derive(Debug, Args)]
+pub struct LimitSetArgs {
+    /// The limit's name.
+    pub name: String,
+    /// Most slots taken at once per key.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub per_key: u32,
+    /// Most slots taken at once over all keys.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub total: Option<u32>,
+}
+
+/// A limit's name.
+#[derive(Debug, Args)]
+pub struct LimitNameArgs {
+    /// The limit's name.
+    pub name: String,
+}
+
+/// `tickler limit list`.
+#[derive(Debug, Args)]
+pub struct LimitListArgs {
+    /// Only this limit.
+    pub name: Option<String>,
+    /// One JSON object per line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `NAME:KEY` of `--limit` (the key may contain `:`).
+fn parse_limit_slot(s: &str) -> Result<(String, String), String> {
+    match s.split_once(':') {
+        Some((name, key)) if !name.is_empty() => Ok((name.to_owned(), key.to_owned())),
+        _ => Err(format!(
+            "expected NAME:KEY (as in sync:account-42), got {s:?}"
+        )),
+    }
+}
+
+const LIMIT_HELP: &str = "Examples:
+  tickler limit set sync --per-key 1
+  tickler limit set transcode --per-key 2 --total 4
+  tickler enqueue shell '{\"argv\": [\"sync.sh\", \"42\"]}' --limit sync:account-42
+  tickler limit list
+  tickler limit delete sync
+
+A limit is stored in the file and holds for every process: the jobs of a key that
+hold a lease never take more than --per-key slots together (and all keys no more
+than --total). A job that does not fit waits as `blocked`, using no attempt, until
+a slot is free.";
 
 /// `queue` subcommands.
 #[derive(Debug, Subcommand)]

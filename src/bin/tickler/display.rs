@@ -178,6 +178,11 @@ pub fn job_json(job: &Job) -> serde_json::Value {
             "fraction": p.fraction,
             "message": p.message,
         })),
+        "limit": job.limit.as_ref().map(|l| json!({
+            "name": l.name,
+            "key": l.key,
+            "weight": l.weight,
+        })),
     })
 }
 
@@ -205,6 +210,13 @@ pub fn job_fields(job: &Job, times: Times) -> Vec<(&'static str, String)> {
             job.timeout.map_or_else(|| "-".to_owned(), duration),
         ),
         ("unique_key", or_dash(&job.unique_key)),
+        (
+            "limit",
+            job.limit.as_ref().map_or_else(
+                || "-".to_owned(),
+                |l| format!("{} key {} (weight {})", l.name, l.key, l.weight),
+            ),
+        ),
         (
             "run_token",
             job.run_token

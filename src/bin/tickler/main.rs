@@ -65,6 +65,7 @@ fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Schedule(command) => schedule::run(db, command, times),
         Command::Supervise(args) => supervise::run(&args.argv),
         Command::Queue(command) => ops::queue(db, command),
+        Command::Limit(command) => ops::limit(db, command),
         #[cfg(feature = "serve")]
         Command::Serve(args) => serve::serve(db, args),
     }

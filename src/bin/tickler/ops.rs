@@ -1,8 +1,10 @@
 //! The operator commands: init, enqueue (one job), list, show, stats, retry,
-//! cancel, prune, reap, checkpoint, queue pause/resume/list.
+//! cancel, prune, reap, checkpoint, queue pause/resume/list, limit
+//! set/delete/list.
 
 use crate::cli::{
-    CancelArgs, EnqueueArgs, ListArgs, PruneArgs, QueueCommand, RetryArgs, ShowArgs, StatsArgs,
+    CancelArgs, EnqueueArgs, LimitCommand, ListArgs, PruneArgs, QueueCommand, RetryArgs, ShowArgs,
+    StatsArgs,
 };
 use crate::display::{self, Times};
 use crate::error::CliError;
@@ -94,6 +96,12 @@ pub fn apply_defaults(mut job: NewJob, args: &EnqueueArgs) -> NewJob {
     if let Some(timeout) = args.timeout {
         job = job.timeout(timeout);
     }
+    if let Some((name, key)) = &args.limit {
+        job = job.limit(name.clone(), key.clone());
+    }
+    if let Some(weight) = args.limit_weight {
+        job = job.limit_weight(weight);
+    }
     job
 }
 
@@ -115,6 +123,96 @@ pub fn enqueue_one(db: &Path, args: &EnqueueArgs) -> Result<(), CliError> {
     let id = queue.enqueue(job).map_err(|e| CliError::from_lib(e, db))?;
     println!("{id}");
     Ok(())
+}
+
+/// `tickler limit …`.
+pub fn limit(db: &Path, command: &LimitCommand) -> Result<(), CliError> {
+    let queue = open(db, false)?;
+    let lib = |e| CliError::from_lib(e, db);
+    match command {
+        LimitCommand::Set(args) => {
+            let mut limit = tickler::Limit::per_key(args.per_key);
+            if let Some(total) = args.total {
+                limit = limit.total(total);
+            }
+            queue.set_limit(&args.name, limit).map_err(lib)
+        }
+        LimitCommand::Delete(args) => {
+            if !queue.delete_limit(&args.name).map_err(lib)? {
+                eprintln!("no limit named {}", display::safe(&args.name));
+            }
+            Ok(())
+        }
+        LimitCommand::List(args) => {
+            let limits = queue.limits().map_err(lib)?;
+            let usage = queue.limit_usage(args.name.as_deref()).map_err(lib)?;
+            let shown = |name: &str| args.name.as_deref().is_none_or(|n| n == name);
+            if args.json {
+                for l in limits.iter().filter(|l| shown(&l.name)) {
+                    let keys: Vec<_> = usage.iter().filter(|u| u.name == l.name).collect();
+                    println!(
+                        "{}",
+                        json!({
+                            "name": l.name,
+                            "max_per_key": l.limit.max_per_key,
+                            "max_total": l.limit.max_total,
+                            "updated_at": display::rfc3339(l.updated_at),
+                            "keys": keys,
+                        })
+                    );
+                }
+                return Ok(());
+            }
+            let mut rows = Vec::new();
+            for l in limits.iter().filter(|l| shown(&l.name)) {
+                let max = match l.limit.max_total {
+                    Some(total) => format!("{} per key, {total} in all", l.limit.max_per_key),
+                    None => format!("{} per key", l.limit.max_per_key),
+                };
+                rows.push(vec![
+                    display::safe(&l.name).into_owned(),
+                    "*".into(),
+                    max,
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                ]);
+                for u in usage.iter().filter(|u| u.name == l.name) {
+                    rows.push(vec![
+                        String::new(),
+                        display::safe(&u.key).into_owned(),
+                        format!("{} of {}", u.held, l.limit.max_per_key),
+                        u.holders.to_string(),
+                        u.blocked.to_string(),
+                        u.pending.to_string(),
+                    ]);
+                }
+            }
+            // Jobs may name a limit that is not set: they run unlimited.
+            for u in usage
+                .iter()
+                .filter(|u| !limits.iter().any(|l| l.name == u.name))
+            {
+                rows.push(vec![
+                    display::safe(&u.name).into_owned(),
+                    display::safe(&u.key).into_owned(),
+                    "not set: unlimited".into(),
+                    u.holders.to_string(),
+                    u.blocked.to_string(),
+                    u.pending.to_string(),
+                ]);
+            }
+            if rows.is_empty() {
+                eprintln!("no limits");
+                return Ok(());
+            }
+            let header = ["LIMIT", "KEY", "HELD", "HOLDERS", "BLOCKED", "PENDING"];
+            for line in display::table(&header, &rows, &["HOLDERS", "BLOCKED", "PENDING"]) {
+                println!("{line}");
+            }
+            Ok(())
+        }
+    }
 }
 
 /// `tickler list`.

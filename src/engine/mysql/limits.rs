@@ -286,7 +286,8 @@ impl LimitStore for Store {
                 "SELECT limit_name, coalesce(limit_key, ''),
                      CAST(sum(CASE WHEN status = 'running' OR lease_expires_at >= :now
                               THEN limit_weight ELSE 0 END) AS SIGNED),
-                     CAST(sum(status = 'running' OR lease_expires_at >= :now) AS SIGNED),
+                     CAST(sum(CASE WHEN status = 'running' OR lease_expires_at >= :now
+                              THEN 1 ELSE 0 END) AS SIGNED),
                      CAST(sum(status = 'blocked') AS SIGNED),
                      CAST(sum(status = 'pending') AS SIGNED)
                  FROM tickler_jobs

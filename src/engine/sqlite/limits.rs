@@ -249,7 +249,8 @@ impl LimitStore for Store {
                     "SELECT limit_name, coalesce(limit_key, ''),
                          sum(CASE WHEN status = 'running' OR lease_expires_at >= ?2
                                   THEN limit_weight ELSE 0 END),
-                         sum(status = 'running' OR lease_expires_at >= ?2),
+                         sum(CASE WHEN status = 'running' OR lease_expires_at >= ?2
+                                  THEN 1 ELSE 0 END),
                          sum(status = 'blocked'), sum(status = 'pending')
                      FROM tickler_jobs INDEXED BY tickler_jobs_limit
                      WHERE limit_name IS NOT NULL AND (?1 IS NULL OR limit_name = ?1)

@@ -99,6 +99,8 @@ pub fn csrf_of(page: &str) -> String {
 /// - mail: 3 pending, 1 scheduled (due in an hour), 1 running (leased
 ///   for an hour), 1 succeeded;
 /// - reports: 1 dead (its error holds HTML), 1 cancelled;
+/// - sync: 1 running (leased for an hour) and 1 blocked behind it (limit
+///   `sync`, 1 per key);
 /// - schedule `yearly` (kind `k`, queue reports): it ticks on 1 January
 ///   only, so no tick adds a job during a test.
 ///
@@ -134,6 +136,17 @@ pub fn filled() -> Env {
     queue
         .enqueue(NewJob::new("k").queue("mail").delay(hour))
         .unwrap();
+
+    queue.set_limit("sync", tickler::Limit::per_key(1)).unwrap();
+    queue
+        .enqueue_batch(
+            (0..2)
+                .map(|_| NewJob::new("k").queue("sync").limit("sync", "a"))
+                .collect(),
+        )
+        .unwrap();
+    let held = queue.manual().claim("sync", "t", 2, hour).unwrap();
+    assert_eq!(held.len(), 1, "one of two runs under a limit of 1");
 
     queue
         .upsert_schedule(NewSchedule::new("yearly", "0 0 1 1 *", "k").queue("reports"))
