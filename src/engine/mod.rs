@@ -176,8 +176,17 @@ pub(crate) trait LimitTx {
     /// Makes a claimed job dead with `error`, fenced by its run_token.
     fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()>;
 
+    /// The weight of the pending jobs of `key` of limit `name` (of all its
+    /// keys for `None`) in queues that are not paused: runs about to be
+    /// claimed.
+    fn pending(&mut self, name: &str, key: Option<&str>) -> Result<i64>;
+
+    /// Makes a blocked job dead with `error` (it can never fit its limit).
+    fn doom(&mut self, job_id: JobId, error: &str, now: i64) -> Result<()>;
+
     /// Up to `n` blocked jobs of `key` of limit `name` (of any key for
-    /// `None`) in claim order (priority, due time, id): id, key, weight.
+    /// `None`) in queues that are not paused, in claim order (priority,
+    /// due time, id): id, key, weight.
     fn blocked(
         &mut self,
         name: &str,
@@ -213,6 +222,11 @@ pub(crate) trait LimitStore {
 
     /// See [`crate::Queue::limit_usage`].
     fn limit_usage(&self, name: Option<&str>) -> Result<Vec<crate::LimitKeyUsage>>;
+
+    /// Releases the blocked jobs of `keys` (limit, key) that fit, in one
+    /// write transaction (after a pending job of the key was cancelled, or
+    /// its queue resumed); returns how many it made pending.
+    fn release_limit_keys(&self, keys: Vec<(String, String)>) -> Result<u64>;
 
     /// One round of the reaper's safety sweep (`crate::queue::limits::sweep`)
     /// in a write transaction: jobs made pending, and where to go on from.
@@ -311,6 +325,30 @@ macro_rules! retry_or_dead {
     };
 }
 pub(crate) use retry_or_dead;
+
+/// The SET list that makes a dead or cancelled job pending again with
+/// fresh attempts, due at `$now`: one whose holder may still be running
+/// (its lease is kept: a cancelled run, or a last attempt past its
+/// timeout) is scheduled for when that lease runs out and keeps the lease
+/// until then, so the retry never runs beside the old run and the old
+/// run's limit slot stays taken. Written once for every dialect.
+macro_rules! revive {
+    ($now:literal) => {
+        concat!(
+            "status = CASE WHEN lease_expires_at >= ",
+            $now,
+            " THEN 'scheduled' ELSE 'pending' END, run_at = CASE WHEN lease_expires_at >= ",
+            $now,
+            " THEN lease_expires_at + 1 ELSE ",
+            $now,
+            " END, attempts = 0, finished_at = NULL, lease_expires_at = CASE WHEN \
+             lease_expires_at >= ",
+            $now,
+            " THEN lease_expires_at END"
+        )
+    };
+}
+pub(crate) use revive;
 
 /// What opening a queue's engine takes: the builder's settings (see
 /// [`crate::QueueBuilder`]). Each engine reads those it has a use for.

@@ -152,6 +152,20 @@ impl Queue {
         }
     }
 
+    /// Releases every key of every limit, as the sweep does, but counts
+    /// nothing missed: after a queue was resumed, its blocked jobs may take
+    /// slots that were free while they were passed over.
+    pub(crate) fn release_all_limits(&self) -> Result<()> {
+        let mut after = None;
+        loop {
+            let (_, next) = self.engine().sweep_limits(after.as_ref())?;
+            match next {
+                Some(next) => after = Some(next),
+                None => return Ok(()),
+            }
+        }
+    }
+
     /// See [`Ops::limit_sweep_unblocked`](crate::Ops::limit_sweep_unblocked).
     pub(crate) fn limit_sweep_unblocked(&self) -> u64 {
         self.inner
@@ -168,14 +182,27 @@ pub(crate) struct SweepState {
     unblocked: std::sync::atomic::AtomicU64,
 }
 
-/// Most blocked jobs one release reads to find those that fit under a
-/// limit with a `max_total`, where a slot freed by one key may go to any
-/// other key: a bound on the transaction's work. What it leaves is found
-/// by the next release or the reaper's sweep.
-pub(crate) const TOTAL_SCAN_MAX: i64 = 1_000;
+/// Most blocked jobs a deleted limit's release makes pending per key in
+/// one transaction (deleting it makes them all pending at once).
+pub(crate) const RELEASE_MAX: i64 = 1_000;
 
-/// Keys the reaper's sweep looks at per pass.
+/// Keys the reaper's sweep looks at per pass, and keys besides the freed
+/// ones a release under a limit with a `max_total` looks at (a slot freed
+/// by one key may go to any other).
 pub(crate) const SWEEP_KEYS: i64 = 64;
+
+/// How a release counts the room of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Room {
+    /// What the holders leave: right after a lease ended, every slot it
+    /// freed is handed on, even if a pending job of the key might take it
+    /// (a claim pushes back whatever does not fit).
+    Freed,
+    /// What the holders and the pending jobs (of queues not paused) leave:
+    /// a sweep hands on only slots no one is about to take, so what it
+    /// finds is a release that was missed.
+    Unclaimed,
+}
 
 /// What a transaction did to limits: runs pushed back, jobs made pending.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -216,7 +243,7 @@ pub(crate) fn settle(
     }
     for (name, keys) in keys {
         let keys: Vec<&str> = keys.into_iter().collect();
-        settled.unblocked += release(tx, name, limits.get(name), &keys, now)?;
+        settled.unblocked += release(tx, name, limits.get(name), &keys, Room::Freed, now)?;
     }
     Ok((kept, settled))
 }
@@ -319,16 +346,21 @@ fn admit(
     Ok(kept)
 }
 
-/// Makes pending the blocked jobs of `keys` of limit `name` that fit now
-/// (of any key, when the limit has a total), in claim order; returns how
-/// many. A blocked job that does not fit its key stops that key's line
-/// (first in, first out per key, so a heavy job is not passed for ever by
-/// light ones) but not another key's.
+/// Makes pending the blocked jobs of `keys` of limit `name` that fit now,
+/// each key's in claim order (first in, first out per key, so a heavy job
+/// is not passed for ever by light ones of its key); returns how many.
+/// Under a limit with a `max_total`, the freed keys come first, then the
+/// keys after them with blocked jobs, round the key order: one busy key
+/// never keeps a slot from another. A blocked job heavier than the limit
+/// now allows (it was lowered) can never run: it is made dead, saying why.
+/// Blocked jobs of paused queues are left: a slot goes to a job that can
+/// run (resuming the queue releases its keys).
 fn release(
     tx: &mut dyn LimitTx,
     name: &str,
     limit: Option<&Limit>,
     keys: &[&str],
+    room_of: Room,
     now: i64,
 ) -> Result<u64> {
     let Some(limit) = limit else {
@@ -336,7 +368,7 @@ fn release(
         let mut ids = Vec::new();
         for key in keys {
             ids.extend(
-                tx.blocked(name, Some(key), TOTAL_SCAN_MAX)?
+                tx.blocked(name, Some(key), RELEASE_MAX)?
                     .into_iter()
                     .map(|b| b.0),
             );
@@ -345,57 +377,80 @@ fn release(
         return Ok(ids.len() as u64);
     };
     let per_key = i64::from(limit.max_per_key);
+    let max_total = limit.max_total.map(i64::from);
+    let mut total_room = match max_total {
+        Some(t) => {
+            let mut room = t - tx.held(name, None, now)?;
+            if room_of == Room::Unclaimed {
+                room -= tx.pending(name, None)?;
+            }
+            if room <= 0 {
+                return Ok(0);
+            }
+            room
+        }
+        None => i64::MAX,
+    };
+    let mut order: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+    if max_total.is_some() {
+        let last = (
+            name.to_owned(),
+            keys.last().map_or(String::new(), |k| (*k).to_owned()),
+        );
+        let mut more = tx.blocked_keys(Some(&last), Some(name), SWEEP_KEYS)?;
+        if (more.len() as i64) < SWEEP_KEYS {
+            more.extend(tx.blocked_keys(None, Some(name), SWEEP_KEYS)?);
+        }
+        for (_, key) in more {
+            if !order.contains(&key) {
+                order.push(key);
+            }
+        }
+    }
     let mut ids = Vec::new();
-    match limit.max_total.map(i64::from) {
-        None => {
-            for key in keys {
-                let mut room = per_key - tx.held(name, Some(key), now)?;
-                if room <= 0 {
-                    continue;
-                }
-                // Each takes at least one slot: `room` jobs at most.
-                for (id, _, w) in tx.blocked(name, Some(key), room)? {
-                    if w > room {
-                        break;
-                    }
-                    room -= w;
-                    ids.push(id);
-                }
+    let mut doomed = Vec::new();
+    for key in &order {
+        if total_room <= 0 {
+            break;
+        }
+        let mut room = per_key - tx.held(name, Some(key), now)?;
+        if room_of == Room::Unclaimed {
+            room -= tx.pending(name, Some(key))?;
+        }
+        let mut room = room.min(total_room);
+        if room <= 0 {
+            continue;
+        }
+        // Each takes at least one slot: `room` jobs at most, and the
+        // doomed ones besides.
+        for (id, _, w) in tx.blocked(name, Some(key), room + 8)? {
+            if w > per_key || max_total.is_some_and(|t| w > t) {
+                doomed.push((id, w));
+                continue;
+            }
+            if w > room {
+                break;
+            }
+            room -= w;
+            total_room -= w;
+            ids.push(id);
+            if room == 0 {
+                break;
             }
         }
-        Some(max_total) => {
-            let mut total_room = max_total - tx.held(name, None, now)?;
-            if total_room > 0 {
-                let mut room: HashMap<String, i64> = HashMap::new();
-                let mut stopped: BTreeSet<String> = BTreeSet::new();
-                for (id, key, w) in tx.blocked(name, None, TOTAL_SCAN_MAX)? {
-                    if stopped.contains(&key) {
-                        continue;
-                    }
-                    let key_room = match room.get(&key) {
-                        Some(r) => *r,
-                        None => {
-                            let r = per_key - tx.held(name, Some(&key), now)?;
-                            room.insert(key.clone(), r);
-                            r
-                        }
-                    };
-                    if w > total_room {
-                        break;
-                    }
-                    if w > key_room {
-                        stopped.insert(key);
-                        continue;
-                    }
-                    total_room -= w;
-                    room.insert(key, key_room - w);
-                    ids.push(id);
-                    if total_room == 0 {
-                        break;
-                    }
-                }
-            }
-        }
+    }
+    for (id, w) in doomed {
+        let error = format!(
+            "this job takes {w} slots of limit {name:?} (limit_weight), more than it allows \
+             now (max_per_key {}{}): it can never run; enqueue it with a smaller weight or \
+             raise the limit, then retry it",
+            limit.max_per_key,
+            limit
+                .max_total
+                .map(|t| format!(", max_total {t}"))
+                .unwrap_or_default()
+        );
+        tx.doom(id, &cut_error(&error), now)?;
     }
     tx.unblock(&ids)?;
     Ok(ids.len() as u64)
@@ -434,19 +489,31 @@ pub(crate) fn release_limit(tx: &mut dyn LimitTx, name: &str, now: i64) -> Resul
     }
 }
 
-/// [`settle`] for `keys` (limit, key) as if a slot of each had just been
-/// freed; returns how many jobs it made pending.
-fn release_keys(tx: &mut dyn LimitTx, keys: Vec<(String, String)>, now: i64) -> Result<u64> {
-    let slots: Vec<LimitSlot> = keys
-        .into_iter()
-        .map(|(name, key)| LimitSlot {
-            name,
-            key,
-            weight: 1,
-        })
-        .collect();
-    let freed: Vec<&LimitSlot> = slots.iter().collect();
-    Ok(settle(tx, &freed, Vec::new(), now)?.1.unblocked)
+/// Releases `keys` (limit, key) under their locks, counting as room only
+/// what neither holders nor pending jobs take; returns how many jobs it
+/// made pending.
+pub(crate) fn release_keys(
+    tx: &mut dyn LimitTx,
+    keys: Vec<(String, String)>,
+    now: i64,
+) -> Result<u64> {
+    let mut by_name: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, key) in keys {
+        by_name.entry(name).or_default().push(key);
+    }
+    let names: Vec<String> = by_name.keys().cloned().collect();
+    if names.is_empty() {
+        return Ok(0);
+    }
+    let limits = tx.lock_limits(&names)?;
+    let mut unblocked = 0;
+    for (name, mut keys) in by_name {
+        keys.sort();
+        keys.dedup();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        unblocked += release(tx, &name, limits.get(&name), &keys, Room::Unclaimed, now)?;
+    }
+    Ok(unblocked)
 }
 
 fn weight(slot: &LimitSlot) -> i64 {

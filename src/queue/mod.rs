@@ -389,7 +389,10 @@ impl Queue {
         if queue.is_empty() {
             return Err(Error::EmptyQueue);
         }
-        self.engine().set_queue_paused(queue, false)
+        self.engine().set_queue_paused(queue, false)?;
+        // Its blocked jobs were passed over while it was paused: the slots
+        // free now are theirs as much as anyone's.
+        self.release_all_limits()
     }
 
     /// The names of the paused queues, in byte order.
@@ -415,7 +418,20 @@ impl Queue {
     /// # Errors
     /// [`Error::NotFound`]; [`Error::InvalidState`] if it already finished.
     pub fn cancel(&self, id: JobId) -> Result<()> {
-        self.announced(JobEventKind::Cancelled, id, || self.engine().cancel(id))
+        // A pending job of a limit may have been handed a freed slot: that
+        // slot goes on to the next blocked job of its key.
+        let slot = self
+            .engine()
+            .get(id)
+            .ok()
+            .filter(|job| job.state == crate::JobState::Pending)
+            .and_then(|job| job.limit);
+        self.announced(JobEventKind::Cancelled, id, || self.engine().cancel(id))?;
+        if let Some(slot) = slot {
+            self.engine()
+                .release_limit_keys(vec![(slot.name, slot.key)])?;
+        }
+        Ok(())
     }
 
     /// Makes a dead or cancelled job pending again, due now, with fresh

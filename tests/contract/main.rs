@@ -28,6 +28,7 @@ mod durability;
 mod enqueue_group_commit;
 mod error_history;
 mod limits_at_the_edges;
+mod limits_reported;
 #[cfg(unix)]
 mod limits_soak;
 mod operator;

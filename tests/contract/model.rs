@@ -287,10 +287,10 @@ impl Model {
                     let attempt = self.jobs[j].attempts;
                     self.retry_or_die(j, attempt);
                 }
-                // A cancelled job's holder whose lease ran out is gone.
+                // A kept lease (of a cancelled job, or of one retried while
+                // its holder may still run) that ran out: the holder is gone.
                 for job in &mut self.jobs {
-                    if job.state == JobState::Cancelled
-                        && job.lease_expires.is_some_and(|e| e < now)
+                    if job.state != JobState::Running && job.lease_expires.is_some_and(|e| e < now)
                     {
                         job.lease_expires = None;
                     }
@@ -333,13 +333,15 @@ impl Model {
                 }
                 let job = &mut self.jobs[j];
                 job.attempts = 0;
-                // A cancelled job's holder may still run: wait for its lease.
-                match job.lease_expires.take() {
+                // A cancelled job's holder may still run: wait for its
+                // lease, and keep it until then.
+                match job.lease_expires {
                     Some(e) if e >= now => {
                         job.state = JobState::Scheduled;
                         job.run_at = e + 1;
                     }
                     _ => {
+                        job.lease_expires = None;
                         job.state = JobState::Pending;
                         job.run_at = now;
                     }
@@ -361,7 +363,10 @@ impl Model {
                     let j = self.leases[l];
                     let job = &mut self.jobs[j];
                     if !matches!(op, Op::Heartbeat { .. })
-                        && job.state == JobState::Cancelled
+                        && matches!(
+                            job.state,
+                            JobState::Cancelled | JobState::Scheduled | JobState::Pending
+                        )
                         && job.claim == Some(l)
                     {
                         job.lease_expires = None;

@@ -40,10 +40,10 @@ fn delayed_job_starts_at_its_due_time() {
         (due - started).num_milliseconds()
     );
     let late = started - due;
-    // On PostgreSQL the claim that follows the wake-up is a few round
-    // trips and a commit on a server the tests share: a wider bound, still
-    // far below any poll interval.
-    let bound = if pool::engine::on_postgres() {
+    // On a server the claim that follows the wake-up is a few round trips
+    // and a commit on a server the tests share (MariaDB's commit waited 58
+    // ms once in CI): a wider bound, still far below any poll interval.
+    let bound = if pool::engine::on_postgres() || pool::engine::on_mysql() {
         250
     } else {
         50

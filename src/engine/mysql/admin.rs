@@ -8,7 +8,7 @@ use super::enqueue::{check_name, HELD_SQL};
 use super::rows::get;
 use super::Store;
 use crate::engine::types::RetryDeadBatch;
-use crate::engine::Admin;
+use crate::engine::{revive, Admin};
 use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
 use mysql::Value;
@@ -74,13 +74,13 @@ impl Admin for Store {
                 });
             }
             let now = self.now_ms();
+            // Assignments in order: the lease is read before it is changed.
             tx.exec_named(
-                "UPDATE tickler_jobs
-                 SET status = CASE WHEN lease_expires_at >= :now THEN 'scheduled' ELSE 'pending' END,
-                     run_at = CASE WHEN lease_expires_at >= :now THEN lease_expires_at + 1
-                                   ELSE :now END,
-                     attempts = 0, finished_at = NULL, lease_expires_at = NULL
-                 WHERE id = :id",
+                concat!(
+                    "UPDATE tickler_jobs SET ",
+                    revive!(":now"),
+                    " WHERE id = :id"
+                ),
                 &[("now", Value::from(now)), ("id", Value::from(id.0))],
             )?;
             Ok(())
@@ -155,11 +155,13 @@ impl Admin for Store {
                         continue;
                     }
                 }
-                retried += tx.exec(
-                    "UPDATE tickler_jobs SET status = 'pending', attempts = 0,
-                         run_at = ?, finished_at = NULL, lease_expires_at = NULL
-                     WHERE id = ? AND status = 'dead'",
-                    args![now, id],
+                retried += tx.exec_named(
+                    concat!(
+                        "UPDATE tickler_jobs SET ",
+                        revive!(":now"),
+                        " WHERE id = :id AND status = 'dead'"
+                    ),
+                    &[("now", Value::from(now)), ("id", Value::from(id))],
                 )?;
             }
             Ok(RetryDeadBatch {

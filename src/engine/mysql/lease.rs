@@ -28,7 +28,7 @@ const STEP_SET: &str =
 const STEPPED: [&str; 2] = [
     "status = 'running' AND lease_expires_at > :now + :margin
        AND lease_expires_at > :now + coalesce(lease_ms, lease_expires_at - claimed_at) + :margin",
-    "status IN ('cancelled', 'dead') AND lease_expires_at > :now + :margin
+    "status IN ('scheduled', 'pending', 'cancelled', 'dead') AND lease_expires_at > :now + :margin
        AND lease_expires_at > :now + coalesce(lease_ms, lease_expires_at - claimed_at) + :margin",
 ];
 
@@ -160,7 +160,8 @@ impl Leases for Store {
                 tx.lock_found(
                     STOPPED_COLUMNS,
                     "tickler_jobs_running",
-                    "status IN ('cancelled', 'dead') AND lease_expires_at < ?",
+                    "status IN ('scheduled', 'pending', 'cancelled', 'dead') \
+                     AND lease_expires_at < ?",
                     "",
                     args![now],
                     REAP_BATCH,
@@ -210,7 +211,7 @@ impl Leases for Store {
                     "SELECT holder.holder, CAST(max({RENEWED}) AS SIGNED)
                      FROM tickler_jobs AS job FORCE INDEX (tickler_jobs_running)
                      JOIN tickler_holders AS holder ON holder.id = job.holder_id
-                     WHERE job.status IN ('running', 'cancelled', 'dead')
+                     WHERE job.status IN ('running', 'scheduled', 'pending', 'cancelled', 'dead')
                        AND job.lease_expires_at IS NOT NULL
                        AND substring(holder.holder, 1, ?) = ?
                      GROUP BY holder.holder"
@@ -245,7 +246,8 @@ impl Leases for Store {
                     STOPPED_COLUMNS,
                     "tickler_jobs_running",
                     &format!(
-                        "status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL \
+                        "status IN ('scheduled', 'pending', 'cancelled', 'dead') \
+                         AND lease_expires_at IS NOT NULL \
                          AND {condition}"
                     ),
                     "",

@@ -21,8 +21,9 @@ use mysql::prelude::Queryable;
 use mysql::Value;
 use std::collections::HashMap;
 
-/// The weight of the lease holders of one key (name, key, now): one term
-/// per state, each a range of the limit index.
+/// The weight of the lease holders of one key (name, key, now), as on
+/// SQLite: running jobs and rows that keep a lease; one term per state,
+/// each a range of the limit index.
 const HELD_KEY_SQL: &str = "SELECT CAST(
       (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs FORCE INDEX (tickler_jobs_limit)
        WHERE limit_name = :name AND status = 'running' AND limit_key = :key)
@@ -31,6 +32,9 @@ const HELD_KEY_SQL: &str = "SELECT CAST(
          AND lease_expires_at >= :now)
     + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs FORCE INDEX (tickler_jobs_limit)
        WHERE limit_name = :name AND status = 'dead' AND limit_key = :key
+         AND lease_expires_at >= :now)
+    + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs FORCE INDEX (tickler_jobs_limit)
+       WHERE limit_name = :name AND status = 'scheduled' AND limit_key = :key
          AND lease_expires_at >= :now) AS SIGNED)";
 
 /// HELD_KEY_SQL over all keys of a limit (name, now).
@@ -40,7 +44,10 @@ const HELD_TOTAL_SQL: &str = "SELECT CAST(
     + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs FORCE INDEX (tickler_jobs_limit)
        WHERE limit_name = :name AND status = 'cancelled' AND lease_expires_at >= :now)
     + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs FORCE INDEX (tickler_jobs_limit)
-       WHERE limit_name = :name AND status = 'dead' AND lease_expires_at >= :now) AS SIGNED)";
+       WHERE limit_name = :name AND status = 'dead' AND lease_expires_at >= :now)
+    + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs FORCE INDEX (tickler_jobs_limit)
+       WHERE limit_name = :name AND status = 'scheduled' AND lease_expires_at >= :now)
+     AS SIGNED)";
 
 /// A claimed run pushed back for want of a slot (id, run_token): as
 /// before its claim, blocked.
@@ -120,12 +127,42 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
         Ok(())
     }
 
+    fn pending(&mut self, name: &str, key: Option<&str>) -> Result<i64> {
+        let rows = match key {
+            Some(key) => self.0.rows(
+                "SELECT CAST(coalesce(sum(limit_weight), 0) AS SIGNED) FROM tickler_jobs
+                     FORCE INDEX (tickler_jobs_limit)
+                 WHERE limit_name = ? AND status = 'pending' AND limit_key = ?
+                   AND queue NOT IN (SELECT queue FROM tickler_paused_queues)",
+                args![name, key],
+            )?,
+            None => self.0.rows(
+                "SELECT CAST(coalesce(sum(limit_weight), 0) AS SIGNED) FROM tickler_jobs
+                     FORCE INDEX (tickler_jobs_limit)
+                 WHERE limit_name = ? AND status = 'pending'
+                   AND queue NOT IN (SELECT queue FROM tickler_paused_queues)",
+                args![name],
+            )?,
+        };
+        rows.first().map_or(Ok(0), |r| get(r, 0))
+    }
+
+    fn doom(&mut self, job_id: JobId, error: &str, now: i64) -> Result<()> {
+        self.0.exec(
+            "UPDATE tickler_jobs SET status = 'dead', finished_at = ?, last_error = ?
+             WHERE id = ? AND status = 'blocked'",
+            args![now, error, job_id.0],
+        )?;
+        Ok(())
+    }
+
     fn blocked(&mut self, name: &str, key: Option<&str>, n: i64) -> Result<Vec<Blocked>> {
         let rows = match key {
             Some(key) => self.0.rows(
                 "SELECT id, limit_key, limit_weight FROM tickler_jobs
                      FORCE INDEX (tickler_jobs_blocked)
                  WHERE status = 'blocked' AND limit_name = ? AND limit_key = ?
+                   AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
                  ORDER BY priority DESC, run_at, id LIMIT ?",
                 args![name, key, n],
             )?,
@@ -133,6 +170,7 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
                 "SELECT id, limit_key, limit_weight FROM tickler_jobs
                      FORCE INDEX (tickler_jobs_blocked_total)
                  WHERE status = 'blocked' AND limit_name = ?
+                   AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
                  ORDER BY priority DESC, run_at, id LIMIT ?",
                 args![name, n],
             )?,
@@ -293,7 +331,8 @@ impl LimitStore for Store {
                  FROM tickler_jobs
                  WHERE limit_name IS NOT NULL AND (:name IS NULL OR limit_name = :name)
                    AND (status IN ('pending', 'blocked', 'running')
-                        OR (status IN ('cancelled', 'dead') AND lease_expires_at >= :now))
+                        OR (status IN ('scheduled', 'cancelled', 'dead')
+                            AND lease_expires_at >= :now))
                  GROUP BY limit_name, limit_key
                  ORDER BY limit_name, limit_key",
                 &[("name", Value::from(name)), ("now", Value::from(now))],
@@ -311,6 +350,16 @@ impl LimitStore for Store {
             })
             .collect()
         })
+    }
+
+    fn release_limit_keys(&self, keys: Vec<(String, String)>) -> Result<u64> {
+        let released = self.write(|tx, _| {
+            limits::release_keys(&mut InTransaction(tx), keys.clone(), self.now_ms())
+        })?;
+        if released > 0 {
+            self.notify_watchers();
+        }
+        Ok(released)
     }
 
     fn sweep_limits(

@@ -52,7 +52,7 @@ const TIMED_OUT_SQL: &str = concat!(
     retry_or_dead!(":now", "greatest(:retry_at, lease_expires_at + 1)"),
     ", last_error = :error, ",
     append_error!(),
-    ", lease_expires_at = CASE WHEN attempts >= max_attempts THEN lease_expires_at END ",
+    " ",
     fence!(":id", ":token")
 );
 
@@ -103,9 +103,9 @@ const RELEASE_SQL: &str = concat!(
     fence!(":id", ":token")
 );
 
-/// The cancelled job's holder has stopped.
+/// The holder of a cancelled, dead or retried job has stopped.
 const HOLDER_STOPPED_SQL: &str = "UPDATE tickler_jobs SET lease_expires_at = NULL
-    WHERE id = ? AND run_token = ? AND status IN ('cancelled', 'dead')
+    WHERE id = ? AND run_token = ? AND status IN ('scheduled', 'pending', 'cancelled', 'dead')
       AND lease_expires_at IS NOT NULL";
 
 /// The running rows among `n` ids, locked in id order, so that two

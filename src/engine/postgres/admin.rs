@@ -8,7 +8,7 @@ use super::connection::Tx;
 use super::enqueue::HELD_SQL;
 use super::Store;
 use crate::engine::types::RetryDeadBatch;
-use crate::engine::Admin;
+use crate::engine::{revive, Admin};
 use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
 
@@ -62,12 +62,11 @@ impl Admin for Store {
             }
             let now = self.now_ms();
             tx.execute(
-                "UPDATE tickler_jobs
-                 SET status = CASE WHEN lease_expires_at >= $1::bigint THEN 'scheduled' ELSE 'pending' END,
-                     run_at = CASE WHEN lease_expires_at >= $1::bigint THEN lease_expires_at + 1
-                                   ELSE $1::bigint END,
-                     attempts = 0, finished_at = NULL, lease_expires_at = NULL
-                 WHERE id = $2",
+                concat!(
+                    "UPDATE tickler_jobs SET ",
+                    revive!("$1::bigint"),
+                    " WHERE id = $2"
+                ),
                 &[&now, &id.0],
             )?;
             Ok(())
@@ -121,9 +120,11 @@ impl Admin for Store {
                     }
                 }
                 retried += tx.execute(
-                    "UPDATE tickler_jobs SET status = 'pending', attempts = 0,
-                         run_at = $1::bigint, finished_at = NULL, lease_expires_at = NULL
-                     WHERE id = $2 AND status = 'dead'",
+                    concat!(
+                        "UPDATE tickler_jobs SET ",
+                        revive!("$1::bigint"),
+                        " WHERE id = $2 AND status = 'dead'"
+                    ),
                     &[&now, &id],
                 )?;
             }

@@ -27,7 +27,7 @@ const LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
 
 const CANCELLED_LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
     SET lease_expires_at = $1::bigint + coalesce(lease_ms, lease_expires_at - claimed_at)
-    WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
+    WHERE status <> 'running' AND lease_expires_at IS NOT NULL
       AND lease_expires_at > $1::bigint + coalesce(lease_ms, lease_expires_at - claimed_at) + $2::bigint";
 
 /// How often [`Store::maybe_vacuum`] looks at the dead row versions.
@@ -175,7 +175,7 @@ impl Leases for Store {
                 "UPDATE tickler_jobs SET lease_expires_at = NULL
                  WHERE id = ANY(ARRAY(
                      SELECT id FROM tickler_jobs
-                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at < $1::bigint
+                     WHERE status <> 'running' AND lease_expires_at < $1::bigint
                      FOR UPDATE SKIP LOCKED))
                  RETURNING limit_name, limit_key, limit_weight",
                 &[&now],
@@ -218,7 +218,7 @@ impl Leases for Store {
                         "SELECT holder.holder, max({RENEWED})::bigint FROM tickler_jobs AS job
                          JOIN tickler_holders AS holder ON holder.id = job.holder_id
                          WHERE (job.status = 'running'
-                                OR (job.status IN ('cancelled', 'dead')
+                                OR (job.status <> 'running'
                                     AND job.lease_expires_at IS NOT NULL))
                            AND substr(holder.holder, 1, $2) = $1
                          GROUP BY holder.holder"
@@ -251,7 +251,7 @@ impl Leases for Store {
                 "UPDATE tickler_jobs SET lease_expires_at = NULL
                  WHERE id = ANY(ARRAY(
                      SELECT id FROM tickler_jobs
-                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
+                     WHERE status <> 'running' AND lease_expires_at IS NOT NULL
                        AND holder_id = ANY($1)
                      FOR UPDATE SKIP LOCKED))
                  RETURNING limit_name, limit_key, limit_weight",

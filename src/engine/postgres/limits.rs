@@ -20,8 +20,9 @@ use postgres::types::ToSql;
 use postgres::Row;
 use std::collections::HashMap;
 
-/// The weight of the lease holders of one key ($1 name, $2 key, $3 now):
-/// one term per state, each a range of the limit index.
+/// The weight of the lease holders of one key ($1 name, $2 key, $3 now),
+/// as on SQLite: running jobs and rows that keep a lease; one term per
+/// state, each a range of the limit index.
 const HELD_KEY_SQL: &str = "SELECT (
       (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
        WHERE limit_name = $1 AND status = 'running' AND limit_key = $2)
@@ -30,6 +31,9 @@ const HELD_KEY_SQL: &str = "SELECT (
          AND lease_expires_at >= $3::bigint)
     + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
        WHERE limit_name = $1 AND status = 'dead' AND limit_key = $2
+         AND lease_expires_at >= $3::bigint)
+    + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
+       WHERE limit_name = $1 AND status = 'scheduled' AND limit_key = $2
          AND lease_expires_at >= $3::bigint))::bigint";
 
 /// HELD_KEY_SQL over all keys of a limit ($1 name, $2 now).
@@ -37,7 +41,7 @@ const HELD_TOTAL_SQL: &str = "SELECT (
       (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
        WHERE limit_name = $1 AND status = 'running')
     + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
-       WHERE limit_name = $1 AND status IN ('cancelled', 'dead')
+       WHERE limit_name = $1 AND status IN ('scheduled', 'cancelled', 'dead')
          AND lease_expires_at >= $2::bigint))::bigint";
 
 /// Claimed runs pushed back for want of a slot ($1 ids, $2 run_tokens):
@@ -116,17 +120,39 @@ impl<E: Exec> LimitTx for InTransaction<'_, E> {
         Ok(())
     }
 
+    fn pending(&mut self, name: &str, key: Option<&str>) -> Result<i64> {
+        let rows = self.0.rows(
+            "SELECT coalesce(sum(limit_weight), 0)::bigint FROM tickler_jobs
+             WHERE limit_name = $1 AND status = 'pending'
+               AND ($2::text IS NULL OR limit_key = $2)
+               AND queue NOT IN (SELECT queue FROM tickler_paused_queues)",
+            &[&name, &key],
+        )?;
+        Ok(rows.first().map_or(0, |r| r.get(0)))
+    }
+
+    fn doom(&mut self, job_id: JobId, error: &str, now: i64) -> Result<()> {
+        self.0.rows(
+            "UPDATE tickler_jobs SET status = 'dead', finished_at = $1::bigint, last_error = $2
+             WHERE id = $3 AND status = 'blocked'",
+            &[&now, &error, &job_id.0],
+        )?;
+        Ok(())
+    }
+
     fn blocked(&mut self, name: &str, key: Option<&str>, n: i64) -> Result<Vec<Blocked>> {
         let rows = match key {
             Some(key) => self.0.rows(
                 "SELECT id, limit_key, limit_weight FROM tickler_jobs
                  WHERE status = 'blocked' AND limit_name = $1 AND limit_key = $2
+                   AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
                  ORDER BY priority DESC, run_at, id LIMIT $3",
                 &[&name, &key, &n],
             )?,
             None => self.0.rows(
                 "SELECT id, limit_key, limit_weight FROM tickler_jobs
                  WHERE status = 'blocked' AND limit_name = $1
+                   AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
                  ORDER BY priority DESC, run_at, id LIMIT $2",
                 &[&name, &n],
             )?,
@@ -270,7 +296,7 @@ impl LimitStore for Store {
                      FROM tickler_jobs
                      WHERE limit_name IS NOT NULL AND ($1::text IS NULL OR limit_name = $1)
                        AND (status IN ('pending', 'blocked', 'running')
-                            OR (status IN ('cancelled', 'dead')
+                            OR (status IN ('scheduled', 'cancelled', 'dead')
                                 AND lease_expires_at >= $2::bigint))
                      GROUP BY limit_name, limit_key
                      ORDER BY limit_name, limit_key",
@@ -287,6 +313,16 @@ impl LimitStore for Store {
                 })
                 .collect())
         })
+    }
+
+    fn release_limit_keys(&self, keys: Vec<(String, String)>) -> Result<u64> {
+        let released = self.write(|tx, _| {
+            limits::release_keys(&mut InTransaction(tx), keys.clone(), self.now_ms())
+        })?;
+        if released > 0 {
+            self.notify_watchers();
+        }
+        Ok(released)
     }
 
     fn sweep_limits(

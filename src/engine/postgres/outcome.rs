@@ -63,8 +63,7 @@ const FAIL_SQL: &str = concat!(
 const TIMED_OUT_SQL: &str = concat!(
     "UPDATE tickler_jobs SET ",
     retry_or_dead!("$1::bigint", "greatest($2::bigint, lease_expires_at + 1)"),
-    ", last_error = $3,
-        lease_expires_at = CASE WHEN attempts >= max_attempts THEN lease_expires_at END, ",
+    ", last_error = $3, ",
     append_error!("$1", "$3"),
     " ",
     fence!("$4", "$5")
@@ -117,9 +116,10 @@ const RELEASE_SQL: &str = concat!(
     fence!("$1", "$2")
 );
 
-/// $1 id, $2 run_token: the cancelled job's holder has stopped.
+/// $1 id, $2 run_token: the holder of a cancelled, dead or retried job
+/// has stopped.
 const HOLDER_STOPPED_SQL: &str = "UPDATE tickler_jobs SET lease_expires_at = NULL
-    WHERE id = $1 AND run_token = $2 AND status IN ('cancelled', 'dead')
+    WHERE id = $1 AND run_token = $2 AND status IN ('scheduled', 'pending', 'cancelled', 'dead')
       AND lease_expires_at IS NOT NULL";
 
 impl OutcomeTx for Tx<'_> {

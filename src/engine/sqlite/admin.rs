@@ -4,10 +4,18 @@
 use super::claim::paused_in;
 use super::Store;
 use crate::engine::types::RetryDeadBatch;
-use crate::engine::Admin;
+use crate::engine::{revive, Admin};
 use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
 use rusqlite::{params, OptionalExtension};
+
+/// A dead or cancelled job made pending again with fresh attempts, due at
+/// ?1 (now). One whose holder may still be running (a cancelled run, or a
+/// last attempt past its timeout, whose lease is kept) waits for that
+/// lease to run out, so the retry never runs beside it, and keeps the
+/// lease until then, and with it its unique_key's hold and its limit's
+/// slot. ?2 id.
+const REVIVE_SQL: &str = concat!("UPDATE tickler_jobs SET ", revive!("?1"), " WHERE id = ?2");
 
 impl Admin for Store {
     fn cancel(&self, id: JobId) -> Result<()> {
@@ -58,16 +66,8 @@ impl Admin for Store {
                     held_by: JobId(held_by),
                 });
             }
-            // A cancelled job whose holder may still be running waits for
-            // its lease to run out, so the retry never runs beside it.
-            tx.prepare_cached(
-                "UPDATE tickler_jobs
-                 SET status = CASE WHEN lease_expires_at >= ?1 THEN 'scheduled' ELSE 'pending' END,
-                     run_at = CASE WHEN lease_expires_at >= ?1 THEN lease_expires_at + 1 ELSE ?1 END,
-                     attempts = 0, finished_at = NULL, lease_expires_at = NULL
-                 WHERE id = ?2",
-            )?
-            .execute(params![self.now_ms(), id.0])?;
+            tx.prepare_cached(REVIVE_SQL)?
+                .execute(params![self.now_ms(), id.0])?;
             Ok(())
         })?;
         self.notify_watchers();
@@ -126,11 +126,11 @@ impl Admin for Store {
                 "SELECT 1 FROM tickler_jobs WHERE unique_key = ?1
                    AND status IN ('scheduled', 'pending', 'blocked', 'running')",
             )?;
-            let mut revive = tx.prepare_cached(
-                "UPDATE tickler_jobs SET status = 'pending', attempts = 0, run_at = ?1,
-                     finished_at = NULL, lease_expires_at = NULL
-                 WHERE id = ?2 AND status = 'dead'",
-            )?;
+            let mut revive = tx.prepare_cached(concat!(
+                "UPDATE tickler_jobs SET ",
+                revive!("?1"),
+                " WHERE id = ?2 AND status = 'dead'"
+            ))?;
             let now = self.now_ms();
             let (mut retried, mut left_dead) = (0u64, 0u64);
             for (id, key) in &dead {

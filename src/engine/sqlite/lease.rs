@@ -28,10 +28,11 @@ pub(crate) const LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
     WHERE status = 'running' AND lease_expires_at > ?1 + ?2
       AND lease_expires_at > ?1 + coalesce(lease_ms, lease_expires_at - claimed_at) + ?2";
 
-/// LEASE_STEP_SQL for cancelled jobs whose holder has not reported.
+/// LEASE_STEP_SQL for the kept leases of holders that have not stopped:
+/// cancelled, dead or retried jobs (see KEPT_LEASE).
 pub(crate) const CANCELLED_LEASE_STEP_SQL: &str = "UPDATE tickler_jobs
     SET lease_expires_at = ?1 + coalesce(lease_ms, lease_expires_at - claimed_at)
-    WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
+    WHERE status <> 'running' AND lease_expires_at IS NOT NULL
       AND lease_expires_at > ?1 + coalesce(lease_ms, lease_expires_at - claimed_at) + ?2";
 
 impl Leases for Store {
@@ -127,7 +128,7 @@ impl Leases for Store {
             let stopped = tx
                 .prepare_cached(
                     "UPDATE tickler_jobs SET lease_expires_at = NULL
-                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at < ?1
+                     WHERE status <> 'running' AND lease_expires_at < ?1
                      RETURNING limit_name, limit_key, limit_weight",
                 )?
                 .query_map([now], slot_of)?
@@ -165,7 +166,7 @@ impl Leases for Store {
                          WHERE status = 'running'
                          UNION ALL
                          SELECT holder_id, {RENEWED} FROM tickler_jobs
-                         WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL)
+                         WHERE status <> 'running' AND lease_expires_at IS NOT NULL)
                          AS held
                      JOIN tickler_holders AS holder ON holder.id = held.holder_id
                      WHERE substr(holder.holder, 1, ?2) = ?1
@@ -202,7 +203,7 @@ impl Leases for Store {
             let stopped = tx
                 .prepare_cached(
                     "UPDATE tickler_jobs SET lease_expires_at = NULL
-                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at IS NOT NULL
+                     WHERE status <> 'running' AND lease_expires_at IS NOT NULL
                        AND holder_id IN (SELECT value FROM json_each(?1))
                      RETURNING limit_name, limit_key, limit_weight",
                 )?

@@ -16,6 +16,8 @@ use rusqlite::{params, OptionalExtension};
 use std::collections::HashMap;
 
 /// The weight of the lease holders of one key (?1 name, ?2 key, ?3 now):
+/// running jobs, and rows that keep the lease of a holder not yet stopped
+/// (cancelled, dead past its timeout, or scheduled for a retry after it);
 /// one term per state, each a range of the limit index.
 const HELD_KEY_SQL: &str = "SELECT
       (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
@@ -25,6 +27,9 @@ const HELD_KEY_SQL: &str = "SELECT
          AND lease_expires_at >= ?3)
     + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
        WHERE limit_name = ?1 AND status = 'dead' AND limit_key = ?2
+         AND lease_expires_at >= ?3)
+    + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
+       WHERE limit_name = ?1 AND status = 'scheduled' AND limit_key = ?2
          AND lease_expires_at >= ?3)";
 
 /// HELD_KEY_SQL over all keys of a limit (?1 name, ?2 now).
@@ -32,7 +37,8 @@ const HELD_TOTAL_SQL: &str = "SELECT
       (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
        WHERE limit_name = ?1 AND status = 'running')
     + (SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
-       WHERE limit_name = ?1 AND status IN ('cancelled', 'dead') AND lease_expires_at >= ?2)";
+       WHERE limit_name = ?1 AND status IN ('scheduled', 'cancelled', 'dead')
+         AND lease_expires_at >= ?2)";
 
 /// A claimed run pushed back for want of a slot: as before its claim,
 /// blocked. ?1 id, ?2 run_token.
@@ -43,6 +49,12 @@ const BLOCK_SQL: &str = concat!(
         started_at = NULL ",
     crate::engine::fence!("?1", "?2")
 );
+
+/// A blocked job that can never fit its limit: dead, saying why. ?1 now,
+/// ?2 error, ?3 id.
+const DOOM_SQL: &str = "UPDATE tickler_jobs
+    SET status = 'dead', finished_at = ?1, last_error = ?2
+    WHERE id = ?3 AND status = 'blocked'";
 
 /// The [`LimitTx`] of a write transaction on the file.
 pub(crate) struct InTransaction<'a, 'c>(pub(crate) &'a rusqlite::Transaction<'c>);
@@ -97,6 +109,25 @@ impl LimitTx for InTransaction<'_, '_> {
         Ok(())
     }
 
+    fn pending(&mut self, name: &str, key: Option<&str>) -> Result<i64> {
+        Ok(self
+            .0
+            .prepare_cached(
+                "SELECT coalesce(sum(limit_weight), 0) FROM tickler_jobs
+                 WHERE limit_name = ?1 AND status = 'pending'
+                   AND (?2 IS NULL OR limit_key = ?2)
+                   AND queue NOT IN (SELECT queue FROM tickler_paused_queues)",
+            )?
+            .query_row(params![name, key], |r| r.get(0))?)
+    }
+
+    fn doom(&mut self, job_id: JobId, error: &str, now: i64) -> Result<()> {
+        self.0
+            .prepare_cached(DOOM_SQL)?
+            .execute(params![now, error, job_id.0])?;
+        Ok(())
+    }
+
     fn blocked(&mut self, name: &str, key: Option<&str>, n: i64) -> Result<Vec<Blocked>> {
         let row = |r: &rusqlite::Row<'_>| {
             Ok((
@@ -111,6 +142,7 @@ impl LimitTx for InTransaction<'_, '_> {
                 .prepare_cached(
                     "SELECT id, limit_key, limit_weight FROM tickler_jobs
                      WHERE status = 'blocked' AND limit_name = ?1 AND limit_key = ?2
+                       AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
                      ORDER BY priority DESC, run_at, id LIMIT +?3",
                 )?
                 .query_map(params![name, key, n], row)?
@@ -120,6 +152,7 @@ impl LimitTx for InTransaction<'_, '_> {
                 .prepare_cached(
                     "SELECT id, limit_key, limit_weight FROM tickler_jobs
                      WHERE status = 'blocked' AND limit_name = ?1
+                       AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
                      ORDER BY priority DESC, run_at, id LIMIT +?2",
                 )?
                 .query_map(params![name, n], row)?
@@ -255,7 +288,8 @@ impl LimitStore for Store {
                      FROM tickler_jobs INDEXED BY tickler_jobs_limit
                      WHERE limit_name IS NOT NULL AND (?1 IS NULL OR limit_name = ?1)
                        AND (status IN ('pending', 'blocked', 'running')
-                            OR (status IN ('cancelled', 'dead') AND lease_expires_at >= ?2))
+                            OR (status IN ('scheduled', 'cancelled', 'dead')
+                                AND lease_expires_at >= ?2))
                      GROUP BY limit_name, limit_key
                      ORDER BY limit_name, limit_key",
                 )?
@@ -272,6 +306,16 @@ impl LimitStore for Store {
                 .collect::<rusqlite::Result<_>>()?;
             Ok(rows)
         })
+    }
+
+    fn release_limit_keys(&self, keys: Vec<(String, String)>) -> Result<u64> {
+        let released = self.write(|tx| {
+            limits::release_keys(&mut InTransaction(tx), keys.clone(), self.now_ms())
+        })?;
+        if released > 0 {
+            self.notify_watchers();
+        }
+        Ok(released)
     }
 
     fn sweep_limits(

@@ -54,13 +54,13 @@ pub(crate) const FAIL_SQL: &str = concat!(
 );
 
 /// FAIL_SQL for a run whose handler is still running past its timeout: the
-/// retry waits for the run's lease to run out, and a dead job keeps the
-/// lease (so its unique_key stays held, see `unblocked`).
+/// retry waits for the run's lease to run out, and the job keeps the lease
+/// until then (dead, its unique_key stays held, see `unblocked`; dead or
+/// waiting for its retry, its limit's slot stays taken).
 pub(crate) const TIMED_OUT_SQL: &str = concat!(
     "UPDATE tickler_jobs SET ",
     retry_or_dead!("?1", "max(?2, lease_expires_at + 1)"),
-    ", last_error = ?3,
-        lease_expires_at = CASE WHEN attempts >= max_attempts THEN lease_expires_at END, ",
+    ", last_error = ?3, ",
     append_error!("?1", "?3"),
     " ",
     fence!("?4", "?5")
@@ -243,9 +243,10 @@ pub(crate) fn complete_many(
     Ok(())
 }
 
-/// ?1 id, ?2 run_token: the cancelled job's holder has stopped.
+/// ?1 id, ?2 run_token: the holder of a cancelled, dead or retried job
+/// has stopped.
 pub(crate) const HOLDER_STOPPED_SQL: &str = "UPDATE tickler_jobs SET lease_expires_at = NULL
-    WHERE id = ?1 AND run_token = ?2 AND status IN ('cancelled', 'dead')
+    WHERE id = ?1 AND run_token = ?2 AND status IN ('scheduled', 'pending', 'cancelled', 'dead')
       AND lease_expires_at IS NOT NULL";
 
 /// The fenced statement of one outcome; returns the rows changed (0: lease

@@ -273,3 +273,9 @@ CREATE INDEX tickler_jobs_blocked_queue
 -- with a total: a freed slot may go to any key).
 CREATE INDEX tickler_jobs_blocked_total
     ON tickler_jobs (limit_name, priority DESC, run_at, id) WHERE status = 'blocked';
+-- Leases kept by rows that are not running (a cancelled run whose holder
+-- has not stopped, a last attempt past its timeout, a retry waiting for
+-- the old run's lease): the reaper clears those that ran out, and hands
+-- their limit slots on.
+CREATE INDEX tickler_jobs_kept_lease
+    ON tickler_jobs (lease_expires_at) WHERE status <> 'running' AND lease_expires_at IS NOT NULL;
