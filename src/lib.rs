@@ -67,6 +67,10 @@
 //!    containers and live processes wait for their expiry. Holders are
 //!    judged on Linux only (from `/proc`); elsewhere every lease waits for
 //!    its expiry.
+//! 10. **Shared limits are leases** ([`Queue::set_limit`], see below): at
+//!     every instant, for each key of a limit, the jobs of that key that
+//!     hold a lease weigh at most its `max_per_key`, on every engine and
+//!     across every process sharing the queue.
 //!
 //! ## PostgreSQL
 //!
@@ -173,7 +177,66 @@
 //! ```
 //!
 //! `scheduled` is the design's "pending with a future run_at": kept as its
-//! own state so that a claim never scans jobs that are not due.
+//! own state so that a claim never scans jobs that are not due. `blocked`
+//! is a due job that waits for a slot of its concurrency limit (below):
+//! out of the claim's index too, made pending by the transaction that
+//! frees a slot.
+//!
+//! ## Concurrency limits
+//!
+//! "At most one sync per account", "at most two transcodes on this Pi":
+//! a limit is stored in the queue under a name ([`Queue::set_limit`], or
+//! `tickler limit set`) and a job names it with a key
+//! ([`NewJob::limit`]) and, if it is heavy, a weight
+//! ([`NewJob::limit_weight`]).
+//!
+//! ```
+//! # fn main() -> tickler::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let queue = tickler::Queue::open(dir.path().join("jobs.db"))?;
+//! use tickler::{Limit, NewJob};
+//! queue.set_limit("sync", Limit::per_key(1).total(4))?;
+//! queue.enqueue(NewJob::new("sync").limit("sync", "account-42"))?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - **A slot is a lease.** A job holds `weight` slots of its key exactly
+//!   while its row holds a lease: running, or a run that may still be going
+//!   after its outcome was decided without it (cancelled, timed out,
+//!   retried) until its holder reports or its lease runs out. Nothing is
+//!   counted apart from the rows: a holder that lost its lease frees
+//!   nothing a second time, and a killed process's slots come back when
+//!   its leases are taken back (at once on this machine, see guarantee 9).
+//! - **Blocked jobs wait out of the claim's way.** A claim takes due jobs
+//!   as usual, counts the holders of each limited job's key in the same
+//!   transaction, and pushes back to `blocked` those that do not fit, with
+//!   their attempt given back and no error written. Every transaction that
+//!   ends a lease (an outcome, the reaper, a stopped holder) makes pending
+//!   the blocked jobs its slots now fit, first in, first out per key. On a
+//!   server, both sides lock the limit's row (in name order, after the job
+//!   rows they lock), so a release and a claim that blocks a job of the
+//!   same key never miss each other; SQLite's single writer does the same
+//!   on a file. The reaper sweeps a bounded part of the blocked keys each
+//!   round as a safety net and counts what it finds
+//!   ([`Ops::limit_sweep_unblocked`], `tickler_limit_sweep_unblocked_total`):
+//!   it should stay 0.
+//! - **Changes at run time.** Raising a limit hands out the new slots at
+//!   once; lowering it lets the holders finish and admits nothing until
+//!   they weigh less than the new value (a blocked job heavier than the
+//!   new value can never run, and is made dead saying why); deleting it
+//!   makes its blocked jobs pending. A job that names a limit no one set
+//!   runs unlimited (`tickler limit list` shows such keys). With a
+//!   `max_total`, a freed slot may go to any key: the freed keys are served
+//!   first, then the others round the key order, so one busy key never
+//!   hides another's jobs.
+//! - **What it cannot promise.** A handler that runs on after losing its
+//!   lease (a frozen process, a handler deaf to its timeout past its
+//!   lease) runs beside the job that took its slot, as it would beside the
+//!   job's own retry. Blocked jobs of a paused queue are passed over, and
+//!   their keys released when it resumes.
+//!
+//! Rate limits (at most N starts per period) are not built yet.
 //!
 //! ## Time
 //!
