@@ -52,6 +52,12 @@ use std::time::Duration;
 ///         Some(format!("email:{}:{}", self.template, self.user_id))
 ///     }
 ///
+///     // At most as many mails at once per template as the limit
+///     // "mail-template" allows (see `Queue::set_limit`).
+///     fn limit(&self) -> Option<(String, String)> {
+///         Some(("mail-template".into(), self.template.clone()))
+///     }
+///
 ///     fn retry_policy() -> Option<RetryPolicy> {
 ///         Some(RetryPolicy { base: Duration::from_secs(30), ..RetryPolicy::default() })
 ///     }
@@ -88,6 +94,20 @@ pub trait JobArgs: Serialize + DeserializeOwned + Send + 'static {
         None
     }
 
+    /// The concurrency limit and key the job runs under (default none),
+    /// computed from the args: one sync per account is
+    /// `Some(("sync".into(), self.account_id.to_string()))`; see
+    /// [`NewJob::limit`].
+    fn limit(&self) -> Option<(String, String)> {
+        None
+    }
+
+    /// The slots of its limit the job takes (default 1); see
+    /// [`NewJob::limit_weight`].
+    fn limit_weight(&self) -> u32 {
+        1
+    }
+
     /// Backoff after a failed attempt of this kind (default `None`: the
     /// queue's [`crate::QueueBuilder::retry_policy`]). Applied by the
     /// worker pool that runs the kind's handler (see
@@ -116,6 +136,9 @@ impl NewJob {
         }
         if let Some(key) = args.unique_key() {
             job = job.unique_key(key);
+        }
+        if let Some((name, key)) = args.limit() {
+            job = job.limit(name, key).limit_weight(args.limit_weight());
         }
         Ok(job)
     }

@@ -40,7 +40,7 @@ impl Queue {
     /// runs that start from then on.
     ///
     /// ```
-    /// # let dir = tempfile::tempdir()?;
+    /// # let dir = tempfile::tempdir().unwrap();
     /// # let queue = tickler::Queue::open(dir.path().join("q.db"))?;
     /// use tickler::{Limit, NewJob};
     /// queue.set_limit("sync", Limit::per_key(1))?;

@@ -40,6 +40,14 @@ impl JobArgs for SendEmail {
     fn unique_key(&self) -> Option<String> {
         Some(format!("email:{}:{}", self.template, self.user_id))
     }
+
+    fn limit(&self) -> Option<(String, String)> {
+        Some(("mail-template".into(), self.template.clone()))
+    }
+
+    fn limit_weight(&self) -> u32 {
+        2
+    }
 }
 
 /// Only the kind: every default.
@@ -93,6 +101,14 @@ fn enqueue_args_stores_the_kind_payload_and_defaults_of_the_type() {
     assert_eq!(job.max_attempts, 3);
     assert_eq!(job.timeout, Some(secs(90)));
     assert_eq!(job.unique_key.as_deref(), Some("email:welcome:42"));
+    assert_eq!(
+        job.limit,
+        Some(tickler::LimitSlot {
+            name: "mail-template".into(),
+            key: "welcome".into(),
+            weight: 2
+        })
+    );
     // The unique key computed from the args deduplicates.
     assert_eq!(queue.enqueue_args(&email(42)).unwrap(), id);
 
@@ -105,6 +121,7 @@ fn enqueue_args_stores_the_kind_payload_and_defaults_of_the_type() {
     assert_eq!(plain.max_attempts, tickler::DEFAULT_MAX_ATTEMPTS);
     assert_eq!(plain.timeout, None);
     assert_eq!(plain.unique_key, None);
+    assert_eq!(plain.limit, None);
 
     // from_args gives a NewJob whose setters still apply.
     let delayed = queue
