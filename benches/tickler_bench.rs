@@ -229,6 +229,11 @@ fn main() {
     if wants("progress") {
         progress_cost(if quick { 100_000 } else { 1_000_000 });
     }
+    if wants("limits") {
+        limits_burn(0, if quick { 5_000 } else { 50_000 });
+        limits_burn(2, if quick { 1_000 } else { 4_000 });
+        limits_no_scan(if quick { 20_000 } else { 100_000 });
+    }
     if wants("async_burn") {
         async_burn(if quick { 5_000 } else { 50_000 });
     }
@@ -834,6 +839,145 @@ fn timed_burn(
         jobs_per_s: jobs as f64 / elapsed.as_secs_f64(),
         cpu_ms_per_1000_jobs: cpu.as_secs_f64() * 1e6 / jobs as f64,
         succeeded: queue.count(JobState::Succeeded).expect("count"),
+    }
+}
+
+/// `--only limits`, part 1: a burn-down of jobs whose handler sleeps
+/// `job_ms` (0: no-op) by a pool of 4 threads, without a limit and with
+/// every job under one key of a limit of 4 per key: every claim and every
+/// outcome pays for the limit (the count of holders, the release), and a
+/// job claimed ahead of a free thread holds a slot, so the pool can claim
+/// no further ahead than the limit. Rounds alternate, three each, on fresh
+/// files (Normal).
+fn limits_burn(job_ms: u64, jobs: usize) {
+    let threads = 4;
+    for round_no in 0..3 {
+        for limited in [false, true] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let (_, queue) = fresh(&dir, Durability::Normal);
+            if limited {
+                queue
+                    .set_limit("bench", tickler::Limit::per_key(threads as u32))
+                    .expect("set limit");
+            }
+            let mut left = jobs;
+            while left > 0 {
+                let chunk = left.min(5_000);
+                let batch = (0..chunk)
+                    .map(|_| {
+                        let job = NewJob::new("noop");
+                        if limited {
+                            job.limit("bench", "one")
+                        } else {
+                            job
+                        }
+                    })
+                    .collect();
+                queue.enqueue_batch(batch).expect("fill");
+                left -= chunk;
+            }
+            let done = Arc::new(AtomicUsize::new(0));
+            let cpu = cpu_time();
+            let started = Instant::now();
+            let mut pool = {
+                let done = Arc::clone(&done);
+                WorkerPool::builder(&queue)
+                    .threads(threads)
+                    .handler("noop", move |_: &JobContext| {
+                        if job_ms > 0 {
+                            std::thread::sleep(Duration::from_millis(job_ms));
+                        }
+                        done.fetch_add(1, Ordering::Relaxed);
+                        Ok::<(), JobError>(())
+                    })
+                    .start()
+                    .expect("pool")
+            };
+            let finished = wait_for(&done, jobs, Duration::from_secs(600));
+            let elapsed = started.elapsed();
+            pool.shutdown(Duration::from_secs(5));
+            let cpu = cpu_time() - cpu;
+            emit(
+                json!({"scenario": "limits_burn", "round": round_no, "limited": limited,
+                "job_ms": job_ms, "threads": threads, "jobs": jobs, "finished": finished,
+                "jobs_per_s": round(jobs as f64 / elapsed.as_secs_f64()),
+                "cpu_ms_per_1000_jobs": round(cpu.as_secs_f64() * 1e6 / jobs as f64)}),
+            );
+        }
+    }
+}
+
+/// `--only limits`, part 2: does a claim read blocked jobs? 1,000 due jobs
+/// without a limit are claimed 32 at a time and completed, beside
+/// (`none`) nothing, (`blocked`) `waiting` jobs blocked on one full key,
+/// and (`pending_over_limit`) the same jobs left pending at a higher
+/// priority, as a queue without the blocked state would hold them: every
+/// claim takes them first and pushes them back. The third shape is the
+/// regression the figure must be able to see. Rows are written by SQL
+/// (the blocked ones as a claim leaves them, with one holder of the key).
+fn limits_no_scan(waiting: usize) {
+    let others = 1_000usize;
+    for round_no in 0..3 {
+        for shape in ["none", "blocked", "pending_over_limit"] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let (path, queue) = fresh(&dir, Durability::Normal);
+            queue
+                .set_limit("full", tickler::Limit::per_key(1))
+                .expect("set limit");
+            if shape != "none" {
+                let status = if shape == "blocked" {
+                    "blocked"
+                } else {
+                    "pending"
+                };
+                let conn = Connection::open(&path).expect("open");
+                conn.execute(
+                    "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
+                     INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at,
+                         max_attempts, created_at, limit_name, limit_key)
+                     SELECT 'default', 'noop', 'null', ?2, 1, 0, 25, 0, 'full', 'k' FROM n",
+                    params![waiting as i64, status],
+                )
+                .expect("waiting jobs");
+                conn.execute(
+                    "INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at,
+                         max_attempts, attempts, run_token, claimed_at, lease_expires_at,
+                         created_at, limit_name, limit_key)
+                     VALUES ('default', 'noop', 'null', 'running', 1, 0, 25, 1, 'holder', 0,
+                             9000000000000, 0, 'full', 'k')",
+                    [],
+                )
+                .expect("the key's holder");
+                conn.execute_batch("ANALYZE").expect("analyze");
+            }
+            queue
+                .enqueue_batch((0..others).map(|_| NewJob::new("other")).collect())
+                .expect("others");
+            let started = Instant::now();
+            let mut completed = 0;
+            let mut claims = 0;
+            while completed < others {
+                let leases = queue
+                    .manual()
+                    .claim("default", "bench", 32, Duration::from_secs(60))
+                    .expect("claim");
+                claims += 1;
+                let outcomes: Vec<(&tickler::Lease, tickler::Outcome)> = leases
+                    .iter()
+                    .map(|l| (l, tickler::Outcome::Complete))
+                    .collect();
+                queue.manual().record_outcomes(&outcomes).expect("complete");
+                completed += leases.iter().filter(|l| l.kind == "other").count();
+            }
+            let elapsed = started.elapsed();
+            emit(
+                json!({"scenario": "limits_no_scan", "round": round_no, "shape": shape,
+                "waiting": if shape == "none" { 0 } else { waiting }, "others": others,
+                "claims": claims,
+                "ms_per_claim": round(elapsed.as_secs_f64() * 1e3 / claims as f64),
+                "jobs_per_s": round(others as f64 / elapsed.as_secs_f64())}),
+            );
+        }
     }
 }
 

@@ -200,13 +200,16 @@ impl Claims for Store {
                     .iter()
                     .filter_map(|(lease, _)| lease.limit.as_ref())
                     .collect();
+                // Released before the claim: a job the outcomes' slots
+                // make pending is claimed by this same transaction (the
+                // file's one writer needs no lock order to keep).
+                crate::queue::limits::settle(
+                    &mut super::limits::InTransaction(tx),
+                    &freed,
+                    Vec::new(),
+                    now,
+                )?;
                 let Some((claim, lease_ms, sql)) = &claim else {
-                    crate::queue::limits::settle(
-                        &mut super::limits::InTransaction(tx),
-                        &freed,
-                        Vec::new(),
-                        now,
-                    )?;
                     return Ok((recorded, Some(Vec::new())));
                 };
                 let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
@@ -229,12 +232,9 @@ impl Claims for Store {
                 let limits = &mut super::limits::InTransaction(tx);
                 let claimed = match claimed {
                     Some(claimed) => {
-                        Some(crate::queue::limits::settle(limits, &freed, claimed, now)?.0)
+                        Some(crate::queue::limits::settle(limits, &[], claimed, now)?.0)
                     }
-                    None => {
-                        crate::queue::limits::settle(limits, &freed, Vec::new(), now)?;
-                        None
-                    }
+                    None => None,
                 };
                 Ok((recorded, claimed))
             })?;
