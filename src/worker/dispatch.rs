@@ -190,6 +190,11 @@ pub(super) fn dispatch_loop(
         }
         let mut finished = take_outcomes(shared, outcomes);
         finished.append(&mut claimed_too_late);
+        // An outcome that gives up a limit's slot makes a blocked job
+        // pending in the transaction that records it: claim with it.
+        if finished.iter().any(|(lease, _)| lease.limit.is_some()) {
+            more_may_be_due = true;
+        }
         if claiming && threads {
             let expired = ahead.take_expired(shared, hold, Instant::now());
             if !expired.is_empty() {

@@ -40,15 +40,18 @@ const HELD_TOTAL_SQL: &str = "SELECT
        WHERE limit_name = ?1 AND status IN ('scheduled', 'cancelled', 'dead')
          AND lease_expires_at >= ?2)";
 
-/// A claimed run pushed back for want of a slot: as before its claim,
-/// blocked. ?1 id, ?2 run_token.
-const BLOCK_SQL: &str = concat!(
-    "UPDATE tickler_jobs
+/// Claimed runs pushed back for want of a slot: as before their claim,
+/// blocked. ?1 a JSON object of `"id": "run_token"` members. One statement
+/// for all of them: a single-row UPDATE that changes `status` builds the
+/// ephemeral tables of the schema's `status IN (…)` lists anew each time
+/// (see `complete_many`), and a claim may push back hundreds.
+const BLOCK_SQL: &str = "UPDATE tickler_jobs
     SET status = 'blocked', attempts = attempts - 1, run_token = NULL,
         lease_expires_at = NULL, claimed_by = NULL, claimed_at = NULL, holder_id = NULL,
-        started_at = NULL ",
-    crate::engine::fence!("?1", "?2")
-);
+        started_at = NULL
+    FROM (SELECT CAST(key AS INTEGER) AS id, value AS run_token FROM json_each(?1)) AS pushed
+    WHERE tickler_jobs.id = pushed.id AND tickler_jobs.run_token = pushed.run_token
+      AND tickler_jobs.status = 'running'";
 
 /// A blocked job that can never fit its limit: dead, saying why. ?1 now,
 /// ?2 error, ?3 id.
@@ -95,10 +98,13 @@ impl LimitTx for InTransaction<'_, '_> {
     }
 
     fn block(&mut self, leases: &[&Lease]) -> Result<()> {
-        let mut stmt = self.0.prepare_cached(BLOCK_SQL)?;
-        for lease in leases {
-            stmt.execute(params![lease.job_id.0, lease.run_token.0])?;
-        }
+        let pushed: serde_json::Map<String, serde_json::Value> = leases
+            .iter()
+            .map(|l| (l.job_id.0.to_string(), l.run_token.0.clone().into()))
+            .collect();
+        self.0
+            .prepare_cached(BLOCK_SQL)?
+            .execute([serde_json::Value::Object(pushed).to_string()])?;
         Ok(())
     }
 
