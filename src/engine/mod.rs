@@ -184,13 +184,13 @@ pub(crate) trait LimitTx {
     /// Makes a blocked job dead with `error` (it can never fit its limit).
     fn doom(&mut self, job_id: JobId, error: &str, now: i64) -> Result<()>;
 
-    /// Up to `n` blocked jobs of `key` of limit `name` (of any key for
-    /// `None`) in queues that are not paused, in claim order (priority,
-    /// due time, id): id, key, weight.
+    /// Up to `n` blocked jobs of `key` of limit `name` in queues that are
+    /// not paused, in claim order (priority, due time, id): id, key,
+    /// weight.
     fn blocked(
         &mut self,
         name: &str,
-        key: Option<&str>,
+        key: &str,
         n: i64,
     ) -> Result<Vec<crate::queue::limits::Blocked>>;
 
@@ -757,7 +757,8 @@ pub(crate) const STATS_COUNTS_SQL: &str =
      UNION ALL
      SELECT queue, 'scheduled', count(*) FROM tickler_jobs WHERE status = 'scheduled' GROUP BY queue
      UNION ALL
-     SELECT queue, 'blocked', count(*) FROM tickler_jobs WHERE status = 'blocked' GROUP BY queue
+     SELECT queue, 'blocked', count(*) FROM tickler_jobs
+     WHERE limit_name IS NOT NULL AND status = 'blocked' GROUP BY queue
      UNION ALL
      SELECT queue, 'running', count(*) FROM tickler_jobs WHERE status = 'running' GROUP BY queue
      UNION ALL
@@ -771,7 +772,10 @@ pub(crate) const STATS_COUNTS_SQL: &str =
 pub(crate) fn state_index(state: JobState) -> (&'static str, &'static str) {
     match state {
         JobState::Pending => ("status = 'pending'", "priority DESC, run_at, id"),
-        JobState::Blocked => ("status = 'blocked'", "priority DESC, run_at, id"),
+        JobState::Blocked => (
+            "limit_name IS NOT NULL AND status = 'blocked'",
+            "priority DESC, run_at, id",
+        ),
         JobState::Scheduled => ("status = 'scheduled'", "run_at, id"),
         JobState::Running => ("status = 'running'", "lease_expires_at, id"),
         JobState::Succeeded => (

@@ -367,11 +367,7 @@ fn release(
         // Deleted or never set: nothing limits its jobs any more.
         let mut ids = Vec::new();
         for key in keys {
-            ids.extend(
-                tx.blocked(name, Some(key), RELEASE_MAX)?
-                    .into_iter()
-                    .map(|b| b.0),
-            );
+            ids.extend(tx.blocked(name, key, RELEASE_MAX)?.into_iter().map(|b| b.0));
         }
         tx.unblock(&ids)?;
         return Ok(ids.len() as u64);
@@ -423,7 +419,7 @@ fn release(
         }
         // Each takes at least one slot: `room` jobs at most, and the
         // doomed ones besides.
-        for (id, _, w) in tx.blocked(name, Some(key), room + 8)? {
+        for (id, _, w) in tx.blocked(name, key, room + 8)? {
             if w > per_key || max_total.is_some_and(|t| w > t) {
                 doomed.push((id, w));
                 continue;

@@ -3,8 +3,9 @@
 //! tests/sqlite/dashboard_plan.rs and the `dashboard` benchmark row).
 //!
 //! Of every 1,000 jobs, in three queues q0, q1, q2: 10 dead, 10
-//! cancelled, 20 pending, 10 scheduled (an hour ahead), 1 running (a lease
-//! an hour ahead), the rest succeeded. Finished jobs finish one per
+//! cancelled, 20 pending, 10 scheduled (an hour ahead), 10 blocked (limit
+//! `l`, keys k0 to k4), 1 running (a lease an hour ahead), the rest
+//! succeeded. Finished jobs finish one per
 //! millisecond from 1,000 s ago, each 50 ms after it started.
 
 /// Inserts `n` jobs into the tickler file open on `conn` (its schema
@@ -21,14 +22,15 @@ pub fn fill(conn: &rusqlite::Connection, n: u64) -> rusqlite::Result<usize> {
                   WHEN i % 100 = 1 THEN 'cancelled'
                   WHEN i % 100 IN (2, 3) THEN 'pending'
                   WHEN i % 100 = 4 THEN 'scheduled'
+                  WHEN i % 100 = 6 THEN 'blocked'
                   WHEN i % 1000 = 5 THEN 'running'
                   ELSE 'succeeded' END FROM n)
          INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at, attempts,
              max_attempts, run_token, claimed_by, claimed_at, lease_expires_at, last_error,
-             created_at, finished_at)
+             created_at, finished_at, limit_name, limit_key)
          SELECT 'q' || (i % 3), 'k' || (i % 7), '{\"n\":' || i || '}', st, i % 3,
              CASE st WHEN 'scheduled' THEN ?2 + 3600000 ELSE ?2 - 3600000 + i % 1000 END,
-             CASE st WHEN 'pending' THEN 0 WHEN 'scheduled' THEN 0 ELSE 1 END, 3,
+             CASE WHEN st IN ('pending', 'scheduled', 'blocked') THEN 0 ELSE 1 END, 3,
              CASE st WHEN 'running' THEN 'tok' || i END,
              CASE st WHEN 'running' THEN 'w' END,
              CASE WHEN st = 'running' THEN ?2
@@ -36,7 +38,9 @@ pub fn fill(conn: &rusqlite::Connection, n: u64) -> rusqlite::Result<usize> {
              CASE st WHEN 'running' THEN ?2 + 3600000 END,
              CASE st WHEN 'dead' THEN 'boom' END,
              ?2 - 7200000,
-             CASE WHEN st IN ('succeeded', 'dead', 'cancelled') THEN ?2 - 1000000 + i END
+             CASE WHEN st IN ('succeeded', 'dead', 'cancelled') THEN ?2 - 1000000 + i END,
+             CASE st WHEN 'blocked' THEN 'l' END,
+             CASE st WHEN 'blocked' THEN 'k' || (i % 5) END
          FROM s",
         rusqlite::params![n as i64, now],
     )

@@ -156,25 +156,15 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
         Ok(())
     }
 
-    fn blocked(&mut self, name: &str, key: Option<&str>, n: i64) -> Result<Vec<Blocked>> {
-        let rows = match key {
-            Some(key) => self.0.rows(
-                "SELECT id, limit_key, limit_weight FROM tickler_jobs
-                     FORCE INDEX (tickler_jobs_blocked)
-                 WHERE status = 'blocked' AND limit_name = ? AND limit_key = ?
-                   AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
-                 ORDER BY priority DESC, run_at, id LIMIT ?",
-                args![name, key, n],
-            )?,
-            None => self.0.rows(
-                "SELECT id, limit_key, limit_weight FROM tickler_jobs
-                     FORCE INDEX (tickler_jobs_blocked_total)
-                 WHERE status = 'blocked' AND limit_name = ?
-                   AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
-                 ORDER BY priority DESC, run_at, id LIMIT ?",
-                args![name, n],
-            )?,
-        };
+    fn blocked(&mut self, name: &str, key: &str, n: i64) -> Result<Vec<Blocked>> {
+        let rows = self.0.rows(
+            "SELECT id, limit_key, limit_weight FROM tickler_jobs
+                 FORCE INDEX (tickler_jobs_blocked)
+             WHERE status = 'blocked' AND limit_name = ? AND limit_key = ?
+               AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
+             ORDER BY priority DESC, run_at, id LIMIT ?",
+            args![name, key, n],
+        )?;
         rows.iter()
             .map(|r| {
                 Ok((

@@ -164,8 +164,7 @@ ALTER TABLE tickler_jobs
         AS (CASE WHEN status IN ('scheduled', 'pending', 'blocked', 'running')
                  THEN unique_key END) STORED,
     ADD KEY tickler_jobs_limit (limit_name, status, limit_key, lease_expires_at),
-    ADD KEY tickler_jobs_blocked (status, limit_name, limit_key, priority DESC, run_at, id),
-    ADD KEY tickler_jobs_blocked_total (status, limit_name, priority DESC, run_at, id);
+    ADD KEY tickler_jobs_blocked (status, limit_name, limit_key, priority DESC, run_at, id);
 
 CREATE TABLE IF NOT EXISTS tickler_limits (
     name        VARBINARY(255) NOT NULL PRIMARY KEY,

@@ -140,23 +140,14 @@ impl<E: Exec> LimitTx for InTransaction<'_, E> {
         Ok(())
     }
 
-    fn blocked(&mut self, name: &str, key: Option<&str>, n: i64) -> Result<Vec<Blocked>> {
-        let rows = match key {
-            Some(key) => self.0.rows(
-                "SELECT id, limit_key, limit_weight FROM tickler_jobs
-                 WHERE status = 'blocked' AND limit_name = $1 AND limit_key = $2
-                   AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
-                 ORDER BY priority DESC, run_at, id LIMIT $3",
-                &[&name, &key, &n],
-            )?,
-            None => self.0.rows(
-                "SELECT id, limit_key, limit_weight FROM tickler_jobs
-                 WHERE status = 'blocked' AND limit_name = $1
-                   AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
-                 ORDER BY priority DESC, run_at, id LIMIT $2",
-                &[&name, &n],
-            )?,
-        };
+    fn blocked(&mut self, name: &str, key: &str, n: i64) -> Result<Vec<Blocked>> {
+        let rows = self.0.rows(
+            "SELECT id, limit_key, limit_weight FROM tickler_jobs
+             WHERE status = 'blocked' AND limit_name = $1 AND limit_key = $2
+               AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
+             ORDER BY priority DESC, run_at, id LIMIT $3",
+            &[&name, &key, &n],
+        )?;
         Ok(rows
             .iter()
             .map(|r| {

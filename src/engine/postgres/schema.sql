@@ -183,8 +183,6 @@ CREATE INDEX tickler_jobs_blocked
     ON tickler_jobs (limit_name, limit_key, priority DESC, run_at, id) WHERE status = 'blocked';
 CREATE INDEX tickler_jobs_blocked_queue
     ON tickler_jobs (queue, priority DESC, run_at, id) WHERE status = 'blocked';
-CREATE INDEX tickler_jobs_blocked_total
-    ON tickler_jobs (limit_name, priority DESC, run_at, id) WHERE status = 'blocked';
 -- Leases kept by rows that are not running (a cancelled run whose holder
 -- has not stopped, a last attempt past its timeout, a retry waiting for
 -- the old run's lease): the reaper clears those that ran out, and hands

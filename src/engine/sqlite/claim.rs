@@ -80,7 +80,7 @@ pub(crate) fn unblocked(now: &str) -> String {
         "(job.unique_key IS NULL OR NOT EXISTS (
              SELECT 1 FROM tickler_jobs AS stopping
              WHERE stopping.unique_key = job.unique_key
-               AND stopping.status IN ('cancelled', 'dead')
+               AND stopping.status <> 'running' AND stopping.status IN ('cancelled', 'dead')
                AND stopping.lease_expires_at >= {now}))"
     )
 }
@@ -133,7 +133,8 @@ impl Claims for Store {
             let stopping: Option<i64> = conn
                 .prepare_cached(
                     "SELECT min(lease_expires_at) + 1 FROM tickler_jobs
-                     WHERE status IN ('cancelled', 'dead') AND lease_expires_at >= ?1
+                     WHERE status <> 'running' AND status IN ('cancelled', 'dead')
+                       AND lease_expires_at >= ?1
                        AND unique_key IS NOT NULL",
                 )?
                 .query_row([now], |r| r.get(0))?;

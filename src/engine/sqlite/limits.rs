@@ -134,36 +134,23 @@ impl LimitTx for InTransaction<'_, '_> {
         Ok(())
     }
 
-    fn blocked(&mut self, name: &str, key: Option<&str>, n: i64) -> Result<Vec<Blocked>> {
-        let row = |r: &rusqlite::Row<'_>| {
-            Ok((
-                JobId(r.get(0)?),
-                r.get::<_, Option<String>>(1)?.unwrap_or_default(),
-                r.get::<_, i64>(2)?,
-            ))
-        };
-        let rows = match key {
-            Some(key) => self
-                .0
-                .prepare_cached(
-                    "SELECT id, limit_key, limit_weight FROM tickler_jobs
-                     WHERE status = 'blocked' AND limit_name = ?1 AND limit_key = ?2
-                       AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
-                     ORDER BY priority DESC, run_at, id LIMIT +?3",
-                )?
-                .query_map(params![name, key, n], row)?
-                .collect::<rusqlite::Result<_>>()?,
-            None => self
-                .0
-                .prepare_cached(
-                    "SELECT id, limit_key, limit_weight FROM tickler_jobs
-                     WHERE status = 'blocked' AND limit_name = ?1
-                       AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
-                     ORDER BY priority DESC, run_at, id LIMIT +?2",
-                )?
-                .query_map(params![name, n], row)?
-                .collect::<rusqlite::Result<_>>()?,
-        };
+    fn blocked(&mut self, name: &str, key: &str, n: i64) -> Result<Vec<Blocked>> {
+        let rows = self
+            .0
+            .prepare_cached(
+                "SELECT id, limit_key, limit_weight FROM tickler_jobs
+                 WHERE status = 'blocked' AND limit_name = ?1 AND limit_key = ?2
+                   AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
+                 ORDER BY priority DESC, run_at, id LIMIT +?3",
+            )?
+            .query_map(params![name, key, n], |r| {
+                Ok((
+                    JobId(r.get(0)?),
+                    r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                    r.get::<_, i64>(2)?,
+                ))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }
 
@@ -191,7 +178,8 @@ impl LimitTx for InTransaction<'_, '_> {
         // jobs is stepped over, not read.
         let mut stmt = self.0.prepare_cached(
             "SELECT limit_name, limit_key FROM tickler_jobs INDEXED BY tickler_jobs_blocked
-             WHERE status = 'blocked' AND (limit_name, limit_key) > (?1, ?2)
+             WHERE limit_name IS NOT NULL AND status = 'blocked'
+               AND (limit_name, limit_key) > (?1, ?2)
                AND (?3 IS NULL OR limit_name = ?3)
              ORDER BY limit_name, limit_key LIMIT 1",
         )?;

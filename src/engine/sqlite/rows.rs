@@ -10,7 +10,7 @@ use std::time::Duration;
 
 pub(crate) const LEASE_COLUMNS: &str =
     "id, queue, kind, payload, priority, run_at, attempts, max_attempts, run_token, lease_expires_at, timeout_ms, given_back, \
-    limit_name, limit_key, limit_weight";
+    CASE WHEN limit_name IS NOT NULL THEN json_array(limit_name, limit_key, limit_weight) END";
 
 pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
@@ -36,11 +36,7 @@ pub(crate) fn claimed_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Claime
             .get::<Option<i64>>(10, "timeout_ms")
             .map(|ms| Duration::from_millis(ms.unsigned_abs())),
         given_back: row.get(11, "given_back"),
-        limit: limit_slot(
-            row.opt_text(12, "limit_name"),
-            row.opt_text(13, "limit_key"),
-            row.get(14, "limit_weight"),
-        ),
+        limit: row.limit(12),
     };
     Ok(match row.finish() {
         None => ClaimedRow::Readable(lease),
@@ -180,6 +176,20 @@ impl<'a, 'r> RowReader<'a, 'r> {
 
     fn opt_time(&mut self, i: usize, column: &str) -> Option<DateTime<Utc>> {
         self.get::<Option<i64>>(i, column).map(ms_to_datetime)
+    }
+
+    /// The limit slot in column `i`, as the claim returns it: NULL for a
+    /// job without a limit, else `[name, key, weight]` (one column rather
+    /// than three: a claim returns it for every job it takes).
+    fn limit(&mut self, i: usize) -> Option<crate::job::LimitSlot> {
+        let text = self.opt_text(i, "limit")?;
+        match serde_json::from_str::<(String, Option<String>, i64)>(&text) {
+            Ok((name, key, weight)) => limit_slot(Some(name), key, weight),
+            Err(e) => {
+                self.note("limit", format!("not readable ({e})"));
+                None
+            }
+        }
     }
 
     fn errors(&mut self, i: usize) -> Vec<crate::job::AttemptError> {

@@ -375,7 +375,8 @@ pub(crate) fn stopping_run(
         .prepare_cached(
             "SELECT id, status FROM tickler_jobs
              WHERE unique_key >= ?1 AND unique_key < ?2
-               AND status IN ('cancelled', 'dead') AND lease_expires_at >= ?4
+               AND status <> 'running' AND status IN ('cancelled', 'dead')
+               AND lease_expires_at >= ?4
                AND substr(unique_key, ?3) NOT GLOB '*[^0-9]*'
              ORDER BY id LIMIT 1",
         )?

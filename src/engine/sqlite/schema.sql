@@ -248,11 +248,15 @@ ALTER TABLE tickler_jobs ADD COLUMN limit_weight INTEGER NOT NULL DEFAULT 1
     CHECK (limit_weight >= 1);
 -- The state `blocked`: due, but waiting for a slot of its limit, out of
 -- the claim's index. The status CHECK above gains it in place (SQLite's
--- documented way to loosen a CHECK: the stored rows do not change).
+-- documented way to loosen a CHECK: the stored rows do not change), as
+-- an alternative of its own: a list of seven in the CHECK cost every
+-- change of status 3 % more instructions than the list of six and one
+-- comparison.
 PRAGMA writable_schema = ON;
 UPDATE sqlite_schema
    SET sql = replace(sql, '(''scheduled'', ''pending'', ''running'', ''succeeded'', ''dead'', ''cancelled'')',
-                     '(''scheduled'', ''pending'', ''blocked'', ''running'', ''succeeded'', ''dead'', ''cancelled'')')
+                     '(''scheduled'', ''pending'', ''running'', ''succeeded'', ''dead'', ''cancelled'')
+                       OR status = ''blocked''')
  WHERE type = 'table' AND name = 'tickler_jobs';
 PRAGMA writable_schema = RESET;
 -- A blocked job keeps its unique_key like any unfinished job.
@@ -260,22 +264,26 @@ DROP INDEX tickler_jobs_unique_key;
 CREATE UNIQUE INDEX tickler_jobs_unique_key
     ON tickler_jobs (unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'pending', 'blocked', 'running');
--- Slots held and pending per key: the rows of limited jobs by state.
+-- Slots held per key: the rows of limited jobs by state (a lease kept
+-- past its run, in lease order).
 CREATE INDEX tickler_jobs_limit
     ON tickler_jobs (limit_name, status, limit_key, lease_expires_at) WHERE limit_name IS NOT NULL;
 -- Blocked jobs of a key in claim order: the next to get a freed slot.
+-- Its condition leads with the limit, so that a change of status of a
+-- job without one passes it at one test of NULL.
 CREATE INDEX tickler_jobs_blocked
-    ON tickler_jobs (limit_name, limit_key, priority DESC, run_at, id) WHERE status = 'blocked';
--- The operator's lists of blocked jobs by queue.
-CREATE INDEX tickler_jobs_blocked_queue
-    ON tickler_jobs (queue, priority DESC, run_at, id) WHERE status = 'blocked';
--- Blocked jobs of a limit in claim order, whatever their key (a limit
--- with a total: a freed slot may go to any key).
-CREATE INDEX tickler_jobs_blocked_total
-    ON tickler_jobs (limit_name, priority DESC, run_at, id) WHERE status = 'blocked';
+    ON tickler_jobs (limit_name, limit_key, priority DESC, run_at, id)
+    WHERE limit_name IS NOT NULL AND status = 'blocked';
 -- Leases kept by rows that are not running (a cancelled run whose holder
 -- has not stopped, a last attempt past its timeout, a retry waiting for
--- the old run's lease): the reaper clears those that ran out, and hands
--- their limit slots on.
-CREATE INDEX tickler_jobs_kept_lease
-    ON tickler_jobs (lease_expires_at) WHERE status <> 'running' AND lease_expires_at IS NOT NULL;
+-- the old run's lease): the unique_key they hold, and the reaper's look
+-- at those that ran out, which hands their limit slots on. It replaces
+-- the index of migration 3 (cancelled and dead rows only): one index on
+-- the path of every change of status rather than two.
+DROP INDEX tickler_jobs_stopping;
+CREATE INDEX tickler_jobs_stopping
+    ON tickler_jobs (unique_key) WHERE status <> 'running' AND lease_expires_at IS NOT NULL;
+-- The operator's lists of blocked jobs by queue, in claim order.
+CREATE INDEX tickler_jobs_blocked_queue
+    ON tickler_jobs (queue, priority DESC, run_at, id)
+    WHERE limit_name IS NOT NULL AND status = 'blocked';
