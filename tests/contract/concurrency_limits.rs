@@ -302,3 +302,89 @@ fn a_pool_of_many_threads_never_runs_more_than_a_keys_limit_at_once() {
     assert_eq!(queue.manual().sweep_limits().unwrap(), 0);
 }
 }
+
+/// The lost wake-up race on a server, forced both ways: a claim that
+/// pushes job J back because key K is full, and the release of K's holder
+/// in another transaction. Both lock the limit's row; a connection of the
+/// test's own holds it while the two queue up behind it in a chosen order.
+/// Claim first: the claim still counts the holder (its release has not
+/// committed) and blocks J, then the release sees J blocked and makes it
+/// pending. Release first: it finds nothing blocked (J's claim has not
+/// committed), then the claim counts no holder and keeps J. Either way J
+/// runs next, never blocked beside a free slot. Server engines only: on
+/// SQLite one writer at a time makes the two transactions one after the
+/// other by construction.
+fn race(claim_first: bool) {
+    let (_dir, path) = temp_db();
+    // Lock waits longer than the test's hold: on MySQL a wait that ran out
+    // would be retried, and the two would lose their order in the line.
+    let queue = tickler::Queue::builder(crate::support::engine::target(&path))
+        .clock(std::sync::Arc::new(tickler::ManualClock::new(common::t0())))
+        .retry_policy(fixed_policy())
+        .busy_timeout(secs(30))
+        .open()
+        .unwrap();
+    queue.set_limit("race", Limit::per_key(1)).unwrap();
+    queue.enqueue(NewJob::new("k").limit("race", "k")).unwrap();
+    let holder = claim(&queue, 1).remove(0);
+    let j = queue.enqueue(NewJob::new("k").limit("race", "k")).unwrap();
+    let lock = crate::support::engine::hold_limit_row(&path, "race", secs(3));
+    // Polled every 50 ms: each look is a connection of its own.
+    let waiting = |n: i64| {
+        let deadline = std::time::Instant::now() + secs(10);
+        while crate::support::engine::lock_waiters(&path) < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {n} transactions wait for the limit"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    let claimer = {
+        let queue = queue.clone();
+        move || claim(&queue, 10)
+    };
+    let releaser = {
+        let queue = queue.clone();
+        move || queue.manual().complete(&holder)
+    };
+    let (claimed, released) = if claim_first {
+        let c = std::thread::spawn(claimer);
+        waiting(1);
+        let r = std::thread::spawn(releaser);
+        waiting(2);
+        (c.join().unwrap(), r.join().unwrap())
+    } else {
+        let r = std::thread::spawn(releaser);
+        waiting(1);
+        let c = std::thread::spawn(claimer);
+        waiting(2);
+        (c.join().unwrap(), r.join().unwrap())
+    };
+    lock.join().unwrap();
+    released.unwrap();
+    if claim_first {
+        assert!(claimed.is_empty(), "the holder still counted: {claimed:?}");
+        assert_eq!(
+            state(&queue, j),
+            JobState::Pending,
+            "the release handed the slot on"
+        );
+        assert_eq!(ids(&claim(&queue, 10)), vec![j]);
+    } else {
+        assert_eq!(ids(&claimed), vec![j], "the claim saw the slot free");
+    }
+    assert_eq!(queue.manual().sweep_limits().unwrap(), 0);
+}
+
+contract! { servers_only:
+fn a_claim_that_blocks_a_job_then_a_release_of_its_key_hand_the_slot_on() {
+    race(true);
+}
+}
+
+contract! { servers_only:
+fn a_release_then_a_claim_of_its_key_keep_the_job() {
+    race(false);
+}
+}

@@ -596,6 +596,57 @@ pub fn hold_job_row(
     holder
 }
 
+/// Locks the row of limit `name` (a test's own name, no quote in it) from
+/// a connection of the test's own and holds it for `hold`, as a claim or a
+/// release of that limit does; returns once the lock is held, with the
+/// thread that lets it go. Server engines only: on SQLite the write lock
+/// is the limits' lock ([`hold_job_row`] holds it).
+pub fn hold_limit_row(
+    path: &Path,
+    name: &str,
+    hold: std::time::Duration,
+) -> std::thread::JoinHandle<()> {
+    assert!(!name.contains('\''), "a plain name");
+    let (held, is_held) = std::sync::mpsc::channel();
+    let engine = engine_of(path);
+    let (server, mysql_url) = (server_target(path), target(path));
+    // The helpers bind one integer: a condition that is always true.
+    let lock = |cast: &str| {
+        format!("SELECT name FROM tickler_limits WHERE name = '{name}' AND ?1{cast} > 0 FOR UPDATE")
+    };
+    let (pg_lock, my_lock) = (lock("::bigint"), lock(""));
+    let holder = std::thread::spawn(move || match engine {
+        e if e.is_postgres() => pg::hold(&server, &pg_lock, 1, hold, held),
+        Engine::Mysql => my::hold(&mysql_url, &my_lock, 1, hold, held),
+        _ => panic!("hold_limit_row: a SQLite file's limits are held by its write lock"),
+    });
+    is_held.recv().expect("the row was locked");
+    holder
+}
+
+/// Transactions of the queue whose file would be `path` waiting for a row
+/// lock another holds, now. Server engines only.
+pub fn lock_waiters(path: &Path) -> i64 {
+    match engine_of(path) {
+        e if e.is_postgres() => query_int(
+            path,
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND datname = current_database()",
+            &[],
+        ),
+        // A statement of tickler's on the limits' rows still running: the
+        // lock waits of information_schema.innodb_trx come and go.
+        Engine::Mysql => query_int(
+            path,
+            "SELECT count(*) FROM information_schema.processlist
+             WHERE db = database() AND id <> connection_id()
+               AND info LIKE 'SELECT name, max_per_key, max_total FROM tickler_limits%'",
+            &[],
+        ),
+        _ => panic!("lock_waiters: a SQLite file has no row locks"),
+    }
+}
+
 /// Cuts, on the server's side, every connection to the database of the
 /// queue whose file would be `path` but the one that cuts (as a DBA's
 /// kill, a proxy's idle cut or a failover would); returns how many. The
