@@ -7,33 +7,14 @@
 //! than the limit of a key at once.
 
 use crate::support::common;
+use crate::support::limits::*;
 use crate::support::pool;
 
 use common::{fixed_policy, manual_queue_with_policy, secs, temp_db};
 use pool::open_queue;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use tickler::{
-    Error, JobContext, JobError, JobId, JobState, Lease, Limit, NewJob, Queue, WorkerPool,
-};
-
-fn sync(key: &str) -> NewJob {
-    NewJob::new("sync").limit("sync", key).max_attempts(5)
-}
-
-fn state(queue: &Queue, id: JobId) -> JobState {
-    queue.get(id).unwrap().state
-}
-
-fn claim(queue: &Queue, n: usize) -> Vec<Lease> {
-    queue.manual().claim("default", "w", n, secs(30)).unwrap()
-}
-
-fn ids(leases: &[Lease]) -> Vec<JobId> {
-    let mut ids: Vec<JobId> = leases.iter().map(|l| l.job_id).collect();
-    ids.sort();
-    ids
-}
+use tickler::{Error, JobContext, JobError, JobId, JobState, Limit, NewJob, WorkerPool};
 
 contract! {
 fn a_key_runs_at_most_its_limit_and_a_freed_slot_goes_to_the_next_blocked_job() {

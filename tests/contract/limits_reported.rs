@@ -8,34 +8,10 @@
 //! went on by the transaction that freed it.
 
 use crate::support::common;
+use crate::support::limits::*;
 
 use common::{fixed_policy, manual_queue_with_policy, secs, temp_db};
-use tickler::{JobId, JobState, Lease, Limit, NewJob, Outcome, Queue};
-
-fn sync(key: &str) -> NewJob {
-    NewJob::new("sync").limit("sync", key).max_attempts(5)
-}
-
-fn state(queue: &Queue, id: JobId) -> JobState {
-    queue.get(id).unwrap().state
-}
-
-fn claim(queue: &Queue, n: usize) -> Vec<Lease> {
-    queue.manual().claim("default", "w", n, secs(30)).unwrap()
-}
-
-fn claim_in(queue: &Queue, q: &str, n: usize) -> Vec<Lease> {
-    queue.manual().claim(q, "w", n, secs(30)).unwrap()
-}
-
-fn held(queue: &Queue, key: &str) -> u64 {
-    queue
-        .limit_usage(Some("sync"))
-        .unwrap()
-        .iter()
-        .find(|u| u.key == key)
-        .map_or(0, |u| u.held)
-}
+use tickler::{JobState, Limit, NewJob, Outcome};
 
 // H1. Solid Queue #689/#761: a slot given up while the old run may still
 // be running. Retrying a job cancelled while running (holder not

@@ -10,7 +10,8 @@
 //! the reaper's safety sweep finds no blocked job with a free slot.
 //!
 //! `TICKLER_LIMIT_SOAK_SECS` sets how long the killing lasts (default 6;
-//! RELIABILITY.md reports minutes).
+//! RELIABILITY.md reports minutes), with 300 jobs per second of it (at
+//! least 600), about what the processes can run.
 
 use crate::support::pool;
 
@@ -23,7 +24,6 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 use tickler::{JobContext, JobError, JobState, Limit, NewJob, Reaper, ReaperConfig, WorkerPool};
 
-const JOBS: usize = 600;
 const KEYS: usize = 20;
 const PER_KEY: u32 = 2;
 const PROCESSES: usize = 3;
@@ -73,7 +73,12 @@ fn a_limit_holds_across_processes_killed_and_restarted() {
     for key in 0..KEYS {
         std::fs::create_dir_all(dir.join("live").join(format!("k{key}"))).unwrap();
     }
-    let jobs: Vec<NewJob> = (0..JOBS)
+    let soak: u64 = std::env::var("TICKLER_LIMIT_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(6);
+    let total = 600.max(soak as usize * 300);
+    let jobs: Vec<NewJob> = (0..total)
         .map(|i| {
             NewJob::new("soak")
                 .limit("soak", format!("k{}", i % KEYS))
@@ -81,7 +86,9 @@ fn a_limit_holds_across_processes_killed_and_restarted() {
                 .max_attempts(1_000)
         })
         .collect();
-    queue.enqueue_batch(jobs).unwrap();
+    for chunk in jobs.chunks(5_000) {
+        queue.enqueue_batch(chunk.to_vec()).unwrap();
+    }
     // The reaper of the parent, which is never killed.
     let mut reaper = Reaper::spawn(
         queue.clone(),
@@ -91,10 +98,6 @@ fn a_limit_holds_across_processes_killed_and_restarted() {
         },
     );
 
-    let soak = std::env::var("TICKLER_LIMIT_SOAK_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(6);
     let mut children: Vec<(Child, usize)> = Vec::new();
     let mut next = 0;
     for _ in 0..PROCESSES {
@@ -128,7 +131,7 @@ fn a_limit_holds_across_processes_killed_and_restarted() {
         next += 1;
     }
     wait_until("every job succeeded", secs(120), || {
-        queue.stats().unwrap().total(JobState::Succeeded) == JOBS as u64
+        queue.stats().unwrap().total(JobState::Succeeded) == total as u64
     });
     File::create(dir.join("stop")).unwrap();
     for (mut child, n) in children {
@@ -139,6 +142,7 @@ fn a_limit_holds_across_processes_killed_and_restarted() {
     let violations = std::fs::read_to_string(dir.join("violations")).unwrap_or_default();
     assert!(violations.is_empty(), "more than {PER_KEY} at once:\n{violations}");
     assert!(kills >= 3, "only {kills} kills");
+    eprintln!("{total} jobs, {kills} processes killed, no key over {PER_KEY}");
     assert_eq!(queue.manual().sweep_limits().unwrap(), 0);
     assert_eq!(queue.ops().limit_sweep_unblocked(), 0, "the reaper's sweep found missed slots");
     let counts = queue.stats().unwrap();

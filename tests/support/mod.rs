@@ -15,7 +15,8 @@
 //! - `cli`: the `tickler` binary (and `cli::serve` for `tickler serve`);
 //! - `pg`: databases of their own on a PostgreSQL server (feature
 //!   `postgres`);
-//! - `dashboard_fill`: many rows at once, shared with the benchmarks.
+//! - `dashboard_fill`: many rows at once, shared with the benchmarks;
+//! - `limits`: jobs under a concurrency limit, claimed and read by hand.
 //!
 //! Not every target uses every helper.
 #![allow(dead_code, unused_imports, unused_macros)]
@@ -27,6 +28,7 @@ pub mod app_tx;
 pub mod cli;
 pub mod common;
 pub mod dashboard_fill;
+pub mod limits;
 #[cfg(feature = "mysql")]
 pub mod my;
 #[cfg(feature = "postgres")]
