@@ -24,6 +24,9 @@
 //!   ends in (each engine's `outcome.rs`);
 //! - the reaper: the rule in `reap.rs`, the conditional update in each
 //!   engine's `reap_look` and `REAP_SQL`;
+//! - concurrency limits: the rules in `limits.rs` (a claim admits or
+//!   pushes back, every lease end hands its slots on, the reaper's sweep),
+//!   each engine's statements and lock in its `limits.rs` (`LimitTx`);
 //! - reading "now": through the queue's [`Clock`] (`Queue::now_ms` for
 //!   validation and schedules, the engine's `now_ms` inside its
 //!   transactions; on PostgreSQL the server's clock unless one was set);
