@@ -16,10 +16,11 @@
 //!   [`Capabilities`]), `migrate.rs` (with `schema.sql`), `enqueue.rs`,
 //!   `claim.rs` (with the [`ClaimTx`]), `outcome.rs`, `lease.rs`,
 //!   `admin.rs`, `read.rs`, `schedules.rs` (with the [`ScheduleTx`]),
-//!   `limits.rs` (with the [`LimitTx`]), `rows.rs` and `watch.rs`. An engine's own extras are files of their
-//!   own, named in its `mod.rs`; `server_clock.rs` is the server engines'
-//!   clock (the database server's, sampled), and `server_tx.rs` what they
-//!   do alike around their write transactions.
+//!   `limits.rs` (with the [`LimitTx`]), `rows.rs` and `watch.rs`. An
+//!   engine's own extras are files of their own, named in its `mod.rs`;
+//!   `server_clock.rs` is the server engines' clock (the database
+//!   server's, sampled), and `server_tx.rs` what they do alike around
+//!   their write transactions.
 //!
 //! What differs between engines is one of the [`Capabilities`] (durability
 //! and sync, checkpoints, write-lock waits, the file, the change watcher,
