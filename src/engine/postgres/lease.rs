@@ -175,7 +175,8 @@ impl Leases for Store {
                 "UPDATE tickler_jobs SET lease_expires_at = NULL
                  WHERE id = ANY(ARRAY(
                      SELECT id FROM tickler_jobs
-                     WHERE status <> 'running' AND lease_expires_at < $1::bigint
+                     WHERE status <> 'running' AND lease_expires_at IS NOT NULL
+                       AND lease_expires_at < $1::bigint
                      FOR UPDATE SKIP LOCKED))
                  RETURNING limit_name, limit_key, limit_weight",
                 &[&now],
