@@ -310,6 +310,10 @@ pub struct Job {
     /// The concurrency limit slot it takes while it runs
     /// ([`NewJob::limit`]).
     pub limit: Option<LimitSlot>,
+    /// How often a claim deferred it over its limit's rate
+    /// ([`Rate`](crate::Rate)): its run_at is then the instant it may
+    /// start.
+    pub rate_deferrals: u32,
 }
 
 /// How far a running job is, as its handler reported it with

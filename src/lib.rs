@@ -570,7 +570,7 @@ pub use job::{
     DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MAX_PROGRESS_MESSAGE_BYTES,
 };
 pub use lease::Lease;
-pub use limit::{Limit, LimitInfo, LimitKeyUsage, MAX_LIMIT_KEY_BYTES, MAX_LIMIT_NAME_BYTES};
+pub use limit::{Limit, LimitInfo, LimitKeyUsage, Rate, MAX_LIMIT_KEY_BYTES, MAX_LIMIT_NAME_BYTES};
 pub use metrics::WriteLockWaits;
 pub use queue::{
     ActivityBucket, ChangeWatcher, Manual, Ops, Queue, QueueBuilder, QueueCounts, Waker,

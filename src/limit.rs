@@ -1,10 +1,11 @@
-//! Concurrency limits shared by every process of a queue: what an operator
-//! sets ([`Limit`]) and what can be read about them ([`LimitInfo`],
+//! Concurrency and rate limits shared by every process of a queue: what an
+//! operator sets ([`Limit`], [`Rate`]) and what can be read about them ([`LimitInfo`],
 //! [`LimitKeyUsage`]). The rules that keep them live in
 //! `crate::queue::limits`.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use std::time::Duration;
 
 /// Longest limit name, in bytes of UTF-8.
 pub const MAX_LIMIT_NAME_BYTES: usize = 200;
@@ -34,18 +35,44 @@ pub const MAX_LIMIT_KEY_BYTES: usize = 1024;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Limit {
-    /// Most weight of lease holders per key, at least 1.
-    pub max_per_key: u32,
+    /// Most weight of lease holders per key, at least 1; `None`: no
+    /// concurrency limit per key (a limit of rate alone).
+    pub max_per_key: Option<u32>,
     /// Most weight of lease holders over all keys, at least 1 if set.
     pub max_total: Option<u32>,
+    /// Most starts per period per key, if set ([`Rate`]).
+    pub rate: Option<Rate>,
 }
 
 impl Limit {
-    /// At most `n` slots taken per key, no total.
+    /// At most `n` slots taken per key, no total, no rate.
     pub fn per_key(n: u32) -> Limit {
         Limit {
-            max_per_key: n,
+            max_per_key: Some(n),
             max_total: None,
+            rate: None,
+        }
+    }
+
+    /// At most `count` starts per `period` per key and no concurrency
+    /// limit: see [`Rate`]. Add a burst with [`Limit::burst`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// // At most 100 calls a minute per API key, never more than 10 at once.
+    /// let limit = tickler::Limit::rate(100, Duration::from_secs(60)).burst(10);
+    /// assert_eq!(limit.rate.unwrap().burst, 10);
+    /// assert_eq!(limit.max_per_key, None);
+    /// ```
+    pub fn rate(count: u32, period: Duration) -> Limit {
+        Limit {
+            max_per_key: None,
+            max_total: None,
+            rate: Some(Rate {
+                count,
+                period,
+                burst: 0,
+            }),
         }
     }
 
@@ -54,6 +81,90 @@ impl Limit {
         self.max_total = Some(n);
         self
     }
+
+    /// Adds a rate to this limit: at most `count` starts per `period` per
+    /// key, besides its concurrency limit.
+    pub fn with_rate(mut self, count: u32, period: Duration) -> Limit {
+        let burst = self.rate.map_or(0, |r| r.burst);
+        self.rate = Some(Rate {
+            count,
+            period,
+            burst,
+        });
+        self
+    }
+
+    /// Starts a key may make at once beyond its steady rate, after a quiet
+    /// spell (see [`Rate::burst`]); nothing without a rate.
+    pub fn burst(mut self, burst: u32) -> Limit {
+        if let Some(rate) = &mut self.rate {
+            rate.burst = burst;
+        }
+        self
+    }
+}
+
+/// A rate limit: at most `count` starts per `period` per key, plus `burst`.
+/// Every start of a run counts, retries included.
+///
+/// The guarantee: in every span of time `period` long, the runs of one
+/// key that start (that a claim hands out) number at most `count +
+/// burst`, and a key with a backlog starts one every `period / count`.
+/// It is kept by GCRA, the exact form of a token bucket: each key stores
+/// one instant (when its next start is due at the steady rate), read and
+/// moved in the transaction that claims, under the limit's lock, with the
+/// engine's clock (the server's on PostgreSQL and MySQL). There are no
+/// windows: no doubling at a window's edge, and no calendar arithmetic to
+/// go wrong at midnight, a change of daylight saving time or a year's end.
+///
+/// A job over the rate is *deferred*: it goes back to `scheduled`, due at
+/// exactly the instant it may start, with its attempt given back and no
+/// error written; the deferred jobs of a key are given instants one
+/// `period / count` apart in claim order (first in, first out), so no
+/// herd wakes at one instant, and a job enqueued while others of its key
+/// wait is placed after them.
+///
+/// Clock steps: a step forward admits at most `burst + 1` starts at once,
+/// then the steady rate (the deferred jobs that all came due are deferred
+/// again, in order). A step back of more than a second is noticed (each
+/// key stores the latest instant it saw) and the key's instants and its
+/// deferred jobs move back by the step, at the key's next claim or the
+/// reaper's next pass, so a key is held back at most about a second by
+/// it. What it cannot promise: a handler started by a run that lost its
+/// lease is not taken back, and a job that starts late (a busy pool) may
+/// see the next one start less than `period / count` after it, as the
+/// burst allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Rate {
+    /// Starts per period, at least 1.
+    pub count: u32,
+    /// The period, at least 1 ms, stored in whole milliseconds; `count`
+    /// per period is at most one start per microsecond.
+    #[serde(serialize_with = "period_ms")]
+    pub period: Duration,
+    /// Starts beyond `count` that one period may hold after a quiet
+    /// spell (0: none, the steady rate only).
+    pub burst: u32,
+}
+
+impl Rate {
+    /// The steady spacing of starts, in microseconds, rounded up (so that
+    /// `count` starts never take less than `period`).
+    pub(crate) fn interval_us(&self) -> i64 {
+        let period_us = i64::try_from(self.period.as_micros()).unwrap_or(i64::MAX);
+        let count = i64::from(self.count.max(1));
+        period_us.saturating_add(count - 1) / count
+    }
+
+    /// How far ahead of the steady rate a key may start: `burst`
+    /// intervals, in microseconds.
+    pub(crate) fn tolerance_us(&self) -> i64 {
+        self.interval_us().saturating_mul(i64::from(self.burst))
+    }
+}
+
+fn period_ms<S: serde::Serializer>(period: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(u64::try_from(period.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A stored limit ([`Queue::limits`](crate::Queue::limits)).

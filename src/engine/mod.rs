@@ -198,6 +198,37 @@ pub(crate) trait LimitTx {
     /// Makes these blocked jobs pending (those still blocked).
     fn unblock(&mut self, ids: &[JobId]) -> Result<()>;
 
+    /// The stored rate state of `key` of limit `name`, if it has one.
+    fn rate_state(
+        &mut self,
+        name: &str,
+        key: &str,
+    ) -> Result<Option<crate::queue::limits::RateState>>;
+
+    /// Stores the rate state of `key` of limit `name` (inserted or replaced).
+    fn store_rate_state(
+        &mut self,
+        name: &str,
+        key: &str,
+        state: &crate::queue::limits::RateState,
+    ) -> Result<()>;
+
+    /// Which of these claimed jobs were deferred over a rate to the instant
+    /// they are running at (their `rate_slot` is their `run_at`).
+    fn deferred_runs(&mut self, ids: &[JobId]) -> Result<std::collections::HashSet<JobId>>;
+
+    /// Defers claimed runs over a rate, fenced by their run_tokens: each
+    /// `scheduled` at its instant (ms), marked deferred there, with the
+    /// claim's attempt given back and its lease cleared.
+    fn defer(&mut self, runs: &[(&Lease, i64)]) -> Result<()>;
+
+    /// Moves the run_at of the jobs deferred on `key` of limit `name` (and
+    /// their marks) by `by` ms.
+    fn shift_deferred(&mut self, name: &str, key: &str, by: i64) -> Result<()>;
+
+    /// Up to `n` rated keys (limit, key) that saw a time later than `at`.
+    fn rates_seen_after(&mut self, at: i64, n: i64) -> Result<Vec<(String, String)>>;
+
     /// Up to `n` (limit, key) pairs with blocked jobs, in byte order, after
     /// `after`, of limit `only` if given.
     fn blocked_keys(
@@ -228,6 +259,15 @@ pub(crate) trait LimitStore {
     /// write transaction (after a pending job of the key was cancelled, or
     /// its queue resumed); returns how many it made pending.
     fn release_limit_keys(&self, keys: Vec<(String, String)>) -> Result<u64>;
+
+    /// Holds back `key` of limit `name` until `until` (ms), in one write
+    /// transaction (`crate::queue::limits::hold_rate`); false if the limit
+    /// has no rate.
+    fn hold_rate(&self, name: &str, key: &str, until: i64) -> Result<bool>;
+
+    /// One round of the reaper's look for a clock stepped back
+    /// (`crate::queue::limits::rebase_rates`) in a write transaction.
+    fn rebase_rates(&self) -> Result<u64>;
 
     /// One round of the reaper's safety sweep (`crate::queue::limits::sweep`)
     /// in a write transaction: jobs made pending, and where to go on from.

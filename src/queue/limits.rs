@@ -26,8 +26,9 @@ use crate::engine::LimitTx;
 use crate::error::{Error, Result};
 use crate::job::{JobId, LimitSlot};
 use crate::lease::Lease;
+use crate::limit::Rate;
 use crate::limit::{Limit, LimitInfo, LimitKeyUsage};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 impl Queue {
     /// Stores the concurrency limit `name`, or changes it, for every
@@ -50,16 +51,43 @@ impl Queue {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty or too long name
-    /// ([`crate::MAX_LIMIT_NAME_BYTES`]) or a value of 0; the engine's
+    /// ([`crate::MAX_LIMIT_NAME_BYTES`]), a value of 0, a limit with
+    /// neither `max_per_key` nor a rate, or a rate outside what
+    /// [`Rate`](crate::Rate) keeps (a period under 1 ms or over 366 days,
+    /// more than one start per microsecond); the engine's
     /// errors ([`Error::Busy`], [`Error::Sqlite`], …);
     /// [`Error::Unsupported`] on an engine without limits.
     pub fn set_limit(&self, name: &str, limit: Limit) -> Result<()> {
         check_limit_name(name)?;
-        if limit.max_per_key == 0 || limit.max_total == Some(0) {
+        if limit.max_per_key == Some(0) || limit.max_total == Some(0) {
             return Err(Error::InvalidArgument(format!(
                 "limit {name:?}: max_per_key and max_total are at least 1 \
                  (delete the limit to stop limiting, pause the queue to stop running)"
             )));
+        }
+        if limit.max_per_key.is_none() && limit.rate.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "limit {name:?} limits nothing: give it a max_per_key (Limit::per_key) \
+                 or a rate (Limit::rate), or both"
+            )));
+        }
+        if let Some(rate) = &limit.rate {
+            let period_ms = rate.period.as_millis();
+            if rate.count == 0 || period_ms == 0 || rate.period.as_micros() < u128::from(rate.count)
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "limit {name:?}: a rate of {} per {:?} is not one tickler keeps: count is at \
+                     least 1, the period at least 1 ms, and the rate at most one start per \
+                     microsecond",
+                    rate.count, rate.period
+                )));
+            }
+            if period_ms > MAX_RATE_PERIOD_MS {
+                return Err(Error::InvalidArgument(format!(
+                    "limit {name:?}: a rate's period is at most 366 days, not {:?}",
+                    rate.period
+                )));
+            }
         }
         self.engine().set_limit(name, &limit)?;
         self.engine().wake_watchers();
@@ -166,6 +194,19 @@ impl Queue {
         }
     }
 
+    /// Holds back `key` of limit `name` until `until` in every process
+    /// (see [`JobContext::rate_limited`](crate::JobContext::rate_limited));
+    /// false if the limit has no rate.
+    pub(crate) fn hold_rate(
+        &self,
+        name: &str,
+        key: &str,
+        until: chrono::DateTime<chrono::Utc>,
+    ) -> Result<bool> {
+        let until = until.timestamp_millis().min(crate::MAX_TIMESTAMP_MS);
+        self.engine().hold_rate(name, key, until)
+    }
+
     /// See [`Ops::limit_sweep_unblocked`](crate::Ops::limit_sweep_unblocked).
     pub(crate) fn limit_sweep_unblocked(&self) -> u64 {
         self.inner
@@ -181,6 +222,9 @@ pub(crate) struct SweepState {
     after: std::sync::Mutex<Option<(String, String)>>,
     unblocked: std::sync::atomic::AtomicU64,
 }
+
+/// The longest period of a rate, in ms: 366 days.
+const MAX_RATE_PERIOD_MS: u128 = 366 * 24 * 3_600_000;
 
 /// Most blocked jobs a deleted limit's release makes pending per key in
 /// one transaction (deleting it makes them all pending at once).
@@ -204,11 +248,13 @@ enum Room {
     Unclaimed,
 }
 
-/// What a transaction did to limits: runs pushed back, jobs made pending.
+/// What a transaction did to limits: runs pushed back, jobs made pending,
+/// runs deferred over a rate.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Settled {
     pub blocked: u64,
     pub unblocked: u64,
+    pub deferred: u64,
 }
 
 /// Keeps the limits after the engine's transaction ended the leases of
@@ -249,7 +295,8 @@ pub(crate) fn settle(
 }
 
 /// The claimed leases that fit under their limits, in claim order; the
-/// others are pushed back (or made dead if they can never fit).
+/// others are pushed back (or made dead if they can never fit), or, over
+/// a rate, deferred to the instant they may start.
 fn admit(
     tx: &mut dyn LimitTx,
     limits: &HashMap<String, Limit>,
@@ -266,14 +313,22 @@ fn admit(
     let mut total: HashMap<String, i64> = HashMap::new();
     let mut ours: HashMap<(String, String), i64> = HashMap::new();
     let mut ours_total: HashMap<String, i64> = HashMap::new();
-    for slot in claimed.iter().filter_map(|l| l.limit.as_ref()) {
+    let mut rated = Vec::new();
+    for lease in &claimed {
+        let Some(slot) = &lease.limit else { continue };
         *ours
             .entry((slot.name.clone(), slot.key.clone()))
             .or_default() += weight(slot);
         *ours_total.entry(slot.name.clone()).or_default() += weight(slot);
+        if limits.get(&slot.name).is_some_and(|l| l.rate.is_some()) {
+            rated.push(lease.job_id);
+        }
     }
     for (name_key, own) in &ours {
-        if limits.contains_key(&name_key.0) {
+        if limits
+            .get(&name_key.0)
+            .is_some_and(|l| l.max_per_key.is_some())
+        {
             let rows = tx.held(&name_key.0, Some(&name_key.1), now)?;
             held.insert(name_key.clone(), rows - own);
         }
@@ -283,9 +338,16 @@ fn admit(
             total.insert(name.clone(), tx.held(name, None, now)? - own);
         }
     }
+    let deferred_runs = if rated.is_empty() {
+        HashSet::new()
+    } else {
+        tx.deferred_runs(&rated)?
+    };
+    let mut rates = Rates::default();
     let mut kept = Vec::with_capacity(claimed.len());
     let mut pushed = Vec::new();
     let mut never = Vec::new();
+    let mut deferred = Vec::new();
     for lease in claimed {
         let Some(slot) = &lease.limit else {
             kept.push(lease);
@@ -297,53 +359,76 @@ fn admit(
             continue;
         };
         let w = weight(slot);
-        let per_key = i64::from(limit.max_per_key);
+        let per_key = limit.max_per_key.map(i64::from);
         let max_total = limit.max_total.map(i64::from);
-        if w > per_key || max_total.is_some_and(|t| w > t) {
+        if per_key.is_some_and(|p| w > p) || max_total.is_some_and(|t| w > t) {
             never.push(lease);
             continue;
         }
-        let key_held = held
-            .get_mut(&(slot.name.clone(), slot.key.clone()))
-            .expect("every claimed key was read");
-        let fits_key = *key_held + w <= per_key;
+        let name_key = (slot.name.clone(), slot.key.clone());
+        let fits_key = match per_key {
+            Some(p) => held.get(&name_key).copied().unwrap_or(0) + w <= p,
+            None => true,
+        };
         let fits_total = match max_total {
             Some(t) => total.get(&slot.name).copied().unwrap_or(0) + w <= t,
             None => true,
         };
-        if fits_key && fits_total {
-            *key_held += w;
-            if max_total.is_some() {
-                *total.entry(slot.name.clone()).or_default() += w;
-            }
-            kept.push(lease);
-        } else {
+        if !(fits_key && fits_total) {
             pushed.push(lease);
+            continue;
         }
+        if let Some(rate) = &limit.rate {
+            let deferred_run = deferred_runs.contains(&lease.job_id);
+            let state = rates.get(tx, &slot.name, &slot.key, now)?;
+            if let Rated::Defer(at) = decide(rate, state, now, deferred_run) {
+                deferred.push((lease, at));
+                continue;
+            }
+        }
+        if per_key.is_some() {
+            *held.entry(name_key).or_default() += w;
+        }
+        if max_total.is_some() {
+            *total.entry(slot.name.clone()).or_default() += w;
+        }
+        kept.push(lease);
     }
+    rates.store(tx)?;
     if !pushed.is_empty() {
         let leases: Vec<&Lease> = pushed.iter().collect();
         tx.block(&leases)?;
         settled.blocked += pushed.len() as u64;
     }
+    if !deferred.is_empty() {
+        let runs: Vec<(&Lease, i64)> = deferred.iter().map(|(l, at)| (l, *at)).collect();
+        tx.defer(&runs)?;
+        settled.deferred += deferred.len() as u64;
+    }
     for lease in never {
         let slot = lease.limit.as_ref().expect("a limited lease");
         let limit = limits[&slot.name];
-        let error = format!(
-            "this job takes {} slots of limit {:?} (limit_weight), more than it allows \
-             (max_per_key {}{}): it can never run; enqueue it with a smaller weight or \
-             raise the limit, then retry it",
-            slot.weight,
-            slot.name,
-            limit.max_per_key,
-            limit
-                .max_total
-                .map(|t| format!(", max_total {t}"))
-                .unwrap_or_default()
-        );
+        let error = too_heavy(slot.weight.into(), &slot.name, &limit, "");
         tx.bury(lease.job_id, &lease.run_token.0, &cut_error(&error), now)?;
     }
     Ok(kept)
+}
+
+/// Why a job heavier than its limit can never run.
+fn too_heavy(weight: i64, name: &str, limit: &Limit, now: &str) -> String {
+    let mut allows = Vec::new();
+    if let Some(p) = limit.max_per_key {
+        allows.push(format!("max_per_key {p}"));
+    }
+    if let Some(t) = limit.max_total {
+        allows.push(format!("max_total {t}"));
+    }
+    format!(
+        "this job takes {weight} slots of limit {name:?} (limit_weight), more than it allows{now} \
+         ({}): it can never run; enqueue it with a smaller weight or raise the limit, \
+         then retry it",
+        allows.join(", ")
+    )
 }
 
 /// Makes pending the blocked jobs of `keys` of limit `name` that fit now,
@@ -372,7 +457,7 @@ fn release(
         tx.unblock(&ids)?;
         return Ok(ids.len() as u64);
     };
-    let per_key = i64::from(limit.max_per_key);
+    let per_key = limit.max_per_key.map_or(i64::MAX, i64::from);
     let max_total = limit.max_total.map(i64::from);
     let mut total_room = match max_total {
         Some(t) => {
@@ -409,8 +494,11 @@ fn release(
         if total_room <= 0 {
             break;
         }
-        let mut room = per_key - tx.held(name, Some(key), now)?;
-        if room_of == Room::Unclaimed {
+        let mut room = match limit.max_per_key {
+            Some(_) => per_key - tx.held(name, Some(key), now)?,
+            None => i64::MAX,
+        };
+        if room_of == Room::Unclaimed && limit.max_per_key.is_some() {
             room -= tx.pending(name, Some(key))?;
         }
         let mut room = room.min(total_room);
@@ -419,7 +507,7 @@ fn release(
         }
         // Each takes at least one slot: `room` jobs at most, and the
         // doomed ones besides.
-        for (id, _, w) in tx.blocked(name, key, room + 8)? {
+        for (id, _, w) in tx.blocked(name, key, room.saturating_add(8).min(RELEASE_MAX))? {
             if w > per_key || max_total.is_some_and(|t| w > t) {
                 doomed.push((id, w));
                 continue;
@@ -436,16 +524,7 @@ fn release(
         }
     }
     for (id, w) in doomed {
-        let error = format!(
-            "this job takes {w} slots of limit {name:?} (limit_weight), more than it allows \
-             now (max_per_key {}{}): it can never run; enqueue it with a smaller weight or \
-             raise the limit, then retry it",
-            limit.max_per_key,
-            limit
-                .max_total
-                .map(|t| format!(", max_total {t}"))
-                .unwrap_or_default()
-        );
+        let error = too_heavy(w, name, limit, " now");
         tx.doom(id, &cut_error(&error), now)?;
     }
     tx.unblock(&ids)?;
@@ -512,6 +591,18 @@ pub(crate) fn release_keys(
     Ok(unblocked)
 }
 
+/// A limit's rate as its stored columns: count, period (ms), burst.
+pub(crate) fn rate_columns(limit: &Limit) -> (Option<i64>, Option<i64>, i64) {
+    match &limit.rate {
+        Some(rate) => (
+            Some(i64::from(rate.count)),
+            Some(i64::try_from(rate.period.as_millis()).unwrap_or(i64::MAX)),
+            i64::from(rate.burst),
+        ),
+        None => (None, None, 0),
+    }
+}
+
 fn weight(slot: &LimitSlot) -> i64 {
     i64::from(slot.weight.max(1))
 }
@@ -519,3 +610,255 @@ fn weight(slot: &LimitSlot) -> i64 {
 /// Ids of blocked jobs, as a `LimitTx` reads them: the id, its key and
 /// its weight.
 pub(crate) type Blocked = (JobId, String, i64);
+
+/// A rated key's stored GCRA state (the table `tickler_limit_rates`):
+/// `tat` and `horizon` in microseconds, `seen` in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RateState {
+    /// When the key's next start is due at the steady rate.
+    pub tat: i64,
+    /// The last instant handed to a job deferred over the rate.
+    pub horizon: i64,
+    /// The latest engine time that read it.
+    pub seen: i64,
+}
+
+/// A key that has never started: every instant is long past.
+const NEVER: i64 = i64::MIN / 4;
+
+/// A step back of the clock smaller than this (ms) is not told from the
+/// ordinary skew of the instants transactions read.
+pub(crate) const STEP_BACK_MS: i64 = 1_000;
+
+/// What a rate says of one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rated {
+    Start,
+    /// Deferred to this instant (ms).
+    Defer(i64),
+}
+
+/// The rated keys one transaction read, written back at its end.
+#[derive(Default)]
+struct Rates {
+    keys: BTreeMap<(String, String), (RateState, i64)>,
+}
+
+impl Rates {
+    /// The state of `key` of limit `name`, read once per transaction
+    /// (moved back first if the clock stepped back since it was seen).
+    fn get(
+        &mut self,
+        tx: &mut dyn LimitTx,
+        name: &str,
+        key: &str,
+        now: i64,
+    ) -> Result<&mut (RateState, i64)> {
+        let name_key = (name.to_owned(), key.to_owned());
+        if !self.keys.contains_key(&name_key) {
+            let state = read_rate(tx, name, key, now)?;
+            self.keys.insert(name_key.clone(), (state, NEVER));
+        }
+        Ok(self.keys.get_mut(&name_key).expect("inserted above"))
+    }
+
+    fn store(self, tx: &mut dyn LimitTx) -> Result<()> {
+        for ((name, key), (state, _)) in self.keys {
+            tx.store_rate_state(&name, &key, &state)?;
+        }
+        Ok(())
+    }
+}
+
+/// The state of `key` of limit `name` at `now` (ms): as stored, or moved
+/// back by the step if the clock stepped back since it was last seen,
+/// with the key's deferred jobs (their instants were read on the clock
+/// before the step, so each would wait the step out as well).
+fn read_rate(tx: &mut dyn LimitTx, name: &str, key: &str, now: i64) -> Result<RateState> {
+    let Some(mut state) = tx.rate_state(name, key)? else {
+        return Ok(RateState {
+            tat: NEVER,
+            horizon: NEVER,
+            seen: now,
+        });
+    };
+    if state.seen - now <= STEP_BACK_MS {
+        state.seen = state.seen.max(now);
+    } else {
+        let step = state.seen - now;
+        state.tat = state.tat.saturating_sub(step.saturating_mul(1_000));
+        state.horizon = state.horizon.saturating_sub(step.saturating_mul(1_000));
+        tx.shift_deferred(name, key, -step)?;
+        log::warn!(
+            "the clock stepped back {step} ms (limit {name:?}, key {key:?}): the key's rate \
+             and its deferred jobs moved back with it"
+        );
+        state.seen = now;
+    }
+    Ok(state)
+}
+
+/// GCRA for one run of a rated key at `now` (ms), moving `state` (and
+/// `floor`, the earliest instant, µs, this transaction may still hand a
+/// run deferred again). A run starts if the key is not ahead of its
+/// steady rate by more than its burst, and either it was deferred to this
+/// instant (its turn) or no deferred run waits; otherwise it is deferred:
+/// a new run to the tail of the key's line, a deferred run that met a
+/// late start ahead of it to the first instant it may start.
+fn decide(
+    rate: &Rate,
+    (state, floor): &mut (RateState, i64),
+    now: i64,
+    deferred_run: bool,
+) -> Rated {
+    let now_us = now.saturating_mul(1_000);
+    let interval = rate.interval_us();
+    let earliest = state.tat.saturating_sub(rate.tolerance_us());
+    state.seen = state.seen.max(now);
+    if now_us >= earliest && (deferred_run || state.horizon <= now_us) {
+        state.tat = state.tat.max(now_us).saturating_add(interval);
+        return Rated::Start;
+    }
+    let at = if deferred_run {
+        let at = earliest.max(now_us).max(*floor);
+        *floor = at.saturating_add(interval);
+        at
+    } else {
+        earliest
+            .max(now_us)
+            .max(state.horizon.saturating_add(interval))
+    };
+    state.horizon = state.horizon.max(at);
+    // Whole milliseconds, rounded up: never before the instant it may start.
+    let at_ms = at.saturating_add(999).div_euclid(1_000);
+    Rated::Defer(at_ms.min(crate::MAX_TIMESTAMP_MS))
+}
+
+/// Holds back `key` of limit `name` until `until` (ms) in every process:
+/// its next start is due then, and runs enqueued meanwhile are deferred
+/// to it and after (a handler told by the remote side to wait,
+/// [`JobContext::rate_limited`](crate::JobContext::rate_limited)).
+/// Returns false if the limit has no rate, which holds nothing back.
+pub(crate) fn hold_rate(
+    tx: &mut dyn LimitTx,
+    name: &str,
+    key: &str,
+    until: i64,
+    now: i64,
+) -> Result<bool> {
+    let limits = tx.lock_limits(&[name.to_owned()])?;
+    let Some(rate) = limits.get(name).and_then(|l| l.rate) else {
+        return Ok(false);
+    };
+    let mut state = read_rate(tx, name, key, now)?;
+    let until_us = until.saturating_mul(1_000);
+    state.tat = state.tat.max(until_us.saturating_add(rate.tolerance_us()));
+    state.horizon = state
+        .horizon
+        .max(until_us.saturating_sub(rate.interval_us()));
+    tx.store_rate_state(name, key, &state)?;
+    Ok(true)
+}
+
+/// The reaper's look for a step back of the clock: up to [`SWEEP_KEYS`]
+/// rated keys that saw a later time than `now`, each moved back with its
+/// deferred jobs (see [`read_rate`]). Returns how many it moved.
+pub(crate) fn rebase_rates(tx: &mut dyn LimitTx, now: i64) -> Result<u64> {
+    let keys = tx.rates_seen_after(now + STEP_BACK_MS, SWEEP_KEYS)?;
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    let mut names: Vec<String> = keys.iter().map(|(n, _)| n.clone()).collect();
+    names.sort();
+    names.dedup();
+    tx.lock_limits(&names)?;
+    for (name, key) in &keys {
+        let state = read_rate(tx, name, key, now)?;
+        tx.store_rate_state(name, key, &state)?;
+    }
+    Ok(keys.len() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn rate(count: u32, period_ms: u64, burst: u32) -> Rate {
+        Rate {
+            count,
+            period: Duration::from_millis(period_ms),
+            burst,
+        }
+    }
+
+    fn fresh(now: i64) -> (RateState, i64) {
+        (
+            RateState {
+                tat: NEVER,
+                horizon: NEVER,
+                seen: now,
+            },
+            NEVER,
+        )
+    }
+
+    #[test]
+    fn a_backlog_starts_one_per_interval_each_deferred_once_in_order() {
+        let rate = rate(10, 1_000, 0);
+        let mut key = fresh(0);
+        // 30 jobs claimed at t = 0: the first starts, the others are
+        // deferred 100 ms apart.
+        assert_eq!(decide(&rate, &mut key, 0, false), Rated::Start);
+        let slots: Vec<Rated> = (1..30).map(|_| decide(&rate, &mut key, 0, false)).collect();
+        for (i, slot) in slots.iter().enumerate() {
+            assert_eq!(*slot, Rated::Defer(100 * (i as i64 + 1)));
+        }
+        // Each starts at its instant, a deferred run; a new job waits behind.
+        for i in 1..30 {
+            let at = 100 * i;
+            assert_eq!(decide(&rate, &mut key, at, true), Rated::Start, "slot {i}");
+            if i == 5 {
+                assert_eq!(decide(&rate, &mut key, at, false), Rated::Defer(3_000));
+            }
+        }
+    }
+
+    #[test]
+    fn a_burst_starts_at_once_after_a_quiet_spell_then_the_steady_rate() {
+        let rate = rate(10, 1_000, 3);
+        let mut key = fresh(0);
+        let started = (0..10)
+            .map(|_| decide(&rate, &mut key, 5_000, false))
+            .take_while(|r| *r == Rated::Start)
+            .count();
+        assert_eq!(started, 4, "the steady start and a burst of 3");
+    }
+
+    #[test]
+    fn a_clock_step_forward_admits_no_more_than_the_burst() {
+        let rate = rate(10, 1_000, 0);
+        let mut key = fresh(0);
+        for i in 0..5 {
+            assert_eq!(decide(&rate, &mut key, 100 * i, false), Rated::Start);
+        }
+        // An hour later, every run claimed at once: one starts.
+        let hour = 3_600_000;
+        assert_eq!(decide(&rate, &mut key, hour, false), Rated::Start);
+        assert_eq!(
+            decide(&rate, &mut key, hour, false),
+            Rated::Defer(hour + 100)
+        );
+    }
+
+    #[test]
+    fn a_rate_that_does_not_divide_its_period_rounds_the_interval_up() {
+        let rate = rate(3, 1_000, 0);
+        assert_eq!(rate.interval_us(), 333_334);
+        let mut key = fresh(0);
+        assert_eq!(decide(&rate, &mut key, 0, false), Rated::Start);
+        assert_eq!(decide(&rate, &mut key, 0, false), Rated::Defer(334));
+        assert_eq!(decide(&rate, &mut key, 0, false), Rated::Defer(667));
+        assert_eq!(decide(&rate, &mut key, 0, false), Rated::Defer(1_001));
+    }
+}

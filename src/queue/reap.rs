@@ -64,8 +64,11 @@ impl Queue {
             synced_after_taking_back(self);
             engine.wake_watchers();
         }
-        // And the limits' safety sweep: a bounded part of it per round.
+        // And the limits' safety sweep: a bounded part of it per round;
+        // and the rated keys that saw a later time than now (the clock
+        // stepped back) move back with it.
         self.sweep_limits_round()?;
+        engine.rebase_rates()?;
         // The background reaper's round is also the engine's upkeep.
         engine.upkeep();
         Ok(total)

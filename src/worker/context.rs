@@ -390,6 +390,41 @@ impl JobContext {
         let latest = crate::clock::ms_to_datetime(crate::MAX_TIMESTAMP_MS);
         JobError::Snooze(until.map_or(latest, |until| until.min(latest)))
     }
+
+    /// The remote side said "too many requests, try again after
+    /// `retry_after`": returns a [`JobError::Snooze`] for this job until
+    /// then (no attempt used), and first holds back this job's limit key
+    /// until then in every process, if its limit has a rate
+    /// ([`Rate`](crate::Rate)): the key's next start is due then, and its
+    /// jobs claimed meanwhile are deferred to then and after, in order.
+    /// The hold is one write, made now; if it fails (logged), the job is
+    /// still snoozed. A job without a limit, or under one without a rate,
+    /// is only snoozed.
+    ///
+    /// ```no_run
+    /// # fn call_api() -> Result<(), std::time::Duration> { Ok(()) }
+    /// use tickler::{JobContext, JobError};
+    /// fn handler(ctx: &JobContext) -> Result<(), JobError> {
+    ///     match call_api() {
+    ///         Ok(()) => Ok(()),
+    ///         Err(retry_after) => Err(ctx.rate_limited(retry_after)),
+    ///     }
+    /// }
+    /// ```
+    pub fn rate_limited(&self, retry_after: Duration) -> JobError {
+        let snooze = self.snooze_for(retry_after);
+        if let (Some(slot), JobError::Snooze(until)) = (&self.lease.limit, &snooze) {
+            if let Err(e) = self.queue.hold_rate(&slot.name, &slot.key, *until) {
+                log::warn!(
+                    "job {}: holding back key {:?} of limit {:?} failed: {e}",
+                    self.lease.job_id,
+                    slot.key,
+                    slot.name
+                );
+            }
+        }
+        snooze
+    }
 }
 
 /// Typed payloads ([`JobArgs`]): the handler's view of its args.

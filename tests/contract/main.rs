@@ -19,6 +19,7 @@ mod crash_costs;
 mod fencing;
 mod paused_holder;
 mod poison_job;
+mod rate_limits;
 mod reaper;
 
 // Bad input, limits, one bad job fails alone, operator actions.

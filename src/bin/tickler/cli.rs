@@ -456,11 +456,29 @@ pub struct LimitSetArgs {
     /// The limit's name.
     pub name: String,
     /// Most slots taken at once per key.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    pub per_key: u32,
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), required_unless_present = "rate")]
+    pub per_key: Option<u32>,
     /// Most slots taken at once over all keys.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub total: Option<u32>,
+    /// Most starts per period per key, as COUNT/PERIOD (100/1m, 10/1s).
+    #[arg(long, value_name = "COUNT/PERIOD", value_parser = parse_rate)]
+    pub rate: Option<(u32, Duration)>,
+    /// Starts beyond the rate a quiet key may make at once.
+    #[arg(long, requires = "rate")]
+    pub burst: Option<u32>,
+}
+
+/// `--rate COUNT/PERIOD`.
+fn parse_rate(s: &str) -> Result<(u32, Duration), String> {
+    let (count, period) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s}: write a rate as COUNT/PERIOD, like 100/1m or 10/1s"))?;
+    let count: u32 = count
+        .trim()
+        .parse()
+        .map_err(|e| format!("{s}: the count {count:?} is not a whole number ({e})"))?;
+    Ok((count, parse_duration(period.trim())?))
 }
 
 /// A limit's name.

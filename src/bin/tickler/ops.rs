@@ -131,7 +131,17 @@ pub fn limit(db: &Path, command: &LimitCommand) -> Result<(), CliError> {
     let lib = |e| CliError::from_lib(e, db);
     match command {
         LimitCommand::Set(args) => {
-            let mut limit = tickler::Limit::per_key(args.per_key);
+            let mut limit = match (args.per_key, args.rate) {
+                (Some(n), _) => tickler::Limit::per_key(n),
+                (None, Some((count, period))) => tickler::Limit::rate(count, period),
+                (None, None) => unreachable!("clap requires --per-key or --rate"),
+            };
+            if let (Some(_), Some((count, period))) = (args.per_key, args.rate) {
+                limit = limit.with_rate(count, period);
+            }
+            if let Some(burst) = args.burst {
+                limit = limit.burst(burst);
+            }
             if let Some(total) = args.total {
                 limit = limit.total(total);
             }
@@ -156,6 +166,7 @@ pub fn limit(db: &Path, command: &LimitCommand) -> Result<(), CliError> {
                             "name": l.name,
                             "max_per_key": l.limit.max_per_key,
                             "max_total": l.limit.max_total,
+                            "rate": l.limit.rate,
                             "updated_at": display::rfc3339(l.updated_at),
                             "keys": keys,
                         })
@@ -165,10 +176,25 @@ pub fn limit(db: &Path, command: &LimitCommand) -> Result<(), CliError> {
             }
             let mut rows = Vec::new();
             for l in limits.iter().filter(|l| shown(&l.name)) {
-                let max = match l.limit.max_total {
-                    Some(total) => format!("{} per key, {total} in all", l.limit.max_per_key),
-                    None => format!("{} per key", l.limit.max_per_key),
-                };
+                let mut parts = Vec::new();
+                if let Some(n) = l.limit.max_per_key {
+                    parts.push(format!("{n} per key"));
+                }
+                if let Some(total) = l.limit.max_total {
+                    parts.push(format!("{total} in all"));
+                }
+                if let Some(rate) = l.limit.rate {
+                    let mut text = format!(
+                        "{} starts per {}",
+                        rate.count,
+                        humantime::format_duration(rate.period)
+                    );
+                    if rate.burst > 0 {
+                        text.push_str(&format!(" + {} burst", rate.burst));
+                    }
+                    parts.push(text);
+                }
+                let max = parts.join(", ");
                 rows.push(vec![
                     display::safe(&l.name).into_owned(),
                     "*".into(),
@@ -181,7 +207,10 @@ pub fn limit(db: &Path, command: &LimitCommand) -> Result<(), CliError> {
                     rows.push(vec![
                         String::new(),
                         display::safe(&u.key).into_owned(),
-                        format!("{} of {}", u.held, l.limit.max_per_key),
+                        match l.limit.max_per_key {
+                            Some(n) => format!("{} of {n}", u.held),
+                            None => u.held.to_string(),
+                        },
                         u.holders.to_string(),
                         u.blocked.to_string(),
                         u.pending.to_string(),

@@ -15,11 +15,11 @@ use crate::engine::{LimitStore, LimitTx};
 use crate::error::Result;
 use crate::job::JobId;
 use crate::lease::Lease;
-use crate::limit::{Limit, LimitInfo, LimitKeyUsage};
-use crate::queue::limits::{self, Blocked};
+use crate::limit::{Limit, LimitInfo, LimitKeyUsage, Rate};
+use crate::queue::limits::{self, Blocked, RateState};
 use mysql::prelude::Queryable;
 use mysql::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// The weight of the lease holders of one key (name, key, now), as on
 /// SQLite: running jobs and rows that keep a lease; one term per state,
@@ -57,6 +57,35 @@ const BLOCK_SQL: &str = "UPDATE tickler_jobs
         started_at = NULL, claim_id = NULL
     WHERE id = ? AND run_token = ? AND status = 'running'";
 
+/// A claimed run deferred over its rate (instant twice, id, run_token):
+/// scheduled then, marked as deferred there, the claim's attempt given
+/// back.
+const DEFER_SQL: &str = "UPDATE tickler_jobs
+    SET status = 'scheduled', rate_slot = ?, run_at = ?, rate_deferrals = rate_deferrals + 1,
+        attempts = attempts - 1, run_token = NULL, lease_expires_at = NULL, claimed_by = NULL,
+        claimed_at = NULL, holder_id = NULL, started_at = NULL, claim_id = NULL
+    WHERE id = ? AND run_token = ? AND status = 'running'";
+
+/// A limit's columns, as [`limit_row`] reads them after its name.
+const LIMIT_COLUMNS: &str = "name, max_per_key, max_total, rate_count, rate_period_ms, rate_burst";
+
+/// A limit from a row of [`LIMIT_COLUMNS`].
+fn limit_row(r: &mysql::Row) -> Result<Limit> {
+    let rate = match (get::<Option<i64>>(r, 3)?, get::<Option<i64>>(r, 4)?) {
+        (Some(count), Some(period_ms)) => Some(Rate {
+            count: stored_count(count),
+            period: std::time::Duration::from_millis(period_ms.max(1) as u64),
+            burst: u32::try_from(get::<i64>(r, 5)?.max(0)).unwrap_or(u32::MAX),
+        }),
+        _ => None,
+    };
+    Ok(Limit {
+        max_per_key: get::<Option<i64>>(r, 1)?.map(stored_count),
+        max_total: get::<Option<i64>>(r, 2)?.map(stored_count),
+        rate,
+    })
+}
+
 /// The [`LimitTx`] of a transaction (tickler's, or the application's in
 /// `complete_with`).
 pub(crate) struct InTransaction<'a, 'b, Q: Queryable>(pub(crate) &'a mut Tx<'b, Q>);
@@ -69,22 +98,14 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
         // Locked as the primary key is read, in name order.
         let rows = self.0.rows(
             &format!(
-                "SELECT name, max_per_key, max_total FROM tickler_limits
+                "SELECT {LIMIT_COLUMNS} FROM tickler_limits
                  WHERE name IN ({}) ORDER BY name FOR UPDATE",
                 marks(names.len())
             ),
             names.iter().map(|n| Value::from(n.as_str())).collect(),
         )?;
         rows.iter()
-            .map(|r| {
-                Ok((
-                    get::<String>(r, 0)?,
-                    Limit {
-                        max_per_key: stored_count(get(r, 1)?),
-                        max_total: get::<Option<i64>>(r, 2)?.map(stored_count),
-                    },
-                ))
-            })
+            .map(|r| Ok((get::<String>(r, 0)?, limit_row(r)?)))
             .collect()
     }
 
@@ -191,6 +212,74 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
         Ok(())
     }
 
+    fn rate_state(&mut self, name: &str, key: &str) -> Result<Option<RateState>> {
+        let row = self.0.first(
+            "SELECT tat, horizon, seen FROM tickler_limit_rates WHERE name = ? AND `key` = ?",
+            args![name, key],
+        )?;
+        row.map(|r| {
+            Ok(RateState {
+                tat: get(&r, 0)?,
+                horizon: get(&r, 1)?,
+                seen: get(&r, 2)?,
+            })
+        })
+        .transpose()
+    }
+
+    fn store_rate_state(&mut self, name: &str, key: &str, state: &RateState) -> Result<()> {
+        self.0.exec(
+            "INSERT INTO tickler_limit_rates (name, `key`, tat, horizon, seen)
+             VALUES (?, ?, ?, ?, ?)
+             ON DUPLICATE KEY UPDATE tat = VALUES(tat), horizon = VALUES(horizon),
+                 seen = VALUES(seen)",
+            args![name, key, state.tat, state.horizon, state.seen],
+        )?;
+        Ok(())
+    }
+
+    fn deferred_runs(&mut self, ids: &[JobId]) -> Result<HashSet<JobId>> {
+        let rows = self.0.rows(
+            &format!(
+                "SELECT id FROM tickler_jobs FORCE INDEX (PRIMARY)
+                 WHERE id IN ({}) AND rate_slot = run_at",
+                marks(ids.len())
+            ),
+            ids.iter().map(|id| Value::from(id.0)).collect(),
+        )?;
+        rows.iter().map(|r| Ok(JobId(get(r, 0)?))).collect()
+    }
+
+    fn defer(&mut self, runs: &[(&Lease, i64)]) -> Result<()> {
+        for (lease, at) in runs {
+            self.0.exec(
+                DEFER_SQL,
+                args![*at, *at, lease.job_id.0, lease.run_token.0.as_str()],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn shift_deferred(&mut self, name: &str, key: &str, by: i64) -> Result<()> {
+        self.0.exec(
+            "UPDATE tickler_jobs FORCE INDEX (tickler_jobs_limit)
+             SET run_at = run_at + ?, rate_slot = rate_slot + ?
+             WHERE limit_name = ? AND status = 'scheduled' AND limit_key = ?
+               AND rate_slot = run_at",
+            args![by, by, name, key],
+        )?;
+        Ok(())
+    }
+
+    fn rates_seen_after(&mut self, at: i64, n: i64) -> Result<Vec<(String, String)>> {
+        let rows = self.0.rows(
+            "SELECT name, `key` FROM tickler_limit_rates WHERE seen > ?
+             ORDER BY seen DESC LIMIT ?",
+            args![at, n],
+        )?;
+        rows.iter().map(|r| Ok((get(r, 0)?, get(r, 1)?))).collect()
+    }
+
     fn blocked_keys(
         &mut self,
         after: Option<&(String, String)>,
@@ -254,12 +343,24 @@ impl LimitStore for Store {
         super::enqueue::check_name("limit name", name)?;
         self.write(|tx, _| {
             let now = self.now_ms();
+            let (count, period_ms, burst) = limits::rate_columns(limit);
             tx.exec(
-                "INSERT INTO tickler_limits (name, max_per_key, max_total, updated_at)
-                 VALUES (?, ?, ?, ?)
+                "INSERT INTO tickler_limits (name, max_per_key, max_total, rate_count,
+                     rate_period_ms, rate_burst, updated_at)
+                 VALUES (?, ?, ?, ?, ?, ?, ?)
                  ON DUPLICATE KEY UPDATE max_per_key = VALUES(max_per_key),
-                     max_total = VALUES(max_total), updated_at = VALUES(updated_at)",
-                args![name, limit.max_per_key, limit.max_total, now],
+                     max_total = VALUES(max_total), rate_count = VALUES(rate_count),
+                     rate_period_ms = VALUES(rate_period_ms), rate_burst = VALUES(rate_burst),
+                     updated_at = VALUES(updated_at)",
+                args![
+                    name,
+                    limit.max_per_key,
+                    limit.max_total,
+                    count,
+                    period_ms,
+                    burst,
+                    now
+                ],
             )?;
             let limits = &mut InTransaction(tx);
             limits.lock_limits(&[name.to_owned()])?;
@@ -273,6 +374,10 @@ impl LimitStore for Store {
         super::enqueue::check_name("limit name", name)?;
         let deleted = self.write(|tx, _| {
             let deleted = tx.exec("DELETE FROM tickler_limits WHERE name = ?", args![name])?;
+            tx.exec(
+                "DELETE FROM tickler_limit_rates WHERE name = ?",
+                args![name],
+            )?;
             // Nothing limits its jobs any more: every blocked one may run.
             tx.exec(
                 "UPDATE tickler_jobs FORCE INDEX (tickler_jobs_blocked) SET status = 'pending'
@@ -288,19 +393,15 @@ impl LimitStore for Store {
     fn limits(&self) -> Result<Vec<LimitInfo>> {
         self.read(|tx| {
             tx.rows(
-                "SELECT name, max_per_key, max_total, updated_at FROM tickler_limits
-                 ORDER BY name",
+                &format!("SELECT {LIMIT_COLUMNS}, updated_at FROM tickler_limits ORDER BY name"),
                 Vec::new(),
             )?
             .iter()
             .map(|r| {
                 Ok(LimitInfo {
                     name: get(r, 0)?,
-                    limit: Limit {
-                        max_per_key: stored_count(get(r, 1)?),
-                        max_total: get::<Option<i64>>(r, 2)?.map(stored_count),
-                    },
-                    updated_at: ms_to_datetime(get(r, 3)?),
+                    limit: limit_row(r)?,
+                    updated_at: ms_to_datetime(get(r, 6)?),
                 })
             })
             .collect()
@@ -362,6 +463,36 @@ impl LimitStore for Store {
             self.notify_watchers();
         }
         Ok(swept)
+    }
+
+    fn hold_rate(&self, name: &str, key: &str, until: i64) -> Result<bool> {
+        super::enqueue::check_name("limit name", name)?;
+        self.write(|tx, _| {
+            limits::hold_rate(&mut InTransaction(tx), name, key, until, self.now_ms())
+        })
+    }
+
+    fn rebase_rates(&self) -> Result<u64> {
+        // Read first: the reaper asks every pass, and nearly always no key
+        // saw a later time.
+        let at = self.now_ms() + limits::STEP_BACK_MS;
+        let stepped = self.read(|tx| {
+            Ok(tx
+                .first(
+                    "SELECT 1 FROM tickler_limit_rates WHERE seen > ? LIMIT 1",
+                    args![at],
+                )?
+                .is_some())
+        })?;
+        if !stepped {
+            return Ok(0);
+        }
+        let moved =
+            self.write(|tx, _| limits::rebase_rates(&mut InTransaction(tx), self.now_ms()))?;
+        if moved > 0 {
+            self.notify_watchers();
+        }
+        Ok(moved)
     }
 }
 

@@ -174,3 +174,35 @@ CREATE TABLE IF NOT EXISTS tickler_limits (
     CONSTRAINT tickler_limits_values CHECK (length(name) > 0 AND max_per_key >= 1
                                             AND (max_total IS NULL OR max_total >= 1))
 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC;
+
+-- migration: 5
+-- Rate limits, as in the SQLite schema (migration 10 there). Each ALTER
+-- is one statement (see migration 2 for a rerun after a cut).
+ALTER TABLE tickler_jobs
+    ADD COLUMN rate_slot BIGINT,
+    ADD COLUMN rate_deferrals BIGINT NOT NULL DEFAULT 0;
+
+ALTER TABLE tickler_limits
+    ADD COLUMN rate_count BIGINT,
+    ADD COLUMN rate_period_ms BIGINT,
+    ADD COLUMN rate_burst BIGINT NOT NULL DEFAULT 0,
+    MODIFY COLUMN max_per_key BIGINT NULL,
+    DROP CONSTRAINT tickler_limits_values,
+    ADD CONSTRAINT tickler_limits_values CHECK (length(name) > 0
+        AND (max_per_key IS NULL OR max_per_key >= 1)
+        AND (max_total IS NULL OR max_total >= 1)
+        AND (rate_count IS NULL OR rate_count >= 1)
+        AND (rate_period_ms IS NULL OR rate_period_ms >= 1)
+        AND rate_burst >= 0
+        AND (max_per_key IS NOT NULL OR rate_count IS NOT NULL)
+        AND ((rate_count IS NULL) = (rate_period_ms IS NULL)));
+
+CREATE TABLE IF NOT EXISTS tickler_limit_rates (
+    name    VARBINARY(255)  NOT NULL,
+    `key`   VARBINARY(1024) NOT NULL,
+    tat     BIGINT          NOT NULL,
+    horizon BIGINT          NOT NULL,
+    seen    BIGINT          NOT NULL,
+    PRIMARY KEY (name, `key`),
+    KEY tickler_limit_rates_seen (seen)
+) ENGINE = InnoDB ROW_FORMAT = DYNAMIC;

@@ -14,11 +14,11 @@ use crate::engine::{LimitStore, LimitTx};
 use crate::error::Result;
 use crate::job::JobId;
 use crate::lease::Lease;
-use crate::limit::{Limit, LimitInfo, LimitKeyUsage};
-use crate::queue::limits::{self, Blocked};
+use crate::limit::{Limit, LimitInfo, LimitKeyUsage, Rate};
+use crate::queue::limits::{self, Blocked, RateState};
 use postgres::types::ToSql;
 use postgres::Row;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// The weight of the lease holders of one key ($1 name, $2 key, $3 now),
 /// as on SQLite: running jobs and rows that keep a lease; one term per
@@ -53,6 +53,38 @@ const BLOCK_SQL: &str = "UPDATE tickler_jobs AS job
     FROM unnest($1::bigint[], $2::text[]) AS pushed(id, run_token)
     WHERE job.id = pushed.id AND job.run_token = pushed.run_token AND job.status = 'running'";
 
+/// Claimed runs deferred over their rate ($1 ids, $2 run_tokens, $3
+/// instants in ms): scheduled then, marked as deferred there, the claim's
+/// attempt given back.
+const DEFER_SQL: &str = "UPDATE tickler_jobs AS job
+    SET status = 'scheduled', run_at = deferred.at, rate_slot = deferred.at,
+        rate_deferrals = rate_deferrals + 1, attempts = attempts - 1, run_token = NULL,
+        lease_expires_at = NULL, claimed_by = NULL, claimed_at = NULL, holder_id = NULL,
+        started_at = NULL, claim_id = NULL
+    FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS deferred(id, run_token, at)
+    WHERE job.id = deferred.id AND job.run_token = deferred.run_token
+      AND job.status = 'running'";
+
+/// A limit's columns, as [`limit_row`] reads them after its name.
+const LIMIT_COLUMNS: &str = "name, max_per_key, max_total, rate_count, rate_period_ms, rate_burst";
+
+/// A limit from a row of [`LIMIT_COLUMNS`].
+fn limit_row(r: &Row) -> Limit {
+    let rate = match (r.get::<_, Option<i64>>(3), r.get::<_, Option<i64>>(4)) {
+        (Some(count), Some(period_ms)) => Some(Rate {
+            count: stored_count(count),
+            period: std::time::Duration::from_millis(period_ms.max(1) as u64),
+            burst: u32::try_from(r.get::<_, i64>(5).max(0)).unwrap_or(u32::MAX),
+        }),
+        _ => None,
+    };
+    Limit {
+        max_per_key: r.get::<_, Option<i64>>(1).map(stored_count),
+        max_total: r.get::<_, Option<i64>>(2).map(stored_count),
+        rate,
+    }
+}
+
 /// What the limits' statements are sent on: tickler's own transaction, or
 /// the application's (`complete_with`), where each statement goes unnamed
 /// with its types, leaving nothing on a pooler's server connection.
@@ -81,21 +113,15 @@ impl<E: Exec> LimitTx for InTransaction<'_, E> {
     fn lock_limits(&mut self, names: &[String]) -> Result<HashMap<String, Limit>> {
         // Locked as the rows come, in name order (byte order: "C").
         let rows = self.0.rows(
-            "SELECT name, max_per_key, max_total FROM tickler_limits
-             WHERE name = ANY($1) ORDER BY name FOR UPDATE",
+            &format!(
+                "SELECT {LIMIT_COLUMNS} FROM tickler_limits
+                 WHERE name = ANY($1) ORDER BY name FOR UPDATE"
+            ),
             &[&names],
         )?;
         Ok(rows
             .iter()
-            .map(|r| {
-                (
-                    r.get::<_, String>(0),
-                    Limit {
-                        max_per_key: stored_count(r.get(1)),
-                        max_total: r.get::<_, Option<i64>>(2).map(stored_count),
-                    },
-                )
-            })
+            .map(|r| (r.get::<_, String>(0), limit_row(r)))
             .collect())
     }
 
@@ -173,6 +199,66 @@ impl<E: Exec> LimitTx for InTransaction<'_, E> {
         Ok(())
     }
 
+    fn rate_state(&mut self, name: &str, key: &str) -> Result<Option<RateState>> {
+        let rows = self.0.rows(
+            "SELECT tat, horizon, seen FROM tickler_limit_rates WHERE name = $1 AND key = $2",
+            &[&name, &key],
+        )?;
+        Ok(rows.first().map(|r| RateState {
+            tat: r.get(0),
+            horizon: r.get(1),
+            seen: r.get(2),
+        }))
+    }
+
+    fn store_rate_state(&mut self, name: &str, key: &str, state: &RateState) -> Result<()> {
+        self.0.rows(
+            "INSERT INTO tickler_limit_rates (name, key, tat, horizon, seen)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (name, key) DO UPDATE SET tat = excluded.tat,
+                 horizon = excluded.horizon, seen = excluded.seen",
+            &[&name, &key, &state.tat, &state.horizon, &state.seen],
+        )?;
+        Ok(())
+    }
+
+    fn deferred_runs(&mut self, ids: &[JobId]) -> Result<HashSet<JobId>> {
+        let ids: Vec<i64> = ids.iter().map(|id| id.0).collect();
+        let rows = self.0.rows(
+            "SELECT id FROM tickler_jobs WHERE id = ANY($1) AND rate_slot = run_at",
+            &[&ids],
+        )?;
+        Ok(rows.iter().map(|r| JobId(r.get(0))).collect())
+    }
+
+    fn defer(&mut self, runs: &[(&Lease, i64)]) -> Result<()> {
+        let ids: Vec<i64> = runs.iter().map(|(l, _)| l.job_id.0).collect();
+        let tokens: Vec<&str> = runs.iter().map(|(l, _)| l.run_token.0.as_str()).collect();
+        let at: Vec<i64> = runs.iter().map(|(_, at)| *at).collect();
+        self.0.rows(DEFER_SQL, &[&ids, &tokens, &at])?;
+        Ok(())
+    }
+
+    fn shift_deferred(&mut self, name: &str, key: &str, by: i64) -> Result<()> {
+        self.0.rows(
+            "UPDATE tickler_jobs SET run_at = run_at + $3::bigint,
+                 rate_slot = rate_slot + $3::bigint
+             WHERE limit_name = $1 AND status = 'scheduled' AND limit_key = $2
+               AND rate_slot = run_at",
+            &[&name, &key, &by],
+        )?;
+        Ok(())
+    }
+
+    fn rates_seen_after(&mut self, at: i64, n: i64) -> Result<Vec<(String, String)>> {
+        let rows = self.0.rows(
+            "SELECT name, key FROM tickler_limit_rates WHERE seen > $1::bigint
+             ORDER BY seen DESC LIMIT $2",
+            &[&at, &n],
+        )?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
     fn blocked_keys(
         &mut self,
         after: Option<&(String, String)>,
@@ -214,16 +300,20 @@ fn stored_count(n: i64) -> u32 {
 impl LimitStore for Store {
     fn set_limit(&self, name: &str, limit: &Limit) -> Result<()> {
         super::enqueue::check_text("limit name", name)?;
-        let per_key = i64::from(limit.max_per_key);
+        let per_key = limit.max_per_key.map(i64::from);
         let total = limit.max_total.map(i64::from);
+        let (count, period_ms, burst) = limits::rate_columns(limit);
         self.write(|tx, _| {
             let now = self.now_ms();
             tx.execute(
-                "INSERT INTO tickler_limits (name, max_per_key, max_total, updated_at)
-                 VALUES ($1, $2, $3, $4)
+                "INSERT INTO tickler_limits (name, max_per_key, max_total, rate_count,
+                     rate_period_ms, rate_burst, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
                  ON CONFLICT (name) DO UPDATE SET max_per_key = excluded.max_per_key,
-                     max_total = excluded.max_total, updated_at = excluded.updated_at",
-                &[&name, &per_key, &total, &now],
+                     max_total = excluded.max_total, rate_count = excluded.rate_count,
+                     rate_period_ms = excluded.rate_period_ms, rate_burst = excluded.rate_burst,
+                     updated_at = excluded.updated_at",
+                &[&name, &per_key, &total, &count, &period_ms, &burst, &now],
             )?;
             // The row is this transaction's now: the releases below run
             // under its lock, as every claim's and release's do.
@@ -239,6 +329,7 @@ impl LimitStore for Store {
         super::enqueue::check_text("limit name", name)?;
         let deleted = self.write(|tx, _| {
             let deleted = tx.execute("DELETE FROM tickler_limits WHERE name = $1", &[&name])?;
+            tx.execute("DELETE FROM tickler_limit_rates WHERE name = $1", &[&name])?;
             // Nothing limits its jobs any more: every blocked one may run.
             tx.execute(
                 "UPDATE tickler_jobs SET status = 'pending'
@@ -255,18 +346,16 @@ impl LimitStore for Store {
         self.read(|tx| {
             Ok(tx
                 .query(
-                    "SELECT name, max_per_key, max_total, updated_at FROM tickler_limits
-                     ORDER BY name",
+                    &format!(
+                        "SELECT {LIMIT_COLUMNS}, updated_at FROM tickler_limits ORDER BY name"
+                    ),
                     &[],
                 )?
                 .iter()
                 .map(|r| LimitInfo {
                     name: r.get(0),
-                    limit: Limit {
-                        max_per_key: stored_count(r.get(1)),
-                        max_total: r.get::<_, Option<i64>>(2).map(stored_count),
-                    },
-                    updated_at: ms_to_datetime(r.get(3)),
+                    limit: limit_row(r),
+                    updated_at: ms_to_datetime(r.get(6)),
                 })
                 .collect())
         })
@@ -326,6 +415,37 @@ impl LimitStore for Store {
             self.notify_watchers();
         }
         Ok(swept)
+    }
+
+    fn hold_rate(&self, name: &str, key: &str, until: i64) -> Result<bool> {
+        super::enqueue::check_text("limit name", name)?;
+        super::enqueue::check_text("limit key", key)?;
+        self.write(|tx, _| {
+            limits::hold_rate(&mut InTransaction(tx), name, key, until, self.now_ms())
+        })
+    }
+
+    fn rebase_rates(&self) -> Result<u64> {
+        // Read first: the reaper asks every pass, and nearly always no key
+        // saw a later time.
+        let at = self.now_ms() + limits::STEP_BACK_MS;
+        let stepped = self.read(|tx| {
+            Ok(!tx
+                .query(
+                    "SELECT 1 FROM tickler_limit_rates WHERE seen > $1::bigint LIMIT 1",
+                    &[&at],
+                )?
+                .is_empty())
+        })?;
+        if !stepped {
+            return Ok(0);
+        }
+        let moved =
+            self.write(|tx, _| limits::rebase_rates(&mut InTransaction(tx), self.now_ms()))?;
+        if moved > 0 {
+            self.notify_watchers();
+        }
+        Ok(moved)
     }
 }
 

@@ -189,3 +189,25 @@ CREATE INDEX tickler_jobs_blocked_queue
 -- their limit slots on.
 CREATE INDEX tickler_jobs_kept_lease
     ON tickler_jobs (lease_expires_at) WHERE status <> 'running' AND lease_expires_at IS NOT NULL;
+
+-- migration: 7
+-- Rate limits, as in the SQLite schema (migration 10 there).
+ALTER TABLE tickler_limits
+    ALTER COLUMN max_per_key DROP NOT NULL,
+    ADD COLUMN rate_count BIGINT CHECK (rate_count IS NULL OR rate_count >= 1),
+    ADD COLUMN rate_period_ms BIGINT CHECK (rate_period_ms IS NULL OR rate_period_ms >= 1),
+    ADD COLUMN rate_burst BIGINT NOT NULL DEFAULT 0 CHECK (rate_burst >= 0),
+    ADD CONSTRAINT tickler_limits_some CHECK (max_per_key IS NOT NULL OR rate_count IS NOT NULL),
+    ADD CONSTRAINT tickler_limits_rate CHECK ((rate_count IS NULL) = (rate_period_ms IS NULL));
+CREATE TABLE tickler_limit_rates (
+    name    TEXT   COLLATE "C" NOT NULL,
+    key     TEXT   COLLATE "C" NOT NULL,
+    tat     BIGINT NOT NULL,
+    horizon BIGINT NOT NULL,
+    seen    BIGINT NOT NULL,
+    PRIMARY KEY (name, key)
+);
+CREATE INDEX tickler_limit_rates_seen ON tickler_limit_rates (seen);
+ALTER TABLE tickler_jobs
+    ADD COLUMN rate_slot BIGINT,
+    ADD COLUMN rate_deferrals BIGINT NOT NULL DEFAULT 0;

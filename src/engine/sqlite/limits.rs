@@ -10,10 +10,10 @@ use crate::engine::{LimitStore, LimitTx};
 use crate::error::Result;
 use crate::job::JobId;
 use crate::lease::Lease;
-use crate::limit::{Limit, LimitInfo, LimitKeyUsage};
-use crate::queue::limits::{self, Blocked};
+use crate::limit::{Limit, LimitInfo, LimitKeyUsage, Rate};
+use crate::queue::limits::{self, Blocked, RateState};
 use rusqlite::{params, OptionalExtension};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// The weight of the lease holders of one key (?1 name, ?2 key, ?3 now):
 /// running jobs, and rows that keep the lease of a holder not yet stopped
@@ -59,6 +59,35 @@ const DOOM_SQL: &str = "UPDATE tickler_jobs
     SET status = 'dead', finished_at = ?1, last_error = ?2
     WHERE id = ?3 AND status = 'blocked'";
 
+/// A claimed run deferred over its rate (?1 the instant, ms; ?2 id; ?3
+/// run_token): scheduled then, marked as deferred there, the claim's
+/// attempt given back.
+const DEFER_SQL: &str = "UPDATE tickler_jobs
+    SET status = 'scheduled', run_at = ?1, rate_slot = ?1, rate_deferrals = rate_deferrals + 1,
+        attempts = attempts - 1, run_token = NULL, lease_expires_at = NULL, claimed_by = NULL,
+        claimed_at = NULL, holder_id = NULL, started_at = NULL
+    WHERE id = ?2 AND run_token = ?3 AND status = 'running'";
+
+/// A limit's columns, as [`limit_row`] reads them after its name.
+const LIMIT_COLUMNS: &str = "name, max_per_key, max_total, rate_count, rate_period_ms, rate_burst";
+
+/// A limit from a row of [`LIMIT_COLUMNS`].
+fn limit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Limit> {
+    let rate = match (r.get::<_, Option<i64>>(3)?, r.get::<_, Option<i64>>(4)?) {
+        (Some(count), Some(period_ms)) => Some(Rate {
+            count: stored_count(count),
+            period: std::time::Duration::from_millis(period_ms.max(1) as u64),
+            burst: u32::try_from(r.get::<_, i64>(5)?.max(0)).unwrap_or(u32::MAX),
+        }),
+        _ => None,
+    };
+    Ok(Limit {
+        max_per_key: r.get::<_, Option<i64>>(1)?.map(stored_count),
+        max_total: r.get::<_, Option<i64>>(2)?.map(stored_count),
+        rate,
+    })
+}
+
 /// The [`LimitTx`] of a write transaction on the file.
 pub(crate) struct InTransaction<'a, 'c>(pub(crate) &'a rusqlite::Transaction<'c>);
 
@@ -67,19 +96,11 @@ impl LimitTx for InTransaction<'_, '_> {
         let names = serde_json::to_string(names)?;
         let rows = self
             .0
-            .prepare_cached(
-                "SELECT name, max_per_key, max_total FROM tickler_limits
-                 WHERE name IN (SELECT value FROM json_each(?1))",
-            )?
-            .query_map([names], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    Limit {
-                        max_per_key: stored_count(r.get(1)?),
-                        max_total: r.get::<_, Option<i64>>(2)?.map(stored_count),
-                    },
-                ))
-            })?
+            .prepare_cached(&format!(
+                "SELECT {LIMIT_COLUMNS} FROM tickler_limits
+                 WHERE name IN (SELECT value FROM json_each(?1))"
+            ))?
+            .query_map([names], |r| Ok((r.get::<_, String>(0)?, limit_row(r)?)))?
             .collect::<rusqlite::Result<_>>()?;
         Ok(rows)
     }
@@ -168,6 +189,78 @@ impl LimitTx for InTransaction<'_, '_> {
         Ok(())
     }
 
+    fn rate_state(&mut self, name: &str, key: &str) -> Result<Option<RateState>> {
+        Ok(self
+            .0
+            .prepare_cached(
+                "SELECT tat, horizon, seen FROM tickler_limit_rates WHERE name = ?1 AND key = ?2",
+            )?
+            .query_row(params![name, key], |r| {
+                Ok(RateState {
+                    tat: r.get(0)?,
+                    horizon: r.get(1)?,
+                    seen: r.get(2)?,
+                })
+            })
+            .optional()?)
+    }
+
+    fn store_rate_state(&mut self, name: &str, key: &str, state: &RateState) -> Result<()> {
+        self.0
+            .prepare_cached(
+                "INSERT INTO tickler_limit_rates (name, key, tat, horizon, seen)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (name, key) DO UPDATE SET tat = excluded.tat,
+                     horizon = excluded.horizon, seen = excluded.seen",
+            )?
+            .execute(params![name, key, state.tat, state.horizon, state.seen])?;
+        Ok(())
+    }
+
+    fn deferred_runs(&mut self, ids: &[JobId]) -> Result<HashSet<JobId>> {
+        let ids = serde_json::to_string(&ids.iter().map(|id| id.0).collect::<Vec<_>>())?;
+        let rows = self
+            .0
+            .prepare_cached(
+                "SELECT id FROM tickler_jobs
+                 WHERE id IN (SELECT value FROM json_each(?1)) AND rate_slot = run_at",
+            )?
+            .query_map([ids], |r| Ok(JobId(r.get(0)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(rows)
+    }
+
+    fn defer(&mut self, runs: &[(&Lease, i64)]) -> Result<()> {
+        let mut stmt = self.0.prepare_cached(DEFER_SQL)?;
+        for (lease, at) in runs {
+            stmt.execute(params![at, lease.job_id.0, lease.run_token.0])?;
+        }
+        Ok(())
+    }
+
+    fn shift_deferred(&mut self, name: &str, key: &str, by: i64) -> Result<()> {
+        self.0
+            .prepare_cached(
+                "UPDATE tickler_jobs SET run_at = run_at + ?3, rate_slot = rate_slot + ?3
+                 WHERE limit_name = ?1 AND status = 'scheduled' AND limit_key = ?2
+                   AND rate_slot = run_at",
+            )?
+            .execute(params![name, key, by])?;
+        Ok(())
+    }
+
+    fn rates_seen_after(&mut self, at: i64, n: i64) -> Result<Vec<(String, String)>> {
+        let rows = self
+            .0
+            .prepare_cached(
+                "SELECT name, key FROM tickler_limit_rates WHERE seen > ?1 ORDER BY seen DESC
+                 LIMIT ?2",
+            )?
+            .query_map(params![at, n], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(rows)
+    }
+
     fn blocked_keys(
         &mut self,
         after: Option<&(String, String)>,
@@ -216,13 +309,25 @@ impl LimitStore for Store {
     fn set_limit(&self, name: &str, limit: &Limit) -> Result<()> {
         self.write(|tx| {
             let now = self.now_ms();
+            let (count, period_ms, burst) = limits::rate_columns(limit);
             tx.prepare_cached(
-                "INSERT INTO tickler_limits (name, max_per_key, max_total, updated_at)
-                 VALUES (?1, ?2, ?3, ?4)
+                "INSERT INTO tickler_limits (name, max_per_key, max_total, rate_count,
+                     rate_period_ms, rate_burst, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
                  ON CONFLICT (name) DO UPDATE SET max_per_key = excluded.max_per_key,
-                     max_total = excluded.max_total, updated_at = excluded.updated_at",
+                     max_total = excluded.max_total, rate_count = excluded.rate_count,
+                     rate_period_ms = excluded.rate_period_ms, rate_burst = excluded.rate_burst,
+                     updated_at = excluded.updated_at",
             )?
-            .execute(params![name, limit.max_per_key, limit.max_total, now])?;
+            .execute(params![
+                name,
+                limit.max_per_key,
+                limit.max_total,
+                count,
+                period_ms,
+                burst,
+                now
+            ])?;
             limits::release_limit(&mut InTransaction(tx), name, now)
         })?;
         self.notify_watchers();
@@ -233,6 +338,8 @@ impl LimitStore for Store {
         let deleted = self.write(|tx| {
             let deleted = tx
                 .prepare_cached("DELETE FROM tickler_limits WHERE name = ?1")?
+                .execute([name])?;
+            tx.prepare_cached("DELETE FROM tickler_limit_rates WHERE name = ?1")?
                 .execute([name])?;
             // Nothing limits its jobs any more: every blocked one may run.
             tx.prepare_cached(
@@ -249,18 +356,14 @@ impl LimitStore for Store {
     fn limits(&self) -> Result<Vec<LimitInfo>> {
         self.read(|conn| {
             let rows = conn
-                .prepare_cached(
-                    "SELECT name, max_per_key, max_total, updated_at FROM tickler_limits
-                     ORDER BY name",
-                )?
+                .prepare_cached(&format!(
+                    "SELECT {LIMIT_COLUMNS}, updated_at FROM tickler_limits ORDER BY name"
+                ))?
                 .query_map([], |r| {
                     Ok(LimitInfo {
                         name: r.get(0)?,
-                        limit: Limit {
-                            max_per_key: stored_count(r.get(1)?),
-                            max_total: r.get::<_, Option<i64>>(2)?.map(stored_count),
-                        },
-                        updated_at: ms_to_datetime(r.get(3)?),
+                        limit: limit_row(r)?,
+                        updated_at: ms_to_datetime(r.get(6)?),
                     })
                 })?
                 .collect::<rusqlite::Result<_>>()?;
@@ -321,5 +424,33 @@ impl LimitStore for Store {
             self.notify_watchers();
         }
         Ok(swept)
+    }
+
+    fn hold_rate(&self, name: &str, key: &str, until: i64) -> Result<bool> {
+        let held = self.write(|tx| {
+            limits::hold_rate(&mut InTransaction(tx), name, key, until, self.now_ms())
+        })?;
+        Ok(held)
+    }
+
+    fn rebase_rates(&self) -> Result<u64> {
+        // Read first: the reaper asks every pass, and nearly always no
+        // key saw a later time (a write would take the file's lock).
+        let at = self.now_ms() + limits::STEP_BACK_MS;
+        let stepped: bool = self.read(|conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM tickler_limit_rates WHERE seen > ?1)",
+                )?
+                .query_row([at], |r| r.get(0))?)
+        })?;
+        if !stepped {
+            return Ok(0);
+        }
+        let moved = self.write(|tx| limits::rebase_rates(&mut InTransaction(tx), self.now_ms()))?;
+        if moved > 0 {
+            self.notify_watchers();
+        }
+        Ok(moved)
     }
 }

@@ -15,7 +15,7 @@ pub(crate) const LEASE_COLUMNS: &str =
 pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
-    created_at, finished_at, errors, progress, progress_message, limit_name, limit_key, limit_weight";
+    created_at, finished_at, errors, progress, progress_message, limit_name, limit_key, limit_weight, rate_deferrals";
 
 pub(crate) fn claimed_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let job_id = JobId(r.get(0)?);
@@ -90,6 +90,8 @@ pub(crate) fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
             row.opt_text(22, "limit_key"),
             row.get(23, "limit_weight"),
         ),
+        rate_deferrals: u32::try_from(row.get::<i64>(24, "rate_deferrals").max(0))
+            .unwrap_or(u32::MAX),
     };
     job.unreadable = row.finish();
     Ok(job)

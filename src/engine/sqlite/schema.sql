@@ -287,3 +287,44 @@ CREATE INDEX tickler_jobs_stopping
 CREATE INDEX tickler_jobs_blocked_queue
     ON tickler_jobs (queue, priority DESC, run_at, id)
     WHERE limit_name IS NOT NULL AND status = 'blocked';
+
+-- migration: 10
+-- Rate limits on the same limits (src/limit.rs, `Rate`): a limit may have
+-- a rate (count per period, plus a burst) besides or instead of its
+-- concurrency limit, so max_per_key may be NULL. SQLite cannot loosen a
+-- NOT NULL in place: the table of a few rows is copied.
+CREATE TABLE tickler_limits_new (
+    name           TEXT    PRIMARY KEY CHECK (length(name) > 0),
+    max_per_key    INTEGER CHECK (max_per_key IS NULL OR max_per_key >= 1),
+    max_total      INTEGER CHECK (max_total IS NULL OR max_total >= 1),
+    rate_count     INTEGER CHECK (rate_count IS NULL OR rate_count >= 1),
+    rate_period_ms INTEGER CHECK (rate_period_ms IS NULL OR rate_period_ms >= 1),
+    rate_burst     INTEGER NOT NULL DEFAULT 0 CHECK (rate_burst >= 0),
+    updated_at     INTEGER NOT NULL,
+    CHECK (max_per_key IS NOT NULL OR rate_count IS NOT NULL),
+    CHECK ((rate_count IS NULL) = (rate_period_ms IS NULL))
+) STRICT;
+INSERT INTO tickler_limits_new (name, max_per_key, max_total, updated_at)
+    SELECT name, max_per_key, max_total, updated_at FROM tickler_limits;
+DROP TABLE tickler_limits;
+ALTER TABLE tickler_limits_new RENAME TO tickler_limits;
+-- Each rated key's GCRA state, in microseconds: tat, when its next start
+-- is due at the steady rate; horizon, the last instant handed to a job
+-- deferred over the rate (the tail of the key's line); seen, the latest
+-- engine time (ms) that read it, by which a step back of the clock is
+-- told from time passing. A key with no row has never started.
+CREATE TABLE tickler_limit_rates (
+    name    TEXT    NOT NULL,
+    key     TEXT    NOT NULL,
+    tat     INTEGER NOT NULL,
+    horizon INTEGER NOT NULL,
+    seen    INTEGER NOT NULL,
+    PRIMARY KEY (name, key)
+) STRICT, WITHOUT ROWID;
+-- The reaper's look for keys that saw a later time than now.
+CREATE INDEX tickler_limit_rates_seen ON tickler_limit_rates (seen);
+-- A job deferred over its rate: the instant it was given (its run_at
+-- while it waits, so a claim tells a deferred run from a new one) and how
+-- often it was deferred.
+ALTER TABLE tickler_jobs ADD COLUMN rate_slot INTEGER;
+ALTER TABLE tickler_jobs ADD COLUMN rate_deferrals INTEGER NOT NULL DEFAULT 0;
