@@ -156,10 +156,17 @@ impl Rate {
         period_us.saturating_add(count - 1) / count
     }
 
-    /// How far ahead of the steady rate a key may start: `burst`
-    /// intervals, in microseconds.
+    /// How far ahead of the steady rate a key may start, in microseconds:
+    /// `burst` intervals, and 999 µs more. Starts are claimed at whole
+    /// milliseconds, so a span of `period` holds instants `period - 1 ms`
+    /// apart at most, and GCRA starts at most `(span + tolerance) /
+    /// interval + 1` runs in such a span: with the 999 µs that is still
+    /// at most `count + burst`, and a rate of over one start a millisecond
+    /// can start more than one run at each.
     pub(crate) fn tolerance_us(&self) -> i64 {
-        self.interval_us().saturating_mul(i64::from(self.burst))
+        self.interval_us()
+            .saturating_mul(i64::from(self.burst))
+            .saturating_add(999)
     }
 }
 

@@ -641,7 +641,7 @@ enum Rated {
 /// The rated keys one transaction read, written back at its end.
 #[derive(Default)]
 struct Rates {
-    keys: BTreeMap<(String, String), (RateState, i64)>,
+    keys: BTreeMap<(String, String), RateState>,
 }
 
 impl Rates {
@@ -653,17 +653,17 @@ impl Rates {
         name: &str,
         key: &str,
         now: i64,
-    ) -> Result<&mut (RateState, i64)> {
+    ) -> Result<&mut RateState> {
         let name_key = (name.to_owned(), key.to_owned());
         if !self.keys.contains_key(&name_key) {
             let state = read_rate(tx, name, key, now)?;
-            self.keys.insert(name_key.clone(), (state, NEVER));
+            self.keys.insert(name_key.clone(), state);
         }
         Ok(self.keys.get_mut(&name_key).expect("inserted above"))
     }
 
     fn store(self, tx: &mut dyn LimitTx) -> Result<()> {
-        for ((name, key), (state, _)) in self.keys {
+        for ((name, key), state) in self.keys {
             tx.store_rate_state(&name, &key, &state)?;
         }
         Ok(())
@@ -698,19 +698,17 @@ fn read_rate(tx: &mut dyn LimitTx, name: &str, key: &str, now: i64) -> Result<Ra
     Ok(state)
 }
 
-/// GCRA for one run of a rated key at `now` (ms), moving `state` (and
-/// `floor`, the earliest instant, µs, this transaction may still hand a
-/// run deferred again). A run starts if the key is not ahead of its
-/// steady rate by more than its burst, and either it was deferred to this
-/// instant (its turn) or no deferred run waits; otherwise it is deferred:
-/// a new run to the tail of the key's line, a deferred run that met a
-/// late start ahead of it to the first instant it may start.
-fn decide(
-    rate: &Rate,
-    (state, floor): &mut (RateState, i64),
-    now: i64,
-    deferred_run: bool,
-) -> Rated {
+/// GCRA for one run of a rated key at `now` (ms), moving `state`. A run
+/// starts if the key is not ahead of its steady rate by more than its
+/// tolerance, and either it was deferred to this instant (its turn) or no
+/// deferred run waits; otherwise it is deferred to the end of the key's
+/// line: one interval after the last instant handed out, and not before
+/// it may start. A deferred run that does not fit when it comes due (the
+/// key's runs were claimed late, and more came due at once than the burst
+/// lets start) goes to the end of the line too: an instant nearer would
+/// be one another run of the line already holds, and each would push the
+/// next, again and again.
+fn decide(rate: &Rate, state: &mut RateState, now: i64, deferred_run: bool) -> Rated {
     let now_us = now.saturating_mul(1_000);
     let interval = rate.interval_us();
     let earliest = state.tat.saturating_sub(rate.tolerance_us());
@@ -719,16 +717,10 @@ fn decide(
         state.tat = state.tat.max(now_us).saturating_add(interval);
         return Rated::Start;
     }
-    let at = if deferred_run {
-        let at = earliest.max(now_us).max(*floor);
-        *floor = at.saturating_add(interval);
-        at
-    } else {
-        earliest
-            .max(now_us)
-            .max(state.horizon.saturating_add(interval))
-    };
-    state.horizon = state.horizon.max(at);
+    let at = earliest
+        .max(now_us)
+        .max(state.horizon.saturating_add(interval));
+    state.horizon = at;
     // Whole milliseconds, rounded up: never before the instant it may start.
     let at_ms = at.saturating_add(999).div_euclid(1_000);
     Rated::Defer(at_ms.min(crate::MAX_TIMESTAMP_MS))
@@ -792,15 +784,12 @@ mod tests {
         }
     }
 
-    fn fresh(now: i64) -> (RateState, i64) {
-        (
-            RateState {
-                tat: NEVER,
-                horizon: NEVER,
-                seen: now,
-            },
-            NEVER,
-        )
+    fn fresh(now: i64) -> RateState {
+        RateState {
+            tat: NEVER,
+            horizon: NEVER,
+            seen: now,
+        }
     }
 
     #[test]
@@ -836,6 +825,69 @@ mod tests {
     }
 
     #[test]
+    fn a_rate_over_one_a_millisecond_starts_as_many_at_each_as_it_allows() {
+        let rate = rate(3_000, 1_000, 0);
+        let mut key = fresh(0);
+        let at_once = (0..10)
+            .map(|_| decide(&rate, &mut key, 7, false))
+            .take_while(|r| *r == Rated::Start)
+            .count();
+        assert_eq!(at_once, 3);
+    }
+
+    /// Claims at random whole milliseconds, each of the deferred runs now
+    /// due and of a few new ones: in every span of the period, at most
+    /// count + burst start, whatever the rate, the burst and the gaps.
+    #[test]
+    fn no_span_of_a_period_holds_more_than_count_plus_burst_starts() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        for _ in 0..300 {
+            let count = rng.u32(1..40);
+            let period = rng.u64(1..3_000);
+            if u128::from(count) > u128::from(period) * 1_000 {
+                continue;
+            }
+            let rate = rate(count, period, rng.u32(0..4));
+            let mut key = fresh(0);
+            let mut deferred: Vec<i64> = Vec::new();
+            let mut starts: Vec<i64> = Vec::new();
+            let mut now = 0i64;
+            for _ in 0..400 {
+                now += rng.i64(0..=(2 * period as i64 / i64::from(count)).max(1));
+                deferred.sort_unstable();
+                let due: Vec<i64> = deferred.iter().copied().filter(|at| *at <= now).collect();
+                deferred.retain(|at| *at > now);
+                let runs = due
+                    .iter()
+                    .map(|_| true)
+                    .chain((0..rng.usize(0..4)).map(|_| false));
+                for deferred_run in runs.collect::<Vec<_>>() {
+                    match decide(&rate, &mut key, now, deferred_run) {
+                        Rated::Start => starts.push(now),
+                        Rated::Defer(at) => {
+                            assert!(at >= now);
+                            deferred.push(at);
+                        }
+                    }
+                }
+            }
+            let most = (0..starts.len())
+                .map(|i| {
+                    starts[i..]
+                        .iter()
+                        .take_while(|t| **t < starts[i] + period as i64)
+                        .count()
+                })
+                .max()
+                .unwrap_or(0);
+            assert!(
+                most <= (rate.count + rate.burst) as usize,
+                "{rate:?}: {most} starts in a span of {period} ms"
+            );
+        }
+    }
+
+    #[test]
     fn a_clock_step_forward_admits_no_more_than_the_burst() {
         let rate = rate(10, 1_000, 0);
         let mut key = fresh(0);
@@ -857,8 +909,10 @@ mod tests {
         assert_eq!(rate.interval_us(), 333_334);
         let mut key = fresh(0);
         assert_eq!(decide(&rate, &mut key, 0, false), Rated::Start);
-        assert_eq!(decide(&rate, &mut key, 0, false), Rated::Defer(334));
-        assert_eq!(decide(&rate, &mut key, 0, false), Rated::Defer(667));
-        assert_eq!(decide(&rate, &mut key, 0, false), Rated::Defer(1_001));
+        // Whole milliseconds, as early as the tolerance of claims made at
+        // whole milliseconds allows; the fourth not before 1 s.
+        assert_eq!(decide(&rate, &mut key, 0, false), Rated::Defer(333));
+        assert_eq!(decide(&rate, &mut key, 0, false), Rated::Defer(666));
+        assert_eq!(decide(&rate, &mut key, 0, false), Rated::Defer(1_000));
     }
 }

@@ -20,6 +20,7 @@ mod fencing;
 mod paused_holder;
 mod poison_job;
 mod rate_limits;
+mod rate_soak;
 mod reaper;
 
 // Bad input, limits, one bad job fails alone, operator actions.

@@ -50,24 +50,14 @@ fn run_by_hand(
     }
 }
 
-/// The most starts of one key in any span of `period_ms` (a span starts
-/// at a start: a window holding the most starts can be moved to begin at
-/// one).
+/// The most starts of one key in any span of `period_ms`.
 fn most_in_a_window(starts: &[(String, JobId, i64)], key: &str, period_ms: i64) -> usize {
     let at: Vec<i64> = starts
         .iter()
         .filter(|(k, _, _)| k == key)
         .map(|(_, _, t)| *t)
         .collect();
-    (0..at.len())
-        .map(|i| {
-            at[i..]
-                .iter()
-                .take_while(|t| **t < at[i] + period_ms)
-                .count()
-        })
-        .max()
-        .unwrap_or(0)
+    most_in_a_span(&at, period_ms)
 }
 
 /// The rate's proof at `start`: 30 jobs of key `a` and 5 of key `b` at 10

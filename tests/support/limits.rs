@@ -43,3 +43,17 @@ pub fn held(queue: &Queue, key: &str) -> u64 {
         .find(|u| u.key == key)
         .map_or(0, |u| u.held)
 }
+
+/// The most of `at` (instants in ms, in order) in any span of
+/// `period_ms`: a span holding the most can be moved to begin at one.
+pub fn most_in_a_span(at: &[i64], period_ms: i64) -> usize {
+    (0..at.len())
+        .map(|i| {
+            at[i..]
+                .iter()
+                .take_while(|t| **t < at[i] + period_ms)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}

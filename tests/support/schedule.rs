@@ -18,11 +18,14 @@ pub fn temp_db() -> (tempfile::TempDir, PathBuf) {
     super::common::temp_db_named("schedules.db")
 }
 
-/// A queue on `path` whose clock stands at `start` and moves only by hand.
+/// A queue on `path` whose clock stands at `start` and moves only by hand;
+/// retries wait without jitter (a jittered backoff may be 0 ms, which
+/// makes a failed job pending at once, one time in a thousand).
 pub fn queue_at(path: &Path, start: DateTime<Utc>) -> (Queue, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(start));
     let queue = Queue::builder(engine::target(path))
         .clock(clock.clone())
+        .retry_policy(super::common::fixed_policy())
         .sqlite(|o| o.durability(Durability::Normal))
         .open()
         .expect("open queue");

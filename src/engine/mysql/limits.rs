@@ -57,14 +57,8 @@ const BLOCK_SQL: &str = "UPDATE tickler_jobs
         started_at = NULL, claim_id = NULL
     WHERE id = ? AND run_token = ? AND status = 'running'";
 
-/// A claimed run deferred over its rate (instant twice, id, run_token):
-/// scheduled then, marked as deferred there, the claim's attempt given
-/// back.
-const DEFER_SQL: &str = "UPDATE tickler_jobs
-    SET status = 'scheduled', rate_slot = ?, run_at = ?, rate_deferrals = rate_deferrals + 1,
-        attempts = attempts - 1, run_token = NULL, lease_expires_at = NULL, claimed_by = NULL,
-        claimed_at = NULL, holder_id = NULL, started_at = NULL, claim_id = NULL
-    WHERE id = ? AND run_token = ? AND status = 'running'";
+/// Runs deferred per statement: three CASE arms and an IN mark each.
+const DEFER_CHUNK: usize = 200;
 
 /// A limit's columns, as [`limit_row`] reads them after its name.
 const LIMIT_COLUMNS: &str = "name, max_per_key, max_total, rate_count, rate_period_ms, rate_burst";
@@ -251,11 +245,34 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
     }
 
     fn defer(&mut self, runs: &[(&Lease, i64)]) -> Result<()> {
-        for (lease, at) in runs {
-            self.0.exec(
-                DEFER_SQL,
-                args![*at, *at, lease.job_id.0, lease.run_token.0.as_str()],
-            )?;
+        // One statement per chunk: a claim may defer hundreds of runs, and
+        // a round trip each would hold the limit's lock that much longer.
+        for chunk in runs.chunks(DEFER_CHUNK) {
+            let when = vec!["WHEN ? THEN ?"; chunk.len()].join(" ");
+            let sql = format!(
+                "UPDATE tickler_jobs FORCE INDEX (PRIMARY)
+                 SET status = 'scheduled', run_at = CASE id {when} END,
+                     rate_slot = CASE id {when} END, rate_deferrals = rate_deferrals + 1,
+                     attempts = attempts - 1, run_token = NULL, lease_expires_at = NULL,
+                     claimed_by = NULL, claimed_at = NULL, holder_id = NULL,
+                     started_at = NULL, claim_id = NULL
+                 WHERE id IN ({}) AND run_token = CASE id {when} END
+                   AND status = 'running'",
+                marks(chunk.len())
+            );
+            let at: Vec<Value> = chunk
+                .iter()
+                .flat_map(|(l, at)| [Value::from(l.job_id.0), Value::from(*at)])
+                .collect();
+            let mut values = at.clone();
+            values.extend(at);
+            values.extend(chunk.iter().map(|(l, _)| Value::from(l.job_id.0)));
+            values.extend(
+                chunk.iter().flat_map(|(l, _)| {
+                    [Value::from(l.job_id.0), Value::from(l.run_token.0.as_str())]
+                }),
+            );
+            self.0.exec(&sql, values)?;
         }
         Ok(())
     }
