@@ -349,6 +349,60 @@ fn a_handler_told_to_wait_holds_its_key_back_in_every_process() {
 }
 
 contract! {
+fn a_backlog_of_ten_thousand_costs_at_most_two_deferrals_a_job_and_runs_at_the_rate() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
+    // 100 a second with a burst of 5 (50 ms); claims of up to 100 runs at
+    // uneven gaps of 1 to 40 ms, each also recording the last claim's
+    // successes, as a pool does.
+    queue
+        .set_limit("api", Limit::rate(100, Duration::from_secs(1)).burst(5))
+        .unwrap();
+    let jobs: Vec<NewJob> = (0..10_000).map(|_| api("a")).collect();
+    for chunk in jobs.chunks(5_000) {
+        queue.enqueue_batch(chunk.to_vec()).unwrap();
+    }
+    let t0 = clock.now().timestamp_millis();
+    let mut rng = fastrand::Rng::with_seed(30);
+    let mut running: Vec<tickler::Lease> = Vec::new();
+    let mut starts: Vec<i64> = Vec::new();
+    let request = tickler::ClaimRequest {
+        queues: &["default"],
+        worker_id: "w",
+        max: 100,
+        lease: Duration::from_secs(300),
+        kinds: None,
+        oldest_first: 0,
+    };
+    while starts.len() < 10_000 {
+        assert!(clock.now().timestamp_millis() - t0 < 200_000, "{} started in 200 s", starts.len());
+        let done: Vec<(&tickler::Lease, tickler::Outcome)> =
+            running.iter().map(|l| (l, tickler::Outcome::Complete)).collect();
+        let (recorded, claimed) = queue
+            .manual()
+            .record_and_claim(&done, Some(&request), tickler::OutcomeSync::Deferred)
+            .unwrap();
+        assert!(recorded.iter().all(Result::is_ok));
+        let now = clock.now().timestamp_millis();
+        starts.extend(claimed.iter().map(|_| now));
+        running = claimed;
+        clock.advance(Duration::from_millis(rng.u64(1..=40)));
+    }
+    let most = most_in_a_span(&starts, 1_000);
+    assert!(most <= 105, "{most} starts in 1 s");
+    // 9,994 starts after the burst at 100 a second take 99.94 s.
+    let took = (starts[starts.len() - 1] - starts[0]) as f64 / 1_000.0;
+    assert!(99.94 / took >= 0.95, "{took} s: {:.1} % of the rate", 99.94 / took * 100.0);
+    let listed = queue
+        .list(&tickler::JobFilter { limit: 10_000, ..tickler::JobFilter::default() })
+        .unwrap();
+    let most_deferred = listed.iter().map(|j| j.rate_deferrals).max().unwrap();
+    assert!(most_deferred <= 2, "a job was deferred {most_deferred} times");
+    assert!(listed.iter().all(|j| j.attempts <= 1));
+}
+}
+
+contract! {
 fn a_rated_key_with_no_backlog_runs_as_if_unlimited() {
     let (_dir, path) = temp_db();
     let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
