@@ -236,7 +236,37 @@
 //!   job's own retry. Blocked jobs of a paused queue are passed over, and
 //!   their keys released when it resumes.
 //!
-//! Rate limits (at most N starts per period) are not built yet.
+//! ## Rate limits
+//!
+//! "At most 100 calls a minute per API key": the same limit may carry a
+//! rate ([`Limit::rate`], [`Limit::with_rate`], `tickler limit set
+//! --rate 100/1m --burst 10`), alone or beside its concurrency limit.
+//!
+//! ```
+//! # fn main() -> tickler::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let queue = tickler::Queue::open(dir.path().join("jobs.db"))?;
+//! use std::time::Duration;
+//! use tickler::{Limit, NewJob};
+//! queue.set_limit("openai", Limit::rate(100, Duration::from_secs(60)).burst(10))?;
+//! queue.enqueue(NewJob::new("summarise").limit("openai", "team-7"))?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - **Exact, with no windows.** In every span of a period, the runs of a
+//!   key that claims hand out number at most `count + burst` (see
+//!   [`Rate`]): GCRA keeps one instant per key, moved in the claim's
+//!   transaction under the limit's lock, on the engine's clock.
+//! - **Deferred, not failed.** A job over the rate is scheduled at exactly
+//!   the instant it may start, with its attempt given back and no error;
+//!   a key's deferred jobs are one interval apart, first in, first out.
+//! - **The remote side's word.** A handler told "too many requests, retry
+//!   after 30 s" returns [`JobContext::rate_limited`]: its job is snoozed
+//!   and its key held back until then in every process.
+//! - **Clock steps.** A step forward admits no flood; a step back of the
+//!   wall clock (a Raspberry Pi without a real-time clock, fixed by NTP)
+//!   holds a key back about a second at most, not for the step.
 //!
 //! ## Time
 //!

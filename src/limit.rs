@@ -13,11 +13,11 @@ pub const MAX_LIMIT_NAME_BYTES: usize = 200;
 /// Longest limit key, in bytes of UTF-8.
 pub const MAX_LIMIT_KEY_BYTES: usize = 1024;
 
-/// A concurrency limit, stored in the queue under a name
-/// ([`Queue::set_limit`](crate::Queue::set_limit)) and named by jobs
-/// ([`NewJob::limit`](crate::NewJob::limit)).
+/// A concurrency limit, a rate limit ([`Rate`]) or both, stored in the
+/// queue under a name ([`Queue::set_limit`](crate::Queue::set_limit)) and
+/// named by jobs ([`NewJob::limit`](crate::NewJob::limit)).
 ///
-/// The guarantee: at every instant, for each key of the limit, the weights
+/// The concurrency guarantee: at every instant, for each key of the limit, the weights
 /// of the jobs of that key that hold a lease (running, or stopping after a
 /// cancel until their holder reports or their lease runs out) add up to at
 /// most `max_per_key`, and over all its keys to at most `max_total`. The
@@ -105,35 +105,49 @@ impl Limit {
 }
 
 /// A rate limit: at most `count` starts per `period` per key, plus `burst`.
-/// Every start of a run counts, retries included.
+/// Every start of a run counts once, retries included (a job's
+/// `limit_weight` weighs against the concurrency limit only).
 ///
-/// The guarantee: in every span of time `period` long, the runs of one
-/// key that start (that a claim hands out) number at most `count +
-/// burst`, and a key with a backlog starts one every `period / count`.
-/// It is kept by GCRA, the exact form of a token bucket: each key stores
-/// one instant (when its next start is due at the steady rate), read and
-/// moved in the transaction that claims, under the limit's lock, with the
-/// engine's clock (the server's on PostgreSQL and MySQL). There are no
-/// windows: no doubling at a window's edge, and no calendar arithmetic to
-/// go wrong at midnight, a change of daylight saving time or a year's end.
+/// **The guarantee:** in every span of time `period` long, the claims of
+/// one key's runs (the instants a claim hands them out, in the engine's
+/// time) number at most `count + burst`. It is kept by GCRA, the exact
+/// form of a token bucket: each key stores one instant (when its next
+/// start is due at the steady rate), read and moved in the transaction
+/// that claims, under the limit's lock, on the engine's clock (the
+/// server's on PostgreSQL and MySQL). There are no windows: no doubling at
+/// a window's edge, and no calendar arithmetic to go wrong at midnight, a
+/// change of daylight saving time or a year's end.
 ///
-/// A job over the rate is *deferred*: it goes back to `scheduled`, due at
-/// exactly the instant it may start, with its attempt given back and no
-/// error written; the deferred jobs of a key are given instants one
-/// `period / count` apart in claim order (first in, first out), so no
-/// herd wakes at one instant, and a job enqueued while others of its key
-/// wait is placed after them.
+/// **Deferred jobs.** A job over the rate goes back to `scheduled`, due
+/// at exactly the instant it may start, with its attempt given back and
+/// no error written ([`Job::rate_deferrals`](crate::Job::rate_deferrals)
+/// counts it). The deferred jobs of a key get instants one
+/// `period / count` apart in claim order, first in, first out, so no herd
+/// wakes at one instant, and a job claimed while others of its key wait is
+/// placed after them. A deferred job that comes due along with more of its
+/// key than the burst lets start at once (the pools claimed late) goes to
+/// the end of the key's line.
 ///
-/// Clock steps: a step forward admits at most `burst + 1` starts at once,
-/// then the steady rate (the deferred jobs that all came due are deferred
-/// again, in order). A step back of more than a second is noticed (each
-/// key stores the latest instant it saw) and the key's instants and its
-/// deferred jobs move back by the step, at the key's next claim or the
-/// reaper's next pass, so a key is held back at most about a second by
-/// it. What it cannot promise: a handler started by a run that lost its
-/// lease is not taken back, and a job that starts late (a busy pool) may
-/// see the next one start less than `period / count` after it, as the
-/// burst allows.
+/// **Reaching the rate.** Starts are handed out by claims, and what a key
+/// does not start within its burst of time is not saved up. A key with a
+/// backlog runs at its full rate if its runs are claimed at least once
+/// per `burst + 1` intervals: at 10 a second any burst will do; for
+/// hundreds a second or more, give it a burst of about 50 ms of starts
+/// (`rate × 0.05 s`), more on a loaded server.
+///
+/// **Clock steps.** A step forward admits at most `burst + 1` starts at
+/// once, then the steady rate (the deferred jobs that all came due are
+/// deferred again, in order). A step back of more than a second is
+/// noticed (each key stores the latest instant it saw) and the key's
+/// instants and its deferred jobs move back by the step, at the key's
+/// next claim or the reaper's next pass: a key is held back by about a
+/// second at most, not by the step.
+///
+/// **What it cannot promise:** a run handed out and then reaped still
+/// counted as a start (as it should: it may have called out), and a
+/// handler's own start may come later than its claim (a pool's threads
+/// busy), so starts as a remote side sees them may bunch a little where
+/// claims did not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Rate {
     /// Starts per period, at least 1.

@@ -569,3 +569,49 @@ fn limits_are_set_listed_and_deleted_and_jobs_name_them() {
     );
     env.run(&["limit", "delete", "sync"]).ok();
 }
+
+/// `tickler limit set --rate COUNT/PERIOD --burst N` sets a rate, alone or
+/// beside a concurrency limit; `limit list` shows it; a job over it is
+/// deferred, and `show` says how often; bad rates are usage errors.
+#[test]
+fn rate_limits_are_set_listed_and_defer_jobs() {
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    env.run(&["limit", "set", "api", "--rate", "2/1h", "--burst", "1"])
+        .ok();
+    env.run(&["limit", "set", "both", "--per-key", "2", "--rate", "10/1s"])
+        .ok();
+    let jobs: Vec<_> = (0..4)
+        .map(|_| env.enqueue(&["k", "--limit", "api:team-7"]))
+        .collect();
+    let claimed = env
+        .queue()
+        .manual()
+        .claim("default", "t", 10, std::time::Duration::from_secs(3600))
+        .unwrap();
+    assert_eq!(claimed.len(), 2, "one start and a burst of one");
+
+    let out = env.run(&["limit", "list"]).ok();
+    assert!(out.contains("2 starts per 1h + 1 burst"), "{out}");
+    assert!(out.contains("2 per key, 10 starts per 1s"), "{out}");
+    let json = env.run(&["limit", "list", "api", "--json"]).ok();
+    let json: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(json["max_per_key"], serde_json::Value::Null);
+    assert_eq!(json["rate"]["count"], 2);
+    assert_eq!(json["rate"]["period"], 3_600_000);
+    assert_eq!(json["rate"]["burst"], 1);
+    let show = env.run(&["show", &jobs[3].to_string()]).ok();
+    assert!(show.contains("deferred 1 time(s) by its rate"), "{show}");
+    assert!(show.contains("scheduled"), "{show}");
+
+    for args in [
+        &["limit", "set", "x", "--rate", "10"][..],
+        &["limit", "set", "x", "--rate", "ten/1s"],
+        &["limit", "set", "x", "--rate", "0/1s"],
+        &["limit", "set", "x", "--burst", "3"],
+        &["limit", "set", "x"],
+    ] {
+        let out = env.command(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+    }
+}

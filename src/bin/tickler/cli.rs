@@ -478,6 +478,11 @@ fn parse_rate(s: &str) -> Result<(u32, Duration), String> {
         .trim()
         .parse()
         .map_err(|e| format!("{s}: the count {count:?} is not a whole number ({e})"))?;
+    if count == 0 {
+        return Err(format!(
+            "{s}: a rate's count is at least 1 (delete the limit to stop limiting)"
+        ));
+    }
     Ok((count, parse_duration(period.trim())?))
 }
 

@@ -183,6 +183,7 @@ pub fn job_json(job: &Job) -> serde_json::Value {
             "key": l.key,
             "weight": l.weight,
         })),
+        "rate_deferrals": job.rate_deferrals,
     })
 }
 
@@ -214,7 +215,16 @@ pub fn job_fields(job: &Job, times: Times) -> Vec<(&'static str, String)> {
             "limit",
             job.limit.as_ref().map_or_else(
                 || "-".to_owned(),
-                |l| format!("{} key {} (weight {})", l.name, l.key, l.weight),
+                |l| {
+                    let mut text = format!("{} key {} (weight {})", l.name, l.key, l.weight);
+                    if job.rate_deferrals > 0 {
+                        text.push_str(&format!(
+                            ", deferred {} time(s) by its rate",
+                            job.rate_deferrals
+                        ));
+                    }
+                    text
+                },
             ),
         ),
         (
