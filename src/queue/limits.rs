@@ -288,6 +288,14 @@ pub(crate) fn settle(
         keys.entry(&slot.name).or_default().insert(&slot.key);
     }
     for (name, keys) in keys {
+        // A limit of rate alone frees no slot: nothing waits blocked on it
+        // (setting it so released those that did).
+        if limits
+            .get(name)
+            .is_some_and(|l| l.max_per_key.is_none() && l.max_total.is_none())
+        {
+            continue;
+        }
         let keys: Vec<&str> = keys.into_iter().collect();
         settled.unblocked += release(tx, name, limits.get(name), &keys, Room::Freed, now)?;
     }

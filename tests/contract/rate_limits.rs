@@ -403,6 +403,24 @@ fn a_backlog_of_ten_thousand_costs_at_most_two_deferrals_a_job_and_runs_at_the_r
 }
 
 contract! {
+fn a_concurrency_limit_changed_to_a_rate_alone_lets_its_blocked_jobs_run() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+    queue.set_limit("api", Limit::per_key(1)).unwrap();
+    let jobs: Vec<JobId> = (0..3).map(|_| queue.enqueue(api("a")).unwrap()).collect();
+    let first = claim(&queue, 10);
+    assert_eq!(ids(&first), vec![jobs[0]]);
+    assert_eq!(state(&queue, jobs[1]), JobState::Blocked);
+    queue.set_limit("api", Limit::rate(100, Duration::from_secs(1)).burst(5)).unwrap();
+    assert_eq!(state(&queue, jobs[1]), JobState::Pending);
+    assert_eq!(state(&queue, jobs[2]), JobState::Pending);
+    queue.manual().complete(&first[0]).unwrap();
+    assert_eq!(claim(&queue, 10).len(), 2);
+    assert_eq!(queue.manual().sweep_limits().unwrap(), 0);
+}
+}
+
+contract! {
 fn a_rated_key_with_no_backlog_runs_as_if_unlimited() {
     let (_dir, path) = temp_db();
     let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
