@@ -216,4 +216,6 @@ pub struct LimitKeyUsage {
     pub blocked: u64,
     /// Jobs due and pending (released to claim the next free slot).
     pub pending: u64,
+    /// Jobs deferred over the limit's rate, waiting for their instant.
+    pub deferred: u64,
 }

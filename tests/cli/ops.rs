@@ -545,7 +545,11 @@ fn limits_are_set_listed_and_deleted_and_jobs_name_them() {
         .unwrap_or_else(|| panic!("{out}"))
         .split_whitespace()
         .collect();
-    assert_eq!(key, ["account:42", "1", "of", "1", "1", "1", "0"], "{out}");
+    assert_eq!(
+        key,
+        ["account:42", "1", "of", "1", "1", "1", "0", "0"],
+        "{out}"
+    );
     let json = env.run(&["limit", "list", "sync", "--json"]).ok();
     let json: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
     assert_eq!(json["max_total"], 5);
@@ -594,6 +598,14 @@ fn rate_limits_are_set_listed_and_defer_jobs() {
     let out = env.run(&["limit", "list"]).ok();
     assert!(out.contains("2 starts per 1h + 1 burst"), "{out}");
     assert!(out.contains("2 per key, 10 starts per 1s"), "{out}");
+    let key: Vec<&str> = out
+        .lines()
+        .find(|l| l.contains("team-7"))
+        .unwrap_or_else(|| panic!("{out}"))
+        .split_whitespace()
+        .collect();
+    // Two held (no concurrency limit: the weight alone), two deferred.
+    assert_eq!(key, ["team-7", "2", "2", "0", "2", "0"], "{out}");
     let json = env.run(&["limit", "list", "api", "--json"]).ok();
     let json: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
     assert_eq!(json["max_per_key"], serde_json::Value::Null);

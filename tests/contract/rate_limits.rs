@@ -138,6 +138,8 @@ fn a_backlog_starts_at_the_rate_in_order_each_job_deferred_once_to_its_own_insta
         assert_eq!((job.last_error, job.run_token), (None, None));
     }
     assert!(claim(&queue, 10).is_empty(), "nothing is due before its instant");
+    let usage = queue.limit_usage(Some("api")).unwrap();
+    assert_eq!((usage[0].holders, usage[0].deferred, usage[0].pending), (1, 3, 0));
     clock.advance(Duration::from_millis(99));
     assert!(claim(&queue, 10).is_empty());
     // A job enqueued now waits behind those deferred.

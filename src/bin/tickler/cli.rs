@@ -446,7 +446,8 @@ pub enum LimitCommand {
     /// Delete a limit: its jobs run unlimited, the blocked ones at once.
     Delete(LimitNameArgs),
     /// List the limits and, per key with unfinished jobs, the weight held,
-    /// the holders, the blocked and the pending jobs.
+    /// the holders, the blocked, the deferred (over a rate) and the pending
+    /// jobs.
     List(LimitListArgs),
 }
 

@@ -202,6 +202,7 @@ pub fn limit(db: &Path, command: &LimitCommand) -> Result<(), CliError> {
                     String::new(),
                     String::new(),
                     String::new(),
+                    String::new(),
                 ]);
                 for u in usage.iter().filter(|u| u.name == l.name) {
                     rows.push(vec![
@@ -213,6 +214,7 @@ pub fn limit(db: &Path, command: &LimitCommand) -> Result<(), CliError> {
                         },
                         u.holders.to_string(),
                         u.blocked.to_string(),
+                        u.deferred.to_string(),
                         u.pending.to_string(),
                     ]);
                 }
@@ -228,6 +230,7 @@ pub fn limit(db: &Path, command: &LimitCommand) -> Result<(), CliError> {
                     "not set: unlimited".into(),
                     u.holders.to_string(),
                     u.blocked.to_string(),
+                    u.deferred.to_string(),
                     u.pending.to_string(),
                 ]);
             }
@@ -235,8 +238,11 @@ pub fn limit(db: &Path, command: &LimitCommand) -> Result<(), CliError> {
                 eprintln!("no limits");
                 return Ok(());
             }
-            let header = ["LIMIT", "KEY", "HELD", "HOLDERS", "BLOCKED", "PENDING"];
-            for line in display::table(&header, &rows, &["HOLDERS", "BLOCKED", "PENDING"]) {
+            let header = [
+                "LIMIT", "KEY", "HELD", "HOLDERS", "BLOCKED", "DEFERRED", "PENDING",
+            ];
+            let right = ["HOLDERS", "BLOCKED", "DEFERRED", "PENDING"];
+            for line in display::table(&header, &rows, &right) {
                 println!("{line}");
             }
             Ok(())

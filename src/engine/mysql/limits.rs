@@ -435,12 +435,14 @@ impl LimitStore for Store {
                      CAST(sum(CASE WHEN status = 'running' OR lease_expires_at >= :now
                               THEN 1 ELSE 0 END) AS SIGNED),
                      CAST(sum(status = 'blocked') AS SIGNED),
-                     CAST(sum(status = 'pending') AS SIGNED)
+                     CAST(sum(status = 'pending') AS SIGNED),
+                     CAST(sum(status = 'scheduled' AND rate_slot = run_at) AS SIGNED)
                  FROM tickler_jobs
                  WHERE limit_name IS NOT NULL AND (:name IS NULL OR limit_name = :name)
                    AND (status IN ('pending', 'blocked', 'running')
                         OR (status IN ('scheduled', 'cancelled', 'dead')
-                            AND lease_expires_at >= :now))
+                            AND lease_expires_at >= :now)
+                        OR (status = 'scheduled' AND rate_slot = run_at))
                  GROUP BY limit_name, limit_key
                  ORDER BY limit_name, limit_key",
                 &[("name", Value::from(name)), ("now", Value::from(now))],
@@ -454,6 +456,7 @@ impl LimitStore for Store {
                     holders: get::<i64>(r, 3)?.max(0) as u64,
                     blocked: get::<i64>(r, 4)?.max(0) as u64,
                     pending: get::<i64>(r, 5)?.max(0) as u64,
+                    deferred: get::<i64>(r, 6)?.max(0) as u64,
                 })
             })
             .collect()

@@ -372,12 +372,14 @@ impl LimitStore for Store {
                          count(*) FILTER (WHERE status = 'running'
                                           OR lease_expires_at >= $2::bigint),
                          count(*) FILTER (WHERE status = 'blocked'),
-                         count(*) FILTER (WHERE status = 'pending')
+                         count(*) FILTER (WHERE status = 'pending'),
+                         count(*) FILTER (WHERE status = 'scheduled' AND rate_slot = run_at)
                      FROM tickler_jobs
                      WHERE limit_name IS NOT NULL AND ($1::text IS NULL OR limit_name = $1)
                        AND (status IN ('pending', 'blocked', 'running')
                             OR (status IN ('scheduled', 'cancelled', 'dead')
-                                AND lease_expires_at >= $2::bigint))
+                                AND lease_expires_at >= $2::bigint)
+                            OR (status = 'scheduled' AND rate_slot = run_at))
                      GROUP BY limit_name, limit_key
                      ORDER BY limit_name, limit_key",
                     &[&name, &now],
@@ -390,6 +392,7 @@ impl LimitStore for Store {
                     holders: r.get::<_, i64>(3).max(0) as u64,
                     blocked: r.get::<_, i64>(4).max(0) as u64,
                     pending: r.get::<_, i64>(5).max(0) as u64,
+                    deferred: r.get::<_, i64>(6).max(0) as u64,
                 })
                 .collect())
         })

@@ -381,12 +381,14 @@ impl LimitStore for Store {
                                   THEN limit_weight ELSE 0 END),
                          sum(CASE WHEN status = 'running' OR lease_expires_at >= ?2
                                   THEN 1 ELSE 0 END),
-                         sum(status = 'blocked'), sum(status = 'pending')
+                         sum(status = 'blocked'), sum(status = 'pending'),
+                         sum(status = 'scheduled' AND rate_slot = run_at)
                      FROM tickler_jobs INDEXED BY tickler_jobs_limit
                      WHERE limit_name IS NOT NULL AND (?1 IS NULL OR limit_name = ?1)
                        AND (status IN ('pending', 'blocked', 'running')
                             OR (status IN ('scheduled', 'cancelled', 'dead')
-                                AND lease_expires_at >= ?2))
+                                AND lease_expires_at >= ?2)
+                            OR (status = 'scheduled' AND rate_slot = run_at))
                      GROUP BY limit_name, limit_key
                      ORDER BY limit_name, limit_key",
                 )?
@@ -398,6 +400,7 @@ impl LimitStore for Store {
                         holders: r.get::<_, i64>(3)?.max(0) as u64,
                         blocked: r.get::<_, i64>(4)?.max(0) as u64,
                         pending: r.get::<_, i64>(5)?.max(0) as u64,
+                        deferred: r.get::<_, i64>(6)?.max(0) as u64,
                     })
                 })?
                 .collect::<rusqlite::Result<_>>()?;
