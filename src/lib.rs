@@ -266,7 +266,8 @@
 //!   and its key held back until then in every process.
 //! - **Clock steps.** A step forward admits no flood; a step back of the
 //!   wall clock (a Raspberry Pi without a real-time clock, fixed by NTP)
-//!   holds a key back about a second at most, not for the step.
+//!   of over a minute is undone for the rate within the reaper's next
+//!   pass, and a smaller one holds a key back by at most itself.
 //!
 //! ## Time
 //!

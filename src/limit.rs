@@ -137,11 +137,26 @@ impl Limit {
 ///
 /// **Clock steps.** A step forward admits at most `burst + 1` starts at
 /// once, then the steady rate (the deferred jobs that all came due are
-/// deferred again, in order). A step back of more than a second is
+/// deferred again, in order). A step back of more than a minute is
 /// noticed (each key stores the latest instant it saw) and the key's
 /// instants and its deferred jobs move back by the step, at the key's
-/// next claim or the reaper's next pass: a key is held back by about a
-/// second at most, not by the step.
+/// next claim or the reaper's next pass (about a second): a key is held
+/// back by that, not by the step. A smaller step holds a key back by at
+/// most itself: below a minute, a step is not told from processes whose
+/// clocks disagree (each server process reads the server's clock through
+/// an offset it samples), and taking such a difference for a step would
+/// move the key back at every claim of the process behind. The processes
+/// sharing a SQLite file share the machine's clock.
+///
+/// **Changes.** Setting a limit's rate to another value, or removing it
+/// (with [`Queue::set_limit`](crate::Queue::set_limit) or
+/// [`Queue::delete_limit`](crate::Queue::delete_limit)), lines its
+/// deferred jobs up again at once under the new rate (or lets them run),
+/// each key's next start counted from its last start; setting the same
+/// rate again changes nothing. A deferred job cancelled gives its instant
+/// back if it was the last of its key's line. A key's line is first in,
+/// first out whatever the jobs' priorities; a key's deferred jobs in a
+/// paused queue keep their places.
 ///
 /// **What it cannot promise:** a run handed out and then reaped still
 /// counted as a start (as it should: it may have called out), and a

@@ -229,6 +229,32 @@ pub(crate) trait LimitTx {
     /// Up to `n` rated keys (limit, key) that saw a time later than `at`.
     fn rates_seen_after(&mut self, at: i64, n: i64) -> Result<Vec<(String, String)>>;
 
+    /// The instant (ms) of the last job deferred on `key` of limit `name`
+    /// that still waits, if any.
+    fn last_deferred(&mut self, name: &str, key: &str) -> Result<Option<i64>>;
+
+    /// Makes every job deferred on limit `name` due at `at` (ms), as
+    /// deferred runs (their turn, in claim order): after its rate changed
+    /// or went, they are lined up again (or run).
+    fn reline_deferred(&mut self, name: &str, at: i64) -> Result<()>;
+
+    /// The rate states of limit `name` after its rate changed: with
+    /// `Some(shift)`, each key's next start moves by `shift` µs (the new
+    /// interval less the old) and its line is forgotten (its deferred jobs
+    /// are lined up again); with `None` (no rate any more), forgotten.
+    fn reset_rates(&mut self, name: &str, shift: Option<i64>) -> Result<()>;
+
+    /// Marks a running job, fenced by its run_token, as a run deferred to
+    /// `at` (ms): the snooze its handler is about to return
+    /// (`JobContext::rate_limited`) is then its turn.
+    fn mark_deferred(&mut self, job_id: JobId, run_token: &str, at: i64) -> Result<()>;
+
+    /// Up to `n` rated keys (limit, key) last seen before `at` (ms).
+    fn rates_seen_before(&mut self, at: i64, n: i64) -> Result<Vec<(String, String)>>;
+
+    /// Forgets the rate state of `key` of limit `name`.
+    fn forget_rate(&mut self, name: &str, key: &str) -> Result<()>;
+
     /// Up to `n` (limit, key) pairs with blocked jobs, in byte order, after
     /// `after`, of limit `only` if given.
     fn blocked_keys(
@@ -263,11 +289,23 @@ pub(crate) trait LimitStore {
     /// Holds back `key` of limit `name` until `until` (ms), in one write
     /// transaction (`crate::queue::limits::hold_rate`); false if the limit
     /// has no rate.
-    fn hold_rate(&self, name: &str, key: &str, until: i64) -> Result<bool>;
+    fn hold_rate(
+        &self,
+        name: &str,
+        key: &str,
+        until: i64,
+        run: Option<(JobId, &str)>,
+    ) -> Result<bool>;
 
-    /// One round of the reaper's look for a clock stepped back
-    /// (`crate::queue::limits::rebase_rates`) in a write transaction.
-    fn rebase_rates(&self) -> Result<u64>;
+    /// Ends the line of `key` of limit `name` at its last deferred job
+    /// that still waits (`crate::queue::limits::reline_key`), in a write
+    /// transaction: after one was cancelled.
+    fn reline_rate_key(&self, name: &str, key: &str) -> Result<()>;
+
+    /// One round of the reaper's upkeep of rate states
+    /// (`crate::queue::limits::upkeep_rates`: a clock stepped back, keys
+    /// long unused) in a write transaction, if a read finds one to do.
+    fn upkeep_rates(&self) -> Result<u64>;
 
     /// One round of the reaper's safety sweep (`crate::queue::limits::sweep`)
     /// in a write transaction: jobs made pending, and where to go on from.

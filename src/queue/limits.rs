@@ -199,12 +199,15 @@ impl Queue {
     /// false if the limit has no rate.
     pub(crate) fn hold_rate(
         &self,
-        name: &str,
-        key: &str,
+        lease: &Lease,
         until: chrono::DateTime<chrono::Utc>,
     ) -> Result<bool> {
+        let Some(slot) = &lease.limit else {
+            return Ok(false);
+        };
         let until = until.timestamp_millis().min(crate::MAX_TIMESTAMP_MS);
-        self.engine().hold_rate(name, key, until)
+        let run = Some((lease.job_id, lease.run_token.0.as_str()));
+        self.engine().hold_rate(&slot.name, &slot.key, until, run)
     }
 
     /// See [`Ops::limit_sweep_unblocked`](crate::Ops::limit_sweep_unblocked).
@@ -632,11 +635,19 @@ pub(crate) struct RateState {
 }
 
 /// A key that has never started: every instant is long past.
-const NEVER: i64 = i64::MIN / 4;
+pub(crate) const NEVER: i64 = i64::MIN / 4;
 
 /// A step back of the clock smaller than this (ms) is not told from the
-/// ordinary skew of the instants transactions read.
-pub(crate) const STEP_BACK_MS: i64 = 1_000;
+/// skew between processes: two processes on a server engine read its
+/// clock through offsets sampled apart, and one behind the other by a
+/// second must not move a key back at each of its claims (which would let
+/// the two start the key's runs twice as often). A smaller step holds a
+/// key back by at most itself.
+pub(crate) const STEP_BACK_MS: i64 = 60_000;
+
+/// A rated key not seen for this long (ms), whose state has run out, is
+/// forgotten: one row per key ever used would otherwise stay for ever.
+pub(crate) const FORGET_MS: i64 = 3_600_000;
 
 /// What a rate says of one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -735,15 +746,18 @@ fn decide(rate: &Rate, state: &mut RateState, now: i64, deferred_run: bool) -> R
 }
 
 /// Holds back `key` of limit `name` until `until` (ms) in every process:
-/// its next start is due then, and runs enqueued meanwhile are deferred
-/// to it and after (a handler told by the remote side to wait,
-/// [`JobContext::rate_limited`](crate::JobContext::rate_limited)).
+/// its next start is due then, and runs claimed meanwhile are deferred to
+/// after it (a handler told by the remote side to wait,
+/// [`JobContext::rate_limited`](crate::JobContext::rate_limited)). `run`,
+/// the handler's own run (job, run_token), is marked as deferred to
+/// `until`, so that its snooze keeps its turn at the head of the line.
 /// Returns false if the limit has no rate, which holds nothing back.
 pub(crate) fn hold_rate(
     tx: &mut dyn LimitTx,
     name: &str,
     key: &str,
     until: i64,
+    run: Option<(JobId, &str)>,
     now: i64,
 ) -> Result<bool> {
     let limits = tx.lock_limits(&[name.to_owned()])?;
@@ -753,30 +767,110 @@ pub(crate) fn hold_rate(
     let mut state = read_rate(tx, name, key, now)?;
     let until_us = until.saturating_mul(1_000);
     state.tat = state.tat.max(until_us.saturating_add(rate.tolerance_us()));
-    state.horizon = state
-        .horizon
-        .max(until_us.saturating_sub(rate.interval_us()));
+    state.horizon = state.horizon.max(until_us);
     tx.store_rate_state(name, key, &state)?;
+    if let Some((job_id, run_token)) = run {
+        tx.mark_deferred(job_id, run_token, until)?;
+    }
     Ok(true)
 }
 
-/// The reaper's look for a step back of the clock: up to [`SWEEP_KEYS`]
-/// rated keys that saw a later time than `now`, each moved back with its
-/// deferred jobs (see [`read_rate`]). Returns how many it moved.
-pub(crate) fn rebase_rates(tx: &mut dyn LimitTx, now: i64) -> Result<u64> {
-    let keys = tx.rates_seen_after(now + STEP_BACK_MS, SWEEP_KEYS)?;
-    if keys.is_empty() {
-        return Ok(0);
+/// After limit `name` was set (it was `old`, it is `new`; `None`: not
+/// stored) under its lock: if its rate changed, the jobs deferred under
+/// the old one are lined up again under the new one (due now, in order:
+/// each claim defers again what the new rate does not let start), rather
+/// than waiting out instants the old rate gave; then its blocked jobs that
+/// now fit are released.
+pub(crate) fn limit_set(
+    tx: &mut dyn LimitTx,
+    name: &str,
+    old: Option<&Limit>,
+    new: Option<&Limit>,
+    now: i64,
+) -> Result<()> {
+    let (old_rate, new_rate) = (old.and_then(|l| l.rate), new.and_then(|l| l.rate));
+    if old_rate != new_rate {
+        tx.reline_deferred(name, now)?;
+        // A key's next start was its last start and the old interval: it
+        // is its last start and the new one now.
+        let shift = match (old_rate, new_rate) {
+            (Some(old), Some(new)) => Some(new.interval_us() - old.interval_us()),
+            (None, Some(_)) => Some(0),
+            (_, None) => None,
+        };
+        tx.reset_rates(name, shift)?;
     }
-    let mut names: Vec<String> = keys.iter().map(|(n, _)| n.clone()).collect();
-    names.sort();
-    names.dedup();
-    tx.lock_limits(&names)?;
-    for (name, key) in &keys {
-        let state = read_rate(tx, name, key, now)?;
+    if new.is_some() {
+        release_limit(tx, name, now)?;
+    }
+    Ok(())
+}
+
+/// After a deferred job of `key` of limit `name` left its line other than
+/// by starting (it was cancelled): the end of the line is the last
+/// deferred job that still waits, so that a job claimed next does not
+/// queue behind instants no one holds.
+pub(crate) fn reline_key(tx: &mut dyn LimitTx, name: &str, key: &str, now: i64) -> Result<()> {
+    tx.lock_limits(&[name.to_owned()])?;
+    let Some(mut state) = tx.rate_state(name, key)? else {
+        return Ok(());
+    };
+    let last = tx
+        .last_deferred(name, key)?
+        .map_or(NEVER, |at| at.saturating_mul(1_000));
+    if last < state.horizon {
+        state.horizon = last;
+        state.seen = state.seen.max(now);
         tx.store_rate_state(name, key, &state)?;
     }
-    Ok(keys.len() as u64)
+    Ok(())
+}
+
+/// The reaper's upkeep of rate states: up to [`SWEEP_KEYS`] rated keys
+/// that saw a later time than `now` (the clock stepped back), each moved
+/// back with its deferred jobs (see [`read_rate`]); and up to as many not
+/// seen for [`FORGET_MS`] whose state ran out (nothing deferred, every
+/// start of the burst back), forgotten. Returns how many keys it changed.
+pub(crate) fn upkeep_rates(tx: &mut dyn LimitTx, now: i64) -> Result<u64> {
+    let stepped = tx.rates_seen_after(now + STEP_BACK_MS, SWEEP_KEYS)?;
+    let unused = tx.rates_seen_before(now - FORGET_MS, SWEEP_KEYS)?;
+    if stepped.is_empty() && unused.is_empty() {
+        return Ok(0);
+    }
+    let mut names: Vec<String> = stepped
+        .iter()
+        .chain(&unused)
+        .map(|(n, _)| n.clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    let limits = tx.lock_limits(&names)?;
+    let mut changed = 0;
+    for (name, key) in &stepped {
+        let state = read_rate(tx, name, key, now)?;
+        tx.store_rate_state(name, key, &state)?;
+        changed += 1;
+    }
+    let now_us = now.saturating_mul(1_000);
+    for (name, key) in &unused {
+        let Some(state) = tx.rate_state(name, key)? else {
+            continue;
+        };
+        let tolerance = limits
+            .get(name)
+            .and_then(|l| l.rate)
+            .map_or(0, |r| r.tolerance_us());
+        let spent = state.tat <= now_us.saturating_sub(tolerance) && state.horizon <= now_us;
+        if spent && tx.last_deferred(name, key)?.is_none() {
+            tx.forget_rate(name, key)?;
+        } else {
+            // Still in use (a hold, a long line): looked at again in an hour.
+            let seen = RateState { seen: now, ..state };
+            tx.store_rate_state(name, key, &seen)?;
+        }
+        changed += 1;
+    }
+    Ok(changed)
 }
 
 #[cfg(test)]

@@ -423,16 +423,25 @@ impl Queue {
     pub fn cancel(&self, id: JobId) -> Result<()> {
         // A pending job of a limit may have been handed a freed slot: that
         // slot goes on to the next blocked job of its key.
-        let slot = self
-            .engine()
-            .get(id)
-            .ok()
-            .filter(|job| job.state == crate::JobState::Pending)
-            .and_then(|job| job.limit);
+        // A job deferred over its rate leaves the line of its key: the
+        // line ends at the last one that still waits.
+        let before = self.engine().get(id).ok();
+        let slot = |state: crate::JobState| {
+            before
+                .as_ref()
+                .filter(|job| job.state == state)
+                .and_then(|job| job.limit.clone())
+        };
+        let pending = slot(crate::JobState::Pending);
+        let deferred = slot(crate::JobState::Scheduled)
+            .filter(|_| before.as_ref().is_some_and(|job| job.rate_deferrals > 0));
         self.announced(JobEventKind::Cancelled, id, || self.engine().cancel(id))?;
-        if let Some(slot) = slot {
+        if let Some(slot) = pending {
             self.engine()
                 .release_limit_keys(vec![(slot.name, slot.key)])?;
+        }
+        if let Some(slot) = deferred {
+            self.engine().reline_rate_key(&slot.name, &slot.key)?;
         }
         Ok(())
     }

@@ -66,9 +66,9 @@ impl Queue {
         }
         // And the limits' safety sweep: a bounded part of it per round;
         // and the rated keys that saw a later time than now (the clock
-        // stepped back) move back with it.
+        // stepped back) move back with it, and those long unused go.
         self.sweep_limits_round()?;
-        engine.rebase_rates()?;
+        engine.upkeep_rates()?;
         // The background reaper's round is also the engine's upkeep.
         engine.upkeep();
         Ok(total)

@@ -414,7 +414,7 @@ impl JobContext {
     pub fn rate_limited(&self, retry_after: Duration) -> JobError {
         let snooze = self.snooze_for(retry_after);
         if let (Some(slot), JobError::Snooze(until)) = (&self.lease.limit, &snooze) {
-            if let Err(e) = self.queue.hold_rate(&slot.name, &slot.key, *until) {
+            if let Err(e) = self.queue.hold_rate(&self.lease, *until) {
                 log::warn!(
                     "job {}: holding back key {:?} of limit {:?} failed: {e}",
                     self.lease.job_id,

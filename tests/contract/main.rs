@@ -20,6 +20,7 @@ mod fencing;
 mod paused_holder;
 mod poison_job;
 mod rate_limits;
+mod rate_reported;
 mod rate_soak;
 mod reaper;
 

@@ -283,16 +283,21 @@ fn a_limit_of_rate_and_concurrency_keeps_both() {
 contract! {
 fn changing_or_deleting_a_rate_takes_effect_at_the_next_claim() {
     let (_dir, path) = temp_db();
-    let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+    let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
     queue.set_limit("api", Limit::rate(1, Duration::from_secs(60))).unwrap();
     let jobs: Vec<JobId> = (0..3).map(|_| queue.enqueue(api("a")).unwrap()).collect();
     assert_eq!(ids(&claim(&queue, 10)), vec![jobs[0]]);
     assert_eq!(state(&queue, jobs[1]), JobState::Scheduled);
-    // Deleted: new jobs of the key run at once (the deferred ones keep
-    // their instant, which is a delay no more than the old rate's).
+    // Slowed down: the deferred jobs are lined up again at the new rate,
+    // counted from the last start.
+    queue.set_limit("api", Limit::rate(1, Duration::from_secs(120))).unwrap();
+    assert!(claim(&queue, 10).is_empty());
+    assert_eq!(queue.get(jobs[1]).unwrap().run_at, clock.now() + chrono::Duration::seconds(120));
+    assert_eq!(queue.get(jobs[2]).unwrap().run_at, clock.now() + chrono::Duration::seconds(240));
+    // Deleted: the deferred jobs and new ones run at once.
     assert!(queue.delete_limit("api").unwrap());
     let fresh = queue.enqueue(api("a")).unwrap();
-    assert_eq!(ids(&claim(&queue, 10)), vec![fresh]);
+    assert_eq!(ids(&claim(&queue, 10)), vec![jobs[1], jobs[2], fresh]);
     // Bad rates are refused, naming what is wrong; nothing stored changes.
     for bad in [
         Limit::rate(0, Duration::from_secs(1)),

@@ -297,6 +297,67 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
         rows.iter().map(|r| Ok((get(r, 0)?, get(r, 1)?))).collect()
     }
 
+    fn last_deferred(&mut self, name: &str, key: &str) -> Result<Option<i64>> {
+        let row = self.0.first(
+            "SELECT max(rate_slot) FROM tickler_jobs FORCE INDEX (tickler_jobs_limit)
+             WHERE limit_name = ? AND status = 'scheduled' AND limit_key = ?
+               AND rate_slot = run_at",
+            args![name, key],
+        )?;
+        Ok(match row {
+            Some(r) => get::<Option<i64>>(&r, 0)?,
+            None => None,
+        })
+    }
+
+    fn reline_deferred(&mut self, name: &str, at: i64) -> Result<()> {
+        self.0.exec(
+            "UPDATE tickler_jobs FORCE INDEX (tickler_jobs_limit) SET run_at = ?, rate_slot = ?
+             WHERE limit_name = ? AND status = 'scheduled' AND rate_slot = run_at",
+            args![at, at, name],
+        )?;
+        Ok(())
+    }
+
+    fn reset_rates(&mut self, name: &str, shift: Option<i64>) -> Result<()> {
+        match shift {
+            Some(shift) => self.0.exec(
+                "UPDATE tickler_limit_rates SET tat = tat + ?, horizon = ? WHERE name = ?",
+                args![shift, limits::NEVER, name],
+            )?,
+            None => self.0.exec(
+                "DELETE FROM tickler_limit_rates WHERE name = ?",
+                args![name],
+            )?,
+        };
+        Ok(())
+    }
+
+    fn mark_deferred(&mut self, job_id: JobId, run_token: &str, at: i64) -> Result<()> {
+        self.0.exec(
+            "UPDATE tickler_jobs SET rate_slot = ?, rate_deferrals = rate_deferrals + 1
+             WHERE id = ? AND run_token = ? AND status = 'running'",
+            args![at, job_id.0, run_token],
+        )?;
+        Ok(())
+    }
+
+    fn rates_seen_before(&mut self, at: i64, n: i64) -> Result<Vec<(String, String)>> {
+        let rows = self.0.rows(
+            "SELECT name, `key` FROM tickler_limit_rates WHERE seen < ? ORDER BY seen LIMIT ?",
+            args![at, n],
+        )?;
+        rows.iter().map(|r| Ok((get(r, 0)?, get(r, 1)?))).collect()
+    }
+
+    fn forget_rate(&mut self, name: &str, key: &str) -> Result<()> {
+        self.0.exec(
+            "DELETE FROM tickler_limit_rates WHERE name = ? AND `key` = ?",
+            args![name, key],
+        )?;
+        Ok(())
+    }
+
     fn blocked_keys(
         &mut self,
         after: Option<&(String, String)>,
@@ -360,6 +421,9 @@ impl LimitStore for Store {
         super::enqueue::check_name("limit name", name)?;
         self.write(|tx, _| {
             let now = self.now_ms();
+            let old = InTransaction(tx)
+                .lock_limits(&[name.to_owned()])?
+                .remove(name);
             let (count, period_ms, burst) = limits::rate_columns(limit);
             tx.exec(
                 "INSERT INTO tickler_limits (name, max_per_key, max_total, rate_count,
@@ -381,7 +445,7 @@ impl LimitStore for Store {
             )?;
             let limits = &mut InTransaction(tx);
             limits.lock_limits(&[name.to_owned()])?;
-            limits::release_limit(limits, name, now)
+            limits::limit_set(limits, name, old.as_ref(), Some(limit), now)
         })?;
         self.notify_watchers();
         Ok(())
@@ -391,10 +455,9 @@ impl LimitStore for Store {
         super::enqueue::check_name("limit name", name)?;
         let deleted = self.write(|tx, _| {
             let deleted = tx.exec("DELETE FROM tickler_limits WHERE name = ?", args![name])?;
-            tx.exec(
-                "DELETE FROM tickler_limit_rates WHERE name = ?",
-                args![name],
-            )?;
+            let limits = &mut InTransaction(tx);
+            limits.reline_deferred(name, self.now_ms())?;
+            limits.reset_rates(name, None)?;
             // Nothing limits its jobs any more: every blocked one may run.
             tx.exec(
                 "UPDATE tickler_jobs FORCE INDEX (tickler_jobs_blocked) SET status = 'pending'
@@ -485,34 +548,44 @@ impl LimitStore for Store {
         Ok(swept)
     }
 
-    fn hold_rate(&self, name: &str, key: &str, until: i64) -> Result<bool> {
+    fn hold_rate(
+        &self,
+        name: &str,
+        key: &str,
+        until: i64,
+        run: Option<(JobId, &str)>,
+    ) -> Result<bool> {
         super::enqueue::check_name("limit name", name)?;
         self.write(|tx, _| {
-            limits::hold_rate(&mut InTransaction(tx), name, key, until, self.now_ms())
+            limits::hold_rate(&mut InTransaction(tx), name, key, until, run, self.now_ms())
         })
     }
 
-    fn rebase_rates(&self) -> Result<u64> {
-        // Read first: the reaper asks every pass, and nearly always no key
-        // saw a later time.
-        let at = self.now_ms() + limits::STEP_BACK_MS;
-        let stepped = self.read(|tx| {
+    fn reline_rate_key(&self, name: &str, key: &str) -> Result<()> {
+        self.write(|tx, _| limits::reline_key(&mut InTransaction(tx), name, key, self.now_ms()))
+    }
+
+    fn upkeep_rates(&self) -> Result<u64> {
+        // Read first: the reaper asks every pass, and nearly always there
+        // is nothing to do.
+        let now = self.now_ms();
+        let due = self.read(|tx| {
             Ok(tx
                 .first(
-                    "SELECT 1 FROM tickler_limit_rates WHERE seen > ? LIMIT 1",
-                    args![at],
+                    "SELECT 1 FROM tickler_limit_rates WHERE seen > ? OR seen < ? LIMIT 1",
+                    args![now + limits::STEP_BACK_MS, now - limits::FORGET_MS],
                 )?
                 .is_some())
         })?;
-        if !stepped {
+        if !due {
             return Ok(0);
         }
-        let moved =
-            self.write(|tx, _| limits::rebase_rates(&mut InTransaction(tx), self.now_ms()))?;
-        if moved > 0 {
+        let changed =
+            self.write(|tx, _| limits::upkeep_rates(&mut InTransaction(tx), self.now_ms()))?;
+        if changed > 0 {
             self.notify_watchers();
         }
-        Ok(moved)
+        Ok(changed)
     }
 }
 

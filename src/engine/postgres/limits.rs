@@ -259,6 +259,65 @@ impl<E: Exec> LimitTx for InTransaction<'_, E> {
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
+    fn last_deferred(&mut self, name: &str, key: &str) -> Result<Option<i64>> {
+        let rows = self.0.rows(
+            "SELECT max(rate_slot) FROM tickler_jobs
+             WHERE limit_name = $1 AND status = 'scheduled' AND limit_key = $2
+               AND rate_slot = run_at",
+            &[&name, &key],
+        )?;
+        Ok(rows.first().and_then(|r| r.get(0)))
+    }
+
+    fn reline_deferred(&mut self, name: &str, at: i64) -> Result<()> {
+        self.0.rows(
+            "UPDATE tickler_jobs SET run_at = $2::bigint, rate_slot = $2::bigint
+             WHERE limit_name = $1 AND status = 'scheduled' AND rate_slot = run_at",
+            &[&name, &at],
+        )?;
+        Ok(())
+    }
+
+    fn reset_rates(&mut self, name: &str, shift: Option<i64>) -> Result<()> {
+        match shift {
+            Some(shift) => self.0.rows(
+                "UPDATE tickler_limit_rates SET tat = tat + $2::bigint, horizon = $3::bigint
+                 WHERE name = $1",
+                &[&name, &shift, &(limits::NEVER)],
+            )?,
+            None => self
+                .0
+                .rows("DELETE FROM tickler_limit_rates WHERE name = $1", &[&name])?,
+        };
+        Ok(())
+    }
+
+    fn mark_deferred(&mut self, job_id: JobId, run_token: &str, at: i64) -> Result<()> {
+        self.0.rows(
+            "UPDATE tickler_jobs SET rate_slot = $3::bigint, rate_deferrals = rate_deferrals + 1
+             WHERE id = $1 AND run_token = $2 AND status = 'running'",
+            &[&job_id.0, &run_token, &at],
+        )?;
+        Ok(())
+    }
+
+    fn rates_seen_before(&mut self, at: i64, n: i64) -> Result<Vec<(String, String)>> {
+        let rows = self.0.rows(
+            "SELECT name, key FROM tickler_limit_rates WHERE seen < $1::bigint
+             ORDER BY seen LIMIT $2",
+            &[&at, &n],
+        )?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    fn forget_rate(&mut self, name: &str, key: &str) -> Result<()> {
+        self.0.rows(
+            "DELETE FROM tickler_limit_rates WHERE name = $1 AND key = $2",
+            &[&name, &key],
+        )?;
+        Ok(())
+    }
+
     fn blocked_keys(
         &mut self,
         after: Option<&(String, String)>,
@@ -305,6 +364,9 @@ impl LimitStore for Store {
         let (count, period_ms, burst) = limits::rate_columns(limit);
         self.write(|tx, _| {
             let now = self.now_ms();
+            let old = InTransaction(tx)
+                .lock_limits(&[name.to_owned()])?
+                .remove(name);
             tx.execute(
                 "INSERT INTO tickler_limits (name, max_per_key, max_total, rate_count,
                      rate_period_ms, rate_burst, updated_at)
@@ -319,7 +381,7 @@ impl LimitStore for Store {
             // under its lock, as every claim's and release's do.
             let limits = &mut InTransaction(tx);
             limits.lock_limits(&[name.to_owned()])?;
-            limits::release_limit(limits, name, now)
+            limits::limit_set(limits, name, old.as_ref(), Some(limit), now)
         })?;
         self.notify_watchers();
         Ok(())
@@ -329,7 +391,9 @@ impl LimitStore for Store {
         super::enqueue::check_text("limit name", name)?;
         let deleted = self.write(|tx, _| {
             let deleted = tx.execute("DELETE FROM tickler_limits WHERE name = $1", &[&name])?;
-            tx.execute("DELETE FROM tickler_limit_rates WHERE name = $1", &[&name])?;
+            let limits = &mut InTransaction(tx);
+            limits.reline_deferred(name, self.now_ms())?;
+            limits.reset_rates(name, None)?;
             // Nothing limits its jobs any more: every blocked one may run.
             tx.execute(
                 "UPDATE tickler_jobs SET status = 'pending'
@@ -420,35 +484,46 @@ impl LimitStore for Store {
         Ok(swept)
     }
 
-    fn hold_rate(&self, name: &str, key: &str, until: i64) -> Result<bool> {
+    fn hold_rate(
+        &self,
+        name: &str,
+        key: &str,
+        until: i64,
+        run: Option<(JobId, &str)>,
+    ) -> Result<bool> {
         super::enqueue::check_text("limit name", name)?;
         super::enqueue::check_text("limit key", key)?;
         self.write(|tx, _| {
-            limits::hold_rate(&mut InTransaction(tx), name, key, until, self.now_ms())
+            limits::hold_rate(&mut InTransaction(tx), name, key, until, run, self.now_ms())
         })
     }
 
-    fn rebase_rates(&self) -> Result<u64> {
-        // Read first: the reaper asks every pass, and nearly always no key
-        // saw a later time.
-        let at = self.now_ms() + limits::STEP_BACK_MS;
-        let stepped = self.read(|tx| {
+    fn reline_rate_key(&self, name: &str, key: &str) -> Result<()> {
+        self.write(|tx, _| limits::reline_key(&mut InTransaction(tx), name, key, self.now_ms()))
+    }
+
+    fn upkeep_rates(&self) -> Result<u64> {
+        // Read first: the reaper asks every pass, and nearly always there
+        // is nothing to do.
+        let now = self.now_ms();
+        let due = self.read(|tx| {
             Ok(!tx
                 .query(
-                    "SELECT 1 FROM tickler_limit_rates WHERE seen > $1::bigint LIMIT 1",
-                    &[&at],
+                    "SELECT 1 FROM tickler_limit_rates
+                     WHERE seen > $1::bigint OR seen < $2::bigint LIMIT 1",
+                    &[&(now + limits::STEP_BACK_MS), &(now - limits::FORGET_MS)],
                 )?
                 .is_empty())
         })?;
-        if !stepped {
+        if !due {
             return Ok(0);
         }
-        let moved =
-            self.write(|tx, _| limits::rebase_rates(&mut InTransaction(tx), self.now_ms()))?;
-        if moved > 0 {
+        let changed =
+            self.write(|tx, _| limits::upkeep_rates(&mut InTransaction(tx), self.now_ms()))?;
+        if changed > 0 {
             self.notify_watchers();
         }
-        Ok(moved)
+        Ok(changed)
     }
 }
 

@@ -261,6 +261,71 @@ impl LimitTx for InTransaction<'_, '_> {
         Ok(rows)
     }
 
+    fn last_deferred(&mut self, name: &str, key: &str) -> Result<Option<i64>> {
+        Ok(self
+            .0
+            .prepare_cached(
+                "SELECT max(rate_slot) FROM tickler_jobs
+                 WHERE limit_name = ?1 AND status = 'scheduled' AND limit_key = ?2
+                   AND rate_slot = run_at",
+            )?
+            .query_row(params![name, key], |r| r.get(0))?)
+    }
+
+    fn reline_deferred(&mut self, name: &str, at: i64) -> Result<()> {
+        self.0
+            .prepare_cached(
+                "UPDATE tickler_jobs SET run_at = ?2, rate_slot = ?2
+                 WHERE limit_name = ?1 AND status = 'scheduled' AND rate_slot = run_at",
+            )?
+            .execute(params![name, at])?;
+        Ok(())
+    }
+
+    fn reset_rates(&mut self, name: &str, shift: Option<i64>) -> Result<()> {
+        match shift {
+            Some(shift) => self
+                .0
+                .prepare_cached(
+                    "UPDATE tickler_limit_rates SET tat = tat + ?2, horizon = ?3 WHERE name = ?1",
+                )?
+                .execute(params![name, shift, limits::NEVER])?,
+            None => self
+                .0
+                .prepare_cached("DELETE FROM tickler_limit_rates WHERE name = ?1")?
+                .execute([name])?,
+        };
+        Ok(())
+    }
+
+    fn mark_deferred(&mut self, job_id: JobId, run_token: &str, at: i64) -> Result<()> {
+        self.0
+            .prepare_cached(
+                "UPDATE tickler_jobs SET rate_slot = ?3, rate_deferrals = rate_deferrals + 1
+                 WHERE id = ?1 AND run_token = ?2 AND status = 'running'",
+            )?
+            .execute(params![job_id.0, run_token, at])?;
+        Ok(())
+    }
+
+    fn rates_seen_before(&mut self, at: i64, n: i64) -> Result<Vec<(String, String)>> {
+        let rows = self
+            .0
+            .prepare_cached(
+                "SELECT name, key FROM tickler_limit_rates WHERE seen < ?1 ORDER BY seen LIMIT ?2",
+            )?
+            .query_map(params![at, n], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(rows)
+    }
+
+    fn forget_rate(&mut self, name: &str, key: &str) -> Result<()> {
+        self.0
+            .prepare_cached("DELETE FROM tickler_limit_rates WHERE name = ?1 AND key = ?2")?
+            .execute(params![name, key])?;
+        Ok(())
+    }
+
     fn blocked_keys(
         &mut self,
         after: Option<&(String, String)>,
@@ -309,6 +374,9 @@ impl LimitStore for Store {
     fn set_limit(&self, name: &str, limit: &Limit) -> Result<()> {
         self.write(|tx| {
             let now = self.now_ms();
+            let old = InTransaction(tx)
+                .lock_limits(&[name.to_owned()])?
+                .remove(name);
             let (count, period_ms, burst) = limits::rate_columns(limit);
             tx.prepare_cached(
                 "INSERT INTO tickler_limits (name, max_per_key, max_total, rate_count,
@@ -328,7 +396,7 @@ impl LimitStore for Store {
                 burst,
                 now
             ])?;
-            limits::release_limit(&mut InTransaction(tx), name, now)
+            limits::limit_set(&mut InTransaction(tx), name, old.as_ref(), Some(limit), now)
         })?;
         self.notify_watchers();
         Ok(())
@@ -339,8 +407,9 @@ impl LimitStore for Store {
             let deleted = tx
                 .prepare_cached("DELETE FROM tickler_limits WHERE name = ?1")?
                 .execute([name])?;
-            tx.prepare_cached("DELETE FROM tickler_limit_rates WHERE name = ?1")?
-                .execute([name])?;
+            let limits = &mut InTransaction(tx);
+            limits.reline_deferred(name, self.now_ms())?;
+            limits.reset_rates(name, None)?;
             // Nothing limits its jobs any more: every blocked one may run.
             tx.prepare_cached(
                 "UPDATE tickler_jobs SET status = 'pending'
@@ -429,31 +498,45 @@ impl LimitStore for Store {
         Ok(swept)
     }
 
-    fn hold_rate(&self, name: &str, key: &str, until: i64) -> Result<bool> {
-        let held = self.write(|tx| {
-            limits::hold_rate(&mut InTransaction(tx), name, key, until, self.now_ms())
-        })?;
-        Ok(held)
+    fn hold_rate(
+        &self,
+        name: &str,
+        key: &str,
+        until: i64,
+        run: Option<(JobId, &str)>,
+    ) -> Result<bool> {
+        self.write(|tx| {
+            limits::hold_rate(&mut InTransaction(tx), name, key, until, run, self.now_ms())
+        })
     }
 
-    fn rebase_rates(&self) -> Result<u64> {
-        // Read first: the reaper asks every pass, and nearly always no
-        // key saw a later time (a write would take the file's lock).
-        let at = self.now_ms() + limits::STEP_BACK_MS;
-        let stepped: bool = self.read(|conn| {
+    fn reline_rate_key(&self, name: &str, key: &str) -> Result<()> {
+        self.write(|tx| limits::reline_key(&mut InTransaction(tx), name, key, self.now_ms()))
+    }
+
+    fn upkeep_rates(&self) -> Result<u64> {
+        // Read first: the reaper asks every pass, and nearly always there
+        // is nothing to do (a write would take the file's lock).
+        let now = self.now_ms();
+        let due: bool = self.read(|conn| {
             Ok(conn
                 .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM tickler_limit_rates WHERE seen > ?1)",
+                    "SELECT EXISTS (SELECT 1 FROM tickler_limit_rates WHERE seen > ?1)
+                         OR EXISTS (SELECT 1 FROM tickler_limit_rates WHERE seen < ?2)",
                 )?
-                .query_row([at], |r| r.get(0))?)
+                .query_row(
+                    params![now + limits::STEP_BACK_MS, now - limits::FORGET_MS],
+                    |r| r.get(0),
+                )?)
         })?;
-        if !stepped {
+        if !due {
             return Ok(0);
         }
-        let moved = self.write(|tx| limits::rebase_rates(&mut InTransaction(tx), self.now_ms()))?;
-        if moved > 0 {
+        let changed =
+            self.write(|tx| limits::upkeep_rates(&mut InTransaction(tx), self.now_ms()))?;
+        if changed > 0 {
             self.notify_watchers();
         }
-        Ok(moved)
+        Ok(changed)
     }
 }
