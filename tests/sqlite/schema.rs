@@ -370,3 +370,66 @@ fn a_file_of_the_schema_before_limits_migrates_keeping_its_jobs() {
     insert_raw(&conn, &[("status", "'blocked'")]).unwrap();
     insert_raw(&conn, &[("status", "'waiting'")]).unwrap_err();
 }
+
+/// A file of schema 9 (limits without rates) holding a limit and a job
+/// blocked on it migrates to the current schema: the limit is kept, with
+/// no rate, the blocked job is still blocked and readable, and a rate can
+/// be set on it at once.
+#[cfg(unix)]
+#[test]
+fn a_file_of_the_schema_before_rates_migrates_keeping_its_limits() {
+    let (_dir, path) = common::temp_db();
+    let schema = include_str!("../../src/engine/sqlite/schema.sql");
+    let before = &schema[..schema.find("\n-- migration: 10").expect("migration 10")];
+    {
+        let conn = common::raw(&path);
+        conn.execute_batch("PRAGMA journal_mode = WAL").unwrap();
+        let body = before[before.find("-- migration: 1").unwrap()..].to_owned();
+        conn.execute_batch(&format!("BEGIN; {body}; PRAGMA user_version = 9; COMMIT;"))
+            .unwrap();
+        conn.execute_batch(
+            "INSERT INTO tickler_limits (name, max_per_key, max_total, updated_at)
+             VALUES ('sync', 2, 5, 0)",
+        )
+        .unwrap();
+        insert_raw(
+            &conn,
+            &[
+                ("status", "'blocked'"),
+                ("limit_name", "'sync'"),
+                ("limit_key", "'a'"),
+            ],
+        )
+        .unwrap();
+    }
+    let queue = Queue::open(&path).unwrap();
+    assert_eq!(user_version(&path), tickler::Ops::schema_version());
+    let limits = queue.limits().unwrap();
+    assert_eq!(limits.len(), 1);
+    assert_eq!(
+        limits[0].limit,
+        tickler::Limit::per_key(2).total(5),
+        "kept, with no rate"
+    );
+    let job = queue.get(tickler::JobId(1)).unwrap();
+    assert_eq!(
+        (job.state, job.rate_deferrals),
+        (tickler::JobState::Blocked, 0)
+    );
+    queue
+        .set_limit(
+            "sync",
+            tickler::Limit::per_key(2).with_rate(1, common::secs(60)),
+        )
+        .unwrap();
+    assert_eq!(
+        queue.get(tickler::JobId(1)).unwrap().state,
+        tickler::JobState::Pending,
+        "released: the key holds nothing"
+    );
+    let conn = common::raw(&path);
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+}
