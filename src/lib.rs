@@ -604,8 +604,9 @@ pub use lease::Lease;
 pub use limit::{Limit, LimitInfo, LimitKeyUsage, Rate, MAX_LIMIT_KEY_BYTES, MAX_LIMIT_NAME_BYTES};
 pub use metrics::WriteLockWaits;
 pub use queue::{
-    ActivityBucket, ChangeWatcher, Manual, Ops, Queue, QueueBuilder, QueueCounts, Waker,
-    ACTIVITY_MAX_BUCKETS, ACTIVITY_SAMPLE, MAX_PAYLOAD_DEPTH, MAX_UNIQUE_KEY_BYTES,
+    ActivityBucket, ChangeWatcher, Explanation, Holder, Manual, Ops, Queue, QueueBuilder,
+    QueueCounts, Reason, Waker, ACTIVITY_MAX_BUCKETS, ACTIVITY_SAMPLE, MAX_PAYLOAD_DEPTH,
+    MAX_UNIQUE_KEY_BYTES,
 };
 pub use reaper::{Reaper, ReaperConfig};
 pub use retry::RetryPolicy;

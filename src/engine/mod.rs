@@ -297,6 +297,14 @@ pub(crate) trait LimitStore {
         run: Option<(JobId, &str)>,
     ) -> Result<bool>;
 
+    /// Up to `n` jobs of `key` of limit `name` that hold a lease (running,
+    /// or keeping the lease of a holder not yet stopped), by lease end.
+    fn limit_holders(&self, name: &str, key: &str, n: i64) -> Result<Vec<crate::Job>>;
+
+    /// Job `id`'s place (from 1) in the line of jobs deferred over its
+    /// limit's rate on its key, if it is one of them.
+    fn deferred_place(&self, id: JobId) -> Result<Option<u64>>;
+
     /// Ends the line of `key` of limit `name` at its last deferred job
     /// that still waits (`crate::queue::limits::reline_key`), in a write
     /// transaction: after one was cancelled.

@@ -45,6 +45,7 @@
 mod app_tx;
 mod builder;
 mod claim;
+mod explain;
 pub(crate) mod limits;
 mod manual;
 pub(crate) use manual::check_progress;
@@ -57,6 +58,7 @@ mod storage;
 mod validate;
 
 pub use builder::QueueBuilder;
+pub use explain::{Explanation, Holder, Reason};
 pub use manual::Manual;
 pub use ops::Ops;
 pub use readings::{ActivityBucket, QueueCounts, ACTIVITY_MAX_BUCKETS, ACTIVITY_SAMPLE};

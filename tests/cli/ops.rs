@@ -558,6 +558,16 @@ fn limits_are_set_listed_and_deleted_and_jobs_name_them() {
     assert!(blocked.contains(&second.to_string()), "{blocked}");
     let show = env.run(&["show", &second.to_string()]).ok();
     assert!(show.contains("sync key account:42 (weight 1)"), "{show}");
+    assert!(
+        show.contains(&format!(
+            "blocked by limit sync/account:42: 1 of 1 held by job {first} (worker t, lease until"
+        )),
+        "{show}"
+    );
+    let json = env.run(&["show", &second.to_string(), "--json"]).ok();
+    let json: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(json["reason"]["reason"], "blocked");
+    assert_eq!(json["reason"]["holders"][0]["job_id"], first.0);
 
     for args in [
         &["enqueue", "k", "--limit", "nameless"][..],
@@ -614,6 +624,7 @@ fn rate_limits_are_set_listed_and_defer_jobs() {
     assert_eq!(json["rate"]["burst"], 1);
     let show = env.run(&["show", &jobs[3].to_string()]).ok();
     assert!(show.contains("deferred 1 time(s) by its rate"), "{show}");
+    assert!(show.contains("(2nd in line)"), "{show}");
     assert!(show.contains("scheduled"), "{show}");
 
     for args in [

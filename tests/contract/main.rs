@@ -30,6 +30,7 @@ mod cancel_keeps_unique_key;
 mod durability;
 mod enqueue_group_commit;
 mod error_history;
+mod explain;
 mod limits_at_the_edges;
 mod limits_reported;
 #[cfg(unix)]

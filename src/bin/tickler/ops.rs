@@ -312,14 +312,22 @@ pub fn list(db: &Path, args: &ListArgs, times: Times) -> Result<(), CliError> {
 /// `tickler show ID`.
 pub fn show(db: &Path, args: &ShowArgs, times: Times) -> Result<(), CliError> {
     let queue = open(db, false)?;
-    let job = queue
-        .get(JobId(args.id))
+    let explained = queue
+        .explain(JobId(args.id))
         .map_err(|e| CliError::from_lib(e, db))?;
+    let job = &explained.job;
     if args.json {
-        println!("{}", display::job_json(&job));
+        let mut json = display::job_json(job);
+        json["why"] = json!(explained.to_string());
+        json["reason"] = serde_json::to_value(&explained.reason).unwrap_or_default();
+        println!("{json}");
         return Ok(());
     }
-    let fields = display::job_fields(&job, times);
+    let mut fields = display::job_fields(job, times);
+    fields.insert(
+        2,
+        ("why", display::safe(&explained.to_string()).into_owned()),
+    );
     let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
     for (key, value) in fields {
         let mut lines = value.lines();

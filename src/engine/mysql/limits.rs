@@ -8,7 +8,7 @@
 
 use super::connection::{args, marks, Tx};
 use super::outcome::DEAD_SQL;
-use super::rows::get;
+use super::rows::{get, job_from_row, JOB_COLUMNS};
 use super::Store;
 use crate::clock::ms_to_datetime;
 use crate::engine::{LimitStore, LimitTx};
@@ -558,6 +558,47 @@ impl LimitStore for Store {
         super::enqueue::check_name("limit name", name)?;
         self.write(|tx, _| {
             limits::hold_rate(&mut InTransaction(tx), name, key, until, run, self.now_ms())
+        })
+    }
+
+    fn limit_holders(&self, name: &str, key: &str, n: i64) -> Result<Vec<crate::Job>> {
+        let now = self.now_ms();
+        self.read(|tx| {
+            tx.rows(
+                &format!(
+                    "SELECT {JOB_COLUMNS} FROM tickler_jobs FORCE INDEX (tickler_jobs_limit)
+                     WHERE limit_name = ? AND limit_key = ?
+                       AND status IN ('running', 'scheduled', 'cancelled', 'dead')
+                       AND (status = 'running' OR lease_expires_at >= ?)
+                     ORDER BY lease_expires_at, id LIMIT ?"
+                ),
+                args![name, key, now, n],
+            )?
+            .iter()
+            .map(job_from_row)
+            .collect()
+        })
+    }
+
+    fn deferred_place(&self, id: JobId) -> Result<Option<u64>> {
+        self.read(|tx| {
+            let row = tx.first(
+                "SELECT (SELECT count(*) FROM tickler_jobs AS ahead
+                         WHERE ahead.limit_name = job.limit_name
+                           AND ahead.status = 'scheduled'
+                           AND ahead.limit_key = job.limit_key
+                           AND ahead.rate_slot = ahead.run_at
+                           AND (ahead.run_at < job.run_at
+                                OR (ahead.run_at = job.run_at AND ahead.id <= job.id)))
+                 FROM tickler_jobs AS job
+                 WHERE job.id = ? AND job.status = 'scheduled'
+                   AND job.rate_slot = job.run_at",
+                args![id.0],
+            )?;
+            Ok(match row {
+                Some(r) => Some(get::<i64>(&r, 0)?.max(1) as u64),
+                None => None,
+            })
         })
     }
 

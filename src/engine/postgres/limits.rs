@@ -8,6 +8,7 @@
 
 use super::connection::Tx;
 use super::outcome::DEAD_SQL;
+use super::rows::{job_from_row, JOB_COLUMNS};
 use super::Store;
 use crate::clock::ms_to_datetime;
 use crate::engine::{LimitStore, LimitTx};
@@ -495,6 +496,44 @@ impl LimitStore for Store {
         super::enqueue::check_text("limit key", key)?;
         self.write(|tx, _| {
             limits::hold_rate(&mut InTransaction(tx), name, key, until, run, self.now_ms())
+        })
+    }
+
+    fn limit_holders(&self, name: &str, key: &str, n: i64) -> Result<Vec<crate::Job>> {
+        let now = self.now_ms();
+        self.read(|tx| {
+            tx.query(
+                &format!(
+                    "SELECT {JOB_COLUMNS} FROM tickler_jobs
+                     WHERE limit_name = $1 AND limit_key = $2
+                       AND status IN ('running', 'scheduled', 'cancelled', 'dead')
+                       AND (status = 'running' OR lease_expires_at >= $3::bigint)
+                     ORDER BY lease_expires_at, id LIMIT $4"
+                ),
+                &[&name, &key, &now, &n],
+            )?
+            .iter()
+            .map(job_from_row)
+            .collect()
+        })
+    }
+
+    fn deferred_place(&self, id: JobId) -> Result<Option<u64>> {
+        self.read(|tx| {
+            let rows = tx.query(
+                "SELECT (SELECT count(*) FROM tickler_jobs AS ahead
+                         WHERE ahead.limit_name = job.limit_name
+                           AND ahead.status = 'scheduled'
+                           AND ahead.limit_key = job.limit_key
+                           AND ahead.rate_slot = ahead.run_at
+                           AND (ahead.run_at < job.run_at
+                                OR (ahead.run_at = job.run_at AND ahead.id <= job.id)))
+                 FROM tickler_jobs AS job
+                 WHERE job.id = $1 AND job.status = 'scheduled'
+                   AND job.rate_slot = job.run_at",
+                &[&id.0],
+            )?;
+            Ok(rows.first().map(|r| r.get::<_, i64>(0).max(1) as u64))
         })
     }
 

@@ -4,6 +4,7 @@
 //! taken.
 
 use super::outcome::DEAD_SQL;
+use super::rows::{job_from_row, JOB_COLUMNS};
 use super::Store;
 use crate::clock::ms_to_datetime;
 use crate::engine::{LimitStore, LimitTx};
@@ -507,6 +508,44 @@ impl LimitStore for Store {
     ) -> Result<bool> {
         self.write(|tx| {
             limits::hold_rate(&mut InTransaction(tx), name, key, until, run, self.now_ms())
+        })
+    }
+
+    fn limit_holders(&self, name: &str, key: &str, n: i64) -> Result<Vec<crate::Job>> {
+        let now = self.now_ms();
+        self.read(|conn| {
+            let rows = conn
+                .prepare_cached(&format!(
+                    "SELECT {JOB_COLUMNS} FROM tickler_jobs INDEXED BY tickler_jobs_limit
+                     WHERE limit_name = ?1 AND limit_key = ?2
+                       AND status IN ('running', 'scheduled', 'cancelled', 'dead')
+                       AND (status = 'running' OR lease_expires_at >= ?3)
+                     ORDER BY lease_expires_at, id LIMIT ?4"
+                ))?
+                .query_map(params![name, key, now, n], job_from_row)?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok(rows)
+        })
+    }
+
+    fn deferred_place(&self, id: JobId) -> Result<Option<u64>> {
+        self.read(|conn| {
+            let place: Option<i64> = conn
+                .prepare_cached(
+                    "SELECT (SELECT count(*) FROM tickler_jobs AS ahead
+                             WHERE ahead.limit_name = job.limit_name
+                               AND ahead.status = 'scheduled'
+                               AND ahead.limit_key = job.limit_key
+                               AND ahead.rate_slot = ahead.run_at
+                               AND (ahead.run_at < job.run_at
+                                    OR (ahead.run_at = job.run_at AND ahead.id <= job.id)))
+                     FROM tickler_jobs AS job
+                     WHERE job.id = ?1 AND job.status = 'scheduled'
+                       AND job.rate_slot = job.run_at",
+                )?
+                .query_row([id.0], |r| r.get(0))
+                .optional()?;
+            Ok(place.map(|n| n.max(1) as u64))
         })
     }
 

@@ -1,0 +1,277 @@
+//! Why a job is where it is: [`Queue::explain`], the operator's answer to
+//! "why is this job not running?", read from the job's row, its queue and
+//! its limit. A reading, not a hot path: it reads the key's holders and
+//! counts its line.
+
+use super::Queue;
+use crate::error::Result;
+use crate::job::{Job, JobId, JobState};
+use crate::limit::Limit;
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+use std::fmt;
+
+/// Most holders of a key an explanation lists.
+const HOLDERS_SHOWN: i64 = 10;
+
+/// A job and why it is where it is ([`Queue::explain`]). Its `Display`
+/// is one line for a person, as `tickler show` prints it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Explanation {
+    /// The job, as [`Queue::get`] reads it.
+    pub job: Job,
+    /// Why it is in its state.
+    pub reason: Reason,
+}
+
+/// Why a job is in its state ([`Explanation::reason`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Reason {
+    /// Due, waiting for a worker of its queue to claim it.
+    Due,
+    /// Due, but its queue is paused ([`Queue::pause_queue`]).
+    QueuePaused {
+        /// The paused queue.
+        queue: String,
+    },
+    /// Waiting for its time (a delay, a retry's backoff, a snooze).
+    Waiting {
+        /// When it is due, UTC.
+        until: DateTime<Utc>,
+    },
+    /// Deferred by its limit's rate ([`crate::Rate`]) until its instant.
+    Deferred {
+        /// The limit.
+        limit: String,
+        /// The key.
+        key: String,
+        /// When it may start, UTC.
+        until: DateTime<Utc>,
+        /// Its place in the key's line, from 1.
+        place: u64,
+    },
+    /// Waiting for a slot of its concurrency limit
+    /// ([`JobState::Blocked`]).
+    Blocked {
+        /// The limit.
+        limit: String,
+        /// The key.
+        key: String,
+        /// The weight its lease holders hold.
+        held: u64,
+        /// The limit's `max_per_key`, if any; `None` with `limit_set`
+        /// false: the limit is not stored (the job runs at its next
+        /// release).
+        max_per_key: Option<u32>,
+        /// Whether the limit is stored.
+        limit_set: bool,
+        /// The first holders, by lease end (at most 10).
+        holders: Vec<Holder>,
+    },
+    /// Running, held by a worker until its lease's end.
+    Running {
+        /// The worker id that claimed it.
+        worker: Option<String>,
+        /// When its lease ends unless renewed, UTC.
+        lease_until: Option<DateTime<Utc>>,
+    },
+    /// Finished: succeeded, dead or cancelled (see the job's
+    /// `last_error`).
+    Finished,
+}
+
+/// A job holding a slot of a limit's key ([`Reason::Blocked`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Holder {
+    /// The holder's job.
+    pub job_id: JobId,
+    /// The worker id that claimed it.
+    pub worker: Option<String>,
+    /// When its lease ends unless renewed, UTC.
+    pub lease_until: Option<DateTime<Utc>>,
+    /// The slots it takes.
+    pub weight: u32,
+}
+
+impl Queue {
+    /// Why job `id` is where it is: due, waiting for its time or a paused
+    /// queue, deferred by its limit's rate (until when, which place in
+    /// line), blocked on its concurrency limit (held by which jobs, until
+    /// when), running, or finished.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let queue = tickler::Queue::open(dir.path().join("q.db"))?;
+    /// use tickler::{Limit, NewJob, Reason};
+    /// queue.set_limit("sync", Limit::per_key(1))?;
+    /// let first = queue.enqueue(NewJob::new("sync").limit("sync", "42"))?;
+    /// let second = queue.enqueue(NewJob::new("sync").limit("sync", "42"))?;
+    /// let _claimed = queue.manual().claim("default", "pi-1", 10, std::time::Duration::from_secs(60))?;
+    /// let why = queue.explain(second)?;
+    /// assert!(matches!(why.reason, Reason::Blocked { held: 1, .. }));
+    /// assert!(why.to_string().starts_with("blocked by limit sync/42: 1 of 1 held by job"));
+    /// # Ok::<(), tickler::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::NotFound`](crate::Error::NotFound); the engine's read
+    /// errors.
+    pub fn explain(&self, id: JobId) -> Result<Explanation> {
+        let job = self.get(id)?;
+        let reason = match job.state {
+            JobState::Pending => {
+                if self.paused_queues()?.contains(&job.queue) {
+                    Reason::QueuePaused {
+                        queue: job.queue.clone(),
+                    }
+                } else {
+                    Reason::Due
+                }
+            }
+            JobState::Scheduled => match self.engine().deferred_place(job.id)? {
+                Some(place) => {
+                    let (limit, key) = job
+                        .limit
+                        .clone()
+                        .map(|s| (s.name, s.key))
+                        .unwrap_or_default();
+                    Reason::Deferred {
+                        limit,
+                        key,
+                        until: job.run_at,
+                        place,
+                    }
+                }
+                None => Reason::Waiting { until: job.run_at },
+            },
+            // A blocked job names a limit (the schema has it so).
+            JobState::Blocked if job.limit.is_some() => {
+                let slot = job.limit.clone().expect("checked above");
+                let limit: Option<Limit> = self
+                    .limits()?
+                    .into_iter()
+                    .find(|l| l.name == slot.name)
+                    .map(|l| l.limit);
+                let holders: Vec<Holder> = self
+                    .engine()
+                    .limit_holders(&slot.name, &slot.key, HOLDERS_SHOWN)?
+                    .into_iter()
+                    .map(|h| Holder {
+                        job_id: h.id,
+                        worker: h.claimed_by,
+                        lease_until: h.lease_expires_at,
+                        weight: h.limit.map_or(1, |l| l.weight),
+                    })
+                    .collect();
+                let held = self
+                    .limit_usage(Some(&slot.name))?
+                    .into_iter()
+                    .find(|u| u.key == slot.key)
+                    .map_or(0, |u| u.held);
+                Reason::Blocked {
+                    limit: slot.name,
+                    key: slot.key,
+                    held,
+                    max_per_key: limit.and_then(|l| l.max_per_key),
+                    limit_set: limit.is_some(),
+                    holders,
+                }
+            }
+            JobState::Blocked => Reason::Due,
+            JobState::Running => Reason::Running {
+                worker: job.claimed_by.clone(),
+                lease_until: job.lease_expires_at,
+            },
+            JobState::Succeeded | JobState::Dead | JobState::Cancelled => Reason::Finished,
+        };
+        Ok(Explanation { job, reason })
+    }
+}
+
+fn at(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+fn ordinal(n: u64) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (1, 11) | (2, 12) | (3, 13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.reason {
+            Reason::Due => write!(f, "due, waiting for a worker of queue {}", self.job.queue),
+            Reason::QueuePaused { queue } => write!(f, "due, but queue {queue} is paused"),
+            Reason::Waiting { until } => write!(f, "waiting until {}", at(*until)),
+            Reason::Deferred {
+                limit,
+                key,
+                until,
+                place,
+            } => write!(
+                f,
+                "deferred by rate limit {limit}/{key} until {} ({} in line)",
+                at(*until),
+                ordinal(*place)
+            ),
+            Reason::Blocked {
+                limit,
+                key,
+                held,
+                max_per_key,
+                limit_set,
+                holders,
+            } => {
+                if !limit_set {
+                    return write!(
+                        f,
+                        "blocked by limit {limit}/{key}, which is not set any more: \
+                         it runs at the next release or sweep"
+                    );
+                }
+                match max_per_key {
+                    Some(max) => write!(f, "blocked by limit {limit}/{key}: {held} of {max} held")?,
+                    None => write!(f, "blocked by limit {limit}/{key} (its total): {held} held")?,
+                }
+                let shown: Vec<String> = holders
+                    .iter()
+                    .map(|h| {
+                        format!(
+                            "job {} (worker {}, lease until {})",
+                            h.job_id,
+                            h.worker.as_deref().unwrap_or("-"),
+                            h.lease_until.map_or_else(|| "-".to_owned(), at)
+                        )
+                    })
+                    .collect();
+                if !shown.is_empty() {
+                    write!(f, " by {}", shown.join(", "))?;
+                }
+                Ok(())
+            }
+            Reason::Running {
+                worker,
+                lease_until,
+            } => write!(
+                f,
+                "running on worker {} (lease until {})",
+                worker.as_deref().unwrap_or("-"),
+                lease_until.map_or_else(|| "-".to_owned(), at)
+            ),
+            Reason::Finished => match &self.job.last_error {
+                Some(error) if self.job.state != JobState::Succeeded => {
+                    write!(f, "{}: {error}", self.job.state)
+                }
+                _ => write!(f, "{}", self.job.state),
+            },
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! `Queue::explain`: why a job is where it is, on every engine: due or in
+//! a paused queue, waiting for its time, deferred by its limit's rate (and
+//! its place in the key's line), blocked on its concurrency limit (by
+//! which holders, until when), running, finished.
+
+use crate::support::common;
+use crate::support::limits::*;
+
+use common::{fixed_policy, manual_queue_with_policy, temp_db};
+use std::time::Duration;
+use tickler::{Clock, Holder, Limit, NewJob, Reason};
+
+contract! {
+fn explain_says_why_a_job_is_not_running() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
+    let t0 = clock.now();
+
+    let due = queue.enqueue(NewJob::new("k")).unwrap();
+    assert_eq!(queue.explain(due).unwrap().reason, Reason::Due);
+    queue.pause_queue("default").unwrap();
+    let why = queue.explain(due).unwrap();
+    assert_eq!(why.reason, Reason::QueuePaused { queue: "default".into() });
+    assert_eq!(why.to_string(), "due, but queue default is paused");
+    queue.resume_queue("default").unwrap();
+    let later = queue.enqueue(NewJob::new("k").delay(Duration::from_secs(90))).unwrap();
+    assert_eq!(
+        queue.explain(later).unwrap().reason,
+        Reason::Waiting { until: t0 + chrono::Duration::seconds(90) }
+    );
+    let claimed = claim(&queue, 10);
+    assert_eq!(ids(&claimed), vec![due]);
+    match queue.explain(due).unwrap().reason {
+        Reason::Running { worker, lease_until } => {
+            assert_eq!(worker.as_deref(), Some("w"));
+            assert_eq!(lease_until, Some(t0 + chrono::Duration::seconds(30)));
+        }
+        other => panic!("{other:?}"),
+    }
+    queue.manual().fail_permanently(&claimed[0], "no such file").unwrap();
+    let why = queue.explain(due).unwrap();
+    assert_eq!(why.reason, Reason::Finished);
+    assert_eq!(why.to_string(), "dead: no such file");
+
+    // Blocked: by whom, until when.
+    queue.set_limit("sync", Limit::per_key(1)).unwrap();
+    let holder = queue.enqueue(sync("42")).unwrap();
+    let waiter = queue.enqueue(sync("42")).unwrap();
+    assert_eq!(ids(&claim(&queue, 10)), vec![holder]);
+    let why = queue.explain(waiter).unwrap();
+    let until = t0 + chrono::Duration::seconds(30);
+    assert_eq!(
+        why.reason,
+        Reason::Blocked {
+            limit: "sync".into(),
+            key: "42".into(),
+            held: 1,
+            max_per_key: Some(1),
+            limit_set: true,
+            holders: vec![Holder {
+                job_id: holder,
+                worker: Some("w".into()),
+                lease_until: Some(until),
+                weight: 1,
+            }],
+        }
+    );
+    assert_eq!(
+        why.to_string(),
+        format!(
+            "blocked by limit sync/42: 1 of 1 held by job {holder} (worker w, lease until {})",
+            until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        )
+    );
+
+    // Deferred by a rate: until when, which place in the key's line.
+    queue.set_limit("api", Limit::rate(10, Duration::from_secs(1))).unwrap();
+    let line: Vec<_> = (0..4)
+        .map(|_| queue.enqueue(NewJob::new("api").limit("api", "team-7")).unwrap())
+        .collect();
+    assert_eq!(ids(&claim(&queue, 10)), vec![line[0]]);
+    for (i, id) in line.iter().enumerate().skip(1) {
+        let until = t0 + chrono::Duration::milliseconds(100 * i as i64);
+        assert_eq!(
+            queue.explain(*id).unwrap().reason,
+            Reason::Deferred { limit: "api".into(), key: "team-7".into(), until, place: i as u64 }
+        );
+    }
+    let why = queue.explain(line[2]).unwrap().to_string();
+    assert!(why.starts_with("deferred by rate limit api/team-7 until "), "{why}");
+    assert!(why.ends_with("(2nd in line)"), "{why}");
+    // A retry's backoff is waiting, not a place in a line.
+    clock.advance(Duration::from_millis(100));
+    let second = claim(&queue, 10);
+    assert_eq!(ids(&second), vec![line[1]]);
+    queue.manual().fail(&second[0], "boom").unwrap();
+    assert!(matches!(queue.explain(line[1]).unwrap().reason, Reason::Waiting { .. }));
+    assert!(matches!(
+        queue.explain(line[2]).unwrap().reason,
+        Reason::Deferred { place: 1, .. }
+    ));
+    assert!(matches!(queue.explain(tickler::JobId(9_999)), Err(tickler::Error::NotFound(_))));
+}
+}
