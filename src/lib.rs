@@ -236,6 +236,15 @@
 //!   job's own retry. Blocked jobs of a paused queue are passed over, and
 //!   their keys released when it resumes.
 //!
+//! - **Why is it not running?** [`Queue::explain`] (and `tickler show`,
+//!   its `why:` line) says: "blocked by limit sync/42: 1 of 1 held by job
+//!   881 (worker pi-1, lease until …)", "deferred by rate limit
+//!   openai/team-7 until … (4th in line)", a paused queue, a backoff.
+//!   `tickler limit list` gives each key's held weight and its holding,
+//!   blocked, deferred and pending jobs; with the `metrics` feature a pool
+//!   sets `tickler_limit_held{limit}` and `tickler_limit_jobs{limit,
+//!   state}`, summed over keys.
+//!
 //! ## Rate limits
 //!
 //! "At most 100 calls a minute per API key": the same limit may carry a

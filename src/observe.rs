@@ -123,3 +123,45 @@ pub(crate) fn job_gauges(queue: &crate::Queue, known: &mut std::collections::BTr
         }
     }
 }
+
+/// Sets the per-limit gauges from [`crate::Queue::limit_usage`], summed over
+/// each limit's keys (a label per key could be one per user):
+/// `tickler_limit_held{limit}`, the weight its lease holders hold, and
+/// `tickler_limit_jobs{limit, state}` for `holding`, `blocked`, `deferred`
+/// and `pending`; every limit seen so far (`known`), so that a count that
+/// fell to zero reads zero. Reads every unfinished limited job, once per
+/// metrics interval.
+#[cfg(feature = "metrics")]
+pub(crate) fn limit_gauges(queue: &crate::Queue, known: &mut std::collections::BTreeSet<String>) {
+    let usage = match queue.limit_usage(None) {
+        Ok(usage) => usage,
+        Err(e) => {
+            log::warn!("reading limit usage for the tickler_limit gauges failed: {e}");
+            return;
+        }
+    };
+    let mut sums: std::collections::BTreeMap<&str, [u64; 5]> = std::collections::BTreeMap::new();
+    for u in &usage {
+        let sum = sums.entry(u.name.as_str()).or_default();
+        for (i, n) in [u.held, u.holders, u.blocked, u.deferred, u.pending]
+            .into_iter()
+            .enumerate()
+        {
+            sum[i] += n;
+        }
+    }
+    known.extend(usage.iter().map(|u| u.name.clone()));
+    for name in known.iter() {
+        let sum = sums.get(name.as_str()).copied().unwrap_or_default();
+        metrics::gauge!("tickler_limit_held", "limit" => name.clone()).set(sum[0] as f64);
+        for (state, n) in [
+            ("holding", sum[1]),
+            ("blocked", sum[2]),
+            ("deferred", sum[3]),
+            ("pending", sum[4]),
+        ] {
+            metrics::gauge!("tickler_limit_jobs", "limit" => name.clone(), "state" => state)
+                .set(n as f64);
+        }
+    }
+}

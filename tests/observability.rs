@@ -121,6 +121,18 @@ fn spans_metrics_and_log_lines() {
         })
         .start()
         .unwrap();
+    // Two jobs of one key of a limit of 1, in a queue the pool does not
+    // serve: one claimed by hand, one blocked.
+    queue.set_limit("sync", tickler::Limit::per_key(1)).unwrap();
+    for _ in 0..2 {
+        queue
+            .enqueue(NewJob::new("sync").limit("sync", "a"))
+            .unwrap();
+    }
+    let _held = queue
+        .manual()
+        .claim("default", "w", 10, std::time::Duration::from_secs(60))
+        .unwrap();
     let ok = queue.enqueue(NewJob::new("send").queue("mail")).unwrap();
     queue
         .enqueue(NewJob::new("send").queue("mail").payload("fail".into()))
@@ -166,6 +178,7 @@ fn spans_metrics_and_log_lines() {
     let mut finished = std::collections::HashMap::new();
     let (mut lateness, mut run_time) = (0, 0);
     let mut gauge_dead = None;
+    let mut limit_gauges = std::collections::BTreeMap::new();
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
         let key = key.key();
         let label = |name: &str| {
@@ -183,6 +196,13 @@ fn spans_metrics_and_log_lines() {
             ("tickler_jobs", DebugValue::Gauge(v)) if label("state").as_deref() == Some("dead") => {
                 gauge_dead = Some(v.into_inner());
             }
+            ("tickler_limit_held", DebugValue::Gauge(v)) => {
+                limit_gauges.insert(format!("{}:held", label("limit").unwrap()), v.into_inner());
+            }
+            ("tickler_limit_jobs", DebugValue::Gauge(v)) => {
+                let name = format!("{}:{}", label("limit").unwrap(), label("state").unwrap());
+                limit_gauges.insert(name, v.into_inner());
+            }
             _ => {}
         }
     }
@@ -192,6 +212,17 @@ fn spans_metrics_and_log_lines() {
     assert_eq!(finished.get("dead"), Some(&1), "{finished:?}");
     assert_eq!((lateness, run_time), (3, 3));
     assert_eq!(gauge_dead, Some(1.0));
+    let expected: std::collections::BTreeMap<String, f64> = [
+        ("sync:held", 1.0),
+        ("sync:holding", 1.0),
+        ("sync:blocked", 1.0),
+        ("sync:deferred", 0.0),
+        ("sync:pending", 0.0),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    assert_eq!(limit_gauges, expected);
 
     // log: warn for the dead job, info for the retried one.
     let lines = LINES.0.lock().unwrap().clone();

@@ -347,10 +347,12 @@ impl WorkerPoolBuilder {
             // Detached: it notices the pool's end within 100 ms.
             spawn("tickler-metrics", move || {
                 let mut known = std::collections::BTreeSet::new();
+                let mut known_limits = std::collections::BTreeSet::new();
                 let mut next = Instant::now();
                 while !shared.stop_background.load(Ordering::SeqCst) {
                     if Instant::now() >= next {
                         crate::observe::job_gauges(&shared.queue, &mut known);
+                        crate::observe::limit_gauges(&shared.queue, &mut known_limits);
                         next = Instant::now() + every;
                     }
                     std::thread::sleep(Duration::from_millis(100));
