@@ -640,7 +640,7 @@ pub fn lock_waiters(path: &Path) -> i64 {
             path,
             "SELECT count(*) FROM information_schema.processlist
              WHERE db = database() AND id <> connection_id()
-               AND info LIKE 'SELECT name, max_per_key, max_total FROM tickler_limits%'",
+               AND info LIKE 'SELECT name, max_per_key, max_total%FROM tickler_limits%FOR UPDATE%'",
             &[],
         ),
         _ => panic!("lock_waiters: a SQLite file has no row locks"),
