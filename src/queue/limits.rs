@@ -73,12 +73,15 @@ impl Queue {
         }
         if let Some(rate) = &limit.rate {
             let period_ms = rate.period.as_millis();
-            if rate.count == 0 || period_ms == 0 || rate.period.as_micros() < u128::from(rate.count)
+            if rate.count == 0
+                || period_ms == 0
+                || rate.period.subsec_nanos() % 1_000_000 != 0
+                || rate.period.as_micros() < u128::from(rate.count)
             {
                 return Err(Error::InvalidArgument(format!(
                     "limit {name:?}: a rate of {} per {:?} is not one tickler keeps: count is at \
-                     least 1, the period at least 1 ms, and the rate at most one start per \
-                     microsecond",
+                     least 1, the period whole milliseconds and at least 1 ms, and the rate at \
+                     most one start per microsecond",
                     rate.count, rate.period
                 )));
             }
@@ -285,9 +288,15 @@ pub(crate) fn settle(
     let names: Vec<String> = names.into_iter().map(str::to_owned).collect();
     let limits = tx.lock_limits(&names)?;
     let mut settled = Settled::default();
-    let kept = admit(tx, &limits, claimed, now, &mut settled)?;
+    let (kept, deferred) = admit(tx, &limits, claimed, now, &mut settled)?;
     let mut keys: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for slot in freed {
+        keys.entry(&slot.name).or_default().insert(&slot.key);
+    }
+    // A run deferred over its rate gave back the slot its claim took,
+    // maybe one a release had just handed it: it goes on to the next
+    // blocked job of its key, as any freed slot does.
+    for slot in &deferred {
         keys.entry(&slot.name).or_default().insert(&slot.key);
     }
     for (name, keys) in keys {
@@ -307,16 +316,17 @@ pub(crate) fn settle(
 
 /// The claimed leases that fit under their limits, in claim order; the
 /// others are pushed back (or made dead if they can never fit), or, over
-/// a rate, deferred to the instant they may start.
+/// a rate, deferred to the instant they may start (their slots are
+/// returned second).
 fn admit(
     tx: &mut dyn LimitTx,
     limits: &HashMap<String, Limit>,
     claimed: Vec<Lease>,
     now: i64,
     settled: &mut Settled,
-) -> Result<Vec<Lease>> {
+) -> Result<(Vec<Lease>, Vec<LimitSlot>)> {
     if claimed.iter().all(|l| l.limit.is_none()) {
-        return Ok(claimed);
+        return Ok((claimed, Vec::new()));
     }
     // What the rows hold besides this claim, per key and per limit; the
     // rows already count this claim's runs.
@@ -354,6 +364,12 @@ fn admit(
     } else {
         tx.deferred_runs(&rated)?
     };
+    // Runs deferred to now first: they are the head of their key's line,
+    // ahead of runs the claim took beside them (due earlier, by run_at).
+    let (mut claimed, rest): (Vec<Lease>, Vec<Lease>) = claimed
+        .into_iter()
+        .partition(|l| deferred_runs.contains(&l.job_id));
+    claimed.extend(rest);
     let mut rates = Rates::default();
     let mut kept = Vec::with_capacity(claimed.len());
     let mut pushed = Vec::new();
@@ -411,10 +427,12 @@ fn admit(
         tx.block(&leases)?;
         settled.blocked += pushed.len() as u64;
     }
+    let mut deferred_slots = Vec::new();
     if !deferred.is_empty() {
         let runs: Vec<(&Lease, i64)> = deferred.iter().map(|(l, at)| (l, *at)).collect();
         tx.defer(&runs)?;
         settled.deferred += deferred.len() as u64;
+        deferred_slots.extend(deferred.iter().filter_map(|(l, _)| l.limit.clone()));
     }
     for lease in never {
         let slot = lease.limit.as_ref().expect("a limited lease");
@@ -422,7 +440,7 @@ fn admit(
         let error = too_heavy(slot.weight.into(), &slot.name, &limit, "");
         tx.bury(lease.job_id, &lease.run_token.0, &cut_error(&error), now)?;
     }
-    Ok(kept)
+    Ok((kept, deferred_slots))
 }
 
 /// Why a job heavier than its limit can never run.
@@ -720,7 +738,7 @@ fn read_rate(tx: &mut dyn LimitTx, name: &str, key: &str, now: i64) -> Result<Ra
 /// GCRA for one run of a rated key at `now` (ms), moving `state`. A run
 /// starts if the key is not ahead of its steady rate by more than its
 /// tolerance, and either it was deferred to this instant (its turn) or no
-/// deferred run waits; otherwise it is deferred to the end of the key's
+/// deferred run waits (the last instant handed out is past); otherwise it is deferred to the end of the key's
 /// line: one interval after the last instant handed out, and not before
 /// it may start. A deferred run that does not fit when it comes due (the
 /// key's runs were claimed late, and more came due at once than the burst
@@ -732,7 +750,7 @@ fn decide(rate: &Rate, state: &mut RateState, now: i64, deferred_run: bool) -> R
     let interval = rate.interval_us();
     let earliest = state.tat.saturating_sub(rate.tolerance_us());
     state.seen = state.seen.max(now);
-    if now_us >= earliest && (deferred_run || state.horizon <= now_us) {
+    if now_us >= earliest && (deferred_run || state.horizon < now_us) {
         state.tat = state.tat.max(now_us).saturating_add(interval);
         return Rated::Start;
     }

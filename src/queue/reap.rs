@@ -68,7 +68,10 @@ impl Queue {
         // and the rated keys that saw a later time than now (the clock
         // stepped back) move back with it, and those long unused go.
         self.sweep_limits_round()?;
-        engine.upkeep_rates()?;
+        // Its failure (a busy file) leaves the round's other work be.
+        if let Err(e) = engine.upkeep_rates() {
+            log::warn!("the reaper's upkeep of rate limits failed: {e}");
+        }
         // The background reaper's round is also the engine's upkeep.
         engine.upkeep();
         Ok(total)

@@ -304,6 +304,7 @@ fn changing_or_deleting_a_rate_takes_effect_at_the_next_claim() {
         Limit::rate(1, Duration::ZERO),
         Limit::rate(2_000_000, Duration::from_secs(1)),
         Limit::rate(1, Duration::from_secs(400 * 86_400)),
+        Limit::rate(1, Duration::from_micros(1_999)),
     ] {
         let err = queue.set_limit("api", bad).unwrap_err();
         assert!(matches!(err, tickler::Error::InvalidArgument(_)), "{err}");
@@ -424,6 +425,46 @@ fn a_concurrency_limit_changed_to_a_rate_alone_lets_its_blocked_jobs_run() {
     queue.manual().complete(&first[0]).unwrap();
     assert_eq!(claim(&queue, 10).len(), 2);
     assert_eq!(queue.manual().sweep_limits().unwrap(), 0);
+}
+}
+
+contract! {
+fn a_slot_handed_to_a_run_the_rate_defers_goes_on_to_the_next_blocked_job() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
+    queue
+        .set_limit("api", Limit::per_key(1).with_rate(10, Duration::from_secs(1)))
+        .unwrap();
+    let jobs: Vec<JobId> = (0..3).map(|_| queue.enqueue(api("a")).unwrap()).collect();
+    let first = claim(&queue, 10);
+    assert_eq!(ids(&first), vec![jobs[0]]);
+    clock.advance(Duration::from_millis(10));
+    queue.manual().complete(&first[0]).unwrap();
+    // The freed slot went to jobs[1], which the rate defers: it goes on
+    // to jobs[2] in the same transaction, not to the reaper's sweep.
+    assert!(claim(&queue, 10).is_empty());
+    assert_eq!(state(&queue, jobs[1]), JobState::Scheduled);
+    assert_eq!(state(&queue, jobs[2]), JobState::Pending);
+    assert_eq!(queue.manual().sweep_limits().unwrap(), 0, "no release was missed");
+}
+}
+
+contract! {
+fn limit_usage_reads_a_key_whose_only_row_is_a_retry_keeping_its_lease() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+    queue.set_limit("api", Limit::rate(10, Duration::from_secs(1))).unwrap();
+    queue.enqueue(api("a")).unwrap();
+    let run = claim(&queue, 1);
+    // Timed out with attempts left: a retry, scheduled, keeping the lease
+    // of the run that may still be going.
+    queue
+        .manual()
+        .record_outcomes(&[(&run[0], tickler::Outcome::TimedOut("slow".into()))])
+        .unwrap();
+    let usage = queue.limit_usage(Some("api")).unwrap();
+    assert_eq!(usage.len(), 1);
+    assert_eq!((usage[0].holders, usage[0].deferred, usage[0].pending), (1, 0, 0));
 }
 }
 

@@ -499,7 +499,8 @@ impl LimitStore for Store {
                               THEN 1 ELSE 0 END) AS SIGNED),
                      CAST(sum(status = 'blocked') AS SIGNED),
                      CAST(sum(status = 'pending') AS SIGNED),
-                     CAST(sum(status = 'scheduled' AND rate_slot = run_at) AS SIGNED)
+                     CAST(sum(CASE WHEN status = 'scheduled' AND rate_slot = run_at THEN 1 ELSE 0 END)
+                          AS SIGNED)
                  FROM tickler_jobs
                  WHERE limit_name IS NOT NULL AND (:name IS NULL OR limit_name = :name)
                    AND (status IN ('pending', 'blocked', 'running')

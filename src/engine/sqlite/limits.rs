@@ -452,7 +452,7 @@ impl LimitStore for Store {
                          sum(CASE WHEN status = 'running' OR lease_expires_at >= ?2
                                   THEN 1 ELSE 0 END),
                          sum(status = 'blocked'), sum(status = 'pending'),
-                         sum(status = 'scheduled' AND rate_slot = run_at)
+                         sum(CASE WHEN status = 'scheduled' AND rate_slot = run_at THEN 1 ELSE 0 END)
                      FROM tickler_jobs INDEXED BY tickler_jobs_limit
                      WHERE limit_name IS NOT NULL AND (?1 IS NULL OR limit_name = ?1)
                        AND (status IN ('pending', 'blocked', 'running')
