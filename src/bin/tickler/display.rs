@@ -84,6 +84,43 @@ pub fn duration(d: Duration) -> String {
     humantime::format_duration(rounded).to_string()
 }
 
+/// What `tickler limit list` and the dashboard show for a limit that jobs
+/// name but no one set.
+pub const LIMIT_NOT_SET: &str = "not set: unlimited";
+
+/// A limit's settings, as `tickler limit list` and the dashboard show
+/// them: `1 per key, 8 in all, 100 starts per 1m + 10 burst`.
+pub fn limit_settings(limit: &tickler::Limit) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = limit.max_per_key {
+        parts.push(format!("{n} per key"));
+    }
+    if let Some(total) = limit.max_total {
+        parts.push(format!("{total} in all"));
+    }
+    if let Some(rate) = limit.rate {
+        let mut text = format!(
+            "{} starts per {}",
+            rate.count,
+            humantime::format_duration(rate.period)
+        );
+        if rate.burst > 0 {
+            text.push_str(&format!(" + {} burst", rate.burst));
+        }
+        parts.push(text);
+    }
+    parts.join(", ")
+}
+
+/// The weight a key's holders hold, against the limit's `max_per_key`
+/// when it has one: `1 of 2`.
+pub fn held(held: u64, max_per_key: Option<u32>) -> String {
+    match max_per_key {
+        Some(n) => format!("{held} of {n}"),
+        None => held.to_string(),
+    }
+}
+
 /// Bytes as `512 B`, `4.0 KiB`, `1.5 MiB`.
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];

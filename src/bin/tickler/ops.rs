@@ -176,29 +176,10 @@ pub fn limit(db: &Path, command: &LimitCommand) -> Result<(), CliError> {
             }
             let mut rows = Vec::new();
             for l in limits.iter().filter(|l| shown(&l.name)) {
-                let mut parts = Vec::new();
-                if let Some(n) = l.limit.max_per_key {
-                    parts.push(format!("{n} per key"));
-                }
-                if let Some(total) = l.limit.max_total {
-                    parts.push(format!("{total} in all"));
-                }
-                if let Some(rate) = l.limit.rate {
-                    let mut text = format!(
-                        "{} starts per {}",
-                        rate.count,
-                        humantime::format_duration(rate.period)
-                    );
-                    if rate.burst > 0 {
-                        text.push_str(&format!(" + {} burst", rate.burst));
-                    }
-                    parts.push(text);
-                }
-                let max = parts.join(", ");
                 rows.push(vec![
                     display::safe(&l.name).into_owned(),
                     "*".into(),
-                    max,
+                    display::limit_settings(&l.limit),
                     String::new(),
                     String::new(),
                     String::new(),
@@ -208,10 +189,7 @@ pub fn limit(db: &Path, command: &LimitCommand) -> Result<(), CliError> {
                     rows.push(vec![
                         String::new(),
                         display::safe(&u.key).into_owned(),
-                        match l.limit.max_per_key {
-                            Some(n) => format!("{} of {n}", u.held),
-                            None => u.held.to_string(),
-                        },
+                        display::held(u.held, l.limit.max_per_key),
                         u.holders.to_string(),
                         u.blocked.to_string(),
                         u.deferred.to_string(),
@@ -227,7 +205,7 @@ pub fn limit(db: &Path, command: &LimitCommand) -> Result<(), CliError> {
                 rows.push(vec![
                     display::safe(&u.name).into_owned(),
                     display::safe(&u.key).into_owned(),
-                    "not set: unlimited".into(),
+                    display::LIMIT_NOT_SET.into(),
                     u.holders.to_string(),
                     u.blocked.to_string(),
                     u.deferred.to_string(),
