@@ -4,8 +4,11 @@
 
 use crate::support::cli;
 
-use cli::serve::{csrf_of, filled, http, serve};
-use tickler::JobState;
+use crate::support::limits;
+use cli::serve::{csrf_of, filled, http, row, serve, table};
+use cli::Env;
+use std::time::Duration;
+use tickler::{JobState, Limit, NewJob};
 
 #[test]
 fn metrics_parse_as_prometheus_text_and_match_the_file() {
@@ -156,6 +159,168 @@ fn actions_need_the_csrf_token_of_the_page() {
         &format!("queue=mail&csrf={csrf}"),
     );
     assert!(env.queue().paused_queues().unwrap().is_empty());
+}
+
+/// The Limits section gives per key what `tickler limit list` gives, and
+/// the rows of a blocked job and of a job deferred by a rate say why they
+/// wait (`Queue::explain`): which job holds the slot, which place in line.
+#[test]
+fn limits_show_what_each_key_holds_and_why_its_jobs_wait() {
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let queue = env.queue();
+    queue.set_limit("sync", Limit::per_key(1)).unwrap();
+    let ids = queue
+        .enqueue_batch(vec![limits::sync("42"), limits::sync("42")])
+        .unwrap();
+    let held = limits::claim(&queue, 2);
+    assert_eq!(held.len(), 1, "one of two runs under a limit of 1");
+    let holder = held[0].job_id;
+    let blocked = ids.into_iter().find(|id| *id != holder).unwrap();
+    assert_eq!(limits::state(&queue, blocked), JobState::Blocked);
+
+    queue
+        .set_limit(
+            "api",
+            Limit::rate(1, Duration::from_secs(3600)).burst(2).total(9),
+        )
+        .unwrap();
+    let rated = |_| NewJob::new("call").queue("api").limit("api", "acct");
+    queue.enqueue_batch((0..4).map(rated).collect()).unwrap();
+    assert_eq!(
+        limits::claim_in(&queue, "api", 4).len(),
+        3,
+        "1 + a burst of 2"
+    );
+    let deferred = env.in_state(JobState::Scheduled);
+    assert_eq!(deferred.len(), 1, "{deferred:?}");
+
+    let served = serve(&env, &[]);
+    let (status, _, page) = http(&served.addr, "GET", "/", &[], "");
+    assert_eq!(status, 200);
+    let shown = table(&page, "limits");
+    let cells = |key_row: &str, want: [&str; 5]| {
+        for (column, value) in ["held", "holders", "blocked", "deferred", "pending"]
+            .iter()
+            .zip(want)
+        {
+            let cell = format!("data-column={column}>{value}</td>");
+            assert!(key_row.contains(&cell), "want {cell} in {key_row}");
+        }
+    };
+    assert!(row(shown, "<tr data-limit=\"sync\">").contains("<td colspan=6>1 per key</td>"));
+    let key = row(shown, "<tr data-limit=\"sync\" data-key=\"42\">");
+    cells(key, ["1 of 1", "1", "1", "0", "0"]);
+    assert!(
+        row(shown, "<tr data-limit=\"api\">").contains("9 in all, 1 starts per 1h + 2 burst"),
+        "{shown}"
+    );
+    let key = row(shown, "<tr data-limit=\"api\" data-key=\"acct\">");
+    cells(key, ["3", "3", "0", "1", "0"]);
+
+    let job = row(
+        table(&page, "jobs-blocked"),
+        &format!("<tr><td>{blocked}</td>"),
+    );
+    let why = format!("blocked by limit sync/42: 1 of 1 held by job {holder} (worker w,");
+    assert!(job.contains(&why), "want {why:?} in {job}");
+    let job = row(
+        table(&page, "jobs-scheduled"),
+        &format!("<tr><td>{}</td>", deferred[0].id),
+    );
+    assert!(
+        job.contains("deferred by rate limit api/acct until") && job.contains("(1st in line)"),
+        "{job}"
+    );
+}
+
+/// A limit with a key per account must not make the page as long as the
+/// accounts: the busiest keys are listed, the others summed in one row.
+#[test]
+fn a_limit_with_many_keys_lists_the_busiest_and_sums_the_others() {
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let queue = env.queue();
+    queue.set_limit("sync", Limit::per_key(1)).unwrap();
+    let mut jobs: Vec<NewJob> = (0..52).map(|i| limits::sync(&format!("k{i:02}"))).collect();
+    jobs.extend((0..3).map(|_| limits::sync("z-busy")));
+    queue.enqueue_batch(jobs).unwrap();
+
+    let served = serve(&env, &[]);
+    let (_, _, page) = http(&served.addr, "GET", "/", &[], "");
+    let shown = table(&page, "limits");
+    let keys: Vec<&str> = shown
+        .split("data-key=\"")
+        .skip(1)
+        .map(|rest| rest.split('"').next().unwrap())
+        .collect();
+    assert_eq!(keys.len(), 50, "{shown}");
+    // Sorted by name it would be last, and left out.
+    assert_eq!(keys[0], "z-busy");
+    assert_eq!(keys[49], "k48");
+    let more = row(shown, "<tr data-limit=\"sync\" data-more>");
+    assert!(more.contains("and 3 more keys"), "{more}");
+    let waiting: u64 = ["blocked", "pending"]
+        .iter()
+        .map(|column| {
+            let cell = format!("data-column={column}>");
+            more.split(&cell)
+                .nth(1)
+                .unwrap()
+                .split('<')
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(waiting, 3, "{more}");
+}
+
+/// Limit names and keys are chosen by whoever enqueues; like every other
+/// text on the page they are escaped, in the Limits section, in its
+/// attributes and in a waiting job's explanation.
+#[test]
+fn limit_names_keys_and_workers_are_escaped() {
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let queue = env.queue();
+    let name = "<script>alert(1)</script>";
+    let key = "\"><img src=x onerror=alert(2)>";
+    let unset = "u<svg onload=alert(3)>";
+    queue.set_limit(name, Limit::per_key(1)).unwrap();
+    let job = || NewJob::new("k").limit(name, key);
+    queue
+        .enqueue_batch(vec![job(), job(), NewJob::new("k").limit(unset, "'x'")])
+        .unwrap();
+    let held = queue
+        .manual()
+        .claim("default", "<b>w</b>", 3, Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(held.len(), 2, "one of the limit, one unlimited");
+    assert_eq!(env.in_state(JobState::Blocked).len(), 1);
+
+    let served = serve(&env, &[]);
+    let (status, _, page) = http(&served.addr, "GET", "/", &[], "");
+    assert_eq!(status, 200);
+    for raw in ["<script", "<img", "<svg onload", "<b>w"] {
+        assert!(!page.contains(raw), "{raw:?} unescaped in the page");
+    }
+    let name_shown = "&lt;script&gt;alert(1)&lt;/script&gt;";
+    let key_shown = "&quot;&gt;&lt;img src=x onerror=alert(2)&gt;";
+    row(
+        table(&page, "limits"),
+        &format!("<tr data-limit=\"{name_shown}\" data-key=\"{key_shown}\">"),
+    );
+    let unset_row = row(
+        table(&page, "limits"),
+        "<tr data-limit=\"u&lt;svg onload=alert(3)&gt;\">",
+    );
+    assert!(unset_row.contains("not set: unlimited"), "{unset_row}");
+    assert!(page.contains(&format!(
+        "blocked by limit {name_shown}/{key_shown}: 1 of 1 held by job"
+    )));
+    assert!(page.contains("(worker &lt;b&gt;w&lt;/b&gt;,"), "{page}");
 }
 
 /// Failures reported against other job queues' dashboards, metrics

@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
-use tickler::{JobId, JobState, Queue};
+use tickler::{JobId, JobState, LimitKeyUsage, Queue};
 use tiny_http::{Header, Method, Request, Response, Server};
 
 /// Jobs listed per state on the page.
@@ -29,6 +29,10 @@ const PLOT_CAP: u64 = 20_000;
 /// Counts on the page stop here ("100000+"), so that the page of a big
 /// file reads a bounded part of each index.
 const COUNT_CAP: u64 = 100_000;
+
+/// Keys listed per limit, busiest first; the others are summed in one
+/// row, so that a limit with a key per account keeps the page small.
+const KEYS_LISTED: usize = 50;
 
 /// Of a listed job's error history the page shows the newest entry cut to
 /// this many bytes, and the [`EARLIER_SHOWN`] before it cut to
@@ -635,6 +639,7 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
         );
     }
     html.push_str("</table>");
+    html.push_str(&limits(queue)?);
     for state in [
         JobState::Dead,
         JobState::Running,
@@ -661,14 +666,17 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
                 t.map_or_else(|| "-".to_owned(), |t| t.to_rfc3339())
             };
             let when = match state {
-                JobState::Scheduled | JobState::Pending => format!("due {}", at(Some(job.run_at))),
-                JobState::Blocked => format!(
-                    "due {}, waiting for limit {}",
-                    at(Some(job.run_at)),
-                    job.limit
-                        .as_ref()
-                        .map_or_else(String::new, |l| format!("{}/{}", l.name, l.key))
-                ),
+                JobState::Pending => format!("due {}", at(Some(job.run_at))),
+                // A limited job waits for its limit: the page says for
+                // what, as `tickler show` does (a job that left the state
+                // since it was listed is explained as it is now).
+                JobState::Scheduled | JobState::Blocked => {
+                    let due = format!("due {}", at(Some(job.run_at)));
+                    match why(queue, &job)? {
+                        Some(why) => format!("{due}; {why}"),
+                        None => due,
+                    }
+                }
                 JobState::Running => format!(
                     "started {} by {}, lease until {}",
                     at(job.claimed_at),
@@ -694,5 +702,117 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
         html.push_str("</table>");
     }
     html.push_str("</body></html>");
+    Ok(html)
+}
+
+/// Why a listed limited job is not running ([`Queue::explain`]); `None`
+/// for a job under no limit (its due time says it all) or one gone since
+/// it was listed, and for a scheduled job that is merely waiting for its
+/// time.
+fn why(queue: &Queue, job: &tickler::Job) -> tickler::Result<Option<String>> {
+    if job.limit.is_none() {
+        return Ok(None);
+    }
+    match queue.explain(job.id) {
+        Ok(e) if matches!(e.reason, tickler::Reason::Waiting { .. }) => Ok(None),
+        Ok(e) => Ok(Some(e.to_string())),
+        Err(tickler::Error::NotFound(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The "Limits" section: each limit's settings and, per key with
+/// unfinished jobs, what `tickler limit list` gives (weight held, holders,
+/// blocked, deferred, pending), the busiest [`KEYS_LISTED`] keys first and
+/// the others summed. Nothing when no limit is set and no job names one.
+fn limits(queue: &Queue) -> tickler::Result<String> {
+    let set = queue.limits()?;
+    let usage = queue.limit_usage(None)?;
+    if set.is_empty() && usage.is_empty() {
+        return Ok(String::new());
+    }
+    // Set limits, and the names jobs give that no one set (they run
+    // unlimited), each with its keys.
+    let mut by_name: std::collections::BTreeMap<
+        &str,
+        (Option<tickler::Limit>, Vec<&LimitKeyUsage>),
+    > = set
+        .iter()
+        .map(|l| (l.name.as_str(), (Some(l.limit), Vec::new())))
+        .collect();
+    for u in &usage {
+        by_name.entry(&u.name).or_default().1.push(u);
+    }
+    let mut html = String::from(
+        "<h2>Limits</h2><table id=limits><tr><th>limit</th><th>key</th><th>held</th>\
+         <th>holders</th><th>blocked</th><th>deferred</th><th>pending</th></tr>",
+    );
+    for (name, (limit, mut keys)) in by_name {
+        let settings = limit.as_ref().map_or_else(
+            || crate::display::LIMIT_NOT_SET.to_owned(),
+            crate::display::limit_settings,
+        );
+        let _ = write!(
+            html,
+            "<tr data-limit=\"{n}\"><td>{n}</td><td colspan=6>{}</td></tr>",
+            esc(&settings),
+            n = esc(name),
+        );
+        // Busiest first: most weight held, then most jobs waiting.
+        keys.sort_by(|a, b| {
+            (b.held, b.blocked + b.deferred + b.pending)
+                .cmp(&(a.held, a.blocked + a.deferred + a.pending))
+                .then_with(|| a.key.cmp(&b.key))
+        });
+        let max_per_key = limit.and_then(|l| l.max_per_key);
+        let cells = |held: String, u: &LimitKeyUsage| {
+            format!(
+                "<td class=n data-column=held>{}</td><td class=n data-column=holders>{}</td>\
+                 <td class=n data-column=blocked>{}</td><td class=n data-column=deferred>{}</td>\
+                 <td class=n data-column=pending>{}</td>",
+                esc(&held),
+                u.holders,
+                u.blocked,
+                u.deferred,
+                u.pending
+            )
+        };
+        for u in keys.iter().take(KEYS_LISTED) {
+            let _ = write!(
+                html,
+                "<tr data-limit=\"{n}\" data-key=\"{k}\"><td></td><td>{k}</td>{}</tr>",
+                cells(crate::display::held(u.held, max_per_key), u),
+                n = esc(name),
+                k = esc(&u.key),
+            );
+        }
+        if keys.len() > KEYS_LISTED {
+            let rest = &keys[KEYS_LISTED..];
+            let mut sum = LimitKeyUsage {
+                name: name.to_owned(),
+                key: String::new(),
+                held: 0,
+                holders: 0,
+                blocked: 0,
+                deferred: 0,
+                pending: 0,
+            };
+            for u in rest {
+                sum.held += u.held;
+                sum.holders += u.holders;
+                sum.blocked += u.blocked;
+                sum.deferred += u.deferred;
+                sum.pending += u.pending;
+            }
+            let _ = write!(
+                html,
+                "<tr data-limit=\"{n}\" data-more><td></td><td>and {} more keys (tickler limit list has them all)</td>{}</tr>",
+                rest.len(),
+                cells(sum.held.to_string(), &sum),
+                n = esc(name),
+            );
+        }
+    }
+    html.push_str("</table>");
     Ok(html)
 }

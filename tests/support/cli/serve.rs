@@ -94,6 +94,30 @@ pub fn csrf_of(page: &str) -> String {
         .to_owned()
 }
 
+/// The table `id` of a dashboard page, from `<table id=ID>` to its
+/// `</table>`.
+pub fn table<'a>(page: &'a str, id: &str) -> &'a str {
+    let start = format!("<table id={id}>");
+    let from = page
+        .find(&start)
+        .unwrap_or_else(|| panic!("no {start} in the page: {page}"));
+    let rest = &page[from..];
+    &rest[..rest
+        .find("</table>")
+        .map_or(rest.len(), |end| end + "</table>".len())]
+}
+
+/// The row of `html` that begins with `start` (`<tr …>`), to its `</tr>`.
+pub fn row<'a>(html: &'a str, start: &str) -> &'a str {
+    let from = html
+        .find(start)
+        .unwrap_or_else(|| panic!("no row {start} in {html}"));
+    let rest = &html[from..];
+    &rest[..rest
+        .find("</tr>")
+        .map_or(rest.len(), |end| end + "</tr>".len())]
+}
+
 /// A queue file with jobs in every state over two queues, and a schedule:
 ///
 /// - mail: 3 pending, 1 scheduled (due in an hour), 1 running (leased
