@@ -717,7 +717,8 @@ fn why(queue: &Queue, job: &tickler::Job) -> tickler::Result<Option<String>> {
         Ok(e) if matches!(e.reason, tickler::Reason::Waiting { .. }) => Ok(None),
         Ok(e) => Ok(Some(e.to_string())),
         Err(tickler::Error::NotFound(_)) => Ok(None),
-        Err(e) => Err(e),
+        // One job that cannot be explained costs its reason, not the page.
+        Err(e) => Ok(Some(format!("(its reason could not be read: {e})"))),
     }
 }
 
