@@ -109,6 +109,36 @@ pub enum JobEventKind {
         /// Whether the job is now `dead`.
         dead: bool,
     },
+    /// A run this process claimed did not fit its limit's free slots: it
+    /// was handed back unstarted, without using an attempt, and waits as
+    /// `blocked` until a slot of its key is freed.
+    Blocked {
+        /// The limit's name.
+        limit: String,
+        /// The job's key of it.
+        key: String,
+    },
+    /// A slot freed by a run this process recorded (its outcome ended the
+    /// lease) went to this blocked job, which is pending again. Slots a
+    /// job gets otherwise (the reaper, an operator raising or deleting the
+    /// limit, another process) are not reported here.
+    Unblocked {
+        /// The limit's name.
+        limit: String,
+        /// The job's key of it.
+        key: String,
+    },
+    /// A run this process claimed was over its limit's rate: it was handed
+    /// back unstarted, without using an attempt, and is due at `until`,
+    /// its place in its key's line.
+    Deferred {
+        /// The limit's name.
+        limit: String,
+        /// The job's key of it.
+        key: String,
+        /// When it may start.
+        until: DateTime<Utc>,
+    },
     /// The handler reported how far it is
     /// ([`crate::JobContext::progress`]): every report, from memory, as it
     /// is made (the stored value, written a few times a second at most,

@@ -186,8 +186,7 @@ pub(crate) trait LimitTx {
     fn doom(&mut self, job_id: JobId, error: &str, now: i64) -> Result<()>;
 
     /// Up to `n` blocked jobs of `key` of limit `name` in queues that are
-    /// not paused, in claim order (priority, due time, id): id, key,
-    /// weight.
+    /// not paused, in claim order (priority, due time, id).
     fn blocked(
         &mut self,
         name: &str,
@@ -651,7 +650,17 @@ pub(crate) trait Claims {
         outcomes: &[(&Lease, Outcome)],
         claim: Option<&Claim<'_>>,
         sync: OutcomeSync,
-    ) -> Result<(Vec<Result<()>>, Vec<Lease>)>;
+    ) -> Result<Recorded>;
+}
+
+/// What [`Claims::record_and_claim`] did, once committed: each outcome's
+/// result (in the order given), the claimed leases, and the limited jobs
+/// its limit rules pushed back, deferred or made pending (for this
+/// process's events).
+pub(crate) struct Recorded {
+    pub results: Vec<Result<()>>,
+    pub leases: Vec<Lease>,
+    pub limit_changes: Vec<crate::queue::limits::LimitChange>,
 }
 
 /// Claimed jobs' leases: heartbeats, whether they are still held, the

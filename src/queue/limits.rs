@@ -255,12 +255,62 @@ enum Room {
 }
 
 /// What a transaction did to limits: runs pushed back, jobs made pending,
-/// runs deferred over a rate.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// runs deferred over a rate, each job's change as this process's
+/// subscribers are told it once the transaction committed.
+#[derive(Debug, Default, Clone, PartialEq)]
 pub(crate) struct Settled {
     pub blocked: u64,
     pub unblocked: u64,
     pub deferred: u64,
+    pub changes: Vec<LimitChange>,
+}
+
+/// A limited job's change of state in a transaction: pushed back to
+/// `blocked`, made pending by a freed slot, or deferred by its rate.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LimitChange {
+    pub job_id: JobId,
+    pub kind: String,
+    pub queue: String,
+    /// The run's attempt, for a run pushed back or deferred.
+    pub attempt: Option<u32>,
+    pub what: crate::events::JobEventKind,
+}
+
+impl LimitChange {
+    fn of_run(lease: &Lease, what: crate::events::JobEventKind) -> Self {
+        LimitChange {
+            job_id: lease.job_id,
+            kind: lease.kind.clone(),
+            queue: lease.queue.clone(),
+            attempt: Some(lease.attempt),
+            what,
+        }
+    }
+
+    /// The event, emitted at `at`.
+    pub(crate) fn event(self, at: chrono::DateTime<chrono::Utc>) -> crate::events::Event {
+        crate::events::Event::Job(crate::events::JobEvent {
+            what: self.what,
+            job_id: self.job_id,
+            kind: self.kind,
+            queue: self.queue,
+            attempt: self.attempt,
+            queue_time: None,
+            run_time: None,
+            at,
+        })
+    }
+}
+
+impl Settled {
+    /// Adds what a later step of the same transaction did.
+    pub(crate) fn add(&mut self, other: Settled) {
+        self.blocked += other.blocked;
+        self.unblocked += other.unblocked;
+        self.deferred += other.deferred;
+        self.changes.extend(other.changes);
+    }
 }
 
 /// Keeps the limits after the engine's transaction ended the leases of
@@ -309,7 +359,15 @@ pub(crate) fn settle(
             continue;
         }
         let keys: Vec<&str> = keys.into_iter().collect();
-        settled.unblocked += release(tx, name, limits.get(name), &keys, Room::Freed, now)?;
+        settled.unblocked += release(
+            tx,
+            name,
+            limits.get(name),
+            &keys,
+            Room::Freed,
+            now,
+            &mut settled.changes,
+        )?;
     }
     Ok((kept, settled))
 }
@@ -426,12 +484,35 @@ fn admit(
         let leases: Vec<&Lease> = pushed.iter().collect();
         tx.block(&leases)?;
         settled.blocked += pushed.len() as u64;
+        settled.changes.extend(pushed.iter().filter_map(|lease| {
+            let slot = lease.limit.as_ref()?;
+            Some(LimitChange::of_run(
+                lease,
+                crate::events::JobEventKind::Blocked {
+                    limit: slot.name.clone(),
+                    key: slot.key.clone(),
+                },
+            ))
+        }));
     }
     let mut deferred_slots = Vec::new();
     if !deferred.is_empty() {
         let runs: Vec<(&Lease, i64)> = deferred.iter().map(|(l, at)| (l, *at)).collect();
         tx.defer(&runs)?;
         settled.deferred += deferred.len() as u64;
+        settled
+            .changes
+            .extend(deferred.iter().filter_map(|(lease, at)| {
+                let slot = lease.limit.as_ref()?;
+                Some(LimitChange::of_run(
+                    lease,
+                    crate::events::JobEventKind::Deferred {
+                        limit: slot.name.clone(),
+                        key: slot.key.clone(),
+                        until: crate::clock::ms_to_datetime(*at),
+                    },
+                ))
+            }));
         deferred_slots.extend(deferred.iter().filter_map(|(l, _)| l.limit.clone()));
     }
     for lease in never {
@@ -476,14 +557,32 @@ fn release(
     keys: &[&str],
     room_of: Room,
     now: i64,
+    changes: &mut Vec<LimitChange>,
 ) -> Result<u64> {
+    let mut made_pending: Vec<(Blocked, String)> = Vec::new();
+    let mut note = |made_pending: Vec<(Blocked, String)>| {
+        changes.extend(made_pending.into_iter().map(|(job, key)| LimitChange {
+            job_id: job.id,
+            kind: job.kind,
+            queue: job.queue,
+            attempt: None,
+            what: crate::events::JobEventKind::Unblocked {
+                limit: name.to_owned(),
+                key,
+            },
+        }));
+    };
     let Some(limit) = limit else {
         // Deleted or never set: nothing limits its jobs any more.
         let mut ids = Vec::new();
         for key in keys {
-            ids.extend(tx.blocked(name, key, RELEASE_MAX)?.into_iter().map(|b| b.0));
+            for job in tx.blocked(name, key, RELEASE_MAX)? {
+                ids.push(job.id);
+                made_pending.push((job, (*key).to_owned()));
+            }
         }
         tx.unblock(&ids)?;
+        note(made_pending);
         return Ok(ids.len() as u64);
     };
     let per_key = limit.max_per_key.map_or(i64::MAX, i64::from);
@@ -536,9 +635,10 @@ fn release(
         }
         // Each takes at least one slot: `room` jobs at most, and the
         // doomed ones besides.
-        for (id, _, w) in tx.blocked(name, key, room.saturating_add(8).min(RELEASE_MAX))? {
+        for job in tx.blocked(name, key, room.saturating_add(8).min(RELEASE_MAX))? {
+            let w = job.weight;
             if w > per_key || max_total.is_some_and(|t| w > t) {
-                doomed.push((id, w));
+                doomed.push((job.id, w));
                 continue;
             }
             if w > room {
@@ -546,7 +646,8 @@ fn release(
             }
             room -= w;
             total_room -= w;
-            ids.push(id);
+            ids.push(job.id);
+            made_pending.push((job, key.clone()));
             if room == 0 {
                 break;
             }
@@ -557,6 +658,7 @@ fn release(
         tx.doom(id, &cut_error(&error), now)?;
     }
     tx.unblock(&ids)?;
+    note(made_pending);
     Ok(ids.len() as u64)
 }
 
@@ -615,7 +717,17 @@ pub(crate) fn release_keys(
         keys.sort();
         keys.dedup();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        unblocked += release(tx, &name, limits.get(&name), &keys, Room::Unclaimed, now)?;
+        // Not reported: the reaper's sweep and an operator's change of a
+        // limit are no run of this process's.
+        unblocked += release(
+            tx,
+            &name,
+            limits.get(&name),
+            &keys,
+            Room::Unclaimed,
+            now,
+            &mut Vec::new(),
+        )?;
     }
     Ok(unblocked)
 }
@@ -636,9 +748,16 @@ fn weight(slot: &LimitSlot) -> i64 {
     i64::from(slot.weight.max(1))
 }
 
-/// Ids of blocked jobs, as a `LimitTx` reads them: the id, its key and
-/// its weight.
-pub(crate) type Blocked = (JobId, String, i64);
+/// A blocked job as a `LimitTx` reads it: enough to hand it a slot and to
+/// tell this process's subscribers that it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Blocked {
+    pub id: JobId,
+    /// Slots it takes.
+    pub weight: i64,
+    pub kind: String,
+    pub queue: String,
+}
 
 /// A rated key's stored GCRA state (the table `tickler_limit_rates`):
 /// `tat` and `horizon` in microseconds, `seen` in milliseconds.

@@ -180,8 +180,10 @@ impl Queue {
     // ----------------------------------------------------------------- events
 
     /// A subscription to what this process does through this queue (and
-    /// its clones): jobs enqueued, cancelled and retried here, and every
-    /// event of the [`crate::WorkerPool`]s and schedulers started on it.
+    /// its clones): jobs enqueued, cancelled and retried here, every
+    /// event of the [`crate::WorkerPool`]s and schedulers started on it,
+    /// and what limits did to the runs claimed and recorded here
+    /// ([`crate::JobEventKind::Blocked`], `Unblocked`, `Deferred`).
     /// Up to `capacity` events wait for the reader (at least 1;
     /// [`crate::DEFAULT_EVENT_BUFFER`] is a fair choice); what does not fit
     /// is dropped and counted ([`Subscription::dropped`]), so a slow reader
@@ -349,6 +351,14 @@ impl Queue {
         let recorded = self
             .engine()
             .record_and_claim(outcomes, claim.as_ref(), sync)?;
+        if !recorded.limit_changes.is_empty() && self.events().active() {
+            let at = self.clock().now();
+            for change in recorded.limit_changes {
+                if self.events().offer() {
+                    self.events().emit(change.event(at));
+                }
+            }
+        }
         // An outcome that makes a job claimable again (a retry, a snooze, a
         // release) or frees a unique_key wakes this process's fetchers;
         // other processes see the commit.
@@ -359,7 +369,7 @@ impl Queue {
         }) {
             self.engine().wake_watchers();
         }
-        Ok(recorded)
+        Ok((recorded.results, recorded.leases))
     }
 
     // ---------------------------------------------------------- paused queues

@@ -408,7 +408,8 @@ impl WorkerPool {
     /// does not slow the pool. The same events also go to
     /// [`Queue::subscribe`]rs of the pool's queue, which can subscribe
     /// before the pool starts, and which also get the ticks of the pool's
-    /// scheduler ([`crate::TickEvent`]). Events are this process's only;
+    /// scheduler ([`crate::TickEvent`]) and what limits did to the runs it
+    /// claimed (blocked, unblocked, deferred). Events are this process's only;
     /// see [`Queue::subscribe`].
     pub fn subscribe(&self, capacity: usize) -> Subscription {
         self.shared.events.subscribe(capacity)

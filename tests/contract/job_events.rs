@@ -327,6 +327,66 @@ fn each_jobs_events_arrive_in_order_under_a_busy_pool() {
 }
 }
 
+contract! {
+fn a_limited_run_is_reported_blocked_then_unblocked_and_one_over_its_rate_deferred() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue(&path);
+    queue.set_limit("sync", tickler::Limit::per_key(1)).unwrap();
+    queue
+        .set_limit("api", tickler::Limit::rate(1, secs(3600)))
+        .unwrap();
+    let sub = queue.subscribe(256);
+    let job = |limit: &str, sleep_ms: u64| {
+        NewJob::new("script")
+            .payload(json!({ "sleep_ms": sleep_ms }))
+            .limit(limit, "k")
+    };
+    // Both of a key in one claim: the second does not fit.
+    let ids = queue
+        .enqueue_batch(vec![job("sync", 300), job("sync", 0)])
+        .unwrap();
+    let rec = Recorder::new();
+    let mut pool = pool(&queue, &rec);
+    let second = events_of(&sub, ids[1], secs(20), |w| *w == JobEventKind::Succeeded);
+    let limit_of = |limit: &str| (limit.to_owned(), "k".to_owned());
+    let seen: Vec<&JobEventKind> = second.iter().map(|e| &e.what).collect();
+    assert!(
+        matches!(
+            seen.as_slice(),
+            [
+                JobEventKind::Enqueued,
+                JobEventKind::Blocked { limit, key },
+                JobEventKind::Unblocked { limit: l2, key: k2 },
+                JobEventKind::Started { .. },
+                JobEventKind::Succeeded,
+            ] if (limit.clone(), key.clone()) == limit_of("sync") && (l2.clone(), k2.clone()) == limit_of("sync")
+        ),
+        "{seen:#?}"
+    );
+    assert_eq!(second[1].attempt, Some(1), "the run pushed back");
+    assert_eq!((second[1].kind.as_str(), second[1].queue.as_str()), ("script", "default"));
+    assert_eq!((second[2].kind.as_str(), second[2].queue.as_str()), ("script", "default"));
+    // Over a rate of one an hour, the second waits an hour in its place.
+    let rated = queue
+        .enqueue_batch(vec![job("api", 0), job("api", 0)])
+        .unwrap();
+    let deferred = events_of(&sub, rated[1], secs(20), |w| {
+        matches!(w, JobEventKind::Deferred { .. })
+    });
+    let stored = queue.get(rated[1]).unwrap();
+    assert_eq!(stored.state, JobState::Scheduled);
+    match &deferred.last().unwrap().what {
+        JobEventKind::Deferred { limit, key, until } => {
+            assert_eq!((limit.clone(), key.clone()), limit_of("api"));
+            assert_eq!(*until, stored.run_at, "the instant it may start, as stored");
+        }
+        other => panic!("{other:?}"),
+    }
+    pool.shutdown(secs(5));
+    assert_eq!(sub.dropped(), 0);
+}
+}
+
 /// Failures reported against other job queues' dashboards, metrics
 /// endpoints, job events and queue pauses, tried on tickler: they pass and
 /// stay as regression tests, each naming the report it follows.

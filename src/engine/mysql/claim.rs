@@ -13,7 +13,7 @@ use super::Store;
 use crate::clock::ms_to_datetime;
 use crate::engine::server_tx::{record_beside_claim, record_then_claim, PARALLEL_OUTCOMES};
 use crate::engine::types::*;
-use crate::engine::{Claim, ClaimTx, Claims};
+use crate::engine::{Claim, ClaimTx, Claims, Recorded};
 use crate::error::{Error, Result};
 use crate::job::JobId;
 use crate::lease::Lease;
@@ -295,7 +295,7 @@ impl Claims for Store {
         outcomes: &[(&Lease, Outcome)],
         claim: Option<&Claim<'_>>,
         _sync: OutcomeSync,
-    ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
+    ) -> Result<Recorded> {
         if let Some(Claim { request: c, .. }) = claim {
             for queue in c.queues {
                 check_name("queue", queue)?;
@@ -320,17 +320,17 @@ impl Claims for Store {
             _ => None,
         };
         if outcomes.is_empty() && claim.is_none() {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok(Recorded {
+                results: Vec::new(),
+                leases: Vec::new(),
+                limit_changes: Vec::new(),
+            });
         }
         if let (Some((request, _)), true) = (&claim, outcomes.len() >= PARALLEL_OUTCOMES) {
             // Two transactions at once (see `record_beside_claim`).
             return record_beside_claim(
-                || Ok(self.record_and_claim(outcomes, None, OutcomeSync::Now)?.0),
-                || {
-                    Ok(self
-                        .record_and_claim(&[], Some(request), OutcomeSync::Now)?
-                        .1)
-                },
+                || self.record_and_claim(outcomes, None, OutcomeSync::Now),
+                || self.record_and_claim(&[], Some(request), OutcomeSync::Now),
             );
         }
         let policy = self.retry_policy;
@@ -374,14 +374,14 @@ impl Claims for Store {
                     }
                     (None, _) => Some(Vec::new()),
                 };
-                let claimed = match claimed {
-                    Some(claimed) => Some(super::limits::settle(tx, &freed, claimed, now)?),
-                    None => {
-                        super::limits::settle(tx, &freed, Vec::new(), now)?;
-                        None
+                let (claimed, settled) = match claimed {
+                    Some(claimed) => {
+                        let (kept, settled) = super::limits::settle(tx, &freed, claimed, now)?;
+                        (Some(kept), settled)
                     }
+                    None => (None, super::limits::settle(tx, &freed, Vec::new(), now)?.1),
                 };
-                Ok((recorded, claimed))
+                Ok((recorded, claimed, settled))
             })
         });
         if recorded.is_ok() && claim.is_some() {

@@ -173,7 +173,7 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
 
     fn blocked(&mut self, name: &str, key: &str, n: i64) -> Result<Vec<Blocked>> {
         let rows = self.0.rows(
-            "SELECT id, limit_key, limit_weight FROM tickler_jobs
+            "SELECT id, limit_weight, kind, queue FROM tickler_jobs
                  FORCE INDEX (tickler_jobs_blocked)
              WHERE status = 'blocked' AND limit_name = ? AND limit_key = ?
                AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
@@ -182,11 +182,17 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
         )?;
         rows.iter()
             .map(|r| {
-                Ok((
-                    JobId(get(r, 0)?),
-                    get::<Option<String>>(r, 1)?.unwrap_or_default(),
-                    get::<i64>(r, 2)?,
-                ))
+                // Names for an event: a byte that is not UTF-8 costs no
+                // release.
+                let name = |i| -> Result<String> {
+                    Ok(String::from_utf8_lossy(&get::<Vec<u8>>(r, i)?).into_owned())
+                };
+                Ok(Blocked {
+                    id: JobId(get(r, 0)?),
+                    weight: get::<i64>(r, 1)?,
+                    kind: name(2)?,
+                    queue: name(3)?,
+                })
             })
             .collect()
     }
@@ -638,6 +644,6 @@ pub(crate) fn settle<Q: Queryable>(
     freed: &[&crate::job::LimitSlot],
     claimed: Vec<Lease>,
     now: i64,
-) -> Result<Vec<Lease>> {
-    Ok(limits::settle(&mut InTransaction(tx), freed, claimed, now)?.0)
+) -> Result<(Vec<Lease>, limits::Settled)> {
+    limits::settle(&mut InTransaction(tx), freed, claimed, now)
 }

@@ -169,7 +169,7 @@ impl<E: Exec> LimitTx for InTransaction<'_, E> {
 
     fn blocked(&mut self, name: &str, key: &str, n: i64) -> Result<Vec<Blocked>> {
         let rows = self.0.rows(
-            "SELECT id, limit_key, limit_weight FROM tickler_jobs
+            "SELECT id, limit_weight, kind, queue FROM tickler_jobs
              WHERE status = 'blocked' AND limit_name = $1 AND limit_key = $2
                AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
              ORDER BY priority DESC, run_at, id LIMIT $3",
@@ -177,12 +177,11 @@ impl<E: Exec> LimitTx for InTransaction<'_, E> {
         )?;
         Ok(rows
             .iter()
-            .map(|r| {
-                (
-                    JobId(r.get(0)),
-                    r.get::<_, Option<String>>(1).unwrap_or_default(),
-                    r.get::<_, i64>(2),
-                )
+            .map(|r| Blocked {
+                id: JobId(r.get(0)),
+                weight: r.get::<_, i64>(1),
+                kind: r.get(2),
+                queue: r.get(3),
             })
             .collect())
     }
@@ -573,6 +572,6 @@ pub(crate) fn settle<E: Exec>(
     freed: &[&crate::job::LimitSlot],
     claimed: Vec<Lease>,
     now: i64,
-) -> Result<Vec<Lease>> {
-    Ok(limits::settle(&mut InTransaction(tx), freed, claimed, now)?.0)
+) -> Result<(Vec<Lease>, limits::Settled)> {
+    limits::settle(&mut InTransaction(tx), freed, claimed, now)
 }

@@ -9,7 +9,7 @@ use super::rows::*;
 use super::Store;
 use crate::clock::ms_to_datetime;
 use crate::engine::types::*;
-use crate::engine::{Claim, ClaimTx, Claims};
+use crate::engine::{Claim, ClaimTx, Claims, Recorded};
 use crate::error::Result;
 use crate::job::JobId;
 use crate::lease::Lease;
@@ -151,7 +151,7 @@ impl Claims for Store {
         outcomes: &[(&Lease, Outcome)],
         claim: Option<&Claim<'_>>,
         sync: OutcomeSync,
-    ) -> Result<(Vec<Result<()>>, Vec<Lease>)> {
+    ) -> Result<Recorded> {
         let claim = match claim {
             Some(claim @ Claim { request: c, .. })
                 if c.max > 0 && !c.kinds.is_some_and(|k| k.is_empty()) =>
@@ -165,7 +165,11 @@ impl Claims for Store {
             _ => None,
         };
         if outcomes.is_empty() && claim.is_none() {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok(Recorded {
+                results: Vec::new(),
+                leases: Vec::new(),
+                limit_changes: Vec::new(),
+            });
         }
         let policy = self.retry_policy;
         let commit = if outcomes.is_empty() || sync == OutcomeSync::Deferred {
@@ -176,8 +180,9 @@ impl Claims for Store {
         let mut pending_outcomes = outcomes;
         let mut commit = commit;
         let mut results = Vec::with_capacity(outcomes.len());
+        let mut limit_changes = Vec::new();
         let leases = loop {
-            let (recorded, claimed) = self.write_with(commit, |tx| {
+            let (recorded, claimed, settled) = self.write_with(commit, |tx| {
                 let now = self.now_ms();
                 let mut recorded = Vec::with_capacity(pending_outcomes.len());
                 let mut rest = pending_outcomes;
@@ -204,14 +209,14 @@ impl Claims for Store {
                 // Released before the claim: a job the outcomes' slots
                 // make pending is claimed by this same transaction (the
                 // file's one writer needs no lock order to keep).
-                crate::queue::limits::settle(
+                let (_, mut settled) = crate::queue::limits::settle(
                     &mut super::limits::InTransaction(tx),
                     &freed,
                     Vec::new(),
                     now,
                 )?;
                 let Some((claim, lease_ms, sql)) = &claim else {
-                    return Ok((recorded, Some(Vec::new())));
+                    return Ok((recorded, Some(Vec::new()), settled));
                 };
                 let expires = now.saturating_add(*lease_ms).min(MAX_TIMESTAMP_MS);
                 let mut claim_tx = InTransaction {
@@ -233,24 +238,31 @@ impl Claims for Store {
                 let limits = &mut super::limits::InTransaction(tx);
                 let claimed = match claimed {
                     Some(claimed) => {
-                        Some(crate::queue::limits::settle(limits, &[], claimed, now)?.0)
+                        let (kept, more) = crate::queue::limits::settle(limits, &[], claimed, now)?;
+                        settled.add(more);
+                        Some(kept)
                     }
                     None => None,
                 };
-                Ok((recorded, claimed))
+                Ok((recorded, claimed, settled))
             })?;
             if claim.is_some() {
                 self.holder_registered
                     .store(true, std::sync::atomic::Ordering::Relaxed);
             }
             results.extend(recorded);
+            limit_changes.extend(settled.changes);
             pending_outcomes = &[];
             commit = Commit::Lazy;
             if let Some(claimed) = claimed {
                 break claimed;
             }
         };
-        Ok((results, leases))
+        Ok(Recorded {
+            results,
+            leases,
+            limit_changes,
+        })
     }
 }
 

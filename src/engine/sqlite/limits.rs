@@ -160,17 +160,28 @@ impl LimitTx for InTransaction<'_, '_> {
         let rows = self
             .0
             .prepare_cached(
-                "SELECT id, limit_key, limit_weight FROM tickler_jobs
+                "SELECT id, limit_weight, kind, queue FROM tickler_jobs
                  WHERE status = 'blocked' AND limit_name = ?1 AND limit_key = ?2
                    AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
                  ORDER BY priority DESC, run_at, id LIMIT +?3",
             )?
             .query_map(params![name, key, n], |r| {
-                Ok((
-                    JobId(r.get(0)?),
-                    r.get::<_, Option<String>>(1)?.unwrap_or_default(),
-                    r.get::<_, i64>(2)?,
-                ))
+                // Names for an event: a row that is not UTF-8 (written by
+                // hand) costs no release.
+                let name = |i| -> rusqlite::Result<String> {
+                    Ok(match r.get_ref(i)? {
+                        rusqlite::types::ValueRef::Text(t) | rusqlite::types::ValueRef::Blob(t) => {
+                            String::from_utf8_lossy(t).into_owned()
+                        }
+                        _ => String::new(),
+                    })
+                };
+                Ok(Blocked {
+                    id: JobId(r.get(0)?),
+                    weight: r.get::<_, i64>(1)?,
+                    kind: name(2)?,
+                    queue: name(3)?,
+                })
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
