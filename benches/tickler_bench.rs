@@ -232,6 +232,7 @@ fn main() {
     if wants("limits") {
         limits_burn(0, if quick { 5_000 } else { 50_000 });
         limits_burn(2, if quick { 1_000 } else { 4_000 });
+        limits_burn(10, if quick { 400 } else { 2_000 });
         limits_no_scan(if quick { 20_000 } else { 100_000 });
     }
     if wants("async_burn") {
