@@ -153,6 +153,11 @@ pub(crate) fn template_of(s: &Schedule) -> NewJob {
     if let Some(timeout) = s.timeout {
         job = job.timeout(timeout);
     }
+    if let Some(limit) = &s.limit {
+        job = job
+            .limit(limit.name.clone(), limit.key.clone())
+            .limit_weight(limit.weight);
+    }
     job
 }
 

@@ -17,7 +17,7 @@ mod firing;
 pub(crate) use cron::*;
 pub(crate) use firing::*;
 
-use crate::job::{JobId, NewJob, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
+use crate::job::{JobId, LimitSlot, NewJob, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE};
 use chrono::{DateTime, FixedOffset, Utc};
 use serde::Serialize;
 use std::time::Duration;
@@ -292,6 +292,8 @@ pub struct NewSchedule {
     pub(crate) misfire: MisfirePolicy,
     pub(crate) misfire_grace: Duration,
     pub(crate) overlap: OverlapPolicy,
+    pub(crate) limit: Option<(String, String)>,
+    pub(crate) limit_weight: u32,
 }
 
 impl NewSchedule {
@@ -332,6 +334,8 @@ impl NewSchedule {
             misfire: MisfirePolicy::default(),
             misfire_grace: DEFAULT_MISFIRE_GRACE,
             overlap: OverlapPolicy::default(),
+            limit: None,
+            limit_weight: 1,
         }
     }
 
@@ -397,14 +401,42 @@ impl NewSchedule {
         &self.name
     }
 
+    /// Every tick's job runs under the concurrency limit `name` as one
+    /// holder of `key`, as a job enqueued with
+    /// [`NewJob::limit`](crate::NewJob::limit) does: a cron job that syncs
+    /// an account keeps to the account's limit beside the syncs enqueued
+    /// by hand. Weight 1 unless [`NewSchedule::limit_weight`] says
+    /// otherwise. Checked as a job's limit is when the schedule is stored.
+    ///
+    /// ```
+    /// let s = tickler::NewSchedule::new("sync-42", "*/5 * * * *", "sync")
+    ///     .limit("sync", "account-42");
+    /// ```
+    pub fn limit(mut self, name: impl Into<String>, key: impl Into<String>) -> Self {
+        self.limit = Some((name.into(), key.into()));
+        self
+    }
+
+    /// Slots of its limit every tick's job takes (default 1, at least 1);
+    /// see [`NewJob::limit_weight`](crate::NewJob::limit_weight). Without
+    /// [`NewSchedule::limit`] it means nothing.
+    pub fn limit_weight(mut self, weight: u32) -> Self {
+        self.limit_weight = weight;
+        self
+    }
+
     pub(crate) fn template(&self) -> NewJob {
         let mut job = NewJob::new(self.kind.clone())
             .payload(self.payload.clone())
             .queue(self.queue.clone())
             .priority(self.priority)
-            .max_attempts(self.max_attempts);
+            .max_attempts(self.max_attempts)
+            .limit_weight(self.limit_weight);
         if let Some(timeout) = self.timeout {
             job = job.timeout(timeout);
+        }
+        if let Some((name, key)) = &self.limit {
+            job = job.limit(name.clone(), key.clone());
         }
         job
     }
@@ -455,6 +487,9 @@ pub struct Schedule {
     pub created_at: DateTime<Utc>,
     /// When it was last changed or fired, UTC.
     pub updated_at: DateTime<Utc>,
+    /// The concurrency limit every tick's job takes a slot of
+    /// ([`NewSchedule::limit`]).
+    pub limit: Option<LimitSlot>,
 }
 
 /// One occurrence of a schedule, as previewed by

@@ -226,3 +226,39 @@ fn work_fires_a_schedule_of_shell_jobs() {
         .last_tick_at;
     assert!(last.is_some());
 }
+
+#[test]
+fn a_schedule_added_with_a_limit_gives_it_to_every_tick() {
+    let env = Env::new();
+    env.run(&[
+        "schedule",
+        "add",
+        "sync-42",
+        "*/5 * * * *",
+        "sync",
+        "--limit",
+        "sync:account-42",
+        "--limit-weight",
+        "2",
+    ])
+    .ok();
+    let stored = env.queue().get_schedule("sync-42").unwrap();
+    assert_eq!(
+        stored.limit.map(|l| (l.name, l.key, l.weight)),
+        Some(("sync".into(), "account-42".into(), 2))
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(env.run(&["schedule", "list", "--json"]).ok().trim()).unwrap();
+    assert_eq!(json["limit"]["key"], "account-42", "{json}");
+    // A weight without a limit means nothing: refused as a usage error.
+    let out = env.run(&[
+        "schedule",
+        "add",
+        "x",
+        "* * * * *",
+        "k",
+        "--limit-weight",
+        "2",
+    ]);
+    assert_eq!(out.code, 2, "{out:?}");
+}

@@ -5,7 +5,7 @@ use crate::support::schedule;
 
 use schedule::{piling, queue_at, run_ats, run_until, temp_db, utc};
 use std::time::Duration;
-use tickler::{Error, JobState, MisfirePolicy, NewJob, NewSchedule};
+use tickler::{Error, JobState, Limit, LimitSlot, MisfirePolicy, NewJob, NewSchedule};
 
 contract! {
 fn a_tick_enqueues_the_template_due_at_the_tick_with_a_unique_key() {
@@ -56,6 +56,60 @@ fn a_tick_enqueues_the_template_due_at_the_tick_with_a_unique_key() {
     let schedule = queue.get_schedule("report").unwrap();
     assert_eq!(schedule.last_tick_at, Some(utc(2026, 6, 2, 7, 0, 0)));
     assert_eq!(schedule.next_tick_at, Some(utc(2026, 6, 3, 7, 0, 0)));
+}
+}
+
+contract! {
+fn a_schedule_that_names_a_limit_gives_every_ticks_job_a_slot_of_it() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = queue_at(&path, utc(2026, 6, 1, 8, 59, 0));
+    queue.set_limit("sync", Limit::per_key(1)).unwrap();
+    let stored = queue
+        .upsert_schedule(NewSchedule::new("sync-a", "0 9 * * *", "sync").limit("sync", "a"))
+        .unwrap();
+    let slot = Some(LimitSlot {
+        name: "sync".into(),
+        key: "a".into(),
+        weight: 1,
+    });
+    assert_eq!(stored.limit, slot);
+    assert_eq!(queue.get_schedule("sync-a").unwrap().limit, slot);
+    // A sync of the same account enqueued by hand holds the key's slot.
+    let by_hand = queue
+        .enqueue(NewJob::new("sync").limit("sync", "a"))
+        .unwrap();
+    let lease = Duration::from_secs(60);
+    let held = queue.manual().claim("default", "w", 1, lease).unwrap();
+    assert_eq!(held[0].job_id, by_hand);
+    clock.set(utc(2026, 6, 1, 9, 0, 0));
+    let run = queue.manual().run_due_ticks().unwrap();
+    assert_eq!(run.jobs.len(), 1);
+    assert_eq!(queue.get(run.jobs[0]).unwrap().limit, slot);
+    // The tick's job waits for it rather than running beside the holder.
+    assert!(queue.manual().claim("default", "w", 1, lease).unwrap().is_empty());
+    assert_eq!(queue.get(run.jobs[0]).unwrap().state, JobState::Blocked);
+    // A weight changes the template; a bad limit stores nothing.
+    let heavier = queue
+        .upsert_schedule(
+            NewSchedule::new("sync-a", "0 9 * * *", "sync")
+                .limit("sync", "a")
+                .limit_weight(2),
+        )
+        .unwrap();
+    assert_eq!(heavier.limit.map(|l| l.weight), Some(2));
+    for bad in [
+        NewSchedule::new("bad", "0 9 * * *", "sync")
+            .limit("sync", "a")
+            .limit_weight(0),
+        NewSchedule::new("bad", "0 9 * * *", "sync").limit("", "a"),
+    ] {
+        let err = queue.upsert_schedule(bad).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    }
+    assert!(matches!(
+        queue.get_schedule("bad"),
+        Err(Error::UnknownSchedule { .. })
+    ));
 }
 }
 

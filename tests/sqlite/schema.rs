@@ -433,3 +433,48 @@ fn a_file_of_the_schema_before_rates_migrates_keeping_its_limits() {
         .unwrap();
     assert_eq!(check, "ok");
 }
+
+/// A file of the schema before schedules could name a limit opens with its
+/// schedules kept, limiting nothing, and a schedule stored again names one.
+#[cfg(unix)]
+#[test]
+fn a_file_of_the_schema_before_schedule_limits_migrates_keeping_its_schedules() {
+    let (_dir, path) = common::temp_db();
+    let schema = include_str!("../../src/engine/sqlite/schema.sql");
+    let before = &schema[..schema.find("\n-- migration: 11").expect("migration 11")];
+    {
+        let conn = common::raw(&path);
+        conn.execute_batch("PRAGMA journal_mode = WAL").unwrap();
+        let body = before[before.find("-- migration: 1").unwrap()..].to_owned();
+        conn.execute_batch(&format!("BEGIN; {body}; PRAGMA user_version = 10; COMMIT;"))
+            .unwrap();
+    }
+    {
+        // Stored by the build of that schema, in its columns.
+        let conn = common::raw(&path);
+        conn.execute_batch(
+            "INSERT INTO tickler_schedules (name, cron, time_zone, queue, kind, payload,
+                 max_attempts, misfire, misfire_grace_ms, next_tick_at, created_at, updated_at,
+                 handled_from)
+             VALUES ('nightly', '0 3 * * *', 'UTC', 'default', 'backup', 'null', 3,
+                 'fire_once', 60000, 0, 0, 0, 0)",
+        )
+        .unwrap();
+    }
+    let queue = Queue::open(&path).unwrap();
+    assert_eq!(user_version(&path), tickler::Ops::schema_version());
+    let kept = queue.get_schedule("nightly").unwrap();
+    assert_eq!((kept.kind.as_str(), kept.limit), ("backup", None));
+    let run = queue.manual().run_due_ticks().unwrap();
+    assert_eq!(run.jobs.len(), 1, "its overdue tick fires");
+    assert_eq!(queue.get(run.jobs[0]).unwrap().limit, None);
+    let named = queue
+        .upsert_schedule(
+            tickler::NewSchedule::new("nightly", "0 3 * * *", "backup").limit("disk", "sda"),
+        )
+        .unwrap();
+    assert_eq!(
+        named.limit.map(|l| (l.name, l.key, l.weight)),
+        Some(("disk".into(), "sda".into(), 1))
+    );
+}

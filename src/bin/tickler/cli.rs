@@ -618,6 +618,13 @@ pub struct ScheduleAddArgs {
     /// runs twice at once).
     #[arg(long, value_enum)]
     pub overlap: Option<OverlapArg>,
+    /// Each job runs under the concurrency limit NAME as one holder of KEY
+    /// (`--limit sync:account-42`; see `tickler limit`).
+    #[arg(long, value_name = "NAME:KEY", value_parser = parse_limit_slot)]
+    pub limit: Option<(String, String)>,
+    /// Slots of its limit each job takes while it runs (default 1).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), requires = "limit")]
+    pub limit_weight: Option<u32>,
     /// Create it paused.
     #[arg(long)]
     pub paused: bool,

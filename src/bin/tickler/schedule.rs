@@ -77,6 +77,12 @@ fn add(db: &Path, args: &ScheduleAddArgs, times: Times) -> Result<(), CliError> 
     if let Some(grace) = args.misfire_grace {
         spec = spec.misfire_grace(grace);
     }
+    if let Some((name, key)) = &args.limit {
+        spec = spec.limit(name.clone(), key.clone());
+    }
+    if let Some(weight) = args.limit_weight {
+        spec = spec.limit_weight(weight);
+    }
     if let Some(overlap) = args.overlap {
         spec = spec.overlap(match overlap {
             OverlapArg::Forbid => OverlapPolicy::Forbid,
@@ -130,6 +136,7 @@ fn schedule_json(s: &Schedule) -> serde_json::Value {
         "misfire_grace_ms": u64::try_from(s.misfire_grace.as_millis()).unwrap_or(u64::MAX),
         "overlap": s.overlap.to_string(),
         "skipped_ticks": s.skipped_ticks,
+        "limit": s.limit,
         "paused": s.paused,
         "next_tick_at": s.next_tick_at.map(display::rfc3339),
         "last_tick_at": s.last_tick_at.map(display::rfc3339),

@@ -160,7 +160,7 @@ pub(crate) fn job_from_row(r: &Row) -> Result<Job> {
 pub(crate) const SCHEDULE_COLUMNS: &str = "name, cron, time_zone, kind, payload, queue, priority, \
     max_attempts, timeout_ms, misfire, misfire_max, misfire_grace_ms, paused, next_tick_at, \
     last_tick_at, created_at, updated_at, overlap, skipped_ticks, handled_from, ahead_from, \
-    ahead_until, handled_through";
+    ahead_until, handled_through, limit_name, limit_key, limit_weight";
 
 pub(crate) fn handled_from_row(r: &Row) -> Result<Handled> {
     let ahead = match (get::<Option<i64>>(r, 20)?, get::<Option<i64>>(r, 21)?) {
@@ -205,6 +205,7 @@ pub(crate) fn schedule_from_row(r: &Row) -> Result<Schedule> {
         overlap: OverlapPolicy::from_column(&get::<String>(r, 17)?)
             .map_err(|e| Error::Config(format!("schedule overlap column: {e}")))?,
         skipped_ticks: get::<i64>(r, 18)?.unsigned_abs(),
+        limit: crate::engine::types::limit_slot(get(r, 23)?, get(r, 24)?, get(r, 25)?),
     })
 }
 

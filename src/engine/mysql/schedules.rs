@@ -215,8 +215,8 @@ impl ScheduleStore for Store {
                 "INSERT INTO tickler_schedules (name, cron, time_zone, kind, payload, queue,
                      priority, max_attempts, timeout_ms, misfire, misfire_max, misfire_grace_ms,
                      paused, next_tick_at, last_tick_at, created_at, updated_at, overlap,
-                     handled_from)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, FALSE, ?, NULL, ?, ?, ?, ?)
+                     handled_from, limit_name, limit_key, limit_weight)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, FALSE, ?, NULL, ?, ?, ?, ?, ?, ?, ?)
                  ON DUPLICATE KEY UPDATE
                      cron = VALUES(cron), time_zone = VALUES(time_zone),
                      kind = VALUES(kind), payload = VALUES(payload), queue = VALUES(queue),
@@ -224,7 +224,8 @@ impl ScheduleStore for Store {
                      timeout_ms = VALUES(timeout_ms), misfire = VALUES(misfire),
                      misfire_max = VALUES(misfire_max),
                      misfire_grace_ms = VALUES(misfire_grace_ms),
-                     overlap = VALUES(overlap),
+                     overlap = VALUES(overlap), limit_name = VALUES(limit_name),
+                     limit_key = VALUES(limit_key), limit_weight = VALUES(limit_weight),
                      next_tick_at = VALUES(next_tick_at), updated_at = VALUES(updated_at)",
                 args![
                     schedule.name.as_str(),
@@ -244,6 +245,9 @@ impl ScheduleStore for Store {
                     now,
                     schedule.overlap.as_str(),
                     now,
+                    schedule.limit.as_ref().map(|l| l.0.as_str()),
+                    schedule.limit.as_ref().map(|l| l.1.as_str()),
+                    i64::from(schedule.limit_weight),
                 ],
             )?;
             get_in(tx, &schedule.name)

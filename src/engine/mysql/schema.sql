@@ -206,3 +206,11 @@ CREATE TABLE IF NOT EXISTS tickler_limit_rates (
     PRIMARY KEY (name, `key`),
     KEY tickler_limit_rates_seen (seen)
 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC;
+
+-- migration: 6
+-- The limit a schedule's jobs name, as in the SQLite schema (migration 11
+-- there). One statement (see migration 2 for a rerun after a cut).
+ALTER TABLE tickler_schedules
+    ADD COLUMN limit_name VARBINARY(255),
+    ADD COLUMN limit_key VARBINARY(1024),
+    ADD COLUMN limit_weight BIGINT NOT NULL DEFAULT 1 CHECK (limit_weight >= 1);

@@ -113,7 +113,7 @@ pub(crate) fn job_from_row(r: &Row) -> crate::Result<Job> {
 pub(crate) const SCHEDULE_COLUMNS: &str = "name, cron, time_zone, kind, payload, queue, priority, \
     max_attempts, timeout_ms, misfire, misfire_max, misfire_grace_ms, paused, next_tick_at, \
     last_tick_at, created_at, updated_at, overlap, skipped_ticks, handled_from, ahead_from, \
-    ahead_until, handled_through";
+    ahead_until, handled_through, limit_name, limit_key, limit_weight";
 
 pub(crate) fn handled_from_row(r: &Row) -> crate::Result<Handled> {
     let ahead = match (
@@ -162,6 +162,7 @@ pub(crate) fn schedule_from_row(r: &Row) -> crate::Result<Schedule> {
         overlap: OverlapPolicy::from_column(&r.try_get::<_, String>(17)?)
             .map_err(|e| crate::Error::Config(format!("schedule overlap column: {e}")))?,
         skipped_ticks: r.try_get::<_, i64>(18)?.unsigned_abs(),
+        limit: crate::engine::types::limit_slot(r.try_get(23)?, r.try_get(24)?, r.try_get(25)?),
     })
 }
 

@@ -201,13 +201,16 @@ impl ScheduleStore for Store {
             };
             let max_attempts = i64::from(schedule.max_attempts);
             let misfire_max = schedule.misfire.max().map(i64::from);
+            let limit_name = schedule.limit.as_ref().map(|l| l.0.as_str());
+            let limit_key = schedule.limit.as_ref().map(|l| l.1.as_str());
+            let limit_weight = i64::from(schedule.limit_weight);
             tx.execute(
                 "INSERT INTO tickler_schedules (name, cron, time_zone, kind, payload, queue,
                      priority, max_attempts, timeout_ms, misfire, misfire_max, misfire_grace_ms,
                      paused, next_tick_at, last_tick_at, created_at, updated_at, overlap,
-                     handled_from)
+                     handled_from, limit_name, limit_key, limit_weight)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, false, $13, NULL,
-                     $14, $14, $15, $14)
+                     $14, $14, $15, $14, $16, $17, $18)
                  ON CONFLICT (name) DO UPDATE SET
                      cron = excluded.cron, time_zone = excluded.time_zone,
                      kind = excluded.kind, payload = excluded.payload, queue = excluded.queue,
@@ -215,7 +218,8 @@ impl ScheduleStore for Store {
                      timeout_ms = excluded.timeout_ms, misfire = excluded.misfire,
                      misfire_max = excluded.misfire_max,
                      misfire_grace_ms = excluded.misfire_grace_ms,
-                     overlap = excluded.overlap,
+                     overlap = excluded.overlap, limit_name = excluded.limit_name,
+                     limit_key = excluded.limit_key, limit_weight = excluded.limit_weight,
                      next_tick_at = excluded.next_tick_at, updated_at = excluded.updated_at",
                 &[
                     &schedule.name,
@@ -233,6 +237,9 @@ impl ScheduleStore for Store {
                     &next,
                     &now,
                     &schedule.overlap.as_str(),
+                    &limit_name,
+                    &limit_key,
+                    &limit_weight,
                 ],
             )?;
             get_in(tx, &schedule.name)

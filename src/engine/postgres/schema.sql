@@ -211,3 +211,11 @@ CREATE INDEX tickler_limit_rates_seen ON tickler_limit_rates (seen);
 ALTER TABLE tickler_jobs
     ADD COLUMN rate_slot BIGINT,
     ADD COLUMN rate_deferrals BIGINT NOT NULL DEFAULT 0;
+
+-- migration: 8
+-- The limit a schedule's jobs name, as in the SQLite schema (migration 11
+-- there).
+ALTER TABLE tickler_schedules
+    ADD COLUMN limit_name TEXT COLLATE "C",
+    ADD COLUMN limit_key TEXT COLLATE "C",
+    ADD COLUMN limit_weight BIGINT NOT NULL DEFAULT 1 CHECK (limit_weight >= 1);

@@ -50,9 +50,9 @@ impl ScheduleStore for Store {
                 "INSERT INTO tickler_schedules (name, cron, time_zone, kind, payload, queue,
                      priority, max_attempts, timeout_ms, misfire, misfire_max, misfire_grace_ms,
                      paused, next_tick_at, last_tick_at, created_at, updated_at, overlap,
-                     handled_from)
+                     handled_from, limit_name, limit_key, limit_weight)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 0, ?13, NULL, ?14, ?14,
-                     ?15, ?14)
+                     ?15, ?14, ?16, ?17, ?18)
                  ON CONFLICT (name) DO UPDATE SET
                      cron = excluded.cron, time_zone = excluded.time_zone,
                      kind = excluded.kind, payload = excluded.payload, queue = excluded.queue,
@@ -60,7 +60,8 @@ impl ScheduleStore for Store {
                      timeout_ms = excluded.timeout_ms, misfire = excluded.misfire,
                      misfire_max = excluded.misfire_max,
                      misfire_grace_ms = excluded.misfire_grace_ms,
-                     overlap = excluded.overlap,
+                     overlap = excluded.overlap, limit_name = excluded.limit_name,
+                     limit_key = excluded.limit_key, limit_weight = excluded.limit_weight,
                      next_tick_at = excluded.next_tick_at, updated_at = excluded.updated_at",
             )?
             .execute(params![
@@ -78,7 +79,10 @@ impl ScheduleStore for Store {
                 grace_ms(schedule.misfire_grace),
                 next,
                 now,
-                schedule.overlap.as_str()
+                schedule.overlap.as_str(),
+                schedule.limit.as_ref().map(|l| &l.0),
+                schedule.limit.as_ref().map(|l| &l.1),
+                schedule.limit_weight,
             ])?;
             get_in(tx, &schedule.name)
         })?;
@@ -265,7 +269,7 @@ fn rebase_stepped_in(tx: &rusqlite::Transaction<'_>, now: i64) -> Result<()> {
 pub(crate) const SCHEDULE_COLUMNS: &str = "name, cron, time_zone, kind, payload, queue, priority, \
     max_attempts, timeout_ms, misfire, misfire_max, misfire_grace_ms, paused, next_tick_at, \
     last_tick_at, created_at, updated_at, overlap, skipped_ticks, handled_from, ahead_from, \
-    ahead_until, handled_through";
+    ahead_until, handled_through, limit_name, limit_key, limit_weight";
 
 pub(crate) fn handled_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Handled> {
     let ahead = match (r.get::<_, Option<i64>>(20)?, r.get::<_, Option<i64>>(21)?) {
@@ -315,6 +319,7 @@ pub(crate) fn schedule_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Sched
         updated_at: ms_to_datetime(r.get(16)?),
         overlap: OverlapPolicy::from_column(&r.get::<_, String>(17)?)?,
         skipped_ticks: r.get::<_, i64>(18)?.unsigned_abs(),
+        limit: crate::engine::types::limit_slot(r.get(23)?, r.get(24)?, r.get(25)?),
     })
 }
 

@@ -328,3 +328,11 @@ CREATE INDEX tickler_limit_rates_seen ON tickler_limit_rates (seen);
 -- often it was deferred.
 ALTER TABLE tickler_jobs ADD COLUMN rate_slot INTEGER;
 ALTER TABLE tickler_jobs ADD COLUMN rate_deferrals INTEGER NOT NULL DEFAULT 0;
+
+-- migration: 11
+-- The limit a schedule's jobs name (NewSchedule::limit): every tick's job
+-- takes a slot of it, as a job enqueued with NewJob::limit does.
+ALTER TABLE tickler_schedules ADD COLUMN limit_name TEXT;
+ALTER TABLE tickler_schedules ADD COLUMN limit_key TEXT;
+ALTER TABLE tickler_schedules ADD COLUMN limit_weight INTEGER NOT NULL DEFAULT 1
+    CHECK (limit_weight >= 1);
