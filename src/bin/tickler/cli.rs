@@ -551,7 +551,7 @@ pub enum ScheduleCommand {
     #[command(
         after_help = "Example:\n  tickler schedule add nightly-backup '30 2 * * *' --tz Europe/Berlin shell '{\"argv\": [\"backup.sh\"]}'"
     )]
-    Add(ScheduleAddArgs),
+    Add(Box<ScheduleAddArgs>),
     /// List schedules with their next tick.
     #[command(after_help = "Example:\n  tickler schedule list")]
     List(ScheduleListArgs),
