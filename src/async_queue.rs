@@ -143,6 +143,15 @@ impl AsyncQueue {
         blocking!(self, |queue| queue.get(id))
     }
 
+    /// [`Queue::wait`], on a thread of tokio's blocking pool, which it
+    /// holds while it waits.
+    ///
+    /// # Errors
+    /// As [`Queue::wait`] and [`AsyncQueue::enqueue`].
+    pub async fn wait(&self, id: JobId, timeout: std::time::Duration) -> Result<crate::Waited> {
+        blocking!(self, |queue| queue.wait(id, timeout))
+    }
+
     /// [`Queue::list`].
     ///
     /// # Errors

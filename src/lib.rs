@@ -614,7 +614,7 @@ pub use limit::{Limit, LimitInfo, LimitKeyUsage, Rate, MAX_LIMIT_KEY_BYTES, MAX_
 pub use metrics::WriteLockWaits;
 pub use queue::{
     ActivityBucket, ChangeWatcher, Explanation, Holder, Manual, Ops, Queue, QueueBuilder,
-    QueueCounts, Reason, Waker, ACTIVITY_MAX_BUCKETS, ACTIVITY_SAMPLE, MAX_PAYLOAD_DEPTH,
+    QueueCounts, Reason, Waited, Waker, ACTIVITY_MAX_BUCKETS, ACTIVITY_SAMPLE, MAX_PAYLOAD_DEPTH,
     MAX_UNIQUE_KEY_BYTES,
 };
 pub use reaper::{Reaper, ReaperConfig};

@@ -56,6 +56,7 @@ mod reap;
 mod schedules;
 mod storage;
 mod validate;
+mod wait;
 
 pub use builder::QueueBuilder;
 pub use explain::{Explanation, Holder, Reason};
@@ -63,6 +64,7 @@ pub use manual::Manual;
 pub use ops::Ops;
 pub use readings::{ActivityBucket, QueueCounts, ACTIVITY_MAX_BUCKETS, ACTIVITY_SAMPLE};
 pub use validate::{MAX_PAYLOAD_DEPTH, MAX_UNIQUE_KEY_BYTES};
+pub use wait::Waited;
 
 use crate::clock::Clock;
 use crate::engine::types::*;

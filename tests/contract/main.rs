@@ -79,6 +79,7 @@ mod job_events;
 mod queue_pause;
 mod testing_helper;
 mod typed_jobs;
+mod wait;
 
 // Failures other queues reported against their storage abstractions,
 // tried on every engine.
