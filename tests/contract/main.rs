@@ -76,6 +76,7 @@ mod model;
 mod activity;
 mod app_tx;
 mod job_events;
+mod limits_hunt;
 mod queue_pause;
 mod testing_helper;
 mod typed_jobs;
