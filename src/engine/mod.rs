@@ -232,10 +232,11 @@ pub(crate) trait LimitTx {
     /// that still waits, if any.
     fn last_deferred(&mut self, name: &str, key: &str) -> Result<Option<i64>>;
 
-    /// Makes every job deferred on limit `name` due at `at` (ms), as
-    /// deferred runs (their turn, in claim order): after its rate changed
-    /// or went, they are lined up again (or run).
-    fn reline_deferred(&mut self, name: &str, at: i64) -> Result<()>;
+    /// Makes every job deferred on limit `name` due at `at` (ms): after
+    /// its rate changed, as deferred runs (their turn, in claim order) that
+    /// are lined up again; after it went (`rated` false), as plain due jobs
+    /// that no rate defers any more.
+    fn reline_deferred(&mut self, name: &str, at: i64, rated: bool) -> Result<()>;
 
     /// The rate states of limit `name` after its rate changed: with
     /// `Some(shift)`, each key's next start moves by `shift` µs (the new

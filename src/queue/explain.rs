@@ -65,6 +65,13 @@ pub enum Reason {
         /// false: the limit is not stored (the job runs at its next
         /// release).
         max_per_key: Option<u32>,
+        /// The limit's `max_total`, if any.
+        max_total: Option<u32>,
+        /// The weight the lease holders of all its keys hold.
+        total_held: u64,
+        /// Whether the total is what it waits for (its key has room for
+        /// it): then `holders` are of any key.
+        by_total: bool,
         /// Whether the limit is stored.
         limit_set: bool,
         /// The first holders, by lease end (at most 10).
@@ -146,6 +153,13 @@ impl Queue {
                 }
                 None => Reason::Waiting { until: job.run_at },
             },
+            // A blocked job's queue paused: releases pass it over (a slot
+            // goes to a job that can run), so it waits for the resume.
+            JobState::Blocked if self.paused_queues()?.contains(&job.queue) => {
+                Reason::QueuePaused {
+                    queue: job.queue.clone(),
+                }
+            }
             // A blocked job names a limit (the schema has it so).
             JobState::Blocked if job.limit.is_some() => {
                 let slot = job.limit.clone().expect("checked above");
@@ -154,27 +168,51 @@ impl Queue {
                     .into_iter()
                     .find(|l| l.name == slot.name)
                     .map(|l| l.limit);
-                let holders: Vec<Holder> = self
-                    .engine()
-                    .limit_holders(&slot.name, &slot.key, HOLDERS_SHOWN)?
-                    .into_iter()
-                    .map(|h| Holder {
-                        job_id: h.id,
-                        worker: h.claimed_by,
-                        lease_until: h.lease_expires_at,
-                        weight: h.limit.map_or(1, |l| l.weight),
-                    })
-                    .collect();
-                let held = self
-                    .limit_usage(Some(&slot.name))?
-                    .into_iter()
+                let usage = self.limit_usage(Some(&slot.name))?;
+                let held = usage
+                    .iter()
                     .find(|u| u.key == slot.key)
                     .map_or(0, |u| u.held);
+                let total_held: u64 = usage.iter().map(|u| u.held).sum();
+                let max_per_key = limit.and_then(|l| l.max_per_key);
+                let max_total = limit.and_then(|l| l.max_total);
+                let weight = u64::from(slot.weight.max(1));
+                let by_total = max_total.is_some()
+                    && max_per_key.is_none_or(|max| held + weight <= u64::from(max));
+                // The holders of its key, or of the busiest keys when the
+                // total is what it waits for.
+                let mut keys = vec![slot.key.clone()];
+                if by_total {
+                    let mut busy: Vec<_> = usage.iter().filter(|u| u.held > 0).collect();
+                    busy.sort_by(|a, b| b.held.cmp(&a.held).then_with(|| a.key.cmp(&b.key)));
+                    keys = busy.into_iter().map(|u| u.key.clone()).collect();
+                }
+                let mut holders = Vec::new();
+                for key in keys {
+                    let room = HOLDERS_SHOWN - holders.len() as i64;
+                    if room <= 0 {
+                        break;
+                    }
+                    holders.extend(
+                        self.engine()
+                            .limit_holders(&slot.name, &key, room)?
+                            .into_iter()
+                            .map(|h| Holder {
+                                job_id: h.id,
+                                worker: h.claimed_by,
+                                lease_until: h.lease_expires_at,
+                                weight: h.limit.map_or(1, |l| l.weight),
+                            }),
+                    );
+                }
                 Reason::Blocked {
                     limit: slot.name,
                     key: slot.key,
                     held,
-                    max_per_key: limit.and_then(|l| l.max_per_key),
+                    max_per_key,
+                    max_total,
+                    total_held,
+                    by_total,
                     limit_set: limit.is_some(),
                     holders,
                 }
@@ -227,6 +265,9 @@ impl fmt::Display for Explanation {
                 key,
                 held,
                 max_per_key,
+                max_total,
+                total_held,
+                by_total,
                 limit_set,
                 holders,
             } => {
@@ -237,9 +278,16 @@ impl fmt::Display for Explanation {
                          it runs at the next release or sweep"
                     );
                 }
-                match max_per_key {
-                    Some(max) => write!(f, "blocked by limit {limit}/{key}: {held} of {max} held")?,
-                    None => write!(f, "blocked by limit {limit}/{key} (its total): {held} held")?,
+                match (by_total, max_total, max_per_key) {
+                    (true, Some(total), _) => write!(
+                        f,
+                        "blocked by limit {limit}'s total (key {key} has room): \
+                         {total_held} of {total} held over all its keys"
+                    )?,
+                    (_, _, Some(max)) => {
+                        write!(f, "blocked by limit {limit}/{key}: {held} of {max} held")?;
+                    }
+                    _ => write!(f, "blocked by limit {limit}/{key}: {held} held")?,
                 }
                 let shown: Vec<String> = holders
                     .iter()

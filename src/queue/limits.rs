@@ -518,8 +518,12 @@ fn admit(
     for lease in never {
         let slot = lease.limit.as_ref().expect("a limited lease");
         let limit = limits[&slot.name];
-        let error = too_heavy(slot.weight.into(), &slot.name, &limit, "");
-        tx.bury(lease.job_id, &lease.run_token.0, &cut_error(&error), now)?;
+        let error = cut_error(&too_heavy(slot.weight.into(), &slot.name, &limit, "")).into_owned();
+        tx.bury(lease.job_id, &lease.run_token.0, &error, now)?;
+        settled.changes.push(LimitChange::of_run(
+            &lease,
+            crate::events::JobEventKind::Dead { error },
+        ));
     }
     Ok((kept, deferred_slots))
 }
@@ -560,7 +564,7 @@ fn release(
     changes: &mut Vec<LimitChange>,
 ) -> Result<u64> {
     let mut made_pending: Vec<(Blocked, String)> = Vec::new();
-    let mut note = |made_pending: Vec<(Blocked, String)>| {
+    let note = |changes: &mut Vec<LimitChange>, made_pending: Vec<(Blocked, String)>| {
         changes.extend(made_pending.into_iter().map(|(job, key)| LimitChange {
             job_id: job.id,
             kind: job.kind,
@@ -572,6 +576,7 @@ fn release(
             },
         }));
     };
+    let mut dead_notes = Vec::new();
     let Some(limit) = limit else {
         // Deleted or never set: nothing limits its jobs any more.
         let mut ids = Vec::new();
@@ -582,7 +587,7 @@ fn release(
             }
         }
         tx.unblock(&ids)?;
-        note(made_pending);
+        note(changes, made_pending);
         return Ok(ids.len() as u64);
     };
     let per_key = limit.max_per_key.map_or(i64::MAX, i64::from);
@@ -639,6 +644,7 @@ fn release(
             let w = job.weight;
             if w > per_key || max_total.is_some_and(|t| w > t) {
                 doomed.push((job.id, w));
+                dead_notes.push(job);
                 continue;
             }
             if w > room {
@@ -653,12 +659,19 @@ fn release(
             }
         }
     }
-    for (id, w) in doomed {
-        let error = too_heavy(w, name, limit, " now");
-        tx.doom(id, &cut_error(&error), now)?;
+    for ((id, w), job) in doomed.into_iter().zip(dead_notes) {
+        let error = cut_error(&too_heavy(w, name, limit, " now")).into_owned();
+        tx.doom(id, &error, now)?;
+        changes.push(LimitChange {
+            job_id: job.id,
+            kind: job.kind,
+            queue: job.queue,
+            attempt: None,
+            what: crate::events::JobEventKind::Dead { error },
+        });
     }
     tx.unblock(&ids)?;
-    note(made_pending);
+    note(changes, made_pending);
     Ok(ids.len() as u64)
 }
 
@@ -927,7 +940,7 @@ pub(crate) fn limit_set(
 ) -> Result<()> {
     let (old_rate, new_rate) = (old.and_then(|l| l.rate), new.and_then(|l| l.rate));
     if old_rate != new_rate {
-        tx.reline_deferred(name, now)?;
+        tx.reline_deferred(name, now, new_rate.is_some())?;
         // A key's next start was its last start and the old interval: it
         // is its last start and the new one now.
         let shift = match (old_rate, new_rate) {

@@ -56,6 +56,9 @@ fn explain_says_why_a_job_is_not_running() {
             key: "42".into(),
             held: 1,
             max_per_key: Some(1),
+            max_total: None,
+            total_held: 1,
+            by_total: false,
             limit_set: true,
             holders: vec![Holder {
                 job_id: holder,

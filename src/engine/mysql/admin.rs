@@ -29,12 +29,9 @@ impl Admin for Store {
                 });
             }
             let now = self.now_ms();
-            // The lease is kept for a running holder: read before status
-            // changes (assignments see the values assigned before them).
+            // The lease stays, as on SQLite (see there).
             tx.exec(
-                "UPDATE tickler_jobs
-                 SET lease_expires_at = CASE WHEN status = 'running' THEN lease_expires_at END,
-                     status = 'cancelled', finished_at = ?
+                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = ?
                  WHERE id = ?",
                 args![now, id.0],
             )?;
@@ -100,7 +97,7 @@ impl Admin for Store {
                     "SELECT id FROM tickler_jobs
                      WHERE finished_at IS NOT NULL AND finished_at < :before
                        AND (:state IS NULL OR status = :state)
-                       AND (lease_expires_at IS NULL OR lease_expires_at < :now)
+                       AND (lease_expires_at IS NULL OR (lease_expires_at < :now AND limit_name IS NULL))
                      LIMIT :limit FOR UPDATE SKIP LOCKED",
                     &[
                         ("before", Value::from(before)),

@@ -316,11 +316,12 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
         })
     }
 
-    fn reline_deferred(&mut self, name: &str, at: i64) -> Result<()> {
+    fn reline_deferred(&mut self, name: &str, at: i64, rated: bool) -> Result<()> {
         self.0.exec(
-            "UPDATE tickler_jobs FORCE INDEX (tickler_jobs_limit) SET run_at = ?, rate_slot = ?
+            "UPDATE tickler_jobs FORCE INDEX (tickler_jobs_limit)
+             SET rate_slot = CASE WHEN ? THEN ? END, run_at = ?
              WHERE limit_name = ? AND status = 'scheduled' AND rate_slot = run_at",
-            args![at, at, name],
+            args![rated, at, at, name],
         )?;
         Ok(())
     }
@@ -462,7 +463,7 @@ impl LimitStore for Store {
         let deleted = self.write(|tx, _| {
             let deleted = tx.exec("DELETE FROM tickler_limits WHERE name = ?", args![name])?;
             let limits = &mut InTransaction(tx);
-            limits.reline_deferred(name, self.now_ms())?;
+            limits.reline_deferred(name, self.now_ms(), false)?;
             limits.reset_rates(name, None)?;
             // Nothing limits its jobs any more: every blocked one may run.
             tx.exec(

@@ -25,8 +25,8 @@ impl Admin for Store {
             }
             let now = self.now_ms();
             tx.execute(
-                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = $1,
-                     lease_expires_at = CASE WHEN status = 'running' THEN lease_expires_at END
+                // The lease stays, as on SQLite (see there).
+                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = $1
                  WHERE id = $2",
                 &[&now, &id.0],
             )?;
@@ -86,7 +86,8 @@ impl Admin for Store {
                      SELECT id FROM tickler_jobs
                      WHERE finished_at IS NOT NULL AND finished_at < $1::bigint
                        AND ($2::text IS NULL OR status = $2)
-                       AND (lease_expires_at IS NULL OR lease_expires_at < $4::bigint)
+                       AND (lease_expires_at IS NULL
+                            OR (lease_expires_at < $4::bigint AND limit_name IS NULL))
                      LIMIT $3 FOR UPDATE SKIP LOCKED))",
                 &[&before, &state, &limit, &now],
             )

@@ -269,11 +269,12 @@ impl<E: Exec> LimitTx for InTransaction<'_, E> {
         Ok(rows.first().and_then(|r| r.get(0)))
     }
 
-    fn reline_deferred(&mut self, name: &str, at: i64) -> Result<()> {
+    fn reline_deferred(&mut self, name: &str, at: i64, rated: bool) -> Result<()> {
         self.0.rows(
-            "UPDATE tickler_jobs SET run_at = $2::bigint, rate_slot = $2::bigint
+            "UPDATE tickler_jobs
+             SET run_at = $2::bigint, rate_slot = CASE WHEN $3 THEN $2::bigint END
              WHERE limit_name = $1 AND status = 'scheduled' AND rate_slot = run_at",
-            &[&name, &at],
+            &[&name, &at, &rated],
         )?;
         Ok(())
     }
@@ -392,7 +393,7 @@ impl LimitStore for Store {
         let deleted = self.write(|tx, _| {
             let deleted = tx.execute("DELETE FROM tickler_limits WHERE name = $1", &[&name])?;
             let limits = &mut InTransaction(tx);
-            limits.reline_deferred(name, self.now_ms())?;
+            limits.reline_deferred(name, self.now_ms(), false)?;
             limits.reset_rates(name, None)?;
             // Nothing limits its jobs any more: every blocked one may run.
             tx.execute(

@@ -30,10 +30,12 @@ impl Admin for Store {
             }
             // A running job keeps its run_token and lease: until its holder
             // has stopped (its outcome, refused, clears the lease) or the
-            // lease runs out, no other job with its unique_key starts.
+            // lease runs out, no other job with its unique_key starts and
+            // its limit's slot stays taken. So does a retry that kept the
+            // lease of a run given up on (timed out, its thread maybe still
+            // at work): only such rows have a lease when not running.
             tx.prepare_cached(
-                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = ?1,
-                     lease_expires_at = CASE WHEN status = 'running' THEN lease_expires_at END
+                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = ?1
                  WHERE id = ?2",
             )?
             .execute(params![self.now_ms(), id.0])?;
@@ -79,7 +81,9 @@ impl Admin for Store {
             // A cancelled (or timed-out dead) job whose holder may still be
             // running keeps its lease, and with it its unique_key: it is
             // pruned once that lease is cleared or has run out, or the next
-            // job with its key would start beside the old run.
+            // job with its key would start beside the old run. A lease of a
+            // limit's slot that ran out waits for the reaper's pass, which
+            // hands the slot on: a deleted row would free it to no one.
             let now = self.now_ms();
             // Two statements, so that each keeps the plan of its index.
             Ok(match state {
@@ -87,7 +91,7 @@ impl Admin for Store {
                     .prepare_cached(
                         "DELETE FROM tickler_jobs WHERE id IN (
                              SELECT id FROM tickler_jobs WHERE finished_at IS NOT NULL AND finished_at < ?1
-                               AND (lease_expires_at IS NULL OR lease_expires_at < ?3)
+                               AND (lease_expires_at IS NULL OR (lease_expires_at < ?3 AND limit_name IS NULL))
                              LIMIT +?2)",
                     )?
                     .execute(params![before, limit, now])?,
@@ -96,7 +100,7 @@ impl Admin for Store {
                         "DELETE FROM tickler_jobs WHERE id IN (
                              SELECT id FROM tickler_jobs
                              WHERE finished_at IS NOT NULL AND finished_at < ?1 AND status = ?2
-                               AND (lease_expires_at IS NULL OR lease_expires_at < ?4)
+                               AND (lease_expires_at IS NULL OR (lease_expires_at < ?4 AND limit_name IS NULL))
                              LIMIT +?3)",
                     )?
                     .execute(params![before, state.as_str(), limit, now])?,

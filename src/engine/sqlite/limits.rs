@@ -284,13 +284,13 @@ impl LimitTx for InTransaction<'_, '_> {
             .query_row(params![name, key], |r| r.get(0))?)
     }
 
-    fn reline_deferred(&mut self, name: &str, at: i64) -> Result<()> {
+    fn reline_deferred(&mut self, name: &str, at: i64, rated: bool) -> Result<()> {
         self.0
             .prepare_cached(
-                "UPDATE tickler_jobs SET run_at = ?2, rate_slot = ?2
+                "UPDATE tickler_jobs SET run_at = ?2, rate_slot = CASE WHEN ?3 THEN ?2 END
                  WHERE limit_name = ?1 AND status = 'scheduled' AND rate_slot = run_at",
             )?
-            .execute(params![name, at])?;
+            .execute(params![name, at, rated])?;
         Ok(())
     }
 
@@ -420,7 +420,7 @@ impl LimitStore for Store {
                 .prepare_cached("DELETE FROM tickler_limits WHERE name = ?1")?
                 .execute([name])?;
             let limits = &mut InTransaction(tx);
-            limits.reline_deferred(name, self.now_ms())?;
+            limits.reline_deferred(name, self.now_ms(), false)?;
             limits.reset_rates(name, None)?;
             // Nothing limits its jobs any more: every blocked one may run.
             tx.prepare_cached(
