@@ -10,6 +10,7 @@ mod errors_explained;
 mod escapes;
 mod import;
 mod no_orphans;
+mod operator_edges;
 mod ops;
 mod private_files;
 mod process_tree;

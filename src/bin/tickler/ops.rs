@@ -527,13 +527,105 @@ pub fn queue(db: &Path, command: &QueueCommand) -> Result<(), CliError> {
     let queue = open(db, false)?;
     let lib = |e| CliError::from_lib(e, db);
     match command {
-        QueueCommand::Pause(args) => queue.pause_queue(&args.name).map_err(lib),
-        QueueCommand::Resume(args) => queue.resume_queue(&args.name).map_err(lib),
+        QueueCommand::Pause(args) => {
+            let name = display::safe(&args.name);
+            let was_paused = queue.paused_queues().map_err(lib)?.contains(&args.name);
+            queue.pause_queue(&args.name).map_err(lib)?;
+            let counts = QueueCounts::read(&queue, &args.name).map_err(lib)?;
+            // Pausing before a queue's first job is legitimate (a pool that
+            // must not start on it yet), but so is a typo: say which queues
+            // hold jobs and let the operator judge.
+            if counts.total == 0 {
+                eprintln!(
+                    "tickler: note: queue {name} has no jobs yet; known queues: {}",
+                    counts.known()
+                );
+            }
+            let verb = if was_paused {
+                format!("queue {name} was already paused")
+            } else {
+                format!("paused queue {name}")
+            };
+            println!(
+                "{verb}: {} pending job(s) wait until `tickler queue resume {name}`; {} running job(s) finish",
+                counts.pending, counts.running
+            );
+            Ok(())
+        }
+        QueueCommand::Resume(args) => {
+            let name = display::safe(&args.name);
+            let paused = queue.paused_queues().map_err(lib)?;
+            queue.resume_queue(&args.name).map_err(lib)?;
+            if paused.contains(&args.name) {
+                let counts = QueueCounts::read(&queue, &args.name).map_err(lib)?;
+                println!(
+                    "resumed queue {name}: {} pending job(s) can be claimed again",
+                    counts.pending
+                );
+            } else {
+                let paused: Vec<String> = paused
+                    .iter()
+                    .map(|q| display::safe(q).into_owned())
+                    .collect();
+                println!(
+                    "queue {name} was not paused; nothing changed (paused queues: {})",
+                    if paused.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        paused.join(", ")
+                    }
+                );
+            }
+            Ok(())
+        }
         QueueCommand::List => {
             for name in queue.paused_queues().map_err(lib)? {
                 println!("{}", display::safe(&name));
             }
             Ok(())
         }
+    }
+}
+
+/// What `queue pause` and `queue resume` report about one queue.
+struct QueueCounts {
+    pending: u64,
+    running: u64,
+    /// Jobs of the queue in any state.
+    total: u64,
+    /// Every queue that holds jobs, in byte order.
+    queues: Vec<String>,
+}
+
+impl QueueCounts {
+    fn read(queue: &Queue, name: &str) -> tickler::Result<QueueCounts> {
+        let stats = queue.stats()?;
+        let count = |state: JobState| {
+            stats
+                .counts
+                .get(&(name.to_owned(), state))
+                .copied()
+                .unwrap_or(0)
+        };
+        let mut queues: Vec<String> = stats.counts.keys().map(|(q, _)| q.clone()).collect();
+        queues.dedup();
+        Ok(QueueCounts {
+            pending: count(JobState::Pending),
+            running: count(JobState::Running),
+            total: JobState::ALL.into_iter().map(count).sum(),
+            queues,
+        })
+    }
+
+    /// The queues that hold jobs, for a message.
+    fn known(&self) -> String {
+        if self.queues.is_empty() {
+            return "none".to_owned();
+        }
+        self.queues
+            .iter()
+            .map(|q| display::safe(q).into_owned())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
