@@ -1,5 +1,6 @@
 //! Rough edges an operator met: what `queue pause`/`resume` say they did,
-//! and whether a pause of a queue with no jobs names the queues there are.
+//! whether a pause of a queue with no jobs names the queues there are,
+//! and which commands show `--allow-shared-db`.
 
 use crate::support::cli;
 
@@ -57,4 +58,31 @@ fn pause_and_resume_say_what_they_did() {
         out.trim(),
         "queue emails was not paused; nothing changed (paused queues: none)"
     );
+}
+
+/// `--allow-shared-db` changes only what `init` and `work` refuse; a flag
+/// shown in every command's help reads as if `list` or `stats` checked
+/// something.
+#[test]
+fn allow_shared_db_is_in_the_help_of_init_and_work_only() {
+    let env = Env::new();
+    for sub in [&["init"][..], &["work"]] {
+        let out = env.run(&[sub, &["--help"]].concat()).ok();
+        assert!(out.contains("--allow-shared-db"), "{sub:?}:\n{out}");
+    }
+    for sub in [
+        &[][..],
+        &["enqueue"],
+        &["list"],
+        &["stats"],
+        &["queue", "pause"],
+        &["schedule", "add"],
+    ] {
+        let out = env.run(&[sub, &["--help"]].concat()).ok();
+        assert!(!out.contains("allow-shared-db"), "{sub:?}:\n{out}");
+    }
+    // Nor is it taken where it would do nothing.
+    env.run(&["init"]).ok();
+    let run = env.run(&["stats", "--allow-shared-db"]);
+    assert_eq!(run.code, 2, "{run:#?}");
 }

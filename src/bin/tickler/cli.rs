@@ -36,12 +36,6 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub utc: bool,
 
-    /// `init` and `work`: use a queue file that other users can read (they
-    /// can read every job's payload) or, for `work`, write (they could run
-    /// commands as you), with a warning instead of refusing.
-    #[arg(long, global = true)]
-    pub allow_shared_db: bool,
-
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -53,7 +47,7 @@ pub enum Command {
     /// Create the queue file, or migrate it to this build's schema, and print
     /// the schema version.
     #[command(after_help = "Example:\n  tickler --db /var/lib/tickler/jobs.db init")]
-    Init,
+    Init(InitArgs),
 
     /// Enqueue one job and print its id, or many from an NDJSON file.
     #[command(after_help = ENQUEUE_HELP)]
@@ -176,6 +170,15 @@ const SCHEDULE_HELP: &str = "Examples:
   tickler schedule add nightly-backup '30 2 * * *' --tz Europe/Berlin shell '{\"argv\": [\"backup.sh\"]}'
   tickler schedule next '*/15 * * * *' -n 5 --tz America/New_York
   tickler schedule pause nightly-backup";
+
+/// `init` options.
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// Use a queue file that other users can read (they can read every
+    /// job's payload), with a warning instead of refusing.
+    #[arg(long)]
+    pub allow_shared_db: bool,
+}
 
 /// `enqueue` options.
 #[derive(Debug, Args)]
@@ -398,6 +401,11 @@ pub struct WorkArgs {
     /// Print nothing per job.
     #[arg(long)]
     pub quiet: bool,
+    /// Use a queue file that other users can read (they can read every
+    /// job's payload) or write (they could run commands as you), with a
+    /// warning instead of refusing.
+    #[arg(long)]
+    pub allow_shared_db: bool,
 }
 
 #[cfg(feature = "serve")]

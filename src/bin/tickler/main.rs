@@ -50,7 +50,7 @@ fn run(cli: &Cli) -> Result<(), CliError> {
     let db = cli.db.as_path();
     let times = Times { utc: cli.utc };
     match &cli.command {
-        Command::Init => ops::init(db, cli.allow_shared_db),
+        Command::Init(args) => ops::init(db, args.allow_shared_db),
         Command::Enqueue(args) if args.from.is_some() => import::import(db, args),
         Command::Enqueue(args) => ops::enqueue_one(db, args),
         Command::List(args) => ops::list(db, args, times),
@@ -61,7 +61,7 @@ fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Prune(args) => ops::prune(db, args),
         Command::Reap => ops::reap(db),
         Command::Checkpoint => ops::checkpoint(db),
-        Command::Work(args) => work::work(db, args, cli.allow_shared_db),
+        Command::Work(args) => work::work(db, args),
         Command::Schedule(command) => schedule::run(db, command, times),
         Command::Supervise(args) => supervise::run(&args.argv),
         Command::Queue(command) => ops::queue(db, command),

@@ -32,7 +32,8 @@ const _: () = assert!(
 );
 
 /// `tickler work`.
-pub fn work(db: &Path, args: &WorkArgs, allow_shared_db: bool) -> Result<(), CliError> {
+pub fn work(db: &Path, args: &WorkArgs) -> Result<(), CliError> {
+    let allow_shared_db = args.allow_shared_db;
     let lib = |e| CliError::from_lib(e, db);
     if args.lease < Duration::from_millis(30) {
         return Err(CliError::Usage(
