@@ -1,6 +1,7 @@
 //! Rough edges an operator met: what `queue pause`/`resume` say they did,
 //! whether a pause of a queue with no jobs names the queues there are,
-//! and which commands show `--allow-shared-db`.
+//! which commands show `--allow-shared-db`, and what `stats` prints on a
+//! database server (the `on_a_server_` tests: features `postgres`, `mysql`).
 
 use crate::support::cli;
 
@@ -85,4 +86,39 @@ fn allow_shared_db_is_in_the_help_of_init_and_work_only() {
     env.run(&["init"]).ok();
     let run = env.run(&["stats", "--allow-shared-db"]);
     assert_eq!(run.code, 2, "{run:#?}");
+}
+
+/// `tickler stats` on a database server: the counts, and no WAL size (a
+/// `-wal` file is SQLite's; on a server it read as a misleading `0 B`).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn stats_on_a_server_print_no_wal_size(url: &str) {
+    let env = Env::new();
+    env.run(&["--db", url, "enqueue", "a", "--queue", "emails"])
+        .ok();
+    let out = env.run(&["--db", url, "stats"]).ok();
+    assert!(out.contains("emails"), "{out}");
+    assert!(out.contains("finished in the last minute: 0"), "{out}");
+    assert!(!out.contains("WAL"), "{out}");
+    let json: serde_json::Value =
+        serde_json::from_str(&env.run(&["--db", url, "stats", "--json"]).ok()).unwrap();
+    assert_eq!(json["queues"]["emails"]["pending"], 1);
+    assert!(json["wal_bytes"].is_null(), "{json}");
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn on_a_server_stats_print_no_wal_size_postgres() {
+    let Some(db) = crate::support::pg::test_database() else {
+        return;
+    };
+    stats_on_a_server_print_no_wal_size(db.url());
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn on_a_server_stats_print_no_wal_size_mysql() {
+    let Some(db) = crate::support::my::test_database() else {
+        return;
+    };
+    stats_on_a_server_print_no_wal_size(db.url());
 }

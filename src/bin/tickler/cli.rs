@@ -64,7 +64,7 @@ pub enum Command {
     Show(ShowArgs),
 
     /// Counts per queue and state, the oldest due job's wait, jobs finished
-    /// in the last minute, and the size of the WAL file.
+    /// in the last minute, and (SQLite) the size of the WAL file.
     #[command(after_help = "Example:\n  tickler stats --utc")]
     Stats(StatsArgs),
 
@@ -331,7 +331,7 @@ pub struct ShowArgs {
 /// `stats` options.
 #[derive(Debug, Args)]
 pub struct StatsArgs {
-    /// As one JSON object.
+    /// As one JSON object (`wal_bytes` is null on a database server).
     #[arg(long)]
     pub json: bool,
 }

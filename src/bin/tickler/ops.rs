@@ -330,7 +330,8 @@ pub fn stats(db: &Path, args: &StatsArgs, times: Times) -> Result<(), CliError> 
         .ops()
         .finished_since(now - chrono::Duration::minutes(1))
         .map_err(lib)?;
-    let wal = queue.ops().wal_bytes();
+    // A WAL file is SQLite's alone: a server's own log is not ours to size.
+    let wal = (!crate::files::is_url(db)).then(|| queue.ops().wal_bytes());
     let wait = stats
         .oldest_due
         .map(|due| (now - due).to_std().unwrap_or_default());
@@ -413,7 +414,9 @@ pub fn stats(db: &Path, args: &StatsArgs, times: Times) -> Result<(), CliError> 
         }
     }
     println!("finished in the last minute: {finished}");
-    println!("WAL file: {}", display::bytes(wal));
+    if let Some(wal) = wal {
+        println!("WAL file: {}", display::bytes(wal));
+    }
     Ok(())
 }
 
