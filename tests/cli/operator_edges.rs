@@ -1,7 +1,8 @@
 //! Rough edges an operator met: what `queue pause`/`resume` say they did,
 //! whether a pause of a queue with no jobs names the queues there are,
-//! which commands show `--allow-shared-db`, and what `stats` prints on a
-//! database server (the `on_a_server_` tests: features `postgres`, `mysql`).
+//! which commands show `--allow-shared-db`, what `stats` prints on a
+//! database server (the `on_a_server_` tests: features `postgres`, `mysql`),
+//! and whether the README's sample output is today's.
 
 use crate::support::cli;
 
@@ -121,4 +122,40 @@ fn on_a_server_stats_print_no_wal_size_mysql() {
         return;
     };
     stats_on_a_server_print_no_wal_size(db.url());
+}
+
+/// The README's sample session, in the lines that go stale when the schema
+/// or the states change: the schema version `init` prints and the header
+/// of `stats`.
+#[test]
+fn the_readme_sample_shows_what_init_and_stats_print_today() {
+    let readme = include_str!("../../README.md");
+    let after = |prompt: &str| {
+        let at = readme
+            .find(prompt)
+            .unwrap_or_else(|| panic!("the README's sample has no {prompt:?}"));
+        readme[at + prompt.len()..].lines().nth(1).unwrap().trim()
+    };
+
+    let env = Env::new();
+    let init = env.run(&["init"]).ok();
+    let version = |line: &str| {
+        line.rsplit_once("schema version ")
+            .unwrap_or_else(|| panic!("no schema version in {line:?}"))
+            .1
+            .to_owned()
+    };
+    assert_eq!(
+        version(after("$ tickler init")),
+        version(init.trim()),
+        "README vs `tickler init`"
+    );
+
+    env.enqueue(&["a"]);
+    let stats = env.run(&["stats"]).ok();
+    assert_eq!(
+        after("$ tickler stats"),
+        stats.lines().next().unwrap(),
+        "README vs `tickler stats`"
+    );
 }
