@@ -284,7 +284,7 @@ pub enum Outcome {
     FailPermanently(String),
     /// As [`Outcome::Fail`], but the retry waits this delay (counted from
     /// the engine's "now" when the outcome is recorded) instead of the
-    /// queue's [`RetryPolicy`](crate::RetryPolicy): how a worker pool applies a kind's own
+    /// queue's [`RetryPolicy`]: how a worker pool applies a kind's own
     /// policy ([`crate::JobArgs::retry_policy`],
     /// [`crate::WorkerPoolBuilder::retry_policy_for`]). Past the storable
     /// range, the retry is due at its end.

@@ -53,7 +53,7 @@ impl Queue {
     /// [`Error::InvalidArgument`] for an empty or too long name
     /// ([`crate::MAX_LIMIT_NAME_BYTES`]), a value of 0, a limit with
     /// neither `max_per_key` nor a rate, or a rate outside what
-    /// [`Rate`](crate::Rate) keeps (a period under 1 ms or over 366 days,
+    /// [`Rate`] keeps (a period under 1 ms or over 366 days,
     /// more than one start per microsecond); the engine's
     /// errors ([`Error::Busy`], [`Error::Sqlite`], …);
     /// [`Error::Unsupported`] on an engine without limits.

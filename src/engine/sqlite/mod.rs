@@ -85,7 +85,7 @@ pub(crate) struct Store {
     /// grow to 100 ms and are unfair).
     writer: Mutex<Writer>,
     readers: r2d2::Pool<SqliteConnectionManager>,
-    /// In-process wake-ups for [`ChangeWatcher`]s, sent after each commit
+    /// In-process wake-ups for [`ChangeWatcher`](crate::ChangeWatcher)s, sent after each commit
     /// that may make a job claimable.
     watchers: Mutex<Vec<Sender<()>>>,
     /// Commits by other processes, from file-change notifications of the

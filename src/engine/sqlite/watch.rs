@@ -72,7 +72,7 @@ impl FileWatcher {
     }
 
     /// Waits up to `timeout` for a change. Returns true on a change (or a
-    /// [`Waker::wake`]), false on timeout.
+    /// [`crate::Waker::wake`]), false on timeout.
     ///
     /// Commits by other processes are seen when the operating system
     /// reports a write to the `-wal` file (then `PRAGMA data_version` is
