@@ -159,3 +159,53 @@ fn the_readme_sample_shows_what_init_and_stats_print_today() {
         "README vs `tickler stats`"
     );
 }
+
+/// A duration the tool cannot read is answered with examples in the forms
+/// the tool itself prints (humantime's text suggested `30sec` and listed
+/// `min` and `hours`, which tickler never prints), wherever one is typed:
+/// an option, an NDJSON line, a `shell` payload.
+#[test]
+fn duration_errors_give_examples_as_the_tool_prints_durations() {
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let run = env.run(&["enqueue", "a", "--in", "5x"]);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(
+        run.stderr.contains(r#""5x" has an unknown unit "x""#),
+        "{run:#?}"
+    );
+    let (_, examples) = run
+        .stderr
+        .split_once("as tickler prints durations: ")
+        .unwrap_or_else(|| panic!("no examples: {run:#?}"));
+    let examples: Vec<&str> = examples.lines().next().unwrap().split(", ").collect();
+    assert!(examples.len() >= 3, "{examples:?}");
+    for example in &examples {
+        // Each is read, and printed back the same by a command that
+        // echoes its duration.
+        let out = env.run(&["prune", "--older-than", example]).ok();
+        assert!(
+            out.contains(&format!("more than {example} ago")),
+            "{example:?} is not how tickler prints it: {out}"
+        );
+    }
+    let forms = format!("as tickler prints durations: {}", examples.join(", "));
+
+    let run = env.run(&["work", "--lease", "30"]);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains(r#""30" has no unit"#), "{run:#?}");
+    assert!(run.stderr.contains(&forms), "{run:#?}");
+
+    env.run_with_stdin(
+        &["enqueue", "--from", "-"],
+        br#"{"kind": "a", "in": "5 fortnights"}"#,
+    )
+    .without_progress()
+    .fails(1, &["\"in\"", "unknown unit \"fortnights\"", &forms]);
+
+    let id = env.enqueue(&["shell", r#"{"argv": ["true"], "timeout": "soon"}"#]);
+    env.run(&["work", "--drain", "--quiet"]).ok();
+    let error = env.job(id).last_error.unwrap_or_default();
+    assert!(error.contains("payload timeout"), "{error}");
+    assert!(error.contains(&forms), "{error}");
+}

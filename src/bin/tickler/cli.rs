@@ -1,5 +1,6 @@
 //! The command line, as clap sees it. Doc comments here are the `--help` text.
 
+use crate::display::parse_duration;
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -687,10 +688,6 @@ pub struct ScheduleNextArgs {
     /// Time zone for a cron expression (default UTC; a schedule uses its own).
     #[arg(long)]
     pub tz: Option<String>,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e}; write durations like 10s, 5m, 2h, 1d"))
 }
 
 /// `--in`: a duration from now; a negative one is explained (clap would

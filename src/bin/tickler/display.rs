@@ -84,6 +84,30 @@ pub fn duration(d: Duration) -> String {
     humantime::format_duration(rounded).to_string()
 }
 
+/// How to write a duration, with examples in the forms [`duration`] prints,
+/// so that what an error suggests is what the operator has seen the tool
+/// print (humantime's own text suggests `30sec` and lists units as `min`,
+/// `hours`).
+pub const DURATION_FORMS: &str =
+    "write a number and a unit, as tickler prints durations: 250ms, 5s, 2m, 1h 30m, 7days";
+
+/// A duration typed by an operator: on the command line, in an NDJSON line
+/// or in a `shell` payload. Any form humantime reads is taken; an error
+/// says what is wrong and [`DURATION_FORMS`].
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    use humantime::DurationError as E;
+    humantime::parse_duration(s).map_err(|e| {
+        let what = match e {
+            E::Empty => "the duration is empty".to_owned(),
+            E::UnknownUnit { unit, .. } if unit.is_empty() => format!("{s:?} has no unit"),
+            E::UnknownUnit { unit, .. } => format!("{s:?} has an unknown unit {unit:?}"),
+            E::NumberOverflow => format!("{s:?} is too long"),
+            E::NumberExpected(_) | E::InvalidCharacter(_) => format!("{s:?} is not a duration"),
+        };
+        format!("{what}; {DURATION_FORMS}")
+    })
+}
+
 /// What `tickler limit list` and the dashboard show for a limit that jobs
 /// name but no one set.
 pub const LIMIT_NOT_SET: &str = "not set: unlimited";

@@ -211,6 +211,5 @@ fn parse_line(raw: &[u8], queue: &Queue, args: &EnqueueArgs) -> Result<Option<Ne
 }
 
 fn parse_duration(field: &str, s: &str) -> Result<std::time::Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("\"{field}\": {e}; write durations like 10s, 5m, 2h, 1d"))
+    crate::display::parse_duration(s).map_err(|e| format!("\"{field}\": {e}"))
 }

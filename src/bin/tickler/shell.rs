@@ -107,13 +107,9 @@ impl Shell {
         let timeout = payload
             .timeout
             .as_deref()
-            .map(humantime::parse_duration)
+            .map(crate::display::parse_duration)
             .transpose()
-            .map_err(|e| {
-                JobError::permanent(format!(
-                    "payload timeout: {e}; write durations like 30s, 5m, 2h"
-                ))
-            })?;
+            .map_err(|e| JobError::permanent(format!("payload timeout: {e}")))?;
         let cannot_run = |e: std::io::Error| {
             let message = format!("cannot run {program:?}: {e}");
             match e.kind() {
