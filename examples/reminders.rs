@@ -9,11 +9,12 @@
 //! With a `postgres://` URL (feature `postgres`) or a `mysql://` or
 //! `mariadb://` one (feature `mysql`) the same service runs on that
 //! server: the database's tickler tables are emptied first, the ledgers
-//! are written to the working directory (`reminders-pg.ledger-*`,
-//! `reminders-my.ledger-*`), and `--processes` worker processes (default
-//! 2) share the work.
+//! are written to a temporary folder, and `--processes` worker processes
+//! (default 2) share the work.
 //!
-//! Creates a fresh database (default `reminders.db` in the working directory),
+//! Creates a fresh database (default `reminders.db` in a temporary folder,
+//! removed at the end, so that a run from a checkout writes nothing into
+//! it; with DB_PATH, the database and the ledgers beside it stay),
 //! enqueues reminders due over the next few seconds (20,000 by default: spread
 //! with jitter, a few hundred due at the same millisecond, a few poison ones
 //! that always panic, a few slow ones that outlive the lease and survive only
@@ -50,8 +51,14 @@ struct Reminder {
     behaviour: String,
 }
 
-struct Settings {
-    db: PathBuf,
+// pub(crate): tests/cli checks where the README's command writes.
+pub(crate) struct Settings {
+    pub(crate) db: PathBuf,
+    /// Ledger files are this path with `.ledger-PROCESS` appended.
+    pub(crate) ledgers: PathBuf,
+    /// The folder of `db` and `ledgers` when no DB_PATH was given; removed
+    /// with the settings.
+    _temp: Option<tempfile::TempDir>,
     count: usize,
     threads: usize,
     /// Worker processes (this one and `processes - 1` children).
@@ -63,13 +70,15 @@ fn main() -> ExitCode {
     quiet_poison_panics();
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--worker") {
-        let (Some(db), Some(process), Some(threads)) = (args.get(1), args.get(2), args.get(3))
+        let (Some(db), Some(ledgers), Some(process), Some(threads)) =
+            (args.get(1), args.get(2), args.get(3), args.get(4))
         else {
-            eprintln!("usage: reminders --worker DB PROCESS THREADS");
+            eprintln!("usage: reminders --worker DB LEDGERS PROCESS THREADS");
             return ExitCode::from(2);
         };
         let threads = threads.parse().unwrap_or(4);
-        return match run_worker(Path::new(db), process, threads) {
+        let ledger = ledger_path(Path::new(ledgers), process);
+        return match run_worker(Path::new(db), &ledger, process, threads) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("worker {process}: {e}");
@@ -116,9 +125,12 @@ fn quiet_poison_panics() {
     }));
 }
 
-fn parse_args(args: &[String]) -> Result<Settings, String> {
+pub(crate) fn parse_args(args: &[String]) -> Result<Settings, String> {
+    let mut db = None;
     let mut settings = Settings {
-        db: PathBuf::from("reminders.db"),
+        db: PathBuf::new(),
+        ledgers: PathBuf::new(),
+        _temp: None,
         count: 20_000,
         threads: 4,
         processes: 2,
@@ -135,7 +147,24 @@ fn parse_args(args: &[String]) -> Result<Settings, String> {
             "--threads" => settings.threads = number("--threads")?.max(1),
             "--processes" => settings.processes = number("--processes")?.clamp(1, 26),
             flag if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
-            path => settings.db = PathBuf::from(path),
+            path => db = Some(PathBuf::from(path)),
+        }
+    }
+    match db {
+        Some(path) if !is_url(&path) => {
+            settings.ledgers = path.clone();
+            settings.db = path;
+        }
+        given => {
+            // Not the working folder: run from a checkout, the README's
+            // command would leave its files in the repository.
+            let temp = tempfile::Builder::new()
+                .prefix("tickler-reminders-")
+                .tempdir()
+                .map_err(|e| format!("cannot make a temporary folder: {e}"))?;
+            settings.db = given.unwrap_or_else(|| temp.path().join("reminders.db"));
+            settings.ledgers = temp.path().join("reminders");
+            settings._temp = Some(temp);
         }
     }
     Ok(settings)
@@ -152,16 +181,8 @@ fn is_url(db: &Path) -> bool {
     db.to_str().is_some_and(|db| !tickler::is_file_location(db))
 }
 
-fn ledger_path(db: &Path, process: &str) -> PathBuf {
-    if is_url(db) {
-        let engine = if db.to_str().is_some_and(|u| u.starts_with("postgres")) {
-            "pg"
-        } else {
-            "my"
-        };
-        return PathBuf::from(format!("reminders-{engine}.ledger-{process}"));
-    }
-    let mut name = db.as_os_str().to_owned();
+pub(crate) fn ledger_path(ledgers: &Path, process: &str) -> PathBuf {
+    let mut name = ledgers.as_os_str().to_owned();
     name.push(format!(".ledger-{process}"));
     PathBuf::from(name)
 }
@@ -179,7 +200,7 @@ fn open_queue(db: &Path) -> tickler::Result<Queue> {
 /// A fresh start: no jobs of an earlier run, no ledgers.
 fn start_fresh(settings: &Settings) -> Result<(), Box<dyn std::error::Error>> {
     for process in process_names(26) {
-        let _ = std::fs::remove_file(ledger_path(&settings.db, &process));
+        let _ = std::fs::remove_file(ledger_path(&settings.ledgers, &process));
     }
     if !is_url(&settings.db) {
         for suffix in ["", "-wal", "-shm"] {
@@ -262,12 +283,18 @@ fn run(settings: &Settings) -> Result<bool, Box<dyn std::error::Error>> {
             Command::new(&exe)
                 .arg("--worker")
                 .arg(&settings.db)
+                .arg(&settings.ledgers)
                 .arg(name)
                 .arg(settings.threads.to_string())
                 .spawn()?,
         ));
     }
-    let own = run_worker(&settings.db, "a", settings.threads);
+    let own = run_worker(
+        &settings.db,
+        &ledger_path(&settings.ledgers, "a"),
+        "a",
+        settings.threads,
+    );
     for (name, child) in &mut children {
         let status = child.wait()?;
         if !status.success() {
@@ -312,13 +339,15 @@ fn enqueue_reminders(queue: &Queue, count: usize) -> tickler::Result<usize> {
 }
 
 /// Runs a pool until no reminder is left to deliver.
-fn run_worker(db: &Path, process: &str, threads: usize) -> Result<(), Box<dyn std::error::Error>> {
+fn run_worker(
+    db: &Path,
+    ledger: &Path,
+    process: &str,
+    threads: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
     let queue = open_queue(db)?;
     let ledger = Arc::new(Mutex::new(
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(ledger_path(db, process))?,
+        OpenOptions::new().create(true).append(true).open(ledger)?,
     ));
     let process_name = process.to_owned();
     let mut pool = WorkerPool::builder(&queue)
@@ -395,7 +424,7 @@ fn report(
     let mut lateness: Vec<i64> = Vec::new();
     let mut per_process: HashMap<String, u64> = HashMap::new();
     for process in process_names(settings.processes) {
-        let Ok(file) = File::open(ledger_path(&settings.db, &process)) else {
+        let Ok(file) = File::open(ledger_path(&settings.ledgers, &process)) else {
             continue;
         };
         for line in BufReader::new(file).lines() {

@@ -2,7 +2,8 @@
 //! whether a pause of a queue with no jobs names the queues there are,
 //! which commands show `--allow-shared-db`, what `stats` prints on a
 //! database server (the `on_a_server_` tests: features `postgres`, `mysql`),
-//! and whether the README's sample output is today's.
+//! whether the README's sample output is today's, where the README's main
+//! command writes, and duration errors.
 
 use crate::support::cli;
 
@@ -208,4 +209,46 @@ fn duration_errors_give_examples_as_the_tool_prints_durations() {
     let error = env.job(id).last_error.unwrap_or_default();
     assert!(error.contains("payload timeout"), "{error}");
     assert!(error.contains(&forms), "{error}");
+}
+
+/// The README's main command (`cargo run --release --example reminders`),
+/// which used to leave `reminders.db` and its ledgers in the working
+/// folder: the checkout, when run as the README says.
+#[allow(dead_code)]
+#[path = "../../examples/reminders.rs"]
+mod reminders;
+
+#[test]
+fn the_readme_main_command_writes_into_a_temporary_folder_not_the_checkout() {
+    use std::path::Path;
+    let temp = std::env::temp_dir();
+    let outside = |path: &Path| {
+        assert!(
+            path.is_absolute() && path.starts_with(&temp),
+            "{} is not in a temporary folder",
+            path.display()
+        );
+    };
+
+    let settings = reminders::parse_args(&[]).unwrap();
+    outside(&settings.db);
+    outside(&reminders::ledger_path(&settings.ledgers, "a"));
+    let folder = settings.db.parent().unwrap().to_owned();
+    assert!(folder.is_dir());
+    drop(settings);
+    assert!(!folder.exists(), "removed at the end of the run");
+
+    // On a server, the ledgers are files too.
+    let url = "postgres://app@db.example/reminders".to_owned();
+    let settings = reminders::parse_args(&[url.clone(), "--processes".into(), "3".into()]).unwrap();
+    assert_eq!(settings.db, Path::new(&url));
+    outside(&reminders::ledger_path(&settings.ledgers, "c"));
+
+    // A path given is where the files go, and they stay.
+    let settings = reminders::parse_args(&["/srv/r.db".to_owned()]).unwrap();
+    assert_eq!(settings.db, Path::new("/srv/r.db"));
+    assert_eq!(
+        reminders::ledger_path(&settings.ledgers, "a"),
+        Path::new("/srv/r.db.ledger-a")
+    );
 }
