@@ -252,3 +252,37 @@ fn the_readme_main_command_writes_into_a_temporary_folder_not_the_checkout() {
         Path::new("/srv/r.db.ledger-a")
     );
 }
+
+/// A server URL given to a binary built without that engine: the error
+/// gives the one command, as the README documents it, that builds a
+/// binary with the server engines (it named only a feature).
+#[cfg(not(all(feature = "postgres", feature = "mysql")))]
+#[test]
+fn a_server_url_without_its_engine_names_the_readme_build_command() {
+    let env = Env::new();
+    let mut urls = Vec::new();
+    if cfg!(not(feature = "postgres")) {
+        urls.push(("postgres://app:secret@127.0.0.1:9/jobs", "PostgreSQL"));
+    }
+    if cfg!(not(feature = "mysql")) {
+        urls.push(("mysql://app:secret@127.0.0.1:9/jobs", "MySQL/MariaDB"));
+    }
+    let readme = include_str!("../../README.md");
+    for (url, engine) in urls {
+        for args in [&["stats"][..], &["init"], &["work", "--drain"]] {
+            let run = env
+                .run(&[&["--db", url][..], args].concat())
+                .fails(1, &[engine, "built without", "app:***@"]);
+            let (_, command) = run
+                .stderr
+                .trim()
+                .split_once("in tickler's source folder: ")
+                .unwrap_or_else(|| panic!("no command: {run:#?}"));
+            assert!(command.starts_with("cargo "), "{run:#?}");
+            assert!(
+                readme.contains(&format!("`{command}`")),
+                "the README does not give {command:?}"
+            );
+        }
+    }
+}

@@ -23,7 +23,8 @@ use tickler::JobState;
 Exit codes: 0 success, 1 the operation failed, 2 usage error."
 )]
 pub struct Cli {
-    /// The queue file.
+    /// The queue file, or a postgres:// or mysql:// URL (a tickler built
+    /// with `cargo install --path . --features postgres,mysql`).
     #[arg(
         long,
         global = true,

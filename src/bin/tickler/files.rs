@@ -36,11 +36,28 @@ fn folder_of(db: &Path) -> PathBuf {
     }
 }
 
+/// The one command that builds a `tickler` with both server engines, as
+/// the README gives it: an error for a server URL names it whole, so that
+/// the operator need not work out feature names.
+pub const SERVER_BUILD: &str = "cargo install --path . --features postgres,mysql";
+
 /// Fails with a clear message if `db` cannot be a queue file: it is a
-/// folder, its folder does not exist, or it exists and cannot be read.
+/// folder, its folder does not exist, or it exists and cannot be read; or,
+/// for a server's URL, if this binary was built without that engine.
 pub fn check_path(db: &Path) -> Result<(), CliError> {
     if is_url(db) {
-        return Ok(());
+        let (engine, built) = if db.to_string_lossy().starts_with("postgres") {
+            ("PostgreSQL", cfg!(feature = "postgres"))
+        } else {
+            ("MySQL/MariaDB", cfg!(feature = "mysql"))
+        };
+        if built {
+            return Ok(());
+        }
+        return Err(CliError::failed(format!(
+            "{} is a {engine} URL, but this tickler was built without {engine}; build one with the server engines, in tickler's source folder: {SERVER_BUILD}",
+            shown(db)
+        )));
     }
     let shown = db.display();
     match std::fs::metadata(db) {
