@@ -17,4 +17,5 @@ mod process_tree;
 mod schedule;
 mod schedule_cli_edges;
 mod serve;
+mod wait;
 mod work;

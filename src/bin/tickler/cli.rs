@@ -65,6 +65,15 @@ pub enum Command {
     #[command(after_help = "Example:\n  tickler show 42")]
     Show(ShowArgs),
 
+    /// Wait for a job to end; the exit code says how: 0 succeeded, 3 dead,
+    /// 4 cancelled, 5 not found (never enqueued, or pruned), 124 still
+    /// unfinished when the timeout ran out (1 and 2 are errors, as for
+    /// every command).
+    #[command(
+        after_help = "Examples:\n  tickler wait 42\n  tickler wait 42 --timeout 10m && open export.mp4"
+    )]
+    Wait(WaitArgs),
+
     /// Counts per queue and state, the oldest due job's wait, jobs finished
     /// in the last minute, and (SQLite) the size of the WAL file.
     #[command(after_help = "Example:\n  tickler stats --utc")]
@@ -326,6 +335,19 @@ pub struct ShowArgs {
     /// The job's id.
     pub id: i64,
     /// As one JSON object (times in RFC 3339, UTC).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `wait` options.
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// The job's id.
+    pub id: i64,
+    /// How long to wait at most (default 30s).
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub timeout: Duration,
+    /// As one JSON object: `outcome` and the job (times in RFC 3339, UTC).
     #[arg(long)]
     pub json: bool,
 }

@@ -55,6 +55,7 @@ fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Enqueue(args) => ops::enqueue_one(db, args),
         Command::List(args) => ops::list(db, args, times),
         Command::Show(args) => ops::show(db, args, times),
+        Command::Wait(args) => ops::wait(db, args),
         Command::Stats(args) => ops::stats(db, args, times),
         Command::Retry(args) => ops::retry(db, args),
         Command::Cancel(args) => ops::cancel(db, args),

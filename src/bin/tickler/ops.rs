@@ -4,13 +4,13 @@
 
 use crate::cli::{
     CancelArgs, EnqueueArgs, LimitCommand, ListArgs, PruneArgs, QueueCommand, RetryArgs, ShowArgs,
-    StatsArgs,
+    StatsArgs, WaitArgs,
 };
 use crate::display::{self, Times};
 use crate::error::CliError;
 use serde_json::json;
 use std::path::Path;
-use tickler::{JobFilter, JobId, JobState, NewJob, Queue};
+use tickler::{JobFilter, JobId, JobState, NewJob, Queue, Waited};
 
 /// Opens the queue file. Only commands that add to the queue may create
 /// it; the others refuse a missing file, so a mistyped path is not
@@ -316,6 +316,46 @@ pub fn show(db: &Path, args: &ShowArgs, times: Times) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// `tickler wait`: prints how the job stands, then exits with the code of
+/// its outcome (see the command's help) rather than returning.
+pub fn wait(db: &Path, args: &WaitArgs) -> Result<(), CliError> {
+    let queue = open(db, false)?;
+    let id = JobId(args.id);
+    let waited = queue
+        .wait(id, args.timeout)
+        .map_err(|e| CliError::from_lib(e, db))?;
+    let (outcome, code) = match &waited {
+        Waited::Succeeded(_) => ("succeeded", 0),
+        Waited::Dead(_) => ("dead", 3),
+        Waited::Cancelled(_) => ("cancelled", 4),
+        Waited::NotFound => ("not_found", 5),
+        _ => ("timed_out", 124),
+    };
+    if args.json {
+        let job = waited.job().map(display::job_json);
+        println!(
+            "{}",
+            json!({ "id": args.id, "outcome": outcome, "job": job })
+        );
+    } else {
+        let line = match &waited {
+            Waited::NotFound => format!("job {id} not found: never enqueued, or pruned"),
+            Waited::Dead(job) => format!(
+                "job {id} is dead: {}",
+                display::safe(job.last_error.as_deref().unwrap_or("(no error recorded)"))
+            ),
+            Waited::TimedOut(job) => format!(
+                "job {id} is still {} after {}",
+                job.state,
+                display::duration(args.timeout)
+            ),
+            _ => format!("job {id} {outcome}"),
+        };
+        println!("{line}");
+    }
+    std::process::exit(code);
 }
 
 /// `tickler stats`.

@@ -1,0 +1,62 @@
+//! `tickler wait ID`: waits in its own process for a job another process
+//! ends, and its exit code follows the outcome (0 succeeded, 3 dead,
+//! 4 cancelled, 5 not found, 124 timed out).
+
+use crate::support::cli;
+
+use cli::{wait_for, Env};
+use std::time::Duration;
+use tickler::{JobId, NewJob, Outcome};
+
+#[test]
+fn wait_exits_with_the_code_of_how_the_job_ended() {
+    let env = Env::new();
+    let queue = env.queue();
+    let lease_of = |id: JobId| {
+        let lease = queue
+            .manual()
+            .claim("default", "test", 1, Duration::from_secs(60))
+            .unwrap()
+            .remove(0);
+        assert_eq!(lease.job_id, id);
+        lease
+    };
+
+    // Ended by this process while `tickler wait` waits in its own.
+    let id = queue.enqueue(NewJob::new("export")).unwrap();
+    let child = env.spawn(&["wait", &id.to_string(), "--timeout", "30s"]);
+    std::thread::sleep(Duration::from_millis(300));
+    queue.manual().complete(&lease_of(id)).unwrap();
+    let run = wait_for(child, Duration::from_secs(30));
+    assert_eq!(
+        (run.code, run.stdout.trim()),
+        (0, format!("job {id} succeeded").as_str())
+    );
+
+    let id = queue
+        .enqueue(NewJob::new("export").max_attempts(1))
+        .unwrap();
+    let lease = lease_of(id);
+    queue
+        .manual()
+        .record_outcomes(&[(&lease, Outcome::FailPermanently("disk full".into()))])
+        .unwrap();
+    let run = env.run(&["wait", &id.to_string()]);
+    assert_eq!(run.code, 3, "{run:?}");
+    assert!(run.stdout.contains("dead: disk full"), "{run:?}");
+
+    let id = queue.enqueue(NewJob::new("export")).unwrap();
+    queue.cancel(id).unwrap();
+    assert_eq!(env.run(&["wait", &id.to_string()]).code, 4);
+
+    let run = env.run(&["wait", "987654321"]);
+    assert_eq!(run.code, 5, "{run:?}");
+    assert!(run.stdout.contains("not found"), "{run:?}");
+
+    let id = queue.enqueue(NewJob::new("export")).unwrap();
+    let run = env.run(&["wait", &id.to_string(), "--timeout", "200ms", "--json"]);
+    assert_eq!(run.code, 124, "{run:?}");
+    let json: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    assert_eq!(json["outcome"], "timed_out");
+    assert_eq!(json["job"]["state"], "pending", "{json}");
+}
