@@ -311,11 +311,11 @@ impl Model {
                     if state.is_terminal() {
                         return Res::InvalidState;
                     }
-                    // A running job keeps its lease until its holder stops.
+                    // A running job keeps its lease until its holder stops;
+                    // so does a retry that waits for the lease of a run not
+                    // known to have stopped (the only rows with a lease
+                    // while not running).
                     let job = &mut self.jobs[j];
-                    if job.state != JobState::Running {
-                        job.lease_expires = None;
-                    }
                     job.state = JobState::Cancelled;
                     return Res::Ok;
                 }

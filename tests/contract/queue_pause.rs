@@ -249,7 +249,11 @@ fn the_cli_pauses_lists_and_resumes_queues() {
     let env = cli::Env::new();
     env.run(&["init"]).ok();
     assert_eq!(env.run(&["queue", "list"]).ok(), "");
-    assert_eq!(env.run(&["queue", "pause", "mail"]).ok(), "");
+    assert_eq!(
+        env.run(&["queue", "pause", "mail"]).ok(),
+        "paused queue mail: 0 pending job(s) wait until `tickler queue resume mail`; \
+         0 running job(s) finish\n"
+    );
     env.run(&["queue", "pause", "reports"]).ok();
     assert_eq!(env.run(&["queue", "list"]).ok(), "mail\nreports\n");
     assert_eq!(
