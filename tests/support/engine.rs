@@ -14,9 +14,10 @@
 //! A test opens its queue at `target(path)` instead of `path`: on SQLite
 //! that is the path; on PostgreSQL it is the URL of a database of its own,
 //! named after the path, so opening the same path again (a restarted
-//! process, a second process) reaches the same database. The server is a
-//! throwaway one (`.ci/postgres`): the databases are left for it to take
-//! away.
+//! process, a second process) reaches the same database. [`run`] drops the
+//! databases its case made when the case passes (a failed case keeps its
+//! own, to be looked at): over a whole run of the suite they would fill
+//! the disk of a small machine.
 //!
 //! A child process (this test binary run again for one case, the `tickler`
 //! binary, an example) learns its engine from [`ENGINE_VAR`], set on its
@@ -27,6 +28,7 @@
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// The variable that names the engine of a child process.
@@ -105,10 +107,19 @@ impl Engine {
 
 thread_local! {
     static CURRENT: Cell<Option<Engine>> = const { Cell::new(None) };
+    /// The run of [`run`] this thread is in (0: none).
+    static CASE: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Directories made by `temp_db` and the engine of the case that made them.
-static DIRS: Mutex<Vec<(PathBuf, Engine)>> = Mutex::new(Vec::new());
+static NEXT_CASE: AtomicU64 = AtomicU64::new(1);
+
+/// Directories made by `temp_db`, with the engine and the run of the case
+/// that made them.
+static DIRS: Mutex<Vec<(PathBuf, Engine, u64)>> = Mutex::new(Vec::new());
+
+/// Databases [`target`] made on a server: the run of their case, the
+/// server's engine (PostgreSQL also for a pooler's case) and the name.
+static DATABASES: Mutex<Vec<(u64, Engine, String)>> = Mutex::new(Vec::new());
 
 /// The engine of this thread's test case; else the one a parent process
 /// passed in [`ENGINE_VAR`]; else SQLite.
@@ -126,18 +137,109 @@ pub fn current() -> Engine {
 /// Records that `dir` belongs to the current case (see the module doc).
 pub fn claim_dir(dir: &Path) {
     let mut dirs = DIRS.lock().unwrap_or_else(|e| e.into_inner());
-    dirs.retain(|(d, _)| d.exists());
-    dirs.push((dir.to_path_buf(), current()));
+    dirs.retain(|(d, _, _)| d.exists());
+    dirs.push((dir.to_path_buf(), current(), CASE.with(Cell::get)));
 }
 
 /// The engine of the queue whose file would be `path`.
 pub fn engine_of(path: &Path) -> Engine {
     let dirs = DIRS.lock().unwrap_or_else(|e| e.into_inner());
     dirs.iter()
-        .find(|(d, _)| path.starts_with(d))
-        .map(|(_, e)| *e)
+        .find(|(d, _, _)| path.starts_with(d))
+        .map(|(_, e, _)| *e)
         .unwrap_or_else(current)
 }
+
+/// The run of the case the queue whose file would be `path` belongs to.
+fn case_of(path: &Path) -> u64 {
+    let dirs = DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    dirs.iter()
+        .find(|(d, _, _)| path.starts_with(d))
+        .map(|(_, _, case)| *case)
+        .unwrap_or_else(|| CASE.with(Cell::get))
+}
+
+/// Notes that `target` made (or reached) the database `name` for `path`.
+fn made_database(path: &Path, engine: Engine, name: &str) {
+    let case = case_of(path);
+    let mut made = DATABASES.lock().unwrap_or_else(|e| e.into_inner());
+    if case != 0 && !made.iter().any(|(c, _, n)| *c == case && n == name) {
+        made.push((case, engine, name.to_owned()));
+    }
+}
+
+/// Drops the databases the run `case` made. Not in a child process: its
+/// parent, the case itself, still reads them after it exits.
+fn drop_databases(case: u64) {
+    if std::env::var_os(ENGINE_VAR).is_some() {
+        return;
+    }
+    let mine: Vec<(Engine, String)> = {
+        let mut made = DATABASES.lock().unwrap_or_else(|e| e.into_inner());
+        let (mine, rest) = std::mem::take(&mut *made)
+            .into_iter()
+            .partition(|(c, _, _)| *c == case);
+        *made = rest;
+        mine.into_iter().map(|(_, e, n)| (e, n)).collect()
+    };
+    for (engine, name) in mine {
+        match engine {
+            Engine::Mysql => drop_mysql_database(&name),
+            _ => drop_postgres_database(&name),
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+fn drop_mysql_database(name: &str) {
+    use mysql::prelude::Queryable;
+    let Ok(server) = std::env::var("TICKLER_TEST_MYSQL_URL") else {
+        return;
+    };
+    let Ok(mut admin) = mysql::Opts::from_url(&server)
+        .map_err(|e| e.to_string())
+        .and_then(|opts| mysql::Conn::new(opts).map_err(|e| e.to_string()))
+    else {
+        return;
+    };
+    // A connection a case left open (a leaked pool) would hold the drop
+    // on its metadata lock: cut them, and bound the wait.
+    let ids: Vec<u64> = admin
+        .exec(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = ? AND ID <> CONNECTION_ID()",
+            (name,),
+        )
+        .unwrap_or_default();
+    for id in ids {
+        let _ = admin.query_drop(format!("KILL CONNECTION {id}"));
+    }
+    let _ = admin.query_drop("SET SESSION lock_wait_timeout = 10");
+    if let Err(e) = admin.query_drop(format!("DROP DATABASE IF EXISTS `{name}`")) {
+        eprintln!("note: DROP DATABASE {name}: {e}");
+    }
+}
+
+#[cfg(not(feature = "mysql"))]
+fn drop_mysql_database(_name: &str) {}
+
+#[cfg(feature = "postgres")]
+fn drop_postgres_database(name: &str) {
+    let Ok(server) = std::env::var("TICKLER_TEST_DATABASE_URL") else {
+        return;
+    };
+    let Ok(mut admin) = postgres::Client::connect(&server, postgres::NoTls) else {
+        return;
+    };
+    // FORCE cuts what a case left connected, a pooler's server
+    // connections among them.
+    if let Err(e) = admin.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+    {
+        eprintln!("note: DROP DATABASE {name}: {e:?}");
+    }
+}
+
+#[cfg(not(feature = "postgres"))]
+fn drop_postgres_database(_name: &str) {}
 
 /// True when this thread's case runs on PostgreSQL (also through a
 /// pooler).
@@ -174,13 +276,21 @@ pub fn run(engine: Engine, body: fn()) {
             return;
         }
     }
-    struct Reset(Option<Engine>);
+    struct Reset(Option<Engine>, u64);
     impl Drop for Reset {
         fn drop(&mut self) {
             CURRENT.with(|c| c.set(self.0));
+            let case = CASE.with(|c| c.replace(self.1));
+            if !std::thread::panicking() {
+                drop_databases(case);
+            }
         }
     }
-    let _reset = Reset(CURRENT.with(|c| c.replace(Some(engine))));
+    let case = NEXT_CASE.fetch_add(1, Ordering::Relaxed);
+    let _reset = Reset(
+        CURRENT.with(|c| c.replace(Some(engine))),
+        CASE.with(|c| c.replace(case)),
+    );
     body();
 }
 
@@ -330,7 +440,7 @@ pub fn target(path: &Path) -> PathBuf {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .iter()
-                .any(|(d, _)| dir.starts_with(d));
+                .any(|(d, _, _)| dir.starts_with(d));
             if !known {
                 claim_dir(dir);
             }
@@ -395,6 +505,7 @@ fn mysql_target(path: &Path) -> PathBuf {
     admin
         .query_drop(format!("CREATE DATABASE IF NOT EXISTS `{name}`"))
         .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e}"));
+    made_database(path, Engine::Mysql, &name);
     PathBuf::from(with_dbname(&server, &name))
 }
 
@@ -430,6 +541,7 @@ fn postgres_target(path: &Path) -> PathBuf {
         Err(e) if e.code() == Some(&postgres::error::SqlState::DUPLICATE_DATABASE) => {}
         Err(e) => panic!("CREATE DATABASE {name}: {e:?}"),
     }
+    made_database(path, Engine::Postgres, &name);
     PathBuf::from(with_dbname(&server, &name))
 }
 
