@@ -150,6 +150,8 @@ impl NewSchedule {
     /// priority, attempts and timeout `args` gives ([`JobArgs`]), so that
     /// the kind and the payload cannot disagree. The other settings are
     /// [`NewSchedule::new`]'s, and its setters still apply. `args`'s
+    /// limit and weight are the schedule's ([`NewSchedule::limit`]), so a
+    /// tick's job waits for the slot its kind's other jobs share. `args`'s
     /// unique key is not used: each tick's job has the schedule's own.
     ///
     /// ```
@@ -184,6 +186,9 @@ impl NewSchedule {
             .max_attempts(args.max_attempts());
         if let Some(timeout) = args.timeout() {
             schedule = schedule.timeout(timeout);
+        }
+        if let Some((name, key)) = args.limit() {
+            schedule = schedule.limit(name, key).limit_weight(args.limit_weight());
         }
         Ok(schedule)
     }

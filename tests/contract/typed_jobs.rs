@@ -295,7 +295,8 @@ contract! {
 /// A schedule made from a typed value carries its kind, payload and
 /// settings, so that kind and payload cannot disagree: a schedule of a
 /// typed kind made with `NewSchedule::new` stored a `null` payload, and
-/// every tick of `struct Heartbeat {}` went dead at run time.
+/// every tick of `struct Heartbeat {}` went dead at run time. Its limit
+/// too: a tick's job ran beside the kind's other jobs of its key, unlimited.
 fn a_schedule_for_typed_args_carries_their_kind_payload_and_settings() {
     let (_dir, path) = temp_db();
     let queue = open_queue_slow_retry(&path);
@@ -311,6 +312,7 @@ fn a_schedule_for_typed_args_carries_their_kind_payload_and_settings() {
     assert_eq!(stored.queue, "beats");
     assert_eq!(stored.max_attempts, 2);
     assert_eq!(stored.time_zone, "Europe/Berlin");
+    assert_eq!(stored.limit, None);
 
     let mail = queue
         .upsert_schedule(tickler::NewSchedule::for_args("digest", "0 8 * * *", &email(4)).unwrap())
@@ -318,6 +320,8 @@ fn a_schedule_for_typed_args_carries_their_kind_payload_and_settings() {
     assert_eq!(mail.kind, "send_email");
     assert_eq!(serde_json::from_value::<SendEmail>(mail.payload).unwrap(), email(4));
     assert_eq!((mail.queue.as_str(), mail.priority, mail.timeout), ("mail", 7, Some(secs(90))));
+    let slot = mail.limit.expect("the args' limit");
+    assert_eq!((slot.name.as_str(), slot.key.as_str(), slot.weight), ("mail-template", "welcome", 2));
 }
 }
 
