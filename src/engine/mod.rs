@@ -153,12 +153,34 @@ pub(crate) trait OutcomeTx {
 /// The statements concurrency limits are kept with, in the engine's own
 /// write transaction; the rules that use them are
 /// `crate::queue::limits` (see there for why each lock is taken).
+///
+/// **Lock order.** On a server engine, every transaction that touches a
+/// limit takes its row locks in this order, so that no two ever wait for
+/// each other in a cycle (a deadlock: the server fails one, which is
+/// retried, but only after the wait, a second on PostgreSQL):
+///
+/// 1. job rows: the jobs it claims or promotes (`SKIP LOCKED`), the
+///    leases it ends, the run a handler holds back ([`LimitTx::lock_run`]);
+/// 2. limit rows, in name order, in one statement
+///    ([`LimitTx::lock_limits`]);
+/// 3. rate rows, only of limits whose row it holds.
+///
+/// This is the claim's order, the hot path's, which takes nothing more
+/// for it. Once it holds a limit row, a transaction waits for no job row:
+/// it writes the rows it locked first, and others only as `SKIP LOCKED`
+/// finds them free ([`LimitTx::blocked`], [`LimitTx::reline_deferred`],
+/// [`LimitTx::shift_deferred`]). Any job row may be held by a transaction
+/// that waits for a limit row: a claim's locking read that met a row just
+/// changed by another keeps its lock on PostgreSQL, though it does not
+/// take the row. MariaDB's `SKIP LOCKED` was seen to wait now and then for
+/// a row another transaction had just written, which no order can rule
+/// out there. SQLite's single writer has no row locks.
 pub(crate) trait LimitTx {
     /// The stored limits among `names` (in byte order, each once), locked
     /// until the transaction ends, in that order: a server engine takes
     /// each limit's row for update, so the transactions that claim or
-    /// release slots of one limit take turns, and never deadlock on each
-    /// other. A name with no stored limit is absent.
+    /// release slots of one limit take turns. A name with no stored limit
+    /// is absent.
     fn lock_limits(
         &mut self,
         names: &[String],
@@ -182,11 +204,14 @@ pub(crate) trait LimitTx {
     /// claimed.
     fn pending(&mut self, name: &str, key: Option<&str>) -> Result<i64>;
 
-    /// Makes a blocked job dead with `error` (it can never fit its limit).
+    /// Makes a blocked job [`LimitTx::blocked`] returned dead with `error`
+    /// (it can never fit its limit).
     fn doom(&mut self, job_id: JobId, error: &str, now: i64) -> Result<()>;
 
     /// Up to `n` blocked jobs of `key` of limit `name` in queues that are
-    /// not paused, in claim order (priority, due time, id).
+    /// not paused, in claim order (priority, due time, id). A server
+    /// engine locks them, passing over those another transaction holds
+    /// (see the lock order): the next ones get the slots.
     fn blocked(
         &mut self,
         name: &str,
@@ -194,7 +219,8 @@ pub(crate) trait LimitTx {
         n: i64,
     ) -> Result<Vec<crate::queue::limits::Blocked>>;
 
-    /// Makes these blocked jobs pending (those still blocked).
+    /// Makes these blocked jobs, which [`LimitTx::blocked`] returned,
+    /// pending (those still blocked).
     fn unblock(&mut self, ids: &[JobId]) -> Result<()>;
 
     /// The stored rate state of `key` of limit `name`, if it has one.
@@ -222,7 +248,10 @@ pub(crate) trait LimitTx {
     fn defer(&mut self, runs: &[(&Lease, i64)]) -> Result<()>;
 
     /// Moves the run_at of the jobs deferred on `key` of limit `name` (and
-    /// their marks) by `by` ms.
+    /// their marks) by `by` ms. A server engine passes over those another
+    /// transaction holds (see the lock order): nearly always it is taking
+    /// them out of the line (claiming one that came due, cancelling it); one
+    /// it leaves keeps its instant.
     fn shift_deferred(&mut self, name: &str, key: &str, by: i64) -> Result<()>;
 
     /// Up to `n` rated keys (limit, key) that saw a time later than `at`.
@@ -235,7 +264,10 @@ pub(crate) trait LimitTx {
     /// Makes every job deferred on limit `name` due at `at` (ms): after
     /// its rate changed, as deferred runs (their turn, in claim order) that
     /// are lined up again; after it went (`rated` false), as plain due jobs
-    /// that no rate defers any more.
+    /// that no rate defers any more. A server engine passes over those
+    /// another transaction holds (see the lock order): nearly always a
+    /// claim, which reads the limit after this transaction and lines them
+    /// up itself, or a cancel; one it leaves keeps its instant.
     fn reline_deferred(&mut self, name: &str, at: i64, rated: bool) -> Result<()>;
 
     /// The rate states of limit `name` after its rate changed: with
@@ -243,6 +275,11 @@ pub(crate) trait LimitTx {
     /// interval less the old) and its line is forgotten (its deferred jobs
     /// are lined up again); with `None` (no rate any more), forgotten.
     fn reset_rates(&mut self, name: &str, shift: Option<i64>) -> Result<()>;
+
+    /// Locks the row of a running job, fenced by its run_token, before any
+    /// limit row (see the lock order): the run [`LimitTx::mark_deferred`]
+    /// marks. SQLite's write lock holds it already.
+    fn lock_run(&mut self, job_id: JobId, run_token: &str) -> Result<()>;
 
     /// Marks a running job, fenced by its run_token, as a run deferred to
     /// `at` (ms): the snooze its handler is about to return

@@ -13,11 +13,12 @@
 //!   a stopping lease that ran out), the blocked jobs that now fit are made
 //!   pending in the same transaction.
 //!
-//! Both run under the limit's lock (the limit's row, taken in name order,
-//! on a server engine; SQLite's single writer on a file), so a claim that
-//! blocks a job and a release of the same key are never both unaware of
-//! each other: whichever runs second sees the other's commit. A claim
-//! never reads blocked jobs: they are in a state of their own.
+//! Both run under the limit's lock (on a server engine the limit's row,
+//! taken after the job rows, in the lock order `LimitTx` documents;
+//! SQLite's single writer on a file), so a claim that blocks a job and a
+//! release of the same key are never both unaware of each other:
+//! whichever runs second sees the other's commit. A claim never reads
+//! blocked jobs: they are in a state of their own.
 
 use super::validate::check_limit_name;
 use super::Queue;
@@ -910,6 +911,11 @@ pub(crate) fn hold_rate(
     run: Option<(JobId, &str)>,
     now: i64,
 ) -> Result<bool> {
+    // The run's row before the limit's (the lock order of `LimitTx`): a
+    // reaper taking its lease back holds the row and waits for the limit.
+    if let Some((job_id, run_token)) = run {
+        tx.lock_run(job_id, run_token)?;
+    }
     let limits = tx.lock_limits(&[name.to_owned()])?;
     let Some(rate) = limits.get(name).and_then(|l| l.rate) else {
         return Ok(false);

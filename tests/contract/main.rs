@@ -27,6 +27,7 @@ mod reaper;
 // Bad input, limits, one bad job fails alone, operator actions.
 mod bad_input;
 mod cancel_keeps_unique_key;
+mod deadlock_soak;
 mod durability;
 mod enqueue_group_commit;
 mod error_history;

@@ -736,6 +736,115 @@ pub fn hold_limit_row(
     holder
 }
 
+/// The deadlocks the database server found among the transactions on the
+/// queue whose file would be `path`, from [`DeadlockWatch::start`] to
+/// [`DeadlockWatch::finish`]: what a test of lock order checks.
+///
+/// PostgreSQL counts deadlocks per database (`pg_stat_database`), and
+/// each case has a database of its own, so the count is the case's alone.
+/// A backend sends its counts at most once a second while busy and up to
+/// 10 s later once idle (`pg_stat_force_next_flush` hurries only the
+/// caller's own), but always as it exits: `finish` waits until every
+/// other connection to the database is gone (the caller drops its queues
+/// first), so that no deadlock is still waiting to be counted.
+///
+/// InnoDB counts deadlocks for the whole server (`Innodb_deadlocks`),
+/// which the other cases and any other test run on the server move too.
+/// It keeps the last one it found, with the tables of each transaction's
+/// locks, in `SHOW ENGINE INNODB STATUS`: a thread of the watch reads it
+/// every few milliseconds and keeps each new one that names the case's
+/// database, with the statements its transactions waited in. One of the
+/// case's followed within those milliseconds by one elsewhere would be
+/// missed (the case's, if any, come many at once); the server's count over
+/// the same span is returned beside it.
+///
+/// A SQLite file has one writer at a time and no row locks: none.
+pub struct DeadlockWatch {
+    path: PathBuf,
+    /// The count the server started from.
+    before: i64,
+    sampler: Option<my::Sampler>,
+}
+
+/// What a [`DeadlockWatch`] saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deadlocks {
+    /// The case's own.
+    pub ours: u64,
+    /// The server's count over the same span (PostgreSQL: the case's
+    /// database, so `ours`; InnoDB: every database).
+    pub server: u64,
+    /// InnoDB's only: of each of the case's deadlocks, the statement each
+    /// transaction waited in, its white space folded.
+    pub statements: Vec<Vec<String>>,
+}
+
+impl DeadlockWatch {
+    /// Starts counting, once the queue of `path` was opened (which makes
+    /// its database).
+    pub fn start(path: &Path) -> DeadlockWatch {
+        let engine = engine_of(path);
+        let (before, sampler) = match engine {
+            e if e.is_postgres() => (pg_deadlocks(path), None),
+            Engine::Mysql => (
+                my::server_deadlocks(&target(path)),
+                Some(my::Sampler::start(&target(path), &database_name(path))),
+            ),
+            _ => (0, None),
+        };
+        DeadlockWatch {
+            path: path.to_path_buf(),
+            before,
+            sampler,
+        }
+    }
+
+    /// Stops counting; on PostgreSQL, once every connection of the
+    /// caller's queues is gone (see the type's doc).
+    pub fn finish(mut self) -> Deadlocks {
+        let engine = engine_of(&self.path);
+        if engine.is_postgres() {
+            let others = "SELECT count(*) FROM pg_stat_activity
+                          WHERE datname = current_database() AND pid <> pg_backend_pid()";
+            super::common::wait_until(
+                "the queues' connections to close",
+                std::time::Duration::from_secs(60),
+                || query_int(&self.path, others, &[]) == 0,
+            );
+            let ours = (pg_deadlocks(&self.path) - self.before).max(0) as u64;
+            return Deadlocks {
+                ours,
+                server: ours,
+                statements: Vec::new(),
+            };
+        }
+        match self.sampler.take() {
+            Some(sampler) => {
+                let statements = sampler.stop();
+                let after = my::server_deadlocks(&target(&self.path));
+                Deadlocks {
+                    ours: statements.len() as u64,
+                    server: (after - self.before).max(0) as u64,
+                    statements,
+                }
+            }
+            None => Deadlocks {
+                ours: 0,
+                server: 0,
+                statements: Vec::new(),
+            },
+        }
+    }
+}
+
+fn pg_deadlocks(path: &Path) -> i64 {
+    query_int(
+        path,
+        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
+        &[],
+    )
+}
+
 /// Transactions of the queue whose file would be `path` waiting for a row
 /// lock another holds, now. Server engines only.
 pub fn lock_waiters(path: &Path) -> i64 {
@@ -1061,12 +1170,116 @@ mod my {
             })
             .collect()
     }
+
+    /// The server's count of deadlocks, all databases.
+    pub(super) fn server_deadlocks(url: &Path) -> i64 {
+        let row: Option<(String, String)> = connect(url)
+            .query_first("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
+            .unwrap_or_else(|e| panic!("SHOW GLOBAL STATUS: {e}"));
+        let (_, value) = row.expect("InnoDB's Innodb_deadlocks");
+        value.parse().expect("a count")
+    }
+
+    /// A thread reading InnoDB's last deadlock (see `DeadlockWatch`).
+    pub(super) struct Sampler {
+        stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        thread: Option<std::thread::JoinHandle<Vec<Vec<String>>>>,
+    }
+
+    impl Sampler {
+        pub(super) fn start(url: &Path, database: &str) -> Sampler {
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let mut conn = connect(url);
+            let (flag, named) = (stop.clone(), format!("`{database}`."));
+            let thread = std::thread::spawn(move || {
+                let mut seen: Vec<String> = Vec::new();
+                let mut last = String::new();
+                loop {
+                    // Read once more after the stop, for one found just before.
+                    let stopping = flag.load(std::sync::atomic::Ordering::Relaxed);
+                    let row: Option<(String, String, String)> = conn
+                        .query_first("SHOW ENGINE INNODB STATUS")
+                        .unwrap_or_else(|e| panic!("SHOW ENGINE INNODB STATUS: {e}"));
+                    let status = row.map(|r| r.2).unwrap_or_default();
+                    if let Some(found) = latest_deadlock(&status) {
+                        if found != last {
+                            if found.contains(&named) {
+                                seen.push(found.to_owned());
+                            }
+                            last = found.to_owned();
+                        }
+                    }
+                    if stopping {
+                        return seen.iter().map(|found| statements(found)).collect();
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(3));
+                }
+            });
+            Sampler {
+                stop,
+                thread: Some(thread),
+            }
+        }
+
+        /// The statements of each deadlock seen that named the database.
+        pub(super) fn stop(mut self) -> Vec<Vec<String>> {
+            self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let thread = self.thread.take().expect("running");
+            thread.join().expect("the sampler ran")
+        }
+    }
+
+    impl Drop for Sampler {
+        fn drop(&mut self) {
+            self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The section of InnoDB's status on its last deadlock, if it found one
+    /// since the server started.
+    fn latest_deadlock(status: &str) -> Option<&str> {
+        let start = status.find("LATEST DETECTED DEADLOCK")?;
+        let rest = &status[start..];
+        let end = rest.find("\nTRANSACTIONS\n").unwrap_or(rest.len());
+        Some(&rest[..end])
+    }
+
+    /// The statement each transaction of a deadlock's section waited in:
+    /// the lines after its thread's, up to the lock it waited for.
+    fn statements(section: &str) -> Vec<String> {
+        section
+            .split("TRANSACTION:\n")
+            .skip(1)
+            .map(|tx| {
+                let after = tx.split_once("thread id").map_or("", |(_, rest)| rest);
+                let after = after.split_once('\n').map_or("", |(_, rest)| rest);
+                let statement = after.split("*** WAITING FOR").next().unwrap_or("");
+                statement.split_whitespace().collect::<Vec<_>>().join(" ")
+            })
+            .collect()
+    }
 }
 
 #[cfg(not(feature = "mysql"))]
 mod my {
     use super::Value;
     use std::path::Path;
+
+    pub(super) fn server_deadlocks(_: &Path) -> i64 {
+        unreachable!("target() refuses MySQL without the feature")
+    }
+
+    pub(super) struct Sampler;
+
+    impl Sampler {
+        pub(super) fn start(_: &Path, _: &str) -> Sampler {
+            unreachable!("target() refuses MySQL without the feature")
+        }
+
+        pub(super) fn stop(self) -> Vec<Vec<String>> {
+            unreachable!("target() refuses MySQL without the feature")
+        }
+    }
 
     pub(super) fn execute(_: &Path, _: &str, _: &[Value]) -> u64 {
         unreachable!("target() refuses MySQL without the feature")

@@ -1,10 +1,10 @@
 //! Concurrency limits on MySQL/MariaDB: the stored limits, and the
 //! [`LimitTx`] the rules of `crate::queue::limits` run on. As on
 //! PostgreSQL, a transaction that claims or frees slots of a limit first
-//! locks the limit's row (`FOR UPDATE`, by primary key in name order),
-//! after the job rows it locks: the transactions of one limit take turns
-//! there without a cycle of waits, and under READ COMMITTED each reads
-//! the holders after the previous one committed.
+//! locks the limit's row (`FOR UPDATE`, by primary key in name order, in
+//! the lock order of [`LimitTx`]): the transactions of one limit take
+//! turns there, and under READ COMMITTED each reads the holders after the
+//! previous one committed.
 
 use super::connection::{args, marks, Tx};
 use super::outcome::DEAD_SQL;
@@ -172,12 +172,14 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
     }
 
     fn blocked(&mut self, name: &str, key: &str, n: i64) -> Result<Vec<Blocked>> {
+        // The index's range is one key's exactly: the locking scan stops at
+        // its end without a lock past it (READ COMMITTED takes no gap).
         let rows = self.0.rows(
             "SELECT id, limit_weight, kind, queue FROM tickler_jobs
                  FORCE INDEX (tickler_jobs_blocked)
              WHERE status = 'blocked' AND limit_name = ? AND limit_key = ?
                AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
-             ORDER BY priority DESC, run_at, id LIMIT ?",
+             ORDER BY priority DESC, run_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
             args![name, key, n],
         )?;
         rows.iter()
@@ -284,14 +286,14 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
     }
 
     fn shift_deferred(&mut self, name: &str, key: &str, by: i64) -> Result<()> {
-        self.0.exec(
-            "UPDATE tickler_jobs FORCE INDEX (tickler_jobs_limit)
-             SET run_at = run_at + ?, rate_slot = rate_slot + ?
-             WHERE limit_name = ? AND status = 'scheduled' AND limit_key = ?
-               AND rate_slot = run_at",
-            args![by, by, name, key],
-        )?;
-        Ok(())
+        update_free(
+            self.0,
+            "tickler_jobs_limit",
+            "limit_name = ? AND status = 'scheduled' AND limit_key = ? AND rate_slot = run_at",
+            args![name, key],
+            "run_at = run_at + ?, rate_slot = rate_slot + ?",
+            args![by, by],
+        )
     }
 
     fn rates_seen_after(&mut self, at: i64, n: i64) -> Result<Vec<(String, String)>> {
@@ -317,13 +319,14 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
     }
 
     fn reline_deferred(&mut self, name: &str, at: i64, rated: bool) -> Result<()> {
-        self.0.exec(
-            "UPDATE tickler_jobs FORCE INDEX (tickler_jobs_limit)
-             SET rate_slot = CASE WHEN ? THEN ? END, run_at = ?
-             WHERE limit_name = ? AND status = 'scheduled' AND rate_slot = run_at",
-            args![rated, at, at, name],
-        )?;
-        Ok(())
+        update_free(
+            self.0,
+            "tickler_jobs_limit",
+            "limit_name = ? AND status = 'scheduled' AND rate_slot = run_at",
+            args![name],
+            "run_at = ?, rate_slot = CASE WHEN ? THEN ? END",
+            args![at, rated, at],
+        )
     }
 
     fn reset_rates(&mut self, name: &str, shift: Option<i64>) -> Result<()> {
@@ -337,6 +340,15 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
                 args![name],
             )?,
         };
+        Ok(())
+    }
+
+    fn lock_run(&mut self, job_id: JobId, run_token: &str) -> Result<()> {
+        self.0.rows(
+            "SELECT id FROM tickler_jobs
+             WHERE id = ? AND run_token = ? AND status = 'running' FOR UPDATE",
+            args![job_id.0, run_token],
+        )?;
         Ok(())
     }
 
@@ -418,6 +430,75 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
     }
 }
 
+/// Jobs [`update_free`] writes per statement.
+const FREE_CHUNK: usize = 500;
+
+/// Sets `set` (its markers take `set_values`) on the jobs that match
+/// `condition` (its markers take `values`), passing over those another
+/// transaction holds (the lock order of `LimitTx`): found by a plain read
+/// through `index`, a chunk at a time in id order, then locked and written
+/// by primary key. A locking scan of the index would wait for rows others
+/// hold, and it locks index entries before rows, the other way round from
+/// the claim's writes by primary key.
+fn update_free<Q: Queryable>(
+    tx: &mut Tx<'_, Q>,
+    index: &str,
+    condition: &str,
+    values: Vec<Value>,
+    set: &str,
+    set_values: Vec<Value>,
+) -> Result<()> {
+    let mut after = i64::MIN;
+    loop {
+        let mut found_values = values.clone();
+        found_values.extend(args![after, FREE_CHUNK as i64]);
+        let found = tx
+            .rows(
+                &format!(
+                    "SELECT id FROM tickler_jobs FORCE INDEX ({index})
+                     WHERE {condition} AND id > ? ORDER BY id LIMIT ?"
+                ),
+                found_values,
+            )?
+            .iter()
+            .map(|r| get::<i64>(r, 0))
+            .collect::<Result<Vec<i64>>>()?;
+        let Some(&last) = found.last() else {
+            return Ok(());
+        };
+        let mut lock_values: Vec<Value> = found.iter().map(|id| Value::from(*id)).collect();
+        lock_values.extend(values.iter().cloned());
+        let locked = tx
+            .rows(
+                &format!(
+                    "SELECT id FROM tickler_jobs FORCE INDEX (PRIMARY)
+                     WHERE id IN ({}) AND {condition} FOR UPDATE SKIP LOCKED",
+                    marks(found.len())
+                ),
+                lock_values,
+            )?
+            .iter()
+            .map(|r| get::<i64>(r, 0).map(Value::from))
+            .collect::<Result<Vec<Value>>>()?;
+        if !locked.is_empty() {
+            let n = locked.len();
+            let mut update_values = set_values.clone();
+            update_values.extend(locked);
+            tx.exec(
+                &format!(
+                    "UPDATE tickler_jobs FORCE INDEX (PRIMARY) SET {set} WHERE id IN ({})",
+                    marks(n)
+                ),
+                update_values,
+            )?;
+        }
+        if found.len() < FREE_CHUNK {
+            return Ok(());
+        }
+        after = last;
+    }
+}
+
 /// A count stored as at least 1 (the schema's CHECK), as a `u32`.
 fn stored_count(n: i64) -> u32 {
     u32::try_from(n.max(1)).unwrap_or(u32::MAX)
@@ -466,10 +547,15 @@ impl LimitStore for Store {
             limits.reline_deferred(name, self.now_ms(), false)?;
             limits.reset_rates(name, None)?;
             // Nothing limits its jobs any more: every blocked one may run.
-            tx.exec(
-                "UPDATE tickler_jobs FORCE INDEX (tickler_jobs_blocked) SET status = 'pending'
-                 WHERE status = 'blocked' AND limit_name = ?",
+            // Those another transaction holds are left to the reaper's
+            // sweep (see the lock order of `LimitTx`).
+            update_free(
+                tx,
+                "tickler_jobs_blocked",
+                "status = 'blocked' AND limit_name = ?",
                 args![name],
+                "status = 'pending'",
+                Vec::new(),
             )?;
             Ok(deleted > 0)
         })?;

@@ -1,10 +1,10 @@
 //! Concurrency limits on PostgreSQL: the stored limits, and the
 //! [`LimitTx`] the rules of `crate::queue::limits` run on. A transaction
 //! that claims or frees slots of a limit first locks the limit's row
-//! (`FOR UPDATE`, in name order): the transactions of one limit take turns
-//! there, after the job rows they lock, so they never wait for each other
-//! in a cycle, and each counts the holders after the previous one
-//! committed (READ COMMITTED: every statement reads the latest commits).
+//! (`FOR UPDATE`, in name order, in the lock order of [`LimitTx`]): the
+//! transactions of one limit take turns there, and each counts the
+//! holders after the previous one committed (READ COMMITTED: every
+//! statement reads the latest commits).
 
 use super::connection::Tx;
 use super::outcome::DEAD_SQL;
@@ -172,7 +172,8 @@ impl<E: Exec> LimitTx for InTransaction<'_, E> {
             "SELECT id, limit_weight, kind, queue FROM tickler_jobs
              WHERE status = 'blocked' AND limit_name = $1 AND limit_key = $2
                AND queue NOT IN (SELECT queue FROM tickler_paused_queues)
-             ORDER BY priority DESC, run_at, id LIMIT $3",
+             ORDER BY priority DESC, run_at, id LIMIT $3
+             FOR UPDATE OF tickler_jobs SKIP LOCKED",
             &[&name, &key, &n],
         )?;
         Ok(rows
@@ -243,8 +244,11 @@ impl<E: Exec> LimitTx for InTransaction<'_, E> {
         self.0.rows(
             "UPDATE tickler_jobs SET run_at = run_at + $3::bigint,
                  rate_slot = rate_slot + $3::bigint
-             WHERE limit_name = $1 AND status = 'scheduled' AND limit_key = $2
-               AND rate_slot = run_at",
+             WHERE id = ANY(ARRAY(
+                 SELECT id FROM tickler_jobs
+                 WHERE limit_name = $1 AND status = 'scheduled' AND limit_key = $2
+                   AND rate_slot = run_at
+                 FOR UPDATE SKIP LOCKED))",
             &[&name, &key, &by],
         )?;
         Ok(())
@@ -273,7 +277,10 @@ impl<E: Exec> LimitTx for InTransaction<'_, E> {
         self.0.rows(
             "UPDATE tickler_jobs
              SET run_at = $2::bigint, rate_slot = CASE WHEN $3 THEN $2::bigint END
-             WHERE limit_name = $1 AND status = 'scheduled' AND rate_slot = run_at",
+             WHERE id = ANY(ARRAY(
+                 SELECT id FROM tickler_jobs
+                 WHERE limit_name = $1 AND status = 'scheduled' AND rate_slot = run_at
+                 FOR UPDATE SKIP LOCKED))",
             &[&name, &at, &rated],
         )?;
         Ok(())
@@ -290,6 +297,15 @@ impl<E: Exec> LimitTx for InTransaction<'_, E> {
                 .0
                 .rows("DELETE FROM tickler_limit_rates WHERE name = $1", &[&name])?,
         };
+        Ok(())
+    }
+
+    fn lock_run(&mut self, job_id: JobId, run_token: &str) -> Result<()> {
+        self.0.rows(
+            "SELECT id FROM tickler_jobs
+             WHERE id = $1 AND run_token = $2 AND status = 'running' FOR UPDATE",
+            &[&job_id.0, &run_token],
+        )?;
         Ok(())
     }
 
@@ -396,9 +412,14 @@ impl LimitStore for Store {
             limits.reline_deferred(name, self.now_ms(), false)?;
             limits.reset_rates(name, None)?;
             // Nothing limits its jobs any more: every blocked one may run.
+            // Those another transaction holds are left to the reaper's
+            // sweep (see the lock order of `LimitTx`).
             tx.execute(
                 "UPDATE tickler_jobs SET status = 'pending'
-                 WHERE status = 'blocked' AND limit_name = $1",
+                 WHERE id = ANY(ARRAY(
+                     SELECT id FROM tickler_jobs
+                     WHERE status = 'blocked' AND limit_name = $1
+                     FOR UPDATE SKIP LOCKED))",
                 &[&name],
             )?;
             Ok(deleted > 0)

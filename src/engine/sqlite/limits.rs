@@ -310,6 +310,10 @@ impl LimitTx for InTransaction<'_, '_> {
         Ok(())
     }
 
+    fn lock_run(&mut self, _: JobId, _: &str) -> Result<()> {
+        Ok(())
+    }
+
     fn mark_deferred(&mut self, job_id: JobId, run_token: &str, at: i64) -> Result<()> {
         self.0
             .prepare_cached(
