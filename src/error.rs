@@ -74,6 +74,17 @@ pub enum Error {
         limit: usize,
     },
 
+    /// A handler's output, as JSON, is larger than
+    /// [`crate::MAX_OUTPUT_BYTES`] ([`crate::Output::new`]). Nothing was
+    /// stored; a worker pool records the job dead with this message.
+    #[error("the handler's output is {size} bytes of JSON, over the limit of {limit} bytes: store large results elsewhere and return where they are")]
+    OutputTooLarge {
+        /// Its size as JSON, in bytes.
+        size: usize,
+        /// The limit, [`crate::MAX_OUTPUT_BYTES`].
+        limit: usize,
+    },
+
     /// A unique_key is longer than [`crate::MAX_UNIQUE_KEY_BYTES`]. Nothing
     /// was stored.
     #[error("unique_key is {size} bytes, over the limit of {limit} bytes: use a hash of the identifying data as the key")]

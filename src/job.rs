@@ -314,6 +314,73 @@ pub struct Job {
     /// ([`Rate`](crate::Rate)): its run_at is then the instant it may
     /// start.
     pub rate_deferrals: u32,
+    /// What its handler returned when it succeeded ([`Output`]), stored in
+    /// the statement that marked it succeeded: a succeeded job has the
+    /// output its handler returned, or none if the handler returned `()`
+    /// (JSON `null`). `None` for every other state. Read it as a type with
+    /// [`Job::output_as`]; gone when the job is pruned.
+    pub output: Option<serde_json::Value>,
+}
+
+impl Job {
+    /// [`Job::output`] as a `T` (the handler's return type), or `None`
+    /// when there is none.
+    ///
+    /// # Errors
+    /// [`crate::Error::Json`] if the stored output does not fit `T`.
+    pub fn output_as<T: serde::de::DeserializeOwned>(&self) -> crate::Result<Option<T>> {
+        self.output
+            .as_ref()
+            .map(|value| T::deserialize(value).map_err(crate::Error::from))
+            .transpose()
+    }
+}
+
+/// The longest output a job's handler may return, as JSON, in bytes
+/// (64 KiB): a result a caller awaits (a path, a count, a short report).
+/// Store anything bigger elsewhere and return where it is. A handler of a
+/// worker pool that returns more fails its job for good (dead) with an
+/// error that gives both sizes, as [`Output::new`] refuses it.
+pub const MAX_OUTPUT_BYTES: usize = 64 * 1024;
+
+/// What a handler returned for a job that succeeded, as the JSON text that
+/// is stored with the success ([`Job::output`]): checked once, when it is
+/// made. A worker pool makes it from its handler's `Ok` value; a
+/// [`Manual`](crate::Manual) worker records it with
+/// [`Outcome::CompleteWith`](crate::Outcome::CompleteWith).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output(String);
+
+impl Output {
+    /// `value` as JSON, or `None` for JSON `null` (a handler returning
+    /// `()`: nothing to store).
+    ///
+    /// ```
+    /// let out = tickler::Output::new(&serde_json::json!({"path": "a.mp4"}))?;
+    /// assert_eq!(out.unwrap().as_str(), r#"{"path":"a.mp4"}"#);
+    /// assert_eq!(tickler::Output::new(&())?, None);
+    /// # Ok::<(), tickler::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`crate::Error::OutputTooLarge`] past [`MAX_OUTPUT_BYTES`];
+    /// [`crate::Error::Json`] if `value` cannot be serialized (a map with
+    /// non-string keys, a failing `Serialize` impl).
+    pub fn new<T: Serialize + ?Sized>(value: &T) -> crate::Result<Option<Output>> {
+        let text = serde_json::to_string(value)?;
+        if text.len() > MAX_OUTPUT_BYTES {
+            return Err(crate::Error::OutputTooLarge {
+                size: text.len(),
+                limit: MAX_OUTPUT_BYTES,
+            });
+        }
+        Ok((text != "null").then_some(Output(text)))
+    }
+
+    /// The JSON text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 /// How far a running job is, as its handler reported it with

@@ -606,8 +606,8 @@ pub use engine::{is_file_location, redacted_location};
 pub use error::{Error, Result};
 pub use events::{Event, JobEvent, JobEventKind, Subscription, TickEvent, DEFAULT_EVENT_BUFFER};
 pub use job::{
-    AttemptError, Job, JobId, JobState, LimitSlot, NewJob, Progress, RunToken,
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MAX_PROGRESS_MESSAGE_BYTES,
+    AttemptError, Job, JobId, JobState, LimitSlot, NewJob, Output, Progress, RunToken,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MAX_OUTPUT_BYTES, MAX_PROGRESS_MESSAGE_BYTES,
 };
 pub use lease::Lease;
 pub use limit::{Limit, LimitInfo, LimitKeyUsage, Rate, MAX_LIMIT_KEY_BYTES, MAX_LIMIT_NAME_BYTES};

@@ -277,6 +277,9 @@ pub type ConnectionHook = Arc<dyn Fn(&Connection) -> rusqlite::Result<()> + Send
 pub enum Outcome {
     /// The job succeeded.
     Complete,
+    /// The job succeeded with this output, stored in the same statement
+    /// ([`crate::Job::output`]).
+    CompleteWith(crate::job::Output),
     /// The attempt failed: retry after backoff if attempts are left,
     /// otherwise dead. The message is kept as `last_error`.
     Fail(String),

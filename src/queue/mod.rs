@@ -367,7 +367,11 @@ impl Queue {
         // So does one that freed a limit's slot (a blocked job may be
         // pending now).
         if outcomes.iter().any(|(lease, o)| {
-            lease.limit.is_some() || !matches!(o, Outcome::Complete | Outcome::FailPermanently(_))
+            lease.limit.is_some()
+                || !matches!(
+                    o,
+                    Outcome::Complete | Outcome::CompleteWith(_) | Outcome::FailPermanently(_)
+                )
         }) {
             self.engine().wake_watchers();
         }

@@ -7,11 +7,12 @@
 
 use super::context::{CancelReason, JobContext};
 use super::execute::{finish, prepare, start, Finished, Prepared, Runner, Started};
-use super::handler::JobError;
+use super::handler::{output_of, JobError};
 use super::in_flight::entry_of;
 use super::shared::Shared;
 use super::{ShutdownReport, WorkerPool, WorkerPoolBuilder};
 use crate::engine::types::Outcome;
+use crate::job::Output;
 use crate::lease::Lease;
 use crate::queue::Waker;
 use crate::typed::JobArgs;
@@ -45,7 +46,7 @@ pub const DEFAULT_ASYNC_CONCURRENCY: usize = 10_000;
 /// count its attempt when taken back.
 const HAND_BACK_WAIT: Duration = Duration::from_secs(2);
 
-type Run = Pin<Box<dyn Future<Output = Result<(), JobError>> + Send>>;
+type Run = Pin<Box<dyn Future<Output = Result<Option<Output>, JobError>> + Send>>;
 
 /// An async handler as the pool keeps it: the runtime its tasks run on,
 /// and how to start one run.
@@ -210,7 +211,7 @@ impl TaskRun {
         ctx
     }
 
-    fn finish(mut self, result: std::thread::Result<Result<(), JobError>>) {
+    fn finish(mut self, result: std::thread::Result<Result<Option<Output>, JobError>>) {
         if let Some(started) = self.started.take() {
             match finish(&self.shared, started, result, "its task") {
                 Finished::Recorded => self.lane.free(),
@@ -270,7 +271,7 @@ impl Drop for TaskRun {
 struct CatchUnwind(Run);
 
 impl Future for CatchUnwind {
-    type Output = std::thread::Result<Result<(), JobError>>;
+    type Output = std::thread::Result<Result<Option<Output>, JobError>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let run = &mut self.0;
@@ -351,10 +352,11 @@ impl WorkerPoolBuilder {
     /// With no runtime named and none current, [`WorkerPoolBuilder::start`]
     /// returns [`Error::InvalidArgument`]. Registering a kind again, sync
     /// or async, keeps the last handler.
-    pub fn async_handler<F, Fut>(mut self, kind: impl Into<String>, handler: F) -> Self
+    pub fn async_handler<F, Fut, O>(mut self, kind: impl Into<String>, handler: F) -> Self
     where
         F: Fn(JobContext) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), JobError>> + Send + 'static,
+        Fut: Future<Output = Result<O, JobError>> + Send + 'static,
+        O: serde::Serialize,
     {
         let kind = kind.into();
         let runtime = self
@@ -366,7 +368,10 @@ impl WorkerPoolBuilder {
             Some(runtime) => {
                 let handler = TaskHandler {
                     runtime,
-                    call: Box::new(move |ctx| Box::pin(handler(ctx))),
+                    call: Box::new(move |ctx| {
+                        let run = handler(ctx);
+                        Box::pin(async move { output_of(&run.await?) })
+                    }),
                     gone: AtomicBool::new(false),
                 };
                 self.async_handlers.insert(kind, Arc::new(handler));
@@ -383,11 +388,12 @@ impl WorkerPoolBuilder {
     /// jobs of kind `A::KIND` as tasks, as
     /// [`WorkerPoolBuilder::async_handler`] does. A payload that does not
     /// fit `A` fails permanently without calling `handler`.
-    pub fn async_handler_for<A, F, Fut>(mut self, handler: F) -> Self
+    pub fn async_handler_for<A, F, Fut, O>(mut self, handler: F) -> Self
     where
         A: JobArgs,
         F: Fn(JobContext, A) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), JobError>> + Send + 'static,
+        Fut: Future<Output = Result<O, JobError>> + Send + 'static,
+        O: serde::Serialize,
     {
         if let Some(policy) = A::retry_policy() {
             self.retry_policies.insert(A::KIND.to_owned(), policy);

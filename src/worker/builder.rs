@@ -2,7 +2,7 @@
 //! the pool from them is in the parent module.
 
 use super::context::JobContext;
-use super::handler::{Handler, JobError};
+use super::handler::{Handler, JobError, RunJob};
 use super::WorkerPool;
 use crate::queue::Queue;
 use crate::reaper::ReaperConfig;
@@ -36,7 +36,7 @@ pub struct WorkerPoolBuilder {
     pub(super) queue: Queue,
     pub(super) queues: Vec<String>,
     pub(super) threads: usize,
-    pub(super) handlers: HashMap<String, Arc<dyn Handler>>,
+    pub(super) handlers: HashMap<String, Arc<dyn RunJob>>,
     pub(super) retry_policies: HashMap<String, RetryPolicy>,
     pub(super) lease: Duration,
     pub(super) heartbeat_interval: Option<Duration>,
@@ -157,9 +157,9 @@ impl WorkerPoolBuilder {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn handler_for<A: JobArgs>(
+    pub fn handler_for<A: JobArgs, O: serde::Serialize>(
         mut self,
-        handler: impl Fn(&JobContext, A) -> Result<(), JobError> + Send + Sync + 'static,
+        handler: impl Fn(&JobContext, A) -> Result<O, JobError> + Send + Sync + 'static,
     ) -> Self {
         if let Some(policy) = A::retry_policy() {
             self.retry_policies.insert(A::KIND.to_owned(), policy);

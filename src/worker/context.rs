@@ -344,7 +344,8 @@ impl JobContext {
     /// transaction: see [`Queue::complete_with`] (the closure names the
     /// engine's transaction type, `|tx: &rusqlite::Transaction|` or
     /// `|tx: &mut postgres::Transaction|`). After `Ok`, whatever the handler
-    /// returns is ignored (the job is already succeeded). On
+    /// returns is ignored (the job is already succeeded, without output:
+    /// an output it returns is not stored, and the log says so). On
     /// [`crate::Error::LeaseLost`] nothing was written; return the error
     /// (`?` turns it into a retry that the pool drops, as the lease is gone).
     ///

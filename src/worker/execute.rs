@@ -7,6 +7,7 @@ use super::in_flight::{entry_of, remove_run, RunState};
 use super::shared::{lock, spawn, Shared};
 use crate::engine::types::Outcome;
 use crate::events::JobEventKind;
+use crate::job::Output;
 use crate::lease::Lease;
 use crate::retry::RetryPolicy;
 use crossbeam_channel::Sender;
@@ -158,7 +159,7 @@ pub(super) enum Finished {
 pub(super) fn finish(
     shared: &Shared,
     started: Started,
-    result: std::thread::Result<Result<(), JobError>>,
+    result: std::thread::Result<Result<Option<Output>, JobError>>,
     runner: &str,
 ) -> Finished {
     let Started {
@@ -179,7 +180,14 @@ pub(super) fn finish(
         return Finished::WrittenOff(state);
     }
     if ctx.completion.committed() {
-        // Completed inside the handler's own transaction.
+        // Completed inside the handler's own transaction, whose success
+        // statement had no output to store.
+        if matches!(result, Ok(Ok(Some(_)))) {
+            log::warn!(
+                "job {}: its handler completed it with JobContext::complete_with and then returned an output, which is not stored",
+                ctx.lease.job_id,
+            );
+        }
         remove_run(&mut shared.lock_in_flight(), &ctx.lease);
         return Finished::Recorded;
     }
@@ -221,7 +229,7 @@ fn work_loop(shared: &Arc<Shared>) {
         let started = start(shared, prepared, Runner::Thread(thread.clone()));
         let result = {
             let _span = crate::observe::run_span(&started.ctx.lease);
-            catch_unwind(AssertUnwindSafe(|| handler.run(&started.ctx)))
+            catch_unwind(AssertUnwindSafe(|| handler.run_job(&started.ctx)))
         };
         // Threads' run times only: they decide what to claim ahead of
         // the threads.
@@ -243,7 +251,7 @@ fn work_loop(shared: &Arc<Shared>) {
 /// What to record for a handler's result (or its panic), with the kind's
 /// own backoff if it has one.
 pub(crate) fn outcome_of(
-    result: std::thread::Result<Result<(), JobError>>,
+    result: std::thread::Result<Result<Option<Output>, JobError>>,
     policy: Option<&RetryPolicy>,
     attempt: u32,
 ) -> Outcome {
@@ -252,7 +260,8 @@ pub(crate) fn outcome_of(
         None => Outcome::Fail(message),
     };
     match result {
-        Ok(Ok(())) => Outcome::Complete,
+        Ok(Ok(None)) => Outcome::Complete,
+        Ok(Ok(Some(output))) => Outcome::CompleteWith(output),
         Ok(Err(JobError::Retry(message))) => fail(message),
         Ok(Err(JobError::Permanent(message))) => Outcome::FailPermanently(message),
         Ok(Err(JobError::Snooze(until))) if until.timestamp_millis() <= crate::MAX_TIMESTAMP_MS => {

@@ -219,7 +219,7 @@ fn recorded(shared: &Shared, lease: &Lease, outcome: &Outcome, run_time: Option<
         _ => None,
     };
     let what = match outcome {
-        Outcome::Complete => JobEventKind::Succeeded,
+        Outcome::Complete | Outcome::CompleteWith(_) => JobEventKind::Succeeded,
         Outcome::Fail(_) | Outcome::FailRetryAfter(..) | Outcome::FailPermanently(_) => {
             let Some((error, retry_in)) = failure else {
                 return;

@@ -1,7 +1,7 @@
 //! What the pool's threads share ([`Shared`]), and the small helpers they
 //! all use: a lock that survives poisoning, named threads.
 
-use super::handler::Handler;
+use super::handler::RunJob;
 use super::in_flight::InFlight;
 use super::prefetch::RunTime;
 use crate::engine::types::Outcome;
@@ -19,7 +19,7 @@ use std::time::Duration;
 
 pub(super) struct Shared {
     pub(super) queue: Queue,
-    pub(super) handlers: HashMap<String, Arc<dyn Handler>>,
+    pub(super) handlers: HashMap<String, Arc<dyn RunJob>>,
     /// Per-kind backoff (`WorkerPoolBuilder::retry_policy_for`).
     pub(super) retry_policies: HashMap<String, RetryPolicy>,
     /// Jobs claimed and not yet finished; the heartbeat renews these.

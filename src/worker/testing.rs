@@ -3,7 +3,7 @@
 
 use super::context::JobContext;
 use super::execute::outcome_of;
-use super::handler::Handler;
+use super::handler::{Handler, RunJob};
 use crate::engine::types::Outcome;
 use crate::job::JobId;
 use crate::queue::Queue;
@@ -56,7 +56,7 @@ pub fn run_one(
     queue: &Queue,
     queue_name: &str,
     kind: &str,
-    handler: &dyn Handler,
+    handler: &impl Handler,
 ) -> crate::Result<Option<(JobId, Outcome)>> {
     let lease = queue
         .manual()
@@ -80,7 +80,7 @@ pub fn run_one(
         progress: Arc::default(),
         pool: None,
     };
-    let result = catch_unwind(AssertUnwindSafe(|| handler.run(&ctx)));
+    let result = catch_unwind(AssertUnwindSafe(|| handler.run_job(&ctx)));
     let id = ctx.lease.job_id;
     if ctx.completion.committed() {
         return Ok(Some((id, Outcome::Complete)));

@@ -6,7 +6,7 @@ use crate::support::cli;
 
 use cli::{wait_for, Env};
 use std::time::Duration;
-use tickler::{JobId, NewJob, Outcome};
+use tickler::{JobId, NewJob, Outcome, Output};
 
 #[test]
 fn wait_exits_with_the_code_of_how_the_job_ended() {
@@ -59,4 +59,41 @@ fn wait_exits_with_the_code_of_how_the_job_ended() {
     let json: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
     assert_eq!(json["outcome"], "timed_out");
     assert_eq!(json["job"]["state"], "pending", "{json}");
+}
+
+/// What the job's handler returned is what a script waits for: `wait`
+/// prints it after "succeeded", `wait --json` and `show` carry it.
+#[test]
+fn wait_and_show_give_the_output_of_a_job_that_succeeded() {
+    let env = Env::new();
+    let queue = env.queue();
+    let id = queue.enqueue(NewJob::new("export")).unwrap();
+    let lease = queue
+        .manual()
+        .claim("default", "test", 1, Duration::from_secs(60))
+        .unwrap()
+        .remove(0);
+    let output = Output::new(&serde_json::json!({"path": "exports/a.mp4", "bytes": 42}))
+        .unwrap()
+        .unwrap();
+    queue
+        .manual()
+        .record_outcomes(&[(&lease, Outcome::CompleteWith(output))])
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    let run = env.run(&["wait", &id.to_string()]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(
+        run.stdout.trim(),
+        format!(r#"job {id} succeeded: {{"bytes":42,"path":"exports/a.mp4"}}"#)
+    );
+    let run = env.run(&["wait", &id.to_string(), "--json"]);
+    let json: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    assert_eq!(json["job"]["output"]["path"], "exports/a.mp4", "{json}");
+    let run = env.run(&["show", &id.to_string()]);
+    assert!(
+        run.stdout.lines().any(|l| l.starts_with("output:") && l.contains(r#""bytes":42"#)),
+        "{run:?}"
+    );
 }

@@ -476,11 +476,7 @@ fn aborted_runs_are_recorded_in_order_in_a_pool_of_many_lanes() {
     let runs: Arc<Mutex<HashMap<JobId, usize>>> = Arc::default();
     let deaf = |ctx: &JobContext, runs: &Mutex<HashMap<JobId, usize>>| {
         *runs.lock().unwrap().entry(ctx.job_id()).or_default() += 1;
-        async {
-            loop {
-                tokio::time::sleep(Duration::from_millis(3)).await;
-            }
-        }
+        forever()
     };
     let mut pool = {
         let (runs1, runs2) = (Arc::clone(&runs), Arc::clone(&runs));
@@ -607,11 +603,7 @@ fn an_aborted_task_does_not_stall_its_runtime_thread() {
     let mut pool = WorkerPool::builder(&queue)
         .timeout_grace(Duration::from_millis(100))
         .runtime(rt.handle().clone())
-        .async_handler("k", |_ctx: JobContext| async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(3)).await;
-            }
-        })
+        .async_handler("k", |_ctx: JobContext| forever())
         .start()
         .unwrap();
     let id = queue
@@ -785,4 +777,12 @@ fn a_busy_runtime_spends_no_timeout_of_a_task_not_yet_polled() {
     pool.shutdown(secs(5));
     assert_eq!(queue.count(JobState::Dead).unwrap(), 0);
 }
+}
+
+/// A handler's run that never ends, deaf to cancellation: it only awaits
+/// a timer, again and again.
+async fn forever() -> Result<(), JobError> {
+    loop {
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
 }

@@ -78,6 +78,7 @@ mod activity;
 mod app_tx;
 mod job_events;
 mod limits_hunt;
+mod outputs;
 mod queue_pause;
 mod testing_helper;
 mod typed_jobs;

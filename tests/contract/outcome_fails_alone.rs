@@ -366,7 +366,7 @@ mod a_bad_snooze_in_an_outcome_batch {
         let mut pool = WorkerPool::builder(&queue)
             .threads(1)
             .lease(Duration::from_secs(30))
-            .handler("bad", |_: &JobContext| Err(JobError::Snooze(far_future())))
+            .handler("bad", |_: &JobContext| Err::<(), _>(JobError::Snooze(far_future())))
             .without_reaper()
             .without_scheduler()
             .start()

@@ -134,7 +134,7 @@ fn snooze_to_an_exact_time() {
     let mut pool = WorkerPool::builder(&queue)
         .threads(1)
         .handler("exact", move |_ctx: &tickler::JobContext| {
-            Err(tickler::JobError::Snooze(until_for_handler))
+            Err::<(), _>(tickler::JobError::Snooze(until_for_handler))
         })
         .shutdown_grace(secs(5))
         .start()

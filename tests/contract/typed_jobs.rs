@@ -231,7 +231,7 @@ fn a_kinds_retry_policy_decides_its_backoff_other_kinds_keep_the_queues() {
     let started = chrono::Utc::now();
     let mut pool = WorkerPool::builder(&queue)
         .threads(2)
-        .handler_for(|_: &JobContext, _: Flaky| Err(JobError::retry("flaky says no")))
+        .handler_for(|_: &JobContext, _: Flaky| Err::<(), _>(JobError::retry("flaky says no")))
         .handler("untyped_flaky", |_: &JobContext| {
             Err::<(), _>(JobError::retry("untyped says no"))
         })

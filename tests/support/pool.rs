@@ -281,6 +281,8 @@ impl Script {
 }
 
 impl Handler for Script {
+    type Output = ();
+
     fn run(&self, ctx: &JobContext) -> Result<(), JobError> {
         self.record_start(ctx);
         let p = ctx.payload().clone();

@@ -899,12 +899,15 @@ fn machine_down_role(queue: &Queue, ledgers: &Path) -> i32 {
     let mark = ledgers.join("down.started");
     let _pool = tickler::WorkerPool::builder(queue)
         .threads(1)
-        .handler(DOWN_KIND, move |ctx: &tickler::JobContext| {
-            fs::write(&mark, ctx.attempt().to_string()).expect("the handler's mark");
-            loop {
-                std::thread::sleep(Duration::from_secs(1));
-            }
-        })
+        .handler(
+            DOWN_KIND,
+            move |ctx: &tickler::JobContext| -> Result<(), tickler::JobError> {
+                fs::write(&mark, ctx.attempt().to_string()).expect("the handler's mark");
+                loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            },
+        )
         .start()
         .expect("starting the pool");
     loop {

@@ -245,6 +245,7 @@ pub fn job_json(job: &Job) -> serde_json::Value {
             "weight": l.weight,
         })),
         "rate_deferrals": job.rate_deferrals,
+        "output": job.output,
     })
 }
 
@@ -307,6 +308,12 @@ pub fn job_fields(job: &Job, times: Times) -> Vec<(&'static str, String)> {
                     )
                 },
             ),
+        ),
+        (
+            "output",
+            job.output
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), ToString::to_string),
         ),
         ("last_error", or_dash(&job.last_error)),
         ("errors", error_history(job, times)),

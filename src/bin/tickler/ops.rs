@@ -10,7 +10,7 @@ use crate::display::{self, Times};
 use crate::error::CliError;
 use serde_json::json;
 use std::path::Path;
-use tickler::{JobFilter, JobId, JobState, NewJob, Queue, Waited};
+use tickler::{Job, JobFilter, JobId, JobState, NewJob, Queue, Waited};
 
 /// Opens the queue file. Only commands that add to the queue may create
 /// it; the others refuse a missing file, so a mistyped path is not
@@ -351,6 +351,12 @@ pub fn wait(db: &Path, args: &WaitArgs) -> Result<(), CliError> {
                 job.state,
                 display::duration(args.timeout)
             ),
+            // Its output, if the handler returned one: what a script
+            // waits for (a path, a count).
+            Waited::Succeeded(Job {
+                output: Some(output),
+                ..
+            }) => format!("job {id} succeeded: {}", display::safe(&output.to_string())),
             _ => format!("job {id} {outcome}"),
         };
         println!("{line}");

@@ -35,6 +35,15 @@ pub(super) const COMPLETE_SQL: &str = concat!(
     fence!(":id", ":token")
 );
 
+/// COMPLETE_SQL with the handler's output (JSON text, :output), in the
+/// same statement: never a success without its output, nor the reverse.
+const COMPLETE_WITH_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'succeeded', finished_at = :now, lease_expires_at = NULL, last_error = NULL,
+        output = :output ",
+    fence!(":id", ":token")
+);
+
 /// :now, :retry_at, :error, :id, :token.
 const FAIL_SQL: &str = concat!(
     "UPDATE tickler_jobs SET ",
@@ -152,6 +161,10 @@ impl OutcomeTx for Tx<'_> {
         let error_of = |error: &str| ("error", v(cut_error(note.unwrap_or(error)).as_ref()));
         match outcome {
             Outcome::Complete => tx.exec_named(COMPLETE_SQL, &[at, id, token]),
+            Outcome::CompleteWith(output) => tx.exec_named(
+                COMPLETE_WITH_SQL,
+                &[at, id, token, ("output", v(output.as_str().as_bytes()))],
+            ),
             Outcome::Fail(error) => {
                 let retry_at = ("retry_at", v(retry_time(now, policy, lease.attempt)));
                 tx.exec_named(FAIL_SQL, &[at, retry_at, error_of(error), id, token])

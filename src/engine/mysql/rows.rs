@@ -21,7 +21,7 @@ pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
     created_at, finished_at, errors, progress, progress_message, \
-    limit_name, limit_key, limit_weight, rate_deferrals";
+    limit_name, limit_key, limit_weight, rate_deferrals, output";
 
 /// Column `i` of `r` as a `T`.
 pub(crate) fn get<T: FromValue>(r: &Row, i: usize) -> Result<T> {
@@ -125,6 +125,16 @@ pub(crate) fn job_from_row(r: &Row) -> Result<Job> {
             Vec::new()
         }
     };
+    let output = match bytes(r, 25)? {
+        Some(raw) => match serde_json::from_slice(&raw) {
+            Ok(value) => Some(value),
+            Err(e) => {
+                problems.push(format!("output: not readable as JSON ({e})"));
+                None
+            }
+        },
+        None => None,
+    };
     let opt_time = |i: usize| -> Result<_> { Ok(get::<Option<i64>>(r, i)?.map(ms_to_datetime)) };
     let unique_key = match bytes(r, 9)? {
         Some(_) => Some(text(r, 9, "unique_key", &mut problems)?),
@@ -154,6 +164,7 @@ pub(crate) fn job_from_row(r: &Row) -> Result<Job> {
         progress: crate::engine::types::progress(get(r, 19)?, get(r, 20)?),
         limit: crate::engine::types::limit_slot(get(r, 21)?, get(r, 22)?, get(r, 23)?),
         rate_deferrals: count(get(r, 24)?),
+        output,
     })
 }
 

@@ -214,3 +214,8 @@ ALTER TABLE tickler_schedules
     ADD COLUMN limit_name VARBINARY(255),
     ADD COLUMN limit_key VARBINARY(1024),
     ADD COLUMN limit_weight BIGINT NOT NULL DEFAULT 1 CHECK (limit_weight >= 1);
+
+-- migration: 7
+-- What a job's handler returned, as in the SQLite schema (migration 12
+-- there): JSON text as bytes, as the payload is.
+ALTER TABLE tickler_jobs ADD COLUMN output MEDIUMBLOB;

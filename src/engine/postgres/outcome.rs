@@ -36,6 +36,15 @@ const COMPLETE_SQL: &str = concat!(
     fence!("$2", "$3")
 );
 
+/// COMPLETE_SQL with the handler's output (JSON text, $4), in the same
+/// statement: never a success without its output, nor the reverse.
+const COMPLETE_WITH_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'succeeded', finished_at = $1, lease_expires_at = NULL, last_error = NULL,
+        output = $4 ",
+    fence!("$2", "$3")
+);
+
 /// Locks rows $1 in id order, so that two transactions updating several
 /// of the same rows (a pool's heartbeats and its outcomes) take them in
 /// the same order and never deadlock.
@@ -140,6 +149,9 @@ impl OutcomeTx for Tx<'_> {
         let error_of = |error: &str| storable(&cut_error(note.unwrap_or(error))).into_owned();
         match outcome {
             Outcome::Complete => tx.execute(COMPLETE_SQL, &[&now, &id, token]),
+            Outcome::CompleteWith(output) => {
+                tx.execute(COMPLETE_WITH_SQL, &[&now, &id, token, &output.as_str()])
+            }
             Outcome::Fail(error) => {
                 let retry_at = retry_time(now, policy, lease.attempt);
                 tx.execute(FAIL_SQL, &[&now, &retry_at, &error_of(error), &id, token])

@@ -18,7 +18,7 @@ pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
     created_at, finished_at, errors::text, progress, progress_message, \
-    limit_name, limit_key, limit_weight, rate_deferrals";
+    limit_name, limit_key, limit_weight, rate_deferrals, output";
 
 fn count(n: i64) -> u32 {
     u32::try_from(n.max(0)).unwrap_or(u32::MAX)
@@ -81,6 +81,15 @@ pub(crate) fn job_from_row(r: &Row) -> crate::Result<Job> {
             Vec::new()
         }
     };
+    let output =
+        r.try_get::<_, Option<String>>(25)?
+            .and_then(|text| match serde_json::from_str(&text) {
+                Ok(value) => Some(value),
+                Err(e) => {
+                    problems.push(format!("output: not readable as JSON ({e})"));
+                    None
+                }
+            });
     let opt_time =
         |i: usize| -> crate::Result<_> { Ok(r.try_get::<_, Option<i64>>(i)?.map(ms_to_datetime)) };
     Ok(Job {
@@ -107,6 +116,7 @@ pub(crate) fn job_from_row(r: &Row) -> crate::Result<Job> {
         progress: crate::engine::types::progress(r.try_get(19)?, r.try_get(20)?),
         limit: crate::engine::types::limit_slot(r.try_get(21)?, r.try_get(22)?, r.try_get(23)?),
         rate_deferrals: count(r.try_get(24)?),
+        output,
     })
 }
 

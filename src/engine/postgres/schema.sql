@@ -219,3 +219,8 @@ ALTER TABLE tickler_schedules
     ADD COLUMN limit_name TEXT COLLATE "C",
     ADD COLUMN limit_key TEXT COLLATE "C",
     ADD COLUMN limit_weight BIGINT NOT NULL DEFAULT 1 CHECK (limit_weight >= 1);
+
+-- migration: 9
+-- What a job's handler returned, as in the SQLite schema (migration 12
+-- there).
+ALTER TABLE tickler_jobs ADD COLUMN output TEXT;

@@ -20,6 +20,15 @@ pub(crate) const COMPLETE_SQL: &str = concat!(
     fence!("?2", "?3")
 );
 
+/// COMPLETE_SQL with the handler's output (JSON text, ?4), in the same
+/// statement: never a success without its output, nor the reverse.
+pub(crate) const COMPLETE_WITH_SQL: &str = concat!(
+    "UPDATE tickler_jobs
+    SET status = 'succeeded', finished_at = ?1, lease_expires_at = NULL, last_error = NULL,
+        output = ?4 ",
+    fence!("?2", "?3")
+);
+
 /// `errors` with one more entry for the current attempt (at `$at`, error
 /// `$error`), keeping the last `ERROR_HISTORY_MAX` (20) entries.
 macro_rules! append_error {
@@ -266,6 +275,12 @@ pub(crate) fn apply_outcome(
         Outcome::Complete => tx
             .prepare_cached(COMPLETE_SQL)?
             .execute(params![now, id, token])?,
+        Outcome::CompleteWith(output) => tx.prepare_cached(COMPLETE_WITH_SQL)?.execute(params![
+            now,
+            id,
+            token,
+            output.as_str()
+        ])?,
         Outcome::Fail(error) => {
             let retry_at = retry_time(now, policy, lease.attempt);
             tx.prepare_cached(FAIL_SQL)?.execute(params![

@@ -15,7 +15,7 @@ pub(crate) const LEASE_COLUMNS: &str =
 pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
-    created_at, finished_at, errors, progress, progress_message, limit_name, limit_key, limit_weight, rate_deferrals";
+    created_at, finished_at, errors, progress, progress_message, limit_name, limit_key, limit_weight, rate_deferrals, output";
 
 pub(crate) fn claimed_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let job_id = JobId(r.get(0)?);
@@ -92,6 +92,7 @@ pub(crate) fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
         ),
         rate_deferrals: u32::try_from(row.get::<i64>(24, "rate_deferrals").max(0))
             .unwrap_or(u32::MAX),
+        output: row.opt_json(25, "output"),
     };
     job.unreadable = row.finish();
     Ok(job)
@@ -170,6 +171,17 @@ impl<'a, 'r> RowReader<'a, 'r> {
             self.note(column, format!("not readable as JSON ({e})"));
             serde_json::Value::Null
         })
+    }
+
+    fn opt_json(&mut self, i: usize, column: &str) -> Option<serde_json::Value> {
+        let text = self.opt_text(i, column)?;
+        match serde_json::from_str(&text) {
+            Ok(value) => Some(value),
+            Err(e) => {
+                self.note(column, format!("not readable as JSON ({e})"));
+                None
+            }
+        }
     }
 
     fn time(&mut self, i: usize, column: &str) -> DateTime<Utc> {

@@ -336,3 +336,8 @@ ALTER TABLE tickler_schedules ADD COLUMN limit_name TEXT;
 ALTER TABLE tickler_schedules ADD COLUMN limit_key TEXT;
 ALTER TABLE tickler_schedules ADD COLUMN limit_weight INTEGER NOT NULL DEFAULT 1
     CHECK (limit_weight >= 1);
+
+-- migration: 12
+-- What a job's handler returned when it succeeded (JSON text, at most
+-- 64 KiB), written by the statement that marks it succeeded.
+ALTER TABLE tickler_jobs ADD COLUMN output TEXT;
