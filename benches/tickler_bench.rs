@@ -1119,7 +1119,7 @@ fn progress_cost(reports: usize) {
 }
 
 /// `--only events`: what job events cost a pool whose subscribers never
-/// read (issue 18: at most 5 %). The 4-thread burn-down of `burn` (default
+/// read (at most 5 %). The 4-thread burn-down of `burn` (default
 /// settings, no-op handlers), alternated in one run: round A with no
 /// subscriber, round B with a `WorkerPool::subscribe` and a
 /// `Queue::subscribe` of `DEFAULT_EVENT_BUFFER` each, held and never read,
@@ -1619,7 +1619,7 @@ fn async_timers(jobs: usize) {
 }
 
 /// `--only pg_raw`: the raw PostgreSQL loops that the future engine's
-/// figures are set against (issue 16), on the server of
+/// figures are set against, on the server of
 /// `TICKLER_BENCH_DATABASE_URL` (`.ci/postgres` starts a throwaway one).
 /// Needs `--features postgres`.
 #[cfg(not(feature = "postgres"))]
@@ -1633,7 +1633,7 @@ fn pg_raw(quick: bool) {
 }
 
 /// `--only pg`: tickler's PostgreSQL engine against the raw loops, in the
-/// same run (issue 16's targets). Needs `--features postgres`.
+/// same run. Needs `--features postgres`.
 #[cfg(not(feature = "postgres"))]
 fn pg_engine(_quick: bool, _parts: &[String]) {
     eprintln!("# pg skipped: built without the `postgres` feature (cargo bench --features postgres --bench tickler_bench -- --only pg)");
@@ -1645,7 +1645,7 @@ fn pg_engine(quick: bool, parts: &[String]) {
 }
 
 /// `--only pg_churn`: table and index size and burn-down over a long churn
-/// with pruning (issue 16). Needs `--features postgres`.
+/// with pruning. Needs `--features postgres`.
 #[cfg(not(feature = "postgres"))]
 fn pg_churn(_quick: bool) {
     eprintln!("# pg_churn skipped: built without the `postgres` feature");

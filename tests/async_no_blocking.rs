@@ -1,4 +1,4 @@
-//! Proof that the async face does not block the runtime (issue 17): on a
+//! Proof that the async face does not block the runtime: on a
 //! `current_thread` runtime, where any blocking call stalls every task, a
 //! ticker task that sleeps 1 ms at a time keeps its lateness under
 //! [`MAX_LATENESS`] (and its 99th percentile under [`P99_LATENESS`]) while

@@ -1,4 +1,4 @@
-//! The async face (issue 17, feature `tokio`): `AsyncQueue` calls, async
+//! The async face (feature `tokio`): `AsyncQueue` calls, async
 //! typed handlers, `shutdown_async`, and what dropping a pool on a runtime
 //! thread does. The pool guarantees (exactly-once, lease loss, panics,
 //! shutdown) run for async handlers in the `pool_*` tests' `tokio` cases.

@@ -284,7 +284,7 @@ pub(super) fn heartbeat_loop(shared: &Arc<Shared>, interval: Duration, mut watch
         if shared.stop_background.load(Ordering::SeqCst) && shared.lock_in_flight().is_empty() {
             return;
         }
-        // Issue 15 (idle means idle): with nothing in flight, sleep a whole
+        // Idle means idle: with nothing in flight, sleep a whole
         // interval instead of ticking every 100 ms; the flag is set before
         // looking, so a claim in between unparks us (`wake_heartbeat`).
         shared.heartbeat_idle.store(true, Ordering::SeqCst);

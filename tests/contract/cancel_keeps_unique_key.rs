@@ -1,5 +1,5 @@
 //! A cancelled running job keeps its unique key until its holder has really
-//! stopped (issue 13, point 4).
+//! stopped.
 //!
 //! The bug it guards: `cancel` on a running job freed its `unique_key` at
 //! once, so a new job with the same key started while the old handler was

@@ -1,4 +1,4 @@
-//! Every attempt's error is kept, bounded (issue 13, point 3).
+//! Every attempt's error is kept, bounded.
 //!
 //! The bug it guards: only `last_error` was kept, so the story of a job
 //! that failed in three different ways showed only the last, and that

@@ -1,4 +1,4 @@
-//! Time and limits at the edges (issue 13, point 8): a `run_at` before 1970
+//! Time and limits at the edges: a `run_at` before 1970
 //! means "due now", a payload limit above what SQLite can store is refused
 //! when the queue is opened, and a unique_key has a size cap with a typed
 //! error.

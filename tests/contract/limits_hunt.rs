@@ -10,21 +10,6 @@ use common::{fixed_policy, manual_queue_with_policy, ms, secs, temp_db};
 use std::time::Duration;
 use tickler::{Clock, Error, JobId, JobState, Limit, ManualClock, NewJob, Outcome, Queue};
 
-/// A job of kind `api` under limit `api` as a start of `key`.
-fn api(key: &str) -> NewJob {
-    NewJob::new("api").limit("api", key).max_attempts(5)
-}
-
-/// Claims (up to 100) and completes every job due now; returns the ids
-/// started, in claim order.
-fn run_due(queue: &Queue) -> Vec<JobId> {
-    let leases = claim(queue, 100);
-    for lease in &leases {
-        queue.manual().complete(lease).unwrap();
-    }
-    leases.iter().map(|l| l.job_id).collect()
-}
-
 /// Runs every due job each `step` for `span`; returns (job, ms since the
 /// start) of each start.
 fn run_for(

@@ -1,4 +1,4 @@
-//! Model-based test of the job state machine (issue 7, item 5).
+//! Model-based test of the job state machine.
 //!
 //! proptest generates random sequences of operations (enqueue, claim,
 //! heartbeat, complete, fail, fail permanently, snooze, release, cancel,

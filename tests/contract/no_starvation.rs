@@ -1,4 +1,4 @@
-//! No job waits for ever while its pool makes progress (issue 13, point 7).
+//! No job waits for ever while its pool makes progress.
 //!
 //! The bug it guards: a pool serving two queues always claimed from the
 //! first one first, and within a queue always took the highest priority,

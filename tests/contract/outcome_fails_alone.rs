@@ -1,5 +1,5 @@
 //! One outcome (or heartbeat) that cannot be stored never costs the others
-//! (issue 13, point 2).
+//!.
 //!
 //! The bug it guards: one handler error longer than SQLite's length limit,
 //! recorded in the same group commit as seven successes, failed the whole

@@ -1,4 +1,4 @@
-//! A holder that stalls past its lease cannot finish the job (issue 7, item 2).
+//! A holder that stalls past its lease cannot finish the job.
 //!
 //! A child process (this test binary run again) claims a job with a short
 //! lease and keeps it alive with heartbeats. The parent stops the child with

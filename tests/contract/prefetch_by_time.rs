@@ -1,4 +1,4 @@
-//! Issue 19: a pool claims ahead of its free threads by time, not by count.
+//! A pool claims ahead of its free threads by time, not by count.
 //!
 //! With default settings a pool that has seen its handlers return fast
 //! claims hundreds of jobs ahead. When those jobs turn out to be long (its

@@ -11,22 +11,7 @@ use crate::support::limits::*;
 use chrono::{DateTime, TimeZone, Utc};
 use common::{fixed_policy, manual_queue_with_policy, ms, secs, temp_db};
 use std::time::Duration;
-use tickler::{Clock, JobId, JobState, Limit, ManualClock, NewJob, Queue};
-
-/// A job of kind `api` under limit `api` as a start of `key`.
-fn api(key: &str) -> NewJob {
-    NewJob::new("api").limit("api", key).max_attempts(5)
-}
-
-/// Claims (up to 100) and completes every job due now; returns the ids
-/// started, in claim order.
-fn run_due(queue: &Queue) -> Vec<JobId> {
-    let leases = claim(queue, 100);
-    for lease in &leases {
-        queue.manual().complete(lease).unwrap();
-    }
-    leases.iter().map(|l| l.job_id).collect()
-}
+use tickler::{Clock, JobId, JobState, Limit, ManualClock, Queue};
 
 /// Runs every due job each `step` until `until`; returns (job, instant in
 /// ms since `t0`) of each start.

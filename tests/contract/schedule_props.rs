@@ -4,7 +4,7 @@
 //! after backward steps), never ahead of the clock, and each one is a tick
 //! of the expression. They increase in enqueue order only while the clock
 //! does not step back: after a backward step the schedule goes on from the
-//! new now (issue 14).
+//! new now.
 
 use crate::support::schedule;
 

@@ -1,4 +1,4 @@
-//! `tickler::testing::run_one` (issue 17): one job run on the test's
+//! `tickler::testing::run_one`: one job run on the test's
 //! thread, with a manual clock, its outcome recorded as a pool would.
 
 use crate::support::common;

@@ -1,4 +1,4 @@
-//! Timeouts are enforced, not only requested (issue 13, point 5).
+//! Timeouts are enforced, not only requested.
 //!
 //! The bug it guards: a handler that ignored its timeout's cancellation
 //! flag kept its job `running` for ever: heartbeats went on renewing the

@@ -1,4 +1,4 @@
-//! Typed jobs (issue 17): `JobArgs` ties a payload type to its kind and
+//! Typed jobs: `JobArgs` ties a payload type to its kind and
 //! defaults; `enqueue_args` (and its batch and `_tx` forms) stores them; a
 //! `handler_for` handler gets them deserialized, a payload that does not
 //! fit is a permanent failure naming the kind and the serde error, and a

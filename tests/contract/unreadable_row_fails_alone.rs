@@ -1,5 +1,5 @@
 //! One row that cannot be decoded never blocks a claim, a `list` or a pool
-//! (issue 13, point 1).
+//!.
 //!
 //! The bug it guards: a payload nested a few hundred levels deep passed
 //! `enqueue` (SQLite's `json_valid` allows 1,000 levels) but could not be

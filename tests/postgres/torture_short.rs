@@ -1,4 +1,4 @@
-//! A short torture run on PostgreSQL for CI (issue 16, item 6): 20 seconds
+//! A short torture run on PostgreSQL for CI: 20 seconds
 //! of SIGKILLs against three worker processes while a producer enqueues,
 //! every connection to the database cut every 2–5 s, and one server
 //! restart (fast shutdown) halfway when `TICKLER_TEST_PG_CTL` is set; then

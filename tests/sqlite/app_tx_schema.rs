@@ -232,7 +232,7 @@ fn in_a_fresh_file_tickler_creates_only_its_own_objects() {
 /// (the rusqlite_migration crate, for one). tickler keeps its schema
 /// version there too, so the two collide.
 #[test]
-#[ignore = "KNOWN LIMITATION (documented in the crate docs, issue 8 note): tickler keeps its schema version in PRAGMA user_version, which an application may also use: an app at user_version 1 or 2 gets tickler's migrations skipped (no tickler_jobs) and its version overwritten; at 3+ Queue::open refuses with SchemaTooNew"]
+#[ignore = "KNOWN LIMITATION (documented in the crate docs): tickler keeps its schema version in PRAGMA user_version, which an application may also use: an app at user_version 1 or 2 gets tickler's migrations skipped (no tickler_jobs) and its version overwritten; at 3+ Queue::open refuses with SchemaTooNew"]
 fn the_apps_user_version_neither_confuses_nor_is_changed_by_tickler() {
     for app_version in [1, 2, 7] {
         let (_dir, path) = temp_db();

@@ -1,4 +1,4 @@
-//! Faults of the disk and the file (issue 7, item 3).
+//! Faults of the disk and the file.
 //!
 //! - Disk full, simulated with SQLite's `max_page_count` set on every
 //!   connection tickler opens (`QueueBuilder::on_connection`): an enqueue,

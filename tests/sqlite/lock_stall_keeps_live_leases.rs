@@ -1,5 +1,5 @@
 //! A live holder does not lose its job because another connection held the
-//! write lock (issue 13, point 6).
+//! write lock.
 //!
 //! The bug it guards: with a 1 s lease, a 3 s job and another connection
 //! holding SQLite's write lock for 1.5 s, the holder's heartbeat waits

@@ -1,4 +1,4 @@
-//! A short kill -9 torture run for CI (issue 7, item 1): 15 seconds of
+//! A short kill -9 torture run for CI: 15 seconds of
 //! SIGKILLs against three worker processes while a producer enqueues, then
 //! the full check (nothing lost, every job terminal, no run_token or job
 //! with two accepted outcomes, duplicate executions only where a kill hit a

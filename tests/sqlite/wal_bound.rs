@@ -1,4 +1,4 @@
-//! The WAL stays bounded (issue 7, item 4).
+//! The WAL stays bounded.
 //!
 //! A reader that keeps a read transaction open pins its snapshot: SQLite
 //! cannot checkpoint past it nor start the `-wal` file over, so while

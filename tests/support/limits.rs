@@ -57,3 +57,18 @@ pub fn most_in_a_span(at: &[i64], period_ms: i64) -> usize {
         .max()
         .unwrap_or(0)
 }
+
+/// A job of kind `api` under limit `api` as a start of `key`.
+pub fn api(key: &str) -> NewJob {
+    NewJob::new("api").limit("api", key).max_attempts(5)
+}
+
+/// Claims (up to 100) and completes every job due now; returns the ids
+/// started, in claim order.
+pub fn run_due(queue: &Queue) -> Vec<JobId> {
+    let leases = claim(queue, 100);
+    for lease in &leases {
+        queue.manual().complete(lease).unwrap();
+    }
+    leases.iter().map(|l| l.job_id).collect()
+}

@@ -67,7 +67,7 @@ pub fn open_queue_slow_retry(path: &Path) -> Queue {
 
 /// Runs `n` jobs of `kind` (whose handler must return at once) through the
 /// pools serving it and waits until all have succeeded: a pool that has seen
-/// its handlers return fast claims ahead of its free threads (issue 19).
+/// its handlers return fast claims ahead of its free threads.
 pub fn warm_up(queue: &Queue, kind: &str, n: usize) {
     let before = queue.count(tickler::JobState::Succeeded).unwrap();
     queue

@@ -1,4 +1,4 @@
-//! Helpers for the reliability tests of issue 7 (`tests/contract/paused_holder.rs`,
+//! Helpers for the reliability tests (`tests/contract/paused_holder.rs`,
 //! `tests/sqlite/faults.rs`, `tests/sqlite/wal_bound.rs`, `tests/contract/model.rs`,
 //! `tests/sqlite/torture_short.rs`): temporary files, child processes that are
 //! this test binary run again for one test, and a bounded polling wait.

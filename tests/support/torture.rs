@@ -1,4 +1,4 @@
-//! The kill -9 torture run of issue 7, shared by `examples/torture.rs` (long
+//! The kill -9 torture run, shared by `examples/torture.rs` (long
 //! runs), `tests/sqlite/torture_short.rs` (CI, SQLite), `tests/postgres/torture_short.rs`
 //! (CI, PostgreSQL) and `tests/mysql/torture_short.rs` (CI, MariaDB). The
 //! same run and checks serve every engine: the queue is a SQLite file in
