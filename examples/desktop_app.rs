@@ -1,7 +1,9 @@
 //! A tokio application (say, the back end of a desktop app) that keeps its
 //! background work in tickler: typed jobs, a delayed job, a job that fails
 //! twice and succeeds on its third attempt with its own backoff, a cron
-//! schedule, async handlers, and a graceful shutdown on Ctrl-C.
+//! schedule, async handlers, an export whose progress the app shows as a
+//! bar and whose result (the file it wrote) the app awaits, and a graceful
+//! shutdown on Ctrl-C.
 //!
 //! ```text
 //! cargo run --features tokio --example desktop_app [-- --seconds N] [--db PATH]
@@ -18,8 +20,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tickler::{
-    AsyncQueue, JobArgs, JobContext, JobError, JobState, NewJob, NewSchedule, RetryPolicy,
-    WorkerPool,
+    AsyncQueue, Event, JobArgs, JobContext, JobError, JobEventKind, JobState, NewJob, NewSchedule,
+    RetryPolicy, Waited, WorkerPool,
 };
 
 /// Make a thumbnail of a picture the user added.
@@ -79,6 +81,34 @@ impl JobArgs for Upload {
     }
 }
 
+/// Export a video: reports its progress, returns what it wrote.
+#[derive(Debug, Serialize, Deserialize)]
+struct Export {
+    name: String,
+}
+
+impl JobArgs for Export {
+    const KIND: &'static str = "export";
+}
+
+/// What an export produced: the app opens `path` once the job succeeded.
+#[derive(Debug, Serialize, Deserialize)]
+struct Exported {
+    path: String,
+    frames: u32,
+}
+
+/// A text progress bar: `[#####.....]  50 % encoding`.
+fn bar(fraction: f64, message: &str) -> String {
+    let done = (fraction * 20.0).round() as usize;
+    format!(
+        "[{}{}] {:>3.0} % {message}",
+        "#".repeat(done),
+        ".".repeat(20 - done.min(20)),
+        fraction * 100.0
+    )
+}
+
 /// Stand-in for real async work (an HTTP call, image decoding on a
 /// blocking thread, ...).
 async fn work(ms: u64) {
@@ -130,6 +160,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 println!("upload of {} done on attempt {}", job.file, ctx.attempt());
                 Ok(())
             })
+            .async_handler_for(|ctx: JobContext, job: Export| async move {
+                let frames = 5;
+                for frame in 1..=frames {
+                    work(60).await;
+                    // Kept in memory and sent to this process's
+                    // subscribers at once; stored a few times a second.
+                    ctx.progress(f64::from(frame) / f64::from(frames), "encoding")?;
+                }
+                // Stored with the success, in the same statement.
+                Ok(Exported {
+                    path: format!("exports/{}.mp4", job.name),
+                    frames,
+                })
+            })
             .async_handler("autosave", move |_ctx: JobContext| {
                 let ticks = Arc::clone(&ticks);
                 async move {
@@ -169,6 +213,44 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             file: "backup-1.tar".into(),
         })
         .await?;
+
+    // The export: its progress as a bar (from this process's events),
+    // then its result, awaited.
+    let events = queue.subscribe(256);
+    let export = queue
+        .enqueue_args(&Export {
+            name: "holiday".into(),
+        })
+        .await?;
+    let show_progress = tokio::spawn(async move {
+        while let Some(event) = events.recv().await {
+            if let Event::Job(job) = event {
+                if job.job_id != export {
+                    continue;
+                }
+                match job.what {
+                    JobEventKind::Progress { fraction, message } => {
+                        println!("export {}", bar(fraction, &message));
+                    }
+                    JobEventKind::Succeeded | JobEventKind::Dead { .. } => return,
+                    _ => {}
+                }
+            }
+        }
+    });
+    match queue.wait(export, Duration::from_secs(10)).await? {
+        Waited::Succeeded(job) => {
+            let exported: Option<Exported> = job.output_as()?;
+            if let Some(exported) = exported {
+                println!(
+                    "export done: {} ({} frames), ready to open",
+                    exported.path, exported.frames
+                );
+            }
+        }
+        other => println!("export did not succeed: {other:?}"),
+    }
+    let _ = show_progress.await;
 
     tokio::select! {
         _ = tokio::signal::ctrl_c() => println!("Ctrl-C: shutting down"),
