@@ -13,6 +13,7 @@ use tickler::{NewJob, Outcome, Output};
 #[test]
 fn wait_refuses_an_id_that_is_not_a_number() {
     let env = Env::new();
+    let _queue = env.queue();
     for id in ["abc", "12x", "99999999999999999999", "1.5", ""] {
         let run = env.run(&["wait", id, "--timeout", "1s"]);
         assert_eq!(run.code, 2, "{id:?}: {run:?}");
