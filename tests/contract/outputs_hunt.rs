@@ -446,3 +446,36 @@ fn an_async_wait_given_up_by_select_frees_its_thread() {
     assert_eq!(gave_up, Ok(true), "the runtime did not shut down: a given-up wait holds its thread");
 }
 }
+
+contract! {
+/// PostgreSQL's text refuses U+0000 (airbytehq/airbyte#3476,
+/// Arize-ai/phoenix#9123), and a progress message is a handler's text,
+/// as likely to hold one as an error message. A report with a NUL is
+/// stored (on PostgreSQL with U+FFFD in its place, as error messages
+/// are), the job's row stays readable, and its output, NUL included, is
+/// stored with its success.
+fn a_progress_message_with_nul_is_stored_and_the_job_goes_on() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue(&path);
+    let id = queue.enqueue(NewJob::new("k")).unwrap();
+    let lease = queue.manual().claim("default", "w", 1, secs(60)).unwrap().remove(0);
+    queue.manual().record_progress(&[(&lease, 0.5, "row\u{0}42 東京")]).unwrap();
+    let job = queue.get(id).unwrap();
+    let progress = job.progress.expect("a progress");
+    assert!(
+        ["row\u{0}42 東京", "row\u{FFFD}42 東京"].contains(&progress.message.as_str()),
+        "{progress:?}"
+    );
+    assert_eq!((progress.fraction, job.unreadable), (0.5, None));
+    let out = Output::new(&json!("done\u{0}")).unwrap().unwrap();
+    let recorded = queue
+        .manual()
+        .record_outcomes(&[(&lease, tickler::Outcome::CompleteWith(out))])
+        .unwrap();
+    assert!(recorded.iter().all(Result::is_ok), "{recorded:?}");
+    match queue.wait(id, secs(5)).unwrap() {
+        Waited::Succeeded(job) => assert_eq!(job.output, Some(json!("done\u{0}"))),
+        other => panic!("{other:?}"),
+    }
+}
+}
