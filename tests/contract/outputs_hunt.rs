@@ -479,3 +479,68 @@ fn a_progress_message_with_nul_is_stored_and_the_job_goes_on() {
     }
 }
 }
+
+/// Completes the job in the handler's own transaction, writing nothing
+/// else, through the engine's own transaction type.
+fn complete_in_own_tx(ctx: &JobContext, postgres: bool, mysql: bool) -> tickler::Result<()> {
+    if postgres {
+        return pg_complete(ctx);
+    }
+    if mysql {
+        return my_complete(ctx);
+    }
+    ctx.complete_with(|_: &tickler::rusqlite::Transaction| Ok::<(), tickler::Error>(()))
+}
+
+#[cfg(feature = "postgres")]
+fn pg_complete(ctx: &JobContext) -> tickler::Result<()> {
+    ctx.complete_with(|_: &mut tickler::postgres::Transaction| Ok::<(), tickler::Error>(()))
+}
+
+#[cfg(not(feature = "postgres"))]
+fn pg_complete(_: &JobContext) -> tickler::Result<()> {
+    unreachable!("a PostgreSQL case needs the `postgres` feature")
+}
+
+#[cfg(feature = "mysql")]
+fn my_complete(ctx: &JobContext) -> tickler::Result<()> {
+    ctx.complete_with(|_: &mut tickler::mysql::Transaction| Ok::<(), tickler::Error>(()))
+}
+
+#[cfg(not(feature = "mysql"))]
+fn my_complete(_: &JobContext) -> tickler::Result<()> {
+    unreachable!("a MySQL case needs the `mysql` feature")
+}
+
+contract! {
+/// River records a job's output with the update that completes it, and
+/// found its round trip untested (riverqueue/river#758, #1102). A handler
+/// that completes its job in its own transaction
+/// (`JobContext::complete_with`) and then returns a value: the job is
+/// succeeded once, the wait answers Succeeded, and, as documented on
+/// `complete_with`, the value returned after is not stored (the job had
+/// already succeeded without it). Current behaviour, kept as it is: an
+/// output is stored only by the statement that marks the job succeeded.
+fn an_output_returned_after_completing_in_the_handlers_transaction_is_not_stored() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue(&path);
+    let (postgres, mysql) = (crate::support::engine::on_postgres(), crate::support::engine::on_mysql());
+    let mut pool = WorkerPool::builder(&queue)
+        .handler("own-tx", move |ctx: &JobContext| {
+            complete_in_own_tx(ctx, postgres, mysql)?;
+            Ok::<_, JobError>(json!({"returned": "after"}))
+        })
+        .start()
+        .unwrap();
+    let id = queue.enqueue(NewJob::new("own-tx").max_attempts(3)).unwrap();
+    match queue.wait(id, secs(30)).unwrap() {
+        Waited::Succeeded(job) => {
+            assert_eq!((job.attempts, job.output, job.last_error), (1, None, None));
+        }
+        other => panic!("{other:?}"),
+    }
+    pool.shutdown(secs(5));
+    let job = queue.get(id).unwrap();
+    assert_eq!((job.state, job.attempts), (JobState::Succeeded, 1));
+}
+}
