@@ -50,8 +50,14 @@ fn wait_prints_an_output_with_nul_and_escapes_whole() {
     let run = env.run(&["wait", &id.to_string()]);
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(run.stdout.lines().count(), 1, "{run:?}");
-    assert!(!run.stdout.contains('\u{1b}') && !run.stdout.contains('\0'), "{run:?}");
-    assert!(run.stdout.contains("東京") && run.stdout.contains('d'), "{run:?}");
+    assert!(
+        !run.stdout.contains('\u{1b}') && !run.stdout.contains('\0'),
+        "{run:?}"
+    );
+    assert!(
+        run.stdout.contains("東京") && run.stdout.contains('d'),
+        "{run:?}"
+    );
     let run = env.run(&["wait", &id.to_string(), "--json"]);
     let json: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
     assert_eq!(json["job"]["output"], value, "{json}");

@@ -415,8 +415,9 @@ fn a_unique_jobs_duplicate_and_a_retried_dead_job_are_waited_for() {
 contract! {
 /// BullMQ's `waitUntilFinished` without a timeout kept its promise (and
 /// what it held) forever once no one wanted the answer
-/// (taskforcesh/bullmq#2341). An `AsyncQueue::wait` given up by a
-/// `select!` timeout must not hold a thread of tokio's blocking pool for
+/// (taskforcesh/bullmq#2341). An `AsyncQueue::wait` answers with the
+/// output of a job another thread ends; one given up by a `select!` or
+/// `tokio::time::timeout` must not hold a thread of tokio's blocking pool for
 /// the rest of its own timeout: the runtime that ran it shuts down
 /// promptly, although the job never ends and the wait's timeout is
 /// `Duration::MAX`.
@@ -432,12 +433,30 @@ fn an_async_wait_given_up_by_select_frees_its_thread() {
             .build()
             .unwrap();
         let aq = queue.to_async();
+        let other = queue.enqueue(NewJob::new("k").queue("other")).unwrap();
+        let finisher = std::thread::spawn(move || {
+            std::thread::sleep(ms(200));
+            let lease = queue.manual().claim("other", "w", 1, secs(60)).unwrap().remove(0);
+            let out = Output::new(&json!({"rows": 3})).unwrap().unwrap();
+            queue
+                .manual()
+                .record_outcomes(&[(&lease, tickler::Outcome::CompleteWith(out))])
+                .unwrap();
+        });
         let gave_up = rt.block_on(async {
+            // Answered: the output of a job another thread ends.
+            match aq.wait(other, secs(30)).await.unwrap() {
+                Waited::Succeeded(job) => assert_eq!(job.output, Some(json!({"rows": 3}))),
+                waited => panic!("{waited:?}"),
+            }
+            // Given up, by tokio's timeout and by select!.
+            assert!(tokio::time::timeout(ms(100), aq.wait(id, Duration::MAX)).await.is_err());
             tokio::select! {
                 waited = aq.wait(id, Duration::MAX) => panic!("{waited:?}"),
                 () = tokio::time::sleep(ms(200)) => true,
             }
         });
+        finisher.join().unwrap();
         // A plain drop waits for the runtime's blocking threads.
         drop(rt);
         done.send(gave_up).unwrap();
