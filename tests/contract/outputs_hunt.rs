@@ -241,6 +241,7 @@ fn an_output_that_cannot_be_serialized_kills_its_job_alone() {
         Waited::Dead(job) => {
             let error = job.last_error.unwrap_or_default();
             assert!(error.contains("key must be a string"), "{error}");
+            assert!(error.contains("output") && !error.contains("payload"), "{error}");
             assert_eq!((job.attempts, job.output), (1, None));
         }
         other => panic!("{other:?}"),
@@ -288,6 +289,7 @@ fn an_output_nested_too_deep_to_read_back_is_refused_when_made() {
         Waited::Dead(job) => {
             let error = job.last_error.clone().unwrap_or_default();
             assert!(error.contains("recursion limit"), "{error}");
+            assert!(error.contains("output") && !error.contains("payload"), "{error}");
             assert_eq!((job.attempts, job.output, job.unreadable), (1, None, None));
         }
         other => panic!("{other:?}"),
