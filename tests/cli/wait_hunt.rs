@@ -7,9 +7,12 @@ use cli::Env;
 use std::time::Duration;
 use tickler::{NewJob, Outcome, Output};
 
-/// A job id that is not a number (or past i64) is a usage error, exit 2
-/// with the argument named, never a panic nor a "not found" (exit 5) a
-/// script would take for a pruned job.
+/// OpenWhisk's CLI answered a non-integer or out-of-range number with a
+/// raw parse error (apache/openwhisk-cli#132), and a parseInt took "5abc"
+/// for 5 (kurone-kito/idd-skill#1428). A job id that is not a number (or
+/// past i64) is a usage error, exit 2, never a panic, never a prefix
+/// taken for the id, nor a "not found" (exit 5) a script would take for a
+/// pruned job.
 #[test]
 fn wait_refuses_an_id_that_is_not_a_number() {
     let env = Env::new();
