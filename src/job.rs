@@ -365,7 +365,8 @@ impl Output {
     /// # Errors
     /// [`crate::Error::OutputTooLarge`] past [`MAX_OUTPUT_BYTES`];
     /// [`crate::Error::Json`] if `value` cannot be serialized (a map with
-    /// non-string keys, a failing `Serialize` impl).
+    /// non-string keys, a failing `Serialize` impl) or its JSON could not
+    /// be read back (nested more than 128 levels deep).
     pub fn new<T: Serialize + ?Sized>(value: &T) -> crate::Result<Option<Output>> {
         let text = serde_json::to_string(value)?;
         if text.len() > MAX_OUTPUT_BYTES {
@@ -374,6 +375,11 @@ impl Output {
                 limit: MAX_OUTPUT_BYTES,
             });
         }
+        // Read back as every read of the job will: serde_json writes any
+        // nesting but reads at most 128 levels, and a job succeeded with
+        // an output no one can read has lost it. Refused now, the job is
+        // dead with the reason instead.
+        serde_json::from_str::<serde_json::Value>(&text)?;
         Ok((text != "null").then_some(Output(text)))
     }
 

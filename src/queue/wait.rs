@@ -4,6 +4,7 @@
 use super::Queue;
 use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Longest a waiter goes without reading its job again. Commits that end a
@@ -83,6 +84,20 @@ impl Queue {
     /// The engine's read errors ([`Error::Sqlite`], [`Error::Busy`], a
     /// server's error), and the watcher's.
     pub fn wait(&self, id: JobId, timeout: Duration) -> Result<Waited> {
+        self.wait_unless(id, timeout, &AtomicBool::new(false))
+    }
+
+    /// [`Queue::wait`], which stops within one poll once `given_up` is set
+    /// (its answer then is the job as it stood, unread by anyone): the
+    /// async wait's future sets it when dropped, so a wait a caller gave
+    /// up on does not keep a thread of tokio's blocking pool until its
+    /// timeout, which a runtime's shutdown would wait for.
+    pub(crate) fn wait_unless(
+        &self,
+        id: JobId,
+        timeout: Duration,
+        given_up: &AtomicBool,
+    ) -> Result<Waited> {
         let deadline = Instant::now().checked_add(timeout);
         // Before the first read: a commit between the two is seen.
         let mut watcher = self.watcher()?;
@@ -102,7 +117,7 @@ impl Queue {
                 Some(deadline) => deadline.saturating_duration_since(Instant::now()),
                 None => Duration::MAX,
             };
-            if left.is_zero() {
+            if left.is_zero() || given_up.load(Ordering::SeqCst) {
                 return Ok(Waited::TimedOut(job));
             }
             watcher.wait(left.min(WAIT_POLL), WAIT_POLL)?;

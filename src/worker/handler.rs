@@ -97,5 +97,13 @@ impl<H: Handler> RunJob for H {
 /// A successful run's output as it is stored: `None` for `()`; one that
 /// cannot be stored fails the job for good, with the reason.
 pub(crate) fn output_of<O: Serialize + ?Sized>(output: &O) -> Result<Option<Output>, JobError> {
-    Output::new(output).map_err(|e| JobError::Permanent(format!("the job succeeded, but {e}")))
+    Output::new(output).map_err(|e| {
+        JobError::Permanent(match e {
+            // Error::Json's own text speaks of a payload; this is the output.
+            crate::Error::Json(e) => {
+                format!("the job succeeded, but its output is not storable as JSON: {e}")
+            }
+            e => format!("the job succeeded, but {e}"),
+        })
+    })
 }

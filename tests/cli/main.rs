@@ -18,4 +18,5 @@ mod schedule;
 mod schedule_cli_edges;
 mod serve;
 mod wait;
+mod wait_hunt;
 mod work;

@@ -79,6 +79,7 @@ mod app_tx;
 mod job_events;
 mod limits_hunt;
 mod outputs;
+mod outputs_hunt;
 mod queue_pause;
 mod testing_helper;
 mod typed_jobs;
