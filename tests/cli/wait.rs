@@ -93,7 +93,9 @@ fn wait_and_show_give_the_output_of_a_job_that_succeeded() {
     assert_eq!(json["job"]["output"]["path"], "exports/a.mp4", "{json}");
     let run = env.run(&["show", &id.to_string()]);
     assert!(
-        run.stdout.lines().any(|l| l.starts_with("output:") && l.contains(r#""bytes":42"#)),
+        run.stdout
+            .lines()
+            .any(|l| l.starts_with("output:") && l.contains(r#""bytes":42"#)),
         "{run:?}"
     );
 }
