@@ -833,16 +833,16 @@ pub(crate) trait Reads {
     fn list_in_queue(&self, state: JobState, queue: &str, limit: usize) -> Result<Vec<Job>>;
 
     /// The jobs that finished at or after `from_ms` and before `to_ms`:
-    /// their number, counted through the finish-time index up to `cap`,
-    /// and up to `sample` of them, the last to finish first (for
-    /// `Queue::activity`).
+    /// their number, counted through the finish-time index up to `cap`;
+    /// how many of those same rows are dead; and up to `sample` of them,
+    /// the last to finish first (for `Queue::activity`).
     fn finished_between(
         &self,
         from_ms: i64,
         to_ms: i64,
         cap: u64,
         sample: usize,
-    ) -> Result<(u64, Vec<FinishedSample>)>;
+    ) -> Result<(u64, u64, Vec<FinishedSample>)>;
 }
 
 /// An engine: where jobs are stored, claimed and fenced, and schedules

@@ -21,8 +21,8 @@ pub struct QueueCounts {
 }
 
 /// One slice of time from [`Ops::activity`](crate::Ops::activity): how
-/// many jobs finished in it, and how late and how long a sample of them
-/// ran.
+/// many jobs finished in it and how many of them dead, counted, and how
+/// late and how long a sample of them ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActivityBucket {
     /// Start of the slice (inclusive).
@@ -35,10 +35,15 @@ pub struct ActivityBucket {
     pub finished: u64,
     /// `finished` reached the cap: at least that many finished.
     pub capped: bool,
+    /// Dead jobs among those counted in `finished`, counted over the same
+    /// rows (not read from the sample: jobs that fail finish last, after
+    /// their retries, so the last to finish hold more of them than the
+    /// slice). When `capped`, at least that many.
+    pub dead: u64,
     /// How many of the slice's jobs the figures below are read from:
     /// the last [`ACTIVITY_SAMPLE`] to finish, or all of them.
     pub sampled: u64,
-    /// Dead jobs among the sampled ones.
+    /// Dead jobs among the sampled ones; `dead` is the slice's count.
     pub sampled_dead: u64,
     /// Median lateness of the sampled jobs that ran (succeeded or dead):
     /// from the due time of the attempt that finished to its start.
@@ -55,6 +60,7 @@ fn activity_bucket(
     start: i64,
     end: i64,
     finished: u64,
+    dead: u64,
     capped: bool,
     sample: &[crate::engine::FinishedSample],
 ) -> ActivityBucket {
@@ -80,6 +86,7 @@ fn activity_bucket(
         end: crate::clock::ms_to_datetime(end),
         finished,
         capped,
+        dead,
         sampled: sample.len() as u64,
         sampled_dead: sample
             .iter()
@@ -165,11 +172,13 @@ impl Queue {
             // width may be near Duration::MAX.
             let end = now.saturating_sub(i.saturating_mul(width_ms));
             let start = end.saturating_sub(width_ms);
-            let (finished, sample) = engine.finished_between(start, end, cap, ACTIVITY_SAMPLE)?;
+            let (finished, dead, sample) =
+                engine.finished_between(start, end, cap, ACTIVITY_SAMPLE)?;
             out.push(activity_bucket(
                 start,
                 end,
                 finished,
+                dead,
                 finished >= cap,
                 &sample,
             ));

@@ -167,16 +167,19 @@ impl Reads for Store {
         to_ms: i64,
         cap: u64,
         sample: usize,
-    ) -> Result<(u64, Vec<FinishedSample>)> {
+    ) -> Result<(u64, u64, Vec<FinishedSample>)> {
         self.read(|tx| {
-            let n: i64 = match tx.first(
-                "SELECT count(*) FROM
-                   (SELECT 1 FROM tickler_jobs
+            // The dead are counted over the rows the capped count reads,
+            // so that dead/finished is a share of one set of jobs. count()
+            // of a CASE, not sum(), which MySQL returns as a DECIMAL.
+            let (n, dead): (i64, i64) = match tx.first(
+                "SELECT count(*), count(CASE WHEN status = 'dead' THEN 1 END) FROM
+                   (SELECT status FROM tickler_jobs
                     WHERE finished_at >= ? AND finished_at < ? LIMIT ?) AS capped",
                 args![from_ms, to_ms, cap],
             )? {
-                Some(r) => get(&r, 0)?,
-                None => 0,
+                Some(r) => (get(&r, 0)?, get(&r, 1)?),
+                None => (0, 0),
             };
             let rows = tx
                 .rows(
@@ -195,7 +198,7 @@ impl Reads for Store {
                     })
                 })
                 .collect::<Result<_>>()?;
-            Ok((unsigned(n), rows))
+            Ok((unsigned(n), unsigned(dead), rows))
         })
     }
 }

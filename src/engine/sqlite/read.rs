@@ -194,17 +194,19 @@ impl Reads for Store {
         to_ms: i64,
         cap: u64,
         sample: usize,
-    ) -> Result<(u64, Vec<FinishedSample>)> {
+    ) -> Result<(u64, u64, Vec<FinishedSample>)> {
         let cap = i64::try_from(cap).unwrap_or(i64::MAX);
         let sample = i64::try_from(sample).unwrap_or(i64::MAX);
         self.read(|conn| {
-            let n: i64 = conn
+            // The dead are counted over the rows the capped count reads,
+            // so that dead/finished is a share of one set of jobs.
+            let (n, dead): (i64, i64) = conn
                 .prepare_cached(
-                    "SELECT count(*) FROM
-                       (SELECT 1 FROM tickler_jobs
+                    "SELECT count(*), count(CASE WHEN status = 'dead' THEN 1 END) FROM
+                       (SELECT status FROM tickler_jobs
                         WHERE finished_at >= ?1 AND finished_at < ?2 LIMIT ?3)",
                 )?
-                .query_row(params![from_ms, to_ms, cap], |r| r.get(0))?;
+                .query_row(params![from_ms, to_ms, cap], |r| Ok((r.get(0)?, r.get(1)?)))?;
             let rows = conn
                 .prepare_cached(
                     "SELECT status, run_at, claimed_at, finished_at FROM tickler_jobs
@@ -220,7 +222,11 @@ impl Reads for Store {
                     })
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok((u64::try_from(n).unwrap_or(0), rows))
+            Ok((
+                u64::try_from(n).unwrap_or(0),
+                u64::try_from(dead).unwrap_or(0),
+                rows,
+            ))
         })
     }
 }
