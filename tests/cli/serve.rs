@@ -809,7 +809,7 @@ mod other_queues_dashboard_reports {
             rect.split("height=")
                 .nth(1)
                 .unwrap()
-                .split(|c: char| c == ' ' || c == '/')
+                .split([' ', '/'])
                 .next()
                 .unwrap()
                 .parse()
