@@ -35,11 +35,12 @@ pub struct ActivityBucket {
     pub finished: u64,
     /// `finished` reached the cap: at least that many finished.
     pub capped: bool,
-    /// Dead jobs among those counted in `finished`, counted over the same
-    /// rows (not read from the sample: jobs that fail finish last, after
-    /// their retries, so the last to finish hold more of them than the
-    /// slice). When `capped`, at least that many.
+    /// Dead jobs that finished in the slice, counted up to the same cap
+    /// (not read from the sample: jobs that fail finish last, after their
+    /// retries, so the last to finish hold more of them than the slice).
     pub dead: u64,
+    /// `dead` reached the cap: at least that many died.
+    pub dead_capped: bool,
     /// How many of the slice's jobs the figures below are read from:
     /// the last [`ACTIVITY_SAMPLE`] to finish, or all of them.
     pub sampled: u64,
@@ -60,8 +61,9 @@ fn activity_bucket(
     start: i64,
     end: i64,
     finished: u64,
-    dead: u64,
     capped: bool,
+    dead: u64,
+    dead_capped: bool,
     sample: &[crate::engine::FinishedSample],
 ) -> ActivityBucket {
     let ran = |s: &&crate::engine::FinishedSample| {
@@ -87,6 +89,7 @@ fn activity_bucket(
         finished,
         capped,
         dead,
+        dead_capped,
         sampled: sample.len() as u64,
         sampled_dead: sample
             .iter()
@@ -166,6 +169,7 @@ impl Queue {
         }
         let slices = slices as i64;
         let engine = self.engine();
+        let dead_queues = self.queues_in_state(JobState::Dead)?;
         let mut out = Vec::with_capacity(slices as usize);
         for i in (0..slices).rev() {
             // Saturating: a manual clock may stand before 1970, and a
@@ -173,13 +177,14 @@ impl Queue {
             let end = now.saturating_sub(i.saturating_mul(width_ms));
             let start = end.saturating_sub(width_ms);
             let (finished, dead, sample) =
-                engine.finished_between(start, end, cap, ACTIVITY_SAMPLE)?;
+                engine.finished_between(start, end, cap, ACTIVITY_SAMPLE, &dead_queues)?;
             out.push(activity_bucket(
                 start,
                 end,
                 finished,
-                dead,
                 finished >= cap,
+                dead,
+                dead >= cap,
                 &sample,
             ));
         }

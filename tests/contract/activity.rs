@@ -145,19 +145,23 @@ fn the_dead_count_is_counted_not_sampled() {
     let whole = queue.ops().activity(1, secs(10), 10_000).unwrap();
     let s = &whole[0];
     assert_eq!((s.finished, s.capped), ((ok + dead) as u64, false));
-    assert_eq!(s.dead, dead as u64);
+    assert_eq!((s.dead, s.dead_capped), (dead as u64, false));
     assert_eq!((s.sampled, s.sampled_dead), (ACTIVITY_SAMPLE as u64, ACTIVITY_SAMPLE as u64));
 
-    // Capped, the dead are counted among the rows the capped count read:
-    // at least that many, never more than were counted.
+    // The dead are counted up to the cap as the finished are, each
+    // saying whether it reached it.
     let capped = queue.ops().activity(1, secs(10), 300).unwrap();
     let c = &capped[0];
     assert_eq!((c.finished, c.capped), (300, true));
-    assert!(c.dead <= 300 && c.dead <= dead as u64, "{c:?}");
-    assert!(c.dead >= 300 - ok as u64, "{c:?}");
+    assert_eq!((c.dead, c.dead_capped), (dead as u64, false));
+    let capped = queue.ops().activity(1, secs(10), 100).unwrap();
+    let c = &capped[0];
+    assert_eq!((c.finished, c.capped), (100, true));
+    assert_eq!((c.dead, c.dead_capped), (100, true));
 
     // A slice with none of them counts none.
     let before = queue.ops().activity(2, secs(10), 10_000).unwrap();
     assert_eq!((before[0].finished, before[0].dead), (0, 0));
+    assert!(!before[0].dead_capped);
 }
 }

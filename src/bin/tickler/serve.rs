@@ -455,8 +455,13 @@ fn plot(minutes: &[tickler::ActivityBucket]) -> String {
     } else {
         ""
     };
+    let dead_capped = if minutes.iter().any(|m| m.dead_capped) {
+        "+"
+    } else {
+        ""
+    };
     let mut svg = format!(
-        "<h2>Last hour</h2><p>{total}{capped} jobs finished, {total_dead}{capped} of them dead; lateness is due time → start of the attempt that finished.</p>\
+        "<h2>Last hour</h2><p>{total}{capped} jobs finished, {total_dead}{dead_capped} of them dead; lateness is due time → start of the attempt that finished.</p>\
          <svg id=plot width={w} height={h} viewBox=\"0 0 {w} {h}\" role=img aria-label=\"jobs finished per minute and their lateness over the last hour\" \
          style=\"font:11px sans-serif;background:#fafafa;border:1px solid #ccc\">\
          <text x=4 y=12>finished per minute (max {top_count}{capped})</text>\
@@ -479,16 +484,18 @@ fn plot(minutes: &[tickler::ActivityBucket]) -> String {
         } else {
             0.0
         };
-        let plus = if m.capped { "+" } else { "" };
+        let plus = |capped: bool| if capped { "+" } else { "" };
         let _ = write!(
             svg,
-            "<g><title>{} – {} UTC: {}{plus} finished, {}{plus} dead, lateness median {} worst {}, run time median {}</title>\
+            "<g><title>{} – {} UTC: {}{} finished, {}{} dead, lateness median {} worst {}, run time median {}</title>\
              <rect x={x:.1} y={y:.1} width={bw:.1} height={bar:.1} fill=\"#4a7\"/>\
              <rect x={x:.1} y={dy:.1} width={bw:.1} height={dead:.1} fill=\"#c33\"/>",
             m.start.format("%H:%M:%S"),
             m.end.format("%H:%M:%S"),
             m.finished,
+            plus(m.capped),
             m.dead,
+            plus(m.dead_capped),
             m.lateness_p50.map_or("-".into(), seconds),
             m.lateness_max.map_or("-".into(), seconds),
             m.run_time_p50.map_or("-".into(), seconds),

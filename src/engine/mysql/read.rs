@@ -167,20 +167,32 @@ impl Reads for Store {
         to_ms: i64,
         cap: u64,
         sample: usize,
+        dead_queues: &[String],
     ) -> Result<(u64, u64, Vec<FinishedSample>)> {
         self.read(|tx| {
-            // The dead are counted over the rows the capped count reads,
-            // so that dead/finished is a share of one set of jobs. count()
-            // of a CASE, not sum(), which MySQL returns as a DECIMAL.
-            let (n, dead): (i64, i64) = match tx.first(
-                "SELECT count(*), count(CASE WHEN status = 'dead' THEN 1 END) FROM
-                   (SELECT status FROM tickler_jobs
+            let n: i64 = match tx.first(
+                "SELECT count(*) FROM
+                   (SELECT 1 FROM tickler_jobs
                     WHERE finished_at >= ? AND finished_at < ? LIMIT ?) AS capped",
                 args![from_ms, to_ms, cap],
             )? {
-                Some(r) => (get(&r, 0)?, get(&r, 1)?),
-                None => (0, 0),
+                Some(r) => get(&r, 0)?,
+                None => 0,
             };
+            let (cond, _) = crate::engine::state_index(JobState::Dead);
+            let sql = format!(
+                "SELECT count(*) FROM
+                   (SELECT 1 FROM tickler_jobs WHERE {cond} AND queue = ?
+                    AND finished_at >= ? AND finished_at < ? LIMIT ?) AS capped"
+            );
+            let mut dead: u64 = 0;
+            for queue in dead_queues {
+                if dead >= cap {
+                    break;
+                }
+                let r = tx.first(&sql, args![queue, from_ms, to_ms, cap - dead])?;
+                dead += unsigned(r.map_or(Ok(0), |r| get(&r, 0))?);
+            }
             let rows = tx
                 .rows(
                     "SELECT status, run_at, claimed_at, finished_at FROM tickler_jobs
@@ -198,7 +210,7 @@ impl Reads for Store {
                     })
                 })
                 .collect::<Result<_>>()?;
-            Ok((unsigned(n), unsigned(dead), rows))
+            Ok((unsigned(n), dead, rows))
         })
     }
 }
