@@ -165,3 +165,37 @@ fn the_dead_count_is_counted_not_sampled() {
     assert!(!before[0].dead_capped);
 }
 }
+
+contract! {
+/// The dead are counted queue by queue: a slice's count is their sum,
+/// and the cap holds for the sum, not for each queue.
+fn the_dead_count_sums_every_queue_under_one_cap() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = manual_queue(&path);
+    let mut leases = Vec::new();
+    for (name, n) in [("a", 3), ("b", 4), ("c", 5)] {
+        queue
+            .enqueue_batch((0..n).map(|_| NewJob::new("k").queue(name).max_attempts(1)).collect())
+            .unwrap();
+        leases.extend(queue.manual().claim(name, "w", n, secs(60)).unwrap());
+    }
+    assert_eq!(leases.len(), 12);
+    clock.advance(ms(100));
+    // One job of each queue succeeds; the others die.
+    let mut seen = std::collections::BTreeSet::new();
+    for lease in &leases {
+        let job = queue.get(lease.job_id).unwrap();
+        if seen.insert(job.queue) {
+            queue.manual().complete(lease).unwrap();
+        } else {
+            queue.manual().fail(lease, "boom").unwrap();
+        }
+    }
+    clock.advance(secs(1));
+
+    let s = &queue.ops().activity(1, secs(10), 1_000).unwrap()[0];
+    assert_eq!((s.finished, s.dead, s.capped, s.dead_capped), (12, 9, false, false));
+    let s = &queue.ops().activity(1, secs(10), 5).unwrap()[0];
+    assert_eq!((s.finished, s.dead, s.capped, s.dead_capped), (5, 5, true, true));
+}
+}
