@@ -352,8 +352,8 @@
 //! For numbers read from the queue itself (every process's work):
 //! [`Queue::stats`] (exact, one snapshot, through the state indexes),
 //! [`Ops::counts_by_queue`] and [`Ops::list_state`] (capped, for big
-//! files), and [`Ops::activity`] (jobs finished per slice of time, with
-//! their lateness and run time).
+//! files), and [`Ops::activity`] (jobs finished and dead per slice of
+//! time, with their lateness and run time).
 
 //! ## Typed jobs
 //!

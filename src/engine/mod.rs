@@ -833,16 +833,22 @@ pub(crate) trait Reads {
     fn list_in_queue(&self, state: JobState, queue: &str, limit: usize) -> Result<Vec<Job>>;
 
     /// The jobs that finished at or after `from_ms` and before `to_ms`:
-    /// their number, counted through the finish-time index up to `cap`,
+    /// their number, counted through the finish-time index up to `cap`;
+    /// the dead among them, counted queue by queue of `dead_queues`
+    /// through the index of finished jobs by state, up to `cap` in all;
     /// and up to `sample` of them, the last to finish first (for
-    /// `Queue::activity`).
+    /// `Queue::activity`). The dead are not counted over the finished
+    /// count's rows: that index holds no status, so it would read up to
+    /// `cap` table rows per slice where these counts read index entries
+    /// only.
     fn finished_between(
         &self,
         from_ms: i64,
         to_ms: i64,
         cap: u64,
         sample: usize,
-    ) -> Result<(u64, Vec<FinishedSample>)>;
+        dead_queues: &[String],
+    ) -> Result<(u64, u64, Vec<FinishedSample>)>;
 }
 
 /// An engine: where jobs are stored, claimed and fenced, and schedules

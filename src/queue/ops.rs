@@ -66,10 +66,13 @@ impl Ops<'_> {
     /// last `slices` slices of time of `width` each, the last one ending at
     /// now (this queue's clock), oldest first. Each slice counts the jobs
     /// that finished in it through the index on the finish time, up to
-    /// `cap`, and reads at most [`ACTIVITY_SAMPLE`](crate::ACTIVITY_SAMPLE) of
-    /// them for lateness and run time, so the cost is bounded by `slices`,
-    /// `cap` and the sample, not by the table. Pruned jobs are gone from these
-    /// figures. Each slice is its own read: the slices are not one snapshot.
+    /// `cap`, and the dead among them through the index of finished jobs
+    /// by state, queue by queue, up to `cap` too, and reads at most
+    /// [`ACTIVITY_SAMPLE`](crate::ACTIVITY_SAMPLE) of them for lateness and
+    /// run time, so the cost is bounded by `slices`, `cap`, the sample and
+    /// the number of queues with dead jobs, not by the table. Pruned jobs
+    /// are gone from these figures. Each slice is its own read: the slices
+    /// are not one snapshot.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a `width` under 1 ms, no slice, or

@@ -21,8 +21,8 @@ pub struct QueueCounts {
 }
 
 /// One slice of time from [`Ops::activity`](crate::Ops::activity): how
-/// many jobs finished in it, and how late and how long a sample of them
-/// ran.
+/// many jobs finished in it and how many of them dead, counted, and how
+/// late and how long a sample of them ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActivityBucket {
     /// Start of the slice (inclusive).
@@ -35,10 +35,16 @@ pub struct ActivityBucket {
     pub finished: u64,
     /// `finished` reached the cap: at least that many finished.
     pub capped: bool,
+    /// Dead jobs that finished in the slice, counted up to the same cap
+    /// (not read from the sample: jobs that fail finish last, after their
+    /// retries, so the last to finish hold more of them than the slice).
+    pub dead: u64,
+    /// `dead` reached the cap: at least that many died.
+    pub dead_capped: bool,
     /// How many of the slice's jobs the figures below are read from:
     /// the last [`ACTIVITY_SAMPLE`] to finish, or all of them.
     pub sampled: u64,
-    /// Dead jobs among the sampled ones.
+    /// Dead jobs among the sampled ones; `dead` is the slice's count.
     pub sampled_dead: u64,
     /// Median lateness of the sampled jobs that ran (succeeded or dead):
     /// from the due time of the attempt that finished to its start.
@@ -56,6 +62,8 @@ fn activity_bucket(
     end: i64,
     finished: u64,
     capped: bool,
+    dead: u64,
+    dead_capped: bool,
     sample: &[crate::engine::FinishedSample],
 ) -> ActivityBucket {
     let ran = |s: &&crate::engine::FinishedSample| {
@@ -80,6 +88,8 @@ fn activity_bucket(
         end: crate::clock::ms_to_datetime(end),
         finished,
         capped,
+        dead,
+        dead_capped,
         sampled: sample.len() as u64,
         sampled_dead: sample
             .iter()
@@ -159,18 +169,22 @@ impl Queue {
         }
         let slices = slices as i64;
         let engine = self.engine();
+        let dead_queues = self.queues_in_state(JobState::Dead)?;
         let mut out = Vec::with_capacity(slices as usize);
         for i in (0..slices).rev() {
             // Saturating: a manual clock may stand before 1970, and a
             // width may be near Duration::MAX.
             let end = now.saturating_sub(i.saturating_mul(width_ms));
             let start = end.saturating_sub(width_ms);
-            let (finished, sample) = engine.finished_between(start, end, cap, ACTIVITY_SAMPLE)?;
+            let (finished, dead, sample) =
+                engine.finished_between(start, end, cap, ACTIVITY_SAMPLE, &dead_queues)?;
             out.push(activity_bucket(
                 start,
                 end,
                 finished,
                 finished >= cap,
+                dead,
+                dead >= cap,
                 &sample,
             ));
         }

@@ -728,6 +728,133 @@ mod other_queues_dashboard_reports {
         assert!(titles.iter().all(|t| t.contains("UTC")), "{titles:?}");
     }
 
+    /// The bug it guards: the red part of a minute's bar was the dead
+    /// share of the sample of the last 200 jobs to finish, and jobs that
+    /// fail finish last, so a minute with 11 % dead showed 80 %; its
+    /// tooltip gave no dead count and the x axis no times. Here 250 jobs
+    /// succeed and then 30 go dead: the sample's share would be 30/200,
+    /// the real one is 30/280.
+    #[test]
+    fn the_plot_shows_counted_dead_with_times_in_tooltips_and_on_the_axis() {
+        let env = binary_env();
+        let queue = env.queue();
+        let (ok, dead) = (250usize, 30usize);
+        queue
+            .enqueue_batch(
+                (0..ok + dead)
+                    .map(|_| NewJob::new("k").max_attempts(1))
+                    .collect(),
+            )
+            .unwrap();
+        let leases = queue
+            .manual()
+            .claim("default", "t", ok + dead, secs(60))
+            .unwrap();
+        assert_eq!(leases.len(), ok + dead);
+        for lease in &leases[..ok] {
+            queue.manual().complete(lease).unwrap();
+        }
+        std::thread::sleep(ms(20));
+        for lease in &leases[ok..] {
+            queue.manual().fail(lease, "boom").unwrap();
+        }
+        let served = serve(&env, &[]);
+        let asked = chrono::Utc::now();
+        let (_, _, page) = http(&served.addr, "GET", "/", &[], "");
+        let svg = page
+            .split("<svg id=plot")
+            .nth(1)
+            .and_then(|s| s.split("</svg>").next())
+            .expect("the plot");
+        let columns: Vec<&str> = svg.split("<g><title>").skip(1).collect();
+        assert_eq!(columns.len(), 60, "{svg}");
+        let last = columns[59];
+        let title = last.split("</title>").next().unwrap();
+        assert!(
+            title.contains("280 finished, 30 dead,"),
+            "the counts, counted: {title}"
+        );
+        // Start – end of the slice, the end a moment before the request.
+        let (start, end) = title
+            .split(" UTC")
+            .next()
+            .unwrap()
+            .split_once(" – ")
+            .unwrap_or_else(|| panic!("{title}"));
+        let hms = |t: &str| chrono::NaiveTime::parse_from_str(t, "%H:%M:%S").unwrap();
+        let (start, end) = (hms(start), hms(end));
+        assert_eq!(
+            (end - start).num_seconds().rem_euclid(86_400),
+            60,
+            "{title}"
+        );
+        let off = (hms(&asked.format("%H:%M:%S").to_string()) - end)
+            .num_seconds()
+            .rem_euclid(86_400);
+        assert!(off <= 5, "{title} at {asked}");
+        // Every other column finished nothing and says so.
+        assert!(
+            columns[..59]
+                .iter()
+                .all(|c| c.contains(": 0 finished, 0 dead,")),
+            "{columns:?}"
+        );
+
+        // The red part of the bar is the counted share.
+        let height = |fill: &str| -> f64 {
+            let rect = last
+                .split("<rect ")
+                .find(|r| r.contains(&format!("fill=\"{fill}\"")))
+                .unwrap_or_else(|| panic!("{fill} in {last}"));
+            rect.split("height=")
+                .nth(1)
+                .unwrap()
+                .split([' ', '/'])
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let (bar, red) = (height("#4a7"), height("#c33"));
+        let share = dead as f64 / (ok + dead) as f64;
+        assert!(
+            (red - bar * share).abs() < 0.11,
+            "red {red} of {bar}, want {}",
+            bar * share
+        );
+
+        // The x axis: times every 10 minutes, in UTC as the rest of the
+        // page, and the zone said once.
+        let axis = svg
+            .split("<g id=time-axis>")
+            .nth(1)
+            .and_then(|s| s.split("</g>").next())
+            .expect("the time axis");
+        let labels: Vec<&str> = axis
+            .split("<text")
+            .skip(1)
+            .map(|t| t.split('>').nth(1).unwrap().split('<').next().unwrap())
+            .collect();
+        let (zone, times) = labels.split_last().unwrap();
+        assert_eq!(*zone, "UTC", "{labels:?}");
+        assert!((6..=7).contains(&times.len()), "{labels:?}");
+        let times: Vec<chrono::NaiveTime> = times
+            .iter()
+            .map(|t| chrono::NaiveTime::parse_from_str(t, "%H:%M").unwrap())
+            .collect();
+        for pair in times.windows(2) {
+            assert_eq!(
+                (pair[1] - pair[0]).num_minutes().rem_euclid(1440),
+                10,
+                "{labels:?}"
+            );
+        }
+        assert!(
+            times.iter().all(|t| chrono::Timelike::minute(t) % 10 == 0),
+            "{labels:?}"
+        );
+    }
+
     /// The bug it guards (from a hunt through other queues' reports):
     /// rq-exporter #28, prometheus-prefect-exporter #84 (labels per worker or
     /// run id: a new series per job, unbounded): /metrics has as many series

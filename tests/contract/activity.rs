@@ -114,3 +114,88 @@ fn bad_arguments_get_a_typed_error() {
     assert!(wide.iter().all(|s| s.finished == 0));
 }
 }
+
+contract! {
+/// The bug it guards: the plot's dead share came from the sample of the
+/// last jobs to finish in a slice, and jobs that fail finish last (after
+/// their retries), so a minute with 11 % dead showed 80 %. The dead count
+/// is counted over the same rows as `finished`, not read from the sample.
+fn the_dead_count_is_counted_not_sampled() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = manual_queue(&path);
+    let ok = ACTIVITY_SAMPLE + 50;
+    let dead = ACTIVITY_SAMPLE + 30;
+    queue
+        .enqueue_batch((0..ok + dead).map(|_| NewJob::new("k").max_attempts(1)).collect())
+        .unwrap();
+    clock.advance(ms(100));
+    let leases = queue.manual().claim("default", "w", ok + dead, secs(60)).unwrap();
+    assert_eq!(leases.len(), ok + dead);
+    clock.advance(ms(100));
+    for lease in &leases[..ok] {
+        queue.manual().complete(lease).unwrap();
+    }
+    // The dead finish last: the sample holds none but them.
+    clock.advance(secs(1));
+    for lease in &leases[ok..] {
+        queue.manual().fail(lease, "boom").unwrap();
+    }
+    clock.advance(secs(1));
+
+    let whole = queue.ops().activity(1, secs(10), 10_000).unwrap();
+    let s = &whole[0];
+    assert_eq!((s.finished, s.capped), ((ok + dead) as u64, false));
+    assert_eq!((s.dead, s.dead_capped), (dead as u64, false));
+    assert_eq!((s.sampled, s.sampled_dead), (ACTIVITY_SAMPLE as u64, ACTIVITY_SAMPLE as u64));
+
+    // The dead are counted up to the cap as the finished are, each
+    // saying whether it reached it.
+    let capped = queue.ops().activity(1, secs(10), 300).unwrap();
+    let c = &capped[0];
+    assert_eq!((c.finished, c.capped), (300, true));
+    assert_eq!((c.dead, c.dead_capped), (dead as u64, false));
+    let capped = queue.ops().activity(1, secs(10), 100).unwrap();
+    let c = &capped[0];
+    assert_eq!((c.finished, c.capped), (100, true));
+    assert_eq!((c.dead, c.dead_capped), (100, true));
+
+    // A slice with none of them counts none.
+    let before = queue.ops().activity(2, secs(10), 10_000).unwrap();
+    assert_eq!((before[0].finished, before[0].dead), (0, 0));
+    assert!(!before[0].dead_capped);
+}
+}
+
+contract! {
+/// The dead are counted queue by queue: a slice's count is their sum,
+/// and the cap holds for the sum, not for each queue.
+fn the_dead_count_sums_every_queue_under_one_cap() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = manual_queue(&path);
+    let mut leases = Vec::new();
+    for (name, n) in [("a", 3), ("b", 4), ("c", 5)] {
+        queue
+            .enqueue_batch((0..n).map(|_| NewJob::new("k").queue(name).max_attempts(1)).collect())
+            .unwrap();
+        leases.extend(queue.manual().claim(name, "w", n, secs(60)).unwrap());
+    }
+    assert_eq!(leases.len(), 12);
+    clock.advance(ms(100));
+    // One job of each queue succeeds; the others die.
+    let mut seen = std::collections::BTreeSet::new();
+    for lease in &leases {
+        let job = queue.get(lease.job_id).unwrap();
+        if seen.insert(job.queue) {
+            queue.manual().complete(lease).unwrap();
+        } else {
+            queue.manual().fail(lease, "boom").unwrap();
+        }
+    }
+    clock.advance(secs(1));
+
+    let s = &queue.ops().activity(1, secs(10), 1_000).unwrap()[0];
+    assert_eq!((s.finished, s.dead, s.capped, s.dead_capped), (12, 9, false, false));
+    let s = &queue.ops().activity(1, secs(10), 5).unwrap()[0];
+    assert_eq!((s.finished, s.dead, s.capped, s.dead_capped), (5, 5, true, true));
+}
+}

@@ -110,12 +110,12 @@ fn dashboard_reads_use_indexes_and_match_the_file() {
         .iter()
         .filter(|sql| sql.contains("finished_at >= ?1 AND finished_at < ?2"))
         .collect();
-    assert_eq!(ranged.len(), 2, "the activity statements: {seen:#?}");
+    assert_eq!(ranged.len(), 3, "the activity statements: {seen:#?}");
     for sql in ranged {
         let lines = plan(&raw, sql);
         assert!(
             lines.iter().any(|l| l.starts_with("SEARCH tickler_jobs")
-                && l.contains("(finished_at>? AND finished_at<?)")),
+                && l.contains("finished_at>? AND finished_at<?)")),
             "{sql}: {lines:?}"
         );
     }
@@ -136,6 +136,14 @@ fn dashboard_reads_use_indexes_and_match_the_file() {
         busy.iter().map(|m| m.finished).sum::<u64>(),
         finished as u64
     );
+    let dead: i64 = raw
+        .query_row(
+            "SELECT count(*) FROM tickler_jobs WHERE status = 'dead'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(busy.iter().map(|m| m.dead).sum::<u64>(), dead as u64);
     for m in busy {
         assert!(!m.capped);
         assert_eq!(m.run_time_p50, Some(std::time::Duration::from_millis(50)));

@@ -432,9 +432,10 @@ fn seconds(d: std::time::Duration) -> String {
 
 /// The last hour, one column per minute, as inline SVG (no script, so the
 /// page's Content-Security-Policy stays `default-src 'none'`): jobs
-/// finished per minute (the dead share of each minute's sample in red),
-/// and below it the lateness of the jobs that ran (due → start), median
-/// as a line, the worst as dots. Each column's `<title>` gives its figures.
+/// finished per minute (the counted dead share in red), and below it the
+/// lateness of the jobs that ran (due → start), median as a line, the
+/// worst as dots; the x axis in UTC, as every time on the page. Each
+/// column's `<title>` gives its figures.
 fn plot(minutes: &[tickler::ActivityBucket]) -> String {
     const W: f64 = 720.0;
     const H: f64 = 110.0;
@@ -448,13 +449,19 @@ fn plot(minutes: &[tickler::ActivityBucket]) -> String {
         .unwrap_or_default()
         .max(std::time::Duration::from_millis(1));
     let total: u64 = minutes.iter().map(|m| m.finished).sum();
+    let total_dead: u64 = minutes.iter().map(|m| m.dead).sum();
     let capped = if minutes.iter().any(|m| m.capped) {
         "+"
     } else {
         ""
     };
+    let dead_capped = if minutes.iter().any(|m| m.dead_capped) {
+        "+"
+    } else {
+        ""
+    };
     let mut svg = format!(
-        "<h2>Last hour</h2><p>{total}{capped} jobs finished; lateness is due time → start of the attempt that finished.</p>\
+        "<h2>Last hour</h2><p>{total}{capped} jobs finished, {total_dead}{dead_capped} of them dead; lateness is due time → start of the attempt that finished.</p>\
          <svg id=plot width={w} height={h} viewBox=\"0 0 {w} {h}\" role=img aria-label=\"jobs finished per minute and their lateness over the last hour\" \
          style=\"font:11px sans-serif;background:#fafafa;border:1px solid #ccc\">\
          <text x=4 y=12>finished per minute (max {top_count}{capped})</text>\
@@ -470,20 +477,25 @@ fn plot(minutes: &[tickler::ActivityBucket]) -> String {
     for (i, m) in minutes.iter().enumerate() {
         let x = i as f64 * col;
         let bar = H * m.finished as f64 / top_count as f64;
-        let dead = if m.sampled > 0 {
-            bar * m.sampled_dead as f64 / m.sampled as f64
+        // Counted, not the sample's share: the last jobs to finish, which
+        // the sample holds, are where failures that retried end up.
+        let dead = if m.finished > 0 {
+            bar * m.dead.min(m.finished) as f64 / m.finished as f64
         } else {
             0.0
         };
+        let plus = |capped: bool| if capped { "+" } else { "" };
         let _ = write!(
             svg,
-            "<g><title>{} – {} UTC: {}{} finished, lateness median {} worst {}, run time median {}</title>\
+            "<g><title>{} – {} UTC: {}{} finished, {}{} dead, lateness median {} worst {}, run time median {}</title>\
              <rect x={x:.1} y={y:.1} width={bw:.1} height={bar:.1} fill=\"#4a7\"/>\
              <rect x={x:.1} y={dy:.1} width={bw:.1} height={dead:.1} fill=\"#c33\"/>",
             m.start.format("%H:%M:%S"),
             m.end.format("%H:%M:%S"),
             m.finished,
-            if m.capped { "+" } else { "" },
+            plus(m.capped),
+            m.dead,
+            plus(m.dead_capped),
             m.lateness_p50.map_or("-".into(), seconds),
             m.lateness_max.map_or("-".into(), seconds),
             m.run_time_p50.map_or("-".into(), seconds),
@@ -511,13 +523,48 @@ fn plot(minutes: &[tickler::ActivityBucket]) -> String {
             median_line.join(" ")
         );
     }
-    let _ = write!(
-        svg,
-        "<text x=0 y={b}>-60 min</text><text x={r} y={b} text-anchor=end>now</text></svg>",
-        b = 2.0 * H + 48.0,
-        r = W,
-    );
+    svg.push_str(&time_axis(minutes, W, 2.0 * H + 48.0));
+    svg.push_str("</svg>");
     svg
+}
+
+/// The plot's x axis: a tick and an `HH:MM` label at each whole ten
+/// minutes (UTC) between the first slice's start and the last one's end,
+/// placed by time, since the slices end at the moment of the request and
+/// not on whole minutes; then the zone.
+fn time_axis(minutes: &[tickler::ActivityBucket], width: f64, baseline: f64) -> String {
+    const STEP_MS: i64 = 10 * 60 * 1000;
+    let mut axis = String::from("<g id=time-axis>");
+    if let (Some(first), Some(last)) = (minutes.first(), minutes.last()) {
+        let from = first.start.timestamp_millis();
+        let to = last.end.timestamp_millis();
+        let span = (to - from).max(1) as f64;
+        let mut at = from.div_euclid(STEP_MS) * STEP_MS;
+        if at < from {
+            at += STEP_MS;
+        }
+        while at <= to {
+            let x = width * (at - from) as f64 / span;
+            let label = chrono::DateTime::from_timestamp_millis(at)
+                .map(|t| t.format("%H:%M").to_string())
+                .unwrap_or_default();
+            let _ = write!(
+                axis,
+                "<line x1={x:.1} x2={x:.1} y1={t:.1} y2={b:.1} stroke=\"#999\"/>\
+                 <text x={x:.1} y={baseline:.1} text-anchor=middle>{}</text>",
+                esc(&label),
+                t = baseline - 14.0,
+                b = baseline - 10.0,
+            );
+            at += STEP_MS;
+        }
+    }
+    let _ = write!(
+        axis,
+        "<text x={x:.1} y={baseline:.1}>UTC</text></g>",
+        x = width + 8.0
+    );
+    axis
 }
 
 /// `text` cut to at most `max` bytes at a character boundary, with `…`

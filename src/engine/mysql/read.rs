@@ -167,7 +167,8 @@ impl Reads for Store {
         to_ms: i64,
         cap: u64,
         sample: usize,
-    ) -> Result<(u64, Vec<FinishedSample>)> {
+        dead_queues: &[String],
+    ) -> Result<(u64, u64, Vec<FinishedSample>)> {
         self.read(|tx| {
             let n: i64 = match tx.first(
                 "SELECT count(*) FROM
@@ -178,6 +179,20 @@ impl Reads for Store {
                 Some(r) => get(&r, 0)?,
                 None => 0,
             };
+            let (cond, _) = crate::engine::state_index(JobState::Dead);
+            let sql = format!(
+                "SELECT count(*) FROM
+                   (SELECT 1 FROM tickler_jobs WHERE {cond} AND queue = ?
+                    AND finished_at >= ? AND finished_at < ? LIMIT ?) AS capped"
+            );
+            let mut dead: u64 = 0;
+            for queue in dead_queues {
+                if dead >= cap {
+                    break;
+                }
+                let r = tx.first(&sql, args![queue, from_ms, to_ms, cap - dead])?;
+                dead += unsigned(r.map_or(Ok(0), |r| get(&r, 0))?);
+            }
             let rows = tx
                 .rows(
                     "SELECT status, run_at, claimed_at, finished_at FROM tickler_jobs
@@ -195,7 +210,7 @@ impl Reads for Store {
                     })
                 })
                 .collect::<Result<_>>()?;
-            Ok((unsigned(n), rows))
+            Ok((unsigned(n), dead, rows))
         })
     }
 }

@@ -156,7 +156,8 @@ impl Reads for Store {
         to_ms: i64,
         cap: u64,
         sample: usize,
-    ) -> Result<(u64, Vec<FinishedSample>)> {
+        dead_queues: &[String],
+    ) -> Result<(u64, u64, Vec<FinishedSample>)> {
         let cap = i64::try_from(cap).unwrap_or(i64::MAX);
         let sample = i64::try_from(sample).unwrap_or(i64::MAX);
         self.read(|tx| {
@@ -168,6 +169,22 @@ impl Reads for Store {
                     &[&from_ms, &to_ms, &cap],
                 )?
                 .get(0);
+            let (cond, _) = crate::engine::state_index(JobState::Dead);
+            let sql = format!(
+                "SELECT count(*) FROM
+                   (SELECT 1 FROM tickler_jobs WHERE {cond} AND queue = $3
+                    AND finished_at >= $1 AND finished_at < $2 LIMIT $4) AS capped"
+            );
+            let mut dead: i64 = 0;
+            for queue in dead_queues {
+                if dead >= cap {
+                    break;
+                }
+                let left = cap - dead;
+                dead += tx
+                    .query_one(&sql, &[&from_ms, &to_ms, queue, &left])?
+                    .get::<_, i64>(0);
+            }
             let rows = tx
                 .query(
                     "SELECT status, run_at, claimed_at, finished_at FROM tickler_jobs
@@ -183,7 +200,7 @@ impl Reads for Store {
                     finished_at_ms: r.get(3),
                 })
                 .collect();
-            Ok((n.unsigned_abs(), rows))
+            Ok((n.unsigned_abs(), dead.unsigned_abs(), rows))
         })
     }
 }

@@ -194,7 +194,8 @@ impl Reads for Store {
         to_ms: i64,
         cap: u64,
         sample: usize,
-    ) -> Result<(u64, Vec<FinishedSample>)> {
+        dead_queues: &[String],
+    ) -> Result<(u64, u64, Vec<FinishedSample>)> {
         let cap = i64::try_from(cap).unwrap_or(i64::MAX);
         let sample = i64::try_from(sample).unwrap_or(i64::MAX);
         self.read(|conn| {
@@ -205,6 +206,22 @@ impl Reads for Store {
                         WHERE finished_at >= ?1 AND finished_at < ?2 LIMIT ?3)",
                 )?
                 .query_row(params![from_ms, to_ms, cap], |r| r.get(0))?;
+            let (cond, _) = crate::engine::state_index(JobState::Dead);
+            let mut dead: i64 = 0;
+            for queue in dead_queues {
+                if dead >= cap {
+                    break;
+                }
+                dead += conn
+                    .prepare_cached(&format!(
+                        "SELECT count(*) FROM
+                           (SELECT 1 FROM tickler_jobs WHERE {cond} AND queue = ?3
+                            AND finished_at >= ?1 AND finished_at < ?2 LIMIT ?4)"
+                    ))?
+                    .query_row(params![from_ms, to_ms, queue, cap - dead], |r| {
+                        r.get::<_, i64>(0)
+                    })?;
+            }
             let rows = conn
                 .prepare_cached(
                     "SELECT status, run_at, claimed_at, finished_at FROM tickler_jobs
@@ -220,7 +237,11 @@ impl Reads for Store {
                     })
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok((u64::try_from(n).unwrap_or(0), rows))
+            Ok((
+                u64::try_from(n).unwrap_or(0),
+                u64::try_from(dead).unwrap_or(0),
+                rows,
+            ))
         })
     }
 }
