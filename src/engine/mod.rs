@@ -334,6 +334,13 @@ pub(crate) trait LimitStore {
         run: Option<(JobId, &str)>,
     ) -> Result<bool>;
 
+    /// The weight held on each key of limit `name` that holds any (key,
+    /// weight), by key: what [`LimitStore::limit_usage`] gives as `held`,
+    /// read from the holders' rows alone, not the key's blocked or
+    /// pending ones, so that `explain` of one blocked job does not count a
+    /// whole backlog.
+    fn limit_held(&self, name: &str) -> Result<Vec<(String, u64)>>;
+
     /// Up to `n` jobs of `key` of limit `name` that hold a lease (running,
     /// or keeping the lease of a holder not yet stopped), by lease end.
     fn limit_holders(&self, name: &str, key: &str, n: i64) -> Result<Vec<crate::Job>>;

@@ -168,12 +168,12 @@ impl Queue {
                     .into_iter()
                     .find(|l| l.name == slot.name)
                     .map(|l| l.limit);
-                let usage = self.limit_usage(Some(&slot.name))?;
+                let usage = self.engine().limit_held(&slot.name)?;
                 let held = usage
                     .iter()
-                    .find(|u| u.key == slot.key)
-                    .map_or(0, |u| u.held);
-                let total_held: u64 = usage.iter().map(|u| u.held).sum();
+                    .find(|(key, _)| *key == slot.key)
+                    .map_or(0, |(_, held)| *held);
+                let total_held: u64 = usage.iter().map(|(_, held)| held).sum();
                 let max_per_key = limit.and_then(|l| l.max_per_key);
                 let max_total = limit.and_then(|l| l.max_total);
                 let weight = u64::from(slot.weight.max(1));
@@ -183,9 +183,9 @@ impl Queue {
                 // total is what it waits for.
                 let mut keys = vec![slot.key.clone()];
                 if by_total {
-                    let mut busy: Vec<_> = usage.iter().filter(|u| u.held > 0).collect();
-                    busy.sort_by(|a, b| b.held.cmp(&a.held).then_with(|| a.key.cmp(&b.key)));
-                    keys = busy.into_iter().map(|u| u.key.clone()).collect();
+                    let mut busy: Vec<_> = usage.iter().filter(|(_, held)| *held > 0).collect();
+                    busy.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                    keys = busy.into_iter().map(|(key, _)| key.clone()).collect();
                 }
                 let mut holders = Vec::new();
                 for key in keys {

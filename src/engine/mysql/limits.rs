@@ -655,6 +655,24 @@ impl LimitStore for Store {
         })
     }
 
+    fn limit_held(&self, name: &str) -> Result<Vec<(String, u64)>> {
+        let now = self.now_ms();
+        self.read(|tx| {
+            tx.rows_named(
+                "SELECT coalesce(limit_key, ''), CAST(sum(limit_weight) AS SIGNED)
+                 FROM tickler_jobs FORCE INDEX (tickler_jobs_limit)
+                 WHERE limit_name = :name
+                   AND status IN ('running', 'scheduled', 'cancelled', 'dead')
+                   AND (status = 'running' OR lease_expires_at >= :now)
+                 GROUP BY limit_key ORDER BY limit_key",
+                &[("name", Value::from(name)), ("now", Value::from(now))],
+            )?
+            .iter()
+            .map(|r| Ok((get::<String>(r, 0)?, get::<i64>(r, 1)?.max(0) as u64)))
+            .collect()
+        })
+    }
+
     fn limit_holders(&self, name: &str, key: &str, n: i64) -> Result<Vec<crate::Job>> {
         let now = self.now_ms();
         self.read(|tx| {

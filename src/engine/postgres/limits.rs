@@ -520,6 +520,25 @@ impl LimitStore for Store {
         })
     }
 
+    fn limit_held(&self, name: &str) -> Result<Vec<(String, u64)>> {
+        let now = self.now_ms();
+        self.read(|tx| {
+            Ok(tx
+                .query(
+                    "SELECT coalesce(limit_key, ''), sum(limit_weight)::bigint
+                     FROM tickler_jobs
+                     WHERE limit_name = $1
+                       AND status IN ('running', 'scheduled', 'cancelled', 'dead')
+                       AND (status = 'running' OR lease_expires_at >= $2::bigint)
+                     GROUP BY limit_key ORDER BY limit_key",
+                    &[&name, &now],
+                )?
+                .iter()
+                .map(|r| (r.get(0), r.get::<_, i64>(1).max(0) as u64))
+                .collect())
+        })
+    }
+
     fn limit_holders(&self, name: &str, key: &str, n: i64) -> Result<Vec<crate::Job>> {
         let now = self.now_ms();
         self.read(|tx| {

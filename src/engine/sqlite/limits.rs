@@ -526,6 +526,26 @@ impl LimitStore for Store {
         })
     }
 
+    fn limit_held(&self, name: &str) -> Result<Vec<(String, u64)>> {
+        let now = self.now_ms();
+        self.read(|conn| {
+            let rows = conn
+                .prepare_cached(
+                    "SELECT coalesce(limit_key, ''), sum(limit_weight)
+                     FROM tickler_jobs INDEXED BY tickler_jobs_limit
+                     WHERE limit_name = ?1
+                       AND status IN ('running', 'scheduled', 'cancelled', 'dead')
+                       AND (status = 'running' OR lease_expires_at >= ?2)
+                     GROUP BY limit_key ORDER BY limit_key",
+                )?
+                .query_map(params![name, now], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok(rows)
+        })
+    }
+
     fn limit_holders(&self, name: &str, key: &str, n: i64) -> Result<Vec<crate::Job>> {
         let now = self.now_ms();
         self.read(|conn| {
