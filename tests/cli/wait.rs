@@ -6,7 +6,7 @@ use crate::support::cli;
 
 use cli::{wait_for, Env};
 use std::time::Duration;
-use tickler::{JobId, NewJob, Outcome, Output};
+use tickler::{JobId, NewJob, Outcome};
 
 #[test]
 fn wait_exits_with_the_code_of_how_the_job_ended() {
@@ -66,22 +66,7 @@ fn wait_exits_with_the_code_of_how_the_job_ended() {
 #[test]
 fn wait_and_show_give_the_output_of_a_job_that_succeeded() {
     let env = Env::new();
-    let queue = env.queue();
-    let id = queue.enqueue(NewJob::new("export")).unwrap();
-    let lease = queue
-        .manual()
-        .claim("default", "test", 1, Duration::from_secs(60))
-        .unwrap()
-        .remove(0);
-    let output = Output::new(&serde_json::json!({"path": "exports/a.mp4", "bytes": 42}))
-        .unwrap()
-        .unwrap();
-    queue
-        .manual()
-        .record_outcomes(&[(&lease, Outcome::CompleteWith(output))])
-        .unwrap()
-        .remove(0)
-        .unwrap();
+    let id = env.succeeded_with(&serde_json::json!({"path": "exports/a.mp4", "bytes": 42}));
     let run = env.run(&["wait", &id.to_string()]);
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(

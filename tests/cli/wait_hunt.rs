@@ -4,8 +4,6 @@
 use crate::support::cli;
 
 use cli::Env;
-use std::time::Duration;
-use tickler::{NewJob, Outcome, Output};
 
 /// OpenWhisk's CLI answered a non-integer or out-of-range number with a
 /// raw parse error (apache/openwhisk-cli#132), and a parseInt took "5abc"
@@ -35,21 +33,8 @@ fn wait_refuses_an_id_that_is_not_a_number() {
 #[test]
 fn wait_prints_an_output_with_nul_and_escapes_whole() {
     let env = Env::new();
-    let queue = env.queue();
-    let id = queue.enqueue(NewJob::new("export")).unwrap();
-    let lease = queue
-        .manual()
-        .claim("default", "test", 1, Duration::from_secs(60))
-        .unwrap()
-        .remove(0);
     let value = serde_json::json!({"name": "a\u{0}b\u{1b}[2Jc\nd", "city": "東京"});
-    let output = Output::new(&value).unwrap().unwrap();
-    queue
-        .manual()
-        .record_outcomes(&[(&lease, Outcome::CompleteWith(output))])
-        .unwrap()
-        .remove(0)
-        .unwrap();
+    let id = env.succeeded_with(&value);
     let run = env.run(&["wait", &id.to_string()]);
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(run.stdout.lines().count(), 1, "{run:?}");

@@ -153,6 +153,29 @@ impl Env {
         Queue::open(&self.db).expect("open queue")
     }
 
+    /// Enqueues a job of kind `export` and records it succeeded with
+    /// `output`, as a handler returning it would (claimed and recorded by
+    /// the library's manual API): for the commands that print outputs.
+    #[track_caller]
+    pub fn succeeded_with(&self, output: &serde_json::Value) -> JobId {
+        let queue = self.queue();
+        let id = queue.enqueue(tickler::NewJob::new("export")).unwrap();
+        let lease = queue
+            .manual()
+            .claim("default", "test", 1, Duration::from_secs(60))
+            .unwrap()
+            .remove(0);
+        assert_eq!(lease.job_id, id);
+        let output = tickler::Output::new(output).unwrap().expect("not null");
+        queue
+            .manual()
+            .record_outcomes(&[(&lease, tickler::Outcome::CompleteWith(output))])
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        id
+    }
+
     /// A job, read by the library.
     pub fn job(&self, id: JobId) -> Job {
         self.queue().get(id).expect("get job")
