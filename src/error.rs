@@ -44,6 +44,20 @@ pub enum Error {
         action: &'static str,
     },
 
+    /// A job names a parent ([`crate::NewJob::after`]) that no job has:
+    /// never stored, pruned, or an id not yet assigned. Nothing of the
+    /// enqueue was stored.
+    #[error("job {0} named as a parent does not exist (never stored, or pruned): a job can only run after a stored job or a step of the same Graph")]
+    ParentNotFound(JobId),
+
+    /// The edges of a [`crate::Graph`] form a cycle (a step after itself
+    /// counts); nothing of it was stored.
+    #[error("the graph's steps wait on each other in a cycle: {}", steps.join(" -> "))]
+    DependencyCycle {
+        /// The steps of one cycle, in edge order, the first repeated last.
+        steps: Vec<String>,
+    },
+
     /// A job's kind was empty.
     #[error("job kind is empty: give every job the name of the handler that runs it")]
     EmptyKind,

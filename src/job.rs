@@ -37,6 +37,11 @@ pub enum JobState {
     Scheduled,
     /// Due and waiting for a worker.
     Pending,
+    /// Waiting for the jobs it runs after ([`NewJob::after`]): out of the
+    /// claim's way until its last parent's end resolves it, in the
+    /// transaction of that end, to pending (or scheduled, if its `run_at`
+    /// is still ahead), or to cancelled when a parent failed.
+    Waiting,
     /// Due, but waiting for a slot of its concurrency limit
     /// ([`NewJob::limit`]): out of the claim's way until a holder of its
     /// key gives a slot up, which makes it pending in the same transaction.
@@ -53,7 +58,8 @@ pub enum JobState {
 
 impl JobState {
     /// Every state, in life order.
-    pub const ALL: [JobState; 7] = [
+    pub const ALL: [JobState; 8] = [
+        JobState::Waiting,
         JobState::Scheduled,
         JobState::Pending,
         JobState::Blocked,
@@ -66,6 +72,7 @@ impl JobState {
     /// The name stored in the database.
     pub fn as_str(self) -> &'static str {
         match self {
+            JobState::Waiting => "waiting",
             JobState::Scheduled => "scheduled",
             JobState::Pending => "pending",
             JobState::Blocked => "blocked",
@@ -100,7 +107,7 @@ impl FromStr for JobState {
             .find(|state| state.as_str() == s)
             .ok_or_else(|| {
                 crate::Error::InvalidArgument(format!(
-                    "unknown job state {s:?}; expected one of scheduled, pending, blocked, running, succeeded, dead, cancelled"
+                    "unknown job state {s:?}; expected one of waiting, scheduled, pending, blocked, running, succeeded, dead, cancelled"
                 ))
             })
     }
@@ -137,6 +144,7 @@ pub struct NewJob {
     pub(crate) timeout: Option<Duration>,
     pub(crate) limit: Option<(String, String)>,
     pub(crate) limit_weight: u32,
+    pub(crate) after: Vec<(JobId, IfParentFails)>,
 }
 
 impl NewJob {
@@ -155,6 +163,7 @@ impl NewJob {
             timeout: None,
             limit: None,
             limit_weight: 1,
+            after: Vec::new(),
         }
     }
 
@@ -239,6 +248,98 @@ impl NewJob {
         self.limit_weight = weight;
         self
     }
+
+    /// Runs after each of `parents` succeeded: the job is stored
+    /// [`JobState::Waiting`] and becomes due in the transaction of its
+    /// last parent's success. If a parent ends dead or cancelled, this job
+    /// is cancelled, its error naming that parent
+    /// ([`IfParentFails::Cancel`]; see [`NewJob::after_with`] for the
+    /// others). A parent that already succeeded counts as done; one that
+    /// already failed applies its rule at once.
+    ///
+    /// A parent must exist when this job is stored: an unknown id (also
+    /// one not yet assigned) refuses the enqueue with
+    /// [`crate::Error::ParentNotFound`] and stores nothing, so edges can
+    /// only point back in time and never form a cycle. To store a job and
+    /// the jobs that run after it at once, use a [`Graph`].
+    ///
+    /// ```
+    /// # fn main() -> tickler::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let queue = tickler::Queue::open(dir.path().join("q.db"))?;
+    /// use tickler::{JobState, NewJob};
+    /// let fetch = queue.enqueue(NewJob::new("fetch"))?;
+    /// let upload = queue.enqueue(NewJob::new("upload").after(&[fetch]))?;
+    /// assert_eq!(queue.get(upload)?.state, JobState::Waiting);
+    /// # Ok(()) }
+    /// ```
+    pub fn after(mut self, parents: &[JobId]) -> Self {
+        for parent in parents {
+            self = self.after_with(*parent, IfParentFails::Cancel);
+        }
+        self
+    }
+
+    /// Runs after `parent` ends, doing `if_fails` when it ends dead or
+    /// cancelled (see [`NewJob::after`]). A second edge to the same parent
+    /// replaces the first.
+    pub fn after_with(mut self, parent: JobId, if_fails: IfParentFails) -> Self {
+        self.after.retain(|(p, _)| *p != parent);
+        self.after.push((parent, if_fails));
+        self
+    }
+}
+
+/// What a job that runs after another ([`NewJob::after_with`]) does when
+/// that parent ends dead or cancelled. A parent's success always counts as
+/// done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IfParentFails {
+    /// The child is cancelled, its error naming the parent and how it
+    /// ended, and so are the jobs that wait on it in turn: nothing is left
+    /// waiting silently.
+    #[default]
+    Cancel,
+    /// The child keeps waiting: an operator's [`crate::Queue::retry`] of
+    /// the parent that then succeeds releases it, and
+    /// [`crate::Queue::cancel`] of the child gives up.
+    Hold,
+    /// The child runs anyway, once the parent has ended whatever the
+    /// result (a cleanup step).
+    Run,
+}
+
+impl IfParentFails {
+    /// The name stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IfParentFails::Cancel => "cancel",
+            IfParentFails::Hold => "hold",
+            IfParentFails::Run => "run",
+        }
+    }
+
+    /// The policy stored as `name`, if it is one.
+    pub(crate) fn from_stored(name: &str) -> Option<Self> {
+        [IfParentFails::Cancel, IfParentFails::Hold, IfParentFails::Run]
+            .into_iter()
+            .find(|p| p.as_str() == name)
+    }
+}
+
+/// One edge of a job that runs after another, as [`crate::Queue::parents`]
+/// reads it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Dependency {
+    /// The job it runs after.
+    pub parent: JobId,
+    /// What it does if that parent fails.
+    pub if_fails: IfParentFails,
+    /// True once the parent's end was taken into account (it succeeded,
+    /// or it failed and the rule applied); false while the child waits
+    /// on it.
+    pub resolved: bool,
 }
 
 /// The slot of a concurrency limit a job takes while it holds a lease

@@ -557,6 +557,7 @@ mod clock;
 mod engine;
 mod error;
 mod events;
+mod graph;
 pub mod holder;
 mod job;
 mod lease;
@@ -605,8 +606,9 @@ pub use engine::types::{
 pub use engine::{is_file_location, redacted_location};
 pub use error::{Error, Result};
 pub use events::{Event, JobEvent, JobEventKind, Subscription, TickEvent, DEFAULT_EVENT_BUFFER};
+pub use graph::Graph;
 pub use job::{
-    AttemptError, Job, JobId, JobState, LimitSlot, NewJob, Output, Progress, RunToken,
+    AttemptError, Dependency, IfParentFails, Job, JobId, JobState, LimitSlot, NewJob, Output, Progress, RunToken,
     DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MAX_OUTPUT_BYTES, MAX_PROGRESS_MESSAGE_BYTES,
 };
 pub use lease::Lease;

@@ -150,6 +150,45 @@ pub(crate) trait OutcomeTx {
     ) -> Result<Result<Result<()>>>;
 }
 
+/// The statements of jobs that run after others, for the rules in
+/// `crate::queue::deps`, inside an engine's write transaction.
+pub(crate) trait DepTx {
+    /// The states of those of `ids` (in id order) that exist, each row
+    /// locked against a change of state until the transaction ends (a
+    /// server engine's `FOR SHARE`), so that a parent's end and a child's
+    /// insert see each other.
+    fn lock_parents(
+        &mut self,
+        ids: &[JobId],
+    ) -> Result<std::collections::HashMap<JobId, JobState>>;
+    /// Stores `(parent, child, if_fails)` edges, unresolved.
+    fn insert_edges(&mut self, edges: &[(JobId, JobId, crate::IfParentFails)]) -> Result<()>;
+    /// The unresolved edges whose parent is among `parents` (sorted) and
+    /// has ended, with the parent's state. A server engine reads them with
+    /// a lock (a current read, not a snapshot's), so an edge another
+    /// transaction committed before this one's change of the parent is
+    /// seen.
+    fn ended_edges(&mut self, parents: &[JobId]) -> Result<Vec<crate::queue::deps::EndedEdge>>;
+    /// Marks `(parent, child)` edges resolved.
+    fn mark_resolved(&mut self, edges: &[(JobId, JobId)]) -> Result<()>;
+    /// Cancels those of `children` that are still waiting, each with its
+    /// error text; returns those cancelled.
+    fn cancel_waiting(
+        &mut self,
+        children: &[(JobId, String)],
+        now: i64,
+    ) -> Result<Vec<crate::queue::deps::ChildChange>>;
+    /// Makes pending (scheduled if their run_at is ahead of `now`) those
+    /// of `children` that are waiting with no unresolved edge left;
+    /// returns those released.
+    fn release_waiting(
+        &mut self,
+        children: &[JobId],
+        now: i64,
+    ) -> Result<Vec<crate::queue::deps::ChildChange>>;
+}
+
+
 /// The statements concurrency limits are kept with, in the engine's own
 /// write transaction; the rules that use them are
 /// `crate::queue::limits` (see there for why each lock is taken).
@@ -809,6 +848,8 @@ pub(crate) trait Admin {
 pub(crate) trait Reads {
     /// See [`crate::Queue::get`].
     fn get(&self, id: JobId) -> Result<Job>;
+    /// See [`crate::Queue::parents`].
+    fn dependencies(&self, id: JobId) -> Result<Vec<crate::Dependency>>;
 
     /// See [`crate::Queue::list`].
     fn list(&self, filter: &JobFilter) -> Result<Vec<Job>>;

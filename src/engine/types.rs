@@ -451,6 +451,9 @@ pub(crate) struct ValidJob {
     pub(crate) payload: String,
     pub(crate) due: Due,
     pub(crate) timeout_ms: Option<i64>,
+    /// What it runs after: stored jobs, or earlier rows of the same
+    /// insert (a [`crate::Graph`]'s steps).
+    pub(crate) after: Vec<(crate::graph::Parent, crate::IfParentFails)>,
 }
 
 /// When a validated job is due. A delay counts from the engine's "now" in

@@ -45,6 +45,7 @@
 mod app_tx;
 mod builder;
 mod claim;
+pub(crate) mod deps;
 mod explain;
 pub(crate) mod limits;
 mod manual;
@@ -161,6 +162,53 @@ impl Queue {
             .into_iter()
             .map(|job| self.validate(job, now))
             .collect::<Result<Vec<_>>>()?;
+        self.enqueue_rows(rows)
+    }
+
+    /// Stores the steps of `graph` and their edges in one transaction, all
+    /// or none, and returns each step's id by name. A step whose job has
+    /// a unique_key held by an unfinished job stores nothing and names
+    /// that job, whose own edges stay as they were; the steps after it
+    /// wait on it.
+    ///
+    /// # Errors
+    /// [`Error::DependencyCycle`] naming the steps of a cycle (a step
+    /// after itself counts), [`Error::InvalidArgument`] for a step name
+    /// used twice or an edge naming no step, [`Error::ParentNotFound`]
+    /// for a stored parent that does not exist, and any error of
+    /// [`Queue::enqueue`]: nothing is stored.
+    pub fn enqueue_graph(
+        &self,
+        graph: crate::Graph,
+    ) -> Result<std::collections::BTreeMap<String, JobId>> {
+        let now = self.now_ms();
+        let (names, steps) = graph.into_rows()?;
+        let rows = steps
+            .into_iter()
+            .map(|(job, after)| {
+                let mut row = self.validate(job, now)?;
+                row.after = after;
+                Ok(row)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let ids = self.enqueue_rows(rows)?;
+        Ok(names.into_iter().zip(ids).collect())
+    }
+
+    /// The edges of job `id` to the jobs it runs after, by parent id
+    /// ([`NewJob::after`]): empty for a job that runs after none. Read the
+    /// parents themselves (their state, their
+    /// [`Job::output`](crate::Job::output)) with [`Queue::get`]: a parent
+    /// is kept by [`Queue::prune`] while a child that has not finished
+    /// waits on it or may read it.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] if no job has this id.
+    pub fn parents(&self, id: JobId) -> Result<Vec<crate::Dependency>> {
+        self.engine().dependencies(id)
+    }
+
+    fn enqueue_rows(&self, rows: Vec<crate::engine::types::ValidJob>) -> Result<Vec<JobId>> {
         let described: Option<Vec<(String, String)>> = self.inner.events.active().then(|| {
             rows.iter()
                 .map(|r| (r.job.kind.clone(), r.job.queue.clone()))

@@ -127,8 +127,14 @@ impl Queue {
                 Err(_) => return Err(Error::TimeOutOfRange { what: "timeout" }),
             },
         };
+        let after = job
+            .after
+            .iter()
+            .map(|&(id, if_fails)| (crate::graph::Parent::Job(id), if_fails))
+            .collect();
         Ok(ValidJob {
             job,
+            after,
             payload,
             due,
             timeout_ms,
