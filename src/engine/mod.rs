@@ -169,6 +169,11 @@ pub(crate) trait DepTx {
     /// transaction committed before this one's change of the parent is
     /// seen.
     fn ended_edges(&mut self, parents: &[JobId]) -> Result<Vec<crate::queue::deps::EndedEdge>>;
+    /// Locks the rows of `children` (sorted) until the transaction ends:
+    /// two parents of one child ending at once take turns, so the second
+    /// sees the first's resolution and releases the child. SQLite's single
+    /// writer needs nothing.
+    fn lock_children(&mut self, children: &[JobId]) -> Result<()>;
     /// Marks `(parent, child)` edges resolved.
     fn mark_resolved(&mut self, edges: &[(JobId, JobId)]) -> Result<()>;
     /// Cancels those of `children` that are still waiting, each with its

@@ -105,6 +105,9 @@ pub(crate) fn resolve(
                 (_, IfParentFails::Hold) => {}
             }
         }
+        let mut children: Vec<JobId> = edges.iter().map(|e| e.child).collect();
+        children.dedup();
+        tx.lock_children(&children)?;
         tx.mark_resolved(&done)?;
         let cancel: Vec<(JobId, String)> = cancel.into_iter().collect();
         let cancelled = tx.cancel_waiting(&cancel, now)?;

@@ -74,6 +74,10 @@ impl DepTx for Deps<'_, '_> {
             .collect()
     }
 
+    fn lock_children(&mut self, _children: &[JobId]) -> Result<()> {
+        Ok(())
+    }
+
     fn mark_resolved(&mut self, edges: &[(JobId, JobId)]) -> Result<()> {
         let mut mark = self.0.prepare_cached(
             "UPDATE tickler_deps SET resolved = 1 WHERE parent_id = ?1 AND child_id = ?2",
