@@ -157,10 +157,8 @@ pub(crate) trait DepTx {
     /// locked against a change of state until the transaction ends (a
     /// server engine's `FOR SHARE`), so that a parent's end and a child's
     /// insert see each other.
-    fn lock_parents(
-        &mut self,
-        ids: &[JobId],
-    ) -> Result<std::collections::HashMap<JobId, JobState>>;
+    fn lock_parents(&mut self, ids: &[JobId])
+        -> Result<std::collections::HashMap<JobId, JobState>>;
     /// Stores `(parent, child, if_fails)` edges, unresolved.
     fn insert_edges(&mut self, edges: &[(JobId, JobId, crate::IfParentFails)]) -> Result<()>;
     /// The unresolved edges whose parent is among `parents` (sorted) and
@@ -192,7 +190,6 @@ pub(crate) trait DepTx {
         now: i64,
     ) -> Result<Vec<crate::queue::deps::ChildChange>>;
 }
-
 
 /// The statements concurrency limits are kept with, in the engine's own
 /// write transaction; the rules that use them are

@@ -470,10 +470,7 @@ pub(crate) struct ValidJob {
 
 /// The parents of `row` by id, given the ids of the rows of its insert
 /// stored before it (a graph's steps come after their parents).
-pub(crate) fn parents_of(
-    row: &ValidJob,
-    earlier: &[JobId],
-) -> Vec<(JobId, crate::IfParentFails)> {
+pub(crate) fn parents_of(row: &ValidJob, earlier: &[JobId]) -> Vec<(JobId, crate::IfParentFails)> {
     row.after
         .iter()
         .map(|&(parent, if_fails)| match parent {

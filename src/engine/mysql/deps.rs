@@ -73,8 +73,7 @@ impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
                     parent: JobId(get(r, 0)?),
                     parent_state: state(&get::<String>(r, 1)?)?,
                     child: JobId(get(r, 2)?),
-                    if_fails: IfParentFails::from_stored(&get::<String>(r, 3)?)
-                        .unwrap_or_default(),
+                    if_fails: IfParentFails::from_stored(&get::<String>(r, 3)?).unwrap_or_default(),
                 })
             })
             .collect()
@@ -104,7 +103,11 @@ impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
         Ok(())
     }
 
-    fn cancel_waiting(&mut self, children: &[(JobId, String)], now: i64) -> Result<Vec<ChildChange>> {
+    fn cancel_waiting(
+        &mut self,
+        children: &[(JobId, String)],
+        now: i64,
+    ) -> Result<Vec<ChildChange>> {
         let mut out = Vec::new();
         for (child, error) in children {
             let Some(row) = self.0.first(

@@ -95,7 +95,11 @@ impl<E: Exec> DepTx for Deps<'_, E> {
         Ok(())
     }
 
-    fn cancel_waiting(&mut self, children: &[(JobId, String)], now: i64) -> Result<Vec<ChildChange>> {
+    fn cancel_waiting(
+        &mut self,
+        children: &[(JobId, String)],
+        now: i64,
+    ) -> Result<Vec<ChildChange>> {
         if children.is_empty() {
             return Ok(Vec::new());
         }
