@@ -139,6 +139,12 @@ pub enum JobEventKind {
         /// When it may start.
         until: DateTime<Utc>,
     },
+    /// The last job this one runs after ([`crate::NewJob::after`]) ended,
+    /// and this outcome, recorded by this process, released it: it is
+    /// pending (or scheduled, its run_at ahead). A job a parent's failure
+    /// cancels is reported `Cancelled`. Releases by another process, or by
+    /// a reaper or an enqueue, are not reported here.
+    Released,
     /// The handler reported how far it is
     /// ([`crate::JobContext::progress`]): every report, from memory, as it
     /// is made (the stored value, written a few times a second at most,

@@ -615,7 +615,7 @@ pub use lease::Lease;
 pub use limit::{Limit, LimitInfo, LimitKeyUsage, Rate, MAX_LIMIT_KEY_BYTES, MAX_LIMIT_NAME_BYTES};
 pub use metrics::WriteLockWaits;
 pub use queue::{
-    ActivityBucket, ChangeWatcher, Explanation, Holder, Manual, Ops, Queue, QueueBuilder,
+    ActivityBucket, ChangeWatcher, Explanation, Holder, Manual, Ops, ParentWait, Queue, QueueBuilder,
     QueueCounts, Reason, Waited, Waker, ACTIVITY_MAX_BUCKETS, ACTIVITY_SAMPLE, MAX_PAYLOAD_DEPTH,
     MAX_UNIQUE_KEY_BYTES,
 };

@@ -943,6 +943,8 @@ pub(crate) struct FinishedSample {
 pub(crate) const STATS_COUNTS_SQL: &str =
     "SELECT queue, 'pending', count(*) FROM tickler_jobs WHERE status = 'pending' GROUP BY queue
      UNION ALL
+     SELECT queue, 'waiting', count(*) FROM tickler_jobs WHERE status = 'waiting' GROUP BY queue
+     UNION ALL
      SELECT queue, 'scheduled', count(*) FROM tickler_jobs WHERE status = 'scheduled' GROUP BY queue
      UNION ALL
      SELECT queue, 'blocked', count(*) FROM tickler_jobs
@@ -959,6 +961,7 @@ pub(crate) const STATS_COUNTS_SQL: &str =
 /// within one queue. Shared by the engines' dashboard reads.
 pub(crate) fn state_index(state: JobState) -> (&'static str, &'static str) {
     match state {
+        JobState::Waiting => ("status = 'waiting'", "id"),
         JobState::Pending => ("status = 'pending'", "priority DESC, run_at, id"),
         JobState::Blocked => (
             "limit_name IS NOT NULL AND status = 'blocked'",

@@ -456,6 +456,21 @@ pub(crate) struct ValidJob {
     pub(crate) after: Vec<(crate::graph::Parent, crate::IfParentFails)>,
 }
 
+/// The parents of `row` by id, given the ids of the rows of its insert
+/// stored before it (a graph's steps come after their parents).
+pub(crate) fn parents_of(
+    row: &ValidJob,
+    earlier: &[JobId],
+) -> Vec<(JobId, crate::IfParentFails)> {
+    row.after
+        .iter()
+        .map(|&(parent, if_fails)| match parent {
+            crate::graph::Parent::Job(id) => (id, if_fails),
+            crate::graph::Parent::Row(i) => (earlier[i], if_fails),
+        })
+        .collect()
+}
+
 /// When a validated job is due. A delay counts from the engine's "now" in
 /// the transaction that inserts the job ([`Due::resolve`]), not from the
 /// caller's clock: on an engine with a server, the server's clock decides

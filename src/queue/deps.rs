@@ -25,6 +25,21 @@ use crate::error::Result;
 use crate::job::{IfParentFails, JobId, JobState};
 use std::collections::{BTreeMap, BTreeSet};
 
+impl From<ChildChange> for crate::queue::limits::LimitChange {
+    fn from(change: ChildChange) -> Self {
+        crate::queue::limits::LimitChange {
+            job_id: change.job_id,
+            kind: change.kind,
+            queue: change.queue,
+            attempt: None,
+            what: match change.state {
+                JobState::Cancelled => crate::events::JobEventKind::Cancelled,
+                _ => crate::events::JobEventKind::Released,
+            },
+        }
+    }
+}
+
 /// An edge whose parent has ended, as [`DepTx::ended_edges`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct EndedEdge {

@@ -77,6 +77,15 @@ pub enum Reason {
         /// The first holders, by lease end (at most 10).
         holders: Vec<Holder>,
     },
+    /// Waiting for the jobs it runs after ([`JobState::Waiting`]): those
+    /// whose end it has not taken yet, in id order (at most 10), and how
+    /// many there are in all.
+    AfterParents {
+        /// The first parents it waits for.
+        parents: Vec<ParentWait>,
+        /// How many it waits for in all.
+        count: usize,
+    },
     /// Running, held by a worker until its lease's end.
     Running {
         /// The worker id that claimed it.
@@ -87,6 +96,23 @@ pub enum Reason {
     /// Finished: succeeded, dead or cancelled (see the job's
     /// `last_error`).
     Finished,
+}
+
+/// A job a waiting job runs after ([`Reason::AfterParents`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ParentWait {
+    /// The parent.
+    pub job_id: JobId,
+    /// Its state.
+    pub state: JobState,
+    /// The worker id of its latest claim, while running.
+    pub worker: Option<String>,
+    /// When its lease ends unless renewed, while running, UTC.
+    pub lease_until: Option<DateTime<Utc>>,
+    /// When it is due, UTC.
+    pub run_at: DateTime<Utc>,
+    /// What the waiting job does if this parent fails.
+    pub if_fails: crate::IfParentFails,
 }
 
 /// A job holding a slot of a limit's key ([`Reason::Blocked`]).
@@ -218,6 +244,35 @@ impl Queue {
                 }
             }
             JobState::Blocked => Reason::Due,
+            JobState::Waiting => {
+                let open: Vec<_> = self
+                    .parents(job.id)?
+                    .into_iter()
+                    .filter(|d| !d.resolved)
+                    .collect();
+                let mut parents = Vec::new();
+                for dep in open.iter().take(HOLDERS_SHOWN as usize) {
+                    // A parent pruned under a held edge is not expected
+                    // (the pruner keeps it); said as gone rather than
+                    // failing the whole explanation.
+                    let Ok(parent) = self.get(dep.parent) else {
+                        continue;
+                    };
+                    let running = parent.state == JobState::Running;
+                    parents.push(ParentWait {
+                        job_id: parent.id,
+                        state: parent.state,
+                        worker: parent.claimed_by.filter(|_| running),
+                        lease_until: parent.lease_expires_at.filter(|_| running),
+                        run_at: parent.run_at,
+                        if_fails: dep.if_fails,
+                    });
+                }
+                Reason::AfterParents {
+                    parents,
+                    count: open.len(),
+                }
+            }
             JobState::Running => Reason::Running {
                 worker: job.claimed_by.clone(),
                 lease_until: job.lease_expires_at,
@@ -302,6 +357,33 @@ impl fmt::Display for Explanation {
                     .collect();
                 if !shown.is_empty() {
                     write!(f, " by {}", shown.join(", "))?;
+                }
+                Ok(())
+            }
+            Reason::AfterParents { parents, count } => {
+                let shown: Vec<String> = parents
+                    .iter()
+                    .map(|p| {
+                        let what = match p.state {
+                            JobState::Running => format!(
+                                "running on {}, lease until {}",
+                                p.worker.as_deref().unwrap_or("-"),
+                                p.lease_until.map_or_else(|| "-".to_owned(), at)
+                            ),
+                            JobState::Scheduled => format!("scheduled {}", at(p.run_at)),
+                            // A parent that failed keeps a held child waiting.
+                            JobState::Dead | JobState::Cancelled => format!(
+                                "{}; held until it is retried and succeeds",
+                                p.state
+                            ),
+                            state => state.to_string(),
+                        };
+                        format!("{} ({what})", p.job_id)
+                    })
+                    .collect();
+                write!(f, "waiting for {}", shown.join(" and "))?;
+                if *count > parents.len() {
+                    write!(f, " and {} more", count - parents.len())?;
                 }
                 Ok(())
             }

@@ -60,7 +60,7 @@ mod validate;
 mod wait;
 
 pub use builder::QueueBuilder;
-pub use explain::{Explanation, Holder, Reason};
+pub use explain::{Explanation, Holder, ParentWait, Reason};
 pub use manual::Manual;
 pub use ops::Ops;
 pub use readings::{ActivityBucket, QueueCounts, ACTIVITY_MAX_BUCKETS, ACTIVITY_SAMPLE};

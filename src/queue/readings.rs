@@ -139,6 +139,7 @@ impl Queue {
                 jobs.sort_by_key(|j| (std::cmp::Reverse(j.priority), j.run_at, j.id))
             }
             JobState::Scheduled => jobs.sort_by_key(|j| (j.run_at, j.id)),
+            JobState::Waiting => jobs.sort_by_key(|j| j.id),
             JobState::Running => jobs.sort_by_key(|j| (j.lease_expires_at, j.id)),
             JobState::Succeeded | JobState::Dead | JobState::Cancelled => {
                 jobs.sort_by_key(|j| std::cmp::Reverse((j.finished_at, j.id)))

@@ -693,18 +693,23 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
         JobState::Blocked,
         JobState::Pending,
         JobState::Scheduled,
+        JobState::Waiting,
         JobState::Cancelled,
         JobState::Succeeded,
     ] {
         let jobs = queue.ops().list_state(state, LISTED)?;
-        let _ = write!(html, "<h2>{} ({} {LISTED})</h2><table id=jobs-{}><tr><th>id</th><th>queue</th><th>kind</th><th>attempts</th><th>when (UTC)</th><th>errors</th><th></th></tr>", state.as_str(), if matches!(state, JobState::Pending | JobState::Blocked | JobState::Scheduled | JobState::Running) { "first" } else { "newest" }, state.as_str());
+        let _ = write!(html, "<h2>{} ({} {LISTED})</h2><table id=jobs-{}><tr><th>id</th><th>queue</th><th>kind</th><th>attempts</th><th>when (UTC)</th><th>errors</th><th></th></tr>", state.as_str(), if matches!(state, JobState::Pending | JobState::Blocked | JobState::Scheduled | JobState::Waiting | JobState::Running) { "first" } else { "newest" }, state.as_str());
         for job in jobs {
             let errors = error_cell(&job);
             let actions = match state {
                 JobState::Dead | JobState::Cancelled => {
                     button(csrf, "retry", "id", &job.id.0.to_string(), "retry")
                 }
-                JobState::Scheduled | JobState::Pending | JobState::Blocked | JobState::Running => {
+                JobState::Waiting
+                | JobState::Scheduled
+                | JobState::Pending
+                | JobState::Blocked
+                | JobState::Running => {
                     button(csrf, "cancel", "id", &job.id.0.to_string(), "cancel")
                 }
                 JobState::Succeeded => String::new(),
@@ -717,7 +722,7 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
                 // A limited job waits for its limit: the page says for
                 // what, as `tickler show` does (a job that left the state
                 // since it was listed is explained as it is now).
-                JobState::Scheduled | JobState::Blocked => {
+                JobState::Waiting | JobState::Scheduled | JobState::Blocked => {
                     let due = format!("due {}", at(Some(job.run_at)));
                     match why(queue, &job)? {
                         Some(why) => format!("{due}; {why}"),
@@ -757,7 +762,7 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
 /// it was listed, and for a scheduled job that is merely waiting for its
 /// time.
 fn why(queue: &Queue, job: &tickler::Job) -> tickler::Result<Option<String>> {
-    if job.limit.is_none() {
+    if job.limit.is_none() && job.state != tickler::JobState::Waiting {
         return Ok(None);
     }
     match queue.explain(job.id) {

@@ -114,7 +114,7 @@ impl Reads for Store {
         };
         let sql = format!(
             "SELECT count(*) FROM tickler_jobs
-             WHERE status IN ('scheduled', 'pending', 'blocked', 'running')
+             WHERE status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting')
                AND queue IN ({}) {kind_filter}",
             marks(queues.len())
         );

@@ -117,7 +117,7 @@ fn unfinished_runs(tx: &mut Tx<'_>, name: &str) -> Result<Vec<(JobId, JobState)>
     let rows = tx.rows(
         "SELECT id, status, unique_key FROM tickler_jobs
          WHERE unique_key >= ? AND unique_key < ?
-           AND status IN ('scheduled', 'pending', 'blocked', 'running')
+           AND status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting')
          ORDER BY id",
         args![prefix.as_str(), end.as_str()],
     )?;

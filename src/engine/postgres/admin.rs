@@ -50,7 +50,7 @@ impl Admin for Store {
             let holder = tx.query_opt(
                 "SELECT held.unique_key, held.id FROM tickler_jobs AS job
                  JOIN tickler_jobs AS held ON held.unique_key = job.unique_key
-                 WHERE job.id = $1 AND held.status IN ('scheduled', 'pending', 'blocked', 'running')",
+                 WHERE job.id = $1 AND held.status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting')",
                 &[&id.0],
             )?;
             if let Some(r) = holder {

@@ -36,7 +36,7 @@ const INSERT_MANY_SQL: &str = "INSERT INTO tickler_jobs (queue, kind, payload, s
      RETURNING id";
 
 pub(super) const HELD_SQL: &str = "SELECT id FROM tickler_jobs WHERE unique_key = $1
-       AND status IN ('scheduled', 'pending', 'blocked', 'running')";
+       AND status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting')";
 
 fn i64_of(n: u32) -> i64 {
     i64::from(n)

@@ -108,7 +108,7 @@ impl Reads for Store {
             let n: i64 = tx
                 .query_one(
                     "SELECT count(*) FROM tickler_jobs
-                     WHERE status IN ('scheduled', 'pending', 'blocked', 'running')
+                     WHERE status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting')
                        AND queue = ANY($1) AND ($2::text[] IS NULL OR kind = ANY($2))",
                     &[&queues, &kinds],
                 )?

@@ -103,7 +103,7 @@ fn unfinished_runs(tx: &mut Tx<'_>, name: &str) -> Result<Vec<(JobId, JobState)>
     let rows = tx.query(
         "SELECT id, status FROM tickler_jobs
          WHERE unique_key >= $1 AND unique_key < $2
-           AND status IN ('scheduled', 'pending', 'blocked', 'running')
+           AND status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting')
            AND substr(unique_key, $3::int) ~ '^[0-9]+$'
          ORDER BY id",
         &[&prefix, &end, &(tail_from as i32)],

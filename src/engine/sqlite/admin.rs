@@ -17,6 +17,14 @@ use rusqlite::{params, OptionalExtension};
 /// slot. ?2 id.
 const REVIVE_SQL: &str = concat!("UPDATE tickler_jobs SET ", revive!("?1"), " WHERE id = ?2");
 
+/// True for a row `j` no child that has not finished runs after.
+macro_rules! needed_by_child {
+    () => {
+        "NOT EXISTS (SELECT 1 FROM tickler_deps AS d JOIN tickler_jobs AS c ON c.id = d.child_id
+                     WHERE d.parent_id = j.id AND c.finished_at IS NULL)"
+    };
+}
+
 impl Admin for Store {
     fn cancel(&self, id: JobId) -> Result<()> {
         self.write(|tx| {
@@ -34,11 +42,13 @@ impl Admin for Store {
             // its limit's slot stays taken. So does a retry that kept the
             // lease of a run given up on (timed out, its thread maybe still
             // at work): only such rows have a lease when not running.
+            let now = self.now_ms();
             tx.prepare_cached(
                 "UPDATE tickler_jobs SET status = 'cancelled', finished_at = ?1
                  WHERE id = ?2",
             )?
-            .execute(params![self.now_ms(), id.0])?;
+            .execute(params![now, id.0])?;
+            super::deps::resolve(tx, &[id], now)?;
             Ok(())
         })
     }
@@ -57,7 +67,7 @@ impl Admin for Store {
                 .prepare_cached(
                     "SELECT held.unique_key, held.id FROM tickler_jobs AS job
                      JOIN tickler_jobs AS held ON held.unique_key = job.unique_key
-                     WHERE job.id = ?1 AND held.status IN ('scheduled', 'pending', 'blocked', 'running')",
+                     WHERE job.id = ?1 AND held.status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting')",
                 )?
                 .query_row([id.0], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()?;
@@ -85,26 +95,40 @@ impl Admin for Store {
             // limit's slot that ran out waits for the reaper's pass, which
             // hands the slot on: a deleted row would free it to no one.
             let now = self.now_ms();
+            // A parent stays while a child that has not finished runs
+            // after it: the child waits on its end, then reads its output.
             // Two statements, so that each keeps the plan of its index.
-            Ok(match state {
+            let ids: Vec<i64> = match state {
                 None => tx
-                    .prepare_cached(
+                    .prepare_cached(concat!(
                         "DELETE FROM tickler_jobs WHERE id IN (
-                             SELECT id FROM tickler_jobs WHERE finished_at IS NOT NULL AND finished_at < ?1
+                             SELECT id FROM tickler_jobs AS j WHERE finished_at IS NOT NULL AND finished_at < ?1
                                AND (lease_expires_at IS NULL OR (lease_expires_at < ?3 AND limit_name IS NULL))
-                             LIMIT +?2)",
-                    )?
-                    .execute(params![before, limit, now])?,
+                               AND ",
+                        needed_by_child!(),
+                        " LIMIT +?2) RETURNING id"
+                    ))?
+                    .query_map(params![before, limit, now], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?,
                 Some(state) => tx
-                    .prepare_cached(
+                    .prepare_cached(concat!(
                         "DELETE FROM tickler_jobs WHERE id IN (
-                             SELECT id FROM tickler_jobs
+                             SELECT id FROM tickler_jobs AS j
                              WHERE finished_at IS NOT NULL AND finished_at < ?1 AND status = ?2
                                AND (lease_expires_at IS NULL OR (lease_expires_at < ?4 AND limit_name IS NULL))
-                             LIMIT +?3)",
-                    )?
-                    .execute(params![before, state.as_str(), limit, now])?,
-            })
+                               AND ",
+                        needed_by_child!(),
+                        " LIMIT +?3) RETURNING id"
+                    ))?
+                    .query_map(params![before, state.as_str(), limit, now], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?,
+            };
+            // A pruned child's edges go with it.
+            tx.prepare_cached(
+                "DELETE FROM tickler_deps WHERE child_id IN (SELECT value FROM json_each(?1))",
+            )?
+            .execute([serde_json::to_string(&ids)?])?;
+            Ok(ids.len())
         })?;
         Ok(deleted as u64)
     }
@@ -128,7 +152,7 @@ impl Admin for Store {
                 .collect::<rusqlite::Result<_>>()?;
             let mut held = tx.prepare_cached(
                 "SELECT 1 FROM tickler_jobs WHERE unique_key = ?1
-                   AND status IN ('scheduled', 'pending', 'blocked', 'running')",
+                   AND status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting')",
             )?;
             let mut revive = tx.prepare_cached(concat!(
                 "UPDATE tickler_jobs SET ",

@@ -200,6 +200,15 @@ impl Claims for Store {
                         rest = after;
                     }
                 }
+                // The jobs that run after those these outcomes ended learn
+                // it here (before the limits, in the lock order).
+                let ended: Vec<JobId> = pending_outcomes
+                    .iter()
+                    .zip(&recorded)
+                    .filter(|(_, r)| r.is_ok())
+                    .map(|((lease, _), _)| lease.job_id)
+                    .collect();
+                let released = super::deps::resolve(tx, &ended, now)?;
                 // The slots these outcomes gave up go to the jobs blocked
                 // on them, in this transaction.
                 let freed: Vec<&crate::job::LimitSlot> = pending_outcomes
@@ -215,6 +224,7 @@ impl Claims for Store {
                     Vec::new(),
                     now,
                 )?;
+                settled.changes.extend(released.into_iter().map(Into::into));
                 let Some((claim, lease_ms, sql)) = &claim else {
                     return Ok((recorded, Some(Vec::new()), settled));
                 };
@@ -339,9 +349,12 @@ impl ClaimTx for InTransaction<'_, '_> {
                 .prepare_cached(DEAD_SQL)?
                 .execute(params![now, error, job_id.0, run_token])?)
         })?;
-        if let Err(e) = dead {
+        match dead {
+            Ok(_) => {
+                super::deps::resolve(tx, &[job_id], now)?;
+            }
             // Left running: its lease runs out and the reaper tries again.
-            log::error!("job {job_id}: could not be made dead either: {e}");
+            Err(e) => log::error!("job {job_id}: could not be made dead either: {e}"),
         }
         Ok(())
     }

@@ -25,13 +25,16 @@ pub(crate) fn insert_valid(
     )?;
     let mut held = tx.prepare_cached(
         "SELECT id FROM tickler_jobs WHERE unique_key = ?1
-           AND status IN ('scheduled', 'pending', 'blocked', 'running')",
+           AND status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting')",
     )?;
     let mut ids = Vec::with_capacity(rows.len());
+    let mut children = Vec::new();
     for row in rows {
         let job = &row.job;
         let run_at = row.due.resolve(now)?;
-        let state = if run_at <= now {
+        let state = if !row.after.is_empty() {
+            JobState::Waiting
+        } else if run_at <= now {
             JobState::Pending
         } else {
             JobState::Scheduled
@@ -56,11 +59,16 @@ pub(crate) fn insert_valid(
             job.limit_weight
         ])?;
         if inserted == 1 {
-            ids.push(JobId(tx.last_insert_rowid()));
+            let id = JobId(tx.last_insert_rowid());
+            if !row.after.is_empty() {
+                children.push((id, crate::engine::types::parents_of(row, &ids)));
+            }
+            ids.push(id);
         } else {
             ids.push(JobId(held.query_row([&job.unique_key], |r| r.get(0))?));
         }
     }
+    super::deps::store_edges(tx, &children, now)?;
     Ok(ids)
 }
 

@@ -360,5 +360,8 @@ fn take_back_runs(
             Err(e) => log::error!("reaper could not take back job {}: {e}", lease.id),
         }
     }
+    // Those made dead end: the jobs that run after them learn it here.
+    let ids: Vec<crate::job::JobId> = runs.iter().map(|r| crate::job::JobId(r.lease.id)).collect();
+    super::deps::resolve(tx, &ids, now)?;
     Ok(taken)
 }

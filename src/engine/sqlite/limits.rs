@@ -134,6 +134,7 @@ impl LimitTx for InTransaction<'_, '_> {
         self.0
             .prepare_cached(DEAD_SQL)?
             .execute(params![now, error, job_id.0, run_token])?;
+        super::deps::resolve(self.0, &[job_id], now)?;
         Ok(())
     }
 
@@ -153,6 +154,7 @@ impl LimitTx for InTransaction<'_, '_> {
         self.0
             .prepare_cached(DOOM_SQL)?
             .execute(params![now, error, job_id.0])?;
+        super::deps::resolve(self.0, &[job_id], now)?;
         Ok(())
     }
 

@@ -24,6 +24,7 @@
 mod admin;
 mod claim;
 mod connection;
+pub(crate) mod deps;
 mod enqueue;
 mod file_events;
 mod lease;

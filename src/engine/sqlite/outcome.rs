@@ -362,6 +362,7 @@ impl Store {
                 lease.run_token.0
             ])?;
             fenced(changed, lease)?;
+            super::deps::resolve(tx, &[lease.job_id], now)?;
             if let Some(slot) = &lease.limit {
                 crate::queue::limits::settle(
                     &mut super::limits::InTransaction(tx),

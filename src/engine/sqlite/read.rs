@@ -14,6 +14,10 @@ use chrono::{DateTime, Utc};
 use rusqlite::{params, OptionalExtension};
 
 impl Reads for Store {
+    fn dependencies(&self, id: JobId) -> Result<Vec<crate::Dependency>> {
+        self.read(|conn| super::deps::dependencies(conn, id))
+    }
+
     fn get(&self, id: JobId) -> Result<Job> {
         self.read(|conn| {
             conn.prepare_cached(&format!(
@@ -123,18 +127,21 @@ impl Reads for Store {
         let queue_marks: Vec<String> = (1..=queues.len()).map(|i| format!("?{i}")).collect();
         let kind_filter = kind_filter(kinds, queues.len() + 1);
         // One subquery per state, so each can use that state's partial index.
-        let count = |status: &str| {
+        let count = |state: JobState| {
             format!(
-                "(SELECT count(*) FROM tickler_jobs WHERE status = '{status}'
+                "(SELECT count(*) FROM tickler_jobs WHERE {}
                   AND queue IN ({}) {kind_filter})",
+                crate::engine::state_index(state).0,
                 queue_marks.join(", ")
             )
         };
         let sql = format!(
-            "SELECT {} + {} + {}",
-            count("scheduled"),
-            count("pending"),
-            count("running")
+            "SELECT {} + {} + {} + {} + {}",
+            count(JobState::Waiting),
+            count(JobState::Scheduled),
+            count(JobState::Pending),
+            count(JobState::Blocked),
+            count(JobState::Running)
         );
         self.read(|conn| {
             let mut values: Vec<&dyn rusqlite::ToSql> =

@@ -351,7 +351,7 @@ pub(crate) fn unfinished_runs(
         .prepare_cached(
             "SELECT id, status FROM tickler_jobs
              WHERE unique_key >= ?1 AND unique_key < ?2
-               AND status IN ('scheduled', 'pending', 'blocked', 'running')
+               AND status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting')
                AND substr(unique_key, ?3) NOT GLOB '*[^0-9]*'
              ORDER BY id",
         )?

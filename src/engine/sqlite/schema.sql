@@ -341,3 +341,34 @@ ALTER TABLE tickler_schedules ADD COLUMN limit_weight INTEGER NOT NULL DEFAULT 1
 -- What a job's handler returned when it succeeded (JSON text, at most
 -- 64 KiB), written by the statement that marks it succeeded.
 ALTER TABLE tickler_jobs ADD COLUMN output TEXT;
+
+-- migration: 13
+-- Jobs that run after others (NewJob::after, src/queue/deps.rs). The
+-- state `waiting`: a job with an edge not yet resolved, out of the
+-- claim's index, gained in place as `blocked` was (migration 9).
+PRAGMA writable_schema = ON;
+UPDATE sqlite_schema
+   SET sql = replace(sql, 'OR status = ''blocked''', 'OR status = ''blocked'' OR status = ''waiting''')
+ WHERE type = 'table' AND name = 'tickler_jobs';
+PRAGMA writable_schema = RESET;
+-- A waiting job keeps its unique_key like any unfinished job.
+DROP INDEX tickler_jobs_unique_key;
+CREATE UNIQUE INDEX tickler_jobs_unique_key
+    ON tickler_jobs (unique_key)
+    WHERE unique_key IS NOT NULL
+      AND status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting');
+-- Waiting jobs by queue: counts and lists (a 100,000-job backlog of them
+-- is never on the claim's path).
+CREATE INDEX tickler_jobs_waiting ON tickler_jobs (queue, id) WHERE status = 'waiting';
+-- One edge: child runs after parent. `resolved` once the parent's end was
+-- taken into account; an unresolved edge keeps its child waiting. Kept
+-- until the child is pruned, so a child reads its parents.
+CREATE TABLE tickler_deps (
+    parent_id INTEGER NOT NULL,
+    child_id  INTEGER NOT NULL,
+    if_fails  TEXT    NOT NULL CHECK (if_fails IN ('cancel', 'hold', 'run')),
+    resolved  INTEGER NOT NULL DEFAULT 0 CHECK (resolved IN (0, 1)),
+    PRIMARY KEY (parent_id, child_id)
+) STRICT, WITHOUT ROWID;
+-- A child's edges: whether any is left unresolved, and its parents.
+CREATE INDEX tickler_deps_child ON tickler_deps (child_id, resolved);
