@@ -69,6 +69,10 @@ mod schedule_pool;
 mod schedule_props;
 mod schedule_two_processes;
 
+// Jobs that run after others.
+mod dependencies;
+mod dependencies_running;
+
 // The model of the state machine.
 mod model;
 

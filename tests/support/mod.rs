@@ -16,7 +16,9 @@
 //! - `pg`: databases of their own on a PostgreSQL server (feature
 //!   `postgres`);
 //! - `dashboard_fill`: many rows at once, shared with the benchmarks;
-//! - `limits`: jobs under a concurrency limit, claimed and read by hand.
+//! - `limits`: jobs under a concurrency limit, claimed and read by hand;
+//! - `deps`: jobs that run after others, and a parent's family of
+//!   children, one per rule.
 //!
 //! Not every target uses every helper.
 #![allow(dead_code, unused_imports, unused_macros)]
@@ -28,6 +30,7 @@ pub mod app_tx;
 pub mod cli;
 pub mod common;
 pub mod dashboard_fill;
+pub mod deps;
 pub mod limits;
 #[cfg(feature = "mysql")]
 pub mod my;
