@@ -239,7 +239,10 @@ fn refused(queue: &tickler::Queue, graph: Graph) -> Error {
 fn assert_cycle(steps: &[String], cycle: &[&str]) {
     let n = cycle.len();
     assert_eq!(steps.len(), n + 1, "{steps:?}");
-    assert_eq!(steps[0], steps[n], "the first step is repeated last: {steps:?}");
+    assert_eq!(
+        steps[0], steps[n],
+        "the first step is repeated last: {steps:?}"
+    );
     let at = cycle
         .iter()
         .position(|s| *s == steps[0])
