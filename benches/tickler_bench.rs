@@ -16,6 +16,7 @@
 //! cargo bench --bench tickler_bench -- --only events
 //! cargo bench --bench tickler_bench -- --only progress
 //! cargo bench --bench tickler_bench -- --only dashboard
+//! .ci/postgres .ci/mariadb cargo bench --features postgres,mysql --bench tickler_bench -- --only waiting
 //! ```
 //!
 //! Every scenario runs on a fresh file in a temporary directory, under
@@ -222,6 +223,12 @@ fn main() {
         .is_some_and(|o| o.iter().any(|x| x == "mysql"))
     {
         mysql_engine(quick);
+    }
+    if only
+        .as_ref()
+        .is_some_and(|o| o.iter().any(|x| x == "waiting"))
+    {
+        waiting::run();
     }
     if wants("events") {
         events(sizes.burn_jobs);
@@ -1691,6 +1698,9 @@ mod mysql_bench;
 
 #[path = "engines/pg_processes.rs"]
 mod pg_processes;
+
+#[path = "engines/waiting.rs"]
+mod waiting;
 
 #[cfg(feature = "postgres")]
 mod pg_bench {

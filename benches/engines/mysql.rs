@@ -35,7 +35,11 @@ fn connect(url: &str, read_committed: bool) -> mysql::Conn {
 }
 
 fn fresh_database(server: &str) -> String {
-    let name = "tickler_bench_engine";
+    fresh_database_named(server, "tickler_bench_engine")
+}
+
+/// A fresh, empty database `name`; returns its URL.
+pub(super) fn fresh_database_named(server: &str, name: &str) -> String {
     let mut admin = connect(server, false);
     admin
         .query_drop(format!("DROP DATABASE IF EXISTS {name}"))

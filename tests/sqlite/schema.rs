@@ -368,7 +368,8 @@ fn a_file_of_the_schema_before_limits_migrates_keeping_its_jobs() {
         .unwrap();
     assert_eq!(check, "ok");
     insert_raw(&conn, &[("status", "'blocked'")]).unwrap();
-    insert_raw(&conn, &[("status", "'waiting'")]).unwrap_err();
+    insert_raw(&conn, &[("status", "'waiting'")]).unwrap();
+    insert_raw(&conn, &[("status", "'asleep'")]).unwrap_err();
 }
 
 /// A file of schema 9 (limits without rates) holding a limit and a job

@@ -4,7 +4,8 @@
 //!
 //! Of every 1,000 jobs, in three queues q0, q1, q2: 10 dead, 10
 //! cancelled, 20 pending, 10 scheduled (an hour ahead), 10 blocked (limit
-//! `l`, keys k0 to k4), 1 running (a lease an hour ahead), the rest
+//! `l`, keys k0 to k4), 10 waiting (each after the blocked job before
+//! it), 1 running (a lease an hour ahead), the rest
 //! succeeded. Finished jobs finish one per
 //! millisecond from 1,000 s ago, each 50 ms after it started.
 
@@ -23,6 +24,7 @@ pub fn fill(conn: &rusqlite::Connection, n: u64) -> rusqlite::Result<usize> {
                   WHEN i % 100 IN (2, 3) THEN 'pending'
                   WHEN i % 100 = 4 THEN 'scheduled'
                   WHEN i % 100 = 6 THEN 'blocked'
+                  WHEN i % 100 = 7 THEN 'waiting'
                   WHEN i % 1000 = 5 THEN 'running'
                   ELSE 'succeeded' END FROM n)
          INSERT INTO tickler_jobs (queue, kind, payload, status, priority, run_at, attempts,
@@ -30,7 +32,7 @@ pub fn fill(conn: &rusqlite::Connection, n: u64) -> rusqlite::Result<usize> {
              created_at, finished_at, limit_name, limit_key)
          SELECT 'q' || (i % 3), 'k' || (i % 7), '{\"n\":' || i || '}', st, i % 3,
              CASE st WHEN 'scheduled' THEN ?2 + 3600000 ELSE ?2 - 3600000 + i % 1000 END,
-             CASE WHEN st IN ('pending', 'scheduled', 'blocked') THEN 0 ELSE 1 END, 3,
+             CASE WHEN st IN ('pending', 'scheduled', 'blocked', 'waiting') THEN 0 ELSE 1 END, 3,
              CASE st WHEN 'running' THEN 'tok' || i END,
              CASE st WHEN 'running' THEN 'w' END,
              CASE WHEN st = 'running' THEN ?2
@@ -44,4 +46,12 @@ pub fn fill(conn: &rusqlite::Connection, n: u64) -> rusqlite::Result<usize> {
          FROM s",
         rusqlite::params![n as i64, now],
     )
+    .and_then(|inserted| {
+        conn.execute(
+            "INSERT INTO tickler_deps (parent_id, child_id, if_fails)
+             SELECT id - 1, id, 'cancel' FROM tickler_jobs WHERE status = 'waiting'",
+            [],
+        )?;
+        Ok(inserted)
+    })
 }

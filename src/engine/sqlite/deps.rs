@@ -52,10 +52,15 @@ impl DepTx for Deps<'_, '_> {
         let rows: Vec<(i64, String, i64, String)> = self
             .0
             .prepare_cached(
+                // In this order (CROSS JOIN fixes it): from the ids, the
+                // edges of each by their key, then each parent by its id.
+                // Left to itself, with few edges stored, the planner
+                // scanned the finished jobs for the parents' states.
                 "SELECT d.parent_id, p.status, d.child_id, d.if_fails
-                 FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
-                 WHERE d.parent_id IN (SELECT value FROM json_each(?1)) AND d.resolved = 0
-                   AND p.status IN ('succeeded', 'dead', 'cancelled')
+                 FROM json_each(?1) AS e
+                 CROSS JOIN tickler_deps AS d ON d.parent_id = e.value
+                 CROSS JOIN tickler_jobs AS p ON p.id = d.parent_id
+                 WHERE d.resolved = 0 AND p.status IN ('succeeded', 'dead', 'cancelled')
                  ORDER BY d.child_id, d.parent_id",
             )?
             .query_map([id_list(parents)], |r| {
