@@ -172,6 +172,27 @@ fn a_parent_dead_by_the_reaper_cancels_holds_or_runs_each_child() {
 }
 
 contract! {
+/// A parent whose row cannot be read is made dead by the claim that
+/// finds it, and its end is resolved in that claim's transaction.
+fn a_parent_buried_by_a_claim_cancels_or_holds_its_children() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+    let parent = queue.enqueue(NewJob::new("parent").max_attempts(5)).unwrap();
+    let family = Family::after(&queue, parent);
+    // Deeper than serde_json reads (enqueue refuses it; a hand edit does not).
+    let deep = format!("{}0{}", "[".repeat(300), "]".repeat(300));
+    common::engine::execute_batch(
+        &path,
+        &format!("UPDATE tickler_jobs SET payload = '{deep}' WHERE id = {parent}"),
+    );
+    assert!(claim(&queue, 100).is_empty(), "the unreadable parent was handed out");
+    assert_eq!(state(&queue, parent), JobState::Dead);
+    family.assert_parent_failed(&queue, "dead");
+    assert_eq!(ids(&claim(&queue, 100)), vec![family.run]);
+}
+}
+
+contract! {
 /// `Queue::cancel` of a parent, pending or running, ends it as a failure
 /// does for its children; the running parent's late success is refused
 /// and changes nothing for them.
@@ -239,7 +260,10 @@ fn refused(queue: &tickler::Queue, graph: Graph) -> Error {
 fn assert_cycle(steps: &[String], cycle: &[&str]) {
     let n = cycle.len();
     assert_eq!(steps.len(), n + 1, "{steps:?}");
-    assert_eq!(steps[0], steps[n], "the first step is repeated last: {steps:?}");
+    assert_eq!(
+        steps[0], steps[n],
+        "the first step is repeated last: {steps:?}"
+    );
     let at = cycle
         .iter()
         .position(|s| *s == steps[0])

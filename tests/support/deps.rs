@@ -34,7 +34,10 @@ pub fn assert_cancelled_by(queue: &Queue, id: JobId, parent: JobId, how: &str) {
         error.contains(&named),
         "job {id}'s error should name its parent ({named:?}): {error:?}"
     );
-    assert!(job.finished_at.is_some(), "a cancelled job has finished: {job:?}");
+    assert!(
+        job.finished_at.is_some(),
+        "a cancelled job has finished: {job:?}"
+    );
 }
 
 /// Children of one parent, one per rule, and a grandchild under the one
@@ -56,7 +59,9 @@ impl Family {
     /// Enqueues the children of `parent` (which has not ended), all
     /// waiting.
     pub fn after(queue: &Queue, parent: JobId) -> Family {
-        let cancel = queue.enqueue(NewJob::new("child").after(&[parent])).unwrap();
+        let cancel = queue
+            .enqueue(NewJob::new("child").after(&[parent]))
+            .unwrap();
         let grandchild = queue
             .enqueue(NewJob::new("grandchild").after(&[cancel]))
             .unwrap();
