@@ -64,7 +64,8 @@ impl Graph {
 
     /// `child` runs after `parent` ends, doing `if_fails` if it fails.
     pub fn edge_with(mut self, parent: &str, child: &str, if_fails: IfParentFails) -> Self {
-        self.edges.push((parent.to_owned(), child.to_owned(), if_fails));
+        self.edges
+            .push((parent.to_owned(), child.to_owned(), if_fails));
         self
     }
 
@@ -73,7 +74,9 @@ impl Graph {
     /// used twice or unknown ([`Error::InvalidArgument`]), a cycle
     /// ([`Error::DependencyCycle`]).
     #[allow(clippy::type_complexity)]
-    pub(crate) fn into_rows(self) -> Result<(Vec<String>, Vec<(NewJob, Vec<(Parent, IfParentFails)>)>)> {
+    pub(crate) fn into_rows(
+        self,
+    ) -> Result<(Vec<String>, Vec<(NewJob, Vec<(Parent, IfParentFails)>)>)> {
         let mut index: HashMap<&str, usize> = HashMap::new();
         for (i, (name, _)) in self.steps.iter().enumerate() {
             if index.insert(name.as_str(), i).is_some() {
@@ -84,11 +87,14 @@ impl Graph {
         }
         let find = |name: &str| {
             index.get(name).copied().ok_or_else(|| {
-                Error::InvalidArgument(format!("the graph's edge names step {name:?}, which it does not have"))
+                Error::InvalidArgument(format!(
+                    "the graph's edge names step {name:?}, which it does not have"
+                ))
             })
         };
         // parents[c]: (parent step, policy), one edge per pair (the last).
-        let mut parents: Vec<BTreeMap<usize, IfParentFails>> = vec![BTreeMap::new(); self.steps.len()];
+        let mut parents: Vec<BTreeMap<usize, IfParentFails>> =
+            vec![BTreeMap::new(); self.steps.len()];
         for (parent, child, if_fails) in &self.edges {
             let (p, c) = (find(parent)?, find(child)?);
             parents[c].insert(p, *if_fails);
@@ -109,7 +115,11 @@ impl Graph {
                 .into_iter()
                 .map(|(id, p)| (Parent::Job(id), p))
                 .collect();
-            after.extend(parents[step].iter().map(|(&p, &f)| (Parent::Row(row_of[p]), f)));
+            after.extend(
+                parents[step]
+                    .iter()
+                    .map(|(&p, &f)| (Parent::Row(row_of[p]), f)),
+            );
             names.push(name);
             rows.push((job, after));
         }
@@ -119,7 +129,9 @@ impl Graph {
 
 /// The steps in an order where each follows its parents (by first
 /// appearance among equals), or one cycle, its first step repeated last.
-fn topological(parents: &[BTreeMap<usize, IfParentFails>]) -> std::result::Result<Vec<usize>, Vec<usize>> {
+fn topological(
+    parents: &[BTreeMap<usize, IfParentFails>],
+) -> std::result::Result<Vec<usize>, Vec<usize>> {
     // Depth first from each step in order: 0 unseen, 1 on the path, 2 done.
     let mut mark = vec![0u8; parents.len()];
     let mut order = Vec::with_capacity(parents.len());
@@ -128,7 +140,8 @@ fn topological(parents: &[BTreeMap<usize, IfParentFails>]) -> std::result::Resul
             continue;
         }
         // (step, its parents not yet visited)
-        let mut path: Vec<(usize, Vec<usize>)> = vec![(start, parents[start].keys().rev().copied().collect())];
+        let mut path: Vec<(usize, Vec<usize>)> =
+            vec![(start, parents[start].keys().rev().copied().collect())];
         mark[start] = 1;
         while let Some((step, rest)) = path.last_mut() {
             let step = *step;

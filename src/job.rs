@@ -322,9 +322,13 @@ impl IfParentFails {
 
     /// The policy stored as `name`, if it is one.
     pub(crate) fn from_stored(name: &str) -> Option<Self> {
-        [IfParentFails::Cancel, IfParentFails::Hold, IfParentFails::Run]
-            .into_iter()
-            .find(|p| p.as_str() == name)
+        [
+            IfParentFails::Cancel,
+            IfParentFails::Hold,
+            IfParentFails::Run,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == name)
     }
 }
 

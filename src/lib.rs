@@ -608,16 +608,17 @@ pub use error::{Error, Result};
 pub use events::{Event, JobEvent, JobEventKind, Subscription, TickEvent, DEFAULT_EVENT_BUFFER};
 pub use graph::Graph;
 pub use job::{
-    AttemptError, Dependency, IfParentFails, Job, JobId, JobState, LimitSlot, NewJob, Output, Progress, RunToken,
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MAX_OUTPUT_BYTES, MAX_PROGRESS_MESSAGE_BYTES,
+    AttemptError, Dependency, IfParentFails, Job, JobId, JobState, LimitSlot, NewJob, Output,
+    Progress, RunToken, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MAX_OUTPUT_BYTES,
+    MAX_PROGRESS_MESSAGE_BYTES,
 };
 pub use lease::Lease;
 pub use limit::{Limit, LimitInfo, LimitKeyUsage, Rate, MAX_LIMIT_KEY_BYTES, MAX_LIMIT_NAME_BYTES};
 pub use metrics::WriteLockWaits;
 pub use queue::{
-    ActivityBucket, ChangeWatcher, Explanation, Holder, Manual, Ops, ParentWait, Queue, QueueBuilder,
-    QueueCounts, Reason, Waited, Waker, ACTIVITY_MAX_BUCKETS, ACTIVITY_SAMPLE, MAX_PAYLOAD_DEPTH,
-    MAX_UNIQUE_KEY_BYTES,
+    ActivityBucket, ChangeWatcher, Explanation, Holder, Manual, Ops, ParentWait, Queue,
+    QueueBuilder, QueueCounts, Reason, Waited, Waker, ACTIVITY_MAX_BUCKETS, ACTIVITY_SAMPLE,
+    MAX_PAYLOAD_DEPTH, MAX_UNIQUE_KEY_BYTES,
 };
 pub use reaper::{Reaper, ReaperConfig};
 pub use retry::RetryPolicy;

@@ -157,10 +157,8 @@ pub(crate) trait DepTx {
     /// locked against a change of state until the transaction ends (a
     /// server engine's `FOR SHARE`), so that a parent's end and a child's
     /// insert see each other.
-    fn lock_parents(
-        &mut self,
-        ids: &[JobId],
-    ) -> Result<std::collections::HashMap<JobId, JobState>>;
+    fn lock_parents(&mut self, ids: &[JobId])
+        -> Result<std::collections::HashMap<JobId, JobState>>;
     /// Stores `(parent, child, if_fails)` edges, unresolved.
     fn insert_edges(&mut self, edges: &[(JobId, JobId, crate::IfParentFails)]) -> Result<()>;
     /// The unresolved edges whose parent is among `parents` (sorted) and
@@ -169,6 +167,11 @@ pub(crate) trait DepTx {
     /// transaction committed before this one's change of the parent is
     /// seen.
     fn ended_edges(&mut self, parents: &[JobId]) -> Result<Vec<crate::queue::deps::EndedEdge>>;
+    /// Locks the rows of `children` (sorted) until the transaction ends:
+    /// two parents of one child ending at once take turns, so the second
+    /// sees the first's resolution and releases the child. SQLite's single
+    /// writer needs nothing.
+    fn lock_children(&mut self, children: &[JobId]) -> Result<()>;
     /// Marks `(parent, child)` edges resolved.
     fn mark_resolved(&mut self, edges: &[(JobId, JobId)]) -> Result<()>;
     /// Cancels those of `children` that are still waiting, each with its
@@ -187,7 +190,6 @@ pub(crate) trait DepTx {
         now: i64,
     ) -> Result<Vec<crate::queue::deps::ChildChange>>;
 }
-
 
 /// The statements concurrency limits are kept with, in the engine's own
 /// write transaction; the rules that use them are

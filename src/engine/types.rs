@@ -186,6 +186,18 @@ pub(crate) fn state_for(run_at: i64, now: i64) -> JobState {
     }
 }
 
+impl ValidJob {
+    /// The state it is stored in, due at `run_at` as of `now`: waiting
+    /// if it runs after other jobs.
+    pub(crate) fn state_at(&self, run_at: i64, now: i64) -> JobState {
+        if self.after.is_empty() {
+            state_for(run_at, now)
+        } else {
+            JobState::Waiting
+        }
+    }
+}
+
 /// A job's place in its batch, as stored (`enqueue_seq`), by which a
 /// server engine finds the batch's rows again.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -458,10 +470,7 @@ pub(crate) struct ValidJob {
 
 /// The parents of `row` by id, given the ids of the rows of its insert
 /// stored before it (a graph's steps come after their parents).
-pub(crate) fn parents_of(
-    row: &ValidJob,
-    earlier: &[JobId],
-) -> Vec<(JobId, crate::IfParentFails)> {
+pub(crate) fn parents_of(row: &ValidJob, earlier: &[JobId]) -> Vec<(JobId, crate::IfParentFails)> {
     row.after
         .iter()
         .map(|&(parent, if_fails)| match parent {

@@ -67,11 +67,7 @@ pub(crate) struct ChildChange {
 /// ([`IfParentFails::Cancel`]), and in turn theirs; `Hold` keeps waiting.
 /// A child with no edge left unresolved is made pending (scheduled if its
 /// run_at is ahead). Costs one read when no edge waits on `ended`.
-pub(crate) fn resolve(
-    tx: &mut dyn DepTx,
-    ended: &[JobId],
-    now: i64,
-) -> Result<Vec<ChildChange>> {
+pub(crate) fn resolve(tx: &mut dyn DepTx, ended: &[JobId], now: i64) -> Result<Vec<ChildChange>> {
     let mut changes = Vec::new();
     let mut ended: Vec<JobId> = ended.to_vec();
     // Each round goes down one level of cancels; it ends, since a job is
@@ -105,6 +101,9 @@ pub(crate) fn resolve(
                 (_, IfParentFails::Hold) => {}
             }
         }
+        let mut children: Vec<JobId> = edges.iter().map(|e| e.child).collect();
+        children.dedup();
+        tx.lock_children(&children)?;
         tx.mark_resolved(&done)?;
         let cancel: Vec<(JobId, String)> = cancel.into_iter().collect();
         let cancelled = tx.cancel_waiting(&cancel, now)?;

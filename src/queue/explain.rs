@@ -372,10 +372,9 @@ impl fmt::Display for Explanation {
                             ),
                             JobState::Scheduled => format!("scheduled {}", at(p.run_at)),
                             // A parent that failed keeps a held child waiting.
-                            JobState::Dead | JobState::Cancelled => format!(
-                                "{}; held until it is retried and succeeds",
-                                p.state
-                            ),
+                            JobState::Dead | JobState::Cancelled => {
+                                format!("{}; held until it is retried and succeeds", p.state)
+                            }
                             state => state.to_string(),
                         };
                         format!("{} ({what})", p.job_id)

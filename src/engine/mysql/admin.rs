@@ -35,6 +35,7 @@ impl Admin for Store {
                  WHERE id = ?",
                 args![now, id.0],
             )?;
+            super::deps::resolve(tx, &[id], now)?;
             Ok(())
         })?;
         self.notify_watchers();
@@ -90,7 +91,10 @@ impl Admin for Store {
         let state = state.map(JobState::as_str);
         self.write(|tx, _| {
             // As on SQLite: a finished job whose holder may still be running
-            // keeps its lease and its unique_key until that lease is gone.
+            // keeps its lease and its unique_key until that lease is gone,
+            // and a parent stays while a child that has not finished runs
+            // after it (a child's insert holds its parents in share mode,
+            // which SKIP LOCKED passes over).
             let now = self.now_ms();
             let ids: Vec<Value> = tx
                 .rows_named(
@@ -98,6 +102,10 @@ impl Admin for Store {
                      WHERE finished_at IS NOT NULL AND finished_at < :before
                        AND (:state IS NULL OR status = :state)
                        AND (lease_expires_at IS NULL OR (lease_expires_at < :now AND limit_name IS NULL))
+                       AND NOT EXISTS (
+                           SELECT 1 FROM tickler_deps AS d
+                           JOIN tickler_jobs AS c ON c.id = d.child_id
+                           WHERE d.parent_id = tickler_jobs.id AND c.finished_at IS NULL)
                      LIMIT :limit FOR UPDATE SKIP LOCKED",
                     &[
                         ("before", Value::from(before)),
@@ -112,6 +120,14 @@ impl Admin for Store {
             if ids.is_empty() {
                 return Ok(0);
             }
+            // A pruned child's edges go with it.
+            tx.exec(
+                &format!(
+                    "DELETE FROM tickler_deps WHERE child_id IN ({})",
+                    marks(ids.len())
+                ),
+                ids.clone(),
+            )?;
             tx.exec(
                 &format!(
                     "DELETE FROM tickler_jobs WHERE id IN ({})",

@@ -194,7 +194,7 @@ impl ClaimTx for InTransaction<'_, '_> {
     }
 
     fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()> {
-        self.tx.exec_named(
+        let dead = self.tx.exec_named(
             DEAD_SQL,
             &[
                 ("now", Value::from(now)),
@@ -203,6 +203,9 @@ impl ClaimTx for InTransaction<'_, '_> {
                 ("token", Value::from(run_token)),
             ],
         )?;
+        if dead == 1 {
+            super::deps::resolve(self.tx, &[job_id], now)?;
+        }
         Ok(())
     }
 }
@@ -340,6 +343,15 @@ impl Claims for Store {
                 let now = self.now_ms();
                 let recorded =
                     record_all(tx, pending, now, &policy, attempt, isolate, complete_many)?;
+                // The jobs that run after those these outcomes ended learn
+                // it here, before the limits (the lock order of LimitTx).
+                let ended: Vec<crate::job::JobId> = pending
+                    .iter()
+                    .zip(&recorded)
+                    .filter(|(_, r)| r.is_ok())
+                    .map(|((lease, _), _)| lease.job_id)
+                    .collect();
+                let released = super::deps::resolve(tx, &ended, now)?;
                 // The slots these outcomes gave up go to the jobs blocked
                 // on them, in this transaction, with this claim's check.
                 let freed: Vec<&crate::job::LimitSlot> = pending
@@ -374,13 +386,14 @@ impl Claims for Store {
                     }
                     (None, _) => Some(Vec::new()),
                 };
-                let (claimed, settled) = match claimed {
+                let (claimed, mut settled) = match claimed {
                     Some(claimed) => {
                         let (kept, settled) = super::limits::settle(tx, &freed, claimed, now)?;
                         (Some(kept), settled)
                     }
                     None => (None, super::limits::settle(tx, &freed, Vec::new(), now)?.1),
                 };
+                settled.changes.extend(released.into_iter().map(Into::into));
                 Ok((recorded, claimed, settled))
             })
         });

@@ -125,7 +125,7 @@ pub(crate) fn insert_valid<Q: Queryable>(
                 row.job.queue.as_str(),
                 row.job.kind.as_str(),
                 row.payload.as_str(),
-                state_for(run_at, now).as_str(),
+                row.state_at(run_at, now).as_str(),
                 row.job.priority,
                 run_at,
                 i64::from(row.job.max_attempts),
@@ -160,9 +160,31 @@ pub(crate) fn insert_valid<Q: Queryable>(
             }
         }
     }
-    ids.into_iter()
+    let ids: Vec<JobId> = ids
+        .into_iter()
         .map(|id| id.ok_or_else(|| Error::Config("a stored job's id could not be read".into())))
-        .collect()
+        .collect::<Result<_>>()?;
+    // A keyed child whose key was held stored nothing: the holder keeps
+    // its own edges. What this call stored carries its batch mark.
+    let mut children = Vec::new();
+    for (row, id) in rows.iter().zip(&ids) {
+        if row.after.is_empty() {
+            continue;
+        }
+        if row.job.unique_key.is_some()
+            && tx
+                .first(
+                    "SELECT 1 FROM tickler_jobs WHERE id = ? AND enqueue_batch = ?",
+                    args![id.0, batch],
+                )?
+                .is_none()
+        {
+            continue;
+        }
+        children.push((*id, crate::engine::types::parents_of(row, &ids)));
+    }
+    super::deps::store_edges(tx, &children, now)?;
+    Ok(ids)
 }
 
 /// One job; with a unique_key held by an unfinished job, that job's id.
@@ -181,7 +203,7 @@ fn insert_one<Q: Queryable>(
                 job.queue.as_str(),
                 job.kind.as_str(),
                 row.payload.as_str(),
-                state_for(run_at, now).as_str(),
+                row.state_at(run_at, now).as_str(),
                 job.priority,
                 run_at,
                 i64::from(job.max_attempts),

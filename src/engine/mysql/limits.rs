@@ -139,6 +139,7 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
                 ("token", Value::from(run_token)),
             ],
         )?;
+        super::deps::resolve(self.0, &[job_id], now)?;
         Ok(())
     }
 
@@ -168,6 +169,7 @@ impl<Q: Queryable> LimitTx for InTransaction<'_, '_, Q> {
              WHERE id = ? AND status = 'blocked'",
             args![now, error, job_id.0],
         )?;
+        super::deps::resolve(self.0, &[job_id], now)?;
         Ok(())
     }
 

@@ -45,6 +45,7 @@
 mod admin;
 mod claim;
 mod connection;
+pub(crate) mod deps;
 mod enqueue;
 mod lease;
 mod limits;

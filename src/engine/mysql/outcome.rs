@@ -317,6 +317,7 @@ impl Store {
                 });
             }
             *handed = true;
+            super::deps::resolve(&mut Tx::inside(&mut app), &[lease.job_id], self.now_ms())?;
             // An error here drops `app`, which rolls the completion back.
             app_writes(&mut app)?;
             // The freed slot is handed on last: the limit's lock is not

@@ -19,6 +19,10 @@ fn unsigned(n: i64) -> u64 {
 }
 
 impl Reads for Store {
+    fn dependencies(&self, id: JobId) -> Result<Vec<crate::Dependency>> {
+        self.read(|tx| super::deps::dependencies(tx, id))
+    }
+
     fn get(&self, id: JobId) -> Result<Job> {
         let sql = format!("SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE id = ?");
         self.read(|tx| match tx.first(&sql, args![id.0])? {

@@ -219,3 +219,27 @@ ALTER TABLE tickler_schedules
 -- What a job's handler returned, as in the SQLite schema (migration 12
 -- there): JSON text as bytes, as the payload is.
 ALTER TABLE tickler_jobs ADD COLUMN output MEDIUMBLOB;
+
+-- migration: 8
+-- Jobs that run after others, as in the SQLite schema (migration 13
+-- there): the state `waiting` (its index leads with status, as every
+-- state's does), a waiting job keeping its unique_key, and the edges. The
+-- job table's part in one statement (see migration 2 for a rerun after a
+-- cut).
+ALTER TABLE tickler_jobs
+    DROP CONSTRAINT tickler_jobs_status,
+    ADD CONSTRAINT tickler_jobs_status CHECK (status IN
+        ('scheduled', 'pending', 'blocked', 'running', 'succeeded', 'dead', 'cancelled', 'waiting')),
+    MODIFY COLUMN unique_live VARBINARY(1024)
+        AS (CASE WHEN status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting')
+                 THEN unique_key END) STORED;
+
+CREATE TABLE IF NOT EXISTS tickler_deps (
+    parent_id BIGINT      NOT NULL,
+    child_id  BIGINT      NOT NULL,
+    if_fails  VARBINARY(6) NOT NULL,
+    resolved  BOOLEAN     NOT NULL DEFAULT FALSE,
+    PRIMARY KEY (parent_id, child_id),
+    KEY tickler_deps_child (child_id, resolved),
+    CONSTRAINT tickler_deps_if_fails CHECK (if_fails IN ('cancel', 'hold', 'run'))
+) ENGINE = InnoDB ROW_FORMAT = DYNAMIC;

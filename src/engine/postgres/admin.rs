@@ -30,6 +30,7 @@ impl Admin for Store {
                  WHERE id = $2",
                 &[&now, &id.0],
             )?;
+            super::deps::resolve(tx, &[id], now)?;
             Ok(())
         })?;
         // A holder in another process notices at its next look.
@@ -80,17 +81,35 @@ impl Admin for Store {
         self.write(|tx, _| {
             // As on SQLite: a finished job whose holder may still be running
             // keeps its lease and its unique_key until that lease is gone.
+            // A parent stays while a child that has not finished runs
+            // after it (as on SQLite); a child's insert holds its parents
+            // FOR SHARE, which SKIP LOCKED passes over.
             let now = self.now_ms();
+            let ids: Vec<i64> = tx
+                .query(
+                    "DELETE FROM tickler_jobs WHERE id = ANY(ARRAY(
+                         SELECT id FROM tickler_jobs AS j
+                         WHERE finished_at IS NOT NULL AND finished_at < $1::bigint
+                           AND ($2::text IS NULL OR status = $2)
+                           AND (lease_expires_at IS NULL
+                                OR (lease_expires_at < $4::bigint AND limit_name IS NULL))
+                           AND NOT EXISTS (
+                               SELECT 1 FROM tickler_deps AS d
+                               JOIN tickler_jobs AS c ON c.id = d.child_id
+                               WHERE d.parent_id = j.id AND c.finished_at IS NULL)
+                         LIMIT $3 FOR UPDATE SKIP LOCKED))
+                     RETURNING id",
+                    &[&before, &state, &limit, &now],
+                )?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            // A pruned child's edges go with it.
             tx.execute(
-                "DELETE FROM tickler_jobs WHERE id = ANY(ARRAY(
-                     SELECT id FROM tickler_jobs
-                     WHERE finished_at IS NOT NULL AND finished_at < $1::bigint
-                       AND ($2::text IS NULL OR status = $2)
-                       AND (lease_expires_at IS NULL
-                            OR (lease_expires_at < $4::bigint AND limit_name IS NULL))
-                     LIMIT $3 FOR UPDATE SKIP LOCKED))",
-                &[&before, &state, &limit, &now],
-            )
+                "DELETE FROM tickler_deps WHERE child_id = ANY($1::bigint[])",
+                &[&ids],
+            )?;
+            Ok(ids.len() as u64)
         })
     }
 

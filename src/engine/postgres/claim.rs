@@ -149,8 +149,13 @@ impl ClaimTx for InTransaction<'_, '_> {
     }
 
     fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()> {
-        self.tx
-            .execute(DEAD_SQL, &[&now, &error, &job_id.0, &run_token])?;
+        if self
+            .tx
+            .execute(DEAD_SQL, &[&now, &error, &job_id.0, &run_token])?
+            == 1
+        {
+            super::deps::resolve(self.tx, &[job_id], now)?;
+        }
         Ok(())
     }
 }
@@ -283,6 +288,15 @@ impl Claims for Store {
                 let now = self.now_ms();
                 let recorded =
                     record_all(tx, pending, now, &policy, attempt, isolate, complete_many)?;
+                // The jobs that run after those these outcomes ended learn
+                // it here, before the limits (the lock order of LimitTx).
+                let ended: Vec<crate::job::JobId> = pending
+                    .iter()
+                    .zip(&recorded)
+                    .filter(|(_, r)| r.is_ok())
+                    .map(|((lease, _), _)| lease.job_id)
+                    .collect();
+                let released = super::deps::resolve(tx, &ended, now)?;
                 // The slots these outcomes gave up go to the jobs blocked
                 // on them, in this transaction, with this claim's check.
                 let freed: Vec<&crate::job::LimitSlot> = pending
@@ -318,13 +332,14 @@ impl Claims for Store {
                     }
                     (None, _) => Some(Vec::new()),
                 };
-                let (claimed, settled) = match claimed {
+                let (claimed, mut settled) = match claimed {
                     Some(claimed) => {
                         let (kept, settled) = super::limits::settle(tx, &freed, claimed, now)?;
                         (Some(kept), settled)
                     }
                     None => (None, super::limits::settle(tx, &freed, Vec::new(), now)?.1),
                 };
+                settled.changes.extend(released.into_iter().map(Into::into));
                 Ok((recorded, claimed, settled))
             })
         });

@@ -93,7 +93,7 @@ pub(crate) fn insert_valid(
         let queues = column(&|r, _| r.job.queue.clone());
         let kinds = column(&|r, _| r.job.kind.clone());
         let payloads = column(&|r, _| r.payload.clone());
-        let states = column(&|_, at| state_for(at, now).as_str().to_owned());
+        let states = column(&|r, at| r.state_at(at, now).as_str().to_owned());
         let priorities: Vec<i32> = bulk.iter().map(|&(i, _)| rows[i].job.priority).collect();
         let run_ats: Vec<i64> = bulk.iter().map(|&(_, at)| at).collect();
         let max_attempts: Vec<i64> = bulk
@@ -150,7 +150,36 @@ pub(crate) fn insert_valid(
             ids[*i] = Some(JobId(id));
         }
     }
-    Ok(ids.into_iter().map(|id| id.unwrap_or(JobId(0))).collect())
+    let ids: Vec<JobId> = ids.into_iter().map(|id| id.unwrap_or(JobId(0))).collect();
+    // A keyed child whose key was held stored nothing: the holder keeps
+    // its own edges. What this call stored carries its batch mark.
+    let keyed: Vec<i64> = rows
+        .iter()
+        .zip(&ids)
+        .filter(|(row, _)| !row.after.is_empty() && row.job.unique_key.is_some())
+        .map(|(_, id)| id.0)
+        .collect();
+    let ours: std::collections::HashSet<i64> = if keyed.is_empty() {
+        Default::default()
+    } else {
+        tx.query(
+            "SELECT id FROM tickler_jobs WHERE id = ANY($1::bigint[]) AND enqueue_batch = $2::bigint",
+            &[&keyed, &batch],
+        )?
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    };
+    let children: Vec<_> = rows
+        .iter()
+        .zip(&ids)
+        .filter(|(row, id)| {
+            !row.after.is_empty() && (row.job.unique_key.is_none() || ours.contains(&id.0))
+        })
+        .map(|(row, id)| (*id, crate::engine::types::parents_of(row, &ids)))
+        .collect();
+    super::deps::store_edges(tx, &children, now)?;
+    Ok(ids)
 }
 
 /// The ids of a batch whose earlier try committed after all (found by its
@@ -239,7 +268,7 @@ fn insert_one(
     (batch, i): (i64, usize),
 ) -> Result<JobId> {
     let job = &row.job;
-    let state = state_for(run_at, now);
+    let state = row.state_at(run_at, now);
     let max_attempts = i64_of(job.max_attempts);
     let (limit_name, limit_key) = match &job.limit {
         Some((name, key)) => (Some(name.as_str()), Some(key.as_str())),

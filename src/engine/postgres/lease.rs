@@ -426,6 +426,10 @@ fn take_back_runs(
             }
         };
     }
+    // Those made dead end: the jobs that run after them learn it here,
+    // before the limits (the lock order of LimitTx).
+    let ids: Vec<crate::job::JobId> = runs.iter().map(|r| crate::job::JobId(r.lease.id)).collect();
+    super::deps::resolve(tx, &ids, now)?;
     Ok(taken)
 }
 

@@ -144,6 +144,7 @@ impl<E: Exec> LimitTx for InTransaction<'_, E> {
     fn bury(&mut self, job_id: JobId, run_token: &str, error: &str, now: i64) -> Result<()> {
         self.0
             .rows(DEAD_SQL, &[&now, &error, &job_id.0, &run_token])?;
+        super::deps::resolve(self.0, &[job_id], now)?;
         Ok(())
     }
 
@@ -164,6 +165,7 @@ impl<E: Exec> LimitTx for InTransaction<'_, E> {
              WHERE id = $3 AND status = 'blocked'",
             &[&now, &error, &job_id.0],
         )?;
+        super::deps::resolve(self.0, &[job_id], now)?;
         Ok(())
     }
 

@@ -13,6 +13,10 @@ use crate::job::{Job, JobId, JobState};
 use chrono::{DateTime, Utc};
 
 impl Reads for Store {
+    fn dependencies(&self, id: JobId) -> Result<Vec<crate::Dependency>> {
+        self.read(|tx| super::deps::dependencies(tx, id))
+    }
+
     fn get(&self, id: JobId) -> Result<Job> {
         let sql = format!("SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE id = $1");
         self.read(|tx| match tx.query_opt(&sql, &[&id.0])? {

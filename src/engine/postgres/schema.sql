@@ -224,3 +224,26 @@ ALTER TABLE tickler_schedules
 -- What a job's handler returned, as in the SQLite schema (migration 12
 -- there).
 ALTER TABLE tickler_jobs ADD COLUMN output TEXT;
+
+-- migration: 10
+-- Jobs that run after others, as in the SQLite schema (migration 13
+-- there): the state `waiting`, a waiting job keeping its unique_key, and
+-- the edges.
+ALTER TABLE tickler_jobs
+    DROP CONSTRAINT tickler_jobs_status_check,
+    ADD CONSTRAINT tickler_jobs_status_check CHECK (status IN
+        ('scheduled', 'pending', 'blocked', 'running', 'succeeded', 'dead', 'cancelled', 'waiting'));
+DROP INDEX tickler_jobs_unique_key;
+CREATE UNIQUE INDEX tickler_jobs_unique_key
+    ON tickler_jobs (unique_key)
+    WHERE unique_key IS NOT NULL
+      AND status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting');
+CREATE INDEX tickler_jobs_waiting ON tickler_jobs (queue, id) WHERE status = 'waiting';
+CREATE TABLE tickler_deps (
+    parent_id BIGINT  NOT NULL,
+    child_id  BIGINT  NOT NULL,
+    if_fails  TEXT    NOT NULL CHECK (if_fails IN ('cancel', 'hold', 'run')),
+    resolved  BOOLEAN NOT NULL DEFAULT FALSE,
+    PRIMARY KEY (parent_id, child_id)
+);
+CREATE INDEX tickler_deps_child ON tickler_deps (child_id, resolved);

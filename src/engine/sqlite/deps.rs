@@ -74,6 +74,10 @@ impl DepTx for Deps<'_, '_> {
             .collect()
     }
 
+    fn lock_children(&mut self, _children: &[JobId]) -> Result<()> {
+        Ok(())
+    }
+
     fn mark_resolved(&mut self, edges: &[(JobId, JobId)]) -> Result<()> {
         let mut mark = self.0.prepare_cached(
             "UPDATE tickler_deps SET resolved = 1 WHERE parent_id = ?1 AND child_id = ?2",
@@ -84,7 +88,11 @@ impl DepTx for Deps<'_, '_> {
         Ok(())
     }
 
-    fn cancel_waiting(&mut self, children: &[(JobId, String)], now: i64) -> Result<Vec<ChildChange>> {
+    fn cancel_waiting(
+        &mut self,
+        children: &[(JobId, String)],
+        now: i64,
+    ) -> Result<Vec<ChildChange>> {
         let mut cancel = self.0.prepare_cached(
             "UPDATE tickler_jobs SET status = 'cancelled', finished_at = ?1, last_error = ?2
              WHERE id = ?3 AND status = 'waiting'
@@ -131,7 +139,10 @@ impl DepTx for Deps<'_, '_> {
 }
 
 /// See [`crate::Queue::parents`].
-pub(crate) fn dependencies(conn: &rusqlite::Connection, id: JobId) -> Result<Vec<crate::Dependency>> {
+pub(crate) fn dependencies(
+    conn: &rusqlite::Connection,
+    id: JobId,
+) -> Result<Vec<crate::Dependency>> {
     let exists: bool = conn
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM tickler_jobs WHERE id = ?1)")?
         .query_row([id.0], |r| r.get(0))?;

@@ -1,0 +1,218 @@
+//! Jobs that run after others on MySQL/MariaDB: the edges' statements for
+//! the rules in `crate::queue::deps`. As on PostgreSQL, a child's insert
+//! reads its parents with a shared lock and a parent's end reads the
+//! edges with a lock (current reads, never a snapshot's); MariaDB has no
+//! `UPDATE … RETURNING`, so the children changed are read first, under
+//! the lock `lock_children` took.
+
+use super::connection::{args, marks, Tx};
+use super::rows::get;
+use crate::engine::DepTx;
+use crate::error::{Error, Result};
+use crate::job::{IfParentFails, JobId, JobState};
+use crate::queue::deps::{ChildChange, EndedEdge};
+use mysql::prelude::Queryable;
+use mysql::Value;
+use std::collections::HashMap;
+
+/// The [`DepTx`] of a transaction (tickler's, or the application's in
+/// `complete_with`).
+pub(crate) struct Deps<'a, 'b, Q: Queryable>(pub(crate) &'a mut Tx<'b, Q>);
+
+fn state(text: &str) -> Result<JobState> {
+    text.parse()
+        .map_err(|_| Error::Config(format!("a job's status {text:?} is not one tickler knows")))
+}
+
+fn values(ids: &[JobId]) -> Vec<Value> {
+    ids.iter().map(|id| Value::from(id.0)).collect()
+}
+
+impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
+    fn lock_parents(&mut self, parents: &[JobId]) -> Result<HashMap<JobId, JobState>> {
+        let rows = self.0.rows(
+            &format!(
+                "SELECT id, status FROM tickler_jobs WHERE id IN ({}) ORDER BY id
+                 LOCK IN SHARE MODE",
+                marks(parents.len())
+            ),
+            values(parents),
+        )?;
+        rows.iter()
+            .map(|r| Ok((JobId(get(r, 0)?), state(&get::<String>(r, 1)?)?)))
+            .collect()
+    }
+
+    fn insert_edges(&mut self, edges: &[(JobId, JobId, IfParentFails)]) -> Result<()> {
+        for (parent, child, if_fails) in edges {
+            self.0.exec(
+                "INSERT INTO tickler_deps (parent_id, child_id, if_fails) VALUES (?, ?, ?)
+                 ON DUPLICATE KEY UPDATE if_fails = VALUES(if_fails)",
+                args![parent.0, child.0, if_fails.as_str()],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn ended_edges(&mut self, parents: &[JobId]) -> Result<Vec<EndedEdge>> {
+        let rows = self.0.rows(
+            &format!(
+                "SELECT d.parent_id, p.status, d.child_id, d.if_fails
+                 FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
+                 WHERE d.parent_id IN ({}) AND NOT d.resolved
+                   AND p.status IN ('succeeded', 'dead', 'cancelled')
+                 ORDER BY d.child_id, d.parent_id
+                 FOR UPDATE",
+                marks(parents.len())
+            ),
+            values(parents),
+        )?;
+        rows.iter()
+            .map(|r| {
+                Ok(EndedEdge {
+                    parent: JobId(get(r, 0)?),
+                    parent_state: state(&get::<String>(r, 1)?)?,
+                    child: JobId(get(r, 2)?),
+                    if_fails: IfParentFails::from_stored(&get::<String>(r, 3)?).unwrap_or_default(),
+                })
+            })
+            .collect()
+    }
+
+    fn lock_children(&mut self, children: &[JobId]) -> Result<()> {
+        if children.is_empty() {
+            return Ok(());
+        }
+        self.0.rows(
+            &format!(
+                "SELECT id FROM tickler_jobs WHERE id IN ({}) ORDER BY id FOR UPDATE",
+                marks(children.len())
+            ),
+            values(children),
+        )?;
+        Ok(())
+    }
+
+    fn mark_resolved(&mut self, edges: &[(JobId, JobId)]) -> Result<()> {
+        for (parent, child) in edges {
+            self.0.exec(
+                "UPDATE tickler_deps SET resolved = TRUE WHERE parent_id = ? AND child_id = ?",
+                args![parent.0, child.0],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn cancel_waiting(
+        &mut self,
+        children: &[(JobId, String)],
+        now: i64,
+    ) -> Result<Vec<ChildChange>> {
+        let mut out = Vec::new();
+        for (child, error) in children {
+            let Some(row) = self.0.first(
+                "SELECT kind, queue FROM tickler_jobs WHERE id = ? AND status = 'waiting'",
+                args![child.0],
+            )?
+            else {
+                continue;
+            };
+            self.0.exec(
+                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = ?, last_error = ?
+                 WHERE id = ? AND status = 'waiting'",
+                args![now, error.as_str(), child.0],
+            )?;
+            out.push(ChildChange {
+                job_id: *child,
+                kind: get(&row, 0)?,
+                queue: get(&row, 1)?,
+                state: JobState::Cancelled,
+            });
+        }
+        Ok(out)
+    }
+
+    fn release_waiting(&mut self, children: &[JobId], now: i64) -> Result<Vec<ChildChange>> {
+        if children.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = self.0.rows(
+            &format!(
+                "SELECT job.id, job.kind, job.queue, job.run_at FROM tickler_jobs AS job
+                 WHERE job.id IN ({}) AND job.status = 'waiting'
+                   AND NOT EXISTS (SELECT 1 FROM tickler_deps AS d
+                                   WHERE d.child_id = job.id AND NOT d.resolved)",
+                marks(children.len())
+            ),
+            values(children),
+        )?;
+        let mut out = Vec::new();
+        for r in &rows {
+            let id: i64 = get(r, 0)?;
+            let run_at: i64 = get(r, 3)?;
+            let to = if run_at <= now {
+                JobState::Pending
+            } else {
+                JobState::Scheduled
+            };
+            self.0.exec(
+                "UPDATE tickler_jobs SET status = ? WHERE id = ? AND status = 'waiting'",
+                args![to.as_str(), id],
+            )?;
+            out.push(ChildChange {
+                job_id: JobId(id),
+                kind: get(r, 1)?,
+                queue: get(r, 2)?,
+                state: to,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// See [`crate::Queue::parents`].
+pub(crate) fn dependencies<Q: Queryable>(
+    tx: &mut Tx<'_, Q>,
+    id: JobId,
+) -> Result<Vec<crate::Dependency>> {
+    if tx
+        .first("SELECT 1 FROM tickler_jobs WHERE id = ?", args![id.0])?
+        .is_none()
+    {
+        return Err(Error::NotFound(id));
+    }
+    let rows = tx.rows(
+        "SELECT parent_id, if_fails, resolved FROM tickler_deps WHERE child_id = ?
+         ORDER BY parent_id",
+        args![id.0],
+    )?;
+    rows.iter()
+        .map(|r| {
+            Ok(crate::Dependency {
+                parent: JobId(get(r, 0)?),
+                if_fails: IfParentFails::from_stored(&get::<String>(r, 1)?).unwrap_or_default(),
+                resolved: get::<i64>(r, 2)? != 0,
+            })
+        })
+        .collect()
+}
+
+/// Resolves the children of those of `ended` that ended, in `tx` (see
+/// `crate::queue::deps::resolve`).
+pub(crate) fn resolve<Q: Queryable>(
+    tx: &mut Tx<'_, Q>,
+    ended: &[JobId],
+    now: i64,
+) -> Result<Vec<ChildChange>> {
+    crate::queue::deps::resolve(&mut Deps(tx), ended, now)
+}
+
+/// Stores the edges of the children one insert stored (see
+/// `crate::queue::deps::store_edges`).
+pub(crate) fn store_edges<Q: Queryable>(
+    tx: &mut Tx<'_, Q>,
+    children: &[(JobId, Vec<(JobId, IfParentFails)>)],
+    now: i64,
+) -> Result<Vec<ChildChange>> {
+    crate::queue::deps::store_edges(&mut Deps(tx), children, now)
+}

@@ -1,0 +1,188 @@
+//! Jobs that run after others on PostgreSQL: the edges' statements for
+//! the rules in `crate::queue::deps`. A child's insert reads its parents
+//! `FOR SHARE`, which waits for a parent's change of state in flight and
+//! then reads it (READ COMMITTED): whichever of the two commits second
+//! sees the other. The edges a parent's end resolves are read `FOR
+//! UPDATE`, after that end's write to the parent row.
+
+use super::limits::Exec;
+use crate::engine::DepTx;
+use crate::error::{Error, Result};
+use crate::job::{IfParentFails, JobId, JobState};
+use crate::queue::deps::{ChildChange, EndedEdge};
+use std::collections::HashMap;
+
+/// The [`DepTx`] of a transaction (tickler's, or the application's in
+/// `complete_with`).
+pub(crate) struct Deps<'a, E: Exec>(pub(crate) &'a mut E);
+
+fn state(text: &str) -> Result<JobState> {
+    text.parse()
+        .map_err(|_| Error::Config(format!("a job's status {text:?} is not one tickler knows")))
+}
+
+fn ids(ids: &[JobId]) -> Vec<i64> {
+    ids.iter().map(|id| id.0).collect()
+}
+
+impl<E: Exec> DepTx for Deps<'_, E> {
+    fn lock_parents(&mut self, parents: &[JobId]) -> Result<HashMap<JobId, JobState>> {
+        let rows = self.0.rows(
+            "SELECT id, status FROM tickler_jobs WHERE id = ANY($1::bigint[])
+             ORDER BY id FOR SHARE",
+            &[&ids(parents)],
+        )?;
+        rows.iter()
+            .map(|r| Ok((JobId(r.get(0)), state(r.get(1))?)))
+            .collect()
+    }
+
+    fn insert_edges(&mut self, edges: &[(JobId, JobId, IfParentFails)]) -> Result<()> {
+        let parents: Vec<i64> = edges.iter().map(|e| e.0 .0).collect();
+        let children: Vec<i64> = edges.iter().map(|e| e.1 .0).collect();
+        let policies: Vec<&str> = edges.iter().map(|e| e.2.as_str()).collect();
+        self.0.rows(
+            "INSERT INTO tickler_deps (parent_id, child_id, if_fails)
+             SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[])
+             ON CONFLICT (parent_id, child_id) DO UPDATE SET if_fails = excluded.if_fails",
+            &[&parents, &children, &policies],
+        )?;
+        Ok(())
+    }
+
+    fn ended_edges(&mut self, parents: &[JobId]) -> Result<Vec<EndedEdge>> {
+        let rows = self.0.rows(
+            "SELECT d.parent_id, p.status, d.child_id, d.if_fails
+             FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
+             WHERE d.parent_id = ANY($1::bigint[]) AND NOT d.resolved
+               AND p.status IN ('succeeded', 'dead', 'cancelled')
+             ORDER BY d.child_id, d.parent_id
+             FOR UPDATE OF d",
+            &[&ids(parents)],
+        )?;
+        rows.iter()
+            .map(|r| {
+                Ok(EndedEdge {
+                    parent: JobId(r.get(0)),
+                    parent_state: state(r.get(1))?,
+                    child: JobId(r.get(2)),
+                    if_fails: IfParentFails::from_stored(r.get(3)).unwrap_or_default(),
+                })
+            })
+            .collect()
+    }
+
+    fn lock_children(&mut self, children: &[JobId]) -> Result<()> {
+        self.0.rows(
+            "SELECT 1 FROM tickler_jobs WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE",
+            &[&ids(children)],
+        )?;
+        Ok(())
+    }
+
+    fn mark_resolved(&mut self, edges: &[(JobId, JobId)]) -> Result<()> {
+        if edges.is_empty() {
+            return Ok(());
+        }
+        let parents: Vec<i64> = edges.iter().map(|e| e.0 .0).collect();
+        let children: Vec<i64> = edges.iter().map(|e| e.1 .0).collect();
+        self.0.rows(
+            "UPDATE tickler_deps AS d SET resolved = TRUE
+             FROM unnest($1::bigint[], $2::bigint[]) AS e(parent_id, child_id)
+             WHERE d.parent_id = e.parent_id AND d.child_id = e.child_id",
+            &[&parents, &children],
+        )?;
+        Ok(())
+    }
+
+    fn cancel_waiting(
+        &mut self,
+        children: &[(JobId, String)],
+        now: i64,
+    ) -> Result<Vec<ChildChange>> {
+        if children.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = children.iter().map(|c| c.0 .0).collect();
+        let errors: Vec<&str> = children.iter().map(|c| c.1.as_str()).collect();
+        let rows = self.0.rows(
+            "UPDATE tickler_jobs AS job
+             SET status = 'cancelled', finished_at = $1::bigint, last_error = c.error
+             FROM unnest($2::bigint[], $3::text[]) AS c(id, error)
+             WHERE job.id = c.id AND job.status = 'waiting'
+             RETURNING job.id, job.kind, job.queue",
+            &[&now, &ids, &errors],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| ChildChange {
+                job_id: JobId(r.get(0)),
+                kind: r.get(1),
+                queue: r.get(2),
+                state: JobState::Cancelled,
+            })
+            .collect())
+    }
+
+    fn release_waiting(&mut self, children: &[JobId], now: i64) -> Result<Vec<ChildChange>> {
+        if children.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = self.0.rows(
+            "UPDATE tickler_jobs AS job
+             SET status = CASE WHEN run_at <= $1::bigint THEN 'pending' ELSE 'scheduled' END
+             WHERE job.id = ANY($2::bigint[]) AND job.status = 'waiting'
+               AND NOT EXISTS (SELECT 1 FROM tickler_deps AS d
+                               WHERE d.child_id = job.id AND NOT d.resolved)
+             RETURNING job.id, job.kind, job.queue, job.status",
+            &[&now, &ids(children)],
+        )?;
+        rows.iter()
+            .map(|r| {
+                Ok(ChildChange {
+                    job_id: JobId(r.get(0)),
+                    kind: r.get(1),
+                    queue: r.get(2),
+                    state: state(r.get(3))?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// See [`crate::Queue::parents`].
+pub(crate) fn dependencies(tx: &mut impl Exec, id: JobId) -> Result<Vec<crate::Dependency>> {
+    let found = tx.rows("SELECT 1 FROM tickler_jobs WHERE id = $1", &[&id.0])?;
+    if found.is_empty() {
+        return Err(Error::NotFound(id));
+    }
+    let rows = tx.rows(
+        "SELECT parent_id, if_fails, resolved FROM tickler_deps WHERE child_id = $1
+         ORDER BY parent_id",
+        &[&id.0],
+    )?;
+    Ok(rows
+        .iter()
+        .map(|r| crate::Dependency {
+            parent: JobId(r.get(0)),
+            if_fails: IfParentFails::from_stored(r.get(1)).unwrap_or_default(),
+            resolved: r.get(2),
+        })
+        .collect())
+}
+
+/// Resolves the children of those of `ended` that ended, in `tx` (see
+/// `crate::queue::deps::resolve`).
+pub(crate) fn resolve(tx: &mut impl Exec, ended: &[JobId], now: i64) -> Result<Vec<ChildChange>> {
+    crate::queue::deps::resolve(&mut Deps(tx), ended, now)
+}
+
+/// Stores the edges of the children one insert stored (see
+/// `crate::queue::deps::store_edges`).
+pub(crate) fn store_edges(
+    tx: &mut impl Exec,
+    children: &[(JobId, Vec<(JobId, IfParentFails)>)],
+    now: i64,
+) -> Result<Vec<ChildChange>> {
+    crate::queue::deps::store_edges(&mut Deps(tx), children, now)
+}
