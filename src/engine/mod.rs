@@ -181,7 +181,9 @@ pub(crate) trait DepTx {
         children: &[(JobId, String)],
         now: i64,
     ) -> Result<Vec<crate::queue::deps::ChildChange>>;
-    /// Makes pending (scheduled if their run_at is ahead of `now`) those
+    /// Makes pending (scheduled if their run_at is ahead of `now`; one due
+    /// at its insert is due, though that insert's clock read later than
+    /// this transaction's) those
     /// of `children` that are waiting with no unresolved edge left;
     /// returns those released.
     fn release_waiting(

@@ -118,6 +118,34 @@ pub(crate) fn resolve(tx: &mut dyn DepTx, ended: &[JobId], now: i64) -> Result<V
     Ok(changes)
 }
 
+/// Before one insert stores `rows`: refuses a parent named by id that
+/// no job stored before has ([`crate::Error::ParentNotFound`]), so an
+/// edge cannot point at a job of the same insert by a guessed id, nor at
+/// a later one: edges only point back in time, and no cycle can form. The
+/// parents found stay locked (see [`DepTx::lock_parents`]).
+pub(crate) fn check_parents(
+    tx: &mut dyn DepTx,
+    rows: &[crate::engine::types::ValidJob],
+) -> Result<()> {
+    let parents: BTreeSet<JobId> = rows
+        .iter()
+        .flat_map(|row| row.after.iter())
+        .filter_map(|(parent, _)| match parent {
+            crate::graph::Parent::Job(id) => Some(*id),
+            crate::graph::Parent::Row(_) => None,
+        })
+        .collect();
+    if parents.is_empty() {
+        return Ok(());
+    }
+    let parents: Vec<JobId> = parents.into_iter().collect();
+    let found = tx.lock_parents(&parents)?;
+    match parents.iter().find(|p| !found.contains_key(p)) {
+        Some(missing) => Err(crate::Error::ParentNotFound(*missing)),
+        None => Ok(()),
+    }
+}
+
 /// For the rows of one insert, each `(child, its parents)` stored as
 /// `waiting`: checks that each parent exists (locking it, see the module
 /// doc), stores the edges, then resolves those whose parent had already

@@ -138,7 +138,8 @@ impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
         }
         let rows = self.0.rows(
             &format!(
-                "SELECT job.id, job.kind, job.queue, job.run_at FROM tickler_jobs AS job
+                "SELECT job.id, job.kind, job.queue, job.run_at, job.created_at
+                 FROM tickler_jobs AS job
                  WHERE job.id IN ({}) AND job.status = 'waiting'
                    AND NOT EXISTS (SELECT 1 FROM tickler_deps AS d
                                    WHERE d.child_id = job.id AND NOT d.resolved)",
@@ -150,7 +151,8 @@ impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
         for r in &rows {
             let id: i64 = get(r, 0)?;
             let run_at: i64 = get(r, 3)?;
-            let to = if run_at <= now {
+            let created_at: i64 = get(r, 4)?;
+            let to = if run_at <= now.max(created_at) {
                 JobState::Pending
             } else {
                 JobState::Scheduled

@@ -75,6 +75,7 @@ pub(crate) fn insert_valid<Q: Queryable>(
 ) -> Result<Vec<JobId>> {
     let mut ids: Vec<Option<JobId>> = vec![None; rows.len()];
     let mut bulk = Vec::new();
+    crate::queue::deps::check_parents(&mut super::deps::Deps(tx), rows)?;
     for (i, row) in rows.iter().enumerate() {
         check_name("queue", &row.job.queue)?;
         check_name("kind", &row.job.kind)?;
@@ -265,9 +266,14 @@ impl Enqueue for Store {
     fn enqueue(&self, rows: Vec<ValidJob>) -> Result<Vec<JobId>> {
         // Callers that enqueue while another's commit is under way go in
         // together next: one transaction and one redo-log flush for all.
-        let ids = self
-            .enqueues
-            .commit_together(rows, |rows| self.insert_rows(rows))?;
+        // Jobs that run after others go alone: a group's rows are one
+        // list, in which a graph's steps would lose their places.
+        let ids = if rows.iter().any(|r| !r.after.is_empty()) {
+            self.insert_rows(&rows)?
+        } else {
+            self.enqueues
+                .commit_together(rows, |rows| self.insert_rows(rows))?
+        };
         self.notify_watchers();
         Ok(ids)
     }
@@ -288,8 +294,10 @@ impl Store {
             }
             insert_valid(tx, rows, now, batch, self.max_packet)
         };
-        // One job is one statement: no transaction of its own needed.
-        if rows.len() == 1 {
+        // One job is one statement: no transaction of its own needed; not
+        // so for a job that runs after others (its parents stay locked
+        // until its edges are stored).
+        if rows.len() == 1 && rows[0].after.is_empty() {
             self.write_autocommit(insert)
         } else {
             self.write(insert)

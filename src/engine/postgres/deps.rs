@@ -130,7 +130,8 @@ impl<E: Exec> DepTx for Deps<'_, E> {
         }
         let rows = self.0.rows(
             "UPDATE tickler_jobs AS job
-             SET status = CASE WHEN run_at <= $1::bigint THEN 'pending' ELSE 'scheduled' END
+             SET status = CASE WHEN run_at <= greatest($1::bigint, created_at)
+                               THEN 'pending' ELSE 'scheduled' END
              WHERE job.id = ANY($2::bigint[]) AND job.status = 'waiting'
                AND NOT EXISTS (SELECT 1 FROM tickler_deps AS d
                                WHERE d.child_id = job.id AND NOT d.resolved)

@@ -67,6 +67,7 @@ pub(crate) fn insert_valid(
     // round trip, not one per job); a keyed one may meet its key's holder
     // and is inserted on its own.
     let mut bulk = Vec::new();
+    crate::queue::deps::check_parents(&mut super::deps::Deps(tx), rows)?;
     lock_keys_in_order(tx, rows)?;
     for (i, row) in rows.iter().enumerate() {
         let job = &row.job;
@@ -310,9 +311,14 @@ impl Enqueue for Store {
         // Callers that enqueue while another's statement is under way go
         // in together next: one statement and one commit for all of them
         // instead of a round trip and a WAL flush each.
-        let ids = self
-            .enqueues
-            .commit_together(rows, |rows| self.insert_rows(rows))?;
+        // Jobs that run after others go alone: a group's rows are one
+        // list, in which a graph's steps would lose their places.
+        let ids = if rows.iter().any(|r| !r.after.is_empty()) {
+            self.insert_rows(&rows)?
+        } else {
+            self.enqueues
+                .commit_together(rows, |rows| self.insert_rows(rows))?
+        };
         self.notify_watchers();
         Ok(ids)
     }
@@ -337,7 +343,10 @@ impl Store {
         // One job is one INSERT (and, if its key is held, one read of the
         // holder's id), and jobs without keys are one INSERT together: no
         // transaction of their own needed.
-        if rows.len() == 1 || rows.iter().all(|r| r.job.unique_key.is_none()) {
+        // Not so for a job that runs after others: its parents stay
+        // locked until its edges are stored.
+        let edges = rows.iter().any(|r| !r.after.is_empty());
+        if !edges && (rows.len() == 1 || rows.iter().all(|r| r.job.unique_key.is_none())) {
             self.write_autocommit(insert)
         } else {
             self.write(insert)

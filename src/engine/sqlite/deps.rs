@@ -116,7 +116,7 @@ impl DepTx for Deps<'_, '_> {
     fn release_waiting(&mut self, children: &[JobId], now: i64) -> Result<Vec<ChildChange>> {
         let mut release = self.0.prepare_cached(
             "UPDATE tickler_jobs
-             SET status = CASE WHEN run_at <= ?1 THEN 'pending' ELSE 'scheduled' END
+             SET status = CASE WHEN run_at <= max(?1, created_at) THEN 'pending' ELSE 'scheduled' END
              WHERE id = ?2 AND status = 'waiting'
                AND NOT EXISTS (SELECT 1 FROM tickler_deps WHERE child_id = ?2 AND resolved = 0)
              RETURNING kind, queue, status",

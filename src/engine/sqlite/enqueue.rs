@@ -27,6 +27,7 @@ pub(crate) fn insert_valid(
         "SELECT id FROM tickler_jobs WHERE unique_key = ?1
            AND status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting')",
     )?;
+    crate::queue::deps::check_parents(&mut super::deps::Deps(tx), rows)?;
     let mut ids = Vec::with_capacity(rows.len());
     let mut children = Vec::new();
     for row in rows {
