@@ -10,6 +10,7 @@
 //! the race of a child's insert with its parent's end are in
 //! `dependencies_running`.
 
+use crate::support::app_tx::{app_effects, complete_writing, create_app_effects};
 use crate::support::common;
 use crate::support::deps;
 use crate::support::limits;
@@ -189,6 +190,32 @@ fn a_parent_buried_by_a_claim_cancels_or_holds_its_children() {
     assert_eq!(state(&queue, parent), JobState::Dead);
     family.assert_parent_failed(&queue, "dead");
     assert_eq!(ids(&claim(&queue, 100)), vec![family.run]);
+}
+}
+
+contract! {
+/// A parent completed in one transaction with the application's writes
+/// (`Queue::complete_with`) releases its child in that transaction; a
+/// stale holder's, refused, releases nothing.
+fn a_parent_completed_with_the_applications_writes_releases_its_child() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
+    create_app_effects(&path);
+    let parent = queue.enqueue(NewJob::new("parent").max_attempts(3)).unwrap();
+    let child = queue.enqueue(NewJob::new("child").after(&[parent])).unwrap();
+    let stale = queue.manual().claim("default", "w1", 100, secs(10)).unwrap();
+    clock.advance(secs(11));
+    assert_eq!(queue.manual().reap().unwrap(), 1);
+    clock.advance(secs(2));
+    let current = claim(&queue, 100);
+    assert_eq!(ids(&current), vec![parent]);
+    assert!(complete_writing(&queue, &stale[0]).unwrap_err().is_lease_lost());
+    assert_eq!(state(&queue, child), JobState::Waiting);
+
+    complete_writing(&queue, &current[0]).unwrap();
+    assert_eq!(app_effects(&path), 1);
+    assert_eq!(state(&queue, child), JobState::Pending);
+    assert_eq!(run_due(&queue), vec![child]);
 }
 }
 

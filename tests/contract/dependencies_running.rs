@@ -399,3 +399,72 @@ fn a_fan_out_of_a_thousand_runs_its_last_step_once_after_all() {
     assert_eq!(queue.count(JobState::Succeeded).unwrap(), WIDE as u64 + 2);
 }
 }
+
+contract! {
+/// A pool's own outcomes resolve the children of what it runs: a handler
+/// that fails for good, one that fails its last attempt, one that
+/// overstays its timeout; each parent's `Cancel` child is cancelled
+/// naming it, its `Run` child runs, its `Hold` child waits; the child of
+/// a parent that succeeds runs.
+fn a_pools_outcomes_resolve_the_children_of_what_it_runs() {
+    let (_dir, path) = temp_db();
+    let queue = pool::open_queue_slow_retry(&path);
+    let ok = queue.enqueue(NewJob::new("ok")).unwrap();
+    let permanent = queue.enqueue(NewJob::new("permanent")).unwrap();
+    let last_attempt = queue.enqueue(NewJob::new("retry").max_attempts(1)).unwrap();
+    let overstays = queue
+        .enqueue(NewJob::new("stuck").max_attempts(1).timeout(ms(100)))
+        .unwrap();
+    let after = |parent: JobId, if_fails: IfParentFails| {
+        queue
+            .enqueue(NewJob::new("child").after_with(parent, if_fails))
+            .unwrap()
+    };
+    let runs = after(ok, IfParentFails::Cancel);
+    let failed = [permanent, last_attempt, overstays];
+    let cancelled: Vec<JobId> = failed.iter().map(|p| after(*p, IfParentFails::Cancel)).collect();
+    let held: Vec<JobId> = failed.iter().map(|p| after(*p, IfParentFails::Hold)).collect();
+    let cleanups: Vec<JobId> = failed.iter().map(|p| after(*p, IfParentFails::Run)).collect();
+
+    let children_ran: Arc<Mutex<Vec<JobId>>> = Arc::default();
+    let mut pool = WorkerPool::builder(&queue)
+        .threads(4)
+        .timeout_grace(ms(100))
+        .handler("ok", |_: &JobContext| Ok::<(), JobError>(()))
+        .handler("permanent", |_: &JobContext| Err::<(), _>(JobError::permanent("no such file")))
+        .handler("retry", |_: &JobContext| Err::<(), _>(JobError::retry("try again")))
+        .handler("stuck", |_: &JobContext| {
+            std::thread::sleep(ms(600));
+            Ok::<(), JobError>(())
+        })
+        .handler("child", {
+            let children_ran = children_ran.clone();
+            move |ctx: &JobContext| {
+                children_ran.lock().unwrap().push(ctx.job_id());
+                Ok::<(), JobError>(())
+            }
+        })
+        .start()
+        .unwrap();
+    for (parent, child) in failed.iter().zip(&cancelled) {
+        match queue.wait(*child, secs(10)).unwrap() {
+            Waited::Cancelled(_) => assert_cancelled_by(&queue, *child, *parent, "dead"),
+            other => panic!("the child of {parent}: {other:?}"),
+        }
+    }
+    for id in cleanups.iter().chain([&runs]) {
+        assert!(matches!(queue.wait(*id, secs(10)).unwrap(), Waited::Succeeded(_)), "job {id}");
+    }
+    std::thread::sleep(ms(100));
+    pool.shutdown(secs(5));
+    for id in &held {
+        assert_eq!(state(&queue, *id), JobState::Waiting, "job {id}");
+    }
+    let mut ran = children_ran.lock().unwrap().clone();
+    ran.sort();
+    let mut expected = cleanups.clone();
+    expected.push(runs);
+    expected.sort();
+    assert_eq!(ran, expected, "the children that ran, each once");
+}
+}
