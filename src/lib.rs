@@ -151,8 +151,10 @@
 //! - `src/queue/`: [`Queue`], the application's API and its contract,
 //!   engine-neutral, with the rules every engine shares: the claim's
 //!   (`queue/claim.rs`: paused queues, promotion, fair share, priority
-//!   aging), the reaper's (`queue/reap.rs`: two clean looks) and the
-//!   schedules' firing (`queue/schedules.rs`, `src/schedule/firing.rs`).
+//!   aging), the outcomes' (`queue/outcome.rs`), the limits'
+//!   (`queue/limits.rs`), the dependencies' (`queue/deps.rs`), the
+//!   reaper's (`queue/reap.rs`: two clean looks) and the schedules' firing
+//!   (`queue/schedules.rs`, `src/schedule/firing.rs`).
 //! - `src/engine/`: the storage seam, the only place an engine is named.
 //!   `engine/mod.rs` holds the traits an engine implements and
 //!   `engine::open`, which picks the engine a location names;
@@ -161,7 +163,8 @@
 //!   `migrate` and `schema.sql`, `enqueue`, `claim` (the claim's
 //!   statements), `outcome` (the fenced outcome statements, built from one
 //!   `fence!` and one `retry_or_dead!` per dialect), `lease` (heartbeats,
-//!   the reaper's look), `admin`, `read`, `schedules`, `rows`, `watch`.
+//!   the reaper's look), `limits`, `deps` (the edges of jobs that run
+//!   after others), `admin`, `read`, `schedules`, `rows`, `watch`.
 //! - `src/worker/`: [`WorkerPool`]; `src/schedule/`: schedules and the tick
 //!   arithmetic; `src/clock.rs`: every read of "now" goes through a
 //!   [`Clock`].
@@ -180,7 +183,58 @@
 //! own state so that a claim never scans jobs that are not due. `blocked`
 //! is a due job that waits for a slot of its concurrency limit (below):
 //! out of the claim's index too, made pending by the transaction that
-//! frees a slot.
+//! frees a slot. `waiting` is a job that runs after others
+//! ([`NewJob::after`]) whose last parent has not ended yet: out of the
+//! claim's index, made pending (or cancelled) by the transaction of that
+//! end.
+//!
+//! ## Jobs that run after jobs
+//!
+//! "Transcode, then upload, then tell the user": a job may run after
+//! others ([`NewJob::after`], [`NewJob::after_with`]), and a [`Graph`]
+//! stores named steps and their edges in one transaction
+//! ([`Queue::enqueue_graph`]).
+//!
+//! ```
+//! # fn main() -> tickler::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let queue = tickler::Queue::open(dir.path().join("jobs.db"))?;
+//! use tickler::{Graph, IfParentFails, NewJob};
+//! let ids = queue.enqueue_graph(
+//!     Graph::new()
+//!         .step("fetch", NewJob::new("fetch"))
+//!         .step("transcode", NewJob::new("transcode"))
+//!         .step("upload", NewJob::new("upload"))
+//!         .step("notify", NewJob::new("notify"))
+//!         .edge("fetch", "transcode")
+//!         .edge("transcode", "upload")
+//!         .edge_with("upload", "notify", IfParentFails::Run),
+//! )?;
+//! println!("{}", queue.explain(ids["upload"])?); // waiting for 2 (waiting)
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - **Released in the transaction of the end.** One function
+//!   (`src/queue/deps.rs`) takes every end of a job into account: an
+//!   outcome, the reaper making a job dead, a cancel, a claim that buries
+//!   a job, `complete_with` in the application's transaction. A child is
+//!   pending the moment its last parent's success commits, never before,
+//!   and a stale holder's outcome, refused by its run_token, ends nothing.
+//! - **A failed parent is never silent.** When a parent ends dead or
+//!   cancelled, each child does what it asked: cancelled with an error
+//!   naming the parent (the default, and so in turn its own children),
+//!   held until the parent is retried and succeeds, or run anyway.
+//! - **No cycles, no dangling edges.** A parent must be stored before its
+//!   child ([`Error::ParentNotFound`] otherwise, nothing stored); a graph's
+//!   cycle is refused naming its steps ([`Error::DependencyCycle`]). A
+//!   child inserted while its parent ends sees that end (the insert reads
+//!   its parents with a lock). The pruner keeps a parent while a child
+//!   that has not finished runs after it, so a child can read its
+//!   parents' outputs ([`Queue::parents`], [`Job::output`]).
+//! - **Why is it waiting?** [`Queue::explain`] names the parents it waits
+//!   for and where each is ("waiting for 17 (running on pi-2, lease until
+//!   …)").
 //!
 //! ## Concurrency limits
 //!

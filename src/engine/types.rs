@@ -190,10 +190,12 @@ impl ValidJob {
     /// The state it is stored in, due at `run_at` as of `now`: waiting
     /// if it runs after other jobs.
     pub(crate) fn state_at(&self, run_at: i64, now: i64) -> JobState {
-        if self.after.is_empty() {
-            state_for(run_at, now)
-        } else {
+        if !self.after.is_empty() {
             JobState::Waiting
+        } else if run_at <= now {
+            JobState::Pending
+        } else {
+            JobState::Scheduled
         }
     }
 }

@@ -340,6 +340,21 @@ impl JobContext {
         &self.queue
     }
 
+    /// The jobs this one runs after ([`crate::NewJob::after`]), in id
+    /// order, as stored now: their state and their
+    /// [`Job::output`](crate::Job::output). The pruner keeps them while
+    /// this job has not finished.
+    ///
+    /// # Errors
+    /// The engine's read errors.
+    pub fn parents(&self) -> crate::Result<Vec<crate::Job>> {
+        self.queue
+            .parents(self.job_id())?
+            .into_iter()
+            .map(|dep| self.queue.get(dep.parent))
+            .collect()
+    }
+
     /// Completes the job together with the handler's own writes, in one
     /// transaction: see [`Queue::complete_with`] (the closure names the
     /// engine's transaction type, `|tx: &rusqlite::Transaction|` or

@@ -294,10 +294,14 @@ pub fn show(db: &Path, args: &ShowArgs, times: Times) -> Result<(), CliError> {
         .explain(JobId(args.id))
         .map_err(|e| CliError::from_lib(e, db))?;
     let job = &explained.job;
+    let parents = queue
+        .parents(job.id)
+        .map_err(|e| CliError::from_lib(e, db))?;
     if args.json {
         let mut json = display::job_json(job);
         json["why"] = json!(explained.to_string());
         json["reason"] = serde_json::to_value(&explained.reason).unwrap_or_default();
+        json["after"] = serde_json::to_value(&parents).unwrap_or_default();
         println!("{json}");
         return Ok(());
     }
@@ -306,6 +310,20 @@ pub fn show(db: &Path, args: &ShowArgs, times: Times) -> Result<(), CliError> {
         2,
         ("why", display::safe(&explained.to_string()).into_owned()),
     );
+    if !parents.is_empty() {
+        let after: Vec<String> = parents
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} (if it fails: {}{})",
+                    p.parent,
+                    p.if_fails.as_str(),
+                    if p.resolved { ", done" } else { "" }
+                )
+            })
+            .collect();
+        fields.insert(3, ("after", after.join(", ")));
+    }
     let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
     for (key, value) in fields {
         let mut lines = value.lines();

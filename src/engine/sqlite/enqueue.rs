@@ -6,7 +6,7 @@ use super::Store;
 use crate::engine::types::*;
 use crate::engine::Enqueue;
 use crate::error::Result;
-use crate::job::{JobId, JobState};
+use crate::job::JobId;
 use rusqlite::params;
 
 /// Inserts validated jobs in `tx`; a job whose unique_key is held by an
@@ -33,13 +33,7 @@ pub(crate) fn insert_valid(
     for row in rows {
         let job = &row.job;
         let run_at = row.due.resolve(now)?;
-        let state = if !row.after.is_empty() {
-            JobState::Waiting
-        } else if run_at <= now {
-            JobState::Pending
-        } else {
-            JobState::Scheduled
-        };
+        let state = row.state_at(run_at, now);
         let (limit_name, limit_key) = match &job.limit {
             Some((name, key)) => (Some(name), Some(key)),
             None => (None, None),
