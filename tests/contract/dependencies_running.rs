@@ -237,6 +237,10 @@ fn step(g: usize, level: usize, i: usize) -> String {
     format!("g{g}-L{level}-{i}")
 }
 
+/// A step that ran, and the outputs of its parents as it read them (the
+/// steps that made them), or what failed.
+type StepRun = (String, Result<BTreeSet<String>, String>);
+
 contract! {
 /// Five graphs of five levels (edges between levels, and from the root to
 /// the last two levels) run by a pool while `prune` runs in a loop with a
@@ -273,8 +277,7 @@ fn the_pruner_keeps_every_parent_a_child_still_needs() {
     }
     let total = parents.len();
 
-    // (step, the outputs of its parents as it read them, or what failed).
-    let runs: Arc<Mutex<Vec<(String, Result<BTreeSet<String>, String>)>>> = Arc::default();
+    let runs: Arc<Mutex<Vec<StepRun>>> = Arc::default();
     let mut pool = WorkerPool::builder(&queue)
         .threads(4)
         .handler("step", {
