@@ -18,7 +18,6 @@ use limits::state;
 use reliability::{child_output, engine, spawn_child};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
@@ -139,13 +138,9 @@ contract! {
 /// sleeps until it is killed (a minute at most). Does nothing unless
 /// started by that test.
 fn dependencies_doomed_holder() {
-    let Some(db) = std::env::var_os(ENV_DB) else {
+    let Some(queue) = reliability::child_queue(ENV_DB) else {
         return;
     };
-    let queue = Queue::builder(engine::target(&PathBuf::from(db)))
-        .sqlite(|o| o.durability(Durability::Normal))
-        .open()
-        .unwrap();
     let leases = queue.manual().claim("default", "doomed", 10, secs(3)).unwrap();
     assert_eq!(leases.len(), 1, "the child was claimable: {leases:?}");
     println!("CLAIMED {}", leases[0].job_id);
