@@ -7,8 +7,12 @@
 //! outcomes and claiming the next 32 (`Manual::record_and_claim_ahead`,
 //! outcomes synced later), under `Durability::Normal` (`--full`: `Full`).
 //!
+//! With `--waiting N`, N jobs wait beside them for a parent that never
+//! runs (`NewJob::after`, in a queue no one claims): the claim must not
+//! feel them.
+//!
 //! ```text
-//! cargo bench --bench cycle_cost [-- --full]
+//! cargo bench --bench cycle_cost [-- --full] [--waiting 100000]
 //! valgrind --tool=callgrind --toggle-collect='cycle_cost::burn*' target/release/deps/cycle_cost-…
 //! ```
 
@@ -19,7 +23,13 @@ const JOBS: usize = 20_000;
 const BATCH: usize = 32;
 
 fn main() {
-    let full = std::env::args().any(|a| a == "--full");
+    let args: Vec<String> = std::env::args().collect();
+    let full = args.iter().any(|a| a == "--full");
+    let waiting: usize = args
+        .iter()
+        .position(|a| a == "--waiting")
+        .and_then(|i| args.get(i + 1))
+        .map_or(0, |n| n.parse().expect("--waiting N"));
     let dir = tempfile::tempdir().expect("tempdir");
     let queue = Queue::builder(dir.path().join("jobs.db"))
         .sqlite(|o| {
@@ -31,6 +41,17 @@ fn main() {
         })
         .open()
         .expect("open");
+    if waiting > 0 {
+        let parent = queue
+            .enqueue(NewJob::new("never").queue("held"))
+            .expect("parent");
+        for from in (0..waiting).step_by(5_000) {
+            let jobs = (from..waiting.min(from + 5_000))
+                .map(|_| NewJob::new("noop").after(&[parent]))
+                .collect();
+            queue.enqueue_batch(jobs).expect("waiting");
+        }
+    }
     for _ in 0..JOBS / 5_000 {
         let jobs = (0..5_000).map(|_| NewJob::new("noop")).collect();
         queue.enqueue_batch(jobs).expect("fill");
@@ -40,7 +61,7 @@ fn main() {
     let took = started.elapsed();
     assert_eq!(done, JOBS);
     println!(
-        "{{\"scenario\": \"cycle_cost\", \"durability\": \"{}\", \"jobs\": {JOBS}, \"batch\": {BATCH}, \"jobs_per_s\": {:.0}}}",
+        "{{\"scenario\": \"cycle_cost\", \"durability\": \"{}\", \"jobs\": {JOBS}, \"waiting\": {waiting}, \"batch\": {BATCH}, \"jobs_per_s\": {:.0}}}",
         if full { "full" } else { "normal" },
         JOBS as f64 / took.as_secs_f64()
     );

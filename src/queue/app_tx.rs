@@ -187,6 +187,8 @@ impl Queue {
             value = Some(writes.write(AppTxRef(tx))?);
             Ok(())
         })?;
+        // A job that ran after this one may be pending now.
+        self.engine().wake_watchers();
         value.ok_or_else(|| Error::aborted("app_writes did not run; nothing was written"))
     }
 }

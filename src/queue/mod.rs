@@ -401,6 +401,10 @@ impl Queue {
         let recorded = self
             .engine()
             .record_and_claim(outcomes, claim.as_ref(), sync)?;
+        let released = recorded
+            .limit_changes
+            .iter()
+            .any(|c| c.what == crate::events::JobEventKind::Released);
         if !recorded.limit_changes.is_empty() && self.events().active() {
             let at = self.clock().now();
             for change in recorded.limit_changes {
@@ -413,14 +417,16 @@ impl Queue {
         // release) or frees a unique_key wakes this process's fetchers;
         // other processes see the commit.
         // So does one that freed a limit's slot (a blocked job may be
-        // pending now).
-        if outcomes.iter().any(|(lease, o)| {
-            lease.limit.is_some()
-                || !matches!(
-                    o,
-                    Outcome::Complete | Outcome::CompleteWith(_) | Outcome::FailPermanently(_)
-                )
-        }) {
+        // pending now), or released a job that ran after it.
+        if released
+            || outcomes.iter().any(|(lease, o)| {
+                lease.limit.is_some()
+                    || !matches!(
+                        o,
+                        Outcome::Complete | Outcome::CompleteWith(_) | Outcome::FailPermanently(_)
+                    )
+            })
+        {
             self.engine().wake_watchers();
         }
         Ok((recorded.results, recorded.leases))

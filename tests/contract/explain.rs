@@ -8,7 +8,7 @@ use crate::support::limits::*;
 
 use common::{fixed_policy, manual_queue_with_policy, temp_db};
 use std::time::Duration;
-use tickler::{Clock, Holder, Limit, NewJob, Reason};
+use tickler::{Clock, Holder, IfParentFails, JobState, Limit, NewJob, Reason};
 
 contract! {
 fn explain_says_why_a_job_is_not_running() {
@@ -103,5 +103,72 @@ fn explain_says_why_a_job_is_not_running() {
         Reason::Deferred { place: 1, .. }
     ));
     assert!(matches!(queue.explain(tickler::JobId(9_999)), Err(tickler::Error::NotFound(_))));
+}
+}
+
+contract! {
+/// A waiting job names the parents it still waits for, where each is (a
+/// running one's worker and lease, a scheduled one's time), and says what
+/// a failed parent holds; a parent that ended is no longer listed.
+fn explain_names_the_parents_a_waiting_job_waits_for() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
+    let t0 = clock.now();
+    let running = queue.enqueue(NewJob::new("k")).unwrap();
+    let later = queue.enqueue(NewJob::new("k").delay(Duration::from_secs(90))).unwrap();
+    let held = queue.enqueue(NewJob::new("k").queue("other")).unwrap();
+    let done = queue.enqueue(NewJob::new("k").queue("other")).unwrap();
+    let claimed = claim(&queue, 10);
+    assert_eq!(ids(&claimed), vec![running]);
+    let child = queue
+        .enqueue(
+            NewJob::new("k")
+                .after(&[running, later])
+                .after_with(held, IfParentFails::Hold)
+                .after_with(done, IfParentFails::Run),
+        )
+        .unwrap();
+    queue.cancel(held).unwrap();
+    queue.cancel(done).unwrap();
+    let why = queue.explain(child).unwrap();
+    let lease_until = t0 + chrono::Duration::seconds(30);
+    match &why.reason {
+        Reason::AfterParents { parents, count } => {
+            assert_eq!(*count, 3, "{why}");
+            let seen: Vec<_> = parents.iter().map(|p| (p.job_id, p.state)).collect();
+            assert_eq!(
+                seen,
+                vec![
+                    (running, JobState::Running),
+                    (later, JobState::Scheduled),
+                    (held, JobState::Cancelled)
+                ]
+            );
+            assert_eq!(parents[0].worker.as_deref(), Some("w"));
+            assert_eq!(parents[0].lease_until, Some(lease_until));
+            assert_eq!(parents[1].worker, None);
+            assert_eq!(parents[2].if_fails, IfParentFails::Hold);
+        }
+        other => panic!("{other:?}"),
+    }
+    let text = why.to_string();
+    let at = |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    assert_eq!(
+        text,
+        format!(
+            "waiting for {running} (running on w, lease until {}) and {later} (scheduled {}) \
+             and {held} (cancelled; held until it is retried and succeeds)",
+            at(lease_until),
+            at(t0 + chrono::Duration::seconds(90))
+        )
+    );
+    queue.manual().complete(&claimed[0]).unwrap();
+    match queue.explain(child).unwrap().reason {
+        Reason::AfterParents { parents, count } => {
+            assert_eq!(count, 2);
+            assert_eq!(parents[0].job_id, later);
+        }
+        other => panic!("{other:?}"),
+    }
 }
 }

@@ -515,3 +515,56 @@ mod other_queues_reports {
     }
     }
 }
+
+contract! {
+/// A pool's outcome that releases a job running after it reports
+/// `Released` for that job, and the pool then runs it; a parent's failure
+/// that cancels one reports `Cancelled`.
+fn an_outcome_that_releases_a_child_reports_it() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue(&path);
+    let sub = queue.subscribe(DEFAULT_EVENT_BUFFER);
+    let parent = queue.enqueue(NewJob::new("script").payload(json!({}))).unwrap();
+    let child = queue
+        .enqueue(NewJob::new("script").payload(json!({})).after(&[parent]))
+        .unwrap();
+    let doomed = queue
+        .enqueue(NewJob::new("script").payload(json!({"action": "permanent"})).max_attempts(1))
+        .unwrap();
+    let orphan = queue
+        .enqueue(NewJob::new("script").payload(json!({})).after(&[doomed]))
+        .unwrap();
+    let rec = Recorder::new();
+    let mut pool = pool(&queue, &rec);
+    // Both jobs' events, in the order they came, until each has ended.
+    let (mut of_child, mut of_orphan) = (Vec::new(), Vec::new());
+    let deadline = std::time::Instant::now() + secs(10);
+    while !(of_child.contains(&JobEventKind::Succeeded)
+        && of_orphan.contains(&JobEventKind::Cancelled))
+    {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match sub.recv_timeout(left) {
+            Some(Event::Job(e)) if e.job_id == child => of_child.push(e.what),
+            Some(Event::Job(e)) if e.job_id == orphan => of_orphan.push(e.what),
+            Some(_) => {}
+            None => panic!("child {of_child:?}, orphan {of_orphan:?}"),
+        }
+    }
+    let after_enqueue = |seen: &[JobEventKind]| -> Vec<JobEventKind> {
+        seen.iter()
+            .filter(|k| !matches!(k, JobEventKind::Enqueued))
+            .cloned()
+            .collect()
+    };
+    assert!(
+        matches!(
+            after_enqueue(&of_child).as_slice(),
+            [JobEventKind::Released, JobEventKind::Started { .. }, JobEventKind::Succeeded]
+        ),
+        "{of_child:?}"
+    );
+    assert_eq!(after_enqueue(&of_orphan), vec![JobEventKind::Cancelled]);
+    pool.shutdown(secs(5));
+    assert_eq!(queue.get(orphan).unwrap().state, JobState::Cancelled);
+}
+}

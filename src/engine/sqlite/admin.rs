@@ -50,7 +50,10 @@ impl Admin for Store {
             .execute(params![now, id.0])?;
             super::deps::resolve(tx, &[id], now)?;
             Ok(())
-        })
+        })?;
+        // A job that ran after it anyway may be pending now.
+        self.notify_watchers();
+        Ok(())
     }
 
     fn retry(&self, id: JobId) -> Result<()> {
