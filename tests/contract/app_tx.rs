@@ -7,71 +7,9 @@
 use crate::support::common;
 use crate::support::engine;
 
+use crate::support::app_tx::{app_effects, complete_writing, create_app_effects};
 use common::{fixed_policy, manual_queue_with_policy, secs, temp_db};
-use std::path::Path;
 use tickler::{Error, JobState, Lease, NewJob, Queue};
-
-fn create_effects(path: &Path) {
-    engine::execute_batch(
-        path,
-        "CREATE TABLE IF NOT EXISTS app_effects (job_id BIGINT NOT NULL, note TEXT NOT NULL)",
-    );
-}
-
-fn effects(path: &Path) -> i64 {
-    engine::query_int(path, "SELECT count(*) FROM app_effects", &[])
-}
-
-/// `complete_with` writing one effect row, through the engine's own
-/// transaction type.
-fn complete_writing(queue: &Queue, lease: &Lease) -> tickler::Result<()> {
-    if engine::on_postgres() {
-        return pg_complete_writing(queue, lease);
-    }
-    if engine::on_mysql() {
-        return my_complete_writing(queue, lease);
-    }
-    queue.complete_with(lease, |tx: &tickler::rusqlite::Transaction| {
-        tx.execute(
-            "INSERT INTO app_effects (job_id, note) VALUES (?1, 'done')",
-            [lease.job_id.0],
-        )?;
-        Ok(())
-    })
-}
-
-#[cfg(feature = "postgres")]
-fn pg_complete_writing(queue: &Queue, lease: &Lease) -> tickler::Result<()> {
-    queue.complete_with(lease, |tx: &mut tickler::postgres::Transaction| {
-        tx.execute(
-            "INSERT INTO app_effects (job_id, note) VALUES ($1, 'done')",
-            &[&lease.job_id.0],
-        )?;
-        Ok(())
-    })
-}
-
-#[cfg(not(feature = "postgres"))]
-fn pg_complete_writing(_: &Queue, _: &Lease) -> tickler::Result<()> {
-    unreachable!("a PostgreSQL case needs the `postgres` feature")
-}
-
-#[cfg(feature = "mysql")]
-fn my_complete_writing(queue: &Queue, lease: &Lease) -> tickler::Result<()> {
-    use tickler::mysql::prelude::Queryable;
-    queue.complete_with(lease, |tx: &mut tickler::mysql::Transaction| {
-        tx.exec_drop(
-            "INSERT INTO app_effects (job_id, note) VALUES (?, 'done')",
-            (lease.job_id.0,),
-        )?;
-        Ok(())
-    })
-}
-
-#[cfg(not(feature = "mysql"))]
-fn my_complete_writing(_: &Queue, _: &Lease) -> tickler::Result<()> {
-    unreachable!("a MySQL case needs the `mysql` feature")
-}
 
 /// `complete_with` running `sql` (statements as text) in the engine's own
 /// transaction.
@@ -101,7 +39,7 @@ contract! { poolers:
 fn complete_with_commits_the_writes_with_the_completion_and_a_lost_lease_writes_neither() {
     let (_dir, path) = temp_db();
     let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
-    create_effects(&path);
+    create_app_effects(&path);
     let id = queue.enqueue(NewJob::new("k").max_attempts(5)).unwrap();
     let first = queue.manual().claim("default", "w1", 1, secs(30)).unwrap().remove(0);
     // The first holder's lease runs out and the job is claimed again.
@@ -113,17 +51,17 @@ fn complete_with_commits_the_writes_with_the_completion_and_a_lost_lease_writes_
 
     let err = complete_writing(&queue, &first).unwrap_err();
     assert!(matches!(err, Error::LeaseLost { job_id } if job_id == id), "{err:?}");
-    assert_eq!(effects(&path), 0, "a stale holder's writes committed");
+    assert_eq!(app_effects(&path), 0, "a stale holder's writes committed");
     assert_eq!(queue.get(id).unwrap().state, JobState::Running);
 
     complete_writing(&queue, &second).unwrap();
-    assert_eq!(effects(&path), 1);
+    assert_eq!(app_effects(&path), 1);
     let job = queue.get(id).unwrap();
     assert_eq!(job.state, JobState::Succeeded, "{job:?}");
     // Completed once: the same lease cannot complete (nor write) again.
     let again = complete_writing(&queue, &second).unwrap_err();
     assert!(matches!(again, Error::LeaseLost { .. }), "{again:?}");
-    assert_eq!(effects(&path), 1);
+    assert_eq!(app_effects(&path), 1);
 }
 }
 
@@ -135,7 +73,7 @@ contract! { servers_only:
 /// pool checks the connection it hands them however recently it was used.
 fn complete_with_right_after_the_connections_were_cut_gets_a_live_one() {
     let (_dir, path) = temp_db();
-    create_effects(&path);
+    create_app_effects(&path);
     let queue = Queue::open(engine::target(&path)).unwrap();
     for round in 0..5 {
         let id = queue.enqueue(NewJob::new("k")).unwrap();
@@ -146,7 +84,7 @@ fn complete_with_right_after_the_connections_were_cut_gets_a_live_one() {
             .unwrap_or_else(|e| panic!("round {round}: complete_with failed: {e}"));
         assert_eq!(queue.get(id).unwrap().state, JobState::Succeeded);
     }
-    assert_eq!(effects(&path), 5);
+    assert_eq!(app_effects(&path), 5);
 }
 }
 
@@ -337,7 +275,7 @@ contract! { poolers:
 /// "Deadlock found" under a busy pool.
 fn complete_with_waits_out_a_lock_met_before_the_applications_writes() {
     let (_dir, path) = temp_db();
-    create_effects(&path);
+    create_app_effects(&path);
     let queue = Queue::builder(engine::target(&path))
         .busy_timeout(secs(1))
         .busy_retry(secs(10))
@@ -349,7 +287,7 @@ fn complete_with_waits_out_a_lock_met_before_the_applications_writes() {
     let done = complete_writing(&queue, &lease);
     holder.join().expect("the lock's holder");
     done.unwrap_or_else(|e| panic!("complete_with gave up inside its window: {e}"));
-    assert_eq!(effects(&path), 1, "the application's writes ran once");
+    assert_eq!(app_effects(&path), 1, "the application's writes ran once");
     assert_eq!(queue.get(id).unwrap().state, JobState::Succeeded);
 }
 }

@@ -10,6 +10,7 @@
 //! the race of a child's insert with its parent's end are in
 //! `dependencies_running`.
 
+use crate::support::app_tx::{app_effects, complete_writing, create_app_effects};
 use crate::support::common;
 use crate::support::deps;
 use crate::support::limits;
@@ -172,6 +173,53 @@ fn a_parent_dead_by_the_reaper_cancels_holds_or_runs_each_child() {
 }
 
 contract! {
+/// A parent whose row cannot be read is made dead by the claim that
+/// finds it, and its end is resolved in that claim's transaction.
+fn a_parent_buried_by_a_claim_cancels_or_holds_its_children() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+    let parent = queue.enqueue(NewJob::new("parent").max_attempts(5)).unwrap();
+    let family = Family::after(&queue, parent);
+    // Deeper than serde_json reads (enqueue refuses it; a hand edit does not).
+    let deep = format!("{}0{}", "[".repeat(300), "]".repeat(300));
+    common::engine::execute_batch(
+        &path,
+        &format!("UPDATE tickler_jobs SET payload = '{deep}' WHERE id = {parent}"),
+    );
+    assert!(claim(&queue, 100).is_empty(), "the unreadable parent was handed out");
+    assert_eq!(state(&queue, parent), JobState::Dead);
+    family.assert_parent_failed(&queue, "dead");
+    assert_eq!(ids(&claim(&queue, 100)), vec![family.run]);
+}
+}
+
+contract! {
+/// A parent completed in one transaction with the application's writes
+/// (`Queue::complete_with`) releases its child in that transaction; a
+/// stale holder's, refused, releases nothing.
+fn a_parent_completed_with_the_applications_writes_releases_its_child() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
+    create_app_effects(&path);
+    let parent = queue.enqueue(NewJob::new("parent").max_attempts(3)).unwrap();
+    let child = queue.enqueue(NewJob::new("child").after(&[parent])).unwrap();
+    let stale = queue.manual().claim("default", "w1", 100, secs(10)).unwrap();
+    clock.advance(secs(11));
+    assert_eq!(queue.manual().reap().unwrap(), 1);
+    clock.advance(secs(2));
+    let current = claim(&queue, 100);
+    assert_eq!(ids(&current), vec![parent]);
+    assert!(complete_writing(&queue, &stale[0]).unwrap_err().is_lease_lost());
+    assert_eq!(state(&queue, child), JobState::Waiting);
+
+    complete_writing(&queue, &current[0]).unwrap();
+    assert_eq!(app_effects(&path), 1);
+    assert_eq!(state(&queue, child), JobState::Pending);
+    assert_eq!(run_due(&queue), vec![child]);
+}
+}
+
+contract! {
 /// `Queue::cancel` of a parent, pending or running, ends it as a failure
 /// does for its children; the running parent's late success is refused
 /// and changes nothing for them.
@@ -226,11 +274,43 @@ fn cancelling_a_waiting_child_cancels_its_own_children() {
 }
 }
 
-/// The error of a graph that is refused.
-fn refused(queue: &tickler::Queue, graph: Graph) -> Error {
-    match queue.enqueue_graph(graph) {
-        Ok(ids) => panic!("the graph was stored: {ids:?}"),
-        Err(e) => e,
+/// The ids a refused enqueue would have stored, or its error.
+type Stored = tickler::Result<Vec<JobId>>;
+
+/// Checks one enqueue that must be refused with nothing stored: returns
+/// its error, or what went wrong in words (what it stored, the rows it
+/// left) for the verdict at the end of the test; `rows` is the count of
+/// rows before it and after.
+fn refusal(
+    queue: &tickler::Queue,
+    path: &std::path::Path,
+    rows: &mut i64,
+    result: Stored,
+) -> Result<Error, String> {
+    let now = row_count(path);
+    let left = if now == *rows {
+        String::new()
+    } else {
+        let jobs = queue.list(&tickler::JobFilter::default()).unwrap();
+        let last: Vec<(JobId, JobState)> = jobs
+            .iter()
+            .rev()
+            .take((now - *rows).max(0) as usize)
+            .map(|j| (j.id, j.state))
+            .collect();
+        format!("; the rows went from {rows} to {now}, the last ones {last:?}")
+    };
+    *rows = now;
+    match result {
+        Ok(ids) => {
+            let stored: Vec<(JobId, JobState, Vec<tickler::Dependency>)> = ids
+                .into_iter()
+                .map(|id| (id, state(queue, id), queue.parents(id).unwrap()))
+                .collect();
+            Err(format!("stored as (job, state, edges) {stored:?}{left}"))
+        }
+        Err(e) if left.is_empty() => Ok(e),
+        Err(e) => Err(format!("refused with {e:?}{left}")),
     }
 }
 
@@ -253,7 +333,8 @@ fn assert_cycle(steps: &[String], cycle: &[&str]) {
 
 contract! {
 /// Graphs and parents that cannot be stored are refused with a typed
-/// error naming what is wrong, and nothing of them is stored.
+/// error naming what is wrong, and nothing of them is stored. Every case
+/// is tried before the verdict, which lists those that went wrong.
 fn graphs_and_parents_that_cannot_be_stored_are_refused_with_nothing_stored() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
@@ -261,8 +342,21 @@ fn graphs_and_parents_that_cannot_be_stored_are_refused_with_nothing_stored() {
     queue.cancel(pruned).unwrap();
     assert_eq!(queue.prune(t0() + chrono::Duration::hours(1)).unwrap(), 1);
     let stored = queue.enqueue(NewJob::new("stored")).unwrap();
-    let rows = row_count(&path);
+    let mut rows = row_count(&path);
     let job = || NewJob::new("step");
+    let graph = |graph: Graph| -> Stored {
+        queue.enqueue_graph(graph).map(|ids| ids.into_values().collect())
+    };
+    let one = |job: NewJob| -> Stored { queue.enqueue(job).map(|id| vec![id]) };
+    // (case, what went wrong)
+    let mut wrong: Vec<(&str, String)> = Vec::new();
+    let mut expect = |case: &'static str, rows: &mut i64, result: Stored, ok: &dyn Fn(&Error) -> bool| {
+        match refusal(&queue, &path, rows, result) {
+            Ok(e) if ok(&e) => {}
+            Ok(e) => wrong.push((case, format!("refused with {e:?}"))),
+            Err(what) => wrong.push((case, what)),
+        }
+    };
 
     // A cycle beside a step that is not in it: the cycle alone is named.
     let cycle = Graph::new()
@@ -274,63 +368,55 @@ fn graphs_and_parents_that_cannot_be_stored_are_refused_with_nothing_stored() {
         .edge("a", "b")
         .edge("b", "c")
         .edge("c", "a");
-    match refused(&queue, cycle) {
+    expect("a cycle", &mut rows, graph(cycle), &|e| match e {
         Error::DependencyCycle { steps } => {
-            assert_cycle(&steps, &["a", "b", "c"]);
-            let message = Error::DependencyCycle { steps: steps.clone() }.to_string();
-            assert!(message.contains(&steps.join(" -> ")), "{message}");
+            assert_cycle(steps, &["a", "b", "c"]);
+            e.to_string().contains(&steps.join(" -> "))
         }
-        other => panic!("{other:?}"),
-    }
+        _ => false,
+    });
     let itself = Graph::new()
         .step("ok", job())
         .step("a", job())
         .edge("ok", "a")
         .edge("a", "a");
-    match refused(&queue, itself) {
-        Error::DependencyCycle { steps } => assert_eq!(steps, vec!["a", "a"]),
-        other => panic!("{other:?}"),
-    }
+    expect("a step after itself", &mut rows, graph(itself), &|e| {
+        matches!(e, Error::DependencyCycle { steps } if steps == &["a", "a"])
+    });
     let unknown = Graph::new().step("a", job()).edge("a", "nowhere");
-    match refused(&queue, unknown) {
-        Error::InvalidArgument(message) => assert!(message.contains("\"nowhere\""), "{message}"),
-        other => panic!("{other:?}"),
-    }
+    expect("an edge to no step", &mut rows, graph(unknown), &|e| {
+        matches!(e, Error::InvalidArgument(m) if m.contains("\"nowhere\""))
+    });
     let unknown_parent = Graph::new().step("a", job()).edge("elsewhere", "a");
-    match refused(&queue, unknown_parent) {
-        Error::InvalidArgument(message) => assert!(message.contains("\"elsewhere\""), "{message}"),
-        other => panic!("{other:?}"),
-    }
+    expect("an edge from no step", &mut rows, graph(unknown_parent), &|e| {
+        matches!(e, Error::InvalidArgument(m) if m.contains("\"elsewhere\""))
+    });
     let twice = Graph::new()
         .step("a", job())
         .step("twice", job())
         .step("twice", job())
         .edge("a", "twice");
-    match refused(&queue, twice) {
-        Error::InvalidArgument(message) => assert!(message.contains("\"twice\""), "{message}"),
-        other => panic!("{other:?}"),
-    }
-    // A step after a stored job that is not there.
-    let pruned_parent = Graph::new()
-        .step("a", job())
-        .step("b", job().after(&[pruned]))
-        .edge("a", "b");
-    assert!(matches!(refused(&queue, pruned_parent), Error::ParentNotFound(id) if id == pruned));
-    assert_eq!(row_count(&path), rows, "a refused graph stored rows");
+    expect("two steps of one name", &mut rows, graph(twice), &|e| {
+        matches!(e, Error::InvalidArgument(m) if m.contains("\"twice\""))
+    });
 
-    // Unknown parents of single jobs and batches: one pruned, one never
-    // assigned.
+    // Unknown parents: one pruned, one never assigned, of a single job, a
+    // batch and a graph's step.
     let never = JobId(stored.0 + 1_000_000);
     for missing in [pruned, never] {
-        match queue.enqueue(job().after(&[stored, missing])) {
-            Err(Error::ParentNotFound(id)) => assert_eq!(id, missing),
-            other => panic!("a job after {missing} (missing): {other:?}"),
-        }
-        match queue.enqueue_batch(vec![job(), job().after(&[missing]), job()]) {
-            Err(Error::ParentNotFound(id)) => assert_eq!(id, missing),
-            other => panic!("a batch with a job after {missing} (missing): {other:?}"),
-        }
-        assert_eq!(row_count(&path), rows, "a refused enqueue stored rows");
+        let not_found = move |e: &Error| matches!(e, Error::ParentNotFound(id) if *id == missing);
+        expect("a job after a missing job", &mut rows, one(job().after(&[stored, missing])), &not_found);
+        expect(
+            "a batch with a job after a missing job",
+            &mut rows,
+            queue.enqueue_batch(vec![job(), job().after(&[missing]), job()]),
+            &not_found,
+        );
+        let step_after = Graph::new()
+            .step("a", job())
+            .step("b", job().after(&[missing]))
+            .edge("a", "b");
+        expect("a graph's step after a missing job", &mut rows, graph(step_after), &not_found);
     }
 
     // Ids not yet assigned, the next ones (each guessed right after a job
@@ -344,61 +430,42 @@ fn graphs_and_parents_that_cannot_be_stored_are_refused_with_nothing_stored() {
         *rows += 1;
         id.0
     };
-    let mut rows = rows;
-    // What was stored where a refusal was due, as (case, job, its state,
-    // its edges): all cases are tried before the verdict.
-    let mut accepted: Vec<(&str, JobId, JobState, Vec<tickler::Dependency>)> = Vec::new();
-    let mut expect_refused = |case: &'static str, result: tickler::Result<Vec<JobId>>, missing: &[i64]| {
-        match result {
-            Err(Error::ParentNotFound(id)) if missing.contains(&id.0) => {}
-            Err(other) => panic!("{case}: {other:?}"),
-            Ok(ids) => {
-                for id in ids {
-                    let parents = queue.parents(id).unwrap();
-                    accepted.push((case, id, state(&queue, id), parents));
-                }
-            }
-        }
-    };
+    let next = |largest: i64, k: i64| move |e: &Error| matches!(e, Error::ParentNotFound(id) if id.0 == largest + k);
     let largest = probe(&mut rows);
-    expect_refused(
+    expect(
         "a job after its own id",
-        queue.enqueue(job().after(&[JobId(largest + 1)])).map(|id| vec![id]),
-        &[largest + 1],
+        &mut rows,
+        one(job().after(&[JobId(largest + 1)])),
+        &next(largest, 1),
     );
     let largest = probe(&mut rows);
-    expect_refused(
+    expect(
         "a batch with a job after the batch's first",
+        &mut rows,
         queue.enqueue_batch(vec![job(), job().after(&[JobId(largest + 1)]), job()]),
-        &[largest + 1],
+        &next(largest, 1),
     );
     let largest = probe(&mut rows);
-    expect_refused(
+    expect(
         "a batch of two jobs after each other",
+        &mut rows,
         queue.enqueue_batch(vec![
             job().after(&[JobId(largest + 2)]),
             job().after(&[JobId(largest + 1)]),
         ]),
-        &[largest + 1, largest + 2],
+        &|e| next(largest, 1)(e) || next(largest, 2)(e),
     );
     let largest = probe(&mut rows);
-    expect_refused(
+    let later_step = Graph::new()
+        .step("a", job().after(&[JobId(largest + 2)]))
+        .step("b", job());
+    expect(
         "a graph's step after the id of a later step",
-        queue
-            .enqueue_graph(
-                Graph::new()
-                    .step("a", job().after(&[JobId(largest + 2)]))
-                    .step("b", job()),
-            )
-            .map(|ids| ids.into_values().collect()),
-        &[largest + 2],
+        &mut rows,
+        graph(later_step),
+        &next(largest, 2),
     );
-    assert_eq!(
-        accepted,
-        vec![],
-        "jobs stored after ids not yet assigned, as (case, job, state, edges)"
-    );
-    assert_eq!(row_count(&path), rows, "a refused enqueue stored rows");
+    assert_eq!(wrong, vec![], "(case, what went wrong) of the refusals");
 
     // Nothing was left of them: the next job stored waits on nothing, and
     // the stored jobs have no child.

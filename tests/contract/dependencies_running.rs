@@ -18,7 +18,6 @@ use limits::state;
 use reliability::{child_output, engine, spawn_child};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
@@ -139,13 +138,9 @@ contract! {
 /// sleeps until it is killed (a minute at most). Does nothing unless
 /// started by that test.
 fn dependencies_doomed_holder() {
-    let Some(db) = std::env::var_os(ENV_DB) else {
+    let Some(queue) = reliability::child_queue(ENV_DB) else {
         return;
     };
-    let queue = Queue::builder(engine::target(&PathBuf::from(db)))
-        .sqlite(|o| o.durability(Durability::Normal))
-        .open()
-        .unwrap();
     let leases = queue.manual().claim("default", "doomed", 10, secs(3)).unwrap();
     assert_eq!(leases.len(), 1, "the child was claimable: {leases:?}");
     println!("CLAIMED {}", leases[0].job_id);
@@ -202,7 +197,11 @@ fn a_childs_insert_racing_its_parents_end_never_leaves_it_waiting() {
             let inserter = s.spawn(|| {
                 barrier.wait();
                 spin(parent_first);
-                queue.enqueue(NewJob::new("child").after(&[parent])).unwrap()
+                // In a queue of their own: the claims of parents pass
+                // the children released before.
+                queue
+                    .enqueue(NewJob::new("child").queue("children").after(&[parent]))
+                    .unwrap()
             });
             inserter.join().unwrap()
         });
@@ -215,9 +214,6 @@ fn a_childs_insert_racing_its_parents_end_never_leaves_it_waiting() {
             }
             _ => stranded.push((round, state(&queue, parent), now)),
         }
-        if now == JobState::Pending {
-            assert_eq!(limits::run_due(&queue), vec![child]);
-        }
     }
     assert_eq!(
         stranded,
@@ -226,6 +222,8 @@ fn a_childs_insert_racing_its_parents_end_never_leaves_it_waiting() {
          parent's end"
     );
     assert_eq!(queue.count(JobState::Waiting).unwrap(), 0);
+    let released = queue.manual().claim("children", "w", ROUNDS, secs(30)).unwrap();
+    assert_eq!(released.len(), ROUNDS.div_ceil(3), "the children of the parents that succeeded");
 }
 }
 
@@ -233,6 +231,10 @@ fn a_childs_insert_racing_its_parents_end_never_leaves_it_waiting() {
 fn step(g: usize, level: usize, i: usize) -> String {
     format!("g{g}-L{level}-{i}")
 }
+
+/// A step that ran, and the outputs of its parents as it read them (the
+/// steps that made them), or what failed.
+type StepRun = (String, Result<BTreeSet<String>, String>);
 
 contract! {
 /// Five graphs of five levels (edges between levels, and from the root to
@@ -270,8 +272,7 @@ fn the_pruner_keeps_every_parent_a_child_still_needs() {
     }
     let total = parents.len();
 
-    // (step, the outputs of its parents as it read them, or what failed).
-    let runs: Arc<Mutex<Vec<(String, Result<BTreeSet<String>, String>)>>> = Arc::default();
+    let runs: Arc<Mutex<Vec<StepRun>>> = Arc::default();
     let mut pool = WorkerPool::builder(&queue)
         .threads(4)
         .handler("step", {
@@ -394,5 +395,74 @@ fn a_fan_out_of_a_thousand_runs_its_last_step_once_after_all() {
     parent_ids.dedup();
     assert_eq!(parent_ids.len(), WIDE);
     assert_eq!(queue.count(JobState::Succeeded).unwrap(), WIDE as u64 + 2);
+}
+}
+
+contract! {
+/// A pool's own outcomes resolve the children of what it runs: a handler
+/// that fails for good, one that fails its last attempt, one that
+/// overstays its timeout; each parent's `Cancel` child is cancelled
+/// naming it, its `Run` child runs, its `Hold` child waits; the child of
+/// a parent that succeeds runs.
+fn a_pools_outcomes_resolve_the_children_of_what_it_runs() {
+    let (_dir, path) = temp_db();
+    let queue = pool::open_queue_slow_retry(&path);
+    let ok = queue.enqueue(NewJob::new("ok")).unwrap();
+    let permanent = queue.enqueue(NewJob::new("permanent")).unwrap();
+    let last_attempt = queue.enqueue(NewJob::new("retry").max_attempts(1)).unwrap();
+    let overstays = queue
+        .enqueue(NewJob::new("stuck").max_attempts(1).timeout(ms(100)))
+        .unwrap();
+    let after = |parent: JobId, if_fails: IfParentFails| {
+        queue
+            .enqueue(NewJob::new("child").after_with(parent, if_fails))
+            .unwrap()
+    };
+    let runs = after(ok, IfParentFails::Cancel);
+    let failed = [permanent, last_attempt, overstays];
+    let cancelled: Vec<JobId> = failed.iter().map(|p| after(*p, IfParentFails::Cancel)).collect();
+    let held: Vec<JobId> = failed.iter().map(|p| after(*p, IfParentFails::Hold)).collect();
+    let cleanups: Vec<JobId> = failed.iter().map(|p| after(*p, IfParentFails::Run)).collect();
+
+    let children_ran: Arc<Mutex<Vec<JobId>>> = Arc::default();
+    let mut pool = WorkerPool::builder(&queue)
+        .threads(4)
+        .timeout_grace(ms(100))
+        .handler("ok", |_: &JobContext| Ok::<(), JobError>(()))
+        .handler("permanent", |_: &JobContext| Err::<(), _>(JobError::permanent("no such file")))
+        .handler("retry", |_: &JobContext| Err::<(), _>(JobError::retry("try again")))
+        .handler("stuck", |_: &JobContext| {
+            std::thread::sleep(ms(600));
+            Ok::<(), JobError>(())
+        })
+        .handler("child", {
+            let children_ran = children_ran.clone();
+            move |ctx: &JobContext| {
+                children_ran.lock().unwrap().push(ctx.job_id());
+                Ok::<(), JobError>(())
+            }
+        })
+        .start()
+        .unwrap();
+    for (parent, child) in failed.iter().zip(&cancelled) {
+        match queue.wait(*child, secs(10)).unwrap() {
+            Waited::Cancelled(_) => assert_cancelled_by(&queue, *child, *parent, "dead"),
+            other => panic!("the child of {parent}: {other:?}"),
+        }
+    }
+    for id in cleanups.iter().chain([&runs]) {
+        assert!(matches!(queue.wait(*id, secs(10)).unwrap(), Waited::Succeeded(_)), "job {id}");
+    }
+    std::thread::sleep(ms(100));
+    pool.shutdown(secs(5));
+    for id in &held {
+        assert_eq!(state(&queue, *id), JobState::Waiting, "job {id}");
+    }
+    let mut ran = children_ran.lock().unwrap().clone();
+    ran.sort();
+    let mut expected = cleanups.clone();
+    expected.push(runs);
+    expected.sort();
+    assert_eq!(ran, expected, "the children that ran, each once");
 }
 }

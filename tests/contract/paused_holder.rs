@@ -13,7 +13,6 @@ use crate::support::reliability;
 use reliability::{
     child_output, engine, expect_success, ms, secs, spawn_child, temp_db, wait_until,
 };
-use std::path::PathBuf;
 use std::process::Child;
 use std::time::Instant;
 use tickler::{Durability, Error, NewJob, Queue, RetryPolicy};
@@ -179,13 +178,9 @@ contract! {
 /// refused (or 60 s pass), then try to complete. Does nothing unless started
 /// by the test above.
 fn paused_holder_child() {
-    let Some(db) = std::env::var_os(ENV_DB) else {
+    let Some(queue) = reliability::child_queue(ENV_DB) else {
         return;
     };
-    let queue = Queue::builder(engine::target(&PathBuf::from(db)))
-        .sqlite(|o| o.durability(Durability::Normal))
-        .open()
-        .unwrap();
     let leases = queue
         .manual().claim("default", "first-holder", 1, ms(LEASE_MS))
         .unwrap();

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tickler::{Durability, ManualClock, Queue};
+use tickler::{Durability, Lease, ManualClock, Queue};
 
 pub use super::common::{fixed_policy, ms, raw, secs, t0, wait_until};
 
@@ -212,4 +212,71 @@ pub fn marker(line: impl std::fmt::Display) {
     let mut out = std::io::stdout().lock();
     writeln!(out, "\n{line}").expect("write marker");
     out.flush().expect("flush marker");
+}
+
+// On every engine: `Queue::complete_with` through each engine's own
+// transaction type.
+
+/// Creates the table `app_effects` of [`complete_writing`], on any engine.
+pub fn create_app_effects(path: &Path) {
+    super::engine::execute_batch(
+        path,
+        "CREATE TABLE IF NOT EXISTS app_effects (job_id BIGINT NOT NULL, note TEXT NOT NULL)",
+    );
+}
+
+/// The rows of `app_effects`.
+pub fn app_effects(path: &Path) -> i64 {
+    super::engine::query_int(path, "SELECT count(*) FROM app_effects", &[])
+}
+
+/// `complete_with` writing one effect row, through the engine's own
+/// transaction type.
+pub fn complete_writing(queue: &Queue, lease: &Lease) -> tickler::Result<()> {
+    if super::engine::on_postgres() {
+        return pg_complete_writing(queue, lease);
+    }
+    if super::engine::on_mysql() {
+        return my_complete_writing(queue, lease);
+    }
+    queue.complete_with(lease, |tx: &tickler::rusqlite::Transaction| {
+        tx.execute(
+            "INSERT INTO app_effects (job_id, note) VALUES (?1, 'done')",
+            [lease.job_id.0],
+        )?;
+        Ok(())
+    })
+}
+
+#[cfg(feature = "postgres")]
+fn pg_complete_writing(queue: &Queue, lease: &Lease) -> tickler::Result<()> {
+    queue.complete_with(lease, |tx: &mut tickler::postgres::Transaction| {
+        tx.execute(
+            "INSERT INTO app_effects (job_id, note) VALUES ($1, 'done')",
+            &[&lease.job_id.0],
+        )?;
+        Ok(())
+    })
+}
+
+#[cfg(not(feature = "postgres"))]
+fn pg_complete_writing(_: &Queue, _: &Lease) -> tickler::Result<()> {
+    unreachable!("a PostgreSQL case needs the `postgres` feature")
+}
+
+#[cfg(feature = "mysql")]
+fn my_complete_writing(queue: &Queue, lease: &Lease) -> tickler::Result<()> {
+    use tickler::mysql::prelude::Queryable;
+    queue.complete_with(lease, |tx: &mut tickler::mysql::Transaction| {
+        tx.exec_drop(
+            "INSERT INTO app_effects (job_id, note) VALUES (?, 'done')",
+            (lease.job_id.0,),
+        )?;
+        Ok(())
+    })
+}
+
+#[cfg(not(feature = "mysql"))]
+fn my_complete_writing(_: &Queue, _: &Lease) -> tickler::Result<()> {
+    unreachable!("a MySQL case needs the `mysql` feature")
 }

@@ -34,6 +34,19 @@ pub fn spawn_child(test: &str, dir: &Path, name: &str, env: &[(&str, &str)]) -> 
     cmd.spawn().expect("spawning a child test process")
 }
 
+/// In a child process started by [`spawn_child`]: the queue whose file
+/// path the parent passed in the variable `var`, with
+/// `Durability::Normal`; `None` when the variable is not set (the test
+/// was not started as a child, and should do nothing).
+pub fn child_queue(var: &str) -> Option<tickler::Queue> {
+    let db = std::env::var_os(var)?;
+    let queue = tickler::Queue::builder(engine::target(&PathBuf::from(db)))
+        .sqlite(|o| o.durability(tickler::Durability::Normal))
+        .open()
+        .expect("the child opens the parent's queue");
+    Some(queue)
+}
+
 /// What a child wrote so far (stdout and stderr together).
 pub fn child_output(dir: &Path, name: &str) -> String {
     std::fs::read_to_string(dir.join(format!("{name}.out"))).unwrap_or_default()
