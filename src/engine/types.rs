@@ -175,17 +175,6 @@ pub(crate) fn insert_unique(
     )))
 }
 
-/// The state a new job is stored in: scheduled if due after `now`, else
-/// pending (claims read pending jobs only).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn state_for(run_at: i64, now: i64) -> JobState {
-    if run_at <= now {
-        JobState::Pending
-    } else {
-        JobState::Scheduled
-    }
-}
-
 impl ValidJob {
     /// The state it is stored in, due at `run_at` as of `now`: waiting
     /// if it runs after other jobs.
