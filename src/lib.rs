@@ -597,10 +597,10 @@ pub use mysql;
 pub use async_queue::AsyncQueue;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::types::{
-    AppTx, AppTxRef, AppWrites, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter,
-    Outcome, OutcomeSync, Pooler, PostgresOptions, RootCerts, SqliteOptions, SslMode, Stats,
-    BACKWARD_STEP_MARGIN, ERROR_HISTORY_MAX, MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES_LIMIT,
-    MAX_TIMESTAMP_MS,
+    AppTx, AppTxRef, AppWrites, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobCursor,
+    JobFilter, JobPage, Outcome, OutcomeSync, Pooler, PostgresOptions, RootCerts, SqliteOptions,
+    SslMode, Stats, BACKWARD_STEP_MARGIN, ERROR_HISTORY_MAX, MAX_ERROR_BYTES,
+    MAX_PAYLOAD_BYTES_LIMIT, MAX_TIMESTAMP_MS,
 };
 pub use engine::{is_file_location, redacted_location};
 pub use error::{Error, Result};
