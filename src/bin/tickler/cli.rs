@@ -458,6 +458,14 @@ pub struct ServeArgs {
     /// `;` `\`; at least 16 characters beyond loopback).
     #[arg(long, env = "TICKLER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Show no job's payload on the job pages (for queues whose payloads
+    /// carry secrets).
+    #[arg(long)]
+    pub hide_payload: bool,
+    /// Show the value of this JSON object key, at any depth of a payload
+    /// or output, as "[hidden]" (repeat for more keys).
+    #[arg(long, value_name = "KEY")]
+    pub hide_payload_key: Vec<String>,
 }
 
 const QUEUE_HELP: &str = "Examples:
