@@ -84,12 +84,7 @@ fn chromium() -> Chromium {
 impl Chromium {
     /// A new tab showing `url`, loaded.
     fn open(&self, url: &str) -> Arc<Tab> {
-        let tab = self.browser.new_tab().unwrap();
-        tab.set_default_timeout(WAIT);
-        tab.navigate_to(url).unwrap();
-        tab.wait_until_navigated().unwrap();
-        wait_for_page(&tab, "the dashboard", "true");
-        tab
+        open_page(self, url, "document.querySelector('table#counts') !== null")
     }
 }
 
@@ -113,50 +108,13 @@ fn exists(tab: &Tab, selector: &str) -> bool {
     ) == true
 }
 
-/// Waits until the tab shows a loaded dashboard (the counts table), not
-/// the page marked by [`click_and_wait`], and `condition` (JS) holds.
-fn wait_for_page(tab: &Tab, what: &str, condition: &str) {
-    let check = format!(
-        "document.readyState === 'complete' && window.ticklerOldPage !== true \
-         && document.querySelector('table#counts') !== null && ({condition})"
-    );
-    let deadline = Instant::now() + WAIT;
-    loop {
-        // Evaluating while the page is replaced can fail: try again.
-        let ready = tab
-            .evaluate(&check, false)
-            .ok()
-            .and_then(|o| o.value)
-            .and_then(|v| v.as_bool());
-        if ready == Some(true) {
-            return;
-        }
-        if Instant::now() >= deadline {
-            let text = tab
-                .evaluate("document.body ? document.body.innerText : ''", false)
-                .ok()
-                .and_then(|o| o.value);
-            panic!(
-                "timed out waiting for {what}: at {}, the page says {text:?}",
-                tab.get_url()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Clicks the element `selector` (a real mouse click at its middle) and
-/// waits for the page the click's form leads to.
+/// waits for the dashboard page the click's form leads to.
 fn click_and_wait(tab: &Tab, selector: &str, condition: &str) {
-    eval(tab, "window.ticklerOldPage = true");
-    tab.find_element(selector)
-        .unwrap_or_else(|e| panic!("no {selector} on the page: {e:#}"))
-        .click()
-        .unwrap();
-    wait_for_page(
+    click_then(
         tab,
-        &format!("the page after clicking {selector}"),
-        condition,
+        selector,
+        &format!("document.querySelector('table#counts') !== null && ({condition})"),
     );
 }
 
@@ -400,30 +358,39 @@ fn open_page(chromium: &Chromium, url: &str, condition: &str) -> Arc<Tab> {
     tab
 }
 
-/// Waits until the tab's page is loaded, is not the one marked old, and
-/// `condition` (JS) holds.
+/// Waits until the tab's page is loaded, is not the one marked by
+/// [`click_then`], and `condition` (JS) holds.
 fn wait_for(tab: &Tab, what: &str, condition: &str) {
     let check = format!(
         "document.readyState === 'complete' && window.ticklerOldPage !== true && ({condition})"
     );
     let deadline = Instant::now() + WAIT;
-    while tab
-        .evaluate(&check, false)
-        .ok()
-        .and_then(|o| o.value)
-        .and_then(|v| v.as_bool())
-        != Some(true)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what} at {}",
-            tab.get_url()
-        );
+    loop {
+        // Evaluating while the page is replaced can fail: try again.
+        let ready = tab
+            .evaluate(&check, false)
+            .ok()
+            .and_then(|o| o.value)
+            .and_then(|v| v.as_bool());
+        if ready == Some(true) {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let text = tab
+                .evaluate("document.body ? document.body.innerText : ''", false)
+                .ok()
+                .and_then(|o| o.value);
+            panic!(
+                "timed out waiting for {what}: at {}, the page says {text:?}",
+                tab.get_url()
+            );
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-/// Clicks `selector` and waits for the page its form or link leads to.
+/// Clicks the element `selector` (a real mouse click at its middle) and
+/// waits for the page its form or link leads to.
 fn click_then(tab: &Tab, selector: &str, condition: &str) {
     eval(tab, "window.ticklerOldPage = true");
     tab.find_element(selector)
