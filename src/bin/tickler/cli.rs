@@ -321,6 +321,10 @@ pub struct ListArgs {
     /// Only jobs of this kind.
     #[arg(long)]
     pub kind: Option<String>,
+    /// Only the unfinished job (scheduled, pending, blocked or running)
+    /// that holds this unique key, found through its index.
+    #[arg(long, value_name = "KEY", conflicts_with_all = ["state", "queue", "kind"])]
+    pub unique_key: Option<String>,
     /// At most this many jobs, oldest first.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: u32,
