@@ -352,7 +352,9 @@
 //! For numbers read from the queue itself (every process's work):
 //! [`Queue::stats`] (exact, one snapshot, through the state indexes),
 //! [`Ops::counts_by_queue`] and [`Ops::list_state`] (capped, for big
-//! files), and [`Ops::activity`] (jobs finished and dead per slice of
+//! files), [`Ops::page`] (a state's jobs a page at a time by key,
+//! filtered; a page deep in a big file costs what the first does),
+//! [`Ops::holding_unique_key`], and [`Ops::activity`] (jobs finished and dead per slice of
 //! time, with their lateness and run time).
 
 //! ## Typed jobs
