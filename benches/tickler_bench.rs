@@ -2511,8 +2511,7 @@ fn dashboard(jobs: u64) {
         .unwrap()
         .trim_end_matches('/')
         .to_owned();
-    let get = |path: &str| {
-        let t = Instant::now();
+    let fetch = |path: &str| {
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
         write!(
             s,
@@ -2522,6 +2521,11 @@ fn dashboard(jobs: u64) {
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
         assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        body
+    };
+    let get = |path: &str| {
+        let t = Instant::now();
+        let body = fetch(path);
         (t.elapsed().as_secs_f64() * 1000.0, body.len())
     };
     let timed = |path: &str| {
@@ -2538,6 +2542,27 @@ fn dashboard(jobs: u64) {
     };
     let (page_median, page_max, page_bytes) = timed("/");
     let (metrics_median, metrics_max, _) = timed("/metrics");
+    // The pages of /jobs: a filtered list's first page, one half-way
+    // through its state (past the cursor of a job in the middle of the
+    // file), and the page of one dead job.
+    let queue = Queue::open(&path).unwrap();
+    let middle = queue.get(tickler::JobId(jobs as i64 / 2 + 50)).unwrap();
+    let dead = queue.get(tickler::JobId(jobs as i64 / 2)).unwrap();
+    assert_eq!(
+        (middle.state, dead.state),
+        (tickler::JobState::Succeeded, tickler::JobState::Dead)
+    );
+    let filtered = format!(
+        "/jobs?state=succeeded&queue={}&kind={}",
+        middle.queue, middle.kind
+    );
+    // Full pages: the filters leave 1 job in 21 of the state's index.
+    let rows = |path: &str| fetch(path).matches("<tr data-id=").count();
+    let (list_median, list_max, _) = timed(&filtered);
+    let deep = format!("{filtered}&after={}", tickler::JobCursor::after(&middle));
+    let (deep_median, deep_max, _) = timed(&deep);
+    let (job_median, job_max, _) = timed(&format!("/jobs/{}", dead.id));
+    assert_eq!((rows(&filtered), rows(&deep)), (50, 50));
     let _ = child.kill();
     let _ = child.wait();
     emit(
@@ -2545,6 +2570,9 @@ fn dashboard(jobs: u64) {
         "page_ms_median": round(page_median), "page_ms_max": round(page_max),
         "page_bytes": page_bytes, "target_ms": 200,
         "metrics_ms_median": round(metrics_median), "metrics_ms_max": round(metrics_max),
-        "note": "GET / and GET /metrics of tickler serve, median of 11 each after a warm-up, timed by a client on loopback"}),
+        "list_ms_median": round(list_median), "list_ms_max": round(list_max),
+        "deep_list_ms_median": round(deep_median), "deep_list_ms_max": round(deep_max),
+        "job_ms_median": round(job_median), "job_ms_max": round(job_max),
+        "note": "GET /, /metrics, /jobs filtered by state, queue and kind (first page, and a page past the cursor of a job half-way through the file), /jobs/ID of a dead job; tickler serve, median of 11 each after a warm-up, timed by a client on loopback"}),
     );
 }

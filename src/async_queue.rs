@@ -1,6 +1,6 @@
 //! [`AsyncQueue`]: the [`Queue`] API as `async fn`s (feature `tokio`).
 
-use crate::engine::types::{JobFilter, Stats};
+use crate::engine::types::{JobFilter, JobPage, Stats};
 use crate::error::{Error, Result};
 use crate::events::Subscription;
 use crate::job::{Job, JobId, JobState, NewJob};
@@ -345,6 +345,22 @@ impl AsyncQueue {
     /// As that method and [`AsyncQueue::enqueue`].
     pub async fn list_state(&self, state: JobState, limit: usize) -> Result<Vec<Job>> {
         blocking!(self, |queue| queue.ops().list_state(state, limit))
+    }
+
+    /// [`Ops::page`](crate::Ops::page).
+    ///
+    /// # Errors
+    /// As that method and [`AsyncQueue::enqueue`].
+    pub async fn page(&self, page: JobPage) -> Result<Vec<Job>> {
+        blocking!(self, |queue| queue.ops().page(&page))
+    }
+
+    /// [`Ops::holding_unique_key`](crate::Ops::holding_unique_key).
+    ///
+    /// # Errors
+    /// As that method and [`AsyncQueue::enqueue`].
+    pub async fn holding_unique_key(&self, unique_key: String) -> Result<Option<Job>> {
+        blocking!(self, |queue| queue.ops().holding_unique_key(&unique_key))
     }
 
     /// [`Ops::activity`](crate::Ops::activity).

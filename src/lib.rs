@@ -406,7 +406,9 @@
 //! For numbers read from the queue itself (every process's work):
 //! [`Queue::stats`] (exact, one snapshot, through the state indexes),
 //! [`Ops::counts_by_queue`] and [`Ops::list_state`] (capped, for big
-//! files), and [`Ops::activity`] (jobs finished and dead per slice of
+//! files), [`Ops::page`] (a state's jobs a page at a time by key,
+//! filtered; a page deep in a big file costs what the first does),
+//! [`Ops::holding_unique_key`], and [`Ops::activity`] (jobs finished and dead per slice of
 //! time, with their lateness and run time).
 
 //! ## Typed jobs
@@ -652,10 +654,10 @@ pub use mysql;
 pub use async_queue::AsyncQueue;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::types::{
-    AppTx, AppTxRef, AppWrites, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobFilter,
-    Outcome, OutcomeSync, Pooler, PostgresOptions, RootCerts, SqliteOptions, SslMode, Stats,
-    BACKWARD_STEP_MARGIN, ERROR_HISTORY_MAX, MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES_LIMIT,
-    MAX_TIMESTAMP_MS,
+    AppTx, AppTxRef, AppWrites, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobCursor,
+    JobFilter, JobPage, Outcome, OutcomeSync, Pooler, PostgresOptions, RootCerts, SqliteOptions,
+    SslMode, Stats, BACKWARD_STEP_MARGIN, ERROR_HISTORY_MAX, MAX_ERROR_BYTES,
+    MAX_PAYLOAD_BYTES_LIMIT, MAX_TIMESTAMP_MS,
 };
 pub use engine::{is_file_location, redacted_location};
 pub use error::{Error, Result};

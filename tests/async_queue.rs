@@ -119,6 +119,13 @@ async fn the_whole_queue_api_is_async_and_events_are_awaited() {
         queue.list_state(JobState::Cancelled, 10).await.unwrap()[0].id,
         id
     );
+    let page = tickler::JobPage::new(JobState::Cancelled);
+    assert_eq!(queue.page(page).await.unwrap()[0].id, id);
+    assert!(queue
+        .holding_unique_key("none".into())
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(queue.counts_by_queue(100).await.unwrap().counts.len(), 1);
     assert_eq!(queue.unfinished(&["default"], None).await.unwrap(), 0);
     assert_eq!(

@@ -84,12 +84,7 @@ fn chromium() -> Chromium {
 impl Chromium {
     /// A new tab showing `url`, loaded.
     fn open(&self, url: &str) -> Arc<Tab> {
-        let tab = self.browser.new_tab().unwrap();
-        tab.set_default_timeout(WAIT);
-        tab.navigate_to(url).unwrap();
-        tab.wait_until_navigated().unwrap();
-        wait_for_page(&tab, "the dashboard", "true");
-        tab
+        open_page(self, url, "document.querySelector('table#counts') !== null")
     }
 }
 
@@ -113,50 +108,13 @@ fn exists(tab: &Tab, selector: &str) -> bool {
     ) == true
 }
 
-/// Waits until the tab shows a loaded dashboard (the counts table), not
-/// the page marked by [`click_and_wait`], and `condition` (JS) holds.
-fn wait_for_page(tab: &Tab, what: &str, condition: &str) {
-    let check = format!(
-        "document.readyState === 'complete' && window.ticklerOldPage !== true \
-         && document.querySelector('table#counts') !== null && ({condition})"
-    );
-    let deadline = Instant::now() + WAIT;
-    loop {
-        // Evaluating while the page is replaced can fail: try again.
-        let ready = tab
-            .evaluate(&check, false)
-            .ok()
-            .and_then(|o| o.value)
-            .and_then(|v| v.as_bool());
-        if ready == Some(true) {
-            return;
-        }
-        if Instant::now() >= deadline {
-            let text = tab
-                .evaluate("document.body ? document.body.innerText : ''", false)
-                .ok()
-                .and_then(|o| o.value);
-            panic!(
-                "timed out waiting for {what}: at {}, the page says {text:?}",
-                tab.get_url()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Clicks the element `selector` (a real mouse click at its middle) and
-/// waits for the page the click's form leads to.
+/// waits for the dashboard page the click's form leads to.
 fn click_and_wait(tab: &Tab, selector: &str, condition: &str) {
-    eval(tab, "window.ticklerOldPage = true");
-    tab.find_element(selector)
-        .unwrap_or_else(|e| panic!("no {selector} on the page: {e:#}"))
-        .click()
-        .unwrap();
-    wait_for_page(
+    click_then(
         tab,
-        &format!("the page after clicking {selector}"),
-        condition,
+        selector,
+        &format!("document.querySelector('table#counts') !== null && ({condition})"),
     );
 }
 
@@ -387,4 +345,281 @@ fn a_screenshot_of_the_whole_dashboard_is_saved() {
     // The page is tables of text: far from a blank image's few hundred
     // bytes.
     assert!(saved.len() > 20_000, "{} bytes", saved.len());
+}
+
+/// Opens `url` in a new tab and waits until it is loaded and `condition`
+/// (JS) holds: for the pages other than the dashboard's front page.
+fn open_page(chromium: &Chromium, url: &str, condition: &str) -> Arc<Tab> {
+    let tab = chromium.browser.new_tab().unwrap();
+    tab.set_default_timeout(WAIT);
+    tab.navigate_to(url).unwrap();
+    tab.wait_until_navigated().unwrap();
+    wait_for(&tab, url, condition);
+    tab
+}
+
+/// Waits until the tab's page is loaded, is not the one marked by
+/// [`click_then`], and `condition` (JS) holds.
+fn wait_for(tab: &Tab, what: &str, condition: &str) {
+    let check = format!(
+        "document.readyState === 'complete' && window.ticklerOldPage !== true && ({condition})"
+    );
+    let deadline = Instant::now() + WAIT;
+    loop {
+        // Evaluating while the page is replaced can fail: try again.
+        let ready = tab
+            .evaluate(&check, false)
+            .ok()
+            .and_then(|o| o.value)
+            .and_then(|v| v.as_bool());
+        if ready == Some(true) {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let text = tab
+                .evaluate("document.body ? document.body.innerText : ''", false)
+                .ok()
+                .and_then(|o| o.value);
+            panic!(
+                "timed out waiting for {what}: at {}, the page says {text:?}",
+                tab.get_url()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Clicks the element `selector` (a real mouse click at its middle) and
+/// waits for the page its form or link leads to.
+fn click_then(tab: &Tab, selector: &str, condition: &str) {
+    eval(tab, "window.ticklerOldPage = true");
+    tab.find_element(selector)
+        .unwrap_or_else(|e| panic!("no {selector} on the page: {e:#}"))
+        .click()
+        .unwrap();
+    wait_for(
+        tab,
+        &format!("the page after clicking {selector}"),
+        condition,
+    );
+}
+
+/// The ids of the rows of the page's jobs table, in order.
+fn listed_ids(tab: &Tab) -> Vec<i64> {
+    serde_json::from_value(eval(
+        tab,
+        "[...document.querySelectorAll('table#jobs tr[data-id]')].map(tr => Number(tr.dataset.id))",
+    ))
+    .unwrap()
+}
+
+#[test]
+fn a_filtered_list_pages_by_link_and_a_search_finds_by_unique_key() {
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let queue = env.queue();
+    // 60 pending jobs of mail (two kinds), 5 of reports between them.
+    let mut mail = Vec::new();
+    for i in 0..65 {
+        let name = if i % 13 == 0 { "reports" } else { "mail" };
+        let kind = if i % 2 == 0 { "send" } else { "bounce" };
+        let id = queue
+            .enqueue(NewJob::new(kind).queue(name).unique_key(format!("key-{i}")))
+            .unwrap();
+        if name == "mail" {
+            mail.push(id.0);
+        }
+    }
+    assert_eq!(mail.len(), 60);
+    let served = serve(&env, &[]);
+    let chromium = chromium();
+
+    // From the front page to the list, then the filter form.
+    let tab = chromium.open(&served.url("/"));
+    click_then(
+        &tab,
+        "#all-pending",
+        "document.querySelector('form.filters') !== null",
+    );
+    eval(
+        &tab,
+        "(document.querySelector('select[name=state]').value = 'pending', \
+          document.querySelector('input[name=queue]').value = 'mail', true)",
+    );
+    click_then(
+        &tab,
+        "#filter",
+        "document.querySelector('table#jobs') !== null",
+    );
+    let first = listed_ids(&tab);
+    assert_eq!(first.len(), 50, "a page holds 50 jobs");
+    click_then(&tab, "#next", "document.querySelector('#first') !== null");
+    let second = listed_ids(&tab);
+    assert!(!exists(&tab, "#next"), "a last page links to no next one");
+    // Claim order: one priority and due time, so by id; all of mail,
+    // each once, none of reports.
+    let walked: Vec<i64> = first.into_iter().chain(second).collect();
+    assert_eq!(walked, mail);
+    let queues: Vec<String> = serde_json::from_value(eval(
+        &tab,
+        "[...document.querySelectorAll('table#jobs tr[data-id] td:nth-child(3)')].map(td => td.innerText)",
+    ))
+    .unwrap();
+    assert!(queues.iter().all(|q| q == "mail"), "{queues:?}");
+
+    // A kind filter, by its form field.
+    eval(
+        &tab,
+        "(document.querySelector('input[name=kind]').value = 'bounce', true)",
+    );
+    click_then(
+        &tab,
+        "#filter",
+        "document.querySelector('table#jobs') !== null",
+    );
+    let bounces: Vec<i64> = mail
+        .iter()
+        .copied()
+        .filter(|id| env.job(JobId(*id)).kind == "bounce")
+        .collect();
+    assert_eq!(listed_ids(&tab), bounces);
+
+    // Search by unique key, then by id.
+    eval(
+        &tab,
+        "(document.querySelector('#q').value = 'key-13', true)",
+    );
+    click_then(
+        &tab,
+        "#search",
+        "document.querySelector('table#jobs') !== null",
+    );
+    let holder = queue.ops().holding_unique_key("key-13").unwrap().unwrap();
+    assert_eq!(listed_ids(&tab), vec![holder.id.0]);
+    eval(
+        &tab,
+        &format!("(document.querySelector('#q').value = '{}', true)", mail[7]),
+    );
+    click_then(
+        &tab,
+        "#search",
+        "document.querySelector('table#jobs') !== null",
+    );
+    assert_eq!(listed_ids(&tab), vec![mail[7]]);
+    eval(
+        &tab,
+        "(document.querySelector('#q').value = 'no-such-key', true)",
+    );
+    click_then(&tab, "#search", "document.querySelector('#none') !== null");
+    assert!(listed_ids(&tab).is_empty());
+}
+
+#[test]
+fn a_job_page_shows_its_history_and_hides_what_it_is_told_to() {
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let queue = env.queue();
+    let hour = Duration::from_secs(3600);
+    let secret = "hunter2-do-not-show";
+    let id = queue
+        .enqueue(
+            NewJob::new("charge")
+                .queue("billing")
+                .max_attempts(5)
+                .payload(serde_json::json!({
+                    "account": "ada",
+                    "card": {"number": secret, "expires": "12/30"},
+                })),
+        )
+        .unwrap();
+    // Two failed attempts: the second after a cancel and a retry by hand.
+    let fail = |error: &str| {
+        let lease = queue
+            .manual()
+            .claim("billing", "w1", 1, hour)
+            .unwrap()
+            .remove(0);
+        queue.manual().fail(&lease, error).unwrap();
+    };
+    fail("card declined <script>");
+    queue.cancel(id).unwrap();
+    queue.retry(id).unwrap();
+    fail("gateway timeout");
+    let job = env.job(id);
+    assert_eq!(job.errors.len(), 2, "{:?}", job.errors);
+    assert_eq!(job.state, JobState::Scheduled);
+    let delayed = queue
+        .enqueue(NewJob::new("charge").queue("billing").delay(hour))
+        .unwrap();
+
+    let served = serve(&env, &["--hide-payload-key", "number"]);
+    let chromium = chromium();
+    let tab = open_page(
+        &chromium,
+        &served.url(&format!("/jobs/{}", id.0)),
+        "document.querySelector('table#errors') !== null",
+    );
+    let errors: Vec<String> = serde_json::from_value(eval(
+        &tab,
+        "[...document.querySelectorAll('table#errors td.err')].map(td => td.innerText)",
+    ))
+    .unwrap();
+    assert_eq!(errors, vec!["gateway timeout", "card declined <script>"]);
+    let payload: String =
+        serde_json::from_value(eval(&tab, "document.querySelector('#payload').innerText")).unwrap();
+    assert!(
+        payload.contains("\"ada\"") && payload.contains("12/30"),
+        "{payload}"
+    );
+    assert!(
+        payload.contains("[hidden]") && !payload.contains(secret),
+        "{payload}"
+    );
+    // Relative times, the exact one on hover.
+    let due: String = serde_json::from_value(eval(
+        &tab,
+        "document.querySelector('tr[data-field=due] time').title",
+    ))
+    .unwrap();
+    assert_eq!(
+        due,
+        job.run_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    );
+    let holder: String = serde_json::from_value(eval(
+        &tab,
+        "document.querySelector('tr[data-field=holder] td').innerText",
+    ))
+    .unwrap();
+    assert_eq!(holder, "w1");
+    // The hidden value is nowhere in what the server sent.
+    let (status, _, body) =
+        cli::serve::http(&served.addr, "GET", &format!("/jobs/{}", id.0), &[], "");
+    assert_eq!(status, 200);
+    assert!(!body.contains(secret) && body.contains("[hidden]"));
+
+    // Retrying jobs apart from jobs delayed on purpose.
+    let tab = open_page(
+        &chromium,
+        &served.url("/jobs?state=scheduled&retrying=yes"),
+        "document.querySelector('table#jobs') !== null",
+    );
+    assert_eq!(listed_ids(&tab), vec![id.0]);
+    let tab = open_page(
+        &chromium,
+        &served.url("/jobs?state=scheduled&retrying=no"),
+        "document.querySelector('table#jobs') !== null",
+    );
+    assert_eq!(listed_ids(&tab), vec![delayed.0]);
+
+    // --hide-payload: no payload at all.
+    let all_hidden = serve(&env, &["--hide-payload"]);
+    let (status, _, body) =
+        cli::serve::http(&all_hidden.addr, "GET", &format!("/jobs/{}", id.0), &[], "");
+    assert_eq!(status, 200);
+    assert!(
+        !body.contains(secret) && !body.contains("12/30") && !body.contains("\"ada\""),
+        "{body}"
+    );
+    assert!(body.contains("gateway timeout"));
 }

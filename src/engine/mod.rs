@@ -61,7 +61,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use types::{
     Attempt, Checkpoint, ClaimOrder, ClaimRequest, ClaimedRow, ConnectionHook, Durability,
-    ExpiredLease, JobFilter, Outcome, OutcomeSync, ReapLook, RetryDeadBatch, Stats, ValidJob,
+    ExpiredLease, JobFilter, JobPage, Outcome, OutcomeSync, ReapLook, RetryDeadBatch, Stats,
+    ValidJob,
 };
 
 /// A claim as the queue hands it to an engine: what to claim, and the
@@ -878,11 +879,18 @@ pub(crate) trait Reads {
     /// Jobs of `queue` in `state`, counted through an index, up to `cap`.
     fn count_in_queue(&self, state: JobState, queue: &str, cap: u64) -> Result<u64>;
 
-    /// Up to `limit` jobs of `queue` in `state`, in the order of that
-    /// state's index: pending in claim order (priority, due time, id),
-    /// scheduled soonest due first, running soonest lease expiry first,
-    /// finished newest first.
-    fn list_in_queue(&self, state: JobState, queue: &str, limit: usize) -> Result<Vec<Job>>;
+    /// Up to `page.limit` jobs of `queue` in `page.state` that pass the
+    /// page's kind and retrying tests, past its cursor, in the order of
+    /// that state's index: pending in claim order (priority, due time,
+    /// id), scheduled soonest due first, running soonest lease expiry
+    /// first, finished newest first. `page.queue` is not read: the caller
+    /// names each queue. Each condition of [`types::page_after`] is one
+    /// statement, run in turn until the page is full.
+    fn page_in_queue(&self, page: &JobPage, queue: &str) -> Result<Vec<Job>>;
+
+    /// The unfinished job that holds `key` (at most one does), through
+    /// the unique index of unfinished keys.
+    fn holding_unique_key(&self, key: &str) -> Result<Option<Job>>;
 
     /// The jobs that finished at or after `from_ms` and before `to_ms`:
     /// their number, counted through the finish-time index up to `cap`;

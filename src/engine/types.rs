@@ -397,6 +397,169 @@ impl Default for JobFilter {
     }
 }
 
+/// One page of a state's jobs for [`Ops::page`](crate::Ops::page): the
+/// jobs of `state` in that state's own order (as
+/// [`Ops::list_state`](crate::Ops::list_state): pending and blocked in
+/// claim order, scheduled soonest due first, running soonest lease expiry
+/// first, succeeded, dead and cancelled newest first), only of `queue` and
+/// `kind` if given, after `after` if given, at most `limit` of them.
+///
+/// Paging is by key, not by offset: `after` is the
+/// [`JobCursor`] of the last job of the previous page, and the next page
+/// starts where that job stood in the index of the state, so a page deep
+/// in a million jobs costs what the first one does. A job that changes
+/// state between two pages leaves the list (or joins another state's);
+/// no job is listed twice in one state's pages while it stays there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobPage {
+    /// The state listed.
+    pub state: JobState,
+    /// Only jobs of this queue (all queues, merged in the state's order,
+    /// when `None`).
+    pub queue: Option<String>,
+    /// Only jobs of this kind. The kind is tested on the rows the state's
+    /// index gives for the queue, so a rare kind costs more rows read than
+    /// a common one.
+    pub kind: Option<String>,
+    /// Only scheduled jobs waiting for a retry (`Some(true)`: they have
+    /// had an attempt, and wait for their backoff) or only those delayed
+    /// on purpose (`Some(false)`: no attempt yet). Tested like `kind`;
+    /// for other states `Some(true)` keeps jobs that have had an attempt.
+    pub retrying: Option<bool>,
+    /// Start after this job (from the last job of the previous page).
+    pub after: Option<JobCursor>,
+    /// At most this many jobs (default 50).
+    pub limit: usize,
+}
+
+impl JobPage {
+    /// The first page of `state`'s jobs, all queues and kinds, 50 jobs.
+    pub fn new(state: JobState) -> Self {
+        JobPage {
+            state,
+            queue: None,
+            kind: None,
+            retrying: None,
+            after: None,
+            limit: 50,
+        }
+    }
+}
+
+/// Where a page of [`Ops::page`](crate::Ops::page) ended: a job's place
+/// in the order of its state. Made from the last job of a page with
+/// [`JobCursor::after`]; written as text (`state.id.priority.time`) by
+/// `Display` and read back by `FromStr`, for links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobCursor {
+    pub(crate) state: JobState,
+    pub(crate) id: JobId,
+    pub(crate) priority: i32,
+    /// The time the state orders by, ms: due time (pending, blocked,
+    /// scheduled), lease expiry (running), finish time (finished).
+    pub(crate) at_ms: i64,
+}
+
+impl JobCursor {
+    /// The place of `job` in the order of its state.
+    pub fn after(job: &crate::job::Job) -> JobCursor {
+        let at = match job.state {
+            JobState::Pending | JobState::Blocked | JobState::Scheduled => Some(job.run_at),
+            JobState::Running => job.lease_expires_at,
+            JobState::Succeeded | JobState::Dead | JobState::Cancelled => job.finished_at,
+        };
+        JobCursor {
+            state: job.state,
+            id: job.id,
+            priority: job.priority,
+            at_ms: at.map_or(0, |t| t.timestamp_millis()),
+        }
+    }
+
+    /// The job this cursor was made from.
+    pub fn id(&self) -> JobId {
+        self.id
+    }
+}
+
+impl std::fmt::Display for JobCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}.{}.{}.{}",
+            self.state.as_str(),
+            self.id.0,
+            self.priority,
+            self.at_ms
+        )
+    }
+}
+
+impl std::str::FromStr for JobCursor {
+    type Err = Error;
+
+    /// # Errors
+    /// [`Error::InvalidArgument`] for text that `Display` did not write.
+    fn from_str(s: &str) -> Result<JobCursor> {
+        let bad =
+            || Error::InvalidArgument(format!("{s:?} is not a page cursor (state.id.priority.ms)"));
+        let mut parts = s.split('.');
+        let state: JobState = parts.next().ok_or_else(bad)?.parse().map_err(|_| bad())?;
+        let mut number = || {
+            parts
+                .next()
+                .and_then(|p| p.parse::<i64>().ok())
+                .ok_or_else(bad)
+        };
+        let id = JobId(number()?);
+        let priority = i32::try_from(number()?).map_err(|_| bad())?;
+        let at_ms = number()?;
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(JobCursor {
+            state,
+            id,
+            priority,
+            at_ms,
+        })
+    }
+}
+
+/// The conditions, in SQL every engine reads, that take a page of
+/// `state`'s jobs past `after`, each a range of the state's index in its
+/// order: one, or two for the states ordered first by priority (the rest
+/// of the cursor's priority, then the lower ones), which the caller runs
+/// in turn until the page is full. Only integers go into them.
+pub(crate) fn page_after(state: JobState, after: Option<&JobCursor>) -> Vec<String> {
+    let Some(c) = after else {
+        return vec!["1 = 1".to_owned()];
+    };
+    let (id, at, p) = (c.id.0, c.at_ms, c.priority);
+    match state {
+        JobState::Pending | JobState::Blocked => vec![
+            format!("priority = {p} AND run_at >= {at} AND (run_at > {at} OR id > {id})"),
+            format!("priority < {p}"),
+        ],
+        JobState::Scheduled => vec![format!("run_at >= {at} AND (run_at > {at} OR id > {id})")],
+        JobState::Running => vec![format!(
+            "lease_expires_at >= {at} AND (lease_expires_at > {at} OR id > {id})"
+        )],
+        JobState::Succeeded | JobState::Dead | JobState::Cancelled => vec![format!(
+            "finished_at <= {at} AND (finished_at < {at} OR id < {id})"
+        )],
+    }
+}
+
+/// The tests of a page's `retrying` that each engine's SQL reads.
+pub(crate) fn page_retrying(retrying: Option<bool>) -> &'static str {
+    match retrying {
+        None => "",
+        Some(true) => " AND attempts > 0",
+        Some(false) => " AND attempts = 0",
+    }
+}
+
 /// What [`Ops::checkpoint`](crate::Ops::checkpoint) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Checkpoint {

@@ -62,6 +62,53 @@ impl Ops<'_> {
         self.queue.list_state(state, limit)
     }
 
+    /// One page of a state's jobs, filtered by queue, kind and retrying,
+    /// in the state's order (see [`JobPage`]). Paged by key: pass
+    /// [`JobCursor::after`] of the last job of a page as the next page's
+    /// `after`; a page with fewer than `limit` jobs is the last. Each page
+    /// reads at most `limit` index entries per queue (the queue's, or each
+    /// queue that has jobs in the state), plus those a kind or retrying
+    /// test passes over, and never counts or skips the jobs before it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a cursor made from a job of another
+    /// state; [`Error::Sqlite`], [`Error::Pool`], `Error::Postgres`.
+    ///
+    /// # Example
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// # let queue = tickler::Queue::open(dir.path().join("q.db"))?;
+    /// use tickler::{JobCursor, JobPage, JobState, NewJob};
+    /// for _ in 0..5 {
+    ///     queue.enqueue(NewJob::new("mail").queue("mail"))?;
+    /// }
+    /// let mut page = JobPage { queue: Some("mail".into()), limit: 2, ..JobPage::new(JobState::Pending) };
+    /// let mut seen = 0;
+    /// loop {
+    ///     let jobs = queue.ops().page(&page)?;
+    ///     seen += jobs.len();
+    ///     match jobs.last() {
+    ///         Some(last) if jobs.len() == page.limit => page.after = Some(JobCursor::after(last)),
+    ///         _ => break,
+    ///     }
+    /// }
+    /// assert_eq!(seen, 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn page(&self, page: &JobPage) -> Result<Vec<Job>> {
+        self.queue.page(page)
+    }
+
+    /// The unfinished job (scheduled, pending, blocked or running) that
+    /// holds `unique_key`, if any: at most one does. Finished jobs keep
+    /// their key but are not found here (nothing indexes them by key).
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`], `Error::Postgres`.
+    pub fn holding_unique_key(&self, unique_key: &str) -> Result<Option<Job>> {
+        self.queue.engine().holding_unique_key(unique_key)
+    }
+
     /// Throughput and lateness over time, for a dashboard's plot: the
     /// last `slices` slices of time of `width` each, the last one ending at
     /// now (this queue's clock), oldest first. Each slice counts the jobs

@@ -3,6 +3,7 @@
 //! the finish-time index; what is left to do.
 
 use super::Queue;
+use crate::engine::types::JobPage;
 use crate::error::{Error, Result};
 use crate::job::{Job, JobState};
 use chrono::{DateTime, Utc};
@@ -129,12 +130,34 @@ impl Queue {
 
     /// See [`Ops::list_state`](crate::Ops::list_state).
     pub(crate) fn list_state(&self, state: JobState, limit: usize) -> Result<Vec<Job>> {
-        let engine = self.engine();
-        let mut jobs = Vec::new();
-        for queue in self.queues_in_state(state)? {
-            jobs.extend(engine.list_in_queue(state, &queue, limit)?);
+        self.page(&JobPage {
+            limit,
+            ..JobPage::new(state)
+        })
+    }
+
+    /// See [`Ops::page`](crate::Ops::page).
+    pub(crate) fn page(&self, page: &JobPage) -> Result<Vec<Job>> {
+        if let Some(after) = &page.after {
+            if after.state != page.state {
+                return Err(Error::InvalidArgument(format!(
+                    "a cursor of a page of {} jobs cannot continue a page of {} jobs",
+                    after.state.as_str(),
+                    page.state.as_str()
+                )));
+            }
         }
-        match state {
+        let engine = self.engine();
+        let queues = match &page.queue {
+            Some(queue) => vec![queue.clone()],
+            None => self.queues_in_state(page.state)?,
+        };
+        let limit = page.limit;
+        let mut jobs = Vec::new();
+        for queue in queues {
+            jobs.extend(engine.page_in_queue(page, &queue)?);
+        }
+        match page.state {
             JobState::Pending | JobState::Blocked => {
                 jobs.sort_by_key(|j| (std::cmp::Reverse(j.priority), j.run_at, j.id))
             }

@@ -155,6 +155,15 @@ fn enqueue_list_and_show() {
     assert_eq!(none.stdout, "");
     let limited = env.run(&["list", "--limit", "1"]);
     assert_eq!(limited.stdout.lines().count(), 2);
+    let held = env
+        .run(&["list", "--json", "--unique-key", "welcome-ada"])
+        .ok();
+    let held: serde_json::Value = serde_json::from_str(held.trim()).unwrap();
+    assert_eq!(held["id"], id.0);
+    let free = env.run(&["list", "--unique-key", "welcome-bob"]);
+    assert_eq!((free.code, free.stdout.as_str()), (0, ""));
+    let both = env.run(&["list", "--unique-key", "welcome-ada", "--queue", "mail"]);
+    assert_eq!(both.code, 2, "{}", both.stderr);
 
     // JSON: one object per line.
     let json = env.run(&["list", "--json", "--kind", "cleanup"]).ok();

@@ -220,13 +220,16 @@ fn limits_show_what_each_key_holds_and_why_its_jobs_wait() {
 
     let job = row(
         table(&page, "jobs-blocked"),
-        &format!("<tr><td>{blocked}</td>"),
+        &format!("<tr><td><a href=/jobs/{blocked}>{blocked}</a></td>"),
     );
     let why = format!("blocked by limit sync/42: 1 of 1 held by job {holder} (worker w,");
     assert!(job.contains(&why), "want {why:?} in {job}");
     let job = row(
         table(&page, "jobs-scheduled"),
-        &format!("<tr><td>{}</td>", deferred[0].id),
+        &format!(
+            "<tr><td><a href=/jobs/{id}>{id}</a></td>",
+            id = deferred[0].id
+        ),
     );
     assert!(
         job.contains("deferred by rate limit api/acct until") && job.contains("(1st in line)"),

@@ -39,6 +39,7 @@ mod limits_soak;
 mod operator;
 mod operator_cli_support;
 mod outcome_fails_alone;
+mod paging;
 mod queue_drop;
 mod unreadable_row_fails_alone;
 

@@ -2,8 +2,8 @@
 //! MySQL's: connections killed by the server and a server restart in the
 //! middle of work reach no user code as errors; a server that stops
 //! answering fails a call in bounded time; InnoDB's deadlocks among
-//! concurrent batches are retried; the claim reads its index in order (no
-//! sort); unique enqueues racing finishing holders under a trigger get
+//! concurrent batches are retried; the claim and the dashboard's pages
+//! read their indexes in order (no sort); unique enqueues racing finishing holders under a trigger get
 //! an id; tables of another storage engine and names longer than the
 //! schema holds are refused with the reason.
 #![cfg(feature = "mysql")]
@@ -238,6 +238,64 @@ fn the_claim_reads_the_pending_index_in_order() {
         .unwrap_or_default();
     assert_eq!(key.as_deref(), Some("tickler_jobs_pending"), "{plan:?}");
     assert!(!extra.contains("filesort"), "the claim sorts: {extra}");
+}
+
+/// MySQL's plans of the dashboard's pages (`Ops::page`, the statements of
+/// `src/engine/mysql/read.rs`): past a cursor, a page of dead jobs reads
+/// the finished-by-state index and one of pending jobs the claim's index,
+/// each as a range in its order (no filesort, no other index). The
+/// statements are the engine's page reads of one queue with a kind
+/// filter, past a cursor, as `page_after` words them.
+#[test]
+fn a_page_past_a_cursor_reads_its_state_index_in_order() {
+    let Some(db) = my::test_database() else {
+        return;
+    };
+    let queue = Queue::open(db.url()).expect("open");
+    for _ in 0..10 {
+        let jobs = (0..500)
+            .map(|i| NewJob::new(format!("k{}", i % 3)).priority(i % 5))
+            .collect();
+        queue.enqueue_batch(jobs).unwrap();
+    }
+    let mut conn = db.connect();
+    conn.query_drop(
+        "UPDATE tickler_jobs SET status = 'dead', finished_at = 1000000 + id WHERE id % 4 = 0",
+    )
+    .unwrap();
+    conn.query_drop("ANALYZE TABLE tickler_jobs").unwrap();
+    for (sql, index) in [
+        (
+            "EXPLAIN SELECT id FROM tickler_jobs WHERE status = 'dead' AND finished_at IS NOT NULL
+               AND queue = 'default' AND ('k1' IS NULL OR kind = 'k1')
+               AND finished_at <= 1003000 AND (finished_at < 1003000 OR id < 3000)
+             ORDER BY finished_at DESC, id DESC LIMIT 50",
+            "tickler_jobs_finished_state",
+        ),
+        (
+            "EXPLAIN SELECT id FROM tickler_jobs WHERE status = 'pending' AND queue = 'default'
+               AND ('k1' IS NULL OR kind = 'k1')
+               AND priority = 2 AND run_at >= 0 AND (run_at > 0 OR id > 2000)
+             ORDER BY priority DESC, run_at, id LIMIT 50",
+            "tickler_jobs_pending",
+        ),
+        (
+            "EXPLAIN SELECT id FROM tickler_jobs WHERE status = 'pending' AND queue = 'default'
+               AND ('k1' IS NULL OR kind = 'k1') AND priority < 2
+             ORDER BY priority DESC, run_at, id LIMIT 50",
+            "tickler_jobs_pending",
+        ),
+    ] {
+        let plan: Vec<mysql::Row> = conn.query(sql).unwrap();
+        assert_eq!(plan.len(), 1, "{plan:?}");
+        let key: Option<String> = plan[0].get("key").flatten();
+        let extra: String = plan[0]
+            .get::<Option<String>, _>("Extra")
+            .flatten()
+            .unwrap_or_default();
+        assert_eq!(key.as_deref(), Some(index), "{sql}: {plan:?}");
+        assert!(!extra.contains("filesort"), "{sql} sorts: {extra}");
+    }
 }
 
 /// MySQL's: a table that is not InnoDB's (made by hand, or substituted by

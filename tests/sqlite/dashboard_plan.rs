@@ -1,5 +1,7 @@
 //! The dashboard's reads (`Queue::counts_by_queue`, `Queue::list_state`,
-//! `Queue::activity`, and `Queue::stats` behind /metrics)
+//! `Queue::activity`, the pages of `/jobs` (`Ops::page`, also past a
+//! cursor and filtered), the search by unique key, the job page's
+//! `Queue::get`, and `Queue::stats` behind /metrics)
 //! go through indexes: every statement they run on SQLite is recorded
 //! (sqlite3_trace_v2 through an `on_connection` hook) and its
 //! `EXPLAIN QUERY PLAN` must neither scan the jobs table nor sort. Their
@@ -13,7 +15,7 @@ use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use tickler::{JobState, Queue};
+use tickler::{JobCursor, JobPage, JobState, Queue};
 
 static RECORDING: AtomicBool = AtomicBool::new(false);
 static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -95,6 +97,37 @@ fn dashboard_reads_use_indexes_and_match_the_file() {
         .ops()
         .activity(60, std::time::Duration::from_secs(60), 100_000)
         .unwrap();
+    // The pages of /jobs: the first, and the next past a cursor, filtered
+    // by queue, kind and retrying; the search; the job page's read.
+    let mut paged = BTreeMap::new();
+    for state in JobState::ALL {
+        let first = queue
+            .ops()
+            .page(&JobPage {
+                limit: 10,
+                ..JobPage::new(state)
+            })
+            .unwrap();
+        let last = first.last().unwrap();
+        let next = queue
+            .ops()
+            .page(&JobPage {
+                queue: Some(last.queue.clone()),
+                kind: Some(last.kind.clone()),
+                // The fill's jobs that ran have had an attempt.
+                retrying: Some(matches!(
+                    state,
+                    JobState::Running | JobState::Succeeded | JobState::Dead | JobState::Cancelled
+                )),
+                after: Some(JobCursor::after(last)),
+                limit: 5,
+                ..JobPage::new(state)
+            })
+            .unwrap();
+        paged.insert(state, (first, next));
+    }
+    assert!(queue.ops().holding_unique_key("k").unwrap().is_none());
+    queue.get(lists[&JobState::Dead][0].id).unwrap();
     RECORDING.store(false, Ordering::SeqCst);
 
     // What they ran, each statement once.
@@ -179,6 +212,25 @@ fn dashboard_reads_use_indexes_and_match_the_file() {
         } else {
             assert_eq!(shown, *n, "{key:?}");
             assert!(!counts.capped.contains(key), "{key:?} marked capped");
+        }
+    }
+
+    // A page past a cursor continues the first page's order (the kind and
+    // queue filters keep only the cursor's own).
+    for (state, (first, next)) in &paged {
+        assert_eq!(&first[..], &lists[state][..10], "{state:?}");
+        let last = first.last().unwrap();
+        // (The fill's few running jobs may have no other of their kind.)
+        assert!(!next.is_empty() || *state == JobState::Running, "{state:?}");
+        for job in next {
+            assert_eq!(
+                (job.state, &job.queue, &job.kind),
+                (*state, &last.queue, &last.kind)
+            );
+            assert!(
+                !first.iter().any(|j| j.id == job.id),
+                "{state:?}: listed twice"
+            );
         }
     }
 

@@ -321,6 +321,10 @@ pub struct ListArgs {
     /// Only jobs of this kind.
     #[arg(long)]
     pub kind: Option<String>,
+    /// Only the unfinished job (scheduled, pending, blocked or running)
+    /// that holds this unique key, found through its index.
+    #[arg(long, value_name = "KEY", conflicts_with_all = ["state", "queue", "kind"])]
+    pub unique_key: Option<String>,
     /// At most this many jobs, oldest first.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: u32,
@@ -458,6 +462,14 @@ pub struct ServeArgs {
     /// `;` `\`; at least 16 characters beyond loopback).
     #[arg(long, env = "TICKLER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Show no job's payload on the job pages (for queues whose payloads
+    /// carry secrets).
+    #[arg(long)]
+    pub hide_payload: bool,
+    /// Show the value of this JSON object key, at any depth of a payload
+    /// or output, as "[hidden]" (repeat for more keys).
+    #[arg(long, value_name = "KEY")]
+    pub hide_payload_key: Vec<String>,
 }
 
 const QUEUE_HELP: &str = "Examples:

@@ -237,7 +237,11 @@ pub fn list(db: &Path, args: &ListArgs, times: Times) -> Result<(), CliError> {
         kind: args.kind.clone(),
         limit: args.limit as usize,
     };
-    let jobs = queue.list(&filter).map_err(|e| CliError::from_lib(e, db))?;
+    let jobs = match &args.unique_key {
+        Some(key) => queue.ops().holding_unique_key(key).map(Vec::from_iter),
+        None => queue.list(&filter),
+    }
+    .map_err(|e| CliError::from_lib(e, db))?;
     if args.json {
         for job in &jobs {
             println!("{}", display::job_json(job));

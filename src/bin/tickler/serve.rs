@@ -10,6 +10,8 @@
 //! rebinding). Every POST carries the CSRF token of this server's run in
 //! its form; a POST without it changes nothing.
 
+mod find;
+
 use crate::cli::ServeArgs;
 use crate::error::CliError;
 use std::fmt::Write as _;
@@ -63,11 +65,15 @@ pub fn serve(db: &Path, args: &ServeArgs) -> Result<(), CliError> {
         .map_or_else(|| addr.to_string(), |a| a.to_string());
     println!("listening on http://{bound}/");
     let csrf = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+    let hide = find::Hide {
+        all: args.hide_payload,
+        keys: args.hide_payload_key.clone(),
+    };
     for request in server.incoming_requests() {
         // One thread answers every request: a panic while answering one
         // (a bug) must cost that request, not the server.
         let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            handle(&queue, &csrf, args.token.as_deref(), request)
+            handle(&queue, &csrf, args.token.as_deref(), &hide, request)
         }));
         let response =
             answered.unwrap_or_else(|_| Err(std::io::Error::other("answering a request panicked")));
@@ -169,6 +175,7 @@ fn handle(
     queue: &Queue,
     csrf: &str,
     token: Option<&str>,
+    hide: &find::Hide,
     mut request: Request,
 ) -> std::io::Result<()> {
     let url = request.url().to_owned();
@@ -228,15 +235,11 @@ fn handle(
                 "text/plain; version=0.0.4; charset=utf-8",
             ))
         }),
-        (Method::Get, "/") => dashboard(queue, csrf).map(|html| {
-            Response::from_string(html)
-                .with_header(header("Content-Type", "text/html; charset=utf-8"))
-                .with_header(header(
-                    "Content-Security-Policy",
-                    "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'",
-                ))
-                .with_header(header("Referrer-Policy", "no-referrer"))
-        }),
+        (Method::Get, "/") => dashboard(queue, csrf).map(page),
+        (Method::Get, "/jobs") => find::list(queue, query).map(page),
+        (Method::Get, p) if p.starts_with("/jobs/") => {
+            find::job(queue, &p["/jobs/".len()..], hide, csrf).map(page)
+        }
         (Method::Post, "/retry" | "/cancel" | "/pause" | "/resume") => {
             let mut body = String::new();
             request
@@ -263,6 +266,18 @@ fn handle(
             request.respond(Response::from_string(format!("{e}\n")).with_status_code(status_of(&e)))
         }
     }
+}
+
+/// An HTML page with its headers: no script at all, and forms that post
+/// only here.
+fn page(html: String) -> Response<std::io::Cursor<Vec<u8>>> {
+    Response::from_string(html)
+        .with_header(header("Content-Type", "text/html; charset=utf-8"))
+        .with_header(header(
+            "Content-Security-Policy",
+            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'",
+        ))
+        .with_header(header("Referrer-Policy", "no-referrer"))
 }
 
 fn act(queue: &Queue, path: &str, body: &str) -> tickler::Result<()> {
@@ -625,7 +640,7 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
         "<!doctype html><html><head><meta charset=utf-8><title>tickler</title>\
          <style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1.5em}\
          td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}td.n{text-align:right}\
-         .err{color:#a00;font-family:monospace;white-space:pre-wrap}</style></head><body><h1>tickler</h1>",
+         .err{color:#a00;font-family:monospace;white-space:pre-wrap}</style></head><body><h1>tickler</h1><p><a href=/jobs id=find>find jobs</a></p>",
     );
     let _ = write!(
         html,
@@ -741,17 +756,21 @@ fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
             };
             let _ = write!(
                 html,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td class=n>{}/{}</td><td>{}</td><td class=err>{}</td><td>{actions}</td></tr>",
-                job.id,
+                "<tr><td><a href=/jobs/{id}>{id}</a></td><td>{}</td><td>{}</td><td class=n>{}/{}</td><td>{}</td><td class=err>{}</td><td>{actions}</td></tr>",
                 esc(&job.queue),
                 esc(&job.kind),
                 job.attempts,
                 job.max_attempts,
                 esc(&when),
-                esc(&errors)
+                esc(&errors),
+                id = job.id,
             );
         }
-        html.push_str("</table>");
+        let _ = write!(
+            html,
+            "</table><p><a href=/jobs?state={s} id=all-{s}>all {s} jobs</a></p>",
+            s = state.as_str()
+        );
     }
     html.push_str("</body></html>");
     Ok(html)

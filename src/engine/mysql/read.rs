@@ -151,17 +151,47 @@ impl Reads for Store {
         })
     }
 
-    fn list_in_queue(&self, state: JobState, queue: &str, limit: usize) -> Result<Vec<Job>> {
-        let (cond, order) = crate::engine::state_index(state);
-        let sql = format!(
-            "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE {cond} AND queue = ?
-             ORDER BY {order} LIMIT ?"
-        );
+    fn page_in_queue(&self, page: &JobPage, queue: &str) -> Result<Vec<Job>> {
+        if let Some(kind) = &page.kind {
+            check_name("kind", kind)?;
+        }
+        check_name("queue", queue)?;
+        let (cond, order) = crate::engine::state_index(page.state);
+        let retrying = page_retrying(page.retrying);
+        let afters = page_after(page.state, page.after.as_ref());
         self.read(|tx| {
-            tx.rows(&sql, args![queue, limit as u64])?
-                .iter()
+            let mut jobs = Vec::new();
+            for after in &afters {
+                let left = page.limit.saturating_sub(jobs.len());
+                if left == 0 {
+                    break;
+                }
+                let sql = format!(
+                    "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE {cond} AND queue = :queue
+                       AND (:kind IS NULL OR kind = :kind){retrying} AND {after}
+                     ORDER BY {order} LIMIT :limit"
+                );
+                let values = [
+                    ("queue", Value::from(queue)),
+                    ("kind", Value::from(page.kind.as_deref())),
+                    ("limit", Value::from(left as u64)),
+                ];
+                for row in tx.rows_named(&sql, &values)? {
+                    jobs.push(job_from_row(&row)?);
+                }
+            }
+            Ok(jobs)
+        })
+    }
+
+    fn holding_unique_key(&self, key: &str) -> Result<Option<Job>> {
+        check_name("unique key", key)?;
+        let sql = format!("SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE unique_live = ?");
+        self.read(|tx| {
+            tx.first(&sql, args![key])?
+                .as_ref()
                 .map(job_from_row)
-                .collect()
+                .transpose()
         })
     }
 

@@ -139,18 +139,46 @@ impl Reads for Store {
         })
     }
 
-    fn list_in_queue(&self, state: JobState, queue: &str, limit: usize) -> Result<Vec<Job>> {
-        let (cond, order) = crate::engine::state_index(state);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    fn page_in_queue(&self, page: &JobPage, queue: &str) -> Result<Vec<Job>> {
+        if let Some(kind) = &page.kind {
+            check_text("kind", kind)?;
+        }
+        check_text("queue", queue)?;
+        let (cond, order) = crate::engine::state_index(page.state);
+        let retrying = page_retrying(page.retrying);
+        let afters = page_after(page.state, page.after.as_ref());
+        self.read(|tx| {
+            let mut jobs = Vec::new();
+            for after in &afters {
+                let left = page.limit.saturating_sub(jobs.len());
+                if left == 0 {
+                    break;
+                }
+                let left = i64::try_from(left).unwrap_or(i64::MAX);
+                let sql = format!(
+                    "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE {cond} AND queue = $1
+                       AND ($2::text IS NULL OR kind = $2){retrying} AND {after}
+                     ORDER BY {order} LIMIT $3"
+                );
+                for row in tx.query(&sql, &[&queue, &page.kind, &left])? {
+                    jobs.push(job_from_row(&row)?);
+                }
+            }
+            Ok(jobs)
+        })
+    }
+
+    fn holding_unique_key(&self, key: &str) -> Result<Option<Job>> {
+        check_text("unique key", key)?;
         let sql = format!(
-            "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE {cond} AND queue = $1
-             ORDER BY {order} LIMIT $2"
+            "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE unique_key = $1
+               AND status IN ('scheduled', 'pending', 'blocked', 'running')"
         );
         self.read(|tx| {
-            tx.query(&sql, &[&queue, &limit])?
-                .iter()
+            tx.query_opt(&sql, &[&key])?
+                .as_ref()
                 .map(job_from_row)
-                .collect()
+                .transpose()
         })
     }
 

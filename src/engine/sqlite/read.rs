@@ -181,17 +181,53 @@ impl Reads for Store {
         })
     }
 
-    fn list_in_queue(&self, state: JobState, queue: &str, limit: usize) -> Result<Vec<Job>> {
-        let (cond, order) = crate::engine::state_index(state);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    fn page_in_queue(&self, page: &JobPage, queue: &str) -> Result<Vec<Job>> {
+        let (cond, order) = crate::engine::state_index(page.state);
+        let retrying = page_retrying(page.retrying);
+        self.read(|conn| {
+            let mut jobs = Vec::new();
+            for after in page_after(page.state, page.after.as_ref()) {
+                let left = page.limit.saturating_sub(jobs.len());
+                if left == 0 {
+                    break;
+                }
+                let sql = format!(
+                    "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE {cond} AND queue = ?1
+                       AND (?2 IS NULL OR kind = ?2){retrying} AND {after}
+                     ORDER BY {order} LIMIT ?3"
+                );
+                // A cursor's numbers are in the text: such statements are
+                // not kept in the cache, where they would push out others.
+                let (mut cached, mut plain);
+                let stmt: &mut rusqlite::Statement = match page.after {
+                    None => {
+                        cached = conn.prepare_cached(&sql)?;
+                        &mut cached
+                    }
+                    Some(_) => {
+                        plain = conn.prepare(&sql)?;
+                        &mut plain
+                    }
+                };
+                let left = i64::try_from(left).unwrap_or(i64::MAX);
+                let rows = stmt
+                    .query_map(params![queue, page.kind, left], job_from_row)?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                jobs.extend(rows);
+            }
+            Ok(jobs)
+        })
+    }
+
+    fn holding_unique_key(&self, key: &str) -> Result<Option<Job>> {
         self.read(|conn| {
             Ok(conn
                 .prepare_cached(&format!(
-                    "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE {cond} AND queue = ?1
-                     ORDER BY {order} LIMIT ?2"
+                    "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE unique_key = ?1
+                       AND status IN ('scheduled', 'pending', 'blocked', 'running')"
                 ))?
-                .query_map(params![queue, limit], job_from_row)?
-                .collect::<rusqlite::Result<Vec<_>>>()?)
+                .query_row([key], job_from_row)
+                .optional()?)
         })
     }
 
