@@ -48,7 +48,8 @@ fn stores() -> Vec<(&'static str, Fresh)> {
         out.push((
             "mysql",
             Box::new(move || {
-                let url = super::mysql_bench::fresh_database_named(&server, "tickler_bench_waiting");
+                let url =
+                    super::mysql_bench::fresh_database_named(&server, "tickler_bench_waiting");
                 Queue::open(url).expect("open")
             }),
         ));
@@ -125,10 +126,12 @@ pub(super) fn run() {
             }
         }
         let (with, without) = (median(with), median(without));
-        emit(json!({"scenario": "waiting", "engine": engine, "waiting": WAITING,
+        emit(
+            json!({"scenario": "waiting", "engine": engine, "waiting": WAITING,
             "jobs": JOBS, "batch": BATCH,
             "jobs_per_s_without": (JOBS as f64 / without).round(),
             "jobs_per_s_with": (JOBS as f64 / with).round(),
-            "with_over_without": ((with / without) * 1000.0).round() / 1000.0}));
+            "with_over_without": ((with / without) * 1000.0).round() / 1000.0}),
+        );
     }
 }

@@ -456,7 +456,8 @@ pub struct JobCursor {
     pub(crate) id: JobId,
     pub(crate) priority: i32,
     /// The time the state orders by, ms: due time (pending, blocked,
-    /// scheduled), lease expiry (running), finish time (finished).
+    /// scheduled), lease expiry (running), finish time (finished); 0 for
+    /// waiting jobs, in id order.
     pub(crate) at_ms: i64,
 }
 
@@ -466,6 +467,8 @@ impl JobCursor {
         let at = match job.state {
             JobState::Pending | JobState::Blocked | JobState::Scheduled => Some(job.run_at),
             JobState::Running => job.lease_expires_at,
+            // Waiting jobs are in id order.
+            JobState::Waiting => None,
             JobState::Succeeded | JobState::Dead | JobState::Cancelled => job.finished_at,
         };
         JobCursor {
@@ -542,6 +545,7 @@ pub(crate) fn page_after(state: JobState, after: Option<&JobCursor>) -> Vec<Stri
             format!("priority < {p}"),
         ],
         JobState::Scheduled => vec![format!("run_at >= {at} AND (run_at > {at} OR id > {id})")],
+        JobState::Waiting => vec![format!("id > {id}")],
         JobState::Running => vec![format!(
             "lease_expires_at >= {at} AND (lease_expires_at > {at} OR id > {id})"
         )],

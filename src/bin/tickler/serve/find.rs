@@ -134,6 +134,10 @@ fn when(now: DateTime<Utc>, job: &Job) -> String {
             time(now, job.run_at)
         ),
         JobState::Scheduled => format!("delayed, due {}", time(now, job.run_at)),
+        JobState::Waiting => format!(
+            "waiting for the jobs it runs after since {}",
+            time(now, job.created_at)
+        ),
         JobState::Running => format!(
             "running for {} by {}, lease ends {}",
             job.claimed_at.map_or_else(
@@ -349,6 +353,21 @@ pub(super) fn job(queue: &Queue, id: &str, hide: &Hide, csrf: &str) -> tickler::
         ),
     );
     row("rate deferrals", job.rate_deferrals.to_string());
+    let parents = queue.parents(job.id)?;
+    if !parents.is_empty() {
+        let links: Vec<String> = parents
+            .iter()
+            .map(|p| {
+                format!(
+                    "<a href=/jobs/{id}>{id}</a> (if it fails: {}{})",
+                    p.if_fails.as_str(),
+                    if p.resolved { ", done" } else { "" },
+                    id = p.parent
+                )
+            })
+            .collect();
+        row("runs after", links.join(", "));
+    }
     let why = match queue.explain(job.id) {
         Ok(e) => esc(&e.to_string()),
         Err(e) => esc(&format!("(cannot be explained: {e})")),
