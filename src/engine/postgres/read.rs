@@ -172,7 +172,7 @@ impl Reads for Store {
         check_text("unique key", key)?;
         let sql = format!(
             "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE unique_key = $1
-               AND status IN ('scheduled', 'pending', 'blocked', 'running')"
+               AND status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting')"
         );
         self.read(|tx| {
             tx.query_opt(&sql, &[&key])?

@@ -224,7 +224,7 @@ impl Reads for Store {
             Ok(conn
                 .prepare_cached(&format!(
                     "SELECT {JOB_COLUMNS} FROM tickler_jobs WHERE unique_key = ?1
-                       AND status IN ('scheduled', 'pending', 'blocked', 'running')"
+                       AND status IN ('scheduled', 'pending', 'blocked', 'running', 'waiting')"
                 ))?
                 .query_row([key], job_from_row)
                 .optional()?)
