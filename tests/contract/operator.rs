@@ -660,3 +660,78 @@ mod other_queues_reports {
     }
     }
 }
+
+contract! {
+fn bulk_actions_on_dead_jobs_take_only_their_queue_and_kind() {
+    let (_dir, path) = common::temp_db();
+    let (queue, _clock) = common::manual_queue(&path);
+    // Dead jobs: (queue a, kind x) twice, (a, y), (b, x); one pending
+    // (a, x) that no dead-job action may touch.
+    let dead = |q: &str, kind: &str| -> JobId {
+        let id = queue.enqueue(NewJob::new(kind).queue(q)).unwrap();
+        let lease = queue.manual().claim(q, "w", 1, secs(60)).unwrap().remove(0);
+        assert_eq!(lease.job_id, id);
+        queue.manual().fail_permanently(&lease, "gave up").unwrap();
+        id
+    };
+    let ax = [dead("a", "x"), dead("a", "x")];
+    let ay = dead("a", "y");
+    let bx = dead("b", "x");
+    let pending = queue.enqueue(NewJob::new("x").queue("a")).unwrap();
+    let count = |q: Option<&str>, k: Option<&str>, cap: u64| {
+        queue.ops().count_matching(JobState::Dead, q, k, cap).unwrap()
+    };
+    assert_eq!(count(None, None, 100), 4);
+    assert_eq!(count(Some("a"), None, 100), 3);
+    assert_eq!(count(None, Some("x"), 100), 3);
+    assert_eq!(count(Some("a"), Some("x"), 100), 2);
+    assert_eq!(count(Some("c"), None, 100), 0);
+    assert_eq!(count(Some("a"), None, 2), 2, "the cap bounds the count");
+    assert_eq!(
+        queue.ops().count_matching(JobState::Pending, Some("a"), Some("x"), 100).unwrap(),
+        1
+    );
+
+    assert_eq!(queue.retry_dead_matching(Some("a"), Some("x")).unwrap(), (2, 0));
+    for id in ax {
+        let job = queue.get(id).unwrap();
+        assert_eq!((job.state, job.attempts), (JobState::Pending, 0));
+    }
+    assert_eq!(queue.get(ay).unwrap().state, JobState::Dead);
+    assert_eq!(queue.get(bx).unwrap().state, JobState::Dead);
+
+    assert_eq!(queue.delete_dead(None, Some("x")).unwrap(), 1, "only b's x");
+    assert!(matches!(queue.get(bx), Err(Error::NotFound(_))));
+    assert_eq!(queue.get(ay).unwrap().state, JobState::Dead);
+    assert_eq!(queue.delete_dead(Some("b"), None).unwrap(), 0);
+    assert_eq!(queue.delete_dead(Some("a"), None).unwrap(), 1);
+    assert!(matches!(queue.get(ay), Err(Error::NotFound(_))));
+    for id in ax.into_iter().chain([pending]) {
+        assert_eq!(queue.get(id).unwrap().state, JobState::Pending);
+    }
+    assert_eq!(count(None, None, 100), 0);
+}
+}
+
+contract! {
+fn oldest_due_is_the_earliest_due_time_of_a_queue() {
+    let (_dir, path) = common::temp_db();
+    let (queue, clock) = common::manual_queue(&path);
+    assert_eq!(queue.ops().oldest_due("a").unwrap(), None);
+    // A later due time at a higher priority: the oldest is by due time,
+    // not claim order.
+    queue.enqueue(NewJob::new("k").queue("a")).unwrap();
+    let first = clock.now();
+    clock.advance(secs(10));
+    queue.enqueue(NewJob::new("k").queue("a").priority(5)).unwrap();
+    queue.enqueue(NewJob::new("k").queue("b")).unwrap();
+    assert_eq!(queue.ops().oldest_due("a").unwrap(), Some(first));
+    assert_eq!(queue.ops().oldest_due("b").unwrap(), Some(clock.now()));
+    // A scheduled job counts once it is due, even before it is promoted.
+    let later = clock.now() + ChronoDuration::seconds(60);
+    queue.enqueue(NewJob::new("k").queue("c").run_at(later)).unwrap();
+    assert_eq!(queue.ops().oldest_due("c").unwrap(), None);
+    clock.advance(secs(61));
+    assert_eq!(queue.ops().oldest_due("c").unwrap(), Some(later));
+}
+}

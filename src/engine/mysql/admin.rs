@@ -125,16 +125,19 @@ impl Admin for Store {
     fn retry_dead_batch(
         &self,
         queue: Option<&str>,
+        kind: Option<&str>,
         after_id: i64,
         limit: i64,
     ) -> Result<RetryDeadBatch> {
         self.write(|tx, _| {
             let dead = tx.rows_named(
                 "SELECT id, unique_key FROM tickler_jobs
-                 WHERE status = 'dead' AND (:queue IS NULL OR queue = :queue) AND id > :after
+                 WHERE status = 'dead' AND (:queue IS NULL OR queue = :queue)
+                   AND (:kind IS NULL OR kind = :kind) AND id > :after
                  ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED",
                 &[
                     ("queue", Value::from(queue)),
+                    ("kind", Value::from(kind)),
                     ("after", Value::from(after_id)),
                     ("limit", Value::from(limit)),
                 ],
@@ -167,6 +170,47 @@ impl Admin for Store {
                 last_id,
                 seen: dead.len(),
             })
+        })
+    }
+
+    fn delete_dead_batch(
+        &self,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        limit: i64,
+    ) -> Result<u64> {
+        self.write(|tx, _| {
+            // The lease rule of prune_batch. MySQL refuses a LIMIT in a
+            // subquery of IN and a DELETE reading its own table: the ids
+            // are locked and read first, then deleted in one statement.
+            let now = self.now_ms();
+            let ids: Vec<Value> = tx
+                .rows_named(
+                    "SELECT id FROM tickler_jobs
+                     WHERE status = 'dead' AND finished_at IS NOT NULL
+                       AND (:queue IS NULL OR queue = :queue) AND (:kind IS NULL OR kind = :kind)
+                       AND (lease_expires_at IS NULL OR (lease_expires_at < :now AND limit_name IS NULL))
+                     LIMIT :limit FOR UPDATE SKIP LOCKED",
+                    &[
+                        ("queue", Value::from(queue)),
+                        ("kind", Value::from(kind)),
+                        ("now", Value::from(now)),
+                        ("limit", Value::from(limit)),
+                    ],
+                )?
+                .iter()
+                .map(|r| get::<i64>(r, 0).map(Value::from))
+                .collect::<Result<_>>()?;
+            if ids.is_empty() {
+                return Ok(0);
+            }
+            tx.exec(
+                &format!(
+                    "DELETE FROM tickler_jobs WHERE id IN ({})",
+                    marks(ids.len())
+                ),
+                ids,
+            )
         })
     }
 

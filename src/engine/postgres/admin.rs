@@ -97,15 +97,17 @@ impl Admin for Store {
     fn retry_dead_batch(
         &self,
         queue: Option<&str>,
+        kind: Option<&str>,
         after_id: i64,
         limit: i64,
     ) -> Result<RetryDeadBatch> {
         self.write(|tx, _| {
             let dead = tx.query(
                 "SELECT id, unique_key FROM tickler_jobs
-                 WHERE status = 'dead' AND ($1::text IS NULL OR queue = $1) AND id > $2
+                 WHERE status = 'dead' AND ($1::text IS NULL OR queue = $1)
+                   AND ($4::text IS NULL OR kind = $4) AND id > $2
                  ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED",
-                &[&queue, &after_id, &limit],
+                &[&queue, &after_id, &limit, &kind],
             )?;
             let now = self.now_ms();
             let (mut retried, mut left_dead) = (0u64, 0u64);
@@ -135,6 +137,28 @@ impl Admin for Store {
                 last_id,
                 seen: dead.len(),
             })
+        })
+    }
+
+    fn delete_dead_batch(
+        &self,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        limit: i64,
+    ) -> Result<u64> {
+        self.write(|tx, _| {
+            // The lease rule of prune_batch; rows another transaction
+            // holds are left for a later batch.
+            let now = self.now_ms();
+            tx.execute(
+                "DELETE FROM tickler_jobs WHERE id IN (
+                     SELECT id FROM tickler_jobs
+                     WHERE status = 'dead' AND finished_at IS NOT NULL
+                       AND ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR kind = $2)
+                       AND (lease_expires_at IS NULL OR (lease_expires_at < $3 AND limit_name IS NULL))
+                     LIMIT $4 FOR UPDATE SKIP LOCKED)",
+                &[&queue, &kind, &now, &limit],
+            )
         })
     }
 

@@ -112,6 +112,7 @@ impl Admin for Store {
     fn retry_dead_batch(
         &self,
         queue: Option<&str>,
+        kind: Option<&str>,
         after_id: i64,
         limit: i64,
     ) -> Result<RetryDeadBatch> {
@@ -119,10 +120,11 @@ impl Admin for Store {
             let dead: Vec<(i64, Option<String>)> = tx
                 .prepare_cached(
                     "SELECT id, unique_key FROM tickler_jobs
-                     WHERE status = 'dead' AND (?1 IS NULL OR queue = ?1) AND id > ?2
+                     WHERE status = 'dead' AND (?1 IS NULL OR queue = ?1)
+                       AND (?4 IS NULL OR kind = ?4) AND id > ?2
                      ORDER BY id LIMIT +?3",
                 )?
-                .query_map(params![queue, after_id, limit], |r| {
+                .query_map(params![queue, after_id, limit, kind], |r| {
                     Ok((r.get(0)?, r.get(1)?))
                 })?
                 .collect::<rusqlite::Result<_>>()?;
@@ -153,6 +155,30 @@ impl Admin for Store {
                 seen: dead.len(),
             })
         })
+    }
+
+    fn delete_dead_batch(
+        &self,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        limit: i64,
+    ) -> Result<u64> {
+        let now = self.now_ms();
+        let deleted = self.write(|tx| {
+            // The lease rule of prune_batch: a dead job whose holder may
+            // still run keeps its row (and unique_key) until the lease ends.
+            Ok(tx
+                .prepare_cached(
+                    "DELETE FROM tickler_jobs WHERE id IN (
+                         SELECT id FROM tickler_jobs
+                         WHERE status = 'dead' AND finished_at IS NOT NULL
+                           AND (?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR kind = ?2)
+                           AND (lease_expires_at IS NULL OR (lease_expires_at < ?3 AND limit_name IS NULL))
+                         LIMIT +?4)",
+                )?
+                .execute(params![queue, kind, now, limit])?)
+        })?;
+        Ok(deleted as u64)
     }
 
     fn set_queue_paused(&self, queue: &str, paused: bool) -> Result<()> {
