@@ -804,6 +804,19 @@ pub(crate) trait Admin {
     fn delete_dead_batch(&self, queue: Option<&str>, kind: Option<&str>, limit: i64)
         -> Result<u64>;
 
+    /// One transaction of [`crate::Queue::cancel_pending`]: cancels up to
+    /// `limit` pending jobs (of `queue` and of `kind`, each if given) in
+    /// one statement, as [`crate::Queue::cancel`] does each (their leases,
+    /// if any, kept). Returns how many, and the (limit, key) of each
+    /// cancelled job that named a limit, once each, whose blocked jobs may
+    /// now fit.
+    fn cancel_pending_batch(
+        &self,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        limit: i64,
+    ) -> Result<(u64, Vec<(String, String)>)>;
+
     /// See [`crate::Queue::pause_queue`] and [`crate::Queue::resume_queue`];
     /// resuming wakes the watchers of every process.
     fn set_queue_paused(&self, queue: &str, paused: bool) -> Result<()>;

@@ -545,6 +545,34 @@ impl Queue {
         Ok((retried, left_dead))
     }
 
+    /// Cancels every pending job of `queue` and of `kind`, each if given
+    /// (both `None`: every pending job), as [`Queue::cancel`] does one by
+    /// one, in transactions of at most a few thousand jobs, each one
+    /// statement; jobs scheduled for later, blocked or running are left
+    /// alone. A limit's slot that a cancelled job was handed goes on to
+    /// the next blocked job of its key. Unlike [`Queue::cancel`], it emits
+    /// no [`JobEventKind::Cancelled`] events (it may touch any number of
+    /// jobs). Returns how many were cancelled.
+    ///
+    /// # Errors
+    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]; jobs
+    /// cancelled by earlier transactions stay cancelled.
+    pub fn cancel_pending(&self, queue: Option<&str>, kind: Option<&str>) -> Result<u64> {
+        let mut total = 0u64;
+        loop {
+            let (cancelled, keys) = self
+                .engine()
+                .cancel_pending_batch(queue, kind, PRUNE_BATCH)?;
+            total += cancelled;
+            if !keys.is_empty() {
+                self.engine().release_limit_keys(keys)?;
+            }
+            if (cancelled as i64) < PRUNE_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
     /// Deletes the dead jobs of `queue` and of `kind`, each if given (both
     /// `None`: every dead job), whenever they died, in transactions of at
     /// most a few thousand jobs, each one statement. A dead job whose

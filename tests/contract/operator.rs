@@ -735,3 +735,63 @@ fn oldest_due_is_the_earliest_due_time_of_a_queue() {
     assert_eq!(queue.ops().oldest_due("c").unwrap(), Some(later));
 }
 }
+
+contract! {
+fn cancel_pending_takes_only_pending_jobs_of_its_queue_and_kind_and_hands_on_their_slots() {
+    let (_dir, path) = common::temp_db();
+    let (queue, _clock) = common::manual_queue(&path);
+    queue.set_limit("l", tickler::Limit::per_key(1)).unwrap();
+    let running = queue.enqueue(NewJob::new("x").queue("a")).unwrap();
+    let lease = queue.manual().claim("a", "w", 1, secs(60)).unwrap().remove(0);
+    assert_eq!(lease.job_id, running);
+    let ax = [
+        queue.enqueue(NewJob::new("x").queue("a")).unwrap(),
+        queue.enqueue(NewJob::new("x").queue("a")).unwrap(),
+    ];
+    let ay = queue.enqueue(NewJob::new("y").queue("a")).unwrap();
+    let bx = queue.enqueue(NewJob::new("x").queue("b")).unwrap();
+    let later = queue.enqueue(NewJob::new("x").queue("a").delay(secs(60))).unwrap();
+    // Key k of limit l: the first job runs, the others are blocked; when
+    // it is done its slot is handed to the second (pending), the third
+    // still waits.
+    let first = queue.enqueue(NewJob::new("w").queue("c").limit("l", "k")).unwrap();
+    let slot = queue.enqueue(NewJob::new("x").queue("c").limit("l", "k")).unwrap();
+    let waiting = queue.enqueue(NewJob::new("z").queue("c").limit("l", "k")).unwrap();
+    let leases = queue.manual().claim("c", "w", 10, secs(60)).unwrap();
+    assert_eq!(leases.iter().map(|l| l.job_id).collect::<Vec<_>>(), vec![first]);
+    queue.manual().complete(&leases[0]).unwrap();
+    assert_eq!(queue.get(slot).unwrap().state, JobState::Pending);
+    assert_eq!(queue.get(waiting).unwrap().state, JobState::Blocked);
+    assert_eq!(
+        queue.ops().count_matching(JobState::Pending, Some("a"), Some("x"), 100).unwrap(),
+        2
+    );
+
+    assert_eq!(queue.cancel_pending(Some("a"), Some("x")).unwrap(), 2);
+    for id in ax {
+        assert_eq!(queue.get(id).unwrap().state, JobState::Cancelled);
+        assert!(queue.get(id).unwrap().finished_at.is_some());
+    }
+    for (id, state) in [
+        (ay, JobState::Pending),
+        (bx, JobState::Pending),
+        (later, JobState::Scheduled),
+        (running, JobState::Running),
+        (slot, JobState::Pending),
+    ] {
+        assert_eq!(queue.get(id).unwrap().state, state, "job {id}");
+    }
+
+    assert_eq!(queue.cancel_pending(None, Some("x")).unwrap(), 2, "b's and c's");
+    assert_eq!(queue.get(bx).unwrap().state, JobState::Cancelled);
+    assert_eq!(queue.get(slot).unwrap().state, JobState::Cancelled);
+    assert_eq!(
+        queue.get(waiting).unwrap().state,
+        JobState::Pending,
+        "the cancelled job's slot went on to the blocked one"
+    );
+    assert_eq!(queue.cancel_pending(Some("nowhere"), None).unwrap(), 0);
+    // The running job's holder is untouched.
+    queue.manual().complete(&lease).unwrap();
+}
+}

@@ -214,6 +214,53 @@ impl Admin for Store {
         })
     }
 
+    fn cancel_pending_batch(
+        &self,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        limit: i64,
+    ) -> Result<(u64, Vec<(String, String)>)> {
+        self.write(|tx, _| {
+            // No UPDATE … RETURNING: the rows are locked and read, then
+            // cancelled in one statement.
+            let rows = tx.rows_named(
+                "SELECT id, limit_name, limit_key FROM tickler_jobs
+                 WHERE status = 'pending'
+                   AND (:queue IS NULL OR queue = :queue) AND (:kind IS NULL OR kind = :kind)
+                 LIMIT :limit FOR UPDATE SKIP LOCKED",
+                &[
+                    ("queue", Value::from(queue)),
+                    ("kind", Value::from(kind)),
+                    ("limit", Value::from(limit)),
+                ],
+            )?;
+            if rows.is_empty() {
+                return Ok((0, Vec::new()));
+            }
+            let mut ids = Vec::with_capacity(rows.len());
+            let mut keys = std::collections::BTreeSet::new();
+            let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+            for r in &rows {
+                ids.push(Value::from(get::<i64>(r, 0)?));
+                if let Some(name) = get::<Option<Vec<u8>>>(r, 1)? {
+                    let key = get::<Option<Vec<u8>>>(r, 2)?.map(text).unwrap_or_default();
+                    keys.insert((text(name), key));
+                }
+            }
+            let mut values = vec![Value::from(self.now_ms())];
+            let marks = marks(ids.len());
+            values.extend(ids);
+            let n = tx.exec(
+                &format!(
+                    "UPDATE tickler_jobs SET status = 'cancelled', finished_at = ?
+                     WHERE id IN ({marks}) AND status = 'pending'"
+                ),
+                values,
+            )?;
+            Ok((n, keys.into_iter().collect()))
+        })
+    }
+
     fn set_queue_paused(&self, queue: &str, paused: bool) -> Result<()> {
         check_name("queue", queue)?;
         self.write(|tx, _| {

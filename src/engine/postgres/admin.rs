@@ -162,6 +162,38 @@ impl Admin for Store {
         })
     }
 
+    fn cancel_pending_batch(
+        &self,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        limit: i64,
+    ) -> Result<(u64, Vec<(String, String)>)> {
+        self.write(|tx, _| {
+            let now = self.now_ms();
+            // Rows another transaction holds (a claim taking them) are
+            // passed over: that claim wins them.
+            let rows = tx.query(
+                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = $1
+                 WHERE id IN (
+                     SELECT id FROM tickler_jobs WHERE status = 'pending'
+                       AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR kind = $3)
+                     LIMIT $4 FOR UPDATE SKIP LOCKED)
+                   AND status = 'pending'
+                 RETURNING limit_name, limit_key",
+                &[&now, &queue, &kind, &limit],
+            )?;
+            let keys: std::collections::BTreeSet<(String, String)> = rows
+                .iter()
+                .filter_map(|r| {
+                    let name: Option<String> = r.get(0);
+                    let key: Option<String> = r.get(1);
+                    name.map(|name| (name, key.unwrap_or_default()))
+                })
+                .collect();
+            Ok((rows.len() as u64, keys.into_iter().collect()))
+        })
+    }
+
     fn set_queue_paused(&self, queue: &str, paused: bool) -> Result<()> {
         self.write(|tx, _| {
             let now = self.now_ms();

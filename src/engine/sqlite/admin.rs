@@ -181,6 +181,35 @@ impl Admin for Store {
         Ok(deleted as u64)
     }
 
+    fn cancel_pending_batch(
+        &self,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        limit: i64,
+    ) -> Result<(u64, Vec<(String, String)>)> {
+        let now = self.now_ms();
+        self.write(|tx| {
+            let mut keys = std::collections::BTreeSet::new();
+            let mut n = 0u64;
+            let mut stmt = tx.prepare_cached(
+                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = ?1
+                 WHERE id IN (
+                     SELECT id FROM tickler_jobs WHERE status = 'pending'
+                       AND (?2 IS NULL OR queue = ?2) AND (?3 IS NULL OR kind = ?3)
+                     LIMIT +?4)
+                 RETURNING limit_name, limit_key",
+            )?;
+            let mut rows = stmt.query(params![now, queue, kind, limit])?;
+            while let Some(r) = rows.next()? {
+                n += 1;
+                if let Some(name) = r.get::<_, Option<String>>(0)? {
+                    keys.insert((name, r.get::<_, Option<String>>(1)?.unwrap_or_default()));
+                }
+            }
+            Ok((n, keys.into_iter().collect()))
+        })
+    }
+
     fn set_queue_paused(&self, queue: &str, paused: bool) -> Result<()> {
         let now = self.now_ms();
         self.write(|tx| {
