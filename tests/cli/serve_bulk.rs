@@ -280,3 +280,56 @@ fn a_queue_waiting_over_the_threshold_is_marked() {
         "{refused:?}"
     );
 }
+
+#[test]
+fn cancelling_all_pending_jobs_of_a_kind_leaves_other_kinds_and_later_jobs() {
+    let env = filled();
+    let q = env.queue();
+    let send: Vec<JobId> = ["mail", "outbox"]
+        .iter()
+        .map(|queue| q.enqueue(NewJob::new("send").queue(*queue)).unwrap())
+        .collect();
+    let later = q
+        .enqueue(
+            NewJob::new("send")
+                .queue("mail")
+                .delay(Duration::from_secs(3600)),
+        )
+        .unwrap();
+    let served = serve(&env, &[]);
+    let (_, _, page) = http(&served.addr, "GET", "/", &[], "");
+    assert!(
+        page.contains("value=cancel-pending id=bulk-kind-cancel>"),
+        "{page}"
+    );
+    let csrf = csrf_of(&page);
+    let form = format!("action=cancel-pending&kind=send&queue=&csrf={csrf}");
+    let (status, _, confirm) = http(&served.addr, "POST", "/confirm", &[], &form);
+    assert_eq!(status, 200, "{confirm}");
+    assert!(
+        confirm.contains("Cancel 2 pending jobs of kind send?"),
+        "{confirm}"
+    );
+    assert!(send
+        .iter()
+        .all(|&id| env.job(id).state == JobState::Pending));
+    let (status, head, _) = http(&served.addr, "POST", "/bulk", &[], &form);
+    assert_eq!(status, 303, "{head}");
+    let page = follow(&served.addr, &head);
+    assert!(
+        page.contains("Done: cancelled 2 pending jobs of kind send."),
+        "{page}"
+    );
+    for id in send {
+        assert_eq!(env.job(id).state, JobState::Cancelled);
+    }
+    assert_eq!(env.job(later).state, JobState::Scheduled);
+    // The jobs of kind k that filled() left pending in mail are not touched.
+    assert_eq!(
+        env.queue()
+            .ops()
+            .count_matching(JobState::Pending, Some("mail"), Some("k"), 100)
+            .unwrap(),
+        3
+    );
+}

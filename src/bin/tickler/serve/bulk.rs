@@ -28,6 +28,11 @@ pub(super) enum Action {
         queue: Option<String>,
         kind: Option<String>,
     },
+    /// Pending jobs of a queue and of a kind (each if given) cancelled.
+    CancelPending {
+        queue: Option<String>,
+        kind: Option<String>,
+    },
     PauseSchedule(String),
     ResumeSchedule(String),
 }
@@ -44,6 +49,7 @@ impl Action {
         match form_value(body, "action").as_deref() {
             Some("retry-dead") => Ok(Action::RetryDead { queue, kind }),
             Some("delete-dead") => Ok(Action::DeleteDead { queue, kind }),
+            Some("cancel-pending") => Ok(Action::CancelPending { queue, kind }),
             Some("pause-schedule") => Ok(Action::PauseSchedule(schedule()?)),
             Some("resume-schedule") => Ok(Action::ResumeSchedule(schedule()?)),
             other => Err(tickler::Error::InvalidArgument(format!(
@@ -78,6 +84,14 @@ impl Action {
             .into_iter()
             .flatten()
             .collect(),
+            Action::CancelPending { queue, kind } => [
+                Some(("action", "cancel-pending")),
+                pair("queue", queue),
+                pair("kind", kind),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
             Action::PauseSchedule(name) => vec![("action", "pause-schedule"), ("schedule", name)],
             Action::ResumeSchedule(name) => vec![("action", "resume-schedule"), ("schedule", name)],
         }
@@ -99,6 +113,10 @@ fn jobs(n: u64) -> String {
     format!("{n} dead job{}", if n == 1 { "" } else { "s" })
 }
 
+fn pending(n: u64) -> String {
+    format!("{n} pending job{}", if n == 1 { "" } else { "s" })
+}
+
 /// How many jobs (or schedules) `action` would change now, and whether
 /// the count stopped at the cap. A schedule that does not exist is
 /// `Error::NotFound`-like: a clear error, not a count of 0.
@@ -107,6 +125,15 @@ fn count(queue: &Queue, action: &Action) -> tickler::Result<(u64, bool)> {
         Action::RetryDead { queue: q, kind } | Action::DeleteDead { queue: q, kind } => {
             let n = queue.ops().count_matching(
                 JobState::Dead,
+                q.as_deref(),
+                kind.as_deref(),
+                COUNT_CAP,
+            )?;
+            Ok((n, n >= COUNT_CAP))
+        }
+        Action::CancelPending { queue: q, kind } => {
+            let n = queue.ops().count_matching(
+                JobState::Pending,
                 q.as_deref(),
                 kind.as_deref(),
                 COUNT_CAP,
@@ -139,6 +166,10 @@ pub(super) fn confirm_page(queue: &Queue, csrf: &str, body: &str) -> tickler::Re
         Action::DeleteDead { queue, kind } => (
             format!("Delete {} {}?{plus} They and their errors are gone for good.", jobs(n), scope(queue, kind)),
             format!("delete {}", jobs(n)),
+        ),
+        Action::CancelPending { queue, kind } => (
+            format!("Cancel {} {}?{plus} Jobs due later, blocked or running are left alone.", pending(n), scope(queue, kind)),
+            format!("cancel {}", pending(n)),
         ),
         Action::PauseSchedule(name) => (
             if n == 0 { format!("Schedule {name} is already paused.") } else { format!("Pause schedule {name}? 1 schedule stops ticking until resumed.") },
@@ -200,6 +231,10 @@ pub(super) fn run(queue: &Queue, body: &str) -> tickler::Result<String> {
         Action::DeleteDead { queue: q, kind } => {
             let n = queue.delete_dead(q.as_deref(), kind.as_deref())?;
             format!("deleted {} {}", jobs(n), scope(&q, &kind))
+        }
+        Action::CancelPending { queue: q, kind } => {
+            let n = queue.cancel_pending(q.as_deref(), kind.as_deref())?;
+            format!("cancelled {} {}", pending(n), scope(&q, &kind))
         }
         Action::PauseSchedule(name) => {
             queue.pause_schedule(&name)?;

@@ -203,7 +203,9 @@ pub(super) fn queues_html(glance: &Glance, csrf: &str) -> String {
     for state in JobState::ALL {
         let _ = write!(html, "<th>{}</th>", state.as_str());
     }
-    html.push_str("<th>oldest due waited</th><th>status</th><th>runs</th><th>dead jobs</th></tr>");
+    html.push_str(
+        "<th>oldest due waited</th><th>status</th><th>runs</th><th>all at once</th></tr>",
+    );
     for q in &glance.queues {
         let _ = write!(
             html,
@@ -235,15 +237,31 @@ pub(super) fn queues_html(glance: &Glance, csrf: &str) -> String {
             .counts
             .iter()
             .any(|&(s, n, _)| s == JobState::Dead && n > 0);
-        let bulk = if dead {
-            format!(
-                "{} {}",
-                confirm_button(csrf, "retry-dead", &[("queue", &q.name)], "retry all"),
-                confirm_button(csrf, "delete-dead", &[("queue", &q.name)], "delete all")
-            )
-        } else {
-            String::new()
-        };
+        let mut bulk = String::new();
+        if dead {
+            let _ = write!(
+                bulk,
+                "{} {} ",
+                confirm_button(csrf, "retry-dead", &[("queue", &q.name)], "retry all dead"),
+                confirm_button(
+                    csrf,
+                    "delete-dead",
+                    &[("queue", &q.name)],
+                    "delete all dead"
+                )
+            );
+        }
+        if q.counts
+            .iter()
+            .any(|&(s, n, _)| s == JobState::Pending && n > 0)
+        {
+            bulk.push_str(&confirm_button(
+                csrf,
+                "cancel-pending",
+                &[("queue", &q.name)],
+                "cancel all pending",
+            ));
+        }
         let _ = write!(
             html,
             "<td class=n data-wait=\"{n}\">{}</td><td class=\"{}\" data-status=\"{n}\">{}</td>\
@@ -255,14 +273,15 @@ pub(super) fn queues_html(glance: &Glance, csrf: &str) -> String {
         );
     }
     html.push_str("</table>");
-    // Dead jobs of one kind, in every queue or in one.
+    // Jobs of one kind, in every queue or in one.
     let _ = write!(
         html,
         "<form id=bulk-kind method=post action=/confirm><input type=hidden name=csrf value={csrf}>\
-         dead jobs of kind <input name=kind required size=16> in queue \
-         <input name=queue size=12 placeholder=\"any queue\"> \
-         <button type=submit name=action value=retry-dead id=bulk-kind-retry>retry all</button> \
-         <button type=submit name=action value=delete-dead id=bulk-kind-delete>delete all</button></form>"
+         jobs of kind <input name=kind required size=16> in queue \
+         <input name=queue size=12 placeholder=\"any queue\">: \
+         <button type=submit name=action value=retry-dead id=bulk-kind-retry>retry all dead</button> \
+         <button type=submit name=action value=delete-dead id=bulk-kind-delete>delete all dead</button> \
+         <button type=submit name=action value=cancel-pending id=bulk-kind-cancel>cancel all pending</button></form>"
     );
     html
 }
