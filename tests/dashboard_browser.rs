@@ -94,7 +94,7 @@ impl Chromium {
 }
 
 /// `expression`'s value, as JSON (the page's own script is not involved:
-/// the dashboard's CSP allows none).
+/// the dashboard's CSP allows none but its own, which only `?live=1` loads).
 fn eval(tab: &Tab, expression: &str) -> serde_json::Value {
     let object = tab
         .evaluate(&format!("JSON.stringify({expression})"), false)

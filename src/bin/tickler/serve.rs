@@ -485,8 +485,8 @@ fn seconds(d: std::time::Duration) -> String {
     }
 }
 
-/// The last hour, one column per minute, as inline SVG (no script, so the
-/// page's Content-Security-Policy stays `default-src 'none'`): jobs
+/// The last hour, one column per minute, as inline SVG (drawn by the
+/// server: the page needs no script, and the live refresh swaps it whole): jobs
 /// finished per minute (the counted dead share in red), and below it the
 /// lateness of the jobs that ran (due → start), median as a line, the
 /// worst as dots; the x axis in UTC, as every time on the page. Each
