@@ -2472,7 +2472,8 @@ mod pg_bench {
 }
 
 /// `--only dashboard`: how long `tickler serve` takes to answer `GET /` (the
-/// dashboard page) and `GET /metrics` for a file of `jobs` jobs in every state (mostly
+/// dashboard page), `GET /metrics` and `GET /api/summary` (the live
+/// refresh's read) for a file of `jobs` jobs in every state (mostly
 /// succeeded, three queues), filled with one INSERT … SELECT. Median of 11
 /// requests of each after one warm-up, measured by the client on loopback.
 fn dashboard(jobs: u64) {
@@ -2528,6 +2529,8 @@ fn dashboard(jobs: u64) {
     };
     let (page_median, page_max, page_bytes) = timed("/");
     let (metrics_median, metrics_max, _) = timed("/metrics");
+    // What the live refresh reads every 2 s (counts, marks and the plot).
+    let (summary_median, summary_max, _) = timed("/api/summary");
     let _ = child.kill();
     let _ = child.wait();
     emit(
@@ -2535,6 +2538,7 @@ fn dashboard(jobs: u64) {
         "page_ms_median": round(page_median), "page_ms_max": round(page_max),
         "page_bytes": page_bytes, "target_ms": 200,
         "metrics_ms_median": round(metrics_median), "metrics_ms_max": round(metrics_max),
-        "note": "GET / and GET /metrics of tickler serve, median of 11 each after a warm-up, timed by a client on loopback"}),
+        "summary_ms_median": round(summary_median), "summary_ms_max": round(summary_max),
+        "note": "GET /, GET /metrics and GET /api/summary of tickler serve, median of 11 each after a warm-up, timed by a client on loopback"}),
     );
 }

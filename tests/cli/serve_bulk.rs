@@ -131,6 +131,16 @@ fn a_bulk_delete_needs_the_token_twice_and_says_what_it_did() {
         &format!("action=drop-tables&csrf={csrf}"),
     );
     assert_eq!(status, 400, "{body}");
+    // A schedule that is not there is the operator's mistake, not the
+    // server's.
+    let (status, _, body) = http(
+        &served.addr,
+        "POST",
+        "/confirm",
+        &[],
+        &format!("action=pause-schedule&schedule=nope&csrf={csrf}"),
+    );
+    assert_eq!(status, 404, "{body}");
 }
 
 #[test]

@@ -173,7 +173,7 @@ fn unrebindable_host(host: Option<&str>) -> bool {
 /// retry refused by a unique key with a 500, and its UI fell over).
 fn status_of(e: &tickler::Error) -> u16 {
     match e {
-        tickler::Error::NotFound(_) => 404,
+        tickler::Error::NotFound(_) | tickler::Error::UnknownSchedule { .. } => 404,
         tickler::Error::InvalidState { .. } | tickler::Error::UniqueKeyHeld { .. } => 409,
         tickler::Error::InvalidArgument(_) | tickler::Error::EmptyQueue => 400,
         _ => 500,
