@@ -11,7 +11,7 @@ mod support;
 
 use support::cli;
 
-use cli::serve::{filled, serve, KillOnDrop};
+use cli::serve::{dead_jobs, filled, serve, KillOnDrop};
 use cli::Env;
 use headless_chrome::protocol::cdp::{Emulation, Page};
 use headless_chrome::{Browser, LaunchOptions, Tab};
@@ -394,34 +394,7 @@ fn a_screenshot_of_the_whole_dashboard_is_saved() {
     let tab = chromium.open(&served.url("/"));
 
     // The viewport made as tall as the page: one PNG of all of it.
-    let width = 1280;
-    let height: u32 = serde_json::from_value(eval(
-        &tab,
-        "Math.ceil(document.documentElement.scrollHeight)",
-    ))
-    .unwrap();
-    tab.call_method(Emulation::SetDeviceMetricsOverride {
-        width,
-        height,
-        device_scale_factor: 1.0,
-        mobile: false,
-        scale: None,
-        screen_width: None,
-        screen_height: None,
-        position_x: None,
-        position_y: None,
-        dont_set_visible_size: None,
-        screen_orientation: None,
-        viewport: None,
-        display_feature: None,
-        device_posture: None,
-    })
-    .unwrap();
-    let png = tab
-        .capture_screenshot(Page::CaptureScreenshotFormatOption::Png, None, None, true)
-        .unwrap();
-
-    let path = save_screenshot("dashboard.png", &png);
+    let (path, width, height) = screenshot_page(&tab, "dashboard.png");
 
     let saved = std::fs::read(&path).unwrap();
     assert_eq!(&saved[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
@@ -473,24 +446,6 @@ fn wait_until(tab: &Tab, what: &str, condition: &str) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// `n` dead jobs of kind `kind` in `queue`, each failed for good.
-fn dead_jobs(env: &Env, queue: &str, kind: &str, n: usize) -> Vec<JobId> {
-    let q = env.queue();
-    (0..n)
-        .map(|_| {
-            let id = q.enqueue(NewJob::new(kind).queue(queue)).unwrap();
-            let lease = q
-                .manual()
-                .claim(queue, "t", 1, Duration::from_secs(60))
-                .unwrap()
-                .remove(0);
-            assert_eq!(lease.job_id, id);
-            q.manual().fail_permanently(&lease, "gave up").unwrap();
-            id
-        })
-        .collect()
 }
 
 #[test]

@@ -7,29 +7,10 @@
 
 use crate::support::cli;
 
-use cli::serve::{csrf_of, filled, http, row, serve, table};
+use cli::serve::{csrf_of, dead_jobs, filled, http, row, serve, table};
 use cli::Env;
 use std::time::Duration;
 use tickler::{JobId, JobState, NewJob};
-
-/// `n` dead jobs of `kind` in `queue` (a queue of their own: the claim
-/// takes them).
-fn dead_jobs(env: &Env, queue: &str, kind: &str, n: usize) -> Vec<JobId> {
-    let q = env.queue();
-    (0..n)
-        .map(|_| {
-            let id = q.enqueue(NewJob::new(kind).queue(queue)).unwrap();
-            let lease = q
-                .manual()
-                .claim(queue, "t", 1, Duration::from_secs(60))
-                .unwrap()
-                .remove(0);
-            assert_eq!(lease.job_id, id);
-            q.manual().fail_permanently(&lease, "gave up").unwrap();
-            id
-        })
-        .collect()
-}
 
 fn gone(env: &Env, id: JobId) -> bool {
     matches!(env.queue().get(id), Err(tickler::Error::NotFound(_)))

@@ -109,16 +109,7 @@ impl Admin for Store {
                 .iter()
                 .map(|r| get::<i64>(r, 0).map(Value::from))
                 .collect::<Result<_>>()?;
-            if ids.is_empty() {
-                return Ok(0);
-            }
-            tx.exec(
-                &format!(
-                    "DELETE FROM tickler_jobs WHERE id IN ({})",
-                    marks(ids.len())
-                ),
-                ids,
-            )
+            delete_ids(tx, ids)
         })
     }
 
@@ -201,16 +192,7 @@ impl Admin for Store {
                 .iter()
                 .map(|r| get::<i64>(r, 0).map(Value::from))
                 .collect::<Result<_>>()?;
-            if ids.is_empty() {
-                return Ok(0);
-            }
-            tx.exec(
-                &format!(
-                    "DELETE FROM tickler_jobs WHERE id IN ({})",
-                    marks(ids.len())
-                ),
-                ids,
-            )
+            delete_ids(tx, ids)
         })
     }
 
@@ -294,4 +276,19 @@ fn state_of(tx: &mut Tx<'_>, id: JobId) -> Result<JobState> {
         args![id.0],
     )?;
     get::<String>(&row.ok_or(Error::NotFound(id))?, 0)?.parse()
+}
+
+/// Deletes the rows of `ids` (locked by the caller's read) in one
+/// statement; returns how many.
+fn delete_ids(tx: &mut Tx<'_>, ids: Vec<Value>) -> Result<u64> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    tx.exec(
+        &format!(
+            "DELETE FROM tickler_jobs WHERE id IN ({})",
+            marks(ids.len())
+        ),
+        ids,
+    )
 }

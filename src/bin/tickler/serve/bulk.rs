@@ -61,40 +61,21 @@ impl Action {
 
     /// Its form fields, for the confirm page's second form.
     fn fields(&self) -> Vec<(&'static str, &str)> {
-        fn pair<'a>(
-            name: &'static str,
-            value: &'a Option<String>,
-        ) -> Option<(&'static str, &'a str)> {
-            value.as_deref().map(|v| (name, v))
-        }
-        match self {
-            Action::RetryDead { queue, kind } => [
-                Some(("action", "retry-dead")),
-                pair("queue", queue),
-                pair("kind", kind),
-            ]
-            .into_iter()
-            .flatten()
-            .collect(),
-            Action::DeleteDead { queue, kind } => [
-                Some(("action", "delete-dead")),
-                pair("queue", queue),
-                pair("kind", kind),
-            ]
-            .into_iter()
-            .flatten()
-            .collect(),
-            Action::CancelPending { queue, kind } => [
-                Some(("action", "cancel-pending")),
-                pair("queue", queue),
-                pair("kind", kind),
-            ]
-            .into_iter()
-            .flatten()
-            .collect(),
-            Action::PauseSchedule(name) => vec![("action", "pause-schedule"), ("schedule", name)],
-            Action::ResumeSchedule(name) => vec![("action", "resume-schedule"), ("schedule", name)],
-        }
+        let (action, queue, kind) = match self {
+            Action::RetryDead { queue, kind } => ("retry-dead", queue, kind),
+            Action::DeleteDead { queue, kind } => ("delete-dead", queue, kind),
+            Action::CancelPending { queue, kind } => ("cancel-pending", queue, kind),
+            Action::PauseSchedule(name) => {
+                return vec![("action", "pause-schedule"), ("schedule", name)]
+            }
+            Action::ResumeSchedule(name) => {
+                return vec![("action", "resume-schedule"), ("schedule", name)]
+            }
+        };
+        let mut fields = vec![("action", action)];
+        fields.extend(queue.as_deref().map(|q| ("queue", q)));
+        fields.extend(kind.as_deref().map(|k| ("kind", k)));
+        fields
     }
 }
 
