@@ -2482,7 +2482,8 @@ mod pg_bench {
 }
 
 /// `--only dashboard`: how long `tickler serve` takes to answer `GET /` (the
-/// dashboard page) and `GET /metrics` for a file of `jobs` jobs in every state (mostly
+/// dashboard page), `GET /metrics` and `GET /api/summary` (the live
+/// refresh's read) for a file of `jobs` jobs in every state (mostly
 /// succeeded, three queues), filled with one INSERT … SELECT. Median of 11
 /// requests of each after one warm-up, measured by the client on loopback.
 fn dashboard(jobs: u64) {
@@ -2563,6 +2564,8 @@ fn dashboard(jobs: u64) {
     let (deep_median, deep_max, _) = timed(&deep);
     let (job_median, job_max, _) = timed(&format!("/jobs/{}", dead.id));
     assert_eq!((rows(&filtered), rows(&deep)), (50, 50));
+    // What the live refresh reads every 2 s (counts, marks and the plot).
+    let (summary_median, summary_max, _) = timed("/api/summary");
     let _ = child.kill();
     let _ = child.wait();
     emit(
@@ -2573,6 +2576,7 @@ fn dashboard(jobs: u64) {
         "list_ms_median": round(list_median), "list_ms_max": round(list_max),
         "deep_list_ms_median": round(deep_median), "deep_list_ms_max": round(deep_max),
         "job_ms_median": round(job_median), "job_ms_max": round(job_max),
-        "note": "GET /, /metrics, /jobs filtered by state, queue and kind (first page, and a page past the cursor of a job half-way through the file), /jobs/ID of a dead job; tickler serve, median of 11 each after a warm-up, timed by a client on loopback"}),
+        "summary_ms_median": round(summary_median), "summary_ms_max": round(summary_max),
+        "note": "GET /, /metrics, /api/summary, /jobs filtered by state, queue and kind (first page, and a page past the cursor of a job half-way through the file), /jobs/ID of a dead job; tickler serve, median of 11 each after a warm-up, timed by a client on loopback"}),
     );
 }

@@ -11,7 +11,7 @@ mod support;
 
 use support::cli;
 
-use cli::serve::{filled, serve, KillOnDrop};
+use cli::serve::{dead_jobs, filled, serve, KillOnDrop};
 use cli::Env;
 use headless_chrome::protocol::cdp::{Emulation, Page};
 use headless_chrome::{Browser, LaunchOptions, Tab};
@@ -89,7 +89,7 @@ impl Chromium {
 }
 
 /// `expression`'s value, as JSON (the page's own script is not involved:
-/// the dashboard's CSP allows none).
+/// the dashboard's CSP allows none but its own, which only `?live=1` loads).
 fn eval(tab: &Tab, expression: &str) -> serde_json::Value {
     let object = tab
         .evaluate(&format!("JSON.stringify({expression})"), false)
@@ -288,17 +288,36 @@ fn pausing_a_queue_on_the_page_stops_a_worker_pool_in_another_process() {
     wait_done(&env, &mut worker, &held, "the resumed queue's jobs");
 }
 
-#[test]
-fn a_screenshot_of_the_whole_dashboard_is_saved() {
-    let env = filled();
-    let served = serve(&env, &[]);
-    let chromium = chromium();
-    let tab = chromium.open(&served.url("/"));
+/// Where screenshots go: `TICKLER_SCREENSHOTS` if set, else
+/// `browser-artifacts` in the target folder (which `.ci/run` keeps).
+fn screenshot_dir() -> PathBuf {
+    let dir = std::env::var_os("TICKLER_SCREENSHOTS").map_or_else(
+        || {
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+                .parent()
+                .expect("CARGO_TARGET_TMPDIR is inside the target folder")
+                .join("browser-artifacts")
+        },
+        PathBuf::from,
+    );
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
 
-    // The viewport made as tall as the page: one PNG of all of it.
+/// Writes `png` as `name` in [`screenshot_dir`] and returns its path.
+fn save_screenshot(name: &str, png: &[u8]) -> PathBuf {
+    let path = screenshot_dir().join(name);
+    std::fs::write(&path, png).unwrap();
+    println!("screenshot: {}", path.display());
+    path
+}
+
+/// The tab's whole page as one PNG (the viewport made as tall as the
+/// page), saved as `name`.
+fn screenshot_page(tab: &Tab, name: &str) -> (PathBuf, u32, u32) {
     let width = 1280;
     let height: u32 = serde_json::from_value(eval(
-        &tab,
+        tab,
         "Math.ceil(document.documentElement.scrollHeight)",
     ))
     .unwrap();
@@ -322,16 +341,18 @@ fn a_screenshot_of_the_whole_dashboard_is_saved() {
     let png = tab
         .capture_screenshot(Page::CaptureScreenshotFormatOption::Png, None, None, true)
         .unwrap();
+    (save_screenshot(name, &png), width, height)
+}
 
-    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .expect("CARGO_TARGET_TMPDIR is inside the target folder")
-        .to_owned();
-    let dir = target.join("browser-artifacts");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("dashboard.png");
-    std::fs::write(&path, &png).unwrap();
-    println!("screenshot: {}", path.display());
+#[test]
+fn a_screenshot_of_the_whole_dashboard_is_saved() {
+    let env = filled();
+    let served = serve(&env, &[]);
+    let chromium = chromium();
+    let tab = chromium.open(&served.url("/"));
+
+    // The viewport made as tall as the page: one PNG of all of it.
+    let (path, width, height) = screenshot_page(&tab, "dashboard.png");
 
     let saved = std::fs::read(&path).unwrap();
     assert_eq!(&saved[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
@@ -382,6 +403,44 @@ fn wait_for(tab: &Tab, what: &str, condition: &str) {
                 .and_then(|o| o.value);
             panic!(
                 "timed out waiting for {what}: at {}, the page says {text:?}",
+                tab.get_url()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The text of the element `selector` (JS), trimmed.
+fn text(tab: &Tab, selector: &str) -> String {
+    let v = eval(
+        tab,
+        &format!("(document.querySelector({selector:?}) || {{innerText: ''}}).innerText.trim()"),
+    );
+    v.as_str().unwrap_or_default().to_owned()
+}
+
+/// Waits until `condition` (JS) holds on whatever page the tab shows.
+fn wait_until(tab: &Tab, what: &str, condition: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let ready = tab
+            .evaluate(
+                &format!("document.readyState === 'complete' && ({condition})"),
+                false,
+            )
+            .ok()
+            .and_then(|o| o.value)
+            .and_then(|v| v.as_bool());
+        if ready == Some(true) {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let body = tab
+                .evaluate("document.body ? document.body.innerText : ''", false)
+                .ok()
+                .and_then(|o| o.value);
+            panic!(
+                "timed out waiting for {what}: at {}, the page says {body:?}",
                 tab.get_url()
             );
         }
@@ -622,4 +681,187 @@ fn a_job_page_shows_its_history_and_hides_what_it_is_told_to() {
         "{body}"
     );
     assert!(body.contains("gateway timeout"));
+}
+
+#[test]
+fn a_bulk_retry_asks_with_the_count_then_retries_them_all_in_the_file() {
+    let env = filled();
+    let dead = dead_jobs(&env, "outbox", "send", 5);
+    let other = dead_jobs(&env, "returns", "send", 1);
+    let served = serve(&env, &[]);
+    let chromium = chromium();
+    let tab = chromium.open(&served.url("/"));
+    assert!(
+        text(&tab, "td[data-status=outbox]").starts_with("needs attention:"),
+        "a queue with dead jobs is marked: {:?}",
+        text(&tab, "td[data-status=outbox]")
+    );
+
+    eval(&tab, "window.ticklerOldPage = true");
+    tab.find_element("#retry-dead-outbox")
+        .unwrap()
+        .click()
+        .unwrap();
+    wait_until(
+        &tab,
+        "the confirm page",
+        "document.querySelector('#confirm-count') !== null",
+    );
+    assert_eq!(text(&tab, "#confirm-count"), dead.len().to_string());
+    assert!(
+        text(&tab, "#confirm-what")
+            .contains(&format!("Retry {} dead jobs of queue outbox", dead.len())),
+        "{}",
+        text(&tab, "#confirm-what")
+    );
+    // The confirm page changed nothing yet.
+    for &id in &dead {
+        assert_eq!(env.job(id).state, JobState::Dead);
+    }
+    screenshot_page(&tab, "confirm.png");
+
+    tab.find_element("#confirm").unwrap().click().unwrap();
+    wait_for(
+        &tab,
+        "the dashboard after the retry",
+        "document.querySelector('table#counts') !== null && document.querySelector('#done') !== null",
+    );
+    assert_eq!(
+        text(&tab, "#done"),
+        format!("Done: retried {} dead jobs of queue outbox.", dead.len())
+    );
+    for &id in &dead {
+        let job = env.job(id);
+        assert_eq!(
+            (job.state, job.attempts),
+            (JobState::Pending, 0),
+            "job {id}"
+        );
+    }
+    assert_eq!(
+        env.job(other[0]).state,
+        JobState::Dead,
+        "another queue's dead job"
+    );
+    assert!(
+        !text(&tab, "td[data-status=outbox]").contains("dead"),
+        "{:?}",
+        text(&tab, "td[data-status=outbox]")
+    );
+    // The sentence is the server's own: a made-up id shows nothing.
+    let forged = chromium.open(&served.url("/?done=%3Cb%3Eretried%201000000%3C/b%3E"));
+    assert!(!exists(&forged, "#done"));
+}
+
+#[test]
+fn a_paused_queue_with_due_work_and_a_missed_schedule_are_marked() {
+    let env = filled();
+    let q = env.queue();
+    q.enqueue(NewJob::new("k").queue("held")).unwrap();
+    q.pause_queue("held").unwrap();
+    // A schedule set an hour ago whose ticks no pool has fired since.
+    let hour_ago = chrono::Utc::now() - chrono::Duration::hours(1);
+    let past = tickler::Queue::builder(&env.db)
+        .clock(Arc::new(tickler::ManualClock::new(hour_ago)))
+        .open()
+        .unwrap();
+    past.upsert_schedule(tickler::NewSchedule::new("every-minute", "* * * * *", "k"))
+        .unwrap();
+    drop(past);
+    let served = serve(&env, &[]);
+    let chromium = chromium();
+    let tab = chromium.open(&served.url("/"));
+
+    let held = text(&tab, "td[data-status=held]");
+    assert!(
+        held.starts_with("needs attention:") && held.contains("paused with due work"),
+        "{held:?}"
+    );
+    assert_eq!(
+        eval(
+            &tab,
+            "document.querySelector('td[data-status=held]').className"
+        ),
+        "mark attention"
+    );
+    let schedule = text(&tab, "tr[data-schedule=every-minute] td.mark");
+    assert!(
+        schedule.starts_with("needs attention: missed its tick by"),
+        "{schedule:?}"
+    );
+    // A schedule ticking in the future is not.
+    assert_eq!(text(&tab, "tr[data-schedule=yearly] td.mark"), "ok");
+    let list = text(&tab, "#attention");
+    assert!(
+        list.contains("ATTENTION: queue held: paused with due work"),
+        "{list:?}"
+    );
+    assert!(
+        list.contains("ATTENTION: schedule every-minute: missed its tick by"),
+        "{list:?}"
+    );
+    screenshot_page(&tab, "attention.png");
+
+    // Pausing the schedule (with its confirm step) takes its mark away.
+    eval(&tab, "window.ticklerOldPage = true");
+    tab.find_element("#pause-schedule-every-minute")
+        .unwrap()
+        .click()
+        .unwrap();
+    wait_until(
+        &tab,
+        "the confirm page",
+        "document.querySelector('#confirm') !== null",
+    );
+    assert_eq!(text(&tab, "#confirm-count"), "1");
+    tab.find_element("#confirm").unwrap().click().unwrap();
+    wait_for(
+        &tab,
+        "the dashboard after the pause",
+        "document.querySelector('table#counts') !== null && document.querySelector('#done') !== null",
+    );
+    assert_eq!(text(&tab, "#done"), "Done: paused schedule every-minute.");
+    assert!(env.queue().get_schedule("every-minute").unwrap().paused);
+    assert_eq!(
+        text(&tab, "tr[data-schedule=every-minute] td.mark"),
+        "paused"
+    );
+}
+
+#[test]
+fn the_live_refresh_changes_a_count_while_a_pool_in_another_process_works() {
+    let env = filled();
+    // The queue's row exists before the pool runs: a job due in an hour.
+    env.queue()
+        .enqueue(
+            NewJob::new("shell")
+                .queue("jobs")
+                .delay(Duration::from_secs(3600)),
+        )
+        .unwrap();
+    let served = serve(&env, &[]);
+    let chromium = chromium();
+    let tab = chromium.open(&served.url("/"));
+    assert!(!exists(&tab, "script"), "no script unless asked for");
+    let tab = chromium.open(&served.url("/?live=1"));
+    assert!(exists(&tab, "script[src='/static/live.js']"));
+    let cell = "td[data-queue=jobs][data-state=succeeded]";
+    // Its text before the pool, in a page not reloaded afterwards.
+    eval(&tab, "window.ticklerSamePage = true");
+    let before = text(&tab, cell);
+    assert_eq!(before, "0");
+
+    let mut worker = start_worker(&env, &["jobs"]);
+    let ids: Vec<JobId> = (0..3).map(|_| enqueue_true(&env, "jobs")).collect();
+    wait_done(&env, &mut worker, &ids, "the pool's jobs");
+    wait_until(
+        &tab,
+        "the live count",
+        &format!(
+            "window.ticklerSamePage === true && document.querySelector({cell:?}) !== null \
+             && document.querySelector({cell:?}).innerText.trim() === '3'"
+        ),
+    );
+    assert!(text(&tab, "#live-status").starts_with("live: updated"));
+    screenshot_page(&tab, "live.png");
 }

@@ -829,16 +829,37 @@ pub(crate) trait Admin {
     /// Returns how many.
     fn prune_batch(&self, before: i64, state: Option<JobState>, limit: i64) -> Result<u64>;
 
-    /// One transaction of [`crate::Queue::retry_dead`]: up to `limit` dead
-    /// jobs (of `queue`, if given) with ids above `after_id`, in id order,
-    /// each made pending (due now, attempts 0) unless its unique_key is
-    /// held by an unfinished job.
+    /// One transaction of [`crate::Queue::retry_dead_matching`]: up to
+    /// `limit` dead jobs (of `queue` and of `kind`, each if given) with ids
+    /// above `after_id`, in id order, each made pending (due now, attempts
+    /// 0) unless its unique_key is held by an unfinished job.
     fn retry_dead_batch(
         &self,
         queue: Option<&str>,
+        kind: Option<&str>,
         after_id: i64,
         limit: i64,
     ) -> Result<RetryDeadBatch>;
+
+    /// One transaction of [`crate::Queue::delete_dead`]: deletes up to
+    /// `limit` dead jobs (of `queue` and of `kind`, each if given) in one
+    /// statement, passing over those whose lease still holds (as
+    /// `prune_batch` does). Returns how many.
+    fn delete_dead_batch(&self, queue: Option<&str>, kind: Option<&str>, limit: i64)
+        -> Result<u64>;
+
+    /// One transaction of [`crate::Queue::cancel_pending`]: cancels up to
+    /// `limit` pending jobs (of `queue` and of `kind`, each if given) in
+    /// one statement, as [`crate::Queue::cancel`] does each (their leases,
+    /// if any, kept). Returns how many, and the (limit, key) of each
+    /// cancelled job that named a limit, once each, whose blocked jobs may
+    /// now fit.
+    fn cancel_pending_batch(
+        &self,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        limit: i64,
+    ) -> Result<(u64, Vec<(String, String)>)>;
 
     /// See [`crate::Queue::pause_queue`] and [`crate::Queue::resume_queue`];
     /// resuming wakes the watchers of every process.
@@ -891,6 +912,21 @@ pub(crate) trait Reads {
     /// The unfinished job that holds `key` (at most one does), through
     /// the unique index of unfinished keys.
     fn holding_unique_key(&self, key: &str) -> Result<Option<Job>>;
+    /// Jobs in `state` (of `queue` and of `kind`, each if given), counted
+    /// through that state's index, up to `cap` (see
+    /// [`crate::Ops::count_matching`]).
+    fn count_matching(
+        &self,
+        state: JobState,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        cap: u64,
+    ) -> Result<u64>;
+
+    /// Due time (ms) of the longest-waiting due job of `queue`: the
+    /// earliest run_at of its pending jobs and of its scheduled jobs due by
+    /// the engine's clock, each one step of its index.
+    fn oldest_due_in_queue(&self, queue: &str) -> Result<Option<i64>>;
 
     /// The jobs that finished at or after `from_ms` and before `to_ms`:
     /// their number, counted through the finish-time index up to `cap`;

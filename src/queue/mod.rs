@@ -565,12 +565,27 @@ impl Queue {
     /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]; jobs retried
     /// by earlier transactions stay retried.
     pub fn retry_dead(&self, queue: Option<&str>) -> Result<(u64, u64)> {
+        self.retry_dead_matching(queue, None)
+    }
+
+    /// As [`Queue::retry_dead`], only dead jobs of `queue` and of `kind`,
+    /// each if given (both `None`: every dead job). Returns `(retried,
+    /// left_dead)`, `left_dead` counting the matching jobs kept dead by a
+    /// held unique_key.
+    ///
+    /// # Errors
+    /// As [`Queue::retry_dead`].
+    pub fn retry_dead_matching(
+        &self,
+        queue: Option<&str>,
+        kind: Option<&str>,
+    ) -> Result<(u64, u64)> {
         let (mut retried, mut left_dead) = (0u64, 0u64);
         let mut after_id = 0i64;
         loop {
             let batch = self
                 .engine()
-                .retry_dead_batch(queue, after_id, PRUNE_BATCH)?;
+                .retry_dead_batch(queue, kind, after_id, PRUNE_BATCH)?;
             retried += batch.retried;
             left_dead += batch.left_dead;
             match batch.last_id {
@@ -582,6 +597,55 @@ impl Queue {
             self.engine().wake_watchers();
         }
         Ok((retried, left_dead))
+    }
+
+    /// Cancels every pending job of `queue` and of `kind`, each if given
+    /// (both `None`: every pending job), as [`Queue::cancel`] does one by
+    /// one, in transactions of at most a few thousand jobs, each one
+    /// statement; jobs scheduled for later, blocked or running are left
+    /// alone. A limit's slot that a cancelled job was handed goes on to
+    /// the next blocked job of its key. Unlike [`Queue::cancel`], it emits
+    /// no [`JobEventKind::Cancelled`] events (it may touch any number of
+    /// jobs). Returns how many were cancelled.
+    ///
+    /// # Errors
+    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]; jobs
+    /// cancelled by earlier transactions stay cancelled.
+    pub fn cancel_pending(&self, queue: Option<&str>, kind: Option<&str>) -> Result<u64> {
+        let mut total = 0u64;
+        loop {
+            let (cancelled, keys) = self
+                .engine()
+                .cancel_pending_batch(queue, kind, PRUNE_BATCH)?;
+            total += cancelled;
+            if !keys.is_empty() {
+                self.engine().release_limit_keys(keys)?;
+            }
+            if (cancelled as i64) < PRUNE_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Deletes the dead jobs of `queue` and of `kind`, each if given (both
+    /// `None`: every dead job), whenever they died, in transactions of at
+    /// most a few thousand jobs, each one statement. A dead job whose
+    /// holder may still be running (a last attempt past its timeout) keeps
+    /// its row until its lease ends, as with [`Queue::prune`]. Returns how
+    /// many were deleted.
+    ///
+    /// # Errors
+    /// [`Error::Busy`], [`Error::DiskFull`], [`Error::Sqlite`]; jobs
+    /// deleted by earlier transactions stay deleted.
+    pub fn delete_dead(&self, queue: Option<&str>, kind: Option<&str>) -> Result<u64> {
+        let mut total = 0u64;
+        loop {
+            let deleted = self.engine().delete_dead_batch(queue, kind, PRUNE_BATCH)?;
+            total += deleted;
+            if (deleted as i64) < PRUNE_BATCH {
+                return Ok(total);
+            }
+        }
     }
 
     /// As [`Queue::prune`], but only jobs in `state` (succeeded, dead or

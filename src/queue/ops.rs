@@ -51,6 +51,40 @@ impl Ops<'_> {
         self.queue.counts_by_queue(cap)
     }
 
+    /// Jobs in `state` of `queue` and of `kind` (each if given), counted
+    /// through that state's index up to `cap`: what a bulk action on them
+    /// would touch, for a confirmation. A given queue leads the index; a
+    /// kind alone is checked on each job of the state read, up to `cap`
+    /// matches.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn count_matching(
+        &self,
+        state: JobState,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        cap: u64,
+    ) -> Result<u64> {
+        self.queue.engine().count_matching(state, queue, kind, cap)
+    }
+
+    /// How long the longest-waiting due job of `queue` has been due: the
+    /// earliest due time (UTC) of its pending jobs and of its scheduled
+    /// jobs already due, by this queue's clock (on a server engine, the
+    /// server's). `None` when nothing of it is due. Two index steps,
+    /// whatever the queue's depth.
+    ///
+    /// # Errors
+    /// [`Error::Sqlite`], [`Error::Pool`].
+    pub fn oldest_due(&self, queue: &str) -> Result<Option<DateTime<Utc>>> {
+        Ok(self
+            .queue
+            .engine()
+            .oldest_due_in_queue(queue)?
+            .map(crate::clock::ms_to_datetime))
+    }
+
     /// Up to `limit` jobs in `state`, through that state's index (at most
     /// `limit` jobs read per queue): pending in claim order (priority,
     /// due time, id), scheduled soonest due first, running soonest lease

@@ -17,6 +17,7 @@ mod process_tree;
 mod schedule;
 mod schedule_cli_edges;
 mod serve;
+mod serve_bulk;
 mod wait;
 mod wait_hunt;
 mod work;

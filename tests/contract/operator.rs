@@ -660,3 +660,138 @@ mod other_queues_reports {
     }
     }
 }
+
+contract! {
+fn bulk_actions_on_dead_jobs_take_only_their_queue_and_kind() {
+    let (_dir, path) = common::temp_db();
+    let (queue, _clock) = common::manual_queue(&path);
+    // Dead jobs: (queue a, kind x) twice, (a, y), (b, x); one pending
+    // (a, x) that no dead-job action may touch.
+    let dead = |q: &str, kind: &str| -> JobId {
+        let id = queue.enqueue(NewJob::new(kind).queue(q)).unwrap();
+        let lease = queue.manual().claim(q, "w", 1, secs(60)).unwrap().remove(0);
+        assert_eq!(lease.job_id, id);
+        queue.manual().fail_permanently(&lease, "gave up").unwrap();
+        id
+    };
+    let ax = [dead("a", "x"), dead("a", "x")];
+    let ay = dead("a", "y");
+    let bx = dead("b", "x");
+    let pending = queue.enqueue(NewJob::new("x").queue("a")).unwrap();
+    let count = |q: Option<&str>, k: Option<&str>, cap: u64| {
+        queue.ops().count_matching(JobState::Dead, q, k, cap).unwrap()
+    };
+    assert_eq!(count(None, None, 100), 4);
+    assert_eq!(count(Some("a"), None, 100), 3);
+    assert_eq!(count(None, Some("x"), 100), 3);
+    assert_eq!(count(Some("a"), Some("x"), 100), 2);
+    assert_eq!(count(Some("c"), None, 100), 0);
+    assert_eq!(count(Some("a"), None, 2), 2, "the cap bounds the count");
+    assert_eq!(
+        queue.ops().count_matching(JobState::Pending, Some("a"), Some("x"), 100).unwrap(),
+        1
+    );
+
+    assert_eq!(queue.retry_dead_matching(Some("a"), Some("x")).unwrap(), (2, 0));
+    for id in ax {
+        let job = queue.get(id).unwrap();
+        assert_eq!((job.state, job.attempts), (JobState::Pending, 0));
+    }
+    assert_eq!(queue.get(ay).unwrap().state, JobState::Dead);
+    assert_eq!(queue.get(bx).unwrap().state, JobState::Dead);
+
+    assert_eq!(queue.delete_dead(None, Some("x")).unwrap(), 1, "only b's x");
+    assert!(matches!(queue.get(bx), Err(Error::NotFound(_))));
+    assert_eq!(queue.get(ay).unwrap().state, JobState::Dead);
+    assert_eq!(queue.delete_dead(Some("b"), None).unwrap(), 0);
+    assert_eq!(queue.delete_dead(Some("a"), None).unwrap(), 1);
+    assert!(matches!(queue.get(ay), Err(Error::NotFound(_))));
+    for id in ax.into_iter().chain([pending]) {
+        assert_eq!(queue.get(id).unwrap().state, JobState::Pending);
+    }
+    assert_eq!(count(None, None, 100), 0);
+}
+}
+
+contract! {
+fn oldest_due_is_the_earliest_due_time_of_a_queue() {
+    let (_dir, path) = common::temp_db();
+    let (queue, clock) = common::manual_queue(&path);
+    assert_eq!(queue.ops().oldest_due("a").unwrap(), None);
+    // A later due time at a higher priority: the oldest is by due time,
+    // not claim order.
+    queue.enqueue(NewJob::new("k").queue("a")).unwrap();
+    let first = clock.now();
+    clock.advance(secs(10));
+    queue.enqueue(NewJob::new("k").queue("a").priority(5)).unwrap();
+    queue.enqueue(NewJob::new("k").queue("b")).unwrap();
+    assert_eq!(queue.ops().oldest_due("a").unwrap(), Some(first));
+    assert_eq!(queue.ops().oldest_due("b").unwrap(), Some(clock.now()));
+    // A scheduled job counts once it is due, even before it is promoted.
+    let later = clock.now() + ChronoDuration::seconds(60);
+    queue.enqueue(NewJob::new("k").queue("c").run_at(later)).unwrap();
+    assert_eq!(queue.ops().oldest_due("c").unwrap(), None);
+    clock.advance(secs(61));
+    assert_eq!(queue.ops().oldest_due("c").unwrap(), Some(later));
+}
+}
+
+contract! {
+fn cancel_pending_takes_only_pending_jobs_of_its_queue_and_kind_and_hands_on_their_slots() {
+    let (_dir, path) = common::temp_db();
+    let (queue, _clock) = common::manual_queue(&path);
+    queue.set_limit("l", tickler::Limit::per_key(1)).unwrap();
+    let running = queue.enqueue(NewJob::new("x").queue("a")).unwrap();
+    let lease = queue.manual().claim("a", "w", 1, secs(60)).unwrap().remove(0);
+    assert_eq!(lease.job_id, running);
+    let ax = [
+        queue.enqueue(NewJob::new("x").queue("a")).unwrap(),
+        queue.enqueue(NewJob::new("x").queue("a")).unwrap(),
+    ];
+    let ay = queue.enqueue(NewJob::new("y").queue("a")).unwrap();
+    let bx = queue.enqueue(NewJob::new("x").queue("b")).unwrap();
+    let later = queue.enqueue(NewJob::new("x").queue("a").delay(secs(60))).unwrap();
+    // Key k of limit l: the first job runs, the others are blocked; when
+    // it is done its slot is handed to the second (pending), the third
+    // still waits.
+    let first = queue.enqueue(NewJob::new("w").queue("c").limit("l", "k")).unwrap();
+    let slot = queue.enqueue(NewJob::new("x").queue("c").limit("l", "k")).unwrap();
+    let waiting = queue.enqueue(NewJob::new("z").queue("c").limit("l", "k")).unwrap();
+    let leases = queue.manual().claim("c", "w", 10, secs(60)).unwrap();
+    assert_eq!(leases.iter().map(|l| l.job_id).collect::<Vec<_>>(), vec![first]);
+    queue.manual().complete(&leases[0]).unwrap();
+    assert_eq!(queue.get(slot).unwrap().state, JobState::Pending);
+    assert_eq!(queue.get(waiting).unwrap().state, JobState::Blocked);
+    assert_eq!(
+        queue.ops().count_matching(JobState::Pending, Some("a"), Some("x"), 100).unwrap(),
+        2
+    );
+
+    assert_eq!(queue.cancel_pending(Some("a"), Some("x")).unwrap(), 2);
+    for id in ax {
+        assert_eq!(queue.get(id).unwrap().state, JobState::Cancelled);
+        assert!(queue.get(id).unwrap().finished_at.is_some());
+    }
+    for (id, state) in [
+        (ay, JobState::Pending),
+        (bx, JobState::Pending),
+        (later, JobState::Scheduled),
+        (running, JobState::Running),
+        (slot, JobState::Pending),
+    ] {
+        assert_eq!(queue.get(id).unwrap().state, state, "job {id}");
+    }
+
+    assert_eq!(queue.cancel_pending(None, Some("x")).unwrap(), 2, "b's and c's");
+    assert_eq!(queue.get(bx).unwrap().state, JobState::Cancelled);
+    assert_eq!(queue.get(slot).unwrap().state, JobState::Cancelled);
+    assert_eq!(
+        queue.get(waiting).unwrap().state,
+        JobState::Pending,
+        "the cancelled job's slot went on to the blocked one"
+    );
+    assert_eq!(queue.cancel_pending(Some("nowhere"), None).unwrap(), 0);
+    // The running job's holder is untouched.
+    queue.manual().complete(&lease).unwrap();
+}
+}

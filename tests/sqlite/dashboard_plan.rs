@@ -128,7 +128,51 @@ fn dashboard_reads_use_indexes_and_match_the_file() {
     }
     assert!(queue.ops().holding_unique_key("k").unwrap().is_none());
     queue.get(lists[&JobState::Dead][0].id).unwrap();
+    // The marks' and the bulk actions' reads: each queue's oldest due job
+    // and the counts a confirm page gives.
+    let names: std::collections::BTreeSet<String> =
+        counts.counts.keys().map(|(q, _)| q.clone()).collect();
+    let mut oldest = BTreeMap::new();
+    for q in &names {
+        oldest.insert(q.clone(), queue.ops().oldest_due(q).unwrap());
+        for state in [JobState::Dead, JobState::Pending] {
+            queue
+                .ops()
+                .count_matching(state, Some(q), None, 1_000)
+                .unwrap();
+            queue
+                .ops()
+                .count_matching(state, Some(q), Some("k"), 1_000)
+                .unwrap();
+            queue
+                .ops()
+                .count_matching(state, None, Some("k"), 1_000)
+                .unwrap();
+        }
+    }
     RECORDING.store(false, Ordering::SeqCst);
+    let due: BTreeMap<String, Option<i64>> = names
+        .iter()
+        .map(|q| {
+            let at: Option<i64> = raw
+                .query_row(
+                    "SELECT min(run_at) FROM tickler_jobs WHERE queue = ?1
+                       AND (status = 'pending' OR (status = 'scheduled' AND run_at <= ?2))",
+                    rusqlite::params![q, chrono::Utc::now().timestamp_millis()],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            (q.clone(), at)
+        })
+        .collect();
+    assert_eq!(
+        oldest
+            .iter()
+            .map(|(q, at)| (q.clone(), at.map(|t| t.timestamp_millis())))
+            .collect::<BTreeMap<_, _>>(),
+        due,
+        "each queue's oldest due job against a plain read of the file"
+    );
 
     // What they ran, each statement once.
     let mut seen: Vec<String> = SEEN.lock().unwrap().clone();

@@ -444,7 +444,11 @@ const SERVE_HELP: &str = "Examples:
 /metrics is the Prometheus text format: jobs per queue and state, the oldest due job's
 lateness per queue, dead jobs, paused queues, schedules' next ticks. / is a dashboard
 with counts, jobs per state with their errors, retry and cancel buttons, schedules and
-pause/resume of queues. With --token, requests need `Authorization: Bearer TOKEN`
+pause/resume of queues, marks on what needs attention (dead jobs, a queue whose oldest
+due job waited over --wait-threshold, a paused queue with due work, a schedule that
+missed its tick by over --missed-grace), bulk actions with a confirm step (retry or
+delete the dead jobs of a queue or kind, pause or resume a schedule) and an opt-in
+live refresh (/?live=1). With --token, requests need `Authorization: Bearer TOKEN`
 (or open /?token=TOKEN once in a browser). Without it, only requests that name the
 server by an IP address or localhost are answered.";
 
@@ -470,6 +474,14 @@ pub struct ServeArgs {
     /// or output, as "[hidden]" (repeat for more keys).
     #[arg(long, value_name = "KEY")]
     pub hide_payload_key: Vec<String>,
+    /// A queue whose oldest due job has waited longer than this is marked
+    /// as needing attention (30s, 5m).
+    #[arg(long, value_parser = parse_duration, default_value = "5m", value_name = "DURATION")]
+    pub wait_threshold: Duration,
+    /// An enabled schedule whose next tick is this far in the past is
+    /// marked as having missed it (30s, 5m).
+    #[arg(long, value_parser = parse_duration, default_value = "1m", value_name = "DURATION")]
+    pub missed_grace: Duration,
 }
 
 const QUEUE_HELP: &str = "Examples:

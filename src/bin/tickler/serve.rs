@@ -21,6 +21,28 @@ use std::path::Path;
 use tickler::{JobId, JobState, LimitKeyUsage, Queue};
 use tiny_http::{Header, Method, Request, Response, Server};
 
+mod bulk;
+mod glance;
+
+/// What the page marks and keeps beyond the queue: the thresholds of its
+/// marks and what the last bulk actions did.
+pub(crate) struct Settings {
+    /// A queue whose oldest due job waited longer needs attention.
+    wait_threshold: std::time::Duration,
+    /// A schedule whose next tick is further in the past missed it.
+    missed_grace: std::time::Duration,
+    done: bulk::Done,
+}
+
+/// The live refresh's script (`/static/live.js`), served by this server so
+/// that the page's policy can allow its own scripts and no others.
+const LIVE_JS: &str = include_str!("serve/live.js");
+
+/// The page's Content-Security-Policy: its own script (the live refresh)
+/// and reads of its own origin, nothing inline, nothing from elsewhere.
+const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; script-src 'self'; \
+                   connect-src 'self'; form-action 'self'";
+
 /// Jobs listed per state on the page.
 const LISTED: usize = 20;
 
@@ -65,6 +87,11 @@ pub fn serve(db: &Path, args: &ServeArgs) -> Result<(), CliError> {
         .map_or_else(|| addr.to_string(), |a| a.to_string());
     println!("listening on http://{bound}/");
     let csrf = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+    let settings = Settings {
+        wait_threshold: args.wait_threshold,
+        missed_grace: args.missed_grace,
+        done: bulk::Done::default(),
+    };
     let hide = find::Hide {
         all: args.hide_payload,
         keys: args.hide_payload_key.clone(),
@@ -73,7 +100,14 @@ pub fn serve(db: &Path, args: &ServeArgs) -> Result<(), CliError> {
         // One thread answers every request: a panic while answering one
         // (a bug) must cost that request, not the server.
         let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            handle(&queue, &csrf, args.token.as_deref(), &hide, request)
+            handle(
+                &queue,
+                &csrf,
+                &settings,
+                args.token.as_deref(),
+                &hide,
+                request,
+            )
         }));
         let response =
             answered.unwrap_or_else(|_| Err(std::io::Error::other("answering a request panicked")));
@@ -152,7 +186,7 @@ fn unrebindable_host(host: Option<&str>) -> bool {
 /// retry refused by a unique key with a 500, and its UI fell over).
 fn status_of(e: &tickler::Error) -> u16 {
     match e {
-        tickler::Error::NotFound(_) => 404,
+        tickler::Error::NotFound(_) | tickler::Error::UnknownSchedule { .. } => 404,
         tickler::Error::InvalidState { .. } | tickler::Error::UniqueKeyHeld { .. } => 409,
         tickler::Error::InvalidArgument(_) | tickler::Error::EmptyQueue => 400,
         _ => 500,
@@ -174,6 +208,7 @@ fn header(name: &str, value: &str) -> Header {
 fn handle(
     queue: &Queue,
     csrf: &str,
+    settings: &Settings,
     token: Option<&str>,
     hide: &find::Hide,
     mut request: Request,
@@ -235,12 +270,20 @@ fn handle(
                 "text/plain; version=0.0.4; charset=utf-8",
             ))
         }),
-        (Method::Get, "/") => dashboard(queue, csrf).map(page),
-        (Method::Get, "/jobs") => find::list(queue, query).map(page),
+        (Method::Get, "/") => dashboard(queue, csrf, settings, query).map(html_page),
+        (Method::Get, "/static/live.js") => Ok(Response::from_string(LIVE_JS)
+            .with_header(header("Content-Type", "text/javascript; charset=utf-8"))
+            .with_header(header("X-Content-Type-Options", "nosniff"))),
+        (Method::Get, "/api/summary") => summary(queue, settings).map(|json| {
+            Response::from_string(json)
+                .with_header(header("Content-Type", "application/json"))
+                .with_header(header("Cache-Control", "no-store"))
+        }),
+        (Method::Get, "/jobs") => find::list(queue, query).map(html_page),
         (Method::Get, p) if p.starts_with("/jobs/") => {
-            find::job(queue, &p["/jobs/".len()..], hide, csrf).map(page)
+            find::job(queue, &p["/jobs/".len()..], hide, csrf).map(html_page)
         }
-        (Method::Post, "/retry" | "/cancel" | "/pause" | "/resume") => {
+        (Method::Post, "/retry" | "/cancel" | "/pause" | "/resume" | "/confirm" | "/bulk") => {
             let mut body = String::new();
             request
                 .as_reader()
@@ -252,11 +295,20 @@ fn handle(
                         .with_status_code(403),
                 );
             }
-            act(queue, path, &body).map(|()| {
-                Response::from_string("")
-                    .with_status_code(303)
-                    .with_header(header("Location", "/"))
-            })
+            match path {
+                "/confirm" => bulk::confirm_page(queue, csrf, &body).map(html_page),
+                "/bulk" => bulk::run(queue, &body).map(|done| {
+                    let id = settings.done.keep(done);
+                    Response::from_string("")
+                        .with_status_code(303)
+                        .with_header(header("Location", &format!("/?done={id}")))
+                }),
+                _ => act(queue, path, &body).map(|()| {
+                    Response::from_string("")
+                        .with_status_code(303)
+                        .with_header(header("Location", "/"))
+                }),
+            }
         }
         _ => return request.respond(Response::from_string("not found\n").with_status_code(404)),
     };
@@ -268,16 +320,22 @@ fn handle(
     }
 }
 
-/// An HTML page with its headers: no script at all, and forms that post
-/// only here.
-fn page(html: String) -> Response<std::io::Cursor<Vec<u8>>> {
+/// An HTML page with the dashboard's headers.
+fn html_page(html: String) -> Response<std::io::Cursor<Vec<u8>>> {
     Response::from_string(html)
         .with_header(header("Content-Type", "text/html; charset=utf-8"))
-        .with_header(header(
-            "Content-Security-Policy",
-            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'",
-        ))
+        .with_header(header("Content-Security-Policy", CSP))
         .with_header(header("Referrer-Policy", "no-referrer"))
+}
+
+/// `/api/summary`, for the live refresh: what the page shows at a glance
+/// and the plot.
+fn summary(queue: &Queue, settings: &Settings) -> tickler::Result<String> {
+    let glance = glance::read(queue, settings)?;
+    let minutes = queue
+        .ops()
+        .activity(60, std::time::Duration::from_secs(60), PLOT_CAP)?;
+    Ok(glance::summary_json(&glance, &plot(&minutes)))
 }
 
 fn act(queue: &Queue, path: &str, body: &str) -> tickler::Result<()> {
@@ -445,8 +503,8 @@ fn seconds(d: std::time::Duration) -> String {
     }
 }
 
-/// The last hour, one column per minute, as inline SVG (no script, so the
-/// page's Content-Security-Policy stays `default-src 'none'`): jobs
+/// The last hour, one column per minute, as inline SVG (drawn by the
+/// server: the page needs no script, and the live refresh swaps it whole): jobs
 /// finished per minute (the counted dead share in red), and below it the
 /// lateness of the jobs that ran (due → start), median as a line, the
 /// worst as dots; the x axis in UTC, as every time on the page. Each
@@ -633,74 +691,40 @@ fn error_cell(job: &tickler::Job) -> String {
     text
 }
 
-fn dashboard(queue: &Queue, csrf: &str) -> tickler::Result<String> {
-    let stats = queue.ops().counts_by_queue(COUNT_CAP)?;
-    let paused = queue.paused_queues()?;
-    let mut html = String::from(
+fn dashboard(
+    queue: &Queue,
+    csrf: &str,
+    settings: &Settings,
+    query: &str,
+) -> tickler::Result<String> {
+    let glance = glance::read(queue, settings)?;
+    let live = form_value(query, "live").is_some_and(|v| v == "1");
+    let mut html = format!(
         "<!doctype html><html><head><meta charset=utf-8><title>tickler</title>\
-         <style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1.5em}\
-         td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}td.n{text-align:right}\
-         .err{color:#a00;font-family:monospace;white-space:pre-wrap}</style></head><body><h1>tickler</h1><p><a href=/jobs id=find>find jobs</a></p>",
+         <style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse;margin-bottom:1.5em}}\
+         td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:left}}td.n{{text-align:right}}\
+         .err{{color:#a00;font-family:monospace;white-space:pre-wrap}}{}</style>{}</head><body><h1>tickler</h1><p><a href=/jobs id=find>find jobs</a></p>",
+        glance::STYLE,
+        if live { "<script src=/static/live.js defer></script>" } else { "" }
     );
     let _ = write!(
         html,
-        "<p>{}</p><h2>Queues</h2><table id=counts><tr><th>queue</th>",
-        esc(&queue.location())
-    );
-    for state in JobState::ALL {
-        let _ = write!(html, "<th>{}</th>", state.as_str());
-    }
-    html.push_str("<th>status</th></tr>");
-    let mut names: std::collections::BTreeSet<String> =
-        stats.counts.keys().map(|(q, _)| q.clone()).collect();
-    names.extend(paused.iter().cloned());
-    for q in &names {
-        let _ = write!(html, "<tr><td>{}</td>", esc(q));
-        for state in JobState::ALL {
-            let key = (q.clone(), state);
-            let n = stats.counts.get(&key).copied().unwrap_or(0);
-            let plus = if stats.capped.contains(&key) { "+" } else { "" };
-            let _ = write!(
-                html,
-                "<td class=n data-queue=\"{}\" data-state={}>{n}{plus}</td>",
-                esc(q),
-                state.as_str()
-            );
-        }
-        let control = if paused.contains(q) {
-            format!("paused {}", button(csrf, "resume", "queue", q, "resume"))
+        "<p>{}</p><p id=live>{}</p>{}{}",
+        esc(&queue.location()),
+        if live {
+            "<span id=live-status>live: on</span> <a href=/ id=live-toggle>turn live refresh off</a>"
         } else {
-            format!("running {}", button(csrf, "pause", "queue", q, "pause"))
-        };
-        let _ = write!(html, "<td>{control}</td></tr>");
-    }
-    html.push_str("</table>");
+            "live refresh: off <a href=\"/?live=1\" id=live-toggle>turn it on</a> (needs script; the page works without)"
+        },
+        settings.done.html(query),
+        glance::attention_html(&glance)
+    );
+    html.push_str(&glance::queues_html(&glance, csrf));
     let minutes = queue
         .ops()
         .activity(60, std::time::Duration::from_secs(60), PLOT_CAP)?;
-    html.push_str(&plot(&minutes));
-    html.push_str("<h2>Schedules</h2><table id=schedules><tr><th>name</th><th>cron</th><th>zone</th><th>queue</th><th>kind</th><th>next tick (in its zone)</th></tr>");
-    for s in queue.list_schedules()? {
-        let next = match (s.paused, s.next_tick_at) {
-            (true, _) => "paused".to_owned(),
-            (false, Some(at)) => match s.time_zone.parse::<chrono_tz::Tz>() {
-                Ok(tz) => at.with_timezone(&tz).to_rfc3339(),
-                Err(_) => at.to_rfc3339(),
-            },
-            (false, None) => "none".to_owned(),
-        };
-        let _ = write!(
-            html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            esc(&s.name),
-            esc(&s.cron),
-            esc(&s.time_zone),
-            esc(&s.queue),
-            esc(&s.kind),
-            esc(&next)
-        );
-    }
-    html.push_str("</table>");
+    let _ = write!(html, "<div id=activity>{}</div>", plot(&minutes));
+    html.push_str(&glance::schedules_html(&glance, csrf));
     html.push_str(&limits(queue)?);
     for state in [
         JobState::Dead,

@@ -117,40 +117,26 @@ impl Admin for Store {
                 .iter()
                 .map(|r| get::<i64>(r, 0).map(Value::from))
                 .collect::<Result<_>>()?;
-            if ids.is_empty() {
-                return Ok(0);
-            }
-            // A pruned child's edges go with it.
-            tx.exec(
-                &format!(
-                    "DELETE FROM tickler_deps WHERE child_id IN ({})",
-                    marks(ids.len())
-                ),
-                ids.clone(),
-            )?;
-            tx.exec(
-                &format!(
-                    "DELETE FROM tickler_jobs WHERE id IN ({})",
-                    marks(ids.len())
-                ),
-                ids,
-            )
+            delete_ids(tx, ids)
         })
     }
 
     fn retry_dead_batch(
         &self,
         queue: Option<&str>,
+        kind: Option<&str>,
         after_id: i64,
         limit: i64,
     ) -> Result<RetryDeadBatch> {
         self.write(|tx, _| {
             let dead = tx.rows_named(
                 "SELECT id, unique_key FROM tickler_jobs
-                 WHERE status = 'dead' AND (:queue IS NULL OR queue = :queue) AND id > :after
+                 WHERE status = 'dead' AND (:queue IS NULL OR queue = :queue)
+                   AND (:kind IS NULL OR kind = :kind) AND id > :after
                  ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED",
                 &[
                     ("queue", Value::from(queue)),
+                    ("kind", Value::from(kind)),
                     ("after", Value::from(after_id)),
                     ("limit", Value::from(limit)),
                 ],
@@ -183,6 +169,97 @@ impl Admin for Store {
                 last_id,
                 seen: dead.len(),
             })
+        })
+    }
+
+    fn delete_dead_batch(
+        &self,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        limit: i64,
+    ) -> Result<u64> {
+        self.write(|tx, _| {
+            // The lease rule of prune_batch, and its rule for a parent a
+            // child that has not finished runs after. MySQL refuses a LIMIT in a
+            // subquery of IN and a DELETE reading its own table: the ids
+            // are locked and read first, then deleted in one statement.
+            let now = self.now_ms();
+            let ids: Vec<Value> = tx
+                .rows_named(
+                    "SELECT id FROM tickler_jobs
+                     WHERE status = 'dead' AND finished_at IS NOT NULL
+                       AND (:queue IS NULL OR queue = :queue) AND (:kind IS NULL OR kind = :kind)
+                       AND (lease_expires_at IS NULL OR (lease_expires_at < :now AND limit_name IS NULL))
+                       AND NOT EXISTS (
+                           SELECT 1 FROM tickler_deps AS d
+                           JOIN tickler_jobs AS c ON c.id = d.child_id
+                           WHERE d.parent_id = tickler_jobs.id AND c.finished_at IS NULL)
+                     LIMIT :limit FOR UPDATE SKIP LOCKED",
+                    &[
+                        ("queue", Value::from(queue)),
+                        ("kind", Value::from(kind)),
+                        ("now", Value::from(now)),
+                        ("limit", Value::from(limit)),
+                    ],
+                )?
+                .iter()
+                .map(|r| get::<i64>(r, 0).map(Value::from))
+                .collect::<Result<_>>()?;
+            delete_ids(tx, ids)
+        })
+    }
+
+    fn cancel_pending_batch(
+        &self,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        limit: i64,
+    ) -> Result<(u64, Vec<(String, String)>)> {
+        self.write(|tx, _| {
+            // No UPDATE … RETURNING: the rows are locked and read, then
+            // cancelled in one statement.
+            let rows = tx.rows_named(
+                "SELECT id, limit_name, limit_key FROM tickler_jobs
+                 WHERE status = 'pending'
+                   AND (:queue IS NULL OR queue = :queue) AND (:kind IS NULL OR kind = :kind)
+                 LIMIT :limit FOR UPDATE SKIP LOCKED",
+                &[
+                    ("queue", Value::from(queue)),
+                    ("kind", Value::from(kind)),
+                    ("limit", Value::from(limit)),
+                ],
+            )?;
+            if rows.is_empty() {
+                return Ok((0, Vec::new()));
+            }
+            let mut ids = Vec::with_capacity(rows.len());
+            let mut keys = std::collections::BTreeSet::new();
+            let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+            for r in &rows {
+                ids.push(Value::from(get::<i64>(r, 0)?));
+                if let Some(name) = get::<Option<Vec<u8>>>(r, 1)? {
+                    let key = get::<Option<Vec<u8>>>(r, 2)?.map(text).unwrap_or_default();
+                    keys.insert((text(name), key));
+                }
+            }
+            let now = self.now_ms();
+            let ended: Vec<crate::job::JobId> = rows
+                .iter()
+                .map(|r| get::<i64>(r, 0).map(crate::job::JobId))
+                .collect::<Result<_>>()?;
+            let mut values = vec![Value::from(now)];
+            let marks = marks(ids.len());
+            values.extend(ids);
+            let n = tx.exec(
+                &format!(
+                    "UPDATE tickler_jobs SET status = 'cancelled', finished_at = ?
+                     WHERE id IN ({marks}) AND status = 'pending'"
+                ),
+                values,
+            )?;
+            // The jobs that run after them learn it here.
+            super::deps::resolve(tx, &ended, now)?;
+            Ok((n, keys.into_iter().collect()))
         })
     }
 
@@ -219,4 +296,27 @@ fn state_of(tx: &mut Tx<'_>, id: JobId) -> Result<JobState> {
         args![id.0],
     )?;
     get::<String>(&row.ok_or(Error::NotFound(id))?, 0)?.parse()
+}
+
+/// Deletes the rows of `ids` (locked by the caller's read) in one
+/// statement; returns how many.
+fn delete_ids(tx: &mut Tx<'_>, ids: Vec<Value>) -> Result<u64> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    // A deleted child's edges go with it.
+    tx.exec(
+        &format!(
+            "DELETE FROM tickler_deps WHERE child_id IN ({})",
+            marks(ids.len())
+        ),
+        ids.clone(),
+    )?;
+    tx.exec(
+        &format!(
+            "DELETE FROM tickler_jobs WHERE id IN ({})",
+            marks(ids.len())
+        ),
+        ids,
+    )
 }

@@ -139,6 +139,58 @@ impl Reads for Store {
         })
     }
 
+    fn count_matching(
+        &self,
+        state: JobState,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        cap: u64,
+    ) -> Result<u64> {
+        let (cond, _) = crate::engine::state_index(state);
+        // A filter not given is left out, so that a given queue leads the
+        // index.
+        let mut values = Vec::new();
+        let mut sql = format!("SELECT count(*) FROM (SELECT 1 FROM tickler_jobs WHERE {cond}");
+        if let Some(queue) = queue {
+            sql.push_str(" AND queue = ?");
+            values.push(Value::from(queue));
+        }
+        if let Some(kind) = kind {
+            sql.push_str(" AND kind = ?");
+            values.push(Value::from(kind));
+        }
+        sql.push_str(" LIMIT ?) AS capped");
+        values.push(Value::from(cap));
+        self.read(|tx| {
+            let r = tx.first(&sql, values.clone())?;
+            Ok(unsigned(r.map_or(Ok(0), |r| get(&r, 0))?))
+        })
+    }
+
+    fn oldest_due_in_queue(&self, queue: &str) -> Result<Option<i64>> {
+        self.read(|tx| {
+            let now = self.now_ms();
+            // Two reads of one step each: least() of MySQL is NULL when
+            // either is.
+            let pending = tx.first(
+                "SELECT min(run_at) FROM tickler_jobs WHERE status = 'pending' AND queue = ?",
+                args![queue],
+            )?;
+            let scheduled = tx.first(
+                "SELECT min(run_at) FROM tickler_jobs
+                 WHERE status = 'scheduled' AND queue = ? AND run_at <= ?",
+                args![queue, now],
+            )?;
+            let at = |r: Option<mysql::Row>| -> Result<Option<i64>> {
+                r.map_or(Ok(None), |r| get::<Option<i64>>(&r, 0))
+            };
+            Ok(match (at(pending)?, at(scheduled)?) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            })
+        })
+    }
+
     fn count_in_queue(&self, state: JobState, queue: &str, cap: u64) -> Result<u64> {
         let (cond, _) = crate::engine::state_index(state);
         let sql = format!(

@@ -116,15 +116,17 @@ impl Admin for Store {
     fn retry_dead_batch(
         &self,
         queue: Option<&str>,
+        kind: Option<&str>,
         after_id: i64,
         limit: i64,
     ) -> Result<RetryDeadBatch> {
         self.write(|tx, _| {
             let dead = tx.query(
                 "SELECT id, unique_key FROM tickler_jobs
-                 WHERE status = 'dead' AND ($1::text IS NULL OR queue = $1) AND id > $2
+                 WHERE status = 'dead' AND ($1::text IS NULL OR queue = $1)
+                   AND ($4::text IS NULL OR kind = $4) AND id > $2
                  ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED",
-                &[&queue, &after_id, &limit],
+                &[&queue, &after_id, &limit, &kind],
             )?;
             let now = self.now_ms();
             let (mut retried, mut left_dead) = (0u64, 0u64);
@@ -154,6 +156,79 @@ impl Admin for Store {
                 last_id,
                 seen: dead.len(),
             })
+        })
+    }
+
+    fn delete_dead_batch(
+        &self,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        limit: i64,
+    ) -> Result<u64> {
+        self.write(|tx, _| {
+            // The lease rule of prune_batch, and its rule for a parent a
+            // child that has not finished runs after; rows another
+            // transaction holds are left for a later batch.
+            let now = self.now_ms();
+            let ids: Vec<i64> = tx
+                .query(
+                    "DELETE FROM tickler_jobs WHERE id IN (
+                         SELECT id FROM tickler_jobs AS j
+                         WHERE status = 'dead' AND finished_at IS NOT NULL
+                           AND ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR kind = $2)
+                           AND (lease_expires_at IS NULL OR (lease_expires_at < $3 AND limit_name IS NULL))
+                           AND NOT EXISTS (
+                               SELECT 1 FROM tickler_deps AS d
+                               JOIN tickler_jobs AS c ON c.id = d.child_id
+                               WHERE d.parent_id = j.id AND c.finished_at IS NULL)
+                         LIMIT $4 FOR UPDATE SKIP LOCKED)
+                     RETURNING id",
+                    &[&queue, &kind, &now, &limit],
+                )?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            // A deleted child's edges go with it.
+            tx.execute(
+                "DELETE FROM tickler_deps WHERE child_id = ANY($1::bigint[])",
+                &[&ids],
+            )?;
+            Ok(ids.len() as u64)
+        })
+    }
+
+    fn cancel_pending_batch(
+        &self,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        limit: i64,
+    ) -> Result<(u64, Vec<(String, String)>)> {
+        self.write(|tx, _| {
+            let now = self.now_ms();
+            // Rows another transaction holds (a claim taking them) are
+            // passed over: that claim wins them.
+            let rows = tx.query(
+                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = $1
+                 WHERE id IN (
+                     SELECT id FROM tickler_jobs WHERE status = 'pending'
+                       AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR kind = $3)
+                     LIMIT $4 FOR UPDATE SKIP LOCKED)
+                   AND status = 'pending'
+                 RETURNING limit_name, limit_key, id",
+                &[&now, &queue, &kind, &limit],
+            )?;
+            // The jobs that run after them learn it here.
+            let ended: Vec<JobId> = rows.iter().map(|r| JobId(r.get(2))).collect();
+            super::deps::resolve(tx, &ended, now)?;
+            let keys: std::collections::BTreeSet<(String, String)> = rows
+                .iter()
+                .filter_map(|r| {
+                    let name: Option<String> = r.get(0);
+                    let key: Option<String> = r.get(1);
+                    name.map(|name| (name, key.unwrap_or_default()))
+                })
+                .collect();
+            Ok((rows.len() as u64, keys.into_iter().collect()))
         })
     }
 

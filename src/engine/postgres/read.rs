@@ -127,6 +127,45 @@ impl Reads for Store {
         self.read(|tx| Ok(tx.query_one(&sql, &[&after])?.get(0)))
     }
 
+    fn count_matching(
+        &self,
+        state: JobState,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        cap: u64,
+    ) -> Result<u64> {
+        let (cond, _) = crate::engine::state_index(state);
+        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
+        // A filter not given is left out, so that a given queue leads the
+        // index.
+        let sql =
+            format!(
+            "SELECT count(*) FROM (SELECT 1 FROM tickler_jobs WHERE {cond}{}{} LIMIT $3) AS capped",
+            if queue.is_some() { " AND queue = $1" } else { " AND $1::text IS NULL" },
+            if kind.is_some() { " AND kind = $2" } else { " AND $2::text IS NULL" },
+        );
+        self.read(|tx| {
+            let n: i64 = tx.query_one(&sql, &[&queue, &kind, &cap])?.get(0);
+            Ok(n.unsigned_abs())
+        })
+    }
+
+    fn oldest_due_in_queue(&self, queue: &str) -> Result<Option<i64>> {
+        self.read(|tx| {
+            let now = self.now_ms();
+            Ok(tx
+                .query_one(
+                    "SELECT least(
+                         (SELECT min(run_at) FROM tickler_jobs
+                          WHERE status = 'pending' AND queue = $1),
+                         (SELECT min(run_at) FROM tickler_jobs
+                          WHERE status = 'scheduled' AND queue = $1 AND run_at <= $2))",
+                    &[&queue, &now],
+                )?
+                .get(0))
+        })
+    }
+
     fn count_in_queue(&self, state: JobState, queue: &str, cap: u64) -> Result<u64> {
         let (cond, _) = crate::engine::state_index(state);
         let cap = i64::try_from(cap).unwrap_or(i64::MAX);

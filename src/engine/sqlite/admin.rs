@@ -139,6 +139,7 @@ impl Admin for Store {
     fn retry_dead_batch(
         &self,
         queue: Option<&str>,
+        kind: Option<&str>,
         after_id: i64,
         limit: i64,
     ) -> Result<RetryDeadBatch> {
@@ -146,10 +147,11 @@ impl Admin for Store {
             let dead: Vec<(i64, Option<String>)> = tx
                 .prepare_cached(
                     "SELECT id, unique_key FROM tickler_jobs
-                     WHERE status = 'dead' AND (?1 IS NULL OR queue = ?1) AND id > ?2
+                     WHERE status = 'dead' AND (?1 IS NULL OR queue = ?1)
+                       AND (?4 IS NULL OR kind = ?4) AND id > ?2
                      ORDER BY id LIMIT +?3",
                 )?
-                .query_map(params![queue, after_id, limit], |r| {
+                .query_map(params![queue, after_id, limit, kind], |r| {
                     Ok((r.get(0)?, r.get(1)?))
                 })?
                 .collect::<rusqlite::Result<_>>()?;
@@ -179,6 +181,76 @@ impl Admin for Store {
                 last_id: dead.last().map(|(id, _)| *id),
                 seen: dead.len(),
             })
+        })
+    }
+
+    fn delete_dead_batch(
+        &self,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        limit: i64,
+    ) -> Result<u64> {
+        let now = self.now_ms();
+        let deleted = self.write(|tx| {
+            // The lease rule of prune_batch: a dead job whose holder may
+            // still run keeps its row (and unique_key) until the lease ends;
+            // and its rule for a parent a child that has not finished runs
+            // after.
+            let ids: Vec<i64> = tx
+                .prepare_cached(concat!(
+                    "DELETE FROM tickler_jobs WHERE id IN (
+                         SELECT id FROM tickler_jobs AS j
+                         WHERE status = 'dead' AND finished_at IS NOT NULL
+                           AND (?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR kind = ?2)
+                           AND (lease_expires_at IS NULL OR (lease_expires_at < ?3 AND limit_name IS NULL))
+                           AND ",
+                    needed_by_child!(),
+                    " LIMIT +?4) RETURNING id"
+                ))?
+                .query_map(params![queue, kind, now, limit], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            // A deleted child's edges go with it.
+            tx.prepare_cached(
+                "DELETE FROM tickler_deps WHERE child_id IN (SELECT value FROM json_each(?1))",
+            )?
+            .execute([serde_json::to_string(&ids)?])?;
+            Ok(ids.len())
+        })?;
+        Ok(deleted as u64)
+    }
+
+    fn cancel_pending_batch(
+        &self,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        limit: i64,
+    ) -> Result<(u64, Vec<(String, String)>)> {
+        let now = self.now_ms();
+        self.write(|tx| {
+            let mut keys = std::collections::BTreeSet::new();
+            let mut n = 0u64;
+            let mut stmt = tx.prepare_cached(
+                "UPDATE tickler_jobs SET status = 'cancelled', finished_at = ?1
+                 WHERE id IN (
+                     SELECT id FROM tickler_jobs WHERE status = 'pending'
+                       AND (?2 IS NULL OR queue = ?2) AND (?3 IS NULL OR kind = ?3)
+                     LIMIT +?4)
+                 RETURNING limit_name, limit_key, id",
+            )?;
+            let mut rows = stmt.query(params![now, queue, kind, limit])?;
+            let mut ended = Vec::new();
+            while let Some(r) = rows.next()? {
+                n += 1;
+                ended.push(JobId(r.get(2)?));
+                if let Some(name) = r.get::<_, Option<String>>(0)? {
+                    keys.insert((name, r.get::<_, Option<String>>(1)?.unwrap_or_default()));
+                }
+            }
+            drop(rows);
+            drop(stmt);
+            // The jobs that run after them learn it here.
+            super::deps::resolve(tx, &ended, now)?;
+            Ok((n, keys.into_iter().collect()))
         })
     }
 

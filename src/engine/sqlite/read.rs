@@ -167,6 +167,54 @@ impl Reads for Store {
         })
     }
 
+    fn count_matching(
+        &self,
+        state: JobState,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        cap: u64,
+    ) -> Result<u64> {
+        let (cond, _) = crate::engine::state_index(state);
+        let cap = i64::try_from(cap).unwrap_or(i64::MAX);
+        // A filter not given is left out of the statement, not written as
+        // `?1 IS NULL OR …`, so that a given queue leads the index.
+        let sql = format!(
+            "SELECT count(*) FROM (SELECT 1 FROM tickler_jobs WHERE {cond}{}{} LIMIT ?3)",
+            if queue.is_some() {
+                " AND queue = ?1"
+            } else {
+                " AND ?1 IS NULL"
+            },
+            if kind.is_some() {
+                " AND kind = ?2"
+            } else {
+                " AND ?2 IS NULL"
+            },
+        );
+        self.read(|conn| {
+            let n: i64 = conn
+                .prepare_cached(&sql)?
+                .query_row(params![queue, kind, cap], |r| r.get(0))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+
+    fn oldest_due_in_queue(&self, queue: &str) -> Result<Option<i64>> {
+        let now = self.now_ms();
+        self.read(|conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT min(at) FROM (
+                         SELECT min(run_at) AS at FROM tickler_jobs
+                         WHERE status = 'pending' AND queue = ?1
+                         UNION ALL
+                         SELECT min(run_at) FROM tickler_jobs
+                         WHERE status = 'scheduled' AND queue = ?1 AND run_at <= ?2)",
+                )?
+                .query_row(params![queue, now], |r| r.get(0))?)
+        })
+    }
+
     fn count_in_queue(&self, state: JobState, queue: &str, cap: u64) -> Result<u64> {
         let (cond, _) = crate::engine::state_index(state);
         let cap = i64::try_from(cap).unwrap_or(i64::MAX);

@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Stdio};
 use std::time::Duration;
-use tickler::{JobState, NewJob, NewSchedule};
+use tickler::{JobId, JobState, NewJob, NewSchedule};
 
 /// A child process killed when this is dropped, so that a failing test
 /// leaves no server or worker behind.
@@ -181,4 +181,23 @@ pub fn filled() -> Env {
         assert!(stats.total(state) > 0, "no {state:?} job: {stats:?}");
     }
     env
+}
+
+/// `n` dead jobs of `kind` in `queue`, each claimed and failed for good
+/// (the queue must hold no other pending job: the claim takes each).
+pub fn dead_jobs(env: &Env, queue: &str, kind: &str, n: usize) -> Vec<JobId> {
+    let q = env.queue();
+    (0..n)
+        .map(|_| {
+            let id = q.enqueue(NewJob::new(kind).queue(queue)).unwrap();
+            let lease = q
+                .manual()
+                .claim(queue, "t", 1, Duration::from_secs(60))
+                .unwrap()
+                .remove(0);
+            assert_eq!(lease.job_id, id);
+            q.manual().fail_permanently(&lease, "gave up").unwrap();
+            id
+        })
+        .collect()
 }
