@@ -673,3 +673,48 @@ fn waiting_for_a_waiting_child_ends_with_its_end() {
     }
 }
 }
+
+contract! {
+/// The operator's bulk actions are ends too: cancelling all pending jobs
+/// of a kind cancels the children that asked so and runs those that run
+/// anyway; deleting all dead jobs keeps a dead parent that a held child
+/// still waits on (and deletes it once the child is gone), and takes a
+/// deleted child's edges with it.
+fn bulk_cancels_resolve_and_bulk_deletes_keep_needed_parents() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+    let parent = queue.enqueue(NewJob::new("fetch")).unwrap();
+    let cancelled = queue.enqueue(NewJob::new("upload").after(&[parent])).unwrap();
+    let anyway = queue
+        .enqueue(NewJob::new("clean").after_with(parent, IfParentFails::Run))
+        .unwrap();
+    assert_eq!(queue.cancel_pending(None, Some("fetch")).unwrap(), 1);
+    assert_cancelled_by(&queue, cancelled, parent, "cancelled");
+    assert_eq!(state(&queue, anyway), JobState::Pending);
+
+    // A dead parent a held child waits on stays through a bulk delete.
+    let doomed = queue.enqueue(NewJob::new("fetch").max_attempts(1)).unwrap();
+    let held = queue
+        .enqueue(NewJob::new("upload").after_with(doomed, IfParentFails::Hold))
+        .unwrap();
+    let leases = claim(&queue, 10);
+    let lease = leases.iter().find(|l| l.job_id == doomed).unwrap();
+    queue.manual().fail(lease, "boom").unwrap();
+    assert_eq!(state(&queue, doomed), JobState::Dead);
+    assert_eq!(queue.delete_dead(None, None).unwrap(), 0);
+    assert_eq!(state(&queue, held), JobState::Waiting);
+    // Once the child has ended, the parent goes, and the child's edges
+    // with the child.
+    queue.cancel(held).unwrap();
+    assert_eq!(queue.delete_dead(None, None).unwrap(), 1);
+    assert!(matches!(queue.get(doomed), Err(Error::NotFound(_))));
+    assert_eq!(queue.parents(held).unwrap(), vec![edge(doomed, IfParentFails::Hold, false)]);
+    // Pruning the cancelled jobs takes the held child, but not the
+    // cancelled parent of a child that has not run yet.
+    queue.prune_state(t0() + chrono::Duration::days(1), JobState::Cancelled).unwrap();
+    assert!(matches!(queue.parents(held), Err(Error::NotFound(_))));
+    assert!(matches!(queue.get(cancelled), Err(Error::NotFound(_))));
+    assert_eq!(state(&queue, parent), JobState::Cancelled);
+    assert_eq!(queue.parents(anyway).unwrap(), vec![edge(parent, IfParentFails::Run, true)]);
+}
+}
