@@ -514,7 +514,10 @@ impl Queue {
 
     /// Makes a dead or cancelled job pending again, due now, with fresh
     /// attempts (`attempts = 0`); `last_error` and the error history are
-    /// kept. A job cancelled while running whose holder has not reported
+    /// kept. A job cancelled while it waited for jobs it runs after
+    /// ([`crate::NewJob::after`]) waits again for those that have not
+    /// ended yet (or ended dead or cancelled, for an
+    /// [`crate::IfParentFails::Hold`] edge) rather than run before them. A job cancelled while running whose holder has not reported
     /// yet is due when that holder's lease runs out instead.
     ///
     /// # Errors

@@ -170,6 +170,28 @@ impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
         }
         Ok(out)
     }
+
+    fn wait_again(&mut self, id: JobId) -> Result<bool> {
+        // The job's row is locked; its edges are read afresh (READ
+        // COMMITTED), so a resolution that committed before is seen.
+        let unresolved = self
+            .0
+            .first(
+                "SELECT 1 FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
+                 WHERE d.child_id = ? AND NOT d.resolved LIMIT 1",
+                args![id.0],
+            )?
+            .is_some();
+        if !unresolved {
+            return Ok(false);
+        }
+        self.0.exec(
+            "UPDATE tickler_jobs SET status = 'waiting'
+             WHERE id = ? AND status IN ('pending', 'scheduled')",
+            args![id.0],
+        )?;
+        Ok(true)
+    }
 }
 
 /// See [`crate::Queue::parents`].
