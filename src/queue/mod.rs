@@ -401,6 +401,10 @@ impl Queue {
         let recorded = self
             .engine()
             .record_and_claim(outcomes, claim.as_ref(), sync)?;
+        let released_children = recorded
+            .limit_changes
+            .iter()
+            .any(|c| matches!(c.what, JobEventKind::Released));
         if !recorded.limit_changes.is_empty() && self.events().active() {
             let at = self.clock().now();
             for change in recorded.limit_changes {
@@ -413,14 +417,17 @@ impl Queue {
         // release) or frees a unique_key wakes this process's fetchers;
         // other processes see the commit.
         // So does one that freed a limit's slot (a blocked job may be
-        // pending now).
-        if outcomes.iter().any(|(lease, o)| {
-            lease.limit.is_some()
-                || !matches!(
-                    o,
-                    Outcome::Complete | Outcome::CompleteWith(_) | Outcome::FailPermanently(_)
-                )
-        }) {
+        // pending now), and a success or failure that released jobs that
+        // ran after it: they are due now, not at the fetchers' next look.
+        if released_children
+            || outcomes.iter().any(|(lease, o)| {
+                lease.limit.is_some()
+                    || !matches!(
+                        o,
+                        Outcome::Complete | Outcome::CompleteWith(_) | Outcome::FailPermanently(_)
+                    )
+            })
+        {
             self.engine().wake_watchers();
         }
         Ok((recorded.results, recorded.leases))
