@@ -271,7 +271,8 @@ fn the_pruner_keeps_every_parent_a_child_still_needs() {
     let total = parents.len();
 
     // (step, the outputs of its parents as it read them, or what failed).
-    let runs: Arc<Mutex<Vec<(String, Result<BTreeSet<String>, String>)>>> = Arc::default();
+    type Run = (String, Result<BTreeSet<String>, String>);
+    let runs: Arc<Mutex<Vec<Run>>> = Arc::default();
     let mut pool = WorkerPool::builder(&queue)
         .threads(4)
         .handler("step", {
