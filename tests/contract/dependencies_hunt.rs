@@ -6,14 +6,15 @@
 //! failure cancelled its children (they stay cancelled, and a child
 //! retried by hand then runs); a child cancelled with its parent (it
 //! gives up its unique_key); and parents shared by several children,
-//! ended at once by a pool's threads (each child runs once, after all).
+//! ended at once by a pool's threads (each child runs once, after all);
+//! a success that releases a child wakes the pools at once.
 
 use crate::support::common;
 use crate::support::deps;
 use crate::support::limits;
 use crate::support::pool;
 
-use common::{fixed_policy, manual_queue_with_policy, secs, temp_db};
+use common::{fixed_policy, manual_queue_with_policy, ms, secs, temp_db};
 use deps::{assert_cancelled_by, edge};
 use limits::{claim, ids, run_due, state};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -320,5 +321,39 @@ fn parents_shared_by_several_children_and_ended_at_once_release_each_child_once(
     );
     assert_eq!(queue.count(JobState::Succeeded).unwrap(), (PARENTS + CHILDREN) as u64);
     assert_eq!(queue.count(JobState::Dead).unwrap(), 0);
+}
+}
+
+contract! {
+/// A success that releases a child wakes this process's watchers in
+/// its own call, as a new job does: a pool serving only the child's
+/// queue looks at once, not at its next poll (before, it waited about
+/// a second on a server engine). Checked without waiting: a watcher
+/// that has taken in every earlier change has one when `complete`
+/// returns.
+fn a_success_that_releases_a_child_wakes_the_watchers_at_once() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+    let parent = queue.enqueue(NewJob::new("parent")).unwrap();
+    let child = queue
+        .enqueue(NewJob::new("child").queue("other").after(&[parent]))
+        .unwrap();
+    let leases = claim(&queue, 100);
+    assert_eq!(ids(&leases), vec![parent]);
+    let mut watcher = queue.manual().watcher().unwrap();
+    // Takes in the enqueues and the claim (a wake-up they sent late
+    // could only hide a missing one).
+    watcher.changed().unwrap();
+    for _ in 0..10 {
+        if !watcher.wait(ms(1), ms(1)).unwrap() {
+            break;
+        }
+    }
+    queue.manual().complete(&leases[0]).unwrap();
+    assert_eq!(state(&queue, child), JobState::Pending);
+    assert!(
+        watcher.wait(ms(1), ms(1)).unwrap(),
+        "the release of a child woke no watcher"
+    );
 }
 }
