@@ -192,6 +192,12 @@ pub(crate) trait DepTx {
         children: &[JobId],
         now: i64,
     ) -> Result<Vec<crate::queue::deps::ChildChange>>;
+    /// Makes job `id` waiting again if it is pending or scheduled and has
+    /// an edge left unresolved to a parent that still exists (one pruned
+    /// can never resolve it); true if it did. Its row is locked by the
+    /// caller first, so the edges it reads are those of the last
+    /// resolution that committed.
+    fn wait_again(&mut self, id: JobId) -> Result<bool>;
 }
 
 /// The statements concurrency limits are kept with, in the engine's own

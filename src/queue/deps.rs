@@ -16,6 +16,15 @@
 //! The insert then resolves the edges of parents that had already ended,
 //! with the same function.
 //!
+//! A job cancelled while it waited keeps the edges not yet resolved
+//! (a parent's end still resolves them, and releases nothing). A retry
+//! by hand of such a job ([`after_retry`]) puts it back to waiting on
+//! them: a retry gives fresh attempts, not leave to run before parents
+//! whose end it has not seen. Edges resolved meanwhile stay resolved, so
+//! a job whose parents all ended while it was cancelled is due at once,
+//! and so is one whose unresolved parent was pruned meanwhile (it had
+//! ended, and a job pruned can never resolve an edge).
+//!
 //! In the lock order `LimitTx` documents, these are job rows (and the
 //! edges beside them): a path resolves before it settles limits.
 
@@ -116,6 +125,15 @@ pub(crate) fn resolve(tx: &mut dyn DepTx, ended: &[JobId], now: i64) -> Result<V
         changes.extend(cancelled);
     }
     Ok(changes)
+}
+
+/// After a retry by hand made job `id` pending (or scheduled) in this
+/// transaction, which locked its row first: a job with an edge left
+/// unresolved (it was cancelled while it waited) waits again (see the
+/// module doc).
+pub(crate) fn after_retry(tx: &mut dyn DepTx, id: JobId) -> Result<()> {
+    tx.wait_again(id)?;
+    Ok(())
 }
 
 /// Before one insert stores `rows`: refuses a parent named by id that

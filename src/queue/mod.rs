@@ -401,10 +401,10 @@ impl Queue {
         let recorded = self
             .engine()
             .record_and_claim(outcomes, claim.as_ref(), sync)?;
-        let released = recorded
+        let released_children = recorded
             .limit_changes
             .iter()
-            .any(|c| c.what == crate::events::JobEventKind::Released);
+            .any(|c| matches!(c.what, JobEventKind::Released));
         if !recorded.limit_changes.is_empty() && self.events().active() {
             let at = self.clock().now();
             for change in recorded.limit_changes {
@@ -417,8 +417,9 @@ impl Queue {
         // release) or frees a unique_key wakes this process's fetchers;
         // other processes see the commit.
         // So does one that freed a limit's slot (a blocked job may be
-        // pending now), or released a job that ran after it.
-        if released
+        // pending now), and a success or failure that released jobs that
+        // ran after it: they are due now, not at the fetchers' next look.
+        if released_children
             || outcomes.iter().any(|(lease, o)| {
                 lease.limit.is_some()
                     || !matches!(
@@ -520,7 +521,10 @@ impl Queue {
 
     /// Makes a dead or cancelled job pending again, due now, with fresh
     /// attempts (`attempts = 0`); `last_error` and the error history are
-    /// kept. A job cancelled while running whose holder has not reported
+    /// kept. A job cancelled while it waited for jobs it runs after
+    /// ([`crate::NewJob::after`]) waits again for those that have not
+    /// ended yet (or ended dead or cancelled, for an
+    /// [`crate::IfParentFails::Hold`] edge) rather than run before them. A job cancelled while running whose holder has not reported
     /// yet is due when that holder's lease runs out instead.
     ///
     /// # Errors

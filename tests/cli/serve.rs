@@ -946,3 +946,44 @@ mod other_queues_dashboard_reports {
         assert!(env.queue().paused_queues().unwrap().is_empty());
     }
 }
+
+#[test]
+fn running_jobs_show_a_progress_bar_and_waiting_jobs_what_they_run_after() {
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let queue = env.queue();
+    let parent = queue.enqueue(NewJob::new("export")).unwrap();
+    let child = queue
+        .enqueue(NewJob::new("upload").after(&[parent]))
+        .unwrap();
+    let leases = limits::claim(&queue, 10);
+    assert_eq!(limits::ids(&leases), vec![parent]);
+    queue
+        .manual()
+        .record_progress(&[(&leases[0], 0.45, "<b>encoding</b>")])
+        .unwrap();
+
+    let served = serve(&env, &[]);
+    let bar =
+        "<progress class=bar value=\"0.450\" max=1></progress> 45 % &lt;b&gt;encoding&lt;/b&gt;";
+    for path in ["/", "/jobs?state=running", &format!("/jobs/{parent}")] {
+        let (status, _, page) = http(&served.addr, "GET", path, &[], "");
+        assert_eq!(status, 200, "{path}");
+        assert!(page.contains(bar), "{path}: {page}");
+        assert!(!page.contains("<b>encoding"), "{path}: unescaped");
+    }
+    let (status, _, page) = http(&served.addr, "GET", &format!("/jobs/{child}"), &[], "");
+    assert_eq!(status, 200);
+    assert!(
+        page.contains(&format!(
+            "<a href=/jobs/{parent}>{parent}</a> (if it fails: cancel)"
+        )),
+        "{page}"
+    );
+    assert!(
+        page.contains(&format!("waiting for {parent} (running on ")),
+        "{page}"
+    );
+    let (_, _, page) = http(&served.addr, "GET", "/jobs?state=waiting", &[], "");
+    assert!(page.contains(&format!("<tr data-id={child}")), "{page}");
+}

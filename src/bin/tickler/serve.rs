@@ -780,12 +780,13 @@ fn dashboard(
             };
             let _ = write!(
                 html,
-                "<tr><td><a href=/jobs/{id}>{id}</a></td><td>{}</td><td>{}</td><td class=n>{}/{}</td><td>{}</td><td class=err>{}</td><td>{actions}</td></tr>",
+                "<tr><td><a href=/jobs/{id}>{id}</a></td><td>{}</td><td>{}</td><td class=n>{}/{}</td><td>{}{}</td><td class=err>{}</td><td>{actions}</td></tr>",
                 esc(&job.queue),
                 esc(&job.kind),
                 job.attempts,
                 job.max_attempts,
                 esc(&when),
+                find::progress_bar(&job),
                 esc(&errors),
                 id = job.id,
             );

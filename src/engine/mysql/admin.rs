@@ -46,7 +46,10 @@ impl Admin for Store {
         self.write(|tx, attempt| {
             let state = state_of(tx, id)?;
             if attempt.after_unknown_commit
-                && matches!(state, JobState::Pending | JobState::Scheduled)
+                && matches!(
+                    state,
+                    JobState::Pending | JobState::Scheduled | JobState::Waiting
+                )
             {
                 // The try whose COMMIT answer was lost retried it.
                 return Ok(());
@@ -81,7 +84,7 @@ impl Admin for Store {
                 ),
                 &[("now", Value::from(now)), ("id", Value::from(id.0))],
             )?;
-            Ok(())
+            crate::queue::deps::after_retry(&mut super::deps::Deps(tx), id)
         })?;
         self.notify_watchers();
         Ok(())

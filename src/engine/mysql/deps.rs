@@ -13,7 +13,7 @@ use crate::job::{IfParentFails, JobId, JobState};
 use crate::queue::deps::{ChildChange, EndedEdge};
 use mysql::prelude::Queryable;
 use mysql::Value;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// The [`DepTx`] of a transaction (tickler's, or the application's in
 /// `complete_with`).
@@ -25,8 +25,16 @@ fn state(text: &str) -> Result<JobState> {
 }
 
 fn values(ids: &[JobId]) -> Vec<Value> {
-    ids.iter().map(|id| Value::from(id.0)).collect()
+    values_of(ids).collect()
 }
+
+fn values_of(ids: &[JobId]) -> impl Iterator<Item = Value> + '_ {
+    ids.iter().map(|id| Value::from(id.0))
+}
+
+/// Rows (or ids) one statement writes at most: well under the server's
+/// 65,535 placeholders.
+const CHUNK: usize = 1_000;
 
 impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
     fn lock_parents(&mut self, parents: &[JobId]) -> Result<HashMap<JobId, JobState>> {
@@ -44,11 +52,26 @@ impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
     }
 
     fn insert_edges(&mut self, edges: &[(JobId, JobId, IfParentFails)]) -> Result<()> {
-        for (parent, child, if_fails) in edges {
+        // Many rows a statement: a fan-out of thousands is a few round
+        // trips, not one an edge.
+        for chunk in edges.chunks(CHUNK) {
+            let rows = vec!["(?, ?, ?)"; chunk.len()].join(", ");
+            let values = chunk
+                .iter()
+                .flat_map(|(parent, child, if_fails)| {
+                    [
+                        Value::from(parent.0),
+                        Value::from(child.0),
+                        Value::from(if_fails.as_str()),
+                    ]
+                })
+                .collect();
             self.0.exec(
-                "INSERT INTO tickler_deps (parent_id, child_id, if_fails) VALUES (?, ?, ?)
-                 ON DUPLICATE KEY UPDATE if_fails = VALUES(if_fails)",
-                args![parent.0, child.0, if_fails.as_str()],
+                &format!(
+                    "INSERT INTO tickler_deps (parent_id, child_id, if_fails) VALUES {rows}
+                     ON DUPLICATE KEY UPDATE if_fails = VALUES(if_fails)"
+                ),
+                values,
             )?;
         }
         Ok(())
@@ -94,11 +117,25 @@ impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
     }
 
     fn mark_resolved(&mut self, edges: &[(JobId, JobId)]) -> Result<()> {
+        // One statement per parent (and chunk of its children): a parent
+        // of thousands ends in a few round trips.
+        let mut by_parent: BTreeMap<JobId, Vec<JobId>> = BTreeMap::new();
         for (parent, child) in edges {
-            self.0.exec(
-                "UPDATE tickler_deps SET resolved = TRUE WHERE parent_id = ? AND child_id = ?",
-                args![parent.0, child.0],
-            )?;
+            by_parent.entry(*parent).or_default().push(*child);
+        }
+        for (parent, children) in by_parent {
+            for chunk in children.chunks(CHUNK) {
+                let mut values = vec![Value::from(parent.0)];
+                values.extend(values_of(chunk));
+                self.0.exec(
+                    &format!(
+                        "UPDATE tickler_deps SET resolved = TRUE
+                         WHERE parent_id = ? AND child_id IN ({})",
+                        marks(chunk.len())
+                    ),
+                    values,
+                )?;
+            }
         }
         Ok(())
     }
@@ -149,26 +186,62 @@ impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
         )?;
         let mut out = Vec::new();
         for r in &rows {
-            let id: i64 = get(r, 0)?;
             let run_at: i64 = get(r, 3)?;
             let created_at: i64 = get(r, 4)?;
-            let to = if run_at <= now.max(created_at) {
-                JobState::Pending
-            } else {
-                JobState::Scheduled
-            };
-            self.0.exec(
-                "UPDATE tickler_jobs SET status = ? WHERE id = ? AND status = 'waiting'",
-                args![to.as_str(), id],
-            )?;
             out.push(ChildChange {
-                job_id: JobId(id),
+                job_id: JobId(get(r, 0)?),
                 kind: get(r, 1)?,
                 queue: get(r, 2)?,
-                state: to,
+                state: if run_at <= now.max(created_at) {
+                    JobState::Pending
+                } else {
+                    JobState::Scheduled
+                },
             });
         }
+        // One statement per new state (and chunk): the rows are locked
+        // (lock_children), so what was read is what is changed.
+        for to in [JobState::Pending, JobState::Scheduled] {
+            let ids: Vec<JobId> = out
+                .iter()
+                .filter(|c| c.state == to)
+                .map(|c| c.job_id)
+                .collect();
+            for chunk in ids.chunks(CHUNK) {
+                let mut values = vec![Value::from(to.as_str())];
+                values.extend(values_of(chunk));
+                self.0.exec(
+                    &format!(
+                        "UPDATE tickler_jobs SET status = ? WHERE id IN ({}) AND status = 'waiting'",
+                        marks(chunk.len())
+                    ),
+                    values,
+                )?;
+            }
+        }
         Ok(out)
+    }
+
+    fn wait_again(&mut self, id: JobId) -> Result<bool> {
+        // The job's row is locked; its edges are read afresh (READ
+        // COMMITTED), so a resolution that committed before is seen.
+        let unresolved = self
+            .0
+            .first(
+                "SELECT 1 FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
+                 WHERE d.child_id = ? AND NOT d.resolved LIMIT 1",
+                args![id.0],
+            )?
+            .is_some();
+        if !unresolved {
+            return Ok(false);
+        }
+        self.0.exec(
+            "UPDATE tickler_jobs SET status = 'waiting'
+             WHERE id = ? AND status IN ('pending', 'scheduled')",
+            args![id.0],
+        )?;
+        Ok(true)
     }
 }
 

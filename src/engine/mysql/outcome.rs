@@ -317,7 +317,8 @@ impl Store {
                 });
             }
             *handed = true;
-            super::deps::resolve(&mut Tx::inside(&mut app), &[lease.job_id], self.now_ms())?;
+            let released =
+                super::deps::resolve(&mut Tx::inside(&mut app), &[lease.job_id], self.now_ms())?;
             // An error here drops `app`, which rolls the completion back.
             app_writes(&mut app)?;
             // The freed slot is handed on last: the limit's lock is not
@@ -331,12 +332,17 @@ impl Store {
                 )?;
             }
             app.commit()?;
-            Ok(())
+            Ok(!released.is_empty())
         })();
         if let Err(e) = &result {
             pooled.mark_broken_by(e);
         }
         pooled.restore_session();
-        result
+        // Jobs that ran after this one are due now: this process's pools
+        // look at once, not at their next poll.
+        if result? {
+            self.notify_watchers();
+        }
+        Ok(())
     }
 }

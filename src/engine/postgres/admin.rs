@@ -70,7 +70,9 @@ impl Admin for Store {
                 ),
                 &[&now, &id.0],
             )?;
-            Ok(())
+            // state_of locked the row: this statement sees the edges of
+            // any resolution that committed before.
+            crate::queue::deps::after_retry(&mut super::deps::Deps(tx), id)
         })?;
         self.notify_watchers();
         Ok(())

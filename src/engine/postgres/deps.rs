@@ -149,6 +149,18 @@ impl<E: Exec> DepTx for Deps<'_, E> {
             })
             .collect()
     }
+
+    fn wait_again(&mut self, id: JobId) -> Result<bool> {
+        let rows = self.0.rows(
+            "UPDATE tickler_jobs SET status = 'waiting'
+             WHERE id = $1 AND status IN ('pending', 'scheduled')
+               AND EXISTS (SELECT 1 FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
+                           WHERE d.child_id = $1 AND NOT d.resolved)
+             RETURNING id",
+            &[&id.0],
+        )?;
+        Ok(!rows.is_empty())
+    }
 }
 
 /// See [`crate::Queue::parents`].

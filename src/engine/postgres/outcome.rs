@@ -288,7 +288,7 @@ impl Store {
                 });
             }
             *handed = true;
-            super::deps::resolve(&mut app, &[lease.job_id], self.now_ms())?;
+            let released = super::deps::resolve(&mut app, &[lease.job_id], self.now_ms())?;
             // An error here drops `app`, which rolls the completion back.
             app_writes(&mut app)?;
             // The freed slot is handed on last: the limit's lock is not
@@ -297,7 +297,7 @@ impl Store {
                 super::limits::settle(&mut app, &[slot], Vec::new(), self.now_ms())?;
             }
             app.commit()?;
-            Ok(())
+            Ok(!released.is_empty())
         })();
         if let Err(e) = &result {
             conn.mark_broken_by(e);
@@ -311,6 +311,11 @@ impl Store {
             // now anyone's.
             conn.drop_after_use();
         }
-        result
+        // Jobs that ran after this one are due now: the pools of every
+        // process look at once, not at their next poll.
+        if result? {
+            self.notify_watchers();
+        }
+        Ok(())
     }
 }

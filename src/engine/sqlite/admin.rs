@@ -83,7 +83,7 @@ impl Admin for Store {
             }
             tx.prepare_cached(REVIVE_SQL)?
                 .execute(params![self.now_ms(), id.0])?;
-            Ok(())
+            crate::queue::deps::after_retry(&mut super::deps::Deps(tx), id)
         })?;
         self.notify_watchers();
         Ok(())

@@ -141,6 +141,19 @@ impl DepTx for Deps<'_, '_> {
         }
         Ok(out)
     }
+
+    fn wait_again(&mut self, id: JobId) -> Result<bool> {
+        let changed = self
+            .0
+            .prepare_cached(
+                "UPDATE tickler_jobs SET status = 'waiting'
+                 WHERE id = ?1 AND status IN ('pending', 'scheduled')
+                   AND EXISTS (SELECT 1 FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
+                               WHERE d.child_id = ?1 AND d.resolved = 0)",
+            )?
+            .execute([id.0])?;
+        Ok(changed == 1)
+    }
 }
 
 /// See [`crate::Queue::parents`].

@@ -353,7 +353,7 @@ impl Store {
         lease: &Lease,
         app_writes: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> Result<()>,
     ) -> Result<()> {
-        self.write(|tx| {
+        let released = self.write(|tx| {
             app_writes(tx).map_err(|e| if e.is_busy() { Error::aborted(e) } else { e })?;
             let now = self.now_ms();
             let changed = tx.prepare_cached(COMPLETE_SQL)?.execute(params![
@@ -362,7 +362,7 @@ impl Store {
                 lease.run_token.0
             ])?;
             fenced(changed, lease)?;
-            super::deps::resolve(tx, &[lease.job_id], now)?;
+            let released = super::deps::resolve(tx, &[lease.job_id], now)?;
             if let Some(slot) = &lease.limit {
                 crate::queue::limits::settle(
                     &mut super::limits::InTransaction(tx),
@@ -371,7 +371,13 @@ impl Store {
                     now,
                 )?;
             }
-            Ok(())
-        })
+            Ok(!released.is_empty())
+        })?;
+        // Jobs that ran after this one are due now: this process's
+        // fetchers look at once.
+        if released {
+            self.notify_watchers();
+        }
+        Ok(())
     }
 }

@@ -123,6 +123,19 @@ fn frame(title: &str, body: &str) -> String {
     )
 }
 
+/// A job's last reported progress as a bar with its percentage and
+/// message (an HTML `<progress>`: no script), or nothing.
+pub(super) fn progress_bar(job: &Job) -> String {
+    job.progress.as_ref().map_or_else(String::new, |p| {
+        let fraction = p.fraction.clamp(0.0, 1.0);
+        format!(
+            " <progress class=bar value=\"{fraction:.3}\" max=1></progress> {:.0} % {}",
+            fraction * 100.0,
+            esc(&p.message)
+        )
+    })
+}
+
 /// What a listed job waits for or did, in words, by its state.
 fn when(now: DateTime<Utc>, job: &Job) -> String {
     match job.state {
@@ -138,15 +151,17 @@ fn when(now: DateTime<Utc>, job: &Job) -> String {
             "waiting for the jobs it runs after since {}",
             time(now, job.created_at)
         ),
-        JobState::Running => format!(
-            "running for {} by {}, lease ends {}",
-            job.claimed_at.map_or_else(
-                || "-".into(),
-                |t| span((now - t).num_milliseconds().max(0) as u64)
-            ),
-            esc(job.claimed_by.as_deref().unwrap_or("-")),
-            time_or_dash(now, job.lease_expires_at)
-        ),
+        JobState::Running => {
+            format!(
+                "running for {} by {}, lease ends {}",
+                job.claimed_at.map_or_else(
+                    || "-".into(),
+                    |t| span((now - t).num_milliseconds().max(0) as u64)
+                ),
+                esc(job.claimed_by.as_deref().unwrap_or("-")),
+                time_or_dash(now, job.lease_expires_at)
+            ) + &progress_bar(job)
+        }
         JobState::Succeeded | JobState::Dead | JobState::Cancelled => {
             format!("finished {}", time_or_dash(now, job.finished_at))
         }
@@ -340,10 +355,11 @@ pub(super) fn job(queue: &Queue, id: &str, hide: &Hide, csrf: &str) -> tickler::
     row("finished", time_or_dash(now, job.finished_at));
     row(
         "progress",
-        job.progress.as_ref().map_or_else(
-            || "-".into(),
-            |p| format!("{:.0} % {}", p.fraction * 100.0, esc(&p.message)),
-        ),
+        if job.progress.is_some() {
+            progress_bar(&job)
+        } else {
+            "-".into()
+        },
     );
     row(
         "limit",
