@@ -253,11 +253,15 @@ fn stats_counts_per_queue_and_state() {
     let default: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(
         default,
-        ["default", "0", "2", "0", "0", "0", "0", "0"],
+        ["default", "0", "0", "2", "0", "0", "0", "0", "0"],
         "{out}"
     );
     let mail: Vec<&str> = lines[2].split_whitespace().collect();
-    assert_eq!(mail, ["mail", "1", "0", "0", "0", "0", "0", "1"], "{out}");
+    assert_eq!(
+        mail,
+        ["mail", "0", "1", "0", "0", "0", "0", "0", "1"],
+        "{out}"
+    );
     assert!(out.contains("oldest due job: waiting"), "{out}");
     assert!(out.contains("finished in the last minute: 1"), "{out}");
     assert!(out.contains("WAL file: "), "{out}");
