@@ -78,11 +78,42 @@ pub fn http(
     }
     req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
     s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let split = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(out.len());
+    let head = String::from_utf8(out[..split].to_vec()).unwrap();
+    let mut body = out.get(split + 4..).unwrap_or_default().to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = unchunk(&body);
+    }
     let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, head.to_owned(), body.to_owned())
+    (status, head, String::from_utf8(body).unwrap())
+}
+
+/// The body of a chunked answer (the server chunks big pages, and a chunk
+/// may end inside a character).
+fn unchunk(mut chunked: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = chunked
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("a chunk size line");
+        let size = std::str::from_utf8(&chunked[..line_end]).unwrap();
+        let size = usize::from_str_radix(size.split(';').next().unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return body;
+        }
+        let start = line_end + 2;
+        body.extend_from_slice(&chunked[start..start + size]);
+        chunked = &chunked[start + size + 2..];
+    }
 }
 
 /// The CSRF token in the forms of a dashboard page.
@@ -157,8 +188,11 @@ pub fn filled() -> Env {
     queue
         .enqueue_batch((0..3).map(|_| NewJob::new("k").queue("mail")).collect())
         .unwrap();
-    queue
+    let later = queue
         .enqueue(NewJob::new("k").queue("mail").delay(hour))
+        .unwrap();
+    queue
+        .enqueue(NewJob::new("k").queue("mail").after(&[later]))
         .unwrap();
 
     queue.set_limit("sync", tickler::Limit::per_key(1)).unwrap();
