@@ -39,9 +39,13 @@ pub(crate) struct Settings {
 const LIVE_JS: &str = include_str!("serve/live.js");
 
 /// The page's Content-Security-Policy: its own script (the live refresh)
-/// and reads of its own origin, nothing inline, nothing from elsewhere.
+/// and reads of its own origin, nothing inline, nothing from elsewhere;
+/// and no frame of another page around it (`default-src` does not cover
+/// `frame-ancestors`): a page that framed the dashboard invisibly could
+/// steer a click onto its retry and cancel buttons, which carry the
+/// CSRF token.
 const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; script-src 'self'; \
-                   connect-src 'self'; form-action 'self'";
+                   connect-src 'self'; form-action 'self'; frame-ancestors 'none'";
 
 /// Jobs listed per state on the page.
 const LISTED: usize = 20;
@@ -320,11 +324,16 @@ fn handle(
     }
 }
 
-/// An HTML page with the dashboard's headers.
+/// An HTML page with the dashboard's headers: framed by no other page
+/// (`X-Frame-Options` for browsers without `frame-ancestors`), and kept
+/// in no cache, since a job's page shows its payload and every page its
+/// CSRF token.
 fn html_page(html: String) -> Response<std::io::Cursor<Vec<u8>>> {
     Response::from_string(html)
         .with_header(header("Content-Type", "text/html; charset=utf-8"))
         .with_header(header("Content-Security-Policy", CSP))
+        .with_header(header("X-Frame-Options", "DENY"))
+        .with_header(header("Cache-Control", "no-store"))
         .with_header(header("Referrer-Policy", "no-referrer"))
 }
 
