@@ -32,3 +32,59 @@ fn no_page_can_be_framed_or_cached() {
         assert!(head.contains("Cache-Control: no-store"), "{path}: {head}");
     }
 }
+
+/// Jobs that die while the confirm page is open are not deleted unseen:
+/// the action does nothing and shows the count now, to confirm again.
+#[test]
+fn a_bulk_action_does_nothing_when_the_count_changed_since_the_confirm_page() {
+    let env = filled();
+    let first = dead_jobs(&env, "hunt", "k", 2);
+    let served = serve(&env, &[]);
+    let (_, _, page) = http(&served.addr, "GET", "/", &[], "");
+    let csrf = csrf_of(&page);
+    let ask = format!("action=delete-dead&queue=hunt&csrf={csrf}");
+    let (_, _, confirm) = http(&served.addr, "POST", "/confirm", &[], &ask);
+    assert!(
+        confirm.contains("<input type=hidden name=count value=\"2\">"),
+        "{confirm}"
+    );
+
+    let later = dead_jobs(&env, "hunt", "k", 1);
+    let (status, _, again) = http(
+        &served.addr,
+        "POST",
+        "/bulk",
+        &[],
+        &format!("{ask}&count=2"),
+    );
+    assert_eq!(status, 409, "{again}");
+    assert!(again.contains("<p id=changed role=alert>"), "{again}");
+    assert!(
+        again.contains("<strong id=confirm-count>3</strong>"),
+        "{again}"
+    );
+    assert!(
+        again.contains("<input type=hidden name=count value=\"3\">"),
+        "{again}"
+    );
+    let (status, _, _) = http(&served.addr, "POST", "/bulk", &[], &ask);
+    assert_eq!(status, 409, "a form without the count does nothing");
+    for &id in first.iter().chain(&later) {
+        assert_eq!(env.job(id).state, tickler::JobState::Dead);
+    }
+
+    let (status, head, _) = http(
+        &served.addr,
+        "POST",
+        "/bulk",
+        &[],
+        &format!("{ask}&count=3"),
+    );
+    assert_eq!(status, 303, "{head}");
+    for &id in first.iter().chain(&later) {
+        assert!(matches!(
+            env.queue().get(id),
+            Err(tickler::Error::NotFound(_))
+        ));
+    }
+}

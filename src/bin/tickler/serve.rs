@@ -301,11 +301,14 @@ fn handle(
             }
             match path {
                 "/confirm" => bulk::confirm_page(queue, csrf, &body).map(html_page),
-                "/bulk" => bulk::run(queue, &body).map(|done| {
-                    let id = settings.done.keep(done);
-                    Response::from_string("")
-                        .with_status_code(303)
-                        .with_header(header("Location", &format!("/?done={id}")))
+                "/bulk" => bulk::run(queue, csrf, &body).map(|ran| match ran {
+                    bulk::Ran::Done(done) => {
+                        let id = settings.done.keep(done);
+                        Response::from_string("")
+                            .with_status_code(303)
+                            .with_header(header("Location", &format!("/?done={id}")))
+                    }
+                    bulk::Ran::Changed(page) => html_page(page).with_status_code(409),
                 }),
                 _ => act(queue, path, &body).map(|()| {
                     Response::from_string("")
