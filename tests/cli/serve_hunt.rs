@@ -88,3 +88,29 @@ fn a_bulk_action_does_nothing_when_the_count_changed_since_the_confirm_page() {
         ));
     }
 }
+
+/// A key named to be hidden is hidden whatever the case of its letters:
+/// `--hide-payload-key password` showed a payload's `Password`.
+#[test]
+fn a_hidden_payload_key_is_hidden_in_any_case() {
+    let env = filled();
+    let id = env
+        .queue()
+        .enqueue(
+            tickler::NewJob::new("k")
+                .queue("hunt")
+                .payload(serde_json::json!({
+                    "password": "lower-secret",
+                    "Password": "upper-secret",
+                    "nested": [{"PASSWORD": "nested-secret", "user": "ann"}],
+                })),
+        )
+        .unwrap();
+    let served = serve(&env, &["--hide-payload-key", "password"]);
+    let (status, _, page) = http(&served.addr, "GET", &format!("/jobs/{id}"), &[], "");
+    assert_eq!(status, 200);
+    for secret in ["lower-secret", "upper-secret", "nested-secret"] {
+        assert!(!page.contains(secret), "{secret} shown: {page}");
+    }
+    assert!(page.contains("ann"), "{page}");
+}
