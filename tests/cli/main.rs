@@ -18,6 +18,7 @@ mod schedule;
 mod schedule_cli_edges;
 mod serve;
 mod serve_bulk;
+mod serve_hunt;
 mod wait;
 mod wait_hunt;
 mod work;

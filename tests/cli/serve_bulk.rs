@@ -82,7 +82,7 @@ fn a_bulk_delete_needs_the_token_twice_and_says_what_it_did() {
         "POST",
         "/bulk",
         &[],
-        &format!("{ask}&csrf={csrf}"),
+        &format!("{ask}&csrf={csrf}&count=3"),
     );
     assert_eq!(status, 303, "{head}");
     let page = follow(&served.addr, &head);
@@ -142,7 +142,13 @@ fn the_sentence_after_an_action_is_escaped_and_cannot_be_forged() {
         confirm.contains("Retry 2 dead jobs of queue q&quot;&gt;&lt;script&gt;"),
         "{confirm}"
     );
-    let (status, head, _) = http(&served.addr, "POST", "/bulk", &[], &form);
+    let (status, head, _) = http(
+        &served.addr,
+        "POST",
+        "/bulk",
+        &[],
+        &format!("{form}&count=2"),
+    );
     assert_eq!(status, 303, "{head}");
     let page = follow(&served.addr, &head);
     assert!(
@@ -304,7 +310,13 @@ fn cancelling_all_pending_jobs_of_a_kind_leaves_other_kinds_and_later_jobs() {
     assert!(send
         .iter()
         .all(|&id| env.job(id).state == JobState::Pending));
-    let (status, head, _) = http(&served.addr, "POST", "/bulk", &[], &form);
+    let (status, head, _) = http(
+        &served.addr,
+        "POST",
+        "/bulk",
+        &[],
+        &format!("{form}&count=2"),
+    );
     assert_eq!(status, 303, "{head}");
     let page = follow(&served.addr, &head);
     assert!(

@@ -471,7 +471,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub hide_payload: bool,
     /// Show the value of this JSON object key, at any depth of a payload
-    /// or output, as "[hidden]" (repeat for more keys).
+    /// or output and in any case of ASCII letters (`password` hides
+    /// `Password` too), as "[hidden]" (repeat for more keys).
     #[arg(long, value_name = "KEY")]
     pub hide_payload_key: Vec<String>,
     /// A queue whose oldest due job has waited longer than this is marked

@@ -39,9 +39,13 @@ pub(crate) struct Settings {
 const LIVE_JS: &str = include_str!("serve/live.js");
 
 /// The page's Content-Security-Policy: its own script (the live refresh)
-/// and reads of its own origin, nothing inline, nothing from elsewhere.
+/// and reads of its own origin, nothing inline, nothing from elsewhere;
+/// and no frame of another page around it (`default-src` does not cover
+/// `frame-ancestors`): a page that framed the dashboard invisibly could
+/// steer a click onto its retry and cancel buttons, which carry the
+/// CSRF token.
 const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; script-src 'self'; \
-                   connect-src 'self'; form-action 'self'";
+                   connect-src 'self'; form-action 'self'; frame-ancestors 'none'";
 
 /// Jobs listed per state on the page.
 const LISTED: usize = 20;
@@ -297,11 +301,14 @@ fn handle(
             }
             match path {
                 "/confirm" => bulk::confirm_page(queue, csrf, &body).map(html_page),
-                "/bulk" => bulk::run(queue, &body).map(|done| {
-                    let id = settings.done.keep(done);
-                    Response::from_string("")
-                        .with_status_code(303)
-                        .with_header(header("Location", &format!("/?done={id}")))
+                "/bulk" => bulk::run(queue, csrf, &body).map(|ran| match ran {
+                    bulk::Ran::Done(done) => {
+                        let id = settings.done.keep(done);
+                        Response::from_string("")
+                            .with_status_code(303)
+                            .with_header(header("Location", &format!("/?done={id}")))
+                    }
+                    bulk::Ran::Changed(page) => html_page(page).with_status_code(409),
                 }),
                 _ => act(queue, path, &body).map(|()| {
                     Response::from_string("")
@@ -320,11 +327,16 @@ fn handle(
     }
 }
 
-/// An HTML page with the dashboard's headers.
+/// An HTML page with the dashboard's headers: framed by no other page
+/// (`X-Frame-Options` for browsers without `frame-ancestors`), and kept
+/// in no cache, since a job's page shows its payload and every page its
+/// CSRF token.
 fn html_page(html: String) -> Response<std::io::Cursor<Vec<u8>>> {
     Response::from_string(html)
         .with_header(header("Content-Type", "text/html; charset=utf-8"))
         .with_header(header("Content-Security-Policy", CSP))
+        .with_header(header("X-Frame-Options", "DENY"))
+        .with_header(header("Cache-Control", "no-store"))
         .with_header(header("Referrer-Policy", "no-referrer"))
 }
 

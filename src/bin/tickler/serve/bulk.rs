@@ -129,17 +129,35 @@ fn count(queue: &Queue, action: &Action) -> tickler::Result<(u64, bool)> {
     }
 }
 
+/// The count as the confirm page shows it and its form sends it back:
+/// `100000+` when it stopped at the cap.
+fn count_text(n: u64, capped: bool) -> String {
+    format!("{n}{}", if capped { "+" } else { "" })
+}
+
 /// The confirm page: what would change, how much, and the form that does
 /// it.
 pub(super) fn confirm_page(queue: &Queue, csrf: &str, body: &str) -> tickler::Result<String> {
     let action = Action::from_form(body)?;
     let (n, capped) = count(queue, &action)?;
+    Ok(confirm_html(csrf, &action, n, capped, None))
+}
+
+/// The confirm page of `action` with its count `n`, after `changed` (the
+/// count the operator confirmed, when it is no longer the count now).
+fn confirm_html(
+    csrf: &str,
+    action: &Action,
+    n: u64,
+    capped: bool,
+    changed: Option<&str>,
+) -> String {
     let plus = if capped {
         " (at least; the count stops there)"
     } else {
         ""
     };
-    let (question, label) = match &action {
+    let (question, label) = match action {
         Action::RetryDead { queue, kind } => (
             format!("Retry {} {}?{plus} Each is made pending, due now, with fresh attempts; one whose unique key another job holds stays dead.", jobs(n), scope(queue, kind)),
             format!("retry {}", jobs(n)),
@@ -161,17 +179,30 @@ pub(super) fn confirm_page(queue: &Queue, csrf: &str, body: &str) -> tickler::Re
             format!("resume schedule {name}"),
         ),
     };
-    let mut html = format!(
+    let mut html = String::from(
         "<!doctype html><html><head><meta charset=utf-8><title>tickler: confirm</title>\
-         <style>body{{font-family:sans-serif;margin:1.5em}}</style></head><body><h1>Confirm</h1>\
-         <p id=confirm-what>{}</p><p>Count: <strong id=confirm-count>{n}{}</strong></p>",
+         <style>body{font-family:sans-serif;margin:1.5em}</style></head><body><h1>Confirm</h1>",
+    );
+    if let Some(confirmed) = changed {
+        let _ = write!(
+            html,
+            "<p id=changed role=alert>Nothing was done: the count changed since the confirm page \
+             (it said {}). Confirm again.</p>",
+            esc(confirmed)
+        );
+    }
+    let _ = write!(
+        html,
+        "<p id=confirm-what>{}</p><p>Count: <strong id=confirm-count>{}</strong></p>",
         esc(&question),
-        if capped { "+" } else { "" }
+        count_text(n, capped)
     );
     if n > 0 {
         let _ = write!(
             html,
-            "<form method=post action=/bulk><input type=hidden name=csrf value={csrf}>"
+            "<form method=post action=/bulk><input type=hidden name=csrf value={csrf}>\
+             <input type=hidden name=count value=\"{}\">",
+            count_text(n, capped)
         );
         for (name, value) in action.fields() {
             let _ = write!(
@@ -191,12 +222,38 @@ pub(super) fn confirm_page(queue: &Queue, csrf: &str, body: &str) -> tickler::Re
     html.push_str(
         "<p><a href=/ id=back>back to the dashboard, changing nothing</a></p></body></html>",
     );
-    Ok(html)
+    html
 }
 
-/// Does the action; returns the sentence that says what it did.
-pub(super) fn run(queue: &Queue, body: &str) -> tickler::Result<String> {
-    Ok(match Action::from_form(body)? {
+/// What a POST to `/bulk` did.
+pub(super) enum Ran {
+    /// The sentence that says what the action did.
+    Done(String),
+    /// Nothing: the action would change another number of jobs than the
+    /// operator confirmed (jobs died, were retried or enqueued since the
+    /// confirm page). The confirm page again, with the count now.
+    Changed(String),
+}
+
+/// Does the action if it would change as many jobs as the operator
+/// confirmed (the `count` field of the confirm page's form), so that jobs
+/// that came in while the confirm page was open are not deleted or retried
+/// unseen; the recount and the action are not one transaction, which
+/// narrows the gap to the time between two statements.
+pub(super) fn run(queue: &Queue, csrf: &str, body: &str) -> tickler::Result<Ran> {
+    let action = Action::from_form(body)?;
+    let (n, capped) = count(queue, &action)?;
+    let confirmed = form_value(body, "count").unwrap_or_default();
+    if confirmed != count_text(n, capped) {
+        return Ok(Ran::Changed(confirm_html(
+            csrf,
+            &action,
+            n,
+            capped,
+            Some(&confirmed),
+        )));
+    }
+    Ok(Ran::Done(match action {
         Action::RetryDead { queue: q, kind } => {
             let (retried, kept) = queue.retry_dead_matching(q.as_deref(), kind.as_deref())?;
             let mut done = format!("retried {} {}", jobs(retried), scope(&q, &kind));
@@ -225,7 +282,7 @@ pub(super) fn run(queue: &Queue, body: &str) -> tickler::Result<String> {
             queue.resume_schedule(&name)?;
             format!("resumed schedule {name}")
         }
-    })
+    }))
 }
 
 /// The sentences of the last actions, under random ids.

@@ -29,7 +29,9 @@ const HIDDEN: &str = "[hidden]";
 pub(super) struct Hide {
     /// No payload is shown at all.
     pub all: bool,
-    /// Object keys whose values are hidden, at any depth.
+    /// Object keys whose values are hidden, at any depth, whatever the
+    /// case of their ASCII letters: a payload's `Password` is as secret
+    /// as its `password`.
     pub keys: Vec<String>,
 }
 
@@ -42,7 +44,7 @@ impl Hide {
             Value::Object(map) => Value::Object(
                 map.iter()
                     .map(|(k, v)| {
-                        let v = if self.keys.iter().any(|h| h == k) {
+                        let v = if self.keys.iter().any(|h| h.eq_ignore_ascii_case(k)) {
                             Value::String(HIDDEN.into())
                         } else {
                             self.redact(v)
