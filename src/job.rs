@@ -261,7 +261,7 @@ impl NewJob {
     /// one not yet assigned) refuses the enqueue with
     /// [`crate::Error::ParentNotFound`] and stores nothing, so edges can
     /// only point back in time and never form a cycle. To store a job and
-    /// the jobs that run after it at once, use a [`Graph`].
+    /// the jobs that run after it at once, use a [`Graph`](crate::Graph).
     ///
     /// ```
     /// # fn main() -> tickler::Result<()> {
