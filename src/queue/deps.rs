@@ -84,10 +84,13 @@ pub(crate) fn resolve(tx: &mut dyn DepTx, ended: &[JobId], now: i64) -> Result<V
     while !ended.is_empty() {
         ended.sort_unstable();
         ended.dedup();
-        let edges = tx.ended_edges(&ended)?;
+        let mut edges = tx.ended_edges(&ended)?;
         if edges.is_empty() {
             break;
         }
+        // By child, then parent, whatever order the engine read them in:
+        // the children are locked in id order, each once.
+        edges.sort_unstable_by_key(|e| (e.child, e.parent));
         let mut done: Vec<(JobId, JobId)> = Vec::new();
         let mut cancel: BTreeMap<JobId, String> = BTreeMap::new();
         let mut touched: BTreeSet<JobId> = BTreeSet::new();

@@ -38,14 +38,17 @@ const CHUNK: usize = 1_000;
 
 impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
     fn lock_parents(&mut self, parents: &[JobId]) -> Result<HashMap<JobId, JobState>> {
-        let rows = self.0.rows(
-            &format!(
-                "SELECT id, status FROM tickler_jobs WHERE id IN ({}) ORDER BY id
-                 LOCK IN SHARE MODE",
-                marks(parents.len())
-            ),
-            values(parents),
-        )?;
+        let mut rows = Vec::new();
+        for chunk in parents.chunks(CHUNK) {
+            rows.extend(self.0.rows(
+                &format!(
+                    "SELECT id, status FROM tickler_jobs WHERE id IN ({}) ORDER BY id
+                     LOCK IN SHARE MODE",
+                    marks(chunk.len())
+                ),
+                values(chunk),
+            )?);
+        }
         rows.iter()
             .map(|r| Ok((JobId(get(r, 0)?), state(&get::<String>(r, 1)?)?)))
             .collect()
@@ -78,18 +81,24 @@ impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
     }
 
     fn ended_edges(&mut self, parents: &[JobId]) -> Result<Vec<EndedEdge>> {
-        let rows = self.0.rows(
-            &format!(
-                "SELECT d.parent_id, p.status, d.child_id, d.if_fails
-                 FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
-                 WHERE d.parent_id IN ({}) AND NOT d.resolved
-                   AND p.status IN ('succeeded', 'dead', 'cancelled')
-                 ORDER BY d.child_id, d.parent_id
-                 FOR UPDATE",
-                marks(parents.len())
-            ),
-            values(parents),
-        )?;
+        // In chunks: the jobs a cancel cascades to may be more than a
+        // statement takes placeholders (65,535). The rules read the edges
+        // by child, as one statement would give them.
+        let mut rows = Vec::new();
+        for chunk in parents.chunks(CHUNK) {
+            rows.extend(self.0.rows(
+                &format!(
+                    "SELECT d.parent_id, p.status, d.child_id, d.if_fails
+                     FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
+                     WHERE d.parent_id IN ({}) AND NOT d.resolved
+                       AND p.status IN ('succeeded', 'dead', 'cancelled')
+                     ORDER BY d.child_id, d.parent_id
+                     FOR UPDATE",
+                    marks(chunk.len())
+                ),
+                values(chunk),
+            )?);
+        }
         rows.iter()
             .map(|r| {
                 Ok(EndedEdge {
@@ -106,13 +115,17 @@ impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
         if children.is_empty() {
             return Ok(());
         }
-        self.0.rows(
-            &format!(
-                "SELECT id FROM tickler_jobs WHERE id IN ({}) ORDER BY id FOR UPDATE",
-                marks(children.len())
-            ),
-            values(children),
-        )?;
+        // In chunks, in id order: a parent of more children than a
+        // statement takes placeholders (65,535) still ends.
+        for chunk in children.chunks(CHUNK) {
+            self.0.rows(
+                &format!(
+                    "SELECT id FROM tickler_jobs WHERE id IN ({}) ORDER BY id FOR UPDATE",
+                    marks(chunk.len())
+                ),
+                values(chunk),
+            )?;
+        }
         Ok(())
     }
 
@@ -173,17 +186,20 @@ impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
         if children.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = self.0.rows(
-            &format!(
-                "SELECT job.id, job.kind, job.queue, job.run_at, job.created_at
-                 FROM tickler_jobs AS job
-                 WHERE job.id IN ({}) AND job.status = 'waiting'
-                   AND NOT EXISTS (SELECT 1 FROM tickler_deps AS d
-                                   WHERE d.child_id = job.id AND NOT d.resolved)",
-                marks(children.len())
-            ),
-            values(children),
-        )?;
+        let mut rows = Vec::new();
+        for chunk in children.chunks(CHUNK) {
+            rows.extend(self.0.rows(
+                &format!(
+                    "SELECT job.id, job.kind, job.queue, job.run_at, job.created_at
+                     FROM tickler_jobs AS job
+                     WHERE job.id IN ({}) AND job.status = 'waiting'
+                       AND NOT EXISTS (SELECT 1 FROM tickler_deps AS d
+                                       WHERE d.child_id = job.id AND NOT d.resolved)",
+                    marks(chunk.len())
+                ),
+                values(chunk),
+            )?);
+        }
         let mut out = Vec::new();
         for r in &rows {
             let run_at: i64 = get(r, 3)?;
