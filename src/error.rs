@@ -50,6 +50,15 @@ pub enum Error {
     #[error("job {0} named as a parent does not exist (never stored, or pruned): a job can only run after a stored job or a step of the same Graph")]
     ParentNotFound(JobId),
 
+    /// No batch has this id (never opened, or pruned).
+    #[error("batch {0} does not exist (never opened, or pruned)")]
+    BatchNotFound(crate::BatchId),
+
+    /// A job was added to a batch already sealed
+    /// ([`crate::Queue::seal_batch`]); nothing of that insert was stored.
+    #[error("batch {0} is sealed: no job can join it after Queue::seal_batch")]
+    BatchSealed(crate::BatchId),
+
     /// The edges of a [`crate::Graph`] form a cycle (a step after itself
     /// counts); nothing of it was stored.
     #[error("the graph's steps wait on each other in a cycle: {}", steps.join(" -> "))]

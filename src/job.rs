@@ -145,6 +145,7 @@ pub struct NewJob {
     pub(crate) limit: Option<(String, String)>,
     pub(crate) limit_weight: u32,
     pub(crate) after: Vec<(JobId, IfParentFails)>,
+    pub(crate) batch: Option<crate::BatchId>,
 }
 
 impl NewJob {
@@ -164,6 +165,7 @@ impl NewJob {
             limit: None,
             limit_weight: 1,
             after: Vec::new(),
+            batch: None,
         }
     }
 
@@ -286,6 +288,18 @@ impl NewJob {
     pub fn after_with(mut self, parent: JobId, if_fails: IfParentFails) -> Self {
         self.after.retain(|(p, _)| *p != parent);
         self.after.push((parent, if_fails));
+        self
+    }
+}
+
+impl NewJob {
+    /// Makes the job a member of batch `batch` ([`crate::Queue::open_batch`]),
+    /// counted in the transaction that stores it. The insert fails with
+    /// [`crate::Error::BatchSealed`] if the batch is sealed, or
+    /// [`crate::Error::BatchNotFound`], storing nothing. A job whose
+    /// unique_key is held joins nothing (the holder is not added).
+    pub fn batch(mut self, batch: crate::BatchId) -> Self {
+        self.batch = Some(batch);
         self
     }
 }
@@ -425,6 +439,9 @@ pub struct Job {
     /// (JSON `null`). `None` for every other state. Read it as a type with
     /// [`Job::output_as`]; gone when the job is pruned.
     pub output: Option<serde_json::Value>,
+    /// The batch it is a member or a callback of ([`NewJob::batch`],
+    /// [`crate::Queue::open_batch`]).
+    pub batch: Option<crate::BatchId>,
 }
 
 impl Job {

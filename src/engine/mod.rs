@@ -151,9 +151,45 @@ pub(crate) trait OutcomeTx {
     ) -> Result<Result<Result<()>>>;
 }
 
+/// The statements batches are kept with, in the engine's write
+/// transaction (the same one as its [`DepTx`]); the rules that use them
+/// are `crate::queue::batches`. In the lock order `LimitTx` documents,
+/// batch rows come after job rows and before limit rows; a batch's
+/// callbacks (job rows) are written after its row is locked, and are
+/// never members of their own batch.
+pub(crate) trait BatchTx {
+    /// Makes the jobs `ids` (stored by this transaction) members of
+    /// `batch` (`role` `None`) or its callback.
+    fn join_batch(
+        &mut self,
+        batch: crate::BatchId,
+        role: Option<crate::batch::Callback>,
+        ids: &[JobId],
+    ) -> Result<()>;
+    /// The rows of those of `ids` (sorted) that exist, each locked until
+    /// the transaction ends (a server engine's `FOR UPDATE`).
+    fn lock_batches(&mut self, ids: &[crate::BatchId]) -> Result<Vec<crate::batch::BatchRow>>;
+    /// Writes a row `lock_batches` read: its counters, and the time it was
+    /// sealed and finished (`now`) when it newly is.
+    fn write_batch(&mut self, row: &crate::batch::BatchRow, now: i64) -> Result<()>;
+    /// Marks those of `ids` that ended as a member not yet counted,
+    /// counted as the state they ended in; returns them with their batch.
+    /// The caller holds their rows (it ended them, or read them locked).
+    fn count_members(&mut self, ids: &[JobId]) -> Result<Vec<(JobId, crate::BatchId, JobState)>>;
+    /// Clears the mark of those of `ids` counted as ended (a retry by hand
+    /// made them run again, their rows locked by the caller); returns each
+    /// one's batch and the state it had been counted as.
+    fn uncount_members(&mut self, ids: &[JobId]) -> Result<Vec<(crate::BatchId, JobState)>>;
+    /// The callbacks of `batch`.
+    fn batch_callbacks(
+        &mut self,
+        batch: crate::BatchId,
+    ) -> Result<Vec<(JobId, crate::batch::Callback)>>;
+}
+
 /// The statements of jobs that run after others, for the rules in
 /// `crate::queue::deps`, inside an engine's write transaction.
-pub(crate) trait DepTx {
+pub(crate) trait DepTx: BatchTx {
     /// The states of those of `ids` (in id order) that exist, each row
     /// locked against a change of state until the transaction ends (a
     /// server engine's `FOR SHARE`), so that a parent's end and a child's
@@ -167,7 +203,11 @@ pub(crate) trait DepTx {
     /// a lock (a current read, not a snapshot's), so an edge another
     /// transaction committed before this one's change of the parent is
     /// seen.
-    fn ended_edges(&mut self, parents: &[JobId]) -> Result<Vec<crate::queue::deps::EndedEdge>>;
+    ///
+    /// Beside them, in the same read: those of `parents` that ended as a
+    /// batch member not yet counted (see [`BatchTx::count_members`]), so a
+    /// job in neither costs this one statement.
+    fn ended_edges(&mut self, parents: &[JobId]) -> Result<crate::queue::deps::Ended>;
     /// Locks the rows of `children` (sorted) until the transaction ends:
     /// two parents of one child ending at once take turns, so the second
     /// sees the first's resolution and releases the child. SQLite's single
@@ -953,12 +993,45 @@ pub(crate) trait Reads {
     ) -> Result<(u64, u64, Vec<FinishedSample>)>;
 }
 
+/// Batches (each engine's `batches.rs`; the rules are
+/// `crate::queue::batches`).
+pub(crate) trait Batches {
+    /// Stores an open batch and its `callbacks` (validated, each with its
+    /// role) in one transaction; returns its id.
+    fn open_batch(
+        &self,
+        description: Option<&str>,
+        callbacks: Vec<(crate::batch::Callback, ValidJob)>,
+    ) -> Result<crate::BatchId>;
+    /// See [`crate::Queue::seal_batch`].
+    fn seal_batch(&self, id: crate::BatchId) -> Result<()>;
+    /// See [`crate::Queue::batch`].
+    fn batch(&self, id: crate::BatchId) -> Result<crate::Batch>;
+    /// See [`crate::Queue::batch_members`].
+    fn batch_members(
+        &self,
+        id: crate::BatchId,
+        after: Option<JobId>,
+        limit: usize,
+    ) -> Result<Vec<Job>>;
+}
+
 /// An engine: where jobs are stored, claimed and fenced, and schedules
 /// fire. Its parts are the traits above, one file of the engine's folder
 /// each, since a type has one impl block per trait; every type with all of
 /// them is an engine.
 pub(crate) trait Engine:
-    Capabilities + ScheduleStore + LimitStore + Enqueue + Claims + Leases + Admin + Reads + Send + Sync
+    Capabilities
+    + ScheduleStore
+    + LimitStore
+    + Enqueue
+    + Claims
+    + Leases
+    + Admin
+    + Reads
+    + Batches
+    + Send
+    + Sync
 {
 }
 
@@ -971,6 +1044,7 @@ impl<T> Engine for T where
         + Leases
         + Admin
         + Reads
+        + Batches
         + Send
         + Sync
 {

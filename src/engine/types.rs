@@ -179,7 +179,7 @@ impl ValidJob {
     /// The state it is stored in, due at `run_at` as of `now`: waiting
     /// if it runs after other jobs.
     pub(crate) fn state_at(&self, run_at: i64, now: i64) -> JobState {
-        if !self.after.is_empty() {
+        if !self.after.is_empty() || matches!(self.batch, Some((_, Some(_)))) {
             JobState::Waiting
         } else if run_at <= now {
             JobState::Pending
@@ -624,6 +624,34 @@ pub(crate) struct ValidJob {
     /// What it runs after: stored jobs, or earlier rows of the same
     /// insert (a [`crate::Graph`]'s steps).
     pub(crate) after: Vec<(crate::graph::Parent, crate::IfParentFails)>,
+    /// The batch it joins as a member (`None` role) or is a callback of.
+    pub(crate) batch: Option<(crate::BatchId, Option<crate::batch::Callback>)>,
+}
+
+impl ValidJob {
+    /// True if storing it takes more than its row (edges, a batch's
+    /// counters): such a job is not grouped with other callers' jobs, and
+    /// goes in a transaction.
+    pub(crate) fn is_linked(&self) -> bool {
+        !self.after.is_empty() || self.batch.is_some()
+    }
+}
+
+/// The `(id, batch, role)` of the rows of one insert that joined a batch,
+/// given each row's id and whether this insert stored it.
+pub(crate) fn batch_joins(
+    rows: &[ValidJob],
+    ids: &[JobId],
+    stored: impl Fn(usize) -> bool,
+) -> Vec<(JobId, crate::BatchId, Option<crate::batch::Callback>)> {
+    rows.iter()
+        .zip(ids)
+        .enumerate()
+        .filter_map(|(i, (row, id))| match row.batch {
+            Some((batch, role)) if stored(i) => Some((*id, batch, role)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The parents of `row` by id, given the ids of the rows of its insert
@@ -1400,4 +1428,36 @@ pub(crate) fn progress(
         fraction,
         message: message.unwrap_or_default(),
     })
+}
+
+/// A [`crate::Batch`] from its row's columns (`counts`: members,
+/// remaining, succeeded, dead, cancelled) and its callbacks, as every
+/// engine reads them.
+pub(crate) fn batch_from_parts(
+    id: crate::BatchId,
+    description: Option<String>,
+    created_at: chrono::DateTime<chrono::Utc>,
+    sealed_at: Option<chrono::DateTime<chrono::Utc>>,
+    finished_at: Option<chrono::DateTime<chrono::Utc>>,
+    counts: [i64; 5],
+    callbacks: &[(JobId, crate::batch::Callback)],
+) -> crate::Batch {
+    use crate::batch::Callback;
+    let n = |v: i64| u64::try_from(v).unwrap_or(0);
+    let role = |r: Callback| callbacks.iter().find(|c| c.1 == r).map(|c| c.0);
+    crate::Batch {
+        id,
+        description,
+        created_at,
+        sealed_at,
+        finished_at,
+        members: n(counts[0]),
+        remaining: n(counts[1]),
+        succeeded: n(counts[2]),
+        dead: n(counts[3]),
+        cancelled: n(counts[4]),
+        on_success: role(Callback::OnSuccess),
+        on_failure: role(Callback::OnFailure),
+        on_finish: role(Callback::OnFinish),
+    }
 }

@@ -58,6 +58,15 @@ pub(crate) struct EndedEdge {
     pub if_fails: IfParentFails,
 }
 
+/// What [`DepTx::ended_edges`] reads of the jobs a transaction ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Ended {
+    /// Their unresolved edges.
+    pub edges: Vec<EndedEdge>,
+    /// Those that ended as a batch member not yet counted.
+    pub members: Vec<JobId>,
+}
+
 /// A waiting job whose state a resolution changed, for the events.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ChildChange {
@@ -84,10 +93,11 @@ pub(crate) fn resolve(tx: &mut dyn DepTx, ended: &[JobId], now: i64) -> Result<V
     while !ended.is_empty() {
         ended.sort_unstable();
         ended.dedup();
-        let mut edges = tx.ended_edges(&ended)?;
-        if edges.is_empty() {
+        let Ended { mut edges, members } = tx.ended_edges(&ended)?;
+        if edges.is_empty() && members.is_empty() {
             break;
         }
+        let mut next: Vec<JobId> = Vec::new();
         // By child, then parent, whatever order the engine read them in:
         // the children are locked in id order, each once.
         edges.sort_unstable_by_key(|e| (e.child, e.parent));
@@ -115,7 +125,9 @@ pub(crate) fn resolve(tx: &mut dyn DepTx, ended: &[JobId], now: i64) -> Result<V
         }
         let mut children: Vec<JobId> = edges.iter().map(|e| e.child).collect();
         children.dedup();
-        tx.lock_children(&children)?;
+        if !children.is_empty() {
+            tx.lock_children(&children)?;
+        }
         tx.mark_resolved(&done)?;
         let cancel: Vec<(JobId, String)> = cancel.into_iter().collect();
         let cancelled = tx.cancel_waiting(&cancel, now)?;
@@ -124,8 +136,21 @@ pub(crate) fn resolve(tx: &mut dyn DepTx, ended: &[JobId], now: i64) -> Result<V
         }
         let touched: Vec<JobId> = touched.into_iter().collect();
         changes.extend(tx.release_waiting(&touched, now)?);
-        ended = cancelled.iter().map(|c| c.job_id).collect();
+        next.extend(cancelled.iter().map(|c| c.job_id));
         changes.extend(cancelled);
+        // Batch rows after the job rows above, as `BatchTx` orders them.
+        // A batch's callbacks cancelled here end in turn.
+        if !members.is_empty() {
+            let decided = crate::queue::batches::count_ends(tx, &members, now)?;
+            next.extend(
+                decided
+                    .iter()
+                    .filter(|c| c.state == JobState::Cancelled)
+                    .map(|c| c.job_id),
+            );
+            changes.extend(decided);
+        }
+        ended = next;
     }
     Ok(changes)
 }
@@ -134,9 +159,9 @@ pub(crate) fn resolve(tx: &mut dyn DepTx, ended: &[JobId], now: i64) -> Result<V
 /// transaction, which locked its row first: a job with an edge left
 /// unresolved (it was cancelled while it waited) waits again (see the
 /// module doc).
-pub(crate) fn after_retry(tx: &mut dyn DepTx, id: JobId) -> Result<()> {
+pub(crate) fn after_retry(tx: &mut dyn DepTx, id: JobId, now: i64) -> Result<()> {
     tx.wait_again(id)?;
-    Ok(())
+    crate::queue::batches::revive(tx, &[id], now)
 }
 
 /// Before one insert stores `rows`: refuses a parent named by id that

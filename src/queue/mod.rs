@@ -43,6 +43,7 @@
 //!   `schedules.rs` (`ScheduleStore`, `ScheduleTx`).
 
 mod app_tx;
+pub(crate) mod batches;
 mod builder;
 mod claim;
 pub(crate) mod deps;

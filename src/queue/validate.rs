@@ -132,9 +132,11 @@ impl Queue {
             .iter()
             .map(|&(id, if_fails)| (crate::graph::Parent::Job(id), if_fails))
             .collect();
+        let batch = job.batch.map(|b| (b, None));
         Ok(ValidJob {
             job,
             after,
+            batch,
             payload,
             due,
             timeout_ms,

@@ -71,6 +71,7 @@ mod schedule_props;
 mod schedule_two_processes;
 
 // Jobs that run after others.
+mod batches;
 mod dependencies;
 mod dependencies_hunt;
 mod dependencies_running;

@@ -84,7 +84,7 @@ impl Admin for Store {
                 ),
                 &[("now", Value::from(now)), ("id", Value::from(id.0))],
             )?;
-            crate::queue::deps::after_retry(&mut super::deps::Deps(tx), id)
+            crate::queue::deps::after_retry(&mut super::deps::Deps(tx), id, now)
         })?;
         self.notify_watchers();
         Ok(())

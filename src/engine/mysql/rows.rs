@@ -21,7 +21,7 @@ pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
     created_at, finished_at, errors, progress, progress_message, \
-    limit_name, limit_key, limit_weight, rate_deferrals, output";
+    limit_name, limit_key, limit_weight, rate_deferrals, output, batch_id";
 
 /// Column `i` of `r` as a `T`.
 pub(crate) fn get<T: FromValue>(r: &Row, i: usize) -> Result<T> {
@@ -165,6 +165,7 @@ pub(crate) fn job_from_row(r: &Row) -> Result<Job> {
         limit: crate::engine::types::limit_slot(get(r, 21)?, get(r, 22)?, get(r, 23)?),
         rate_deferrals: count(get(r, 24)?),
         output,
+        batch: get::<Option<i64>>(r, 26)?.map(crate::BatchId),
     })
 }
 

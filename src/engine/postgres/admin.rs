@@ -12,6 +12,25 @@ use crate::engine::{revive, Admin};
 use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
 
+/// The rows a prune or delete keeps for other jobs (`j` the job): a
+/// parent while a child that has not finished runs after it, and a batch's
+/// member until the batch has finished and its callbacks have ended (they
+/// read the members).
+macro_rules! needed_by_others {
+    () => {
+        "NOT EXISTS (
+             SELECT 1 FROM tickler_deps AS d
+             JOIN tickler_jobs AS c ON c.id = d.child_id
+             WHERE d.parent_id = j.id AND c.finished_at IS NULL)
+         AND (j.batch_id IS NULL OR NOT EXISTS (
+             SELECT 1 FROM tickler_batches AS b WHERE b.id = j.batch_id
+               AND (b.finished_at IS NULL OR EXISTS (
+                   SELECT 1 FROM tickler_jobs AS c
+                   WHERE c.batch_id = b.id AND c.finished_at IS NULL
+                     AND c.batch_end IN ('on_success', 'on_failure', 'on_finish')))))"
+    };
+}
+
 impl Admin for Store {
     fn cancel(&self, id: JobId) -> Result<()> {
         self.write(|tx, _| {
@@ -72,7 +91,7 @@ impl Admin for Store {
             )?;
             // state_of locked the row: this statement sees the edges of
             // any resolution that committed before.
-            crate::queue::deps::after_retry(&mut super::deps::Deps(tx), id)
+            crate::queue::deps::after_retry(&mut super::deps::Deps(tx), id, now)
         })?;
         self.notify_watchers();
         Ok(())
@@ -89,18 +108,19 @@ impl Admin for Store {
             let now = self.now_ms();
             let ids: Vec<i64> = tx
                 .query(
-                    "DELETE FROM tickler_jobs WHERE id = ANY(ARRAY(
+                    concat!(
+                        "DELETE FROM tickler_jobs WHERE id = ANY(ARRAY(
                          SELECT id FROM tickler_jobs AS j
                          WHERE finished_at IS NOT NULL AND finished_at < $1::bigint
                            AND ($2::text IS NULL OR status = $2)
                            AND (lease_expires_at IS NULL
                                 OR (lease_expires_at < $4::bigint AND limit_name IS NULL))
-                           AND NOT EXISTS (
-                               SELECT 1 FROM tickler_deps AS d
-                               JOIN tickler_jobs AS c ON c.id = d.child_id
-                               WHERE d.parent_id = j.id AND c.finished_at IS NULL)
+                           AND ",
+                        needed_by_others!(),
+                        "
                          LIMIT $3 FOR UPDATE SKIP LOCKED))
-                     RETURNING id",
+                     RETURNING id"
+                    ),
                     &[&before, &state, &limit, &now],
                 )?
                 .iter()
@@ -110,6 +130,12 @@ impl Admin for Store {
             tx.execute(
                 "DELETE FROM tickler_deps WHERE child_id = ANY($1::bigint[])",
                 &[&ids],
+            )?;
+            // A batch finished before the cut goes with its last job.
+            tx.execute(
+                "DELETE FROM tickler_batches AS b WHERE finished_at < $1::bigint
+                   AND NOT EXISTS (SELECT 1 FROM tickler_jobs AS j WHERE j.batch_id = b.id)",
+                &[&before],
             )?;
             Ok(ids.len() as u64)
         })
@@ -133,6 +159,7 @@ impl Admin for Store {
             let now = self.now_ms();
             let (mut retried, mut left_dead) = (0u64, 0u64);
             let mut last_id = None;
+            let mut revived = Vec::new();
             for r in &dead {
                 let id: i64 = r.get(0);
                 let key: Option<String> = r.get(1);
@@ -143,7 +170,7 @@ impl Admin for Store {
                         continue;
                     }
                 }
-                retried += tx.execute(
+                let changed = tx.execute(
                     concat!(
                         "UPDATE tickler_jobs SET ",
                         revive!("$1::bigint"),
@@ -151,7 +178,13 @@ impl Admin for Store {
                     ),
                     &[&now, &id],
                 )?;
+                retried += changed;
+                if changed == 1 {
+                    revived.push(JobId(id));
+                }
             }
+            // A batch's member runs again: it remains in its batch.
+            crate::queue::batches::revive(&mut super::deps::Deps(tx), &revived, now)?;
             Ok(RetryDeadBatch {
                 retried,
                 left_dead,
@@ -174,17 +207,18 @@ impl Admin for Store {
             let now = self.now_ms();
             let ids: Vec<i64> = tx
                 .query(
-                    "DELETE FROM tickler_jobs WHERE id IN (
+                    concat!(
+                        "DELETE FROM tickler_jobs WHERE id IN (
                          SELECT id FROM tickler_jobs AS j
                          WHERE status = 'dead' AND finished_at IS NOT NULL
                            AND ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR kind = $2)
                            AND (lease_expires_at IS NULL OR (lease_expires_at < $3 AND limit_name IS NULL))
-                           AND NOT EXISTS (
-                               SELECT 1 FROM tickler_deps AS d
-                               JOIN tickler_jobs AS c ON c.id = d.child_id
-                               WHERE d.parent_id = j.id AND c.finished_at IS NULL)
+                           AND ",
+                        needed_by_others!(),
+                        "
                          LIMIT $4 FOR UPDATE SKIP LOCKED)
-                     RETURNING id",
+                     RETURNING id"
+                    ),
                     &[&queue, &kind, &now, &limit],
                 )?
                 .iter()

@@ -18,7 +18,7 @@ pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
     created_at, finished_at, errors::text, progress, progress_message, \
-    limit_name, limit_key, limit_weight, rate_deferrals, output";
+    limit_name, limit_key, limit_weight, rate_deferrals, output, batch_id";
 
 fn count(n: i64) -> u32 {
     u32::try_from(n.max(0)).unwrap_or(u32::MAX)
@@ -117,6 +117,7 @@ pub(crate) fn job_from_row(r: &Row) -> crate::Result<Job> {
         limit: crate::engine::types::limit_slot(r.try_get(21)?, r.try_get(22)?, r.try_get(23)?),
         rate_deferrals: count(r.try_get(24)?),
         output,
+        batch: r.try_get::<_, Option<i64>>(26)?.map(crate::BatchId),
     })
 }
 

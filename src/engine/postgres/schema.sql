@@ -247,3 +247,24 @@ CREATE TABLE tickler_deps (
     PRIMARY KEY (parent_id, child_id)
 );
 CREATE INDEX tickler_deps_child ON tickler_deps (child_id, resolved);
+-- migration: 11
+-- Batches, as in the SQLite schema (migration 14 there). open_mark finds
+-- a batch again after a COMMIT whose answer was lost.
+ALTER TABLE tickler_jobs
+    ADD COLUMN batch_id BIGINT,
+    ADD COLUMN batch_end TEXT CHECK (batch_end IN
+        ('succeeded', 'dead', 'cancelled', 'on_success', 'on_failure', 'on_finish'));
+CREATE INDEX tickler_jobs_batch ON tickler_jobs (batch_id, id) WHERE batch_id IS NOT NULL;
+CREATE TABLE tickler_batches (
+    id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    description TEXT,
+    created_at  BIGINT NOT NULL,
+    sealed_at   BIGINT,
+    finished_at BIGINT,
+    members     BIGINT NOT NULL DEFAULT 0,
+    remaining   BIGINT NOT NULL DEFAULT 0,
+    succeeded   BIGINT NOT NULL DEFAULT 0,
+    dead        BIGINT NOT NULL DEFAULT 0,
+    cancelled   BIGINT NOT NULL DEFAULT 0,
+    open_mark   BIGINT
+);

@@ -18,10 +18,16 @@ use rusqlite::{params, OptionalExtension};
 const REVIVE_SQL: &str = concat!("UPDATE tickler_jobs SET ", revive!("?1"), " WHERE id = ?2");
 
 /// True for a row `j` no child that has not finished runs after.
-macro_rules! needed_by_child {
+macro_rules! needed_by_others {
     () => {
         "NOT EXISTS (SELECT 1 FROM tickler_deps AS d JOIN tickler_jobs AS c ON c.id = d.child_id
-                     WHERE d.parent_id = j.id AND c.finished_at IS NULL)"
+                     WHERE d.parent_id = j.id AND c.finished_at IS NULL)
+         AND (j.batch_id IS NULL OR NOT EXISTS (
+             SELECT 1 FROM tickler_batches AS b WHERE b.id = j.batch_id
+               AND (b.finished_at IS NULL OR EXISTS (
+                   SELECT 1 FROM tickler_jobs AS c INDEXED BY tickler_jobs_batch
+                   WHERE c.batch_id = b.id AND c.finished_at IS NULL
+                     AND c.batch_end IN ('on_success', 'on_failure', 'on_finish')))))"
     };
 }
 
@@ -81,9 +87,9 @@ impl Admin for Store {
                     held_by: JobId(held_by),
                 });
             }
-            tx.prepare_cached(REVIVE_SQL)?
-                .execute(params![self.now_ms(), id.0])?;
-            crate::queue::deps::after_retry(&mut super::deps::Deps(tx), id)
+            let now = self.now_ms();
+            tx.prepare_cached(REVIVE_SQL)?.execute(params![now, id.0])?;
+            crate::queue::deps::after_retry(&mut super::deps::Deps(tx), id, now)
         })?;
         self.notify_watchers();
         Ok(())
@@ -108,7 +114,7 @@ impl Admin for Store {
                              SELECT id FROM tickler_jobs AS j WHERE finished_at IS NOT NULL AND finished_at < ?1
                                AND (lease_expires_at IS NULL OR (lease_expires_at < ?3 AND limit_name IS NULL))
                                AND ",
-                        needed_by_child!(),
+                        needed_by_others!(),
                         " LIMIT +?2) RETURNING id"
                     ))?
                     .query_map(params![before, limit, now], |r| r.get(0))?
@@ -120,7 +126,7 @@ impl Admin for Store {
                              WHERE finished_at IS NOT NULL AND finished_at < ?1 AND status = ?2
                                AND (lease_expires_at IS NULL OR (lease_expires_at < ?4 AND limit_name IS NULL))
                                AND ",
-                        needed_by_child!(),
+                        needed_by_others!(),
                         " LIMIT +?3) RETURNING id"
                     ))?
                     .query_map(params![before, state.as_str(), limit, now], |r| r.get(0))?
@@ -131,6 +137,12 @@ impl Admin for Store {
                 "DELETE FROM tickler_deps WHERE child_id IN (SELECT value FROM json_each(?1))",
             )?
             .execute([serde_json::to_string(&ids)?])?;
+            // A batch finished before the cut goes with its last job.
+            tx.prepare_cached(
+                "DELETE FROM tickler_batches WHERE finished_at < ?1
+                   AND NOT EXISTS (SELECT 1 FROM tickler_jobs AS j WHERE j.batch_id = tickler_batches.id)",
+            )?
+            .execute([before])?;
             Ok(ids.len())
         })?;
         Ok(deleted as u64)
@@ -166,6 +178,7 @@ impl Admin for Store {
             ))?;
             let now = self.now_ms();
             let (mut retried, mut left_dead) = (0u64, 0u64);
+            let mut revived = Vec::new();
             for (id, key) in &dead {
                 if let Some(key) = key {
                     if held.exists([key])? {
@@ -173,8 +186,14 @@ impl Admin for Store {
                         continue;
                     }
                 }
-                retried += revive.execute(params![now, id])? as u64;
+                if revive.execute(params![now, id])? == 1 {
+                    retried += 1;
+                    revived.push(JobId(*id));
+                }
             }
+            drop((held, revive));
+            // A batch's member runs again: it remains in its batch.
+            crate::queue::batches::revive(&mut super::deps::Deps(tx), &revived, now)?;
             Ok(RetryDeadBatch {
                 retried,
                 left_dead,
@@ -204,7 +223,7 @@ impl Admin for Store {
                            AND (?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR kind = ?2)
                            AND (lease_expires_at IS NULL OR (lease_expires_at < ?3 AND limit_name IS NULL))
                            AND ",
-                    needed_by_child!(),
+                    needed_by_others!(),
                     " LIMIT +?4) RETURNING id"
                 ))?
                 .query_map(params![queue, kind, now, limit], |r| r.get(0))?

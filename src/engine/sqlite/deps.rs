@@ -2,10 +2,11 @@
 //! rules in `crate::queue::deps`. The file's single writer orders a
 //! parent's end and a child's insert: no row locks are needed.
 
-use crate::engine::DepTx;
+use crate::batch::{BatchId, BatchRow, Callback};
+use crate::engine::{BatchTx, DepTx};
 use crate::error::{Error, Result};
 use crate::job::{IfParentFails, JobId, JobState};
-use crate::queue::deps::{ChildChange, EndedEdge};
+use crate::queue::deps::{ChildChange, Ended, EndedEdge};
 use rusqlite::params;
 use std::collections::HashMap;
 
@@ -20,6 +21,124 @@ fn id_list(ids: &[JobId]) -> String {
 fn state(text: &str) -> Result<JobState> {
     text.parse()
         .map_err(|_| Error::Config(format!("a job's status {text:?} is not one tickler knows")))
+}
+
+impl BatchTx for Deps<'_, '_> {
+    fn join_batch(&mut self, batch: BatchId, role: Option<Callback>, ids: &[JobId]) -> Result<()> {
+        self.0
+            .prepare_cached(
+                "UPDATE tickler_jobs SET batch_id = ?1, batch_end = ?2
+                 WHERE id IN (SELECT value FROM json_each(?3))",
+            )?
+            .execute(params![batch.0, role.map(Callback::as_str), id_list(ids)])?;
+        Ok(())
+    }
+
+    fn lock_batches(&mut self, ids: &[BatchId]) -> Result<Vec<BatchRow>> {
+        let ids: Vec<i64> = ids.iter().map(|b| b.0).collect();
+        let rows = self
+            .0
+            .prepare_cached(
+                "SELECT id, sealed_at IS NOT NULL, finished_at IS NOT NULL, members, remaining,
+                        succeeded, dead, cancelled
+                 FROM tickler_batches WHERE id IN (SELECT value FROM json_each(?1)) ORDER BY id",
+            )?
+            .query_map([serde_json::to_string(&ids)?], |r| {
+                Ok(BatchRow {
+                    id: BatchId(r.get(0)?),
+                    sealed: r.get(1)?,
+                    finished: r.get(2)?,
+                    members: r.get(3)?,
+                    remaining: r.get(4)?,
+                    succeeded: r.get(5)?,
+                    dead: r.get(6)?,
+                    cancelled: r.get(7)?,
+                })
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(rows)
+    }
+
+    fn write_batch(&mut self, row: &BatchRow, now: i64) -> Result<()> {
+        self.0
+            .prepare_cached(
+                "UPDATE tickler_batches SET members = ?2, remaining = ?3, succeeded = ?4,
+                     dead = ?5, cancelled = ?6,
+                     sealed_at = coalesce(sealed_at, CASE WHEN ?7 THEN ?9 END),
+                     finished_at = coalesce(finished_at, CASE WHEN ?8 THEN ?9 END)
+                 WHERE id = ?1",
+            )?
+            .execute(params![
+                row.id.0,
+                row.members,
+                row.remaining,
+                row.succeeded,
+                row.dead,
+                row.cancelled,
+                row.sealed,
+                row.finished,
+                now
+            ])?;
+        Ok(())
+    }
+
+    fn count_members(&mut self, ids: &[JobId]) -> Result<Vec<(JobId, BatchId, JobState)>> {
+        let rows: Vec<(i64, i64, String)> = self
+            .0
+            .prepare_cached(
+                "UPDATE tickler_jobs SET batch_end = status
+                 WHERE id IN (SELECT value FROM json_each(?1))
+                   AND batch_id IS NOT NULL AND batch_end IS NULL
+                   AND status IN ('succeeded', 'dead', 'cancelled')
+                 RETURNING id, batch_id, status",
+            )?
+            .query_map([id_list(ids)], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        rows.into_iter()
+            .map(|(id, batch, s)| Ok((JobId(id), BatchId(batch), state(&s)?)))
+            .collect()
+    }
+
+    fn uncount_members(&mut self, ids: &[JobId]) -> Result<Vec<(BatchId, JobState)>> {
+        let list = id_list(ids);
+        let rows: Vec<(i64, String)> = self
+            .0
+            .prepare_cached(
+                "SELECT batch_id, batch_end FROM tickler_jobs
+                 WHERE id IN (SELECT value FROM json_each(?1))
+                   AND batch_end IN ('succeeded', 'dead', 'cancelled')",
+            )?
+            .query_map([&list], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.0
+            .prepare_cached(
+                "UPDATE tickler_jobs SET batch_end = NULL
+                 WHERE id IN (SELECT value FROM json_each(?1))
+                   AND batch_end IN ('succeeded', 'dead', 'cancelled')",
+            )?
+            .execute([&list])?;
+        rows.into_iter()
+            .map(|(batch, s)| Ok((BatchId(batch), state(&s)?)))
+            .collect()
+    }
+
+    fn batch_callbacks(&mut self, batch: BatchId) -> Result<Vec<(JobId, Callback)>> {
+        let rows: Vec<(i64, String)> = self
+            .0
+            .prepare_cached(
+                "SELECT id, batch_end FROM tickler_jobs INDEXED BY tickler_jobs_batch
+                 WHERE batch_id = ?1 AND batch_end IN ('on_success', 'on_failure', 'on_finish')",
+            )?
+            .query_map([batch.0], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(id, role)| Some((JobId(id), Callback::from_stored(&role)?)))
+            .collect())
+    }
 }
 
 impl DepTx for Deps<'_, '_> {
@@ -48,35 +167,42 @@ impl DepTx for Deps<'_, '_> {
         Ok(())
     }
 
-    fn ended_edges(&mut self, parents: &[JobId]) -> Result<Vec<EndedEdge>> {
-        let rows: Vec<(i64, String, i64, String)> = self
+    fn ended_edges(&mut self, parents: &[JobId]) -> Result<Ended> {
+        let rows: Vec<(i64, String, Option<i64>, Option<String>, bool)> = self
             .0
             .prepare_cached(
-                // In this order (CROSS JOIN fixes it): from the ids, the
-                // edges of each by their key, then each parent by its id.
-                // Left to itself, with few edges stored, the planner
-                // scanned the finished jobs for the parents' states.
-                "SELECT d.parent_id, p.status, d.child_id, d.if_fails
+                // In this order (CROSS JOIN fixes it): from the ids, each
+                // job by its id, then its edges by their key. Left to
+                // itself, with few edges stored, the planner scanned the
+                // finished jobs for the parents' states. A row without an
+                // edge is a member to count.
+                "SELECT p.id, p.status, d.child_id, d.if_fails,
+                        p.batch_id IS NOT NULL AND p.batch_end IS NULL
                  FROM json_each(?1) AS e
-                 CROSS JOIN tickler_deps AS d ON d.parent_id = e.value
-                 CROSS JOIN tickler_jobs AS p ON p.id = d.parent_id
-                 WHERE d.resolved = 0 AND p.status IN ('succeeded', 'dead', 'cancelled')
-                 ORDER BY d.child_id, d.parent_id",
+                 CROSS JOIN tickler_jobs AS p ON p.id = e.value
+                 LEFT JOIN tickler_deps AS d ON d.parent_id = p.id AND d.resolved = 0
+                 WHERE p.status IN ('succeeded', 'dead', 'cancelled')
+                   AND (d.child_id IS NOT NULL OR (p.batch_id IS NOT NULL AND p.batch_end IS NULL))",
             )?
             .query_map([id_list(parents)], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
             })?
             .collect::<rusqlite::Result<_>>()?;
-        rows.into_iter()
-            .map(|(parent, status, child, if_fails)| {
-                Ok(EndedEdge {
+        let mut ended = Ended::default();
+        for (parent, status, child, if_fails, uncounted) in rows {
+            if uncounted && ended.members.last() != Some(&JobId(parent)) {
+                ended.members.push(JobId(parent));
+            }
+            if let (Some(child), Some(if_fails)) = (child, if_fails) {
+                ended.edges.push(EndedEdge {
                     parent: JobId(parent),
                     parent_state: state(&status)?,
                     child: JobId(child),
                     if_fails: IfParentFails::from_stored(&if_fails).unwrap_or_default(),
-                })
-            })
-            .collect()
+                });
+            }
+        }
+        Ok(ended)
     }
 
     fn lock_children(&mut self, _children: &[JobId]) -> Result<()> {

@@ -30,6 +30,7 @@ pub(crate) fn insert_valid(
     crate::queue::deps::check_parents(&mut super::deps::Deps(tx), rows)?;
     let mut ids = Vec::with_capacity(rows.len());
     let mut children = Vec::new();
+    let mut stored = Vec::with_capacity(rows.len());
     for row in rows {
         let job = &row.job;
         let run_at = row.due.resolve(now)?;
@@ -53,6 +54,7 @@ pub(crate) fn insert_valid(
             limit_key,
             job.limit_weight
         ])?;
+        stored.push(inserted == 1);
         if inserted == 1 {
             let id = JobId(tx.last_insert_rowid());
             if !row.after.is_empty() {
@@ -64,6 +66,10 @@ pub(crate) fn insert_valid(
         }
     }
     super::deps::store_edges(tx, &children, now)?;
+    let joins = batch_joins(rows, &ids, |i| stored[i]);
+    if !joins.is_empty() {
+        crate::queue::batches::join(&mut super::deps::Deps(tx), &joins, now)?;
+    }
     Ok(ids)
 }
 

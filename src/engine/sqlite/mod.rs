@@ -22,6 +22,7 @@
 //! which stand in for a server's `LISTEN`.
 
 mod admin;
+mod batches;
 mod claim;
 mod connection;
 pub(crate) mod deps;

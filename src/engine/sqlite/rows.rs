@@ -15,7 +15,7 @@ pub(crate) const LEASE_COLUMNS: &str =
 pub(crate) const JOB_COLUMNS: &str =
     "id, queue, kind, payload, status, priority, run_at, attempts, max_attempts, \
     unique_key, timeout_ms, run_token, claimed_by, claimed_at, lease_expires_at, last_error, \
-    created_at, finished_at, errors, progress, progress_message, limit_name, limit_key, limit_weight, rate_deferrals, output";
+    created_at, finished_at, errors, progress, progress_message, limit_name, limit_key, limit_weight, rate_deferrals, output, batch_id";
 
 pub(crate) fn claimed_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let job_id = JobId(r.get(0)?);
@@ -93,6 +93,7 @@ pub(crate) fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
         rate_deferrals: u32::try_from(row.get::<i64>(24, "rate_deferrals").max(0))
             .unwrap_or(u32::MAX),
         output: row.opt_json(25, "output"),
+        batch: row.get::<Option<i64>>(26, "batch_id").map(crate::BatchId),
     };
     job.unreadable = row.finish();
     Ok(job)

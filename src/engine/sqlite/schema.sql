@@ -372,3 +372,27 @@ CREATE TABLE tickler_deps (
 ) STRICT, WITHOUT ROWID;
 -- A child's edges: whether any is left unresolved, and its parents.
 CREATE INDEX tickler_deps_child ON tickler_deps (child_id, resolved);
+-- migration: 14
+-- Batches (src/queue/batches.rs). A job's batch_id names the batch it is
+-- a member or a callback of. batch_end is, for a member, NULL until its
+-- end is counted in the batch's counters, then the state it was counted
+-- as; for a callback, which one it is.
+ALTER TABLE tickler_jobs ADD COLUMN batch_id INTEGER;
+ALTER TABLE tickler_jobs ADD COLUMN batch_end TEXT
+    CHECK (batch_end IN ('succeeded', 'dead', 'cancelled', 'on_success', 'on_failure', 'on_finish'));
+-- A batch's members and callbacks (and the pruner's check of a member).
+CREATE INDEX tickler_jobs_batch ON tickler_jobs (batch_id, id) WHERE batch_id IS NOT NULL;
+-- The counters always add up: members = remaining + succeeded + dead +
+-- cancelled, kept in the transactions that add and end members.
+CREATE TABLE tickler_batches (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    description TEXT,
+    created_at  INTEGER NOT NULL,
+    sealed_at   INTEGER,
+    finished_at INTEGER,
+    members     INTEGER NOT NULL DEFAULT 0,
+    remaining   INTEGER NOT NULL DEFAULT 0,
+    succeeded   INTEGER NOT NULL DEFAULT 0,
+    dead        INTEGER NOT NULL DEFAULT 0,
+    cancelled   INTEGER NOT NULL DEFAULT 0
+) STRICT;
