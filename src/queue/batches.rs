@@ -136,6 +136,17 @@ fn decide_callbacks(tx: &mut dyn DepTx, row: &BatchRow, now: i64) -> Result<Vec<
     }
     release.sort_unstable();
     cancel.sort_unstable();
+    // Locked as the children of an edge are, so a cancel by hand in
+    // flight is seen, not overwritten.
+    let mut locked: Vec<JobId> = release
+        .iter()
+        .chain(cancel.iter().map(|c| &c.0))
+        .copied()
+        .collect();
+    locked.sort_unstable();
+    if !locked.is_empty() {
+        tx.lock_children(&locked)?;
+    }
     let mut changes = tx.cancel_waiting(&cancel, now)?;
     changes.extend(tx.release_waiting(&release, now)?);
     Ok(changes)
@@ -271,7 +282,12 @@ impl Queue {
     ///
     /// # Errors
     /// [`Error::BatchNotFound`] if no batch has this id.
-    pub fn batch_members(&self, id: BatchId, after: Option<JobId>, limit: usize) -> Result<Vec<Job>> {
+    pub fn batch_members(
+        &self,
+        id: BatchId,
+        after: Option<JobId>,
+        limit: usize,
+    ) -> Result<Vec<Job>> {
         self.engine().batch_members(id, after, limit)
     }
 }

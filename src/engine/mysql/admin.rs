@@ -13,6 +13,25 @@ use crate::error::{Error, Result};
 use crate::job::{JobId, JobState};
 use mysql::Value;
 
+/// The rows a prune or delete keeps for other jobs (`tickler_jobs` the
+/// job): a parent while a child that has not finished runs after it, and
+/// a batch's member until the batch has finished and its callbacks have
+/// ended (they read the members).
+macro_rules! needed_by_others {
+    () => {
+        "NOT EXISTS (
+             SELECT 1 FROM tickler_deps AS d
+             JOIN tickler_jobs AS c ON c.id = d.child_id
+             WHERE d.parent_id = tickler_jobs.id AND c.finished_at IS NULL)
+         AND (tickler_jobs.batch_id IS NULL OR NOT EXISTS (
+             SELECT 1 FROM tickler_batches AS b WHERE b.id = tickler_jobs.batch_id
+               AND (b.finished_at IS NULL OR EXISTS (
+                   SELECT 1 FROM tickler_jobs AS c
+                   WHERE c.batch_id = b.id AND c.finished_at IS NULL
+                     AND c.batch_end IN ('on_success', 'on_failure', 'on_finish')))))"
+    };
+}
+
 impl Admin for Store {
     fn cancel(&self, id: JobId) -> Result<()> {
         self.write(|tx, attempt| {
@@ -101,15 +120,16 @@ impl Admin for Store {
             let now = self.now_ms();
             let ids: Vec<Value> = tx
                 .rows_named(
+                    concat!(
                     "SELECT id FROM tickler_jobs
                      WHERE finished_at IS NOT NULL AND finished_at < :before
                        AND (:state IS NULL OR status = :state)
                        AND (lease_expires_at IS NULL OR (lease_expires_at < :now AND limit_name IS NULL))
-                       AND NOT EXISTS (
-                           SELECT 1 FROM tickler_deps AS d
-                           JOIN tickler_jobs AS c ON c.id = d.child_id
-                           WHERE d.parent_id = tickler_jobs.id AND c.finished_at IS NULL)
-                     LIMIT :limit FOR UPDATE SKIP LOCKED",
+                       AND ",
+                    needed_by_others!(),
+                    "
+                     LIMIT :limit FOR UPDATE SKIP LOCKED"
+                    ),
                     &[
                         ("before", Value::from(before)),
                         ("state", Value::from(state)),
@@ -120,7 +140,15 @@ impl Admin for Store {
                 .iter()
                 .map(|r| get::<i64>(r, 0).map(Value::from))
                 .collect::<Result<_>>()?;
-            delete_ids(tx, ids)
+            let deleted = delete_ids(tx, ids)?;
+            // A batch finished before the cut goes with its last job.
+            tx.exec(
+                "DELETE FROM tickler_batches WHERE finished_at < ?
+                   AND NOT EXISTS (SELECT 1 FROM tickler_jobs AS j
+                                   WHERE j.batch_id = tickler_batches.id)",
+                args![before],
+            )?;
+            Ok(deleted)
         })
     }
 
@@ -147,6 +175,7 @@ impl Admin for Store {
             let now = self.now_ms();
             let (mut retried, mut left_dead) = (0u64, 0u64);
             let mut last_id = None;
+            let mut revived = Vec::new();
             for r in &dead {
                 let id: i64 = get(r, 0)?;
                 let key: Option<Vec<u8>> = get(r, 1)?;
@@ -157,7 +186,7 @@ impl Admin for Store {
                         continue;
                     }
                 }
-                retried += tx.exec_named(
+                let changed = tx.exec_named(
                     concat!(
                         "UPDATE tickler_jobs SET ",
                         revive!(":now"),
@@ -165,7 +194,13 @@ impl Admin for Store {
                     ),
                     &[("now", Value::from(now)), ("id", Value::from(id))],
                 )?;
+                retried += changed;
+                if changed == 1 {
+                    revived.push(JobId(id));
+                }
             }
+            // A batch's member runs again: it remains in its batch.
+            crate::queue::batches::revive(&mut super::deps::Deps(tx), &revived, now)?;
             Ok(RetryDeadBatch {
                 retried,
                 left_dead,
@@ -189,15 +224,16 @@ impl Admin for Store {
             let now = self.now_ms();
             let ids: Vec<Value> = tx
                 .rows_named(
+                    concat!(
                     "SELECT id FROM tickler_jobs
                      WHERE status = 'dead' AND finished_at IS NOT NULL
                        AND (:queue IS NULL OR queue = :queue) AND (:kind IS NULL OR kind = :kind)
                        AND (lease_expires_at IS NULL OR (lease_expires_at < :now AND limit_name IS NULL))
-                       AND NOT EXISTS (
-                           SELECT 1 FROM tickler_deps AS d
-                           JOIN tickler_jobs AS c ON c.id = d.child_id
-                           WHERE d.parent_id = tickler_jobs.id AND c.finished_at IS NULL)
-                     LIMIT :limit FOR UPDATE SKIP LOCKED",
+                       AND ",
+                    needed_by_others!(),
+                    "
+                     LIMIT :limit FOR UPDATE SKIP LOCKED"
+                    ),
                     &[
                         ("queue", Value::from(queue)),
                         ("kind", Value::from(kind)),

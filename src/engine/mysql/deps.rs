@@ -7,10 +7,11 @@
 
 use super::connection::{args, marks, Tx};
 use super::rows::get;
-use crate::engine::DepTx;
+use crate::batch::{BatchId, BatchRow, Callback};
+use crate::engine::{BatchTx, DepTx};
 use crate::error::{Error, Result};
 use crate::job::{IfParentFails, JobId, JobState};
-use crate::queue::deps::{ChildChange, EndedEdge};
+use crate::queue::deps::{ChildChange, Ended, EndedEdge};
 use mysql::prelude::Queryable;
 use mysql::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -35,6 +36,156 @@ fn values_of(ids: &[JobId]) -> impl Iterator<Item = Value> + '_ {
 /// Rows (or ids) one statement writes at most: well under the server's
 /// 65,535 placeholders.
 const CHUNK: usize = 1_000;
+
+impl<Q: Queryable> BatchTx for Deps<'_, '_, Q> {
+    fn join_batch(&mut self, batch: BatchId, role: Option<Callback>, jobs: &[JobId]) -> Result<()> {
+        for chunk in jobs.chunks(CHUNK) {
+            let mut args = vec![
+                Value::from(batch.0),
+                Value::from(role.map(Callback::as_str)),
+            ];
+            args.extend(values_of(chunk));
+            self.0.exec(
+                &format!(
+                    "UPDATE tickler_jobs SET batch_id = ?, batch_end = ? WHERE id IN ({})",
+                    marks(chunk.len())
+                ),
+                args,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn lock_batches(&mut self, batches: &[BatchId]) -> Result<Vec<BatchRow>> {
+        if batches.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = self.0.rows(
+            &format!(
+                "SELECT id, sealed_at IS NOT NULL, finished_at IS NOT NULL, members, remaining,
+                        succeeded, dead, cancelled
+                 FROM tickler_batches WHERE id IN ({}) ORDER BY id FOR UPDATE",
+                marks(batches.len())
+            ),
+            batches.iter().map(|b| Value::from(b.0)).collect(),
+        )?;
+        rows.iter()
+            .map(|r| {
+                Ok(BatchRow {
+                    id: BatchId(get(r, 0)?),
+                    sealed: get::<i64>(r, 1)? != 0,
+                    finished: get::<i64>(r, 2)? != 0,
+                    members: get(r, 3)?,
+                    remaining: get(r, 4)?,
+                    succeeded: get(r, 5)?,
+                    dead: get(r, 6)?,
+                    cancelled: get(r, 7)?,
+                })
+            })
+            .collect()
+    }
+
+    fn write_batch(&mut self, row: &BatchRow, now: i64) -> Result<()> {
+        self.0.exec(
+            "UPDATE tickler_batches SET members = ?, remaining = ?, succeeded = ?, dead = ?,
+                 cancelled = ?,
+                 sealed_at = coalesce(sealed_at, CASE WHEN ? THEN ? END),
+                 finished_at = coalesce(finished_at, CASE WHEN ? THEN ? END)
+             WHERE id = ?",
+            vec![
+                Value::from(row.members),
+                Value::from(row.remaining),
+                Value::from(row.succeeded),
+                Value::from(row.dead),
+                Value::from(row.cancelled),
+                Value::from(row.sealed),
+                Value::from(now),
+                Value::from(row.finished),
+                Value::from(now),
+                Value::from(row.id.0),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn count_members(&mut self, members: &[JobId]) -> Result<Vec<(JobId, BatchId, JobState)>> {
+        // Read, then marked: the rows are the caller's (see the trait).
+        let mut out = Vec::new();
+        for chunk in members.chunks(CHUNK) {
+            let rows = self.0.rows(
+                &format!(
+                    "SELECT id, batch_id, status FROM tickler_jobs
+                     WHERE id IN ({}) AND batch_id IS NOT NULL AND batch_end IS NULL
+                       AND status IN ('succeeded', 'dead', 'cancelled')
+                     FOR UPDATE",
+                    marks(chunk.len())
+                ),
+                values(chunk),
+            )?;
+            let mut found = Vec::new();
+            for r in &rows {
+                let id = JobId(get(r, 0)?);
+                found.push(id);
+                out.push((id, BatchId(get(r, 1)?), state(&get::<String>(r, 2)?)?));
+            }
+            if !found.is_empty() {
+                self.0.exec(
+                    &format!(
+                        "UPDATE tickler_jobs SET batch_end = status WHERE id IN ({})",
+                        marks(found.len())
+                    ),
+                    values(&found),
+                )?;
+            }
+        }
+        Ok(out)
+    }
+
+    fn uncount_members(&mut self, members: &[JobId]) -> Result<Vec<(BatchId, JobState)>> {
+        let mut out = Vec::new();
+        for chunk in members.chunks(CHUNK) {
+            let rows = self.0.rows(
+                &format!(
+                    "SELECT id, batch_id, batch_end FROM tickler_jobs
+                     WHERE id IN ({}) AND batch_end IN ('succeeded', 'dead', 'cancelled')
+                     FOR UPDATE",
+                    marks(chunk.len())
+                ),
+                values(chunk),
+            )?;
+            let mut found = Vec::new();
+            for r in &rows {
+                found.push(JobId(get(r, 0)?));
+                out.push((BatchId(get(r, 1)?), state(&get::<String>(r, 2)?)?));
+            }
+            if !found.is_empty() {
+                self.0.exec(
+                    &format!(
+                        "UPDATE tickler_jobs SET batch_end = NULL WHERE id IN ({})",
+                        marks(found.len())
+                    ),
+                    values(&found),
+                )?;
+            }
+        }
+        Ok(out)
+    }
+
+    fn batch_callbacks(&mut self, batch: BatchId) -> Result<Vec<(JobId, Callback)>> {
+        let rows = self.0.rows(
+            "SELECT id, batch_end FROM tickler_jobs
+             WHERE batch_id = ? AND batch_end IN ('on_success', 'on_failure', 'on_finish')",
+            vec![Value::from(batch.0)],
+        )?;
+        let mut out = Vec::new();
+        for r in &rows {
+            if let Some(role) = Callback::from_stored(&get::<String>(r, 1)?) {
+                out.push((JobId(get(r, 0)?), role));
+            }
+        }
+        Ok(out)
+    }
+}
 
 impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
     fn lock_parents(&mut self, parents: &[JobId]) -> Result<HashMap<JobId, JobState>> {
@@ -80,35 +231,46 @@ impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
         Ok(())
     }
 
-    fn ended_edges(&mut self, parents: &[JobId]) -> Result<Vec<EndedEdge>> {
+    fn ended_edges(&mut self, parents: &[JobId]) -> Result<Ended> {
         // In chunks: the jobs a cancel cascades to may be more than a
         // statement takes placeholders (65,535). The rules read the edges
-        // by child, as one statement would give them.
+        // by child, as one statement would give them. The jobs themselves
+        // are this transaction's (it ended them) or read locked (a
+        // child's insert): their batch mark is current.
         let mut rows = Vec::new();
         for chunk in parents.chunks(CHUNK) {
+            let mut args = values(chunk);
+            args.extend(values_of(chunk));
             rows.extend(self.0.rows(
                 &format!(
-                    "SELECT d.parent_id, p.status, d.child_id, d.if_fails
-                     FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
-                     WHERE d.parent_id IN ({}) AND NOT d.resolved
-                       AND p.status IN ('succeeded', 'dead', 'cancelled')
-                     ORDER BY d.child_id, d.parent_id
-                     FOR UPDATE",
+                    "(SELECT d.parent_id, p.status, d.child_id, d.if_fails
+                      FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
+                      WHERE d.parent_id IN ({0}) AND NOT d.resolved
+                        AND p.status IN ('succeeded', 'dead', 'cancelled')
+                      FOR UPDATE)
+                     UNION ALL
+                     (SELECT id, status, NULL, NULL FROM tickler_jobs
+                      WHERE id IN ({0}) AND batch_id IS NOT NULL AND batch_end IS NULL
+                        AND status IN ('succeeded', 'dead', 'cancelled'))",
                     marks(chunk.len())
                 ),
-                values(chunk),
+                args,
             )?);
         }
-        rows.iter()
-            .map(|r| {
-                Ok(EndedEdge {
-                    parent: JobId(get(r, 0)?),
+        let mut ended = Ended::default();
+        for r in &rows {
+            let parent = JobId(get(r, 0)?);
+            match (get::<Option<i64>>(r, 2)?, get::<Option<String>>(r, 3)?) {
+                (Some(child), Some(if_fails)) => ended.edges.push(EndedEdge {
+                    parent,
                     parent_state: state(&get::<String>(r, 1)?)?,
-                    child: JobId(get(r, 2)?),
-                    if_fails: IfParentFails::from_stored(&get::<String>(r, 3)?).unwrap_or_default(),
-                })
-            })
-            .collect()
+                    child: JobId(child),
+                    if_fails: IfParentFails::from_stored(&if_fails).unwrap_or_default(),
+                }),
+                _ => ended.members.push(parent),
+            }
+        }
+        Ok(ended)
     }
 
     fn lock_children(&mut self, children: &[JobId]) -> Result<()> {

@@ -168,8 +168,9 @@ pub(crate) fn insert_valid<Q: Queryable>(
     // A keyed child whose key was held stored nothing: the holder keeps
     // its own edges. What this call stored carries its batch mark.
     let mut children = Vec::new();
-    for (row, id) in rows.iter().zip(&ids) {
-        if row.after.is_empty() {
+    let mut stored = vec![true; rows.len()];
+    for (i, (row, id)) in rows.iter().zip(&ids).enumerate() {
+        if !row.is_linked() {
             continue;
         }
         if row.job.unique_key.is_some()
@@ -180,11 +181,18 @@ pub(crate) fn insert_valid<Q: Queryable>(
                 )?
                 .is_none()
         {
+            stored[i] = false;
             continue;
         }
-        children.push((*id, crate::engine::types::parents_of(row, &ids)));
+        if !row.after.is_empty() {
+            children.push((*id, crate::engine::types::parents_of(row, &ids)));
+        }
     }
     super::deps::store_edges(tx, &children, now)?;
+    let joins = batch_joins(rows, &ids, |i| stored[i]);
+    if !joins.is_empty() {
+        crate::queue::batches::join(&mut super::deps::Deps(tx), &joins, now)?;
+    }
     Ok(ids)
 }
 
@@ -268,7 +276,9 @@ impl Enqueue for Store {
         // together next: one transaction and one redo-log flush for all.
         // Jobs that run after others go alone: a group's rows are one
         // list, in which a graph's steps would lose their places.
-        let ids = if rows.iter().any(|r| !r.after.is_empty()) {
+        // So do a batch's members: a sealed batch refuses its caller's
+        // insert alone.
+        let ids = if rows.iter().any(ValidJob::is_linked) {
             self.insert_rows(&rows)?
         } else {
             self.enqueues
@@ -296,8 +306,8 @@ impl Store {
         };
         // One job is one statement: no transaction of its own needed; not
         // so for a job that runs after others (its parents stay locked
-        // until its edges are stored).
-        if rows.len() == 1 && rows[0].after.is_empty() {
+        // until its edges are stored) or joins a batch.
+        if rows.len() == 1 && !rows[0].is_linked() {
             self.write_autocommit(insert)
         } else {
             self.write(insert)

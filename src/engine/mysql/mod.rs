@@ -43,6 +43,7 @@
 //! server's (`engine/server_clock.rs`).
 
 mod admin;
+mod batches;
 mod claim;
 mod connection;
 pub(crate) mod deps;

@@ -243,3 +243,28 @@ CREATE TABLE IF NOT EXISTS tickler_deps (
     KEY tickler_deps_child (child_id, resolved),
     CONSTRAINT tickler_deps_if_fails CHECK (if_fails IN ('cancel', 'hold', 'run'))
 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC;
+
+-- migration: 9
+-- Batches, as in the SQLite schema (migration 14 there). The job table's
+-- part in one statement (see migration 2 for a rerun after a cut).
+-- open_mark finds a batch again after a COMMIT whose answer was lost.
+ALTER TABLE tickler_jobs
+    ADD COLUMN batch_id BIGINT,
+    ADD COLUMN batch_end VARBINARY(10)
+        CHECK (batch_end IN ('succeeded', 'dead', 'cancelled', 'on_success', 'on_failure', 'on_finish')),
+    ADD KEY tickler_jobs_batch (batch_id, id);
+
+CREATE TABLE IF NOT EXISTS tickler_batches (
+    id          BIGINT   NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    description TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+    created_at  BIGINT   NOT NULL,
+    sealed_at   BIGINT,
+    finished_at BIGINT,
+    members     BIGINT   NOT NULL DEFAULT 0,
+    remaining   BIGINT   NOT NULL DEFAULT 0,
+    succeeded   BIGINT   NOT NULL DEFAULT 0,
+    dead        BIGINT   NOT NULL DEFAULT 0,
+    cancelled   BIGINT   NOT NULL DEFAULT 0,
+    open_mark   BIGINT,
+    KEY tickler_batches_open_mark (open_mark)
+) ENGINE = InnoDB ROW_FORMAT = DYNAMIC;

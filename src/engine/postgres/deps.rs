@@ -6,10 +6,11 @@
 //! UPDATE`, after that end's write to the parent row.
 
 use super::limits::Exec;
-use crate::engine::DepTx;
+use crate::batch::{BatchId, BatchRow, Callback};
+use crate::engine::{BatchTx, DepTx};
 use crate::error::{Error, Result};
 use crate::job::{IfParentFails, JobId, JobState};
-use crate::queue::deps::{ChildChange, EndedEdge};
+use crate::queue::deps::{ChildChange, Ended, EndedEdge};
 use std::collections::HashMap;
 
 /// The [`DepTx`] of a transaction (tickler's, or the application's in
@@ -23,6 +24,104 @@ fn state(text: &str) -> Result<JobState> {
 
 fn ids(ids: &[JobId]) -> Vec<i64> {
     ids.iter().map(|id| id.0).collect()
+}
+
+fn batch_ids(ids: &[BatchId]) -> Vec<i64> {
+    ids.iter().map(|b| b.0).collect()
+}
+
+impl<E: Exec> BatchTx for Deps<'_, E> {
+    fn join_batch(&mut self, batch: BatchId, role: Option<Callback>, jobs: &[JobId]) -> Result<()> {
+        self.0.rows(
+            "UPDATE tickler_jobs SET batch_id = $1, batch_end = $2 WHERE id = ANY($3::bigint[])",
+            &[&batch.0, &role.map(Callback::as_str), &ids(jobs)],
+        )?;
+        Ok(())
+    }
+
+    fn lock_batches(&mut self, batches: &[BatchId]) -> Result<Vec<BatchRow>> {
+        let rows = self.0.rows(
+            "SELECT id, sealed_at IS NOT NULL, finished_at IS NOT NULL, members, remaining,
+                    succeeded, dead, cancelled
+             FROM tickler_batches WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE",
+            &[&batch_ids(batches)],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| BatchRow {
+                id: BatchId(r.get(0)),
+                sealed: r.get(1),
+                finished: r.get(2),
+                members: r.get(3),
+                remaining: r.get(4),
+                succeeded: r.get(5),
+                dead: r.get(6),
+                cancelled: r.get(7),
+            })
+            .collect())
+    }
+
+    fn write_batch(&mut self, row: &BatchRow, now: i64) -> Result<()> {
+        self.0.rows(
+            "UPDATE tickler_batches SET members = $2, remaining = $3, succeeded = $4,
+                 dead = $5, cancelled = $6,
+                 sealed_at = coalesce(sealed_at, CASE WHEN $7 THEN $9::bigint END),
+                 finished_at = coalesce(finished_at, CASE WHEN $8 THEN $9::bigint END)
+             WHERE id = $1",
+            &[
+                &row.id.0,
+                &row.members,
+                &row.remaining,
+                &row.succeeded,
+                &row.dead,
+                &row.cancelled,
+                &row.sealed,
+                &row.finished,
+                &now,
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn count_members(&mut self, members: &[JobId]) -> Result<Vec<(JobId, BatchId, JobState)>> {
+        let rows = self.0.rows(
+            "UPDATE tickler_jobs SET batch_end = status
+             WHERE id = ANY($1::bigint[]) AND batch_id IS NOT NULL AND batch_end IS NULL
+               AND status IN ('succeeded', 'dead', 'cancelled')
+             RETURNING id, batch_id, status",
+            &[&ids(members)],
+        )?;
+        rows.iter()
+            .map(|r| Ok((JobId(r.get(0)), BatchId(r.get(1)), state(r.get(2))?)))
+            .collect()
+    }
+
+    fn uncount_members(&mut self, members: &[JobId]) -> Result<Vec<(BatchId, JobState)>> {
+        // The old mark, read in the statement that clears it.
+        let rows = self.0.rows(
+            "UPDATE tickler_jobs AS j SET batch_end = NULL
+             FROM tickler_jobs AS old
+             WHERE j.id = old.id AND j.id = ANY($1::bigint[])
+               AND j.batch_end IN ('succeeded', 'dead', 'cancelled')
+             RETURNING j.batch_id, old.batch_end",
+            &[&ids(members)],
+        )?;
+        rows.iter()
+            .map(|r| Ok((BatchId(r.get(0)), state(r.get(1))?)))
+            .collect()
+    }
+
+    fn batch_callbacks(&mut self, batch: BatchId) -> Result<Vec<(JobId, Callback)>> {
+        let rows = self.0.rows(
+            "SELECT id, batch_end FROM tickler_jobs
+             WHERE batch_id = $1 AND batch_end IN ('on_success', 'on_failure', 'on_finish')",
+            &[&batch.0],
+        )?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| Some((JobId(r.get(0)), Callback::from_stored(r.get(1))?)))
+            .collect())
+    }
 }
 
 impl<E: Exec> DepTx for Deps<'_, E> {
@@ -50,26 +149,37 @@ impl<E: Exec> DepTx for Deps<'_, E> {
         Ok(())
     }
 
-    fn ended_edges(&mut self, parents: &[JobId]) -> Result<Vec<EndedEdge>> {
+    fn ended_edges(&mut self, parents: &[JobId]) -> Result<Ended> {
+        // The jobs themselves are this transaction's (it ended them) or
+        // read locked (a child's insert): their batch mark is current.
         let rows = self.0.rows(
-            "SELECT d.parent_id, p.status, d.child_id, d.if_fails
-             FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
-             WHERE d.parent_id = ANY($1::bigint[]) AND NOT d.resolved
-               AND p.status IN ('succeeded', 'dead', 'cancelled')
-             ORDER BY d.child_id, d.parent_id
-             FOR UPDATE OF d",
+            "WITH edges AS (
+                 SELECT d.parent_id, p.status, d.child_id, d.if_fails
+                 FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
+                 WHERE d.parent_id = ANY($1::bigint[]) AND NOT d.resolved
+                   AND p.status IN ('succeeded', 'dead', 'cancelled')
+                 FOR UPDATE OF d)
+             SELECT parent_id, status, child_id, if_fails FROM edges
+             UNION ALL
+             SELECT id, status, NULL, NULL FROM tickler_jobs
+             WHERE id = ANY($1::bigint[]) AND batch_id IS NOT NULL AND batch_end IS NULL
+               AND status IN ('succeeded', 'dead', 'cancelled')",
             &[&ids(parents)],
         )?;
-        rows.iter()
-            .map(|r| {
-                Ok(EndedEdge {
-                    parent: JobId(r.get(0)),
+        let mut ended = Ended::default();
+        for r in &rows {
+            let parent = JobId(r.get(0));
+            match (r.get::<_, Option<i64>>(2), r.get::<_, Option<String>>(3)) {
+                (Some(child), Some(if_fails)) => ended.edges.push(EndedEdge {
+                    parent,
                     parent_state: state(r.get(1))?,
-                    child: JobId(r.get(2)),
-                    if_fails: IfParentFails::from_stored(r.get(3)).unwrap_or_default(),
-                })
-            })
-            .collect()
+                    child: JobId(child),
+                    if_fails: IfParentFails::from_stored(&if_fails).unwrap_or_default(),
+                }),
+                _ => ended.members.push(parent),
+            }
+        }
+        Ok(ended)
     }
 
     fn lock_children(&mut self, children: &[JobId]) -> Result<()> {

@@ -157,7 +157,7 @@ pub(crate) fn insert_valid(
     let keyed: Vec<i64> = rows
         .iter()
         .zip(&ids)
-        .filter(|(row, _)| !row.after.is_empty() && row.job.unique_key.is_some())
+        .filter(|(row, _)| row.is_linked() && row.job.unique_key.is_some())
         .map(|(_, id)| id.0)
         .collect();
     let ours: std::collections::HashSet<i64> = if keyed.is_empty() {
@@ -180,6 +180,12 @@ pub(crate) fn insert_valid(
         .map(|(row, id)| (*id, crate::engine::types::parents_of(row, &ids)))
         .collect();
     super::deps::store_edges(tx, &children, now)?;
+    let joins = batch_joins(rows, &ids, |i| {
+        rows[i].job.unique_key.is_none() || ours.contains(&ids[i].0)
+    });
+    if !joins.is_empty() {
+        crate::queue::batches::join(&mut super::deps::Deps(tx), &joins, now)?;
+    }
     Ok(ids)
 }
 
@@ -312,8 +318,10 @@ impl Enqueue for Store {
         // in together next: one statement and one commit for all of them
         // instead of a round trip and a WAL flush each.
         // Jobs that run after others go alone: a group's rows are one
-        // list, in which a graph's steps would lose their places.
-        let ids = if rows.iter().any(|r| !r.after.is_empty()) {
+        // list, in which a graph's steps would lose their places. So do
+        // a batch's members: a sealed batch refuses its caller's insert
+        // alone.
+        let ids = if rows.iter().any(ValidJob::is_linked) {
             self.insert_rows(&rows)?
         } else {
             self.enqueues
@@ -343,9 +351,9 @@ impl Store {
         // One job is one INSERT (and, if its key is held, one read of the
         // holder's id), and jobs without keys are one INSERT together: no
         // transaction of their own needed.
-        // Not so for a job that runs after others: its parents stay
-        // locked until its edges are stored.
-        let edges = rows.iter().any(|r| !r.after.is_empty());
+        // Not so for a job that runs after others (its parents stay
+        // locked until its edges are stored) or joins a batch.
+        let edges = rows.iter().any(ValidJob::is_linked);
         if !edges && (rows.len() == 1 || rows.iter().all(|r| r.job.unique_key.is_none())) {
             self.write_autocommit(insert)
         } else {

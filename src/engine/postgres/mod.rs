@@ -30,6 +30,7 @@
 //! due or a lease ran out is the server's (`engine/server_clock.rs`).
 
 mod admin;
+mod batches;
 mod claim;
 mod connection;
 pub(crate) mod deps;
