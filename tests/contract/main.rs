@@ -72,6 +72,8 @@ mod schedule_two_processes;
 
 // Jobs that run after others.
 mod batches;
+#[cfg(unix)]
+mod batches_running;
 mod dependencies;
 mod dependencies_hunt;
 mod dependencies_running;
