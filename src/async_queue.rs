@@ -207,6 +207,43 @@ impl AsyncQueue {
         blocking!(self, |queue| queue.retry(id))
     }
 
+    /// [`Queue::open_batch`].
+    ///
+    /// # Errors
+    /// As [`Queue::open_batch`] and [`AsyncQueue::enqueue`].
+    pub async fn open_batch(&self, batch: crate::NewBatch) -> Result<crate::Batch> {
+        blocking!(self, |queue| queue.open_batch(batch))
+    }
+
+    /// [`Queue::seal_batch`].
+    ///
+    /// # Errors
+    /// As [`Queue::seal_batch`] and [`AsyncQueue::enqueue`].
+    pub async fn seal_batch(&self, id: crate::BatchId) -> Result<crate::Batch> {
+        blocking!(self, |queue| queue.seal_batch(id))
+    }
+
+    /// [`Queue::batch`].
+    ///
+    /// # Errors
+    /// As [`Queue::batch`] and [`AsyncQueue::enqueue`].
+    pub async fn batch(&self, id: crate::BatchId) -> Result<crate::Batch> {
+        blocking!(self, |queue| queue.batch(id))
+    }
+
+    /// [`Queue::batch_members`].
+    ///
+    /// # Errors
+    /// As [`Queue::batch_members`] and [`AsyncQueue::enqueue`].
+    pub async fn batch_members(
+        &self,
+        id: crate::BatchId,
+        after: Option<JobId>,
+        limit: usize,
+    ) -> Result<Vec<Job>> {
+        blocking!(self, |queue| queue.batch_members(id, after, limit))
+    }
+
     /// [`Queue::prune`].
     ///
     /// # Errors

@@ -180,6 +180,10 @@ pub(crate) trait BatchTx {
     /// made them run again, their rows locked by the caller); returns each
     /// one's batch and the state it had been counted as.
     fn uncount_members(&mut self, ids: &[JobId]) -> Result<Vec<(crate::BatchId, JobState)>>;
+    /// Makes job `id` waiting again if it is pending or scheduled and is a
+    /// callback of a batch that has not finished (a retry by hand of a
+    /// callback cancelled while it waited); true if it did.
+    fn wait_for_batch(&mut self, id: JobId) -> Result<bool>;
     /// The callbacks of `batch`.
     fn batch_callbacks(
         &mut self,

@@ -160,7 +160,11 @@ pub(crate) fn resolve(tx: &mut dyn DepTx, ended: &[JobId], now: i64) -> Result<V
 /// unresolved (it was cancelled while it waited) waits again (see the
 /// module doc).
 pub(crate) fn after_retry(tx: &mut dyn DepTx, id: JobId, now: i64) -> Result<()> {
-    tx.wait_again(id)?;
+    if !tx.wait_again(id)? {
+        // A batch's callback cancelled while it waited, likewise, waits
+        // for its batch again: its batch decides it, once.
+        tx.wait_for_batch(id)?;
+    }
     crate::queue::batches::revive(tx, &[id], now)
 }
 

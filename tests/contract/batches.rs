@@ -353,3 +353,30 @@ fn the_pruner_keeps_members_until_the_callbacks_have_ended() {
     ));
 }
 }
+
+contract! {
+/// A callback cancelled by hand while its batch runs, then retried by
+/// hand before the batch finished, waits again: it is not run early, and
+/// the batch's end decides it. Retried after the batch finished, it runs.
+fn a_callback_retried_by_hand_before_its_batch_finished_waits_again() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+    let batch = queue.open_batch(with_callbacks()).unwrap();
+    let on_finish = batch.on_finish.unwrap();
+    let on_success = batch.on_success.unwrap();
+    let id = queue.enqueue(member(batch.id, 1)).unwrap();
+    queue.cancel(on_finish).unwrap();
+    queue.retry(on_finish).unwrap();
+    assert_eq!(state(&queue, on_finish), JobState::Waiting, "a callback ran before its batch ended");
+    queue.seal_batch(batch.id).unwrap();
+    let lease = claim(&queue, 10).remove(0);
+    assert_eq!(lease.job_id, id, "only the member is due");
+    queue.manual().complete(&lease).unwrap();
+    assert_eq!(state(&queue, on_finish), JobState::Pending);
+    // on_success was released too; cancelled and retried now, the batch
+    // having finished, it is due at once.
+    queue.cancel(on_success).unwrap();
+    queue.retry(on_success).unwrap();
+    assert_eq!(state(&queue, on_success), JobState::Pending);
+}
+}

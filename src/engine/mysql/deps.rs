@@ -171,6 +171,18 @@ impl<Q: Queryable> BatchTx for Deps<'_, '_, Q> {
         Ok(out)
     }
 
+    fn wait_for_batch(&mut self, id: JobId) -> Result<bool> {
+        let changed = self.0.exec(
+            "UPDATE tickler_jobs SET status = 'waiting'
+             WHERE id = ? AND status IN ('pending', 'scheduled')
+               AND batch_end IN ('on_success', 'on_failure', 'on_finish')
+               AND EXISTS (SELECT 1 FROM tickler_batches AS b
+                           WHERE b.id = tickler_jobs.batch_id AND b.finished_at IS NULL)",
+            vec![Value::from(id.0)],
+        )?;
+        Ok(changed == 1)
+    }
+
     fn batch_callbacks(&mut self, batch: BatchId) -> Result<Vec<(JobId, Callback)>> {
         let rows = self.0.rows(
             "SELECT id, batch_end FROM tickler_jobs

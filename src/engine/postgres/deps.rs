@@ -111,6 +111,19 @@ impl<E: Exec> BatchTx for Deps<'_, E> {
             .collect()
     }
 
+    fn wait_for_batch(&mut self, id: JobId) -> Result<bool> {
+        let rows = self.0.rows(
+            "UPDATE tickler_jobs SET status = 'waiting'
+             WHERE id = $1 AND status IN ('pending', 'scheduled')
+               AND batch_end IN ('on_success', 'on_failure', 'on_finish')
+               AND EXISTS (SELECT 1 FROM tickler_batches AS b
+                           WHERE b.id = tickler_jobs.batch_id AND b.finished_at IS NULL)
+             RETURNING id",
+            &[&id.0],
+        )?;
+        Ok(!rows.is_empty())
+    }
+
     fn batch_callbacks(&mut self, batch: BatchId) -> Result<Vec<(JobId, Callback)>> {
         let rows = self.0.rows(
             "SELECT id, batch_end FROM tickler_jobs

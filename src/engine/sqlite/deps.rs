@@ -125,6 +125,20 @@ impl BatchTx for Deps<'_, '_> {
             .collect()
     }
 
+    fn wait_for_batch(&mut self, id: JobId) -> Result<bool> {
+        let changed = self
+            .0
+            .prepare_cached(
+                "UPDATE tickler_jobs SET status = 'waiting'
+             WHERE id = ?1 AND status IN ('pending', 'scheduled')
+               AND batch_end IN ('on_success', 'on_failure', 'on_finish')
+               AND EXISTS (SELECT 1 FROM tickler_batches AS b
+                           WHERE b.id = tickler_jobs.batch_id AND b.finished_at IS NULL)",
+            )?
+            .execute([id.0])?;
+        Ok(changed == 1)
+    }
+
     fn batch_callbacks(&mut self, batch: BatchId) -> Result<Vec<(JobId, Callback)>> {
         let rows: Vec<(i64, String)> = self
             .0
