@@ -301,11 +301,13 @@ pub fn show(db: &Path, args: &ShowArgs, times: Times) -> Result<(), CliError> {
     let parents = queue
         .parents(job.id)
         .map_err(|e| CliError::from_lib(e, db))?;
+    let role = crate::batch::role_of(&queue, job).map_err(|e| CliError::from_lib(e, db))?;
     if args.json {
         let mut json = display::job_json(job);
         json["why"] = json!(explained.to_string());
         json["reason"] = serde_json::to_value(&explained.reason).unwrap_or_default();
         json["after"] = serde_json::to_value(&parents).unwrap_or_default();
+        json["batch_role"] = json!(role.and_then(|(_, role)| role));
         println!("{json}");
         return Ok(());
     }
@@ -328,15 +330,15 @@ pub fn show(db: &Path, args: &ShowArgs, times: Times) -> Result<(), CliError> {
             .collect();
         fields.insert(3, ("after", after.join(", ")));
     }
-    let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
-    for (key, value) in fields {
-        let mut lines = value.lines();
-        let first = lines.next().unwrap_or("");
-        println!("{:width$} {first}", format!("{key}:"));
-        for more in lines {
-            println!("{:width$} {more}", "");
-        }
+    if let Some((id, role)) = role {
+        let shown = match role {
+            Some("member") => format!("{id} (member)"),
+            Some(role) => format!("{id} ({role} callback)"),
+            None => format!("{id} (the batch is gone: pruned)"),
+        };
+        fields.insert(3, ("batch", shown));
     }
+    display::print_fields(&fields);
     Ok(())
 }
 

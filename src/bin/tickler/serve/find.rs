@@ -38,7 +38,7 @@ pub(super) struct Hide {
 impl Hide {
     /// `value` with the value of every object key of [`Hide::keys`]
     /// replaced by `"[hidden]"`, at any depth.
-    fn redact(&self, value: &serde_json::Value) -> serde_json::Value {
+    pub(super) fn redact(&self, value: &serde_json::Value) -> serde_json::Value {
         use serde_json::Value;
         match value {
             Value::Object(map) => Value::Object(
@@ -100,7 +100,7 @@ fn span(ms: u64) -> String {
 }
 
 /// `t` in words relative to `now`, with the exact time (UTC) on hover.
-fn time(now: DateTime<Utc>, t: DateTime<Utc>) -> String {
+pub(super) fn time(now: DateTime<Utc>, t: DateTime<Utc>) -> String {
     let exact = t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     format!(
         "<time datetime=\"{exact}\" title=\"{exact}\">{}</time>",
@@ -109,12 +109,12 @@ fn time(now: DateTime<Utc>, t: DateTime<Utc>) -> String {
 }
 
 /// As [`time`], or `-`.
-fn time_or_dash(now: DateTime<Utc>, t: Option<DateTime<Utc>>) -> String {
+pub(super) fn time_or_dash(now: DateTime<Utc>, t: Option<DateTime<Utc>>) -> String {
     t.map_or_else(|| "-".to_owned(), |t| time(now, t))
 }
 
 /// The page's frame: its title, styles and the way back.
-fn frame(title: &str, body: &str) -> String {
+pub(super) fn frame(title: &str, body: &str) -> String {
     format!(
         "<!doctype html><html><head><meta charset=utf-8><title>{t} - tickler</title>\
          <style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse;margin-bottom:1.5em}}\
@@ -385,6 +385,9 @@ pub(super) fn job(queue: &Queue, id: &str, hide: &Hide, csrf: &str) -> tickler::
             })
             .collect();
         row("runs after", links.join(", "));
+    }
+    if let Some(batch) = super::batch::job_row(queue, &job)? {
+        row("batch", batch);
     }
     let why = match queue.explain(job.id) {
         Ok(e) => esc(&e.to_string()),
