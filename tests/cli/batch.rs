@@ -27,7 +27,9 @@ fn batch_prints_its_counters_times_and_callbacks() {
     }
     // Sealed, in the zone of the tests (UTC+05:30).
     assert!(
-        shown.lines().any(|l| l.starts_with("sealed_at:") && l.ends_with("+05:30")),
+        shown
+            .lines()
+            .any(|l| l.starts_with("sealed_at:") && l.ends_with("+05:30")),
         "{shown}"
     );
     // The description's escape sequence reaches the terminal as text.
@@ -84,17 +86,22 @@ fn show_names_the_batch_of_a_member_and_of_a_callback() {
     );
     let shown = env.run(&["show", &b.on_success.to_string()]).ok();
     assert!(
-        shown.contains(&format!("batch:            {} (on_success callback)", b.batch)),
+        shown.contains(&format!(
+            "batch:            {} (on_success callback); waits for its batch's last members to end (2 of 4 remaining)",
+            b.batch
+        )),
         "{shown}"
     );
     // A member that runs after another keeps its `after` line.
     let shown = env.run(&["show", &b.waiting.to_string()]).ok();
-    assert!(shown.contains(&format!("after:            {} (if it fails", b.pending)), "{shown}");
+    assert!(
+        shown.contains(&format!("after:            {} (if it fails", b.pending)),
+        "{shown}"
+    );
     assert!(shown.contains(&format!("{} (member)", b.batch)), "{shown}");
 
     let json: serde_json::Value =
-        serde_json::from_str(&env.run(&["show", &b.on_finish.to_string(), "--json"]).ok())
-            .unwrap();
+        serde_json::from_str(&env.run(&["show", &b.on_finish.to_string(), "--json"]).ok()).unwrap();
     assert_eq!(json["batch"], b.batch.0, "{json}");
     assert_eq!(json["batch_role"], "on_finish", "{json}");
     let json: serde_json::Value =
@@ -107,5 +114,8 @@ fn show_names_the_batch_of_a_member_and_of_a_callback() {
     assert!(!shown.contains("batch:"), "{shown}");
     let json: serde_json::Value =
         serde_json::from_str(&env.run(&["show", &other.to_string(), "--json"]).ok()).unwrap();
-    assert!(json["batch"].is_null() && json["batch_role"].is_null(), "{json}");
+    assert!(
+        json["batch"].is_null() && json["batch_role"].is_null(),
+        "{json}"
+    );
 }

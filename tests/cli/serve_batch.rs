@@ -15,7 +15,13 @@ fn the_batch_page_shows_counters_callbacks_and_members_with_outputs() {
     let env = Env::new();
     let b = batched(&env);
     let served = serve(&env, &["--hide-payload-key", "token"]);
-    let (status, head, page) = http(&served.addr, "GET", &format!("/batches/{}", b.batch), &[], "");
+    let (status, head, page) = http(
+        &served.addr,
+        "GET",
+        &format!("/batches/{}", b.batch),
+        &[],
+        "",
+    );
     assert_eq!(status, 200, "{head}\n{page}");
     // The headers of every page: no script of another origin, no frame,
     // no cache.
@@ -26,7 +32,10 @@ fn the_batch_page_shows_counters_callbacks_and_members_with_outputs() {
     ] {
         assert!(head.contains(needed), "lacks {needed}: {head}");
     }
-    assert!(page.contains(&format!("<h1>batch {}</h1>", b.batch)), "{page}");
+    assert!(
+        page.contains(&format!("<h1>batch {}</h1>", b.batch)),
+        "{page}"
+    );
 
     // The hostile description is text.
     let fields = table(&page, "fields");
@@ -35,8 +44,14 @@ fn the_batch_page_shows_counters_callbacks_and_members_with_outputs() {
         "{fields}"
     );
     assert!(!page.contains("<script>"), "{page}");
-    assert!(row(fields, "<tr data-field=sealed>").contains("<time"), "{fields}");
-    assert!(row(fields, "<tr data-field=finished>").contains("<td>-</td>"), "{fields}");
+    assert!(
+        row(fields, "<tr data-field=sealed>").contains("<time"),
+        "{fields}"
+    );
+    assert!(
+        row(fields, "<tr data-field=finished>").contains("<td>-</td>"),
+        "{fields}"
+    );
 
     let counters = table(&page, "counters");
     for (name, n) in [
@@ -65,7 +80,10 @@ fn the_batch_page_shows_counters_callbacks_and_members_with_outputs() {
         "{on_success}"
     );
     let on_finish = row(callbacks, "<tr data-role=on_finish>");
-    assert!(on_finish.contains(&format!("/jobs/{}", b.on_finish)), "{on_finish}");
+    assert!(
+        on_finish.contains(&format!("/jobs/{}", b.on_finish)),
+        "{on_finish}"
+    );
     assert!(!callbacks.contains("on_failure"), "{callbacks}");
 
     let members = table(&page, "members");
@@ -81,7 +99,10 @@ fn the_batch_page_shows_counters_callbacks_and_members_with_outputs() {
         done.contains("&quot;path&quot;:&quot;&lt;b&gt;exports/a.mp4&lt;/b&gt;&quot;"),
         "{done}"
     );
-    assert!(done.contains("[hidden]") && !page.contains("s3cret"), "{done}");
+    assert!(
+        done.contains("[hidden]") && !page.contains("s3cret"),
+        "{done}"
+    );
     let dead = member(b.dead);
     assert!(
         dead.contains("data-column=state>dead<") && dead.contains("broken &lt;i&gt;pipe&lt;/i&gt;"),
@@ -95,7 +116,10 @@ fn the_batch_page_shows_counters_callbacks_and_members_with_outputs() {
     assert_eq!(ids.len(), 4, "{members}");
     assert!(!members.contains(&format!("data-id={}>", b.on_success)));
     // All on one page: no link to another.
-    assert!(!page.contains("id=next") && !page.contains("id=first"), "{page}");
+    assert!(
+        !page.contains("id=next") && !page.contains("id=first"),
+        "{page}"
+    );
 }
 
 #[test]
@@ -168,7 +192,9 @@ fn the_job_page_links_its_batch_and_keeps_its_parents() {
     );
     let page = page_of(b.on_success);
     assert!(
-        page.contains(&format!("on_success callback of {link}")),
+        page.contains(&format!(
+            "on_success callback of {link}; waits for its batch&#39;s last members to end (2 of 4 remaining)"
+        )),
         "{page}"
     );
     // A waiting member links the job it runs after as well as its batch.
@@ -184,4 +210,85 @@ fn the_job_page_links_its_batch_and_keeps_its_parents() {
     // A job of no batch has no batch row.
     let other = env.queue().enqueue(NewJob::new("k")).unwrap();
     assert!(!page_of(other).contains("data-field=batch"));
+}
+
+/// Once the last member ends, the page shows the batch finished and its
+/// callbacks decided: `on_success` cancelled with the reason (a member
+/// died), `on_finish` released; a callback of a batch still open says it
+/// waits for the seal.
+#[test]
+fn a_finished_batch_shows_its_callbacks_decided() {
+    let env = Env::new();
+    let b = batched(&env);
+    let queue = env.queue();
+    // The member waiting after it is cancelled with it.
+    queue.cancel(b.pending).unwrap();
+    let open = queue
+        .open_batch(NewBatch::new().on_failure(NewJob::new("alarm")))
+        .unwrap();
+    let served = serve(&env, &[]);
+
+    let (status, _, page) = http(
+        &served.addr,
+        "GET",
+        &format!("/batches/{}", b.batch),
+        &[],
+        "",
+    );
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        row(table(&page, "fields"), "<tr data-field=finished>").contains("<time"),
+        "{page}"
+    );
+    assert!(
+        table(&page, "counters").contains("data-counter=cancelled>2</td>"),
+        "{page}"
+    );
+    assert!(
+        page.contains("<progress value=4 max=4></progress> 4 of 4 members ended"),
+        "{page}"
+    );
+    let callbacks = table(&page, "callbacks");
+    let on_success = row(callbacks, "<tr data-role=on_success>");
+    assert!(
+        on_success.contains("data-column=state>cancelled<")
+            && on_success.contains("ended with 1 dead and 2 cancelled of 4 members"),
+        "{on_success}"
+    );
+    assert!(
+        row(callbacks, "<tr data-role=on_finish>").contains("data-column=state>pending<"),
+        "{callbacks}"
+    );
+    assert!(
+        row(
+            table(&page, "members"),
+            &format!("<tr data-id={}>", b.waiting)
+        )
+        .contains("data-column=state>cancelled<"),
+        "{page}"
+    );
+
+    let alarm = open.on_failure.unwrap();
+    let (_, _, page) = http(&served.addr, "GET", &format!("/jobs/{alarm}"), &[], "");
+    assert!(
+        page.contains(&format!(
+            "on_failure callback of <a href=/batches/{id} id=batch>batch {id}</a>; \
+             waits for its batch to be sealed and its members to end (0 so far)",
+            id = open.id
+        )),
+        "{page}"
+    );
+    let (_, _, page) = http(
+        &served.addr,
+        "GET",
+        &format!("/batches/{}", open.id),
+        &[],
+        "",
+    );
+    assert!(page.contains("- (open: jobs can still join it)"), "{page}");
+    assert!(
+        page.contains("<progress value=0 max=1></progress> 0 of 0 members ended"),
+        "{page}"
+    );
+    assert!(table(&page, "members").contains("no members"), "{page}");
 }

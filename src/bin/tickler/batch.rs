@@ -7,20 +7,51 @@ use crate::display::{self, Times};
 use crate::error::CliError;
 use serde_json::json;
 use std::path::Path;
-use tickler::{Batch, BatchId, Job, Queue};
+use tickler::{Batch, BatchId, Job, JobState, Queue};
 
-/// What `job` is to the batch its [`Job::batch`] names: `member` or a
-/// callback's role; `None` for a job of no batch. A batch pruned since
-/// (its role unknown) gives `(id, None)`.
-pub fn role_of(queue: &Queue, job: &Job) -> tickler::Result<Option<(BatchId, Option<&'static str>)>> {
+/// What a job is to the batch its [`Job::batch`] names.
+pub struct Membership {
+    /// The batch's id.
+    pub id: BatchId,
+    /// The batch; `None` if it was pruned since.
+    pub batch: Option<Batch>,
+    /// `member`, or the callback's role (`on_success`, ...); `None` if
+    /// the batch is gone.
+    pub role: Option<&'static str>,
+}
+
+impl Membership {
+    /// For a callback still waiting: what it waits for, in words.
+    pub fn callback_waits(&self, job: &Job) -> Option<String> {
+        let batch = self.batch.as_ref()?;
+        if self.role == Some("member") || job.state != JobState::Waiting {
+            return None;
+        }
+        Some(match batch.sealed_at {
+            None => format!(
+                "waits for its batch to be sealed and its members to end ({} so far)",
+                batch.members
+            ),
+            Some(_) => format!(
+                "waits for its batch's last members to end ({} of {} remaining)",
+                batch.remaining, batch.members
+            ),
+        })
+    }
+}
+
+/// What `job` is to its batch; `None` for a job of no batch.
+pub fn membership(queue: &Queue, job: &Job) -> tickler::Result<Option<Membership>> {
     let Some(id) = job.batch else {
         return Ok(None);
     };
-    match queue.batch(id) {
-        Ok(batch) => Ok(Some((id, Some(display::batch_role(&batch, job.id))))),
-        Err(tickler::Error::BatchNotFound(_)) => Ok(Some((id, None))),
-        Err(e) => Err(e),
-    }
+    let batch = match queue.batch(id) {
+        Ok(batch) => Some(batch),
+        Err(tickler::Error::BatchNotFound(_)) => None,
+        Err(e) => return Err(e),
+    };
+    let role = batch.as_ref().map(|b| display::batch_role(b, job.id));
+    Ok(Some(Membership { id, batch, role }))
 }
 
 /// The state of each of `batch`'s callbacks, with its role; `None` for
@@ -98,16 +129,12 @@ pub fn show(db: &Path, args: &BatchArgs, times: Times) -> Result<(), CliError> {
         ("cancelled", batch.cancelled.to_string()),
     ];
     for role in ["on_success", "on_failure", "on_finish"] {
-        let shown = callbacks
-            .iter()
-            .find(|(r, _, _)| *r == role)
-            .map_or_else(
-                || "-".to_owned(),
-                |(_, id, job)| format!("job {id} ({})", state_of(job)),
-            );
+        let shown = callbacks.iter().find(|(r, _, _)| *r == role).map_or_else(
+            || "-".to_owned(),
+            |(_, id, job)| format!("job {id} ({})", state_of(job)),
+        );
         fields.push((role, shown));
     }
     display::print_fields(&fields);
     Ok(())
 }
-

@@ -301,13 +301,14 @@ pub fn show(db: &Path, args: &ShowArgs, times: Times) -> Result<(), CliError> {
     let parents = queue
         .parents(job.id)
         .map_err(|e| CliError::from_lib(e, db))?;
-    let role = crate::batch::role_of(&queue, job).map_err(|e| CliError::from_lib(e, db))?;
+    let membership =
+        crate::batch::membership(&queue, job).map_err(|e| CliError::from_lib(e, db))?;
     if args.json {
         let mut json = display::job_json(job);
         json["why"] = json!(explained.to_string());
         json["reason"] = serde_json::to_value(&explained.reason).unwrap_or_default();
         json["after"] = serde_json::to_value(&parents).unwrap_or_default();
-        json["batch_role"] = json!(role.and_then(|(_, role)| role));
+        json["batch_role"] = json!(membership.as_ref().and_then(|m| m.role));
         println!("{json}");
         return Ok(());
     }
@@ -330,12 +331,15 @@ pub fn show(db: &Path, args: &ShowArgs, times: Times) -> Result<(), CliError> {
             .collect();
         fields.insert(3, ("after", after.join(", ")));
     }
-    if let Some((id, role)) = role {
-        let shown = match role {
-            Some("member") => format!("{id} (member)"),
-            Some(role) => format!("{id} ({role} callback)"),
-            None => format!("{id} (the batch is gone: pruned)"),
+    if let Some(m) = membership {
+        let mut shown = match m.role {
+            Some("member") => format!("{} (member)", m.id),
+            Some(role) => format!("{} ({role} callback)", m.id),
+            None => format!("{} (the batch is gone: pruned)", m.id),
         };
+        if let Some(waits) = m.callback_waits(job) {
+            shown = format!("{shown}; {waits}");
+        }
         fields.insert(3, ("batch", shown));
     }
     display::print_fields(&fields);

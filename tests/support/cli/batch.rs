@@ -74,11 +74,7 @@ pub fn batched(env: &Env) -> Batched {
         .unwrap();
     let pending = member("export");
     let waiting = queue
-        .enqueue(
-            NewJob::new("upload")
-                .after(&[pending])
-                .batch(batch.id),
-        )
+        .enqueue(NewJob::new("upload").after(&[pending]).batch(batch.id))
         .unwrap();
     let batch = queue.seal_batch(batch.id).unwrap();
     assert_eq!(

@@ -8,7 +8,7 @@
 
 use super::find::{frame, time, time_or_dash, Hide};
 use super::{cut, esc, form_value};
-use crate::batch::{callback_states, ended, role_of};
+use crate::batch::{callback_states, ended, membership};
 use std::fmt::Write as _;
 use tickler::{BatchId, Job, JobId, Queue};
 
@@ -127,10 +127,7 @@ pub(super) fn page(queue: &Queue, id: &str, query: &str, hide: &Hide) -> tickler
     }
     body.push_str("</table>");
     if after.is_some() {
-        let _ = write!(
-            body,
-            "<a id=first href=/batches/{id}>first members</a> "
-        );
+        let _ = write!(body, "<a id=first href=/batches/{id}>first members</a> ");
     }
     if let (true, Some(last)) = (more, members.last()) {
         let _ = write!(
@@ -166,13 +163,20 @@ fn last_error(job: &Job) -> String {
 }
 
 /// The job page's `batch` row: what the job is to its batch, linked to
-/// the batch's page; `None` for a job of no batch.
+/// the batch's page, and what a waiting callback waits for; `None` for a
+/// job of no batch.
 pub(super) fn job_row(queue: &Queue, job: &Job) -> tickler::Result<Option<String>> {
-    Ok(role_of(queue, job)?.map(|(id, role)| match role {
-        Some("member") => format!("member of <a href=/batches/{id} id=batch>batch {id}</a>"),
-        Some(role) => {
-            format!("{role} callback of <a href=/batches/{id} id=batch>batch {id}</a>")
-        }
-        None => format!("member or callback of batch {id} (the batch is gone: pruned)"),
-    }))
+    let Some(m) = membership(queue, job)? else {
+        return Ok(None);
+    };
+    let link = format!("<a href=/batches/{id} id=batch>batch {id}</a>", id = m.id);
+    let mut row = match m.role {
+        Some("member") => format!("member of {link}"),
+        Some(role) => format!("{role} callback of {link}"),
+        None => format!("of batch {} (the batch is gone: pruned)", m.id),
+    };
+    if let Some(waits) = m.callback_waits(job) {
+        let _ = write!(row, "; {}", esc(&waits));
+    }
+    Ok(Some(row))
 }
