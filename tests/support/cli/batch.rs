@@ -2,7 +2,6 @@
 //! and the dashboard's batch page (tests/cli/batch.rs).
 
 use super::Env;
-use std::time::Duration;
 use tickler::{BatchId, JobId, NewBatch, NewJob, Outcome};
 
 /// A description no page or terminal may take as markup or a control
@@ -47,13 +46,9 @@ pub fn batched(env: &Env) -> Batched {
             .unwrap()
     };
     let claim = |id: JobId| {
-        let lease = queue
-            .manual()
-            .claim("default", "t", 1, Duration::from_secs(60))
-            .unwrap()
-            .remove(0);
-        assert_eq!(lease.job_id, id);
-        lease
+        let mut leases = crate::support::limits::claim(&queue, 1);
+        assert_eq!(crate::support::limits::ids(&leases), vec![id]);
+        leases.remove(0)
     };
     let succeeded = member("export");
     let output = tickler::Output::new(
