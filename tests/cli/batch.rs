@@ -87,7 +87,10 @@ fn show_names_the_batch_of_a_member_and_of_a_callback() {
     let shown = env.run(&["show", &b.on_success.to_string()]).ok();
     assert!(
         shown.contains(&format!(
-            "batch:            {} (on_success callback); waits for its batch's last members to end (2 of 4 remaining)",
+            "batch:            {} (on_success callback)",
+            b.batch
+        )) && shown.contains(&format!(
+            "why:              waiting for batch {} to end: 2 of 4 members remaining",
             b.batch
         )),
         "{shown}"

@@ -192,8 +192,13 @@ fn the_job_page_links_its_batch_and_keeps_its_parents() {
     );
     let page = page_of(b.on_success);
     assert!(
-        page.contains(&format!(
-            "on_success callback of {link}; waits for its batch&#39;s last members to end (2 of 4 remaining)"
+        page.contains(&format!("on_success callback of {link}</td></tr>")),
+        "{page}"
+    );
+    assert!(
+        row(&page, "<tr data-field=why>").contains(&format!(
+            "waiting for batch {} to end: 2 of 4 members remaining",
+            b.batch
         )),
         "{page}"
     );
@@ -272,9 +277,15 @@ fn a_finished_batch_shows_its_callbacks_decided() {
     let (_, _, page) = http(&served.addr, "GET", &format!("/jobs/{alarm}"), &[], "");
     assert!(
         page.contains(&format!(
-            "on_failure callback of <a href=/batches/{id} id=batch>batch {id}</a>; \
-             waits for its batch to be sealed and its members to end (0 so far)",
+            "on_failure callback of <a href=/batches/{id} id=batch>batch {id}</a>",
             id = open.id
+        )),
+        "{page}"
+    );
+    assert!(
+        row(&page, "<tr data-field=why>").contains(&format!(
+            "waiting for batch {} to be sealed and its members to end (0 so far)",
+            open.id
         )),
         "{page}"
     );

@@ -7,37 +7,15 @@ use crate::display::{self, Times};
 use crate::error::CliError;
 use serde_json::json;
 use std::path::Path;
-use tickler::{Batch, BatchId, Job, JobState, Queue};
+use tickler::{Batch, BatchId, Job, Queue};
 
 /// What a job is to the batch its [`Job::batch`] names.
 pub struct Membership {
     /// The batch's id.
     pub id: BatchId,
-    /// The batch; `None` if it was pruned since.
-    pub batch: Option<Batch>,
     /// `member`, or the callback's role (`on_success`, ...); `None` if
     /// the batch is gone.
     pub role: Option<&'static str>,
-}
-
-impl Membership {
-    /// For a callback still waiting: what it waits for, in words.
-    pub fn callback_waits(&self, job: &Job) -> Option<String> {
-        let batch = self.batch.as_ref()?;
-        if self.role == Some("member") || job.state != JobState::Waiting {
-            return None;
-        }
-        Some(match batch.sealed_at {
-            None => format!(
-                "waits for its batch to be sealed and its members to end ({} so far)",
-                batch.members
-            ),
-            Some(_) => format!(
-                "waits for its batch's last members to end ({} of {} remaining)",
-                batch.remaining, batch.members
-            ),
-        })
-    }
 }
 
 /// What `job` is to its batch; `None` for a job of no batch.
@@ -51,7 +29,7 @@ pub fn membership(queue: &Queue, job: &Job) -> tickler::Result<Option<Membership
         Err(e) => return Err(e),
     };
     let role = batch.as_ref().map(|b| display::batch_role(b, job.id));
-    Ok(Some(Membership { id, batch, role }))
+    Ok(Some(Membership { id, role }))
 }
 
 /// The state of each of `batch`'s callbacks, with its role; `None` for

@@ -332,14 +332,11 @@ pub fn show(db: &Path, args: &ShowArgs, times: Times) -> Result<(), CliError> {
         fields.insert(3, ("after", after.join(", ")));
     }
     if let Some(m) = membership {
-        let mut shown = match m.role {
+        let shown = match m.role {
             Some("member") => format!("{} (member)", m.id),
             Some(role) => format!("{} ({role} callback)", m.id),
             None => format!("{} (the batch is gone: pruned)", m.id),
         };
-        if let Some(waits) = m.callback_waits(job) {
-            shown = format!("{shown}; {waits}");
-        }
         fields.insert(3, ("batch", shown));
     }
     display::print_fields(&fields);

@@ -163,20 +163,17 @@ fn last_error(job: &Job) -> String {
 }
 
 /// The job page's `batch` row: what the job is to its batch, linked to
-/// the batch's page, and what a waiting callback waits for; `None` for a
-/// job of no batch.
+/// the batch's page (its `why` row says what a waiting callback waits
+/// for); `None` for a job of no batch.
 pub(super) fn job_row(queue: &Queue, job: &Job) -> tickler::Result<Option<String>> {
     let Some(m) = membership(queue, job)? else {
         return Ok(None);
     };
     let link = format!("<a href=/batches/{id} id=batch>batch {id}</a>", id = m.id);
-    let mut row = match m.role {
+    let row = match m.role {
         Some("member") => format!("member of {link}"),
         Some(role) => format!("{role} callback of {link}"),
         None => format!("of batch {} (the batch is gone: pruned)", m.id),
     };
-    if let Some(waits) = m.callback_waits(job) {
-        let _ = write!(row, "; {}", esc(&waits));
-    }
     Ok(Some(row))
 }
