@@ -212,6 +212,17 @@ fn the_job_page_links_its_batch_and_keeps_its_parents() {
         )),
         "{page}"
     );
+    // Listed among the waiting jobs with a link to the batch, not as
+    // waiting for parents it does not have.
+    let (_, _, page) = http(&served.addr, "GET", "/jobs?state=waiting", &[], "");
+    let listed = row(&page, &format!("<tr data-id={}>", b.on_success));
+    assert!(
+        listed.contains(&format!(
+            "in <a href=/batches/{id}>batch {id}</a>",
+            id = b.batch
+        )) && !listed.contains("runs after"),
+        "{listed}"
+    );
     // A job of no batch has no batch row.
     let other = env.queue().enqueue(NewJob::new("k")).unwrap();
     assert!(!page_of(other).contains("data-field=batch"));

@@ -149,10 +149,18 @@ fn when(now: DateTime<Utc>, job: &Job) -> String {
             time(now, job.run_at)
         ),
         JobState::Scheduled => format!("delayed, due {}", time(now, job.run_at)),
-        JobState::Waiting => format!(
-            "waiting for the jobs it runs after since {}",
-            time(now, job.created_at)
-        ),
+        // A batch's callback waits for its batch, a member for the jobs
+        // it runs after: which one, its page says.
+        JobState::Waiting => match job.batch {
+            Some(b) => format!(
+                "waiting since {}, in <a href=/batches/{b}>batch {b}</a>",
+                time(now, job.created_at)
+            ),
+            None => format!(
+                "waiting for the jobs it runs after since {}",
+                time(now, job.created_at)
+            ),
+        },
         JobState::Running => {
             format!(
                 "running for {} by {}, lease ends {}",
