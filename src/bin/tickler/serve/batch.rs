@@ -6,7 +6,7 @@
 //! of a member or callback ([`job_row`]). Like every page: no script, all
 //! stored text escaped, outputs with `--hide-payload-key` values hidden.
 
-use super::find::{frame, time, time_or_dash, Hide};
+use super::find::{field_row, frame, time, time_or_dash, Hide};
 use super::{cut, esc, form_value};
 use crate::batch::{callback_states, ended, membership};
 use std::fmt::Write as _;
@@ -41,12 +41,7 @@ pub(super) fn page(queue: &Queue, id: &str, query: &str, hide: &Hide) -> tickler
     let now = queue.clock().now();
 
     let mut body = String::from("<table id=fields>");
-    let mut row = |name: &str, value: String| {
-        let _ = write!(
-            body,
-            "<tr data-field={name}><th>{name}</th><td>{value}</td></tr>"
-        );
-    };
+    let mut row = |name: &str, value: String| field_row(&mut body, name, &value);
     row(
         "description",
         batch.description.as_deref().map_or_else(|| "-".into(), esc),

@@ -125,6 +125,14 @@ pub(super) fn frame(title: &str, body: &str) -> String {
     )
 }
 
+/// One `name: value` row of a page's fields table (`value` is HTML).
+pub(super) fn field_row(body: &mut String, name: &str, value: &str) {
+    let _ = write!(
+        body,
+        "<tr data-field={name}><th>{name}</th><td>{value}</td></tr>"
+    );
+}
+
 /// A job's last reported progress as a bar with its percentage and
 /// message (an HTML `<progress>`: no script), or nothing.
 pub(super) fn progress_bar(job: &Job) -> String {
@@ -335,12 +343,7 @@ pub(super) fn job(queue: &Queue, id: &str, hide: &Hide, csrf: &str) -> tickler::
     let job = queue.get(id)?;
     let now = queue.clock().now();
     let mut body = String::from("<table id=fields>");
-    let mut row = |name: &str, value: String| {
-        let _ = write!(
-            body,
-            "<tr data-field={name}><th>{name}</th><td>{value}</td></tr>"
-        );
-    };
+    let mut row = |name: &str, value: String| field_row(&mut body, name, &value);
     row("state", job.state.as_str().to_owned());
     row("queue", esc(&job.queue));
     row("kind", esc(&job.kind));
