@@ -143,6 +143,9 @@ impl Batch {
 }
 
 /// Which callback of its batch a job is, as stored.
+// Named as `NewBatch` names them (`on_success`, ...), which the stored
+// text and the pages use too.
+#[allow(clippy::enum_variant_names)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Callback {
     OnSuccess,

@@ -683,6 +683,76 @@ fn a_job_page_shows_its_history_and_hides_what_it_is_told_to() {
     assert!(body.contains("gateway timeout"));
 }
 
+/// From a member's page to its batch by the link, where the hostile
+/// description is text, the bar and counters say 2 of 4 ended, each
+/// member shows its state and output, and a member's link leads back.
+#[test]
+fn a_batch_page_shows_its_members_and_links_both_ways() {
+    let env = Env::new();
+    let b = cli::batch::batched(&env);
+    let served = serve(&env, &[]);
+    let chromium = chromium();
+    let tab = open_page(
+        &chromium,
+        &served.url(&format!("/jobs/{}", b.dead.0)),
+        "document.querySelector('a#batch') !== null",
+    );
+    click_then(
+        &tab,
+        "a#batch",
+        "document.querySelector('table#members') !== null",
+    );
+    assert!(
+        tab.get_url().ends_with(&format!("/batches/{}", b.batch.0)),
+        "{}",
+        tab.get_url()
+    );
+    let description = text(&tab, "tr[data-field=description] td");
+    assert!(
+        description.starts_with("<script>alert('x')</script> & \"mail\""),
+        "{description:?}"
+    );
+    // Shown as text, so no element was made of it.
+    assert_eq!(eval(&tab, "document.scripts.length"), 0);
+    assert_eq!(
+        eval(
+            &tab,
+            "[document.querySelector('#progress progress').value, document.querySelector('#progress progress').max]"
+        ),
+        serde_json::json!([2, 4])
+    );
+    let states: Vec<(i64, String)> = serde_json::from_value(eval(
+        &tab,
+        "[...document.querySelectorAll('table#members tr[data-id]')].map(tr => [Number(tr.dataset.id), tr.querySelector('[data-column=state]').innerText])",
+    ))
+    .unwrap();
+    assert_eq!(
+        states,
+        vec![
+            (b.succeeded.0, "succeeded".to_owned()),
+            (b.dead.0, "dead".to_owned()),
+            (b.pending.0, "pending".to_owned()),
+            (b.waiting.0, "waiting".to_owned()),
+        ]
+    );
+    let output = text(&tab, &format!("tr[data-id='{}'] td.output", b.succeeded.0));
+    assert!(
+        output.contains("\"path\":\"<b>exports/a.mp4</b>\""),
+        "{output:?}"
+    );
+    screenshot_page(&tab, "batch.png");
+    click_then(
+        &tab,
+        &format!("tr[data-id='{}'] a", b.pending.0),
+        "document.querySelector('table#fields') !== null",
+    );
+    assert!(
+        tab.get_url().ends_with(&format!("/jobs/{}", b.pending.0)),
+        "{}",
+        tab.get_url()
+    );
+}
+
 #[test]
 fn a_bulk_retry_asks_with_the_count_then_retries_them_all_in_the_file() {
     let env = filled();

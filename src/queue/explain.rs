@@ -86,6 +86,19 @@ pub enum Reason {
         /// How many it waits for in all.
         count: usize,
     },
+    /// A callback of a batch ([`crate::NewBatch`]), waiting
+    /// ([`JobState::Waiting`]) until the batch is sealed and its last
+    /// member ends.
+    AfterBatch {
+        /// The batch.
+        batch: crate::BatchId,
+        /// Whether it is sealed (no member can join it).
+        sealed: bool,
+        /// Its members so far.
+        members: u64,
+        /// Its members that have not ended.
+        remaining: u64,
+    },
     /// Running, held by a worker until its lease's end.
     Running {
         /// The worker id that claimed it.
@@ -250,6 +263,22 @@ impl Queue {
                     .into_iter()
                     .filter(|d| !d.resolved)
                     .collect();
+                // A callback runs after no job: it waits for its batch.
+                let batch = match job.batch {
+                    Some(id) if open.is_empty() => Some(self.batch(id)?),
+                    _ => None,
+                };
+                if let Some(b) = batch.filter(|b| b.callbacks().contains(&job.id)) {
+                    return Ok(Explanation {
+                        reason: Reason::AfterBatch {
+                            batch: b.id,
+                            sealed: b.sealed_at.is_some(),
+                            members: b.members,
+                            remaining: b.remaining,
+                        },
+                        job,
+                    });
+                }
                 let mut parents = Vec::new();
                 for dep in open.iter().take(HOLDERS_SHOWN as usize) {
                     // A parent pruned under a held edge is not expected
@@ -386,6 +415,19 @@ impl fmt::Display for Explanation {
                 }
                 Ok(())
             }
+            Reason::AfterBatch {
+                batch,
+                sealed: true,
+                members,
+                remaining,
+            } => write!(
+                f,
+                "waiting for batch {batch} to end: {remaining} of {members} members remaining"
+            ),
+            Reason::AfterBatch { batch, members, .. } => write!(
+                f,
+                "waiting for batch {batch} to be sealed and its members to end ({members} so far)"
+            ),
             Reason::Running {
                 worker,
                 lease_until,

@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod batch;
 mod errors_explained;
 mod escapes;
 mod import;
@@ -17,6 +18,7 @@ mod process_tree;
 mod schedule;
 mod schedule_cli_edges;
 mod serve;
+mod serve_batch;
 mod serve_bulk;
 mod serve_hunt;
 mod wait;

@@ -18,6 +18,7 @@ fn every_subcommand_has_help_with_an_example() {
         &["enqueue"],
         &["list"],
         &["show"],
+        &["batch"],
         &["stats"],
         &["retry"],
         &["cancel"],

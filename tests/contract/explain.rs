@@ -172,3 +172,49 @@ fn explain_names_the_parents_a_waiting_job_waits_for() {
     }
 }
 }
+
+contract! {
+/// A batch's callback waits for its batch, not for parents (it has none):
+/// until the seal, then until the last member ends; a member that runs
+/// after another job still waits for that job.
+fn a_waiting_callback_is_explained_by_its_batch() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+    let batch = queue
+        .open_batch(tickler::NewBatch::new().on_finish(NewJob::new("done")))
+        .unwrap();
+    let callback = batch.on_finish.unwrap();
+    let first = queue.enqueue(NewJob::new("k").batch(batch.id)).unwrap();
+    let second = queue
+        .enqueue(NewJob::new("k").after(&[first]).batch(batch.id))
+        .unwrap();
+    let why = queue.explain(callback).unwrap();
+    assert_eq!(
+        why.reason,
+        Reason::AfterBatch { batch: batch.id, sealed: false, members: 2, remaining: 2 }
+    );
+    assert_eq!(
+        why.to_string(),
+        format!("waiting for batch {} to be sealed and its members to end (2 so far)", batch.id)
+    );
+    assert_eq!(serde_json::to_value(&why.reason).unwrap()["reason"], "after_batch");
+    match queue.explain(second).unwrap().reason {
+        Reason::AfterParents { parents, count: 1 } => assert_eq!(parents[0].job_id, first),
+        other => panic!("{other:?}"),
+    }
+
+    queue.seal_batch(batch.id).unwrap();
+    let claimed = claim(&queue, 10);
+    assert_eq!(ids(&claimed), vec![first]);
+    queue.manual().complete(&claimed[0]).unwrap();
+    let why = queue.explain(callback).unwrap();
+    assert_eq!(
+        why.reason,
+        Reason::AfterBatch { batch: batch.id, sealed: true, members: 2, remaining: 1 }
+    );
+    assert_eq!(
+        why.to_string(),
+        format!("waiting for batch {} to end: 1 of 2 members remaining", batch.id)
+    );
+}
+}

@@ -1,6 +1,7 @@
 //! Helpers for the tests that run the `tickler` binary (tests/cli_*.rs).
 #![allow(dead_code)]
 
+pub mod batch;
 pub mod serve;
 
 use std::path::{Path, PathBuf};

@@ -65,6 +65,12 @@ pub enum Command {
     #[command(after_help = "Example:\n  tickler show 42")]
     Show(ShowArgs),
 
+    /// Show a batch: its description, times, counters (members ended,
+    /// remaining, succeeded, dead, cancelled) and callbacks with their
+    /// states.
+    #[command(after_help = "Examples:\n  tickler batch 7\n  tickler batch 7 --json")]
+    Batch(BatchArgs),
+
     /// Wait for a job to end; the exit code says how: 0 succeeded, 3 dead,
     /// 4 cancelled, 5 not found (never enqueued, or pruned), 124 still
     /// unfinished when the timeout ran out (1 and 2 are errors, as for
@@ -337,6 +343,16 @@ pub struct ListArgs {
 #[derive(Debug, Args)]
 pub struct ShowArgs {
     /// The job's id.
+    pub id: i64,
+    /// As one JSON object (times in RFC 3339, UTC).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `batch` options.
+#[derive(Debug, Args)]
+pub struct BatchArgs {
+    /// The batch's id.
     pub id: i64,
     /// As one JSON object (times in RFC 3339, UTC).
     #[arg(long)]

@@ -246,7 +246,45 @@ pub fn job_json(job: &Job) -> serde_json::Value {
         })),
         "rate_deferrals": job.rate_deferrals,
         "output": job.output,
+        "batch": job.batch.map(|b| b.0),
     })
+}
+
+/// The callbacks of `batch` with their roles (`on_success`, `on_failure`,
+/// `on_finish`), in that order: for `tickler batch` and the dashboard.
+pub fn batch_callbacks(batch: &tickler::Batch) -> Vec<(&'static str, tickler::JobId)> {
+    [
+        ("on_success", batch.on_success),
+        ("on_failure", batch.on_failure),
+        ("on_finish", batch.on_finish),
+    ]
+    .into_iter()
+    .filter_map(|(role, id)| Some((role, id?)))
+    .collect()
+}
+
+/// What job `id` is to `batch`, which its [`Job::batch`] names: a
+/// `member`, or the role of one of its callbacks (`on_success`, ...).
+pub fn batch_role(batch: &tickler::Batch, id: tickler::JobId) -> &'static str {
+    batch_callbacks(batch)
+        .into_iter()
+        .find_map(|(role, c)| (c == id).then_some(role))
+        .unwrap_or("member")
+}
+
+/// Prints `fields` as `key: value` lines, the values aligned, a value of
+/// several lines indented under its first (`tickler show`, `tickler
+/// batch`).
+pub fn print_fields(fields: &[(&str, String)]) {
+    let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+    for (key, value) in fields {
+        let mut lines = value.lines();
+        let first = lines.next().unwrap_or("");
+        println!("{:width$} {first}", format!("{key}:"));
+        for more in lines {
+            println!("{:width$} {more}", "");
+        }
+    }
 }
 
 /// A job, one `field: value` per line, for `tickler show`.

@@ -2,6 +2,7 @@
 //! shell-command jobs as a durable at/cron. Uses only the public API of the
 //! `tickler` library. `tickler --help` lists the subcommands.
 
+mod batch;
 mod cli;
 mod display;
 mod error;
@@ -55,6 +56,7 @@ fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Enqueue(args) => ops::enqueue_one(db, args),
         Command::List(args) => ops::list(db, args, times),
         Command::Show(args) => ops::show(db, args, times),
+        Command::Batch(args) => batch::show(db, args, times),
         Command::Wait(args) => ops::wait(db, args),
         Command::Stats(args) => ops::stats(db, args, times),
         Command::Retry(args) => ops::retry(db, args),

@@ -301,11 +301,14 @@ pub fn show(db: &Path, args: &ShowArgs, times: Times) -> Result<(), CliError> {
     let parents = queue
         .parents(job.id)
         .map_err(|e| CliError::from_lib(e, db))?;
+    let membership =
+        crate::batch::membership(&queue, job).map_err(|e| CliError::from_lib(e, db))?;
     if args.json {
         let mut json = display::job_json(job);
         json["why"] = json!(explained.to_string());
         json["reason"] = serde_json::to_value(&explained.reason).unwrap_or_default();
         json["after"] = serde_json::to_value(&parents).unwrap_or_default();
+        json["batch_role"] = json!(membership.as_ref().and_then(|m| m.role));
         println!("{json}");
         return Ok(());
     }
@@ -328,15 +331,15 @@ pub fn show(db: &Path, args: &ShowArgs, times: Times) -> Result<(), CliError> {
             .collect();
         fields.insert(3, ("after", after.join(", ")));
     }
-    let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
-    for (key, value) in fields {
-        let mut lines = value.lines();
-        let first = lines.next().unwrap_or("");
-        println!("{:width$} {first}", format!("{key}:"));
-        for more in lines {
-            println!("{:width$} {more}", "");
-        }
+    if let Some(m) = membership {
+        let shown = match m.role {
+            Some("member") => format!("{} (member)", m.id),
+            Some(role) => format!("{} ({role} callback)", m.id),
+            None => format!("{} (the batch is gone: pruned)", m.id),
+        };
+        fields.insert(3, ("batch", shown));
     }
+    display::print_fields(&fields);
     Ok(())
 }
 

@@ -21,6 +21,7 @@ use std::path::Path;
 use tickler::{JobId, JobState, LimitKeyUsage, Queue};
 use tiny_http::{Header, Method, Request, Response, Server};
 
+mod batch;
 mod bulk;
 mod glance;
 
@@ -190,7 +191,9 @@ fn unrebindable_host(host: Option<&str>) -> bool {
 /// retry refused by a unique key with a 500, and its UI fell over).
 fn status_of(e: &tickler::Error) -> u16 {
     match e {
-        tickler::Error::NotFound(_) | tickler::Error::UnknownSchedule { .. } => 404,
+        tickler::Error::NotFound(_)
+        | tickler::Error::UnknownSchedule { .. }
+        | tickler::Error::BatchNotFound(_) => 404,
         tickler::Error::InvalidState { .. } | tickler::Error::UniqueKeyHeld { .. } => 409,
         tickler::Error::InvalidArgument(_) | tickler::Error::EmptyQueue => 400,
         _ => 500,
@@ -286,6 +289,9 @@ fn handle(
         (Method::Get, "/jobs") => find::list(queue, query).map(html_page),
         (Method::Get, p) if p.starts_with("/jobs/") => {
             find::job(queue, &p["/jobs/".len()..], hide, csrf).map(html_page)
+        }
+        (Method::Get, p) if p.starts_with("/batches/") => {
+            batch::page(queue, &p["/batches/".len()..], query, hide).map(html_page)
         }
         (Method::Post, "/retry" | "/cancel" | "/pause" | "/resume" | "/confirm" | "/bulk") => {
             let mut body = String::new();

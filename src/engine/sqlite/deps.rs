@@ -182,7 +182,9 @@ impl DepTx for Deps<'_, '_> {
     }
 
     fn ended_edges(&mut self, parents: &[JobId]) -> Result<Ended> {
-        let rows: Vec<(i64, String, Option<i64>, Option<String>, bool)> = self
+        // (parent, its state, child, if_fails, a member not yet counted)
+        type Row = (i64, String, Option<i64>, Option<String>, bool);
+        let rows: Vec<Row> = self
             .0
             .prepare_cached(
                 // In this order (CROSS JOIN fixes it): from the ids, each

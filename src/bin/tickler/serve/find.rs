@@ -38,7 +38,7 @@ pub(super) struct Hide {
 impl Hide {
     /// `value` with the value of every object key of [`Hide::keys`]
     /// replaced by `"[hidden]"`, at any depth.
-    fn redact(&self, value: &serde_json::Value) -> serde_json::Value {
+    pub(super) fn redact(&self, value: &serde_json::Value) -> serde_json::Value {
         use serde_json::Value;
         match value {
             Value::Object(map) => Value::Object(
@@ -100,7 +100,7 @@ fn span(ms: u64) -> String {
 }
 
 /// `t` in words relative to `now`, with the exact time (UTC) on hover.
-fn time(now: DateTime<Utc>, t: DateTime<Utc>) -> String {
+pub(super) fn time(now: DateTime<Utc>, t: DateTime<Utc>) -> String {
     let exact = t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     format!(
         "<time datetime=\"{exact}\" title=\"{exact}\">{}</time>",
@@ -109,12 +109,12 @@ fn time(now: DateTime<Utc>, t: DateTime<Utc>) -> String {
 }
 
 /// As [`time`], or `-`.
-fn time_or_dash(now: DateTime<Utc>, t: Option<DateTime<Utc>>) -> String {
+pub(super) fn time_or_dash(now: DateTime<Utc>, t: Option<DateTime<Utc>>) -> String {
     t.map_or_else(|| "-".to_owned(), |t| time(now, t))
 }
 
 /// The page's frame: its title, styles and the way back.
-fn frame(title: &str, body: &str) -> String {
+pub(super) fn frame(title: &str, body: &str) -> String {
     format!(
         "<!doctype html><html><head><meta charset=utf-8><title>{t} - tickler</title>\
          <style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse;margin-bottom:1.5em}}\
@@ -123,6 +123,14 @@ fn frame(title: &str, body: &str) -> String {
          </head><body><p><a href=/>tickler</a> / <a href=/jobs>jobs</a></p><h1>{t}</h1>{body}</body></html>",
         t = esc(title)
     )
+}
+
+/// One `name: value` row of a page's fields table (`value` is HTML).
+pub(super) fn field_row(body: &mut String, name: &str, value: &str) {
+    let _ = write!(
+        body,
+        "<tr data-field={name}><th>{name}</th><td>{value}</td></tr>"
+    );
 }
 
 /// A job's last reported progress as a bar with its percentage and
@@ -149,10 +157,18 @@ fn when(now: DateTime<Utc>, job: &Job) -> String {
             time(now, job.run_at)
         ),
         JobState::Scheduled => format!("delayed, due {}", time(now, job.run_at)),
-        JobState::Waiting => format!(
-            "waiting for the jobs it runs after since {}",
-            time(now, job.created_at)
-        ),
+        // A batch's callback waits for its batch, a member for the jobs
+        // it runs after: which one, its page says.
+        JobState::Waiting => match job.batch {
+            Some(b) => format!(
+                "waiting since {}, in <a href=/batches/{b}>batch {b}</a>",
+                time(now, job.created_at)
+            ),
+            None => format!(
+                "waiting for the jobs it runs after since {}",
+                time(now, job.created_at)
+            ),
+        },
         JobState::Running => {
             format!(
                 "running for {} by {}, lease ends {}",
@@ -327,12 +343,7 @@ pub(super) fn job(queue: &Queue, id: &str, hide: &Hide, csrf: &str) -> tickler::
     let job = queue.get(id)?;
     let now = queue.clock().now();
     let mut body = String::from("<table id=fields>");
-    let mut row = |name: &str, value: String| {
-        let _ = write!(
-            body,
-            "<tr data-field={name}><th>{name}</th><td>{value}</td></tr>"
-        );
-    };
+    let mut row = |name: &str, value: String| field_row(&mut body, name, &value);
     row("state", job.state.as_str().to_owned());
     row("queue", esc(&job.queue));
     row("kind", esc(&job.kind));
@@ -385,6 +396,9 @@ pub(super) fn job(queue: &Queue, id: &str, hide: &Hide, csrf: &str) -> tickler::
             })
             .collect();
         row("runs after", links.join(", "));
+    }
+    if let Some(batch) = super::batch::job_row(queue, &job)? {
+        row("batch", batch);
     }
     let why = match queue.explain(job.id) {
         Ok(e) => esc(&e.to_string()),
