@@ -653,7 +653,7 @@ pub use mysql;
 
 #[cfg(feature = "tokio")]
 pub use async_queue::AsyncQueue;
-pub use batch::{Batch, BatchId, NewBatch, MAX_BATCH_DESCRIPTION_BYTES};
+pub use batch::{Batch, BatchCallback, BatchId, NewBatch, MAX_BATCH_DESCRIPTION_BYTES};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::types::{
     AppTx, AppTxRef, AppWrites, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobCursor,
