@@ -361,7 +361,9 @@ impl JobContext {
     /// ([`crate::Batch::which_callback`] says which this job is); `None`
     /// for a job of no batch. A callback reads its members, with their
     /// outputs, page by page with [`Queue::batch_members`]; the pruner
-    /// keeps them while a callback has not ended.
+    /// keeps them while a callback has not ended. It reads on the
+    /// caller's thread: an async handler reads with
+    /// [`crate::AsyncQueue::batch`] instead (feature `tokio`).
     ///
     /// # Errors
     /// [`crate::Error::NotFound`] or [`crate::Error::BatchNotFound`] if
