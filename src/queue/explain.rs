@@ -291,8 +291,10 @@ impl Queue {
         // A batch pruned under a waiting callback is not expected (the
         // pruner keeps it); explained as the parents' wait rather than
         // failing the whole explanation.
-        let Ok(batch) = self.batch(id) else {
-            return Ok(None);
+        let batch = match self.batch(id) {
+            Ok(batch) => batch,
+            Err(crate::Error::BatchNotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
         };
         Ok(batch
             .which_callback(job.id)
