@@ -1,5 +1,6 @@
 //! [`AsyncQueue`]: the [`Queue`] API as `async fn`s (feature `tokio`).
 
+use crate::batch::{Batch, BatchId, NewBatch};
 use crate::engine::types::{JobFilter, JobPage, Stats};
 use crate::error::{Error, Result};
 use crate::events::Subscription;
@@ -143,6 +144,44 @@ impl AsyncQueue {
         blocking!(self, |queue| queue.get(id))
     }
 
+    /// [`Queue::open_batch`].
+    ///
+    /// # Errors
+    /// As [`Queue::open_batch`] and [`AsyncQueue::enqueue`].
+    pub async fn open_batch(&self, batch: NewBatch) -> Result<Batch> {
+        blocking!(self, |queue| queue.open_batch(batch))
+    }
+
+    /// [`Queue::seal_batch`].
+    ///
+    /// # Errors
+    /// As [`Queue::seal_batch`] and [`AsyncQueue::enqueue`].
+    pub async fn seal_batch(&self, id: BatchId) -> Result<Batch> {
+        blocking!(self, |queue| queue.seal_batch(id))
+    }
+
+    /// [`Queue::batch`]. An async handler reads its own batch so, with the
+    /// id of its job's ([`Job::batch`]).
+    ///
+    /// # Errors
+    /// As [`Queue::batch`] and [`AsyncQueue::enqueue`].
+    pub async fn batch(&self, id: BatchId) -> Result<Batch> {
+        blocking!(self, |queue| queue.batch(id))
+    }
+
+    /// [`Queue::batch_members`].
+    ///
+    /// # Errors
+    /// As [`Queue::batch_members`] and [`AsyncQueue::enqueue`].
+    pub async fn batch_members(
+        &self,
+        id: BatchId,
+        after: Option<JobId>,
+        limit: usize,
+    ) -> Result<Vec<Job>> {
+        blocking!(self, |queue| queue.batch_members(id, after, limit))
+    }
+
     /// [`Queue::wait`], on a thread of tokio's blocking pool, which it
     /// holds while it waits. Dropped before it answers (a `select!` that
     /// took another branch, a `tokio::time::timeout`), it gives that
@@ -205,43 +244,6 @@ impl AsyncQueue {
     /// As [`Queue::retry`] and [`AsyncQueue::enqueue`].
     pub async fn retry(&self, id: JobId) -> Result<()> {
         blocking!(self, |queue| queue.retry(id))
-    }
-
-    /// [`Queue::open_batch`].
-    ///
-    /// # Errors
-    /// As [`Queue::open_batch`] and [`AsyncQueue::enqueue`].
-    pub async fn open_batch(&self, batch: crate::NewBatch) -> Result<crate::Batch> {
-        blocking!(self, |queue| queue.open_batch(batch))
-    }
-
-    /// [`Queue::seal_batch`].
-    ///
-    /// # Errors
-    /// As [`Queue::seal_batch`] and [`AsyncQueue::enqueue`].
-    pub async fn seal_batch(&self, id: crate::BatchId) -> Result<crate::Batch> {
-        blocking!(self, |queue| queue.seal_batch(id))
-    }
-
-    /// [`Queue::batch`].
-    ///
-    /// # Errors
-    /// As [`Queue::batch`] and [`AsyncQueue::enqueue`].
-    pub async fn batch(&self, id: crate::BatchId) -> Result<crate::Batch> {
-        blocking!(self, |queue| queue.batch(id))
-    }
-
-    /// [`Queue::batch_members`].
-    ///
-    /// # Errors
-    /// As [`Queue::batch_members`] and [`AsyncQueue::enqueue`].
-    pub async fn batch_members(
-        &self,
-        id: crate::BatchId,
-        after: Option<JobId>,
-        limit: usize,
-    ) -> Result<Vec<Job>> {
-        blocking!(self, |queue| queue.batch_members(id, after, limit))
     }
 
     /// [`Queue::prune`].

@@ -140,21 +140,52 @@ impl Batch {
             .flatten()
             .collect()
     }
+
+    /// Which of its callbacks job `id` is; `None` for a member or
+    /// another job.
+    pub fn which_callback(&self, id: JobId) -> Option<BatchCallback> {
+        [
+            (self.on_success, BatchCallback::OnSuccess),
+            (self.on_failure, BatchCallback::OnFailure),
+            (self.on_finish, BatchCallback::OnFinish),
+        ]
+        .into_iter()
+        .find(|(job, _)| *job == Some(id))
+        .map(|(_, role)| role)
+    }
 }
 
-/// Which callback of its batch a job is, as stored.
+/// Which callback of its batch a job is ([`NewBatch::on_success`],
+/// [`NewBatch::on_failure`], [`NewBatch::on_finish`]); it decides whether
+/// the job is released or cancelled when the batch finishes. Shown and
+/// serialized as `on_success`, `on_failure`, `on_finish`.
 // Named as `NewBatch` names them (`on_success`, ...), which the stored
 // text and the pages use too.
 #[allow(clippy::enum_variant_names)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Callback {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchCallback {
+    /// Released if every member succeeded, else cancelled.
     OnSuccess,
+    /// Released if any member ended dead or cancelled, else cancelled.
     OnFailure,
+    /// Released however the members ended.
     OnFinish,
 }
 
-impl Callback {
-    pub(crate) fn as_str(self) -> &'static str {
+/// The name the rules and the engines use.
+pub(crate) type Callback = BatchCallback;
+
+impl fmt::Display for BatchCallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl BatchCallback {
+    /// Its name as stored and shown: `on_success`, `on_failure`,
+    /// `on_finish`.
+    pub fn as_str(self) -> &'static str {
         match self {
             Callback::OnSuccess => "on_success",
             Callback::OnFailure => "on_failure",

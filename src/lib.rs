@@ -184,7 +184,8 @@
 //! is a due job that waits for a slot of its concurrency limit (below):
 //! out of the claim's index too, made pending by the transaction that
 //! frees a slot. `waiting` is a job that runs after others
-//! ([`NewJob::after`]) whose last parent has not ended yet: out of the
+//! ([`NewJob::after`]) whose last parent has not ended yet, or a batch's
+//! callback whose batch has not finished (see "Batches"): out of the
 //! claim's index, made pending (or cancelled) by the transaction of that
 //! end.
 //!
@@ -235,6 +236,73 @@
 //! - **Why is it waiting?** [`Queue::explain`] names the parents it waits
 //!   for and where each is ("waiting for 17 (running on pi-2, lease until
 //!   …)").
+//!
+//! ## Batches
+//!
+//! "Send 10,000 mails, then tell me how it went": jobs enqueued from any
+//! number of calls and processes join a batch ([`Queue::open_batch`],
+//! [`NewJob::batch`]); once it is sealed ([`Queue::seal_batch`]) and its
+//! last member has ended, its callbacks run. Not to be confused with
+//! [`Queue::enqueue_batch`], which stores many jobs in one transaction.
+//!
+//! ```
+//! # fn main() -> tickler::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let queue = tickler::Queue::open(dir.path().join("jobs.db"))?;
+//! use serde_json::json;
+//! use tickler::{testing::run_one, JobContext, JobError, NewBatch, NewJob};
+//! let batch = queue.open_batch(NewBatch::new().on_finish(NewJob::new("report")))?;
+//! for n in [1, 2] {
+//!     queue.enqueue(NewJob::new("resize").payload(json!(n)).batch(batch.id))?;
+//! }
+//! let report = batch.on_finish.expect("opened with one");
+//! // Nobody sealed it yet: the report waits for the seal too.
+//! assert!(queue.explain(report)?.to_string().contains("not sealed"));
+//! queue.seal_batch(batch.id)?;
+//!
+//! let resize = |ctx: &JobContext| Ok::<_, JobError>(ctx.payload().as_u64().unwrap_or(0) * 10);
+//! run_one(&queue, "default", "resize", &resize)?;
+//! run_one(&queue, "default", "resize", &resize)?;
+//! // The last member's end released the report; it reads its batch.
+//! let read = |ctx: &JobContext| -> Result<serde_json::Value, JobError> {
+//!     let batch = ctx.batch()?.expect("a callback has its batch");
+//!     let members = ctx.queue().batch_members(batch.id, None, 100)?;
+//!     let outputs: Vec<_> = members.into_iter().filter_map(|m| m.output).collect();
+//!     Ok(json!({ "succeeded": batch.succeeded, "of": batch.members, "outputs": outputs }))
+//! };
+//! run_one(&queue, "default", "report", &read)?;
+//! assert_eq!(
+//!     queue.get(report)?.output,
+//!     Some(json!({ "succeeded": 2, "of": 2, "outputs": [10, 20] }))
+//! );
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - **Which callback runs.** Each callback ([`NewBatch`]) is stored
+//!   `waiting` when the batch opens and decided once, in the transaction
+//!   that leaves the sealed batch with no member remaining (the last
+//!   member's end, or the seal if none remains): `on_success` is released
+//!   if every member succeeded (so also for a batch with no member),
+//!   `on_failure` if any ended dead or cancelled, `on_finish` in either
+//!   case; the one not released is cancelled, saying why. The counters
+//!   ([`Batch`]) move in the transactions that add and end members.
+//! - **A member ends once it ends for good.** A failed attempt that is
+//!   retried is not an end; its last attempt failing (dead), a cancel or
+//!   the reaper burying it is. A member retried by hand ([`Queue::retry`])
+//!   after it ended remains again until it ends again; if the batch had
+//!   finished, its callbacks stay as they were decided and do not run
+//!   again.
+//! - **An unsealed batch never finishes**, however many members have
+//!   ended: its callbacks wait for [`Queue::seal_batch`], and
+//!   [`Queue::explain`] of a callback says so ("the batch is not sealed")
+//!   with how many members remain. A sealed batch refuses new members
+//!   ([`Error::BatchSealed`]).
+//! - **The pruner keeps what a callback reads.** [`Queue::prune`] keeps
+//!   every member until the batch has finished and its callbacks have
+//!   ended, so a callback reads the members' outputs
+//!   ([`Queue::batch_members`], page by page); the batch goes with its
+//!   last job. A handler reads its own batch with [`JobContext::batch`].
 //!
 //! ## Concurrency limits
 //!
@@ -653,7 +721,7 @@ pub use mysql;
 
 #[cfg(feature = "tokio")]
 pub use async_queue::AsyncQueue;
-pub use batch::{Batch, BatchId, NewBatch, MAX_BATCH_DESCRIPTION_BYTES};
+pub use batch::{Batch, BatchCallback, BatchId, NewBatch, MAX_BATCH_DESCRIPTION_BYTES};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::types::{
     AppTx, AppTxRef, AppWrites, Checkpoint, ClaimRequest, ConnectionHook, Durability, JobCursor,

@@ -10,9 +10,10 @@ use support::pool;
 
 use pool::{open_queue_slow_retry, secs, temp_db};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use tickler::{JobArgs, JobContext, JobError, JobFilter, JobState, NewJob, WorkerPool};
+use tickler::{JobArgs, JobContext, JobError, JobFilter, JobState, NewBatch, NewJob, WorkerPool};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Greet {
@@ -290,5 +291,77 @@ fn an_async_handler_without_a_runtime_is_refused_at_start() {
     assert!(
         matches!(&err, tickler::Error::InvalidArgument(m) if m.contains("\"lonely\"") && m.contains("runtime")),
         "{err}"
+    );
+}
+
+/// An async callback reads its batch and its members' outputs through
+/// `AsyncQueue`, without blocking its runtime thread; the batch is opened
+/// and sealed through it too.
+#[tokio::test(flavor = "current_thread")]
+async fn an_async_callback_reads_its_batch_through_the_async_queue() {
+    let (_dir, path) = temp_db();
+    let queue = open_queue_slow_retry(&path).to_async();
+    let batch = queue
+        .open_batch(NewBatch::new().on_finish(NewJob::new("report")))
+        .await
+        .unwrap();
+    let members = queue
+        .enqueue_batch(
+            (1..=3)
+                .map(|n| NewJob::new("double").payload(json!(n)).batch(batch.id))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    assert!(queue
+        .seal_batch(batch.id)
+        .await
+        .unwrap()
+        .sealed_at
+        .is_some());
+    let pool = WorkerPool::builder(queue.queue())
+        .threads(2)
+        .async_handler("double", |ctx: JobContext| async move {
+            Ok::<_, JobError>(ctx.payload().as_u64().unwrap_or(0) * 2)
+        })
+        .async_handler("report", |ctx: JobContext| async move {
+            let queue = ctx.queue().to_async();
+            let id = queue
+                .get(ctx.job_id())
+                .await?
+                .batch
+                .expect("a callback's batch");
+            let batch = queue.batch(id).await?;
+            let outputs: Vec<_> = queue
+                .batch_members(id, None, 10)
+                .await?
+                .into_iter()
+                .filter_map(|m| m.output)
+                .collect();
+            Ok::<_, JobError>(json!({
+                "callback": batch.which_callback(ctx.job_id()),
+                "succeeded": batch.succeeded,
+                "outputs": outputs,
+            }))
+        })
+        .start()
+        .unwrap();
+    let report = batch.on_finish.unwrap();
+    eventually("the report ran", secs(15), || async {
+        queue.get(report).await.unwrap().state == JobState::Succeeded
+    })
+    .await;
+    pool.shutdown_async(secs(5)).await;
+    assert_eq!(
+        queue.get(report).await.unwrap().output,
+        Some(json!({ "callback": "on_finish", "succeeded": 3, "outputs": [2, 4, 6] }))
+    );
+    assert_eq!(
+        queue
+            .batch_members(batch.id, Some(members[1]), 10)
+            .await
+            .unwrap()
+            .len(),
+        1
     );
 }

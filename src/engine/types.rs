@@ -631,7 +631,7 @@ pub(crate) struct ValidJob {
 impl ValidJob {
     /// True if storing it takes more than its row (edges, a batch's
     /// counters): such a job is not grouped with other callers' jobs, and
-    /// goes in a transaction. (SQLite stores every job in a transaction.)
+    /// goes in a transaction. (The server engines group callers' jobs.)
     #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn is_linked(&self) -> bool {
         !self.after.is_empty() || self.batch.is_some()

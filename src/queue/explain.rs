@@ -1,9 +1,10 @@
 //! Why a job is where it is: [`Queue::explain`], the operator's answer to
-//! "why is this job not running?", read from the job's row, its queue and
-//! its limit. A reading, not a hot path: it reads the key's holders and
-//! counts its line.
+//! "why is this job not running?", read from the job's row, its queue,
+//! its limit, its parents and its batch. A reading, not a hot path: it
+//! reads the key's holders and counts its line.
 
 use super::Queue;
+use crate::batch::{BatchCallback, BatchId};
 use crate::error::Result;
 use crate::job::{Job, JobId, JobState};
 use crate::limit::Limit;
@@ -87,17 +88,26 @@ pub enum Reason {
         count: usize,
     },
     /// A callback of a batch ([`crate::NewBatch`]), waiting
-    /// ([`JobState::Waiting`]) until the batch is sealed and its last
-    /// member ends.
+    /// ([`JobState::Waiting`]) for the batch to finish: sealed
+    /// ([`Queue::seal_batch`]) with no member remaining. `callback` says
+    /// what it is then: released or cancelled.
     AfterBatch {
         /// The batch.
-        batch: crate::BatchId,
-        /// Whether it is sealed (no member can join it).
-        sealed: bool,
-        /// Its members so far.
+        batch: BatchId,
+        /// Which of the batch's callbacks this job is.
+        callback: BatchCallback,
+        /// Members that joined the batch.
         members: u64,
-        /// Its members that have not ended.
+        /// Members that have not ended.
         remaining: u64,
+        /// Members that ended dead or cancelled: with any, an
+        /// `on_success` callback is cancelled and an `on_failure` one
+        /// released when the batch finishes.
+        failed: u64,
+        /// Whether the batch is sealed. An unsealed batch never finishes,
+        /// even with no member remaining: its callbacks wait for
+        /// [`Queue::seal_batch`] too.
+        sealed: bool,
     },
     /// Running, held by a worker until its lease's end.
     Running {
@@ -145,7 +155,9 @@ impl Queue {
     /// Why job `id` is where it is: due, waiting for its time or a paused
     /// queue, deferred by its limit's rate (until when, which place in
     /// line), blocked on its concurrency limit (held by which jobs, until
-    /// when), running, or finished.
+    /// when), waiting for its parents or, a batch's callback, for its
+    /// batch (how many members remain, whether it is sealed), running, or
+    /// finished.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -257,51 +269,10 @@ impl Queue {
                 }
             }
             JobState::Blocked => Reason::Due,
-            JobState::Waiting => {
-                let open: Vec<_> = self
-                    .parents(job.id)?
-                    .into_iter()
-                    .filter(|d| !d.resolved)
-                    .collect();
-                // A callback runs after no job: it waits for its batch.
-                let batch = match job.batch {
-                    Some(id) if open.is_empty() => Some(self.batch(id)?),
-                    _ => None,
-                };
-                if let Some(b) = batch.filter(|b| b.callbacks().contains(&job.id)) {
-                    return Ok(Explanation {
-                        reason: Reason::AfterBatch {
-                            batch: b.id,
-                            sealed: b.sealed_at.is_some(),
-                            members: b.members,
-                            remaining: b.remaining,
-                        },
-                        job,
-                    });
-                }
-                let mut parents = Vec::new();
-                for dep in open.iter().take(HOLDERS_SHOWN as usize) {
-                    // A parent pruned under a held edge is not expected
-                    // (the pruner keeps it); said as gone rather than
-                    // failing the whole explanation.
-                    let Ok(parent) = self.get(dep.parent) else {
-                        continue;
-                    };
-                    let running = parent.state == JobState::Running;
-                    parents.push(ParentWait {
-                        job_id: parent.id,
-                        state: parent.state,
-                        worker: parent.claimed_by.filter(|_| running),
-                        lease_until: parent.lease_expires_at.filter(|_| running),
-                        run_at: parent.run_at,
-                        if_fails: dep.if_fails,
-                    });
-                }
-                Reason::AfterParents {
-                    parents,
-                    count: open.len(),
-                }
-            }
+            JobState::Waiting => match self.batch_waited_for(&job)? {
+                Some(reason) => reason,
+                None => self.parents_waited_for(&job)?,
+            },
             JobState::Running => Reason::Running {
                 worker: job.claimed_by.clone(),
                 lease_until: job.lease_expires_at,
@@ -309,6 +280,63 @@ impl Queue {
             JobState::Succeeded | JobState::Dead | JobState::Cancelled => Reason::Finished,
         };
         Ok(Explanation { job, reason })
+    }
+
+    /// Why waiting job `job` waits, if it is a batch's callback; `None`
+    /// for any other job (a member waits for its parents like any job).
+    fn batch_waited_for(&self, job: &Job) -> Result<Option<Reason>> {
+        let Some(id) = job.batch else {
+            return Ok(None);
+        };
+        // A batch pruned under a waiting callback is not expected (the
+        // pruner keeps it); explained as the parents' wait rather than
+        // failing the whole explanation.
+        let batch = match self.batch(id) {
+            Ok(batch) => batch,
+            Err(crate::Error::BatchNotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        Ok(batch
+            .which_callback(job.id)
+            .map(|callback| Reason::AfterBatch {
+                batch: batch.id,
+                callback,
+                members: batch.members,
+                remaining: batch.remaining,
+                failed: batch.dead + batch.cancelled,
+                sealed: batch.sealed_at.is_some(),
+            }))
+    }
+
+    /// Why waiting job `job` waits for the jobs it runs after.
+    fn parents_waited_for(&self, job: &Job) -> Result<Reason> {
+        let open: Vec<_> = self
+            .parents(job.id)?
+            .into_iter()
+            .filter(|d| !d.resolved)
+            .collect();
+        let mut parents = Vec::new();
+        for dep in open.iter().take(HOLDERS_SHOWN as usize) {
+            // A parent pruned under a held edge is not expected
+            // (the pruner keeps it); said as gone rather than
+            // failing the whole explanation.
+            let Ok(parent) = self.get(dep.parent) else {
+                continue;
+            };
+            let running = parent.state == JobState::Running;
+            parents.push(ParentWait {
+                job_id: parent.id,
+                state: parent.state,
+                worker: parent.claimed_by.filter(|_| running),
+                lease_until: parent.lease_expires_at.filter(|_| running),
+                run_at: parent.run_at,
+                if_fails: dep.if_fails,
+            });
+        }
+        Ok(Reason::AfterParents {
+            parents,
+            count: open.len(),
+        })
     }
 }
 
@@ -417,17 +445,36 @@ impl fmt::Display for Explanation {
             }
             Reason::AfterBatch {
                 batch,
-                sealed: true,
+                callback,
                 members,
                 remaining,
-            } => write!(
-                f,
-                "waiting for batch {batch} to end: {remaining} of {members} members remaining"
-            ),
-            Reason::AfterBatch { batch, members, .. } => write!(
-                f,
-                "waiting for batch {batch} to be sealed and its members to end ({members} so far)"
-            ),
+                failed,
+                sealed,
+            } => {
+                let decides = match callback {
+                    BatchCallback::OnSuccess => "released if every member succeeds, else cancelled",
+                    BatchCallback::OnFailure => {
+                        "released if any member ends dead or cancelled, else cancelled"
+                    }
+                    BatchCallback::OnFinish => "released however the members end",
+                };
+                write!(
+                    f,
+                    "{callback} callback of batch {batch} ({decides}): \
+                     {remaining} of {members} members remaining"
+                )?;
+                if *failed > 0 {
+                    write!(f, ", {failed} failed")?;
+                }
+                if !sealed {
+                    write!(
+                        f,
+                        "; the batch is not sealed: it never finishes until it is sealed \
+                         (seal_batch), however many members have ended"
+                    )?;
+                }
+                Ok(())
+            }
             Reason::Running {
                 worker,
                 lease_until,

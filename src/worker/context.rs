@@ -355,6 +355,26 @@ impl JobContext {
             .collect()
     }
 
+    /// The batch this job is a member or a callback of
+    /// ([`crate::NewJob::batch`], [`crate::NewBatch`]), as stored now: its
+    /// counters, whether it is sealed and finished, and its callbacks
+    /// ([`crate::Batch::which_callback`] says which this job is); `None`
+    /// for a job of no batch. A callback reads its members, with their
+    /// outputs, page by page with [`Queue::batch_members`]; the pruner
+    /// keeps them while a callback has not ended. It reads on the
+    /// caller's thread: an async handler reads with
+    /// [`crate::AsyncQueue::batch`] instead (feature `tokio`).
+    ///
+    /// # Errors
+    /// [`crate::Error::NotFound`] or [`crate::Error::BatchNotFound`] if
+    /// the job or its batch is no longer stored; the engine's read errors.
+    pub fn batch(&self) -> crate::Result<Option<crate::Batch>> {
+        match self.queue.get(self.job_id())?.batch {
+            Some(id) => self.queue.batch(id).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Completes the job together with the handler's own writes, in one
     /// transaction: see [`Queue::complete_with`] (the closure names the
     /// engine's transaction type, `|tx: &rusqlite::Transaction|` or

@@ -236,6 +236,47 @@ fn show_prints_the_last_error_and_attempts() {
     assert!(table.contains("boom: the mail server said no…"), "{table}");
 }
 
+/// `show` of a batch's callback says which batch and callback it is, how
+/// many members remain, and that an unsealed batch waits for its seal;
+/// `--json` carries the same as fields.
+#[test]
+fn show_explains_a_batch_callback_and_an_unsealed_batch() {
+    let env = Env::new();
+    env.run(&["init"]).ok();
+    let queue = env.queue();
+    let batch = queue
+        .open_batch(tickler::NewBatch::new().on_failure(NewJob::new("alert")))
+        .unwrap();
+    queue.enqueue(NewJob::new("send").batch(batch.id)).unwrap();
+    let callback = batch.on_failure.unwrap().to_string();
+    let shown = env.run(&["show", &callback]).ok();
+    assert!(
+        shown.contains(&format!(
+            "why:              on_failure callback of batch {} (released if any member ends \
+             dead or cancelled, else cancelled): 1 of 1 members remaining; the batch is not sealed",
+            batch.id
+        )),
+        "{shown}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&env.run(&["show", &callback, "--json"]).ok()).unwrap();
+    assert_eq!(
+        json["reason"],
+        serde_json::json!({
+            "reason": "after_batch",
+            "batch": batch.id.0,
+            "callback": "on_failure",
+            "members": 1,
+            "remaining": 1,
+            "failed": 0,
+            "sealed": false,
+        })
+    );
+    queue.seal_batch(batch.id).unwrap();
+    let shown = env.run(&["show", &callback]).ok();
+    assert!(shown.contains("1 of 1 members remaining\n"), "{shown}");
+}
+
 #[test]
 fn stats_counts_per_queue_and_state() {
     let env = Env::new();

@@ -1,14 +1,17 @@
 //! `Queue::explain`: why a job is where it is, on every engine: due or in
 //! a paused queue, waiting for its time, deferred by its limit's rate (and
 //! its place in the key's line), blocked on its concurrency limit (by
-//! which holders, until when), running, finished.
+//! which holders, until when), waiting for its parents or, a batch's
+//! callback, for its batch and its seal, running, finished.
 
 use crate::support::common;
 use crate::support::limits::*;
 
 use common::{fixed_policy, manual_queue_with_policy, temp_db};
 use std::time::Duration;
-use tickler::{Clock, Holder, IfParentFails, JobState, Limit, NewJob, Reason};
+use tickler::{
+    BatchCallback, Clock, Holder, IfParentFails, JobState, Limit, NewBatch, NewJob, Reason,
+};
 
 contract! {
 fn explain_says_why_a_job_is_not_running() {
@@ -174,47 +177,104 @@ fn explain_names_the_parents_a_waiting_job_waits_for() {
 }
 
 contract! {
-/// A batch's callback waits for its batch, not for parents (it has none):
-/// until the seal, then until the last member ends; a member that runs
-/// after another job still waits for that job.
-fn a_waiting_callback_is_explained_by_its_batch() {
+/// A waiting batch callback names its batch, which callback it is, what
+/// decides it, how many members remain and how many failed; while the
+/// batch is not sealed it says the seal is what it waits for too, even
+/// with every member ended. A member waiting for parents still names its
+/// parents; a decided callback is explained as any job.
+fn explain_says_a_batch_callback_waits_for_its_batch_and_its_seal() {
     let (_dir, path) = temp_db();
     let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
     let batch = queue
-        .open_batch(tickler::NewBatch::new().on_finish(NewJob::new("done")))
+        .open_batch(
+            NewBatch::new()
+                .on_success(NewJob::new("all_sent"))
+                .on_failure(NewJob::new("some_failed"))
+                .on_finish(NewJob::new("campaign_done")),
+        )
         .unwrap();
-    let callback = batch.on_finish.unwrap();
-    let first = queue.enqueue(NewJob::new("k").batch(batch.id)).unwrap();
-    let second = queue
-        .enqueue(NewJob::new("k").after(&[first]).batch(batch.id))
+    let members = queue
+        .enqueue_batch((0..3).map(|_| NewJob::new("send").batch(batch.id).max_attempts(1)).collect())
         .unwrap();
-    let why = queue.explain(callback).unwrap();
+    let unsealed = "; the batch is not sealed: it never finishes until it is sealed (seal_batch), \
+                    however many members have ended";
+    let finish = batch.on_finish.unwrap();
+    let why = queue.explain(finish).unwrap();
     assert_eq!(
         why.reason,
-        Reason::AfterBatch { batch: batch.id, sealed: false, members: 2, remaining: 2 }
+        Reason::AfterBatch {
+            batch: batch.id,
+            callback: BatchCallback::OnFinish,
+            members: 3,
+            remaining: 3,
+            failed: 0,
+            sealed: false,
+        }
     );
     assert_eq!(
         why.to_string(),
-        format!("waiting for batch {} to be sealed and its members to end (2 so far)", batch.id)
+        format!(
+            "on_finish callback of batch {} (released however the members end): \
+             3 of 3 members remaining{unsealed}",
+            batch.id
+        )
     );
-    assert_eq!(serde_json::to_value(&why.reason).unwrap()["reason"], "after_batch");
-    match queue.explain(second).unwrap().reason {
-        Reason::AfterParents { parents, count: 1 } => assert_eq!(parents[0].job_id, first),
+
+    // Every member ends, one dead: nothing fires while nobody sealed it.
+    let mut leases = claim(&queue, 10);
+    leases.sort_by_key(|l| l.job_id);
+    assert_eq!(ids(&leases), members);
+    queue.manual().complete(&leases[0]).unwrap();
+    queue.manual().complete(&leases[1]).unwrap();
+    queue.manual().fail_permanently(&leases[2], "bounced").unwrap();
+    let why = queue.explain(batch.on_success.unwrap()).unwrap();
+    assert_eq!(
+        why.reason,
+        Reason::AfterBatch {
+            batch: batch.id,
+            callback: BatchCallback::OnSuccess,
+            members: 3,
+            remaining: 0,
+            failed: 1,
+            sealed: false,
+        }
+    );
+    assert_eq!(
+        why.to_string(),
+        format!(
+            "on_success callback of batch {} (released if every member succeeds, else cancelled): \
+             0 of 3 members remaining, 1 failed{unsealed}",
+            batch.id
+        )
+    );
+    let why = queue.explain(batch.on_failure.unwrap()).unwrap().to_string();
+    assert!(
+        why.starts_with(&format!(
+            "on_failure callback of batch {} (released if any member ends dead or cancelled, \
+             else cancelled): ",
+            batch.id
+        )),
+        "{why}"
+    );
+
+    // Sealed with a member left: no word of the seal. A member that runs
+    // after another job names its parent, not the batch.
+    let other = queue.open_batch(NewBatch::new().on_finish(NewJob::new("report"))).unwrap();
+    let parent = queue.enqueue(NewJob::new("fetch")).unwrap();
+    let member = queue.enqueue(NewJob::new("send").batch(other.id).after(&[parent])).unwrap();
+    queue.seal_batch(other.id).unwrap();
+    let why = queue.explain(other.on_finish.unwrap()).unwrap();
+    assert!(matches!(why.reason, Reason::AfterBatch { sealed: true, remaining: 1, .. }), "{why}");
+    assert!(why.to_string().ends_with(": 1 of 1 members remaining"), "{why}");
+    match queue.explain(member).unwrap().reason {
+        Reason::AfterParents { parents, count: 1 } => assert_eq!(parents[0].job_id, parent),
         other => panic!("{other:?}"),
     }
 
+    // The seal decides: the callbacks are explained as any job.
     queue.seal_batch(batch.id).unwrap();
-    let claimed = claim(&queue, 10);
-    assert_eq!(ids(&claimed), vec![first]);
-    queue.manual().complete(&claimed[0]).unwrap();
-    let why = queue.explain(callback).unwrap();
-    assert_eq!(
-        why.reason,
-        Reason::AfterBatch { batch: batch.id, sealed: true, members: 2, remaining: 1 }
-    );
-    assert_eq!(
-        why.to_string(),
-        format!("waiting for batch {} to end: 1 of 2 members remaining", batch.id)
-    );
+    assert_eq!(queue.explain(finish).unwrap().reason, Reason::Due);
+    assert_eq!(queue.explain(batch.on_failure.unwrap()).unwrap().reason, Reason::Due);
+    assert_eq!(queue.explain(batch.on_success.unwrap()).unwrap().reason, Reason::Finished);
 }
 }

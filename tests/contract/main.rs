@@ -74,6 +74,7 @@ mod schedule_two_processes;
 mod batches;
 #[cfg(unix)]
 mod batches_running;
+mod batches_pool;
 mod dependencies;
 mod dependencies_hunt;
 mod dependencies_running;

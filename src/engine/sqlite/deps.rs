@@ -155,6 +155,11 @@ impl BatchTx for Deps<'_, '_> {
     }
 }
 
+/// A row of `ended_edges`: the job's id and state, an edge's child and
+/// `if_fails` (none for a job without one), and whether it is a batch
+/// member not yet counted.
+type EndedRow = (i64, String, Option<i64>, Option<String>, bool);
+
 impl DepTx for Deps<'_, '_> {
     fn lock_parents(&mut self, ids: &[JobId]) -> Result<HashMap<JobId, JobState>> {
         let rows: Vec<(i64, String)> = self
@@ -182,9 +187,7 @@ impl DepTx for Deps<'_, '_> {
     }
 
     fn ended_edges(&mut self, parents: &[JobId]) -> Result<Ended> {
-        // (parent, its state, child, if_fails, a member not yet counted)
-        type Row = (i64, String, Option<i64>, Option<String>, bool);
-        let rows: Vec<Row> = self
+        let rows: Vec<EndedRow> = self
             .0
             .prepare_cached(
                 // In this order (CROSS JOIN fixes it): from the ids, each
