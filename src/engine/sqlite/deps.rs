@@ -190,18 +190,23 @@ impl DepTx for Deps<'_, '_> {
         let rows: Vec<EndedRow> = self
             .0
             .prepare_cached(
-                // In this order (CROSS JOIN fixes it): from the ids, each
-                // job by its id, then its edges by their key. Left to
-                // itself, with few edges stored, the planner scanned the
-                // finished jobs for the parents' states. A row without an
-                // edge is a member to count.
-                "SELECT p.id, p.status, d.child_id, d.if_fails,
-                        p.batch_id IS NOT NULL AND p.batch_end IS NULL
+                // In this order (CROSS JOIN fixes it): from the ids, the
+                // edges of each by their key, then each parent by its id.
+                // Left to itself, with few edges stored, the planner
+                // scanned the finished jobs for the parents' states. Then
+                // the members not yet counted, by an index that holds only
+                // them (empty when no batch runs).
+                "SELECT d.parent_id, p.status, d.child_id, d.if_fails, 0
                  FROM json_each(?1) AS e
-                 CROSS JOIN tickler_jobs AS p ON p.id = e.value
-                 LEFT JOIN tickler_deps AS d ON d.parent_id = p.id AND d.resolved = 0
-                 WHERE p.status IN ('succeeded', 'dead', 'cancelled')
-                   AND (d.child_id IS NOT NULL OR (p.batch_id IS NOT NULL AND p.batch_end IS NULL))",
+                 CROSS JOIN tickler_deps AS d ON d.parent_id = e.value
+                 CROSS JOIN tickler_jobs AS p ON p.id = d.parent_id
+                 WHERE d.resolved = 0 AND p.status IN ('succeeded', 'dead', 'cancelled')
+                 UNION ALL
+                 SELECT j.id, j.status, NULL, NULL, 1
+                 FROM json_each(?1) AS e
+                 CROSS JOIN tickler_jobs AS j INDEXED BY tickler_jobs_uncounted ON j.id = e.value
+                 WHERE j.batch_id IS NOT NULL AND j.batch_end IS NULL
+                   AND j.status IN ('succeeded', 'dead', 'cancelled')",
             )?
             .query_map([id_list(parents)], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))

@@ -382,6 +382,11 @@ ALTER TABLE tickler_jobs ADD COLUMN batch_end TEXT
     CHECK (batch_end IN ('succeeded', 'dead', 'cancelled', 'on_success', 'on_failure', 'on_finish'));
 -- A batch's members and callbacks (and the pruner's check of a member).
 CREATE INDEX tickler_jobs_batch ON tickler_jobs (batch_id, id) WHERE batch_id IS NOT NULL;
+-- Members whose end is not counted yet: what an outcome's read of the jobs
+-- it ended probes, empty when no batch runs, so a job in none pays a
+-- look at an empty index rather than at its row.
+CREATE INDEX tickler_jobs_uncounted ON tickler_jobs (id)
+    WHERE batch_id IS NOT NULL AND batch_end IS NULL;
 -- The counters always add up: members = remaining + succeeded + dead +
 -- cancelled, kept in the transactions that add and end members.
 CREATE TABLE tickler_batches (
