@@ -72,6 +72,7 @@ mod schedule_two_processes;
 
 // Jobs that run after others.
 mod batches;
+mod batches_hunt;
 mod dependencies;
 mod dependencies_hunt;
 mod dependencies_running;

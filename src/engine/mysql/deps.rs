@@ -401,13 +401,19 @@ impl<Q: Queryable> DepTx for Deps<'_, '_, Q> {
     }
 
     fn wait_again(&mut self, id: JobId) -> Result<bool> {
-        // The job's row is locked; its edges are read afresh (READ
-        // COMMITTED), so a resolution that committed before is seen.
+        // The job's row is locked; its edges and its batch are read
+        // afresh (READ COMMITTED), so a resolution or a batch's end that
+        // committed before is seen.
         let unresolved = self
             .0
             .first(
-                "SELECT 1 FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
-                 WHERE d.child_id = ? AND NOT d.resolved LIMIT 1",
+                "SELECT 1 FROM tickler_jobs AS j
+                 WHERE j.id = ?
+                   AND (EXISTS (SELECT 1 FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
+                                WHERE d.child_id = j.id AND NOT d.resolved)
+                        OR (j.batch_end IN ('on_success', 'on_failure', 'on_finish')
+                            AND EXISTS (SELECT 1 FROM tickler_batches AS b
+                                        WHERE b.id = j.batch_id AND b.finished_at IS NULL)))",
                 args![id.0],
             )?
             .is_some();

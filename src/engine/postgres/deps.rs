@@ -264,8 +264,11 @@ impl<E: Exec> DepTx for Deps<'_, E> {
         let rows = self.0.rows(
             "UPDATE tickler_jobs SET status = 'waiting'
              WHERE id = $1 AND status IN ('pending', 'scheduled')
-               AND EXISTS (SELECT 1 FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
-                           WHERE d.child_id = $1 AND NOT d.resolved)
+               AND (EXISTS (SELECT 1 FROM tickler_deps AS d JOIN tickler_jobs AS p ON p.id = d.parent_id
+                            WHERE d.child_id = $1 AND NOT d.resolved)
+                    OR (batch_end IN ('on_success', 'on_failure', 'on_finish')
+                        AND EXISTS (SELECT 1 FROM tickler_batches AS b
+                                    WHERE b.id = tickler_jobs.batch_id AND b.finished_at IS NULL)))
              RETURNING id",
             &[&id.0],
         )?;
