@@ -381,3 +381,109 @@ fn the_last_ends_and_the_seal_racing_from_threads_decide_the_callbacks() {
     }
 }
 }
+
+contract! {
+/// Members added from several threads while another seals the batch:
+/// each is either stored and counted before the seal, or refused with
+/// nothing stored; no member joins a sealed batch (jobs added to a batch
+/// that had already run its callbacks).
+fn members_racing_the_seal_are_counted_or_refused() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+    let batch = queue.open_batch(with_callbacks()).unwrap();
+    const ADDERS: usize = 4;
+    let barrier = Arc::new(Barrier::new(ADDERS + 1));
+    let joined: Vec<bool> = std::thread::scope(|s| {
+        let adders: Vec<_> = (0..ADDERS)
+            .map(|n| {
+                let (queue, barrier) = (&queue, barrier.clone());
+                s.spawn(move || {
+                    barrier.wait();
+                    let mut joined = 0;
+                    for k in 0..10u64 {
+                        match queue.enqueue(member(batch.id, n as u64 * 10 + k)) {
+                            Ok(_) => joined += 1,
+                            Err(tickler::Error::BatchSealed(b)) => assert_eq!(b, batch.id),
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                    joined
+                })
+            })
+            .collect();
+        barrier.wait();
+        // Sealed while the adders are at work.
+        while queue.batch(batch.id).unwrap().members < 2 {
+            std::thread::yield_now();
+        }
+        queue.seal_batch(batch.id).unwrap();
+        adders
+            .into_iter()
+            .flat_map(|a| {
+                let n: usize = a.join().unwrap();
+                std::iter::repeat_n(true, n)
+            })
+            .collect()
+    });
+    let stored = queue
+        .list(&Default::default())
+        .unwrap()
+        .into_iter()
+        .filter(|j| j.kind == "work")
+        .count();
+    let sealed = queue.batch(batch.id).unwrap();
+    assert_eq!(stored, joined.len(), "a refused member was stored");
+    assert_eq!(sealed.members as usize, stored);
+    assert!(stored >= 2, "sealed before the members joined: {stored}");
+    assert!(queue.enqueue(member(batch.id, 99)).is_err());
+    let leases = claim(&queue, 100);
+    assert_eq!(leases.len(), stored, "a callback ran before the members");
+    for lease in &leases {
+        queue.manual().complete(lease).unwrap();
+    }
+    let done = queue.batch(batch.id).unwrap();
+    assert_eq!(done.remaining, 0);
+    assert!(done.finished_at.is_some());
+    assert_eq!(state(&queue, done.on_finish.unwrap()), JobState::Pending);
+}
+}
+
+contract! {
+/// A running member cancelled by hand is counted cancelled at once (its
+/// batch finishes on it); retried by hand, it remains again and waits for
+/// the cancelled run's lease to run out. The old holder's late success is
+/// refused and counts nothing; the new run's success counts once, and
+/// the callbacks, decided at the cancel, stay as they were.
+fn a_running_member_cancelled_then_retried_counts_only_its_new_run() {
+    let (_dir, path) = temp_db();
+    let (queue, clock) = manual_queue_with_policy(&path, fixed_policy());
+    let batch = queue.open_batch(with_callbacks()).unwrap();
+    let id = queue.enqueue(member(batch.id, 1)).unwrap();
+    queue.seal_batch(batch.id).unwrap();
+    let old = claim(&queue, 10).remove(0);
+    assert_eq!(old.job_id, id);
+    queue.cancel(id).unwrap();
+    let done = queue.batch(batch.id).unwrap();
+    assert_eq!(counts(&done), (1, 0, 0, 0, 1));
+    assert!(done.finished_at.is_some());
+    queue.retry(id).unwrap();
+    assert_eq!(counts(&queue.batch(batch.id).unwrap()), (1, 1, 0, 0, 0));
+    assert!(
+        queue.manual().complete(&old).is_err(),
+        "the cancelled run's holder completed the retried job"
+    );
+    assert_eq!(counts(&queue.batch(batch.id).unwrap()), (1, 1, 0, 0, 0));
+    let callbacks = claim(&queue, 10);
+    assert!(callbacks.iter().all(|l| l.job_id != id), "ran beside its old run");
+    clock.advance(secs(31));
+    let new = claim(&queue, 10)
+        .into_iter()
+        .find(|l| l.job_id == id)
+        .expect("the retry runs once the old lease ran out");
+    queue.manual().complete(&new).unwrap();
+    let after = queue.batch(batch.id).unwrap();
+    assert_eq!(counts(&after), (1, 0, 1, 0, 0));
+    assert_eq!(after.finished_at, done.finished_at);
+    assert_eq!(state(&queue, after.on_success.unwrap()), JobState::Cancelled);
+}
+}
