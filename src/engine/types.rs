@@ -653,6 +653,14 @@ pub(crate) fn batch_joins(
                 batch,
                 role,
                 runs_after: !row.after.is_empty(),
+                stored_parents: row
+                    .after
+                    .iter()
+                    .filter_map(|(parent, _)| match parent {
+                        crate::graph::Parent::Job(id) => Some(*id),
+                        crate::graph::Parent::Row(_) => None,
+                    })
+                    .collect(),
             }),
             _ => None,
         })

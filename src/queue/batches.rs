@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// A job an insert stored that joins a batch, as a member or (`role`) as
 /// one of its callbacks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Joining {
     pub job: JobId,
     pub batch: BatchId,
@@ -46,6 +46,8 @@ pub(crate) struct Joining {
     /// It runs after other jobs: one of them may have ended before the
     /// insert, which then already cancelled it.
     pub runs_after: bool,
+    /// The jobs stored before this insert that it runs after.
+    pub stored_parents: Vec<JobId>,
 }
 
 /// In the transaction that stored them, after their edges: `members` join
@@ -54,12 +56,14 @@ pub(crate) struct Joining {
 /// insert already ended (a parent it runs after had failed) is counted
 /// ended at once, or its batch would wait for it forever. Refuses an
 /// unknown batch ([`Error::BatchNotFound`]) and one sealed
-/// ([`Error::BatchSealed`]); the caller's transaction then stores
-/// nothing.
+/// ([`Error::BatchSealed`]), and a member that runs after a callback of
+/// its own batch ([`Error::InvalidArgument`]: the batch would wait for it
+/// forever); the caller's transaction then stores nothing.
 pub(crate) fn join(tx: &mut dyn DepTx, members: &[Joining], now: i64) -> Result<()> {
     let mut joining: BTreeMap<BatchId, Vec<JobId>> = BTreeMap::new();
     let mut seen: BTreeSet<JobId> = BTreeSet::new();
     let mut maybe_ended: Vec<JobId> = Vec::new();
+    let mut after_stored: BTreeMap<BatchId, Vec<(JobId, JobId)>> = BTreeMap::new();
     for m in members {
         if !seen.insert(m.job) {
             continue;
@@ -71,11 +75,28 @@ pub(crate) fn join(tx: &mut dyn DepTx, members: &[Joining], now: i64) -> Result<
                 if m.runs_after {
                     maybe_ended.push(m.job);
                 }
+                let after = after_stored.entry(m.batch).or_default();
+                after.extend(m.stored_parents.iter().map(|p| (m.job, *p)));
             }
         }
     }
     if joining.is_empty() {
         return Ok(());
+    }
+    for (batch, edges) in &after_stored {
+        if edges.is_empty() {
+            continue;
+        }
+        let callbacks = tx.batch_callbacks(*batch)?;
+        if let Some((job, parent)) = edges
+            .iter()
+            .find(|(_, p)| callbacks.iter().any(|(c, _)| c == p))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "job {job} of batch {batch} would run after {parent}, a callback of the same batch, \
+                 which runs only once every member ended: neither would ever run"
+            )));
+        }
     }
     let ids: Vec<BatchId> = joining.keys().copied().collect();
     let rows = tx.lock_batches(&ids)?;

@@ -10,6 +10,7 @@
 //! hand; thousands of members in one call; and the last two ends, or the
 //! last end and the seal, racing from threads.
 
+use crate::support::app_tx;
 use crate::support::common;
 use crate::support::limits;
 
@@ -485,5 +486,61 @@ fn a_running_member_cancelled_then_retried_counts_only_its_new_run() {
     assert_eq!(counts(&after), (1, 0, 1, 0, 0));
     assert_eq!(after.finished_at, done.finished_at);
     assert_eq!(state(&queue, after.on_success.unwrap()), JobState::Cancelled);
+}
+}
+
+contract! {
+/// A member that would run after a callback of its own batch is refused
+/// with nothing stored: the callback waits for every member, so neither
+/// would ever run and the batch would never end. A member that runs after
+/// another batch's callback is fine (see the chained batches above).
+fn a_member_that_runs_after_its_own_batch_s_callback_is_refused() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+    let batch = queue.open_batch(with_callbacks()).unwrap();
+    let before = queue.list(&Default::default()).unwrap().len();
+    for callback in batch.callbacks() {
+        match queue.enqueue_batch(vec![
+            member(batch.id, 1),
+            member(batch.id, 2).after(&[callback]),
+        ]) {
+            Err(tickler::Error::InvalidArgument(why)) => {
+                assert!(why.contains(&callback.to_string()), "{why}")
+            }
+            other => panic!("a member waiting on its own callback was stored: {other:?}"),
+        }
+    }
+    assert_eq!(queue.list(&Default::default()).unwrap().len(), before);
+    assert_eq!(counts(&queue.batch(batch.id).unwrap()), (0, 0, 0, 0, 0));
+    let other = queue.open_batch(with_callbacks()).unwrap();
+    queue
+        .enqueue(member(other.id, 3).after(&[batch.on_finish.unwrap()]))
+        .unwrap();
+    assert_eq!(counts(&queue.batch(other.id).unwrap()).0, 1);
+}
+}
+
+contract! {
+/// A member completed in the application's own transaction
+/// (`complete_with`) whose writes fail: nothing of its end is counted and
+/// no callback is decided (a callback that fired for an end rolled back);
+/// completed again, it counts once and decides the callbacks.
+fn a_member_s_end_rolled_back_with_the_application_s_writes_counts_nothing() {
+    let (_dir, path) = temp_db();
+    let (queue, _clock) = manual_queue_with_policy(&path, fixed_policy());
+    let batch = queue.open_batch(with_callbacks()).unwrap();
+    queue.enqueue(member(batch.id, 1)).unwrap();
+    queue.seal_batch(batch.id).unwrap();
+    let lease = claim(&queue, 10).remove(0);
+    // The table the application writes to does not exist yet.
+    assert!(app_tx::complete_writing(&queue, &lease).is_err());
+    assert_eq!(counts(&queue.batch(batch.id).unwrap()), (1, 1, 0, 0, 0));
+    assert_eq!(state(&queue, batch.on_finish.unwrap()), JobState::Waiting);
+    app_tx::create_app_effects(&path);
+    app_tx::complete_writing(&queue, &lease).unwrap();
+    let done = queue.batch(batch.id).unwrap();
+    assert_eq!(counts(&done), (1, 0, 1, 0, 0));
+    assert_eq!(state(&queue, done.on_finish.unwrap()), JobState::Pending);
+    assert_eq!(app_tx::app_effects(&path), 1);
 }
 }
