@@ -143,6 +143,8 @@ impl Batch {
 }
 
 /// Which callback of its batch a job is, as stored.
+// Named as `NewBatch`'s methods are, `on_…`.
+#[allow(clippy::enum_variant_names)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Callback {
     OnSuccess,

@@ -168,7 +168,10 @@ impl DepTx for Deps<'_, '_> {
     }
 
     fn ended_edges(&mut self, parents: &[JobId]) -> Result<Ended> {
-        let rows: Vec<(i64, String, Option<i64>, Option<String>, bool)> = self
+        // A parent, its status, an edge's child and if_fails (none for a
+        // member without an edge), and whether it is a member not counted.
+        type Row = (i64, String, Option<i64>, Option<String>, bool);
+        let rows: Vec<Row> = self
             .0
             .prepare_cached(
                 // In this order (CROSS JOIN fixes it): from the ids, each
