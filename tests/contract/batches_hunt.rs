@@ -5,10 +5,13 @@
 //! a callback cancelled then retried by hand before its batch ended (it
 //! waits again, not runs early); a member retried after its batch
 //! finished (counted again, no callback decided twice, nothing pruned it
-//! needs); batches chained through a callback; a member that fails and
+//! needs); batches chained through a callback, and a member that would
+//! wait on its own batch's callback (refused); a member that fails and
 //! retries on its own before its last attempt; dead members deleted by
-//! hand; thousands of members in one call; and the last two ends, or the
-//! last end and the seal, racing from threads.
+//! hand; thousands of members in one call; a running member cancelled
+//! then retried; an end rolled back with the application's writes; and
+//! the last two ends, the last end and the seal, or members being added
+//! and the seal, racing from threads.
 
 use crate::support::app_tx;
 use crate::support::common;
