@@ -35,7 +35,9 @@ impl fmt::Display for BatchId {
 ///
 /// A callback may not have a unique_key nor run after other jobs
 /// ([`crate::Error::InvalidArgument`]); other jobs may run after a
-/// callback ([`NewJob::after`]).
+/// callback ([`NewJob::after`]), except members of the same batch. A
+/// callback cancelled and then retried by hand before its batch finished
+/// waits again for the batch's end.
 ///
 /// ```
 /// # fn main() -> tickler::Result<()> {

@@ -296,8 +296,12 @@ impl NewJob {
     /// Makes the job a member of batch `batch` ([`crate::Queue::open_batch`]),
     /// counted in the transaction that stores it. The insert fails with
     /// [`crate::Error::BatchSealed`] if the batch is sealed, or
-    /// [`crate::Error::BatchNotFound`], storing nothing. A job whose
-    /// unique_key is held joins nothing (the holder is not added).
+    /// [`crate::Error::BatchNotFound`], storing nothing, and with
+    /// [`crate::Error::InvalidArgument`] if the job runs after
+    /// ([`NewJob::after`]) a callback of the same batch (which waits for
+    /// it: neither would ever run). A job whose unique_key is held joins
+    /// nothing (the holder is not added); a unique_key given twice in one
+    /// call stores one job, which joins the first batch named.
     pub fn batch(mut self, batch: crate::BatchId) -> Self {
         self.batch = Some(batch);
         self

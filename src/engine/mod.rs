@@ -238,7 +238,8 @@ pub(crate) trait DepTx: BatchTx {
     ) -> Result<Vec<crate::queue::deps::ChildChange>>;
     /// Makes job `id` waiting again if it is pending or scheduled and has
     /// an edge left unresolved to a parent that still exists (one pruned
-    /// can never resolve it); true if it did. Its row is locked by the
+    /// can never resolve it), or is a callback of a batch not finished
+    /// (its end decides it); true if it did. Its row is locked by the
     /// caller first, so the edges it reads are those of the last
     /// resolution that committed.
     fn wait_again(&mut self, id: JobId) -> Result<bool>;

@@ -638,18 +638,31 @@ impl ValidJob {
     }
 }
 
-/// The `(id, batch, role)` of the rows of one insert that joined a batch,
-/// given each row's id and whether this insert stored it.
+/// The rows of one insert that join a batch, given each row's id and
+/// whether this insert stored it.
 pub(crate) fn batch_joins(
     rows: &[ValidJob],
     ids: &[JobId],
     stored: impl Fn(usize) -> bool,
-) -> Vec<(JobId, crate::BatchId, Option<crate::batch::Callback>)> {
+) -> Vec<crate::queue::batches::Joining> {
     rows.iter()
         .zip(ids)
         .enumerate()
         .filter_map(|(i, (row, id))| match row.batch {
-            Some((batch, role)) if stored(i) => Some((*id, batch, role)),
+            Some((batch, role)) if stored(i) => Some(crate::queue::batches::Joining {
+                job: *id,
+                batch,
+                role,
+                runs_after: !row.after.is_empty(),
+                stored_parents: row
+                    .after
+                    .iter()
+                    .filter_map(|(parent, _)| match parent {
+                        crate::graph::Parent::Job(id) => Some(*id),
+                        crate::graph::Parent::Row(_) => None,
+                    })
+                    .collect(),
+            }),
             _ => None,
         })
         .collect()

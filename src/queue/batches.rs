@@ -22,6 +22,11 @@
 //!
 //! A member retried by hand after it ended ([`revive`]) is uncounted and
 //! remains again; if the batch had finished, its callbacks stay decided.
+//! A callback cancelled by hand and retried by hand before its batch
+//! finished waits again (`BatchTx::wait_for_batch`): the end decides it.
+//!
+//! A member that runs after other jobs may be cancelled by its own insert
+//! (a parent had failed), before it joins: [`join`] counts that end.
 
 use crate::batch::{Batch, BatchId, BatchRow, Callback, NewBatch};
 use crate::engine::DepTx;
@@ -29,27 +34,69 @@ use crate::error::{Error, Result};
 use crate::job::{Job, JobId, JobState};
 use crate::queue::deps::ChildChange;
 use crate::queue::Queue;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-/// In the transaction that stored them: `members` (their ids, each with
-/// the batch it joins, or with the batch it is a callback of) join their
-/// batches. Refuses an unknown batch ([`Error::BatchNotFound`]) and one
-/// sealed ([`Error::BatchSealed`]); the caller's transaction then stores
-/// nothing.
-pub(crate) fn join(
-    tx: &mut dyn DepTx,
-    members: &[(JobId, BatchId, Option<Callback>)],
-    now: i64,
-) -> Result<()> {
+/// A job an insert stored that joins a batch, as a member or (`role`) as
+/// one of its callbacks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Joining {
+    pub job: JobId,
+    pub batch: BatchId,
+    pub role: Option<Callback>,
+    /// It runs after other jobs: one of them may have ended before the
+    /// insert, which then already cancelled it.
+    pub runs_after: bool,
+    /// The jobs stored before this insert that it runs after.
+    pub stored_parents: Vec<JobId>,
+}
+
+/// In the transaction that stored them, after their edges: `members` join
+/// their batches. A job named twice (a unique_key repeated in one call
+/// yields the same id) joins once, the first batch named. A member the
+/// insert already ended (a parent it runs after had failed) is counted
+/// ended at once, or its batch would wait for it forever. Refuses an
+/// unknown batch ([`Error::BatchNotFound`]) and one sealed
+/// ([`Error::BatchSealed`]), and a member that runs after a callback of
+/// its own batch ([`Error::InvalidArgument`]: the batch would wait for it
+/// forever); the caller's transaction then stores nothing.
+pub(crate) fn join(tx: &mut dyn DepTx, members: &[Joining], now: i64) -> Result<()> {
     let mut joining: BTreeMap<BatchId, Vec<JobId>> = BTreeMap::new();
-    for (id, batch, role) in members {
-        match role {
-            Some(role) => tx.join_batch(*batch, Some(*role), &[*id])?,
-            None => joining.entry(*batch).or_default().push(*id),
+    let mut seen: BTreeSet<JobId> = BTreeSet::new();
+    let mut maybe_ended: Vec<JobId> = Vec::new();
+    let mut after_stored: BTreeMap<BatchId, Vec<(JobId, JobId)>> = BTreeMap::new();
+    for m in members {
+        if !seen.insert(m.job) {
+            continue;
+        }
+        match m.role {
+            Some(role) => tx.join_batch(m.batch, Some(role), &[m.job])?,
+            None => {
+                joining.entry(m.batch).or_default().push(m.job);
+                if m.runs_after {
+                    maybe_ended.push(m.job);
+                }
+                let after = after_stored.entry(m.batch).or_default();
+                after.extend(m.stored_parents.iter().map(|p| (m.job, *p)));
+            }
         }
     }
     if joining.is_empty() {
         return Ok(());
+    }
+    for (batch, edges) in &after_stored {
+        if edges.is_empty() {
+            continue;
+        }
+        let callbacks = tx.batch_callbacks(*batch)?;
+        if let Some((job, parent)) = edges
+            .iter()
+            .find(|(_, p)| callbacks.iter().any(|(c, _)| c == p))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "job {job} of batch {batch} would run after {parent}, a callback of the same batch, \
+                 which runs only once every member ended: neither would ever run"
+            )));
+        }
     }
     let ids: Vec<BatchId> = joining.keys().copied().collect();
     let rows = tx.lock_batches(&ids)?;
@@ -67,6 +114,11 @@ pub(crate) fn join(
         row.remaining += n;
         tx.write_batch(&row, now)?;
     }
+    if !maybe_ended.is_empty() {
+        // Each batch is open (checked above), so this counts and decides
+        // nothing else.
+        count_ends(tx, &maybe_ended, now)?;
+    }
     Ok(())
 }
 
@@ -81,6 +133,9 @@ pub(crate) fn count_ends(
     now: i64,
 ) -> Result<Vec<ChildChange>> {
     let counted = tx.count_members(members)?;
+    if counted.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut delta: BTreeMap<BatchId, Vec<JobState>> = BTreeMap::new();
     for (_, batch, state) in counted {
         delta.entry(batch).or_default().push(state);

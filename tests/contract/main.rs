@@ -72,9 +72,10 @@ mod schedule_two_processes;
 
 // Jobs that run after others.
 mod batches;
+mod batches_hunt;
+mod batches_pool;
 #[cfg(unix)]
 mod batches_running;
-mod batches_pool;
 mod dependencies;
 mod dependencies_hunt;
 mod dependencies_running;
