@@ -277,7 +277,7 @@ fn batch_soak_worker_process() {
         .handler("member", |ctx: &JobContext| -> Result<serde_json::Value, JobError> {
             let n = ctx.payload()["n"].as_u64().unwrap_or(0);
             std::thread::sleep(Duration::from_micros(200 + n % 800));
-            if n % 40 == 0 {
+            if n.is_multiple_of(40) {
                 return Err(JobError::permanent("every 40th member fails"));
             }
             Ok(serde_json::json!(n))

@@ -190,23 +190,21 @@ impl DepTx for Deps<'_, '_> {
         let rows: Vec<EndedRow> = self
             .0
             .prepare_cached(
-                // In this order (CROSS JOIN fixes it): from the ids, the
-                // edges of each by their key, then each parent by its id.
-                // Left to itself, with few edges stored, the planner
-                // scanned the finished jobs for the parents' states. Then
-                // the members not yet counted, by an index that holds only
-                // them (empty when no batch runs).
-                "SELECT d.parent_id, p.status, d.child_id, d.if_fails, 0
+                // One pass over the ids: the edges of each by their key
+                // (each parent then by its id), and whether it is a member
+                // not yet counted, by an index that holds only those
+                // (empty when no batch runs). Left to itself, with few
+                // edges stored, the planner scanned the finished jobs for
+                // the parents' states.
+                "SELECT e.value, coalesce(p.status, u.status), d.child_id, d.if_fails,
+                        u.id IS NOT NULL
                  FROM json_each(?1) AS e
-                 CROSS JOIN tickler_deps AS d ON d.parent_id = e.value
-                 CROSS JOIN tickler_jobs AS p ON p.id = d.parent_id
-                 WHERE d.resolved = 0 AND p.status IN ('succeeded', 'dead', 'cancelled')
-                 UNION ALL
-                 SELECT j.id, j.status, NULL, NULL, 1
-                 FROM json_each(?1) AS e
-                 CROSS JOIN tickler_jobs AS j INDEXED BY tickler_jobs_uncounted ON j.id = e.value
-                 WHERE j.batch_id IS NOT NULL AND j.batch_end IS NULL
-                   AND j.status IN ('succeeded', 'dead', 'cancelled')",
+                 LEFT JOIN tickler_deps AS d ON d.parent_id = e.value AND d.resolved = 0
+                 LEFT JOIN tickler_jobs AS p ON p.id = d.parent_id
+                 LEFT JOIN tickler_jobs AS u INDEXED BY tickler_jobs_uncounted
+                      ON u.id = e.value AND u.batch_id IS NOT NULL AND u.batch_end IS NULL
+                 WHERE (p.status IN ('succeeded', 'dead', 'cancelled') AND d.child_id IS NOT NULL)
+                    OR (u.status IN ('succeeded', 'dead', 'cancelled'))",
             )?
             .query_map([id_list(parents)], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
