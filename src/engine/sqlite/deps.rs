@@ -155,11 +155,6 @@ impl BatchTx for Deps<'_, '_> {
     }
 }
 
-/// A row of `ended_edges`: the job's id and state, an edge's child and
-/// `if_fails` (none for a job without one), and whether it is a batch
-/// member not yet counted.
-type EndedRow = (i64, String, Option<i64>, Option<String>, bool);
-
 impl DepTx for Deps<'_, '_> {
     fn lock_parents(&mut self, ids: &[JobId]) -> Result<HashMap<JobId, JobState>> {
         let rows: Vec<(i64, String)> = self
@@ -187,42 +182,53 @@ impl DepTx for Deps<'_, '_> {
     }
 
     fn ended_edges(&mut self, parents: &[JobId]) -> Result<Ended> {
-        let rows: Vec<EndedRow> = self
+        let ids = id_list(parents);
+        let edges: Vec<(i64, String, i64, String)> = self
             .0
             .prepare_cached(
-                // One pass over the ids: the edges of each by their key
-                // (each parent then by its id), and whether it is a member
-                // not yet counted, by an index that holds only those
-                // (empty when no batch runs). Left to itself, with few
-                // edges stored, the planner scanned the finished jobs for
-                // the parents' states.
-                "SELECT e.value, coalesce(p.status, u.status), d.child_id, d.if_fails,
-                        u.id IS NOT NULL
+                // In this order (CROSS JOIN fixes it): from the ids, the
+                // edges of each by their key, then each parent by its id.
+                // Left to itself, with few edges stored, the planner
+                // scanned the finished jobs for the parents' states.
+                "SELECT d.parent_id, p.status, d.child_id, d.if_fails
                  FROM json_each(?1) AS e
-                 LEFT JOIN tickler_deps AS d ON d.parent_id = e.value AND d.resolved = 0
-                 LEFT JOIN tickler_jobs AS p ON p.id = d.parent_id
-                 LEFT JOIN tickler_jobs AS u INDEXED BY tickler_jobs_uncounted
-                      ON u.id = e.value AND u.batch_id IS NOT NULL AND u.batch_end IS NULL
-                 WHERE (p.status IN ('succeeded', 'dead', 'cancelled') AND d.child_id IS NOT NULL)
-                    OR (u.status IN ('succeeded', 'dead', 'cancelled'))",
+                 CROSS JOIN tickler_deps AS d ON d.parent_id = e.value
+                 CROSS JOIN tickler_jobs AS p ON p.id = d.parent_id
+                 WHERE d.resolved = 0 AND p.status IN ('succeeded', 'dead', 'cancelled')",
             )?
-            .query_map([id_list(parents)], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-            })?
+            .query_map([&ids], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
             .collect::<rusqlite::Result<_>>()?;
         let mut ended = Ended::default();
-        for (parent, status, child, if_fails, uncounted) in rows {
-            if uncounted && ended.members.last() != Some(&JobId(parent)) {
-                ended.members.push(JobId(parent));
-            }
-            if let (Some(child), Some(if_fails)) = (child, if_fails) {
-                ended.edges.push(EndedEdge {
-                    parent: JobId(parent),
-                    parent_state: state(&status)?,
-                    child: JobId(child),
-                    if_fails: IfParentFails::from_stored(&if_fails).unwrap_or_default(),
-                });
-            }
+        for (parent, status, child, if_fails) in edges {
+            ended.edges.push(EndedEdge {
+                parent: JobId(parent),
+                parent_state: state(&status)?,
+                child: JobId(child),
+                if_fails: IfParentFails::from_stored(&if_fails).unwrap_or_default(),
+            });
+        }
+        // The members not yet counted are in an index of their own, empty
+        // when no batch runs: one look at it spares every other outcome
+        // a read of each job it ended (2.5 % of a burn-down's
+        // instructions when each was read).
+        let any: bool = self
+            .0
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM tickler_jobs INDEXED BY tickler_jobs_uncounted
+                                WHERE batch_id IS NOT NULL AND batch_end IS NULL)",
+            )?
+            .query_row([], |r| r.get(0))?;
+        if any {
+            ended.members = self
+                .0
+                .prepare_cached(
+                    "SELECT j.id FROM json_each(?1) AS e
+                     CROSS JOIN tickler_jobs AS j INDEXED BY tickler_jobs_uncounted ON j.id = e.value
+                     WHERE j.batch_id IS NOT NULL AND j.batch_end IS NULL
+                       AND j.status IN ('succeeded', 'dead', 'cancelled')",
+                )?
+                .query_map([&ids], |r| Ok(JobId(r.get(0)?)))?
+                .collect::<rusqlite::Result<_>>()?;
         }
         Ok(ended)
     }
