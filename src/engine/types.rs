@@ -1475,3 +1475,20 @@ pub(crate) fn batch_from_parts(
         on_finish: role(Callback::OnFinish),
     }
 }
+
+/// The callback rows of a batch just stored as `batch`: each validated job
+/// marked with its role, so that the insert stores it `waiting` and joins
+/// it to the batch.
+pub(crate) fn callback_rows(
+    batch: crate::BatchId,
+    callbacks: &[(crate::batch::Callback, ValidJob)],
+) -> Vec<ValidJob> {
+    callbacks
+        .iter()
+        .map(|(role, row)| {
+            let mut row = row.clone();
+            row.batch = Some((batch, Some(*role)));
+            row
+        })
+        .collect()
+}

@@ -9,40 +9,13 @@
 //! killed in several processes are in `batches_running`.
 
 use crate::support::common;
-use crate::support::deps::complete_with;
+use crate::support::deps::{complete_with, counts, member, with_callbacks};
 use crate::support::limits;
 
 use common::{fixed_policy, manual_queue_with_policy, secs, temp_db};
 use limits::{claim, state};
 use serde_json::json;
 use tickler::{Batch, BatchId, Error, JobId, JobState, NewBatch, NewJob, Outcome};
-
-/// The counters of `batch` as (members, remaining, succeeded, dead,
-/// cancelled).
-fn counts(batch: &Batch) -> (u64, u64, u64, u64, u64) {
-    (
-        batch.members,
-        batch.remaining,
-        batch.succeeded,
-        batch.dead,
-        batch.cancelled,
-    )
-}
-
-fn with_callbacks() -> NewBatch {
-    NewBatch::new()
-        .description("campaign")
-        .on_success(NewJob::new("all_sent"))
-        .on_failure(NewJob::new("some_failed"))
-        .on_finish(NewJob::new("campaign_done"))
-}
-
-fn member(batch: BatchId, n: u64) -> NewJob {
-    NewJob::new("send")
-        .payload(json!({ "n": n }))
-        .batch(batch)
-        .max_attempts(1)
-}
 
 contract! {
 /// Callbacks are stored waiting when the batch opens, untouched while

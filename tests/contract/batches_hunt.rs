@@ -15,6 +15,7 @@
 
 use crate::support::app_tx;
 use crate::support::common;
+use crate::support::deps::{counts, member, with_callbacks};
 use crate::support::limits;
 
 use common::{fixed_policy, manual_queue_with_policy, secs, temp_db};
@@ -22,32 +23,6 @@ use limits::{claim, ids, state};
 use serde_json::json;
 use std::sync::{Arc, Barrier};
 use tickler::{Batch, BatchId, JobId, JobState, NewBatch, NewJob, Outcome};
-
-/// The counters of `batch` as (members, remaining, succeeded, dead,
-/// cancelled).
-fn counts(batch: &Batch) -> (u64, u64, u64, u64, u64) {
-    (
-        batch.members,
-        batch.remaining,
-        batch.succeeded,
-        batch.dead,
-        batch.cancelled,
-    )
-}
-
-fn with_callbacks() -> NewBatch {
-    NewBatch::new()
-        .on_success(NewJob::new("all_ok"))
-        .on_failure(NewJob::new("some_failed"))
-        .on_finish(NewJob::new("done"))
-}
-
-fn member(batch: BatchId, n: u64) -> NewJob {
-    NewJob::new("work")
-        .payload(json!({ "n": n }))
-        .batch(batch)
-        .max_attempts(1)
-}
 
 contract! {
 /// A member stored to run after a job that had already ended dead is
@@ -201,7 +176,7 @@ fn a_member_retried_after_its_batch_finished_moves_the_counters_only() {
     let callbacks = claim(&queue, 10);
     let mut kinds: Vec<&str> = callbacks.iter().map(|l| l.kind.as_str()).collect();
     kinds.sort();
-    assert_eq!(kinds, vec!["done", "some_failed"]);
+    assert_eq!(kinds, vec!["campaign_done", "some_failed"]);
     for lease in &callbacks {
         queue.manual().complete(lease).unwrap();
     }
@@ -316,7 +291,7 @@ fn thousands_of_members_join_in_one_call_and_end_in_one_bulk_cancel() {
         .unwrap();
     queue.seal_batch(batch.id).unwrap();
     assert_eq!(counts(&queue.batch(batch.id).unwrap()), (N, N, 0, 0, 0));
-    assert_eq!(queue.cancel_pending(None, Some("work")).unwrap(), N);
+    assert_eq!(queue.cancel_pending(None, Some("send")).unwrap(), N);
     let done = queue.batch(batch.id).unwrap();
     assert_eq!(counts(&done), (N, 0, 0, 0, N));
     assert!(done.finished_at.is_some());
@@ -433,7 +408,7 @@ fn members_racing_the_seal_are_counted_or_refused() {
         .list(&Default::default())
         .unwrap()
         .into_iter()
-        .filter(|j| j.kind == "work")
+        .filter(|j| j.kind == "send")
         .count();
     let sealed = queue.batch(batch.id).unwrap();
     assert_eq!(stored, joined.len(), "a refused member was stored");

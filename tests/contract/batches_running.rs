@@ -12,6 +12,7 @@
 
 use crate::support::common;
 use crate::support::pool;
+use crate::support::reliability::signal;
 
 use common::{ms, secs, temp_db, wait_until};
 use pool::no_backoff;
@@ -45,18 +46,6 @@ fn spawn_worker(db: &Path, dir: &Path, batch: BatchId, n: usize, add: bool) -> C
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn a worker process")
-}
-
-fn signal(child: &Child, sig: libc::c_int) {
-    let pid = libc::pid_t::try_from(child.id()).expect("pid");
-    // SAFETY: kill(2) on our own child's pid; no memory is involved.
-    let rc = unsafe { libc::kill(pid, sig) };
-    assert_eq!(
-        rc,
-        0,
-        "kill({pid}, {sig}): {}",
-        std::io::Error::last_os_error()
-    );
 }
 
 /// A member: every 40th fails each time (dead after its attempts), the

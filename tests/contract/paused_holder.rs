@@ -11,7 +11,7 @@
 use crate::support::reliability;
 
 use reliability::{
-    child_output, engine, expect_success, ms, secs, spawn_child, temp_db, wait_until,
+    child_output, engine, expect_success, ms, secs, signal, spawn_child, temp_db, wait_until,
 };
 use std::process::Child;
 use std::time::Instant;
@@ -32,18 +32,6 @@ impl Drop for Guard {
             let _ = self.0.wait();
         }
     }
-}
-
-fn signal(child: &Child, sig: libc::c_int) {
-    let pid = libc::pid_t::try_from(child.id()).expect("pid");
-    // SAFETY: kill(2) on our own child's pid; no memory is involved.
-    let rc = unsafe { libc::kill(pid, sig) };
-    assert_eq!(
-        rc,
-        0,
-        "kill({pid}, {sig}): {}",
-        std::io::Error::last_os_error()
-    );
 }
 
 /// True if no transaction of another connection is open: on SQLite, a

@@ -1,8 +1,11 @@
-//! Jobs that run after others (`NewJob::after`, `Graph`), and what the
-//! dependency tests read of them.
+//! Jobs that run after others (`NewJob::after`, `Graph`) and batches
+//! (`Queue::open_batch`), and what their tests read of them.
 
 use super::limits::state;
-use tickler::{Dependency, IfParentFails, JobId, JobState, NewJob, Outcome, Output, Queue};
+use tickler::{
+    Batch, BatchId, Dependency, IfParentFails, JobId, JobState, NewBatch, NewJob, Outcome, Output,
+    Queue,
+};
 
 /// The edge of a child to `parent`, as `Queue::parents` reads it.
 pub fn edge(parent: JobId, if_fails: IfParentFails, resolved: bool) -> Dependency {
@@ -150,4 +153,34 @@ impl Family {
         assert_eq!(super::limits::run_due(queue), vec![self.hold]);
         assert_eq!(state(queue, self.hold), JobState::Succeeded);
     }
+}
+
+/// The counters of `batch` as (members, remaining, succeeded, dead,
+/// cancelled).
+pub fn counts(batch: &Batch) -> (u64, u64, u64, u64, u64) {
+    (
+        batch.members,
+        batch.remaining,
+        batch.succeeded,
+        batch.dead,
+        batch.cancelled,
+    )
+}
+
+/// A batch described `campaign` with all three callbacks: kinds
+/// `all_sent`, `some_failed`, `campaign_done`.
+pub fn with_callbacks() -> NewBatch {
+    NewBatch::new()
+        .description("campaign")
+        .on_success(NewJob::new("all_sent"))
+        .on_failure(NewJob::new("some_failed"))
+        .on_finish(NewJob::new("campaign_done"))
+}
+
+/// Member `n` of `batch`: kind `send`, one attempt.
+pub fn member(batch: BatchId, n: u64) -> NewJob {
+    NewJob::new("send")
+        .payload(serde_json::json!({ "n": n }))
+        .batch(batch)
+        .max_attempts(1)
 }

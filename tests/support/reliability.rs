@@ -91,3 +91,17 @@ pub fn permission_bits_are_ignored() -> bool {
         .expect("chmod probe folder back");
     ignored
 }
+
+/// Sends `sig` to a child process of the test (SIGSTOP, SIGCONT, …).
+#[cfg(unix)]
+pub fn signal(child: &Child, sig: libc::c_int) {
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(
+        rc,
+        0,
+        "kill({pid}, {sig}): {}",
+        std::io::Error::last_os_error()
+    );
+}

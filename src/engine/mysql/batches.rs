@@ -40,14 +40,7 @@ impl Batches for Store {
                 .and_then(|id| i64::try_from(id).ok())
                 .map(BatchId)
                 .ok_or_else(|| Error::Config("the server did not tell a new batch's id".into()))?;
-            let rows: Vec<ValidJob> = callbacks
-                .iter()
-                .map(|(role, row)| {
-                    let mut row = row.clone();
-                    row.batch = Some((id, Some(*role)));
-                    row
-                })
-                .collect();
+            let rows = crate::engine::types::callback_rows(id, &callbacks);
             super::enqueue::insert_valid(tx, &rows, now, fastrand::i64(..), self.max_packet)?;
             Ok(id)
         })?;

@@ -41,14 +41,7 @@ impl Batches for Store {
                 )?
                 .get(0),
             );
-            let rows: Vec<ValidJob> = callbacks
-                .iter()
-                .map(|(role, row)| {
-                    let mut row = row.clone();
-                    row.batch = Some((id, Some(*role)));
-                    row
-                })
-                .collect();
+            let rows = crate::engine::types::callback_rows(id, &callbacks);
             super::enqueue::insert_valid(tx, &rows, now, fastrand::i64(..))?;
             Ok(id)
         })?;

@@ -25,14 +25,7 @@ impl Batches for Store {
             )?
             .execute(params![description, now])?;
             let id = BatchId(tx.last_insert_rowid());
-            let rows: Vec<ValidJob> = callbacks
-                .iter()
-                .map(|(role, row)| {
-                    let mut row = row.clone();
-                    row.batch = Some((id, Some(*role)));
-                    row
-                })
-                .collect();
+            let rows = crate::engine::types::callback_rows(id, &callbacks);
             super::enqueue::insert_valid(tx, &rows, now)?;
             Ok(id)
         })?;
