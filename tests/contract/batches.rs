@@ -15,7 +15,7 @@ use crate::support::limits;
 use common::{fixed_policy, manual_queue_with_policy, secs, temp_db};
 use limits::{claim, state};
 use serde_json::json;
-use tickler::{Batch, BatchId, Error, JobId, JobState, NewBatch, NewJob, Outcome};
+use tickler::{BatchId, Error, JobId, JobState, NewBatch, NewJob, Outcome};
 
 contract! {
 /// Callbacks are stored waiting when the batch opens, untouched while

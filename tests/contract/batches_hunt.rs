@@ -20,9 +20,8 @@ use crate::support::limits;
 
 use common::{fixed_policy, manual_queue_with_policy, secs, temp_db};
 use limits::{claim, ids, state};
-use serde_json::json;
 use std::sync::{Arc, Barrier};
-use tickler::{Batch, BatchId, JobId, JobState, NewBatch, NewJob, Outcome};
+use tickler::{JobId, JobState, NewBatch, NewJob, Outcome};
 
 contract! {
 /// A member stored to run after a job that had already ended dead is
