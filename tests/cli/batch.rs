@@ -90,7 +90,7 @@ fn show_names_the_batch_of_a_member_and_of_a_callback() {
             "batch:            {} (on_success callback)",
             b.batch
         )) && shown.contains(&format!(
-            "why:              waiting for batch {} to end: 2 of 4 members remaining",
+            "why:              on_success callback of batch {} (released if every member succeeds, else cancelled): 2 of 4 members remaining, 1 failed",
             b.batch
         )),
         "{shown}"

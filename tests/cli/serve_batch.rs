@@ -197,7 +197,7 @@ fn the_job_page_links_its_batch_and_keeps_its_parents() {
     );
     assert!(
         row(&page, "<tr data-field=why>").contains(&format!(
-            "waiting for batch {} to end: 2 of 4 members remaining",
+            "on_success callback of batch {} (released if every member succeeds, else cancelled): 2 of 4 members remaining, 1 failed",
             b.batch
         )),
         "{page}"
@@ -295,7 +295,7 @@ fn a_finished_batch_shows_its_callbacks_decided() {
     );
     assert!(
         row(&page, "<tr data-field=why>").contains(&format!(
-            "waiting for batch {} to be sealed and its members to end (0 so far)",
+            "on_failure callback of batch {} (released if any member ends dead or cancelled, else cancelled): 0 of 0 members remaining; the batch is not sealed",
             open.id
         )),
         "{page}"
